@@ -1,0 +1,205 @@
+"""The job YAML contract: what a user submits (a model and a batch size, never a GPU count).
+
+Every field has a default and a docstring (shown as help text in Prefect UI forms); unknown keys are an
+error that names the key. Load a file with `load_job(path)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks.presets import MODEL_PRESETS
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelSpec(_Strict):
+    """Transformer shape. Give a `preset` name, explicit fields, or a preset plus overrides."""
+
+    preset: str | None = None
+    """Name of a built-in model (see `frenzy presets`); explicit fields below override it."""
+    layers: int = Field(12, ge=1)
+    """Number of transformer blocks."""
+    hidden: int = Field(768, ge=8)
+    """Model (residual stream) width."""
+    heads: int = Field(12, ge=1)
+    """Attention (query) heads."""
+    kv_heads: int | None = Field(None, ge=1)
+    """Key/value heads for grouped-query attention; None means equal to `heads` (multi-head attention)."""
+    ffn_hidden: int | None = Field(None, ge=1)
+    """MLP inner width; None means 4 x hidden for GELU and the Llama rule (2/3 x 4h, rounded to 256) for SwiGLU."""
+    vocab: int = Field(50257, ge=2)
+    """Vocabulary size (256 for the byte-level tokenizer)."""
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    """MLP kind: GELU (GPT-2, BERT) or SwiGLU (Llama, Mistral, Qwen)."""
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    """Normalisation layer."""
+    tied_embeddings: bool = True
+    """Share the input embedding with the output projection."""
+    position: Literal["learned", "rope"] = "learned"
+    """Position encoding: a learned table of `seq_len` rows (GPT-2, BERT) or rotary (Llama)."""
+    bias: bool = True
+    """Biases in linear and norm layers (GPT-2, BERT: yes; Llama: no)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            data = {"preset": data}
+        if isinstance(data, dict) and data.get("preset"):
+            name = data["preset"]
+            if name not in MODEL_PRESETS:
+                raise ValueError(
+                    f"unknown model preset {name!r}; choose one of: {', '.join(sorted(MODEL_PRESETS))}"
+                )
+            data = {**MODEL_PRESETS[name], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelSpec:
+        kv = self.kv_heads or self.heads
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.heads % kv:
+            raise ValueError(f"heads={self.heads} is not divisible by kv_heads={kv}")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.mlp == "gelu":
+            return 4 * self.hidden
+        return 256 * ((int(2 * 4 * self.hidden / 3) + 255) // 256)
+
+    @property
+    def display_name(self) -> str:
+        return self.preset or f"custom-L{self.layers}-h{self.hidden}"
+
+
+class CheckpointSpec(_Strict):
+    """Asynchronous checkpointing."""
+
+    every_steps: int = Field(100, ge=1)
+    """Checkpoint every N optimizer steps."""
+    uri: str = "file://./checkpoints"
+    """Where checkpoints go: a `file://` directory or an `s3://bucket/prefix`."""
+    keep: int = Field(3, ge=1)
+    """How many committed checkpoints to retain (one healthy pre-spike checkpoint is always kept)."""
+
+
+class DataSpec(_Strict):
+    """Training data."""
+
+    source: Literal["builtin", "text"] = "builtin"
+    """`builtin`: the offline corpus Frenzy ships; `text`: a local UTF-8 file or directory given by `path`."""
+    path: str | None = None
+    """Path of the text corpus when `source` is `text`."""
+    tokenizer: Literal["byte"] = "byte"
+    """Byte-level tokenizer (vocab 256)."""
+
+
+class TrainingSpec(_Strict):
+    """How the model is trained; the batch size is the user's, the GPUs are Frenzy's choice."""
+
+    seq_len: int = Field(1024, ge=1)
+    """Tokens per sequence."""
+    global_batch: int = Field(8, ge=1)
+    """Sequences per optimizer step, across all data-parallel replicas and accumulation steps."""
+    micro_batch: int | None = Field(None, ge=1)
+    """Sequences per forward pass per GPU; None lets the planner choose."""
+    precision: Literal["bf16-mixed", "fp16-mixed", "bf16", "fp32"] = "bf16-mixed"
+    """`*-mixed`: fp32 master weights, half-precision compute (AMP); `bf16`: everything bf16; `fp32`."""
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    """Optimizer; Adam(W) keeps two fp32 moments per parameter, SGD with momentum one."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP) over data-parallel ranks."""
+    distributed_optimizer: bool = False
+    """Megatron-style distributed optimizer (shards fp32 master weights and moments; same memory as ZeRO-1)."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: `selective` recomputes the attention core, `full` whole blocks."""
+    attention: Literal["flash", "math"] = "flash"
+    """`flash`: fused attention that never stores the s x s score matrix; `math`: materialised softmax."""
+    steps: int = Field(1000, ge=1)
+    """Optimizer steps to train."""
+    lr: float = Field(3e-4, gt=0)
+    """Peak learning rate."""
+    seed: int = 0
+    """Random seed for initialisation and data order."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+    data: DataSpec = Field(default_factory=DataSpec)
+    """Training data."""
+
+
+class EvaluationSpec(_Strict):
+    """Evaluation of committed checkpoints."""
+
+    suite: str = "core"
+    """Benchmark suite name or file."""
+    on_checkpoint: bool = True
+    """Evaluate every committed checkpoint as it lands."""
+
+
+class JobSpec(_Strict):
+    """A training job as submitted by a user."""
+
+    name: str = "job"
+    """Job name; also names checkpoints and runs."""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """The model to train."""
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """Training settings."""
+    evaluation: EvaluationSpec | None = None
+    """Optional evaluation of checkpoints."""
+
+
+class JobSpecError(ValueError):
+    """A job file that cannot be used; the message names the field and the fix."""
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid job specification"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key {str(e['loc'][-1])!r} (check spelling; see README 'Job YAML')")
+        else:
+            lines.append(f"  {loc or '(top level)'}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_job(data: dict[str, Any], source: str = "<job>") -> JobSpec:
+    """Validate a job dictionary, raising `JobSpecError` with every problem named."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        raise JobSpecError(format_validation_error(err, source)) from None
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Read and validate a job YAML file."""
+    p = Path(path)
+    if not p.exists():
+        raise JobSpecError(f"{p}: no such job file (see examples/jobs/ for templates)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise JobSpecError(f"{p}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise JobSpecError(f"{p}: a job file must be a mapping with keys name/model/training")
+    return parse_job(data, str(p))

@@ -1,0 +1,180 @@
+"""Frenzy's GPT: one decoder stack built from a `ModelSpec` (GELU/SwiGLU, LayerNorm/RMSNorm, GQA, RoPE, tying).
+
+Written so that what autograd saves is deliberate and identical on CPU and CUDA: norms and the loss run in
+fp32 explicitly (not by autocast's per-device op lists), SwiGLU and RMSNorm are fused autograd functions that
+save their inputs only, attention is SDPA (flash) or an explicit fp32-softmax path (math). The memory model
+in `tasks/planning/memory.py` counts exactly these tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.jobspec import ModelSpec
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm saving only its input and 1/rms (as fused kernels do), in the input's dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        acc = torch.promote_types(x.dtype, torch.float32)
+        rstd = torch.rsqrt(x.to(acc).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.to(rstd.dtype) * rstd
+        g = grad.to(rstd.dtype) * weight.to(rstd.dtype)
+        dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        dw = (grad.to(rstd.dtype) * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    """silu(a) * b over the fused [a | b] projection; saves the projection only and recomputes silu."""
+
+    @staticmethod
+    def forward(ctx, ab: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(ab)
+        a, b = ab.chunk(2, dim=-1)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # written into one preallocated [da | db] buffer with in-place ops: the working set is 3 x ffn
+        (ab,) = ctx.saved_tensors
+        a, b = ab.chunk(2, dim=-1)
+        out = torch.empty_like(ab)
+        da, db = out.chunk(2, dim=-1)
+        sig = torch.sigmoid(a)
+        torch.mul(a, sig, out=db)  # silu(a)
+        db.mul_(grad)
+        da.fill_(1).sub_(sig)  # d silu / da = sig * (1 + a * (1 - sig))
+        da.mul_(a).add_(1).mul_(sig).mul_(b).mul_(grad)
+        return out
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return RMSNorm(spec.hidden)
+    return nn.LayerNorm(spec.hidden, bias=spec.bias)
+
+
+def rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: str, recompute: str = "none") -> None:
+        super().__init__()
+        self.spec, self.attention, self.recompute = spec, attention, recompute
+        h, hd = spec.hidden, spec.head_dim
+        self.norm1 = _norm(spec)
+        self.qkv = nn.Linear(h, (spec.heads + 2 * spec.n_kv_heads) * hd, bias=spec.bias)
+        self.proj = nn.Linear(spec.heads * hd, h, bias=spec.bias)
+        self.norm2 = _norm(spec)
+        up = 2 * spec.ffn if spec.mlp == "swiglu" else spec.ffn
+        self.fc1 = nn.Linear(h, up, bias=spec.bias)
+        self.fc2 = nn.Linear(spec.ffn, h, bias=spec.bias)
+
+    def _attend(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        b, s, _ = x.shape
+        a, kv, hd = self.spec.heads, self.spec.n_kv_heads, self.spec.head_dim
+        qkv = self.qkv(x).view(b, s, a + 2 * kv, hd).transpose(1, 2)
+        q, k, v = qkv.split([a, kv, kv], dim=1)
+        if rope is not None:
+            cos, sin = rope[0][:s], rope[1][:s]
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if self.attention == "flash":
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != a)
+        elif self.recompute == "selective" and self.training:
+            o = torch.utils.checkpoint.checkpoint(self._math_core, q, k, v, use_reentrant=False)
+        else:
+            o = self._math_core(q, k, v)
+        return self.proj(o.transpose(1, 2).reshape(b, s, a * hd))
+
+    def _math_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        a, kv, s = q.shape[1], k.shape[1], q.shape[2]
+        if kv != a:
+            k, v = k.repeat_interleave(a // kv, dim=1), v.repeat_interleave(a // kv, dim=1)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        # softmax in fp32 whatever the compute dtype (Megatron's attention_softmax_in_fp32)
+        probs = scores.masked_fill(mask, float("-inf")).float().softmax(-1).to(v.dtype)
+        return probs @ v
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        x = x + self._attend(self.norm1(x), rope)
+        u = self.fc1(self.norm2(x))
+        u = _SwiGLUFn.apply(u) if self.spec.mlp == "swiglu" else F.gelu(u, approximate="tanh")
+        return x + self.fc2(u)
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer; `forward(idx, targets)` returns the mean cross-entropy (fp32)."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int, attention: str = "flash",
+                 recompute: str = "none") -> None:
+        super().__init__()
+        self.spec, self.seq_len, self.recompute = spec, seq_len, recompute
+        self.wte = nn.Embedding(spec.vocab, spec.hidden)
+        self.wpe = nn.Embedding(seq_len, spec.hidden) if spec.position == "learned" else None
+        if spec.position == "rope":
+            cos, sin = rope_tables(seq_len, spec.head_dim)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.blocks = nn.ModuleList(Block(spec, attention, recompute) for _ in range(spec.layers))
+        self.norm_f = _norm(spec)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        if spec.tied_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear | nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        rope = (self.rope_cos, self.rope_sin) if self.spec.position == "rope" else None
+        for block in self.blocks:
+            if self.recompute == "full" and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope)
+        # the loss is fp32 on every device; no reference to the half-precision logits is kept
+        return F.cross_entropy(self.lm_head(self.norm_f(x)).float().flatten(0, 1), targets.flatten())
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
