@@ -1,0 +1,151 @@
+"""Cluster inventory: nodes with a GPU type and count, from a YAML file, a preset, or the local host (pynvml).
+
+With no GPU the local host's CPU becomes a device (memory = system RAM) so the pipeline still runs for real.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cluster.catalog import Catalog, GPUType, default_catalog
+
+PRESETS = ("phoebe", "frenzy-testbed")
+
+
+class Node(BaseModel):
+    """One machine: `count` GPUs of one catalog type."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str
+    """Host name (unique in the cluster)."""
+    gpu: str
+    """GPU catalog name (see `frenzy gpus`)."""
+    count: int = Field(ge=1)
+    """GPUs on this node."""
+    interconnect: Literal["nvlink", "pcie", "none"] | None = None
+    """Intra-node link; None means the GPU type's default."""
+    inter_node_gbs: float = Field(12.5, gt=0)
+    """Network bandwidth per GPU to other nodes, GB/s (12.5 = 100 Gb/s)."""
+
+
+class Cluster(BaseModel):
+    """A heterogeneous cluster."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = "cluster"
+    """Cluster name."""
+    nodes: list[Node]
+    """The nodes."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> Cluster:
+        names = [n.name for n in self.nodes]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate node names: {sorted(dup)}")
+        return self
+
+    def gpu_types(self, catalog: Catalog | None = None) -> list[GPUType]:
+        cat = catalog or default_catalog()
+        seen: dict[str, GPUType] = {}
+        for n in self.nodes:
+            g = cat.get(n.gpu)
+            seen.setdefault(g.name, g)
+        return list(seen.values())
+
+    def nodes_of(self, gpu: str, catalog: Catalog | None = None) -> list[Node]:
+        cat = catalog or default_catalog()
+        return [n for n in self.nodes if cat.get(n.gpu).name == gpu]
+
+    def link_gbs(self, node: Node, catalog: Catalog | None = None) -> float:
+        g = (catalog or default_catalog()).get(node.gpu)
+        link = node.interconnect or g.link
+        if link == g.link:
+            return g.link_gbs
+        return {"nvlink": 300.0, "pcie": 24.0, "none": node.inter_node_gbs}[link]
+
+
+class InventoryError(ValueError):
+    """A cluster file or preset that cannot be used."""
+
+
+def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> Cluster:
+    """A cluster from a preset name (`phoebe`, `frenzy-testbed`, `local`) or a YAML file."""
+    cat = catalog or default_catalog()
+    if str(spec) == "local":
+        return discover_local(cat)
+    if str(spec) in PRESETS:
+        text = resources.files("cluster").joinpath(f"presets/{spec}.yaml").read_text()
+        source = f"preset {spec}"
+    else:
+        p = Path(spec)
+        if not p.exists():
+            raise InventoryError(f"{spec}: neither a cluster preset ({', '.join(PRESETS)}, local) nor a file")
+        text, source = p.read_text(), str(p)
+    try:
+        data = yaml.safe_load(text)
+        if isinstance(data, list):
+            data = {"name": Path(str(spec)).stem, "nodes": data}
+        cluster = Cluster.model_validate(data)
+    except (yaml.YAMLError, ValidationError) as err:
+        raise InventoryError(f"{source}: invalid cluster: {err}") from None
+    for n in cluster.nodes:
+        try:
+            cat.get(n.gpu)
+        except ValueError as err:
+            raise InventoryError(f"{source}: node {n.name}: {err}") from None
+    return cluster
+
+
+def _system_ram_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    except (ValueError, OSError):
+        return 8.0
+
+
+def discover_local(catalog: Catalog | None = None) -> Cluster:
+    """This host's GPUs through NVML; the CPU as one device when there is none."""
+    cat = catalog or default_catalog()
+    host = socket.gethostname()
+    gpus: list[tuple[str, float]] = []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(h)
+                name = name.decode() if isinstance(name, bytes) else name
+                gpus.append((name, pynvml.nvmlDeviceGetMemoryInfo(h).total / 1024**3))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library, no device: fall back to the CPU
+        gpus = []
+    if not gpus:
+        cpu = GPUType(name="cpu", memory_gib=round(_system_ram_gib(), 1), bf16_tflops=0.2, fp16_tflops=0.2,
+                      fp32_tflops=0.1 * (os.cpu_count() or 1), mem_bw_gbs=20, link="pcie", link_gbs=10,
+                      context_gib=0.0, alloc_frag=0.0)
+        cat.add(cpu)
+        return Cluster(name="local", nodes=[Node(name=host, gpu="cpu", count=1, interconnect="none")])
+    nodes: dict[str, Node] = {}
+    for name, mem in gpus:
+        if name not in cat:  # an unknown GPU still plans, by its memory and a conservative throughput
+            cat.add(GPUType(name=name, memory_gib=round(mem, 1), bf16_tflops=0, fp16_tflops=50,
+                            fp32_tflops=10, mem_bw_gbs=500, link_gbs=12))
+        key = cat.get(name).name
+        if key in nodes:
+            nodes[key].count += 1
+        else:
+            nodes[key] = Node(name=f"{host}" if not nodes else f"{host}-{key}", gpu=key, count=1)
+    return Cluster(name="local", nodes=list(nodes.values()))

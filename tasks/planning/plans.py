@@ -1,0 +1,177 @@
+"""MARP's plans: for each GPU type of a cluster, the parallel layouts that fit, ranked by estimated efficiency.
+
+Ranking (`rank_by`): `gpu_seconds` (default) orders by GPU-seconds per optimizer step, i.e. per-GPU
+efficiency, so the cluster gets the most work per GPU; `time` orders by the step time alone. Ties go to
+fewer GPUs, a smaller tensor-parallel degree, then the smallest GPU that fits.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from cluster.catalog import Catalog, GPUType, default_catalog
+from cluster.inventory import Cluster
+from tasks.jobspec import JobSpec
+from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
+from tasks.planning.memory import GiB, predict_peak_memory
+
+RankBy = Literal["gpu_seconds", "time"]
+MFU = 0.45  # achievable fraction of dense peak for a well-tuned transformer step (Megatron/torchtitan 35-55%)
+
+
+class ResourcePlan(BaseModel):
+    """One way to run the job: how many GPUs of which type, and the layout on them."""
+
+    rank: int = 0
+    """1 = best."""
+    gpu_type: str
+    """The GPU type the plan was sized and timed for."""
+    gpus: int
+    """GPU count (dp x tp x pp)."""
+    min_gpu_memory_gib: float
+    """Smallest GPU memory on which this layout fits with the safety margin."""
+    acceptable_gpu_types: list[str]
+    """Cluster GPU types with at least `min_gpu_memory_gib`."""
+    layout: Layout
+    predicted_device_gib: float
+    """Predicted peak per GPU as nvidia-smi shows it."""
+    predicted_allocated_gib: float
+    """Predicted peak tensor memory per GPU (max_memory_allocated)."""
+    est_step_time_s: float
+    """Estimated optimizer-step time."""
+    gpu_seconds_per_step: float
+    tokens_per_s: float
+
+
+class InfeasibleJobError(ValueError):
+    """No layout fits any GPU of the cluster; the message names the memory, the largest GPU and a fix."""
+
+
+def _comm_time(nbytes: float, group: int, gbs: float) -> float:
+    """Ring all-reduce of `nbytes` over `group` ranks at `gbs` GB/s per rank."""
+    return 0.0 if group <= 1 else 2 * (group - 1) / group * nbytes / (gbs * 1e9)
+
+
+def estimate_step_time(job: JobSpec, layout: Layout, gpu: GPUType, intra_gbs: float,
+                       inter_gbs: float, gpus_per_node: int) -> float:
+    """Compute (6 x params x tokens + attention), TP all-reduces, PP bubble and the DP gradient reduce."""
+    m, t = job.model, job.training
+    pc = count_params(m, t.seq_len)
+    tokens = t.global_batch * t.seq_len
+    dense = pc.layers * pc.per_layer_linear + (pc.head or pc.embedding)
+    flops = 6 * dense * tokens + 12 * m.layers * m.hidden * t.seq_len * tokens / 2  # causal attention
+    if t.recompute == "full":
+        flops *= 4 / 3
+    compute = flops / (layout.gpus * gpu.tflops(t.precision) * 1e12 * MFU)
+    micro = grad_accum_steps(job, layout)
+    if layout.pp > 1:
+        compute *= 1 + (layout.pp - 1) / (micro * layout.vpp)
+    act_bytes = layout.micro_batch * t.seq_len * m.hidden * 2
+    tp_gbs = intra_gbs if layout.tp <= gpus_per_node else inter_gbs
+    tp_comm = 4 * (m.layers / layout.pp) * micro * _comm_time(act_bytes, layout.tp, tp_gbs)
+    grad_bytes = (pc.total / (layout.tp * layout.pp)) * (4 if t.precision != "bf16" else 2)
+    dp_gbs = intra_gbs if layout.gpus <= gpus_per_node else inter_gbs
+    dp_comm = _comm_time(grad_bytes, layout.dp, dp_gbs)
+    return compute + tp_comm + dp_comm
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def enumerate_layouts(job: JobSpec, max_gpus: int, gpus_per_node: int) -> list[Layout]:
+    """All dp x tp x pp x micro-batch layouts valid for the job on up to `max_gpus` GPUs."""
+    t = job.training
+    out: list[Layout] = []
+    for tp in _pow2_upto(min(8, gpus_per_node)):
+        for pp in _pow2_upto(max(1, max_gpus // tp)):
+            for dp in range(1, max_gpus // (tp * pp) + 1):
+                if t.global_batch % dp:
+                    continue
+                mbs = [t.micro_batch] if t.micro_batch else _divisors(t.global_batch // dp)
+                for mb in mbs:
+                    lay = Layout(dp=dp, tp=tp, pp=pp, micro_batch=mb)
+                    if check_layout(job, lay) is None:
+                        out.append(lay)
+    return out
+
+
+def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_seconds",
+                   margin: float = 0.05, catalog: Catalog | None = None, top: int | None = None
+                   ) -> list[ResourcePlan]:
+    """Ranked plans for `job` on the GPU types of `cluster`; raises InfeasibleJobError when none fits."""
+    cat = catalog or default_catalog()
+    types = cluster.gpu_types(cat)
+    plans: list[ResourcePlan] = []
+    for g in types:
+        nodes = cluster.nodes_of(g.name, cat)
+        total = sum(n.count for n in nodes)
+        per_node = max(n.count for n in nodes)
+        intra = min(cluster.link_gbs(n, cat) for n in nodes if n.count == per_node)
+        inter = min(n.inter_node_gbs for n in nodes)
+        best: dict[tuple[int, int, int], ResourcePlan] = {}
+        for lay in enumerate_layouts(job, total, per_node):
+            est = predict_peak_memory(job, lay, g)
+            if est.device_bytes > g.memory_gib * GiB * (1 - margin):
+                continue
+            step = estimate_step_time(job, lay, g, intra, inter, per_node)
+            need = est.device_bytes / (1 - margin) / GiB
+            plan = ResourcePlan(
+                gpu_type=g.name, gpus=lay.gpus, min_gpu_memory_gib=round(need, 2),
+                acceptable_gpu_types=[x.name for x in types if x.memory_gib >= need],
+                layout=lay, predicted_device_gib=round(est.device_bytes / GiB, 2),
+                predicted_allocated_gib=round(est.allocated_bytes / GiB, 2), est_step_time_s=step,
+                gpu_seconds_per_step=step * lay.gpus,
+                tokens_per_s=job.training.global_batch * job.training.seq_len / step,
+            )
+            key = (lay.dp, lay.tp, lay.pp)  # keep the fastest micro-batch of each degree triple
+            if key not in best or step <= best[key].est_step_time_s:  # ties: larger micro-batch
+                best[key] = plan
+        plans.extend(best.values())
+    if not plans:
+        raise InfeasibleJobError(infeasible_message(job, cluster, cat, margin))
+    mem = {g.name: g.memory_gib for g in types}
+    # ties: fewer GPUs, smaller tp, then the smallest GPU that fits (best fit leaves big GPUs for big jobs)
+    plans.sort(key=lambda p: (round(p.gpu_seconds_per_step if rank_by == "gpu_seconds" else p.est_step_time_s, 9),
+                              p.gpus, p.layout.tp, mem[p.gpu_type], p.gpu_type))
+    for i, p in enumerate(plans):
+        p.rank = i + 1
+    return plans[:top] if top else plans
+
+
+def infeasible_message(job: JobSpec, cluster: Cluster, cat: Catalog, margin: float) -> str:
+    """Name the smallest predicted peak, the largest GPU, and the nearest change that would fit."""
+    largest = max(cluster.gpu_types(cat), key=lambda g: g.memory_gib)
+    total = sum(n.count for n in cluster.nodes_of(largest.name, cat))
+    per_node = max(n.count for n in cluster.nodes_of(largest.name, cat))
+    cap = largest.memory_gib * (1 - margin)
+    layouts = enumerate_layouts(job, total, per_node) or [Layout()]
+    smallest = min(layouts, key=lambda lay: predict_peak_memory(job, lay, largest).device_bytes)
+    need = predict_peak_memory(job, smallest, largest).device_bytes / GiB
+    fixes = []
+    t = job.training
+    for label, upd in (("recompute: full", {"recompute": "full"}), ("zero_stage: 3", {"zero_stage": 3}),
+                       ("micro_batch: 1", {"micro_batch": 1}),
+                       ("recompute: full + zero_stage: 3", {"recompute": "full", "zero_stage": 3})):
+        if all(getattr(t, k) == v for k, v in upd.items()):
+            continue
+        alt = job.model_copy(update={"training": t.model_copy(update=upd)})
+        alts = enumerate_layouts(alt, total, per_node)
+        if alts and min(predict_peak_memory(alt, lay, largest).device_bytes for lay in alts) / GiB <= cap:
+            fixes.append(f"set training.{label}")
+            break
+    fixes.append(f"add GPUs with at least {need / (1 - margin):.0f} GiB (e.g. A100-80GB, H100-80GB, H200-141GB)"
+                 if need / (1 - margin) < 140 else "add more GPUs of the largest type so tp/pp can grow")
+    return (f"{job.model.display_name} needs {need:.1f} GiB per GPU at its smallest layout "
+            f"({smallest.label()}); the largest GPU here is {largest.name} with {largest.memory_gib:g} GiB "
+            f"({cap:.1f} GiB usable at a {margin:.0%} margin). Try: " + "; or ".join(fixes) + ".")
