@@ -16,9 +16,9 @@ from tasks.planning.layout import Layout, grad_accum_steps
 
 def frenzy_formula_bytes(job: JobSpec, layout: Layout) -> float:
     m, t = job.model, job.training
-    h, l, a, s, b, tp = m.hidden, m.layers, m.heads, t.seq_len, layout.micro_batch, layout.tp
-    w = m.vocab * h + l * (12 * h * h + 13 * h)
-    return 20 * w / tp + s * b * h * l * (10 + 24 / tp + 5 * a * s / (h * tp))
+    h, nl, a, s, b, tp = m.hidden, m.layers, m.heads, t.seq_len, layout.micro_batch, layout.tp
+    w = m.vocab * h + nl * (12 * h * h + 13 * h)
+    return 20 * w / tp + s * b * h * nl * (10 + 24 / tp + 5 * a * s / (h * tp))
 
 
 def megatron_formula_bytes(job: JobSpec, layout: Layout) -> float:

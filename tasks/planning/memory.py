@@ -92,10 +92,9 @@ def layer_activation_bytes(job: JobSpec, layout: Layout, tokens: int) -> tuple[f
     norm_stats = 8 if m.norm == "layernorm" else 4
     if t.recompute == "full":
         saved = r * h / rep
-        # backward re-materialises one block: its full activations are the working set
-        full = job.model_copy(update={"training": t.model_copy(update={"recompute": "none"})})
-        work, _ = layer_activation_bytes(full, layout, tokens)
-        return saved * tokens, work
+            full = job.model_copy(update={"training": t.model_copy(update={"recompute": "none"})})
+        # backward re-materialises one block: its activations plus that block's own backward working set
+        return saved * tokens, sum(layer_activation_bytes(full, layout, tokens))
     repl = 2 * (r * h + norm_stats) + 2 * c * h  # two norm inputs + inputs of qkv and fc1
     shard = c * h * (1 + 2 * kvr)  # q, k, v
     if m.position == "rope":
@@ -115,6 +114,8 @@ def layer_activation_bytes(job: JobSpec, layout: Layout, tokens: int) -> tuple[f
     # the backward of one block holds a few activation-sized gradients at once: 0.24-0.32 of the block's
     # saved bytes under MemTracker over GELU/SwiGLU, flash/math and all precisions (0.3 is the upper side)
     work = 0.3 * saved
+    if t.attention == "math" and t.recompute == "selective":  # the recomputed fp32 softmax and its half copy
+        work += (4 + (c if c != 4 else 0)) * a * s * tokens / tp
     return saved + mask, work
 
 
@@ -213,6 +214,8 @@ def _stage_estimate(job: JobSpec, layout: Layout, stage: int, gpu: GPUType | Non
     device = reserved + breakdown["cuda_context"] + breakdown["nccl"]
     return MemoryEstimate(
         allocated_bytes=allocated, reserved_bytes=reserved, device_bytes=device, breakdown=breakdown,
-        peak_phase=peak_phase, phases={k: int(v) for k, v in phases.items()}, stage=stage,
+        # the peak phase reports the sum of the (per-term rounded) breakdown, so the two always agree
+        peak_phase=peak_phase, phases={k: allocated if k == peak_phase else int(v) for k, v in phases.items()},
+        stage=stage,
         params_per_gpu=int(params),
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.inventory import Cluster

@@ -1,0 +1,25 @@
+"""The plan stage as Prefect objects, against a real (test) Prefect server on loopback."""
+
+from prefect.artifacts import Artifact
+
+from flows.plan import PlanRequest, plan, plan_resources
+from tasks.jobspec import JobSpec
+
+
+def test_plan_flow_returns_ranked_plans_and_an_artifact(prefect_server):
+    req = PlanRequest(job=JobSpec(model={"preset": "gpt2-350m"}), cluster="phoebe", top=5)
+    plans = plan(req)
+    assert len(plans) == 5 and plans[0].rank == 1
+    art = Artifact.get("frenzy-plans")
+    assert art is not None and "gpt2-350m" in str(art.data)
+
+
+def test_plan_task_is_pure_logic_without_a_server():
+    plans = plan_resources.fn(PlanRequest(job=JobSpec(model={"preset": "gpt2-124m"}), top=2))
+    assert [p.rank for p in plans] == [1, 2]
+
+
+def test_plan_form_schema_has_typed_fields():
+    schema = PlanRequest.model_json_schema()
+    assert schema["properties"]["rank_by"]["enum"] == ["gpu_seconds", "time"]
+    assert "description" in schema["properties"]["cluster"]

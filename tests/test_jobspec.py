@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from tasks.jobspec import JobSpecError, ModelSpec, load_job, parse_job
+from tasks.planning.layout import count_params
+from tasks.presets import MODEL_PRESETS
+from tasks.training.model import GPT
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_PRESETS))
+def test_every_preset_loads_and_counts_match_the_model(name):
+    spec = ModelSpec(preset=name)
+    with torch.device("meta"):
+        model = GPT(spec, seq_len=256)
+    assert count_params(spec, 256).total == model.num_params()
+
+
+def test_known_preset_sizes():
+    assert abs(count_params(ModelSpec(preset="llama2-7b"), 4096).total / 1e9 - 6.74) < 0.01
+    assert abs(count_params(ModelSpec(preset="llama3-8b"), 8192).total / 1e9 - 8.03) < 0.01
+    assert abs(count_params(ModelSpec(preset="gpt2-124m"), 1024).total / 1e6 - 124.4) < 0.1
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(JobSpecError, match="training.lerning_rate: unknown key 'lerning_rate'"):
+        parse_job({"training": {"lerning_rate": 1e-3}})
+
+
+def test_unknown_preset_lists_choices():
+    with pytest.raises(JobSpecError, match="unknown model preset 'gpt5'.*llama2-7b"):
+        parse_job({"model": {"preset": "gpt5"}})
+
+
+def test_preset_overrides_and_defaults():
+    job = parse_job({"model": {"preset": "llama2-7b", "layers": 2}})
+    assert job.model.layers == 2 and job.model.hidden == 4096 and job.model.mlp == "swiglu"
+    assert job.training.precision == "bf16-mixed" and job.training.checkpoint.keep == 3
+
+
+def test_bad_shape_rejected():
+    with pytest.raises(JobSpecError, match="not divisible by kv_heads"):
+        parse_job({"model": {"hidden": 768, "heads": 12, "kv_heads": 5}})
+
+
+def test_example_jobs_load(tmp_path):
+    for path in ("examples/jobs/gpt2-7b.yaml", "examples/jobs/llama3-8b.yaml", "examples/jobs/tiny.yaml"):
+        assert load_job(path).name
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- not a mapping\n")
+    with pytest.raises(JobSpecError, match="must be a mapping"):
+        load_job(bad)
+    with pytest.raises(JobSpecError, match="no such job file"):
+        load_job(tmp_path / "missing.yaml")

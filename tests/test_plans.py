@@ -1,0 +1,54 @@
+import pytest
+
+from cluster.catalog import default_catalog
+from cluster.inventory import Cluster, Node, load_cluster
+from tasks.jobspec import parse_job
+from tasks.planning.memory import GiB, predict_peak_memory
+from tasks.planning.plans import InfeasibleJobError, enumerate_layouts, plan_resources
+
+
+def job(model="gpt2-7b", **train):
+    return parse_job({"model": {"preset": model}, "training": {"seq_len": 1024, "global_batch": 8, **train}})
+
+
+def test_every_plan_fits_its_gpu_with_margin_and_ranks_are_ordered():
+    cat = default_catalog()
+    plans = plan_resources(job(), load_cluster("phoebe"), margin=0.1)
+    assert plans and [p.rank for p in plans] == list(range(1, len(plans) + 1))
+    for p in plans:
+        est = predict_peak_memory(job(), p.layout, cat.get(p.gpu_type))
+        assert est.device_bytes <= cat.get(p.gpu_type).memory_gib * GiB * 0.9
+        assert p.gpu_type in p.acceptable_gpu_types and p.gpus == p.layout.gpus
+    assert [p.gpu_seconds_per_step for p in plans] == sorted(p.gpu_seconds_per_step for p in plans)
+    # a 7B model cannot train on 11 GiB 2080Tis with at most 8 per node at tp<=8... unless sharded enough
+    assert all(cat.get(t).memory_gib >= p.min_gpu_memory_gib for p in plans for t in p.acceptable_gpu_types)
+
+
+def test_rank_by_time_orders_by_step_time():
+    plans = plan_resources(job(), load_cluster("frenzy-testbed"), rank_by="time")
+    assert [p.est_step_time_s for p in plans] == sorted(p.est_step_time_s for p in plans)
+    by_eff = plan_resources(job(), load_cluster("frenzy-testbed"))
+    assert by_eff[0].gpus <= plans[0].gpus
+
+
+def test_small_job_prefers_smallest_gpu_that_fits_on_ties():
+    plans = plan_resources(job("gpt2-124m", global_batch=1), load_cluster("frenzy-testbed"))
+    assert plans[0].gpus == 1 and plans[0].gpu_type == "A100-40GB-PCIE"
+
+
+def test_layouts_respect_divisibility():
+    j = job("llama2-7b", global_batch=12)
+    for lay in enumerate_layouts(j, 16, 8):
+        assert 12 % (lay.dp * lay.micro_batch) == 0 and 32 % lay.pp == 0 and lay.tp <= 8
+
+
+def test_infeasible_job_names_memory_largest_gpu_and_fix():
+    small = Cluster(name="small", nodes=[Node(name="n0", gpu="T4", count=2)])
+    with pytest.raises(InfeasibleJobError) as err:
+        plan_resources(job("llama2-13b", seq_len=4096), small)
+    msg = str(err.value)
+    assert "llama2-13b needs" in msg and "GiB per GPU" in msg and "T4 with 15 GiB" in msg and "Try:" in msg
+    # a fix that works is named when one exists
+    mid = Cluster(name="mid", nodes=[Node(name="n0", gpu="A100-40GB-SXM", count=8)])
+    with pytest.raises(InfeasibleJobError, match="recompute: full|zero_stage: 3"):
+        plan_resources(job("gpt2-7b", seq_len=8192, global_batch=1, micro_batch=1, attention="math"), mid)
