@@ -92,7 +92,7 @@ def layer_activation_bytes(job: JobSpec, layout: Layout, tokens: int) -> tuple[f
     norm_stats = 8 if m.norm == "layernorm" else 4
     if t.recompute == "full":
         saved = r * h / rep
-            full = job.model_copy(update={"training": t.model_copy(update={"recompute": "none"})})
+        full = job.model_copy(update={"training": t.model_copy(update={"recompute": "none"})})
         # backward re-materialises one block: its activations plus that block's own backward working set
         return saved * tokens, sum(layer_activation_bytes(full, layout, tokens))
     repl = 2 * (r * h + norm_stats) + 2 * c * h  # two norm inputs + inputs of qkv and fc1
