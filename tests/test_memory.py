@@ -66,7 +66,6 @@ def test_zero_stages_shard_the_right_terms():
     assert z1.breakdown["optimizer_states"] == pytest.approx(p * 8 / 8, rel=1e-6)
     assert z2.phases["optimizer_step"] < z1.phases["optimizer_step"]  # gradients sharded too
     assert z3.breakdown["parameters"] == pytest.approx(p * 4 / 8, rel=1e-6)
-    assert z3.breakdown["fsdp_buffers"] > 0 if z3.peak_phase != "optimizer_step" else True
     dist = predict_peak_memory(job(distributed_optimizer=True), Layout(dp=8))
     assert dist.breakdown["master_weights"] == pytest.approx(p * 4 / 8, rel=1e-6)
 
