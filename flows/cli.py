@@ -11,6 +11,9 @@ from typing import Any
 
 from cluster.catalog import CatalogError, default_catalog
 from cluster.inventory import PRESETS, InventoryError, load_cluster
+from cluster.ledger import LedgerError
+from cluster.simulator import POLICIES
+from cluster.traces import REFERENCE_GPU, TraceError
 from tasks.jobspec import JobSpecError, load_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
@@ -113,6 +116,71 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from cluster.ledger import Ledger
+
+    ledger = Ledger(args.ledger)
+    if args.action in ("cordon", "uncordon"):
+        if not args.node:
+            raise ValueError(f"frenzy cluster {args.action} needs a node name; see `frenzy cluster show`")
+        ledger.cordon(args.node, args.reason) if args.action == "cordon" else ledger.uncordon(args.node)
+    elif args.action == "init" or not ledger.nodes():
+        ledger.sync(load_cluster(args.cluster))
+    nodes = ledger.nodes()
+    allocs = [a.model_dump() for a in ledger.allocations()]
+    doc = {"ledger": ledger.url, "nodes": nodes, "allocations": allocs, "queue": ledger.queue()}
+
+    def human() -> str:
+        rows = [{"node": n["name"], "gpu": n["gpu_type"], "gpus": n["gpus"], "free": len(n["free_indices"]),
+                 "free idx": ",".join(map(str, n["free_indices"])) or "-", "link": n["link"],
+                 "state": n["state"] + (f" ({n['reason']})" if n["reason"] else ""),
+                 "jobs": ",".join(n["jobs"]) or "-"} for n in nodes]
+        free = sum(len(n["free_indices"]) for n in nodes if n["state"] == "up")
+        return (f"ledger {ledger.url}: {len(nodes)} nodes, {free} of {sum(n['gpus'] for n in nodes)} GPUs free, "
+                f"{len(allocs)} allocations, {len(doc['queue'])} waiting\n" + table(rows))
+
+    _emit(args, doc, human)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from cluster.simulator import SimConfig, lower_bounds, simulate
+    from cluster.traces import load_trace, new_workload
+
+    cluster = load_cluster(args.cluster)
+    if args.trace.startswith("newworkload:"):
+        parts = args.trace.split(":")
+        trace = new_workload(int(parts[1]), seed=int(parts[2]) if len(parts) > 2 else 0,
+                             reference_gpu=args.reference_gpu)
+    else:
+        extra = {"max_jobs": args.max_jobs} if (args.format == "philly") else {}
+        trace = load_trace(args.trace, args.format, **extra)
+    cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order)
+    policies = args.policy or list(POLICIES)
+    results = {}
+    for pol in policies:
+        print(f"simulating {pol} on {len(trace)} jobs ...", file=sys.stderr, flush=True)
+        results[pol] = simulate(cluster, trace, pol, cfg)
+    doc = {"cluster": cluster.name, "trace": args.trace, "jobs": len(trace),
+           "policies": {p: r.summary() for p, r in results.items()},
+           "lower_bounds": lower_bounds(cluster, trace, cfg)}
+    if args.plot:
+        from cluster.report import plot_jct_cdf
+
+        plot_jct_cdf(results, args.plot, title=f"{args.trace} on {cluster.name}")
+        doc["plot"] = args.plot
+
+    def human() -> str:
+        from cluster.report import summary_rows
+
+        lb = doc["lower_bounds"]
+        return (f"{len(trace)} jobs on {cluster.name}; lower bounds: avg JCT {lb['avg_jct_s']:.0f} s, "
+                f"makespan {lb['makespan_s']:.0f} s\n" + table(summary_rows(doc["policies"])))
+
+    _emit(args, doc, human)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("job", help="job YAML file")
     sp.add_argument("--cluster", default=EXAMPLE_CLUSTER,
                     help=f"cluster YAML file or preset ({', '.join(PRESETS)}, local); default {EXAMPLE_CLUSTER}")
-    sp.add_argument("--rank-by", choices=["gpu_seconds", "time"], default="gpu_seconds",
-                    help="gpu_seconds: GPU-seconds per step (efficiency, default); time: step time")
+    sp.add_argument("--rank-by", choices=["gpu_seconds", "time", "balanced"], default="gpu_seconds",
+                    help="gpu_seconds: GPU-seconds per step (efficiency, default); time: step time; balanced: "
+                         "fastest first among plans within 25%% of the best GPU-seconds")
     sp.add_argument("--margin", type=float, default=0.05, help="fraction of GPU memory kept free (default 0.05)")
     sp.add_argument("--top", type=int, default=10, help="show the best N plans (default 10; 0 = all)")
 
@@ -141,6 +210,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (tp > 1)")
     sp.add_argument("--gpu", help="GPU catalog name: calibrates overheads and reports whether it fits")
 
+    sp = add("cluster", cmd_cluster, "Show the cluster ledger; cordon or uncordon nodes; load nodes into it.")
+    sp.add_argument("action", choices=["show", "cordon", "uncordon", "init"],
+                    help="show: nodes, free GPUs, allocations, queue; init: add the nodes of --cluster")
+    sp.add_argument("node", nargs="?", help="node name (cordon, uncordon)")
+    sp.add_argument("--cluster", default="local", help="cluster preset or YAML for init (default local)")
+    sp.add_argument("--reason", default="", help="why the node is cordoned (kept in the ledger)")
+    sp.add_argument("--ledger", help="SQLAlchemy URL or SQLite path (default $FRENZY_LEDGER or ~/.frenzy/ledger.db)")
+
+    sp = add("simulate", cmd_simulate, "Replay a job trace on a cluster under several placement policies.")
+    sp.add_argument("--cluster", default="phoebe", help="cluster preset or YAML (default phoebe)")
+    sp.add_argument("--trace", required=True,
+                    help="trace CSV, or newworkload:N[:SEED] for the Frenzy NewWorkload generator")
+    sp.add_argument("--format", choices=["generic", "philly", "sia"], help="trace format (default: from the header)")
+    sp.add_argument("--policy", action="append", choices=list(POLICIES),
+                    help="policy to run (repeat; default all: has fcfs fifo ilp)")
+    sp.add_argument("--rank-by", choices=["gpu_seconds", "time", "balanced"], default="balanced",
+                    help="MARP plan ranking for has (default balanced)")
+    sp.add_argument("--queue-order", choices=["backfill", "strict", "shortest"], default="backfill",
+                    help="has queue: arrival order with backfilling (default), strict head-of-line, or shortest "
+                         "predicted duration first")
+    sp.add_argument("--reference-gpu", default=REFERENCE_GPU, help=f"GPU the trace durations refer to ({REFERENCE_GPU})")
+    sp.add_argument("--max-jobs", type=int, default=160, help="philly: jobs to take (default 160)")
+    sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
+
     add("gpus", cmd_gpus, "List the GPU catalog.")
     add("presets", cmd_presets, "List the built-in model presets.")
     return p
@@ -152,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.top = None
     try:
         return args.fn(args)
-    except (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError) as err:
+    except (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, LedgerError, TraceError,
+            ValueError) as err:
         print(f"frenzy {args.command}: error: {err}", file=sys.stderr)
         return 2
 

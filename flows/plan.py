@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.inventory import load_cluster
 from tasks.jobspec import JobSpec
-from tasks.planning.plans import ResourcePlan
+from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.planning.plans import plan_resources as _plan_resources
 
 
@@ -29,8 +28,8 @@ class PlanRequest(BaseModel):
     """The job as in a job YAML file."""
     cluster: str = Field("frenzy-testbed", json_schema_extra={"position": 1})
     """Cluster preset (phoebe, frenzy-testbed, local) or a cluster YAML path on the worker."""
-    rank_by: Literal["gpu_seconds", "time"] = Field("gpu_seconds", json_schema_extra={"position": 2})
-    """Rank plans by GPU-seconds per step (efficiency) or by step time."""
+    rank_by: RankBy = Field("gpu_seconds", json_schema_extra={"position": 2})
+    """Rank plans by GPU-seconds per step (efficiency), by step time, or balanced (fastest among efficient)."""
     margin: float = Field(0.05, ge=0, lt=0.5, json_schema_extra={"position": 3})
     """Fraction of each GPU's memory kept free."""
     top: int = Field(10, ge=1, le=1000, json_schema_extra={"position": 4})

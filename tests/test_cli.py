@@ -50,3 +50,41 @@ def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "flows.cli", "memory", "examples/jobs/tiny.yaml", "--json"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["peak_phase"] in {"backward_start", "backward_end", "optimizer_step"}
+
+
+def test_cluster_show_init_cordon_json(capsys, tmp_path):
+    led = f"sqlite:///{tmp_path / 'l.db'}"
+    code, out, _ = run(capsys, "cluster", "init", "--cluster", "phoebe", "--ledger", led, "--json")
+    doc = json.loads(out)
+    assert code == 0 and len(doc["nodes"]) == 6 and sum(len(n["free_indices"]) for n in doc["nodes"]) == 44
+    code, out, _ = run(capsys, "cluster", "cordon", "quadro-0", "--reason", "fan", "--ledger", led, "--json")
+    node = {n["name"]: n for n in json.loads(out)["nodes"]}["quadro-0"]
+    assert node["state"] == "cordoned" and node["reason"] == "fan"
+    code, out, _ = run(capsys, "cluster", "show", "--ledger", led)
+    assert code == 0 and "cordoned (fan)" in out and "44 GPUs" in out
+    code, _, err = run(capsys, "cluster", "uncordon", "nope", "--ledger", led)
+    assert code == 2 and "no node 'nope'" in err
+
+
+def test_simulate_json_has_every_policy_and_the_bounds(capsys, tmp_path):
+    png = tmp_path / "cdf.png"
+    code, out, _ = run(capsys, "simulate", "--cluster", "frenzy-testbed", "--trace", "newworkload:8:1",
+                       "--policy", "has", "--policy", "fcfs", "--json", "--plot", str(png))
+    doc = json.loads(out)
+    assert code == 0 and set(doc["policies"]) == {"has", "fcfs"}
+    for s in doc["policies"].values():
+        for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "decision_p50_ms",
+                  "decision_p99_ms", "oom_failures"):
+            assert k in s
+        assert s["avg_jct_s"] >= doc["lower_bounds"]["avg_jct_s"] * 0.999 or s["completed"] < doc["jobs"]
+    assert png.stat().st_size > 1000
+
+
+def test_simulate_reads_sia_files_and_reports_bad_traces(capsys, tmp_path):
+    code, out, _ = run(capsys, "simulate", "--trace", "../shared/traces/sia-workloads/saturn/workload-3.csv",
+                       "--policy", "fcfs")
+    assert code == 0 and "fcfs" in out and "lower bounds" in out
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    code, _, err = run(capsys, "simulate", "--trace", str(bad), "--format", "generic")
+    assert code == 2 and "missing columns" in err

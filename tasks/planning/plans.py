@@ -1,7 +1,10 @@
 """MARP's plans: for each GPU type of a cluster, the parallel layouts that fit, ranked by estimated efficiency.
 
 Ranking (`rank_by`): `gpu_seconds` (default) orders by GPU-seconds per optimizer step, i.e. per-GPU
-efficiency, so the cluster gets the most work per GPU; `time` orders by the step time alone. Ties go to
+efficiency, so the cluster gets the most work per GPU; `time` orders by the step time alone; `balanced` puts
+first, fastest first, the plans that spend at most `BALANCED_SLACK` (25%) more GPU-seconds per step than the
+job's most efficient plan, then the others by GPU-seconds. `balanced` suits HAS, which takes the first plan the
+free GPUs can hold: an idle cluster gives a job its fastest efficient plan, a busy one a smaller plan. Ties go to
 fewer GPUs, a smaller tensor-parallel degree, then the smallest GPU that fits.
 """
 
@@ -17,7 +20,8 @@ from tasks.jobspec import JobSpec
 from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
 from tasks.planning.memory import GiB, predict_peak_memory
 
-RankBy = Literal["gpu_seconds", "time"]
+RankBy = Literal["gpu_seconds", "time", "balanced"]
+BALANCED_SLACK = 0.25
 MFU = 0.45  # achievable fraction of dense peak for a well-tuned transformer step (Megatron/torchtitan 35-55%)
 
 
@@ -142,8 +146,17 @@ def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_sec
         raise InfeasibleJobError(infeasible_message(job, cluster, cat, margin))
     mem = {g.name: g.memory_gib for g in types}
     # ties: fewer GPUs, smaller tp, then the smallest GPU that fits (best fit leaves big GPUs for big jobs)
-    plans.sort(key=lambda p: (round(p.gpu_seconds_per_step if rank_by == "gpu_seconds" else p.est_step_time_s, 9),
-                              p.gpus, p.layout.tp, mem[p.gpu_type], p.gpu_type))
+    floor = min(p.gpu_seconds_per_step for p in plans) * (1 + BALANCED_SLACK)
+
+    def key(p: ResourcePlan) -> tuple[float, ...]:
+        if rank_by == "balanced":
+            efficient = p.gpu_seconds_per_step <= floor
+            primary = (0.0, p.est_step_time_s) if efficient else (1.0, p.gpu_seconds_per_step)
+        else:
+            primary = (0.0, p.gpu_seconds_per_step if rank_by == "gpu_seconds" else p.est_step_time_s)
+        return (primary[0], round(primary[1], 9), p.gpus, p.layout.tp, mem[p.gpu_type])
+
+    plans.sort(key=lambda p: (*key(p), p.gpu_type))
     for i, p in enumerate(plans):
         p.rank = i + 1
     return plans[:top] if top else plans

@@ -1,0 +1,469 @@
+"""The resource orchestrator's durable ledger: nodes, leased GPU allocations, the wait queue and an event log.
+
+Storage is any SQLAlchemy URL: a SQLite file by default (`FRENZY_LEDGER`, else `~/.frenzy/ledger.db`), Postgres
+(`postgresql+psycopg://...`) for a deployment shared by several hosts.
+
+Guarantees
+- **Atomic gang allocation.** An allocation (all its nodes and GPU indices) is written in one transaction; a
+  GPU is held by at most one allocation because `(node, gpu_index)` is the primary key of `held_gpus`.
+  Writers are serialised: SQLite transactions start with `BEGIN IMMEDIATE`; on other databases the node rows
+  are locked `FOR UPDATE` first. A conflicting writer waits (busy timeout) rather than failing.
+- **Leases.** Every allocation carries `lease_expiry`; its holder renews it (`renew`, or `LeaseKeeper`, a
+  heartbeat thread). Any writer first expires overdue leases, so the GPUs of a process killed mid-job come
+  back one lease after its last heartbeat.
+- **Durability.** SQLite runs in WAL mode with `synchronous=FULL`: a committed allocation, release or queue
+  entry survives a crash of the process or the host; an uncommitted one leaves nothing behind.
+
+The queue: `submit` appends a job (its ranked `GpuRequest`s) in arrival order; `schedule` walks the waiting
+jobs in that order and places each one HAS can satisfy now. With `order="backfill"` (default) a job that does
+not fit is skipped and later jobs may start (backfilling); with `order="strict"` the first job that does not
+fit blocks the rest (head-of-line). `release` runs `schedule` in the same transaction, so every release retries
+the queue. Queue entries are leased too: a waiter that dies leaves the queue when its lease runs out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from sqlalchemy import (
+    Column,
+    Engine,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+
+from cluster.catalog import Catalog, default_catalog
+from cluster.has import FreePool, GpuRequest, NodeInfo, decide
+from cluster.inventory import Cluster
+
+QueueOrder = Literal["backfill", "strict"]
+DEFAULT_LEASE_S = 60.0
+
+_meta = MetaData()
+nodes_t = Table(
+    "nodes", _meta,
+    Column("name", String(255), primary_key=True),
+    Column("gpu_type", String(64), nullable=False),
+    Column("gpu_count", Integer, nullable=False),
+    Column("gpu_indices", Text, nullable=False),  # JSON list
+    Column("mem_gib", Float, nullable=False),
+    Column("link", String(16), nullable=False),
+    Column("link_gbs", Float, nullable=False),
+    Column("state", String(16), nullable=False, default="up"),  # up | cordoned
+    Column("reason", Text, nullable=False, default=""),
+    Column("updated_at", Float, nullable=False),
+)
+allocations_t = Table(
+    "allocations", _meta,
+    Column("id", String(32), primary_key=True),
+    Column("job", String(255), nullable=False, index=True),
+    Column("owner", String(255), nullable=False),
+    Column("plan_index", Integer, nullable=False),
+    Column("request", Text, nullable=False),  # JSON GpuRequest
+    Column("placement", Text, nullable=False),  # JSON [{node, gpu_indices}]
+    Column("created_at", Float, nullable=False),
+    Column("lease_s", Float, nullable=False),
+    Column("lease_expiry", Float, nullable=False),
+    Column("state", String(16), nullable=False),  # active | released | expired
+    Column("ended_at", Float),
+)
+held_t = Table(
+    "held_gpus", _meta,
+    Column("node", String(255), ForeignKey("nodes.name"), primary_key=True),
+    Column("gpu_index", Integer, primary_key=True),
+    Column("allocation_id", String(32), ForeignKey("allocations.id"), nullable=False, index=True),
+)
+queue_t = Table(
+    "queue", _meta,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("job", String(255), nullable=False, unique=True),
+    Column("owner", String(255), nullable=False),
+    Column("requests", Text, nullable=False),  # JSON list of GpuRequest
+    Column("submitted_at", Float, nullable=False),
+    Column("lease_s", Float, nullable=False),
+    Column("lease_expiry", Float, nullable=False),
+    Column("state", String(16), nullable=False),  # waiting | placed | cancelled | expired
+    Column("allocation_id", String(32)),
+)
+events_t = Table(
+    "events", _meta,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("subject", String(255), nullable=False),
+    Column("detail", Text, nullable=False),
+)
+
+
+class LedgerError(RuntimeError):
+    """A ledger operation that cannot proceed; the message names the fix."""
+
+
+class NodeAllocation(BaseModel):
+    node: str
+    gpu_type: str
+    gpu_indices: list[int]
+
+
+class Allocation(BaseModel):
+    """GPUs held by one job under a lease."""
+
+    id: str
+    job: str
+    plan_index: int
+    """Index of the job's plan (request) that HAS chose."""
+    gpus: int
+    min_mem_gib: float
+    nodes: list[NodeAllocation]
+    lease_expiry: float
+    state: str = "active"
+
+
+def default_url() -> str:
+    url = os.environ.get("FRENZY_LEDGER")
+    if url:
+        return url if "://" in url else f"sqlite:///{Path(url).expanduser()}"
+    path = Path.home() / ".frenzy" / "ledger.db"
+    return f"sqlite:///{path}"
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _req_json(r: GpuRequest) -> dict[str, Any]:
+    return {"gpus": r.gpus, "min_mem_gib": r.min_mem_gib, "unit": r.unit,
+            "types": sorted(r.types) if r.types is not None else None}
+
+
+def _req_from(d: dict[str, Any]) -> GpuRequest:
+    types = d.get("types")
+    return GpuRequest(d["gpus"], d["min_mem_gib"], d.get("unit", 1), frozenset(types) if types is not None else None)
+
+
+class Ledger:
+    """A durable cluster ledger. Safe to use from several processes and hosts at once."""
+
+    def __init__(self, url: str | None = None, *, busy_timeout_s: float = 60.0) -> None:
+        self.url = url or default_url()
+        self.sqlite = self.url.startswith("sqlite")
+        if self.sqlite and ":///" in self.url and not self.url.endswith(":memory:"):
+            Path(self.url.split(":///", 1)[1]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        kwargs: dict[str, Any] = {}
+        if self.sqlite:
+            kwargs["connect_args"] = {"timeout": busy_timeout_s, "check_same_thread": False}
+        self.engine: Engine = create_engine(self.url, **kwargs)
+        if self.sqlite:
+            @event.listens_for(self.engine, "connect")
+            def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+                dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+                cur = dbapi_conn.cursor()
+                cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=FULL")
+                cur.execute("PRAGMA foreign_keys=ON")
+                cur.close()
+
+            @event.listens_for(self.engine, "begin")
+            def _on_begin(conn: Connection) -> None:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        _meta.create_all(self.engine)
+
+    # -- transactions --------------------------------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        """One serialised write transaction; expired leases are reclaimed first."""
+        with self.engine.begin() as conn:
+            if not self.sqlite:
+                conn.execute(select(nodes_t.c.name).with_for_update())
+            self._expire(conn, time.time())
+            yield conn
+
+    def _log(self, conn: Connection, kind: str, subject: str, **detail: Any) -> None:
+        conn.execute(insert(events_t).values(ts=time.time(), kind=kind, subject=subject,
+                                             detail=json.dumps(detail, default=str)))
+
+    def _expire(self, conn: Connection, now: float) -> None:
+        overdue = conn.execute(select(allocations_t.c.id, allocations_t.c.job).where(
+            allocations_t.c.state == "active", allocations_t.c.lease_expiry < now)).all()
+        for aid, job in overdue:
+            conn.execute(delete(held_t).where(held_t.c.allocation_id == aid))
+            conn.execute(update(allocations_t).where(allocations_t.c.id == aid).values(state="expired", ended_at=now))
+            self._log(conn, "lease-expired", job, allocation=aid)
+        stale = conn.execute(select(queue_t.c.job).where(queue_t.c.state == "waiting",
+                                                         queue_t.c.lease_expiry < now)).scalars().all()
+        for job in stale:
+            conn.execute(update(queue_t).where(queue_t.c.job == job).values(state="expired"))
+            self._log(conn, "queue-expired", job)
+
+    # -- nodes ---------------------------------------------------------------------------------------------
+    def sync(self, cluster: Cluster, catalog: Catalog | None = None, *, prune: bool = False) -> None:
+        """Insert or update the cluster's nodes (state and holdings are kept). `prune` drops nodes not listed
+        that hold no GPUs."""
+        cat = catalog or default_catalog()
+        now = time.time()
+        with self._tx() as conn:
+            existing = {r.name: r for r in conn.execute(select(nodes_t)).all()}
+            for n in cluster.nodes:
+                g = cat.get(n.gpu)
+                row = dict(gpu_type=g.name, gpu_count=n.count, gpu_indices=json.dumps(list(range(n.count))),
+                           mem_gib=g.memory_gib, link=n.interconnect or g.link, link_gbs=cluster.link_gbs(n, cat),
+                           updated_at=now)
+                if n.name in existing:
+                    held = conn.execute(select(held_t.c.gpu_index).where(held_t.c.node == n.name)).scalars().all()
+                    if any(i >= n.count for i in held):
+                        raise LedgerError(f"node {n.name}: cannot shrink to {n.count} GPUs while GPU indices "
+                                          f"{sorted(held)} are allocated; release them or cordon the node first")
+                    conn.execute(update(nodes_t).where(nodes_t.c.name == n.name).values(**row))
+                else:
+                    conn.execute(insert(nodes_t).values(name=n.name, state="up", reason="", **row))
+                    self._log(conn, "node-added", n.name, gpu_type=g.name, count=n.count)
+            if prune:
+                keep = {n.name for n in cluster.nodes}
+                for name in set(existing) - keep:
+                    if conn.execute(select(held_t.c.node).where(held_t.c.node == name).limit(1)).first():
+                        raise LedgerError(f"node {name} is not in the cluster but holds GPUs; release them first")
+                    conn.execute(delete(nodes_t).where(nodes_t.c.name == name))
+                    self._log(conn, "node-removed", name)
+
+    def _set_state(self, node: str, state: str, reason: str) -> None:
+        with self._tx() as conn:
+            res = conn.execute(update(nodes_t).where(nodes_t.c.name == node)
+                               .values(state=state, reason=reason, updated_at=time.time()))
+            if res.rowcount == 0:
+                names = conn.execute(select(nodes_t.c.name)).scalars().all()
+                raise LedgerError(f"no node {node!r} in the ledger; nodes: {', '.join(sorted(names)) or '(none)'}")
+            self._log(conn, state, node, reason=reason)
+
+    def cordon(self, node: str, reason: str = "") -> None:
+        """Stop placing new work on `node` (running allocations keep their GPUs)."""
+        self._set_state(node, "cordoned", reason)
+
+    def uncordon(self, node: str) -> None:
+        self._set_state(node, "up", "")
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node with its free and held GPU indices."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(nodes_t).order_by(nodes_t.c.name)).all()
+            held = conn.execute(select(held_t.c.node, held_t.c.gpu_index, held_t.c.allocation_id,
+                                       allocations_t.c.job, allocations_t.c.lease_expiry)
+                                .join(allocations_t, allocations_t.c.id == held_t.c.allocation_id)).all()
+        now = time.time()
+        out = []
+        for r in rows:
+            mine = [h for h in held if h.node == r.name and h.lease_expiry >= now]
+            busy = {h.gpu_index for h in mine}
+            out.append({"name": r.name, "gpu_type": r.gpu_type, "gpus": r.gpu_count, "mem_gib": r.mem_gib,
+                        "link": r.link, "state": r.state, "reason": r.reason,
+                        "free_indices": [i for i in json.loads(r.gpu_indices) if i not in busy],
+                        "jobs": sorted({h.job for h in mine})})
+        return out
+
+    # -- allocation ----------------------------------------------------------------------------------------
+    def _pool(self, conn: Connection) -> tuple[FreePool, dict[str, list[int]], dict[str, str]]:
+        rows = conn.execute(select(nodes_t).where(nodes_t.c.state == "up")).all()
+        held: dict[str, set[int]] = {}
+        for node, idx in conn.execute(select(held_t.c.node, held_t.c.gpu_index)).all():
+            held.setdefault(node, set()).add(idx)
+        free_idx = {r.name: [i for i in json.loads(r.gpu_indices) if i not in held.get(r.name, set())] for r in rows}
+        infos = [NodeInfo(r.name, r.gpu_type, r.mem_gib, r.link_gbs, r.gpu_count) for r in rows]
+        pool = FreePool(infos, {n: len(ix) for n, ix in free_idx.items()})
+        return pool, free_idx, {r.name: r.gpu_type for r in rows}
+
+    def _allocate_in(self, conn: Connection, job: str, requests: Sequence[GpuRequest], lease_s: float,
+                     owner: str, pool: FreePool, free_idx: dict[str, list[int]], types: dict[str, str],
+                     *, fail_after_first_node: bool = False) -> Allocation | None:
+        d = decide(pool, requests)
+        if d is None:
+            return None
+        aid, now = uuid.uuid4().hex, time.time()
+        placement = [NodeAllocation(node=n, gpu_type=types[n], gpu_indices=sorted(free_idx[n])[:k]) for n, k in d.nodes]
+        conn.execute(insert(allocations_t).values(
+            id=aid, job=job, owner=owner, plan_index=d.plan_index, request=json.dumps(_req_json(d.request)),
+            placement=json.dumps([p.model_dump() for p in placement]), created_at=now, lease_s=lease_s,
+            lease_expiry=now + lease_s, state="active"))
+        for i, p in enumerate(placement):
+            conn.execute(insert(held_t), [{"node": p.node, "gpu_index": g, "allocation_id": aid} for g in p.gpu_indices])
+            if fail_after_first_node and i == 0:
+                raise RuntimeError("injected failure between the nodes of one allocation")
+        pool.take(d.nodes)
+        for p in placement:
+            free_idx[p.node] = [g for g in free_idx[p.node] if g not in p.gpu_indices]
+        self._log(conn, "allocated", job, allocation=aid, plan_index=d.plan_index,
+                  nodes={p.node: p.gpu_indices for p in placement})
+        return Allocation(id=aid, job=job, plan_index=d.plan_index, gpus=d.gpus, min_mem_gib=d.request.min_mem_gib,
+                          nodes=placement, lease_expiry=now + lease_s)
+
+    def allocate(self, job: str, requests: Sequence[GpuRequest], *, lease_s: float = DEFAULT_LEASE_S,
+                 owner: str | None = None, _fail_after_first_node: bool = False) -> Allocation | None:
+        """Place `job` now by HAS over its ranked requests, or return None when none fits (nothing written)."""
+        if not requests:
+            raise LedgerError(f"job {job}: no resource requests; plan the job first (frenzy plan)")
+        with self._tx() as conn:
+            pool, free_idx, types = self._pool(conn)
+            return self._allocate_in(conn, job, requests, lease_s, owner or owner_id(), pool, free_idx, types,
+                                     fail_after_first_node=_fail_after_first_node)
+
+    def renew(self, allocation_id: str, lease_s: float | None = None) -> bool:
+        """Extend a lease; False when the allocation is no longer active (expired or released): stop the job."""
+        with self._tx() as conn:
+            row = conn.execute(select(allocations_t).where(allocations_t.c.id == allocation_id)).first()
+            if row is None or row.state != "active":
+                return False
+            conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
+                         .values(lease_expiry=time.time() + (lease_s or row.lease_s)))
+            return True
+
+    def release(self, allocation_id: str, *, order: QueueOrder = "backfill") -> list[Allocation]:
+        """Free an allocation's GPUs, then retry the queue; returns what the retry placed."""
+        with self._tx() as conn:
+            row = conn.execute(select(allocations_t).where(allocations_t.c.id == allocation_id)).first()
+            if row is not None and row.state == "active":
+                conn.execute(delete(held_t).where(held_t.c.allocation_id == allocation_id))
+                conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
+                             .values(state="released", ended_at=time.time()))
+                self._log(conn, "released", row.job, allocation=allocation_id)
+            return self._schedule_in(conn, order)
+
+    def allocations(self, *, active_only: bool = True) -> list[Allocation]:
+        with self.engine.connect() as conn:
+            q = select(allocations_t).order_by(allocations_t.c.created_at)
+            if active_only:
+                q = q.where(allocations_t.c.state == "active", allocations_t.c.lease_expiry >= time.time())
+            rows = conn.execute(q).all()
+        out = []
+        for r in rows:
+            req = json.loads(r.request)
+            out.append(Allocation(id=r.id, job=r.job, plan_index=r.plan_index, gpus=req["gpus"],
+                                  min_mem_gib=req["min_mem_gib"],
+                                  nodes=[NodeAllocation(**p) for p in json.loads(r.placement)],
+                                  lease_expiry=r.lease_expiry, state=r.state))
+        return out
+
+    def events(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(events_t).order_by(events_t.c.id.desc()).limit(limit)).all()
+        return [{"ts": r.ts, "kind": r.kind, "subject": r.subject, **json.loads(r.detail)} for r in reversed(rows)]
+
+    # -- queue ---------------------------------------------------------------------------------------------
+    def submit(self, job: str, requests: Sequence[GpuRequest], *, lease_s: float = DEFAULT_LEASE_S,
+               owner: str | None = None) -> None:
+        """Append `job` to the wait queue (arrival order). Re-submitting a finished job name starts a new entry."""
+        if not requests:
+            raise LedgerError(f"job {job}: no resource requests; plan the job first (frenzy plan)")
+        now = time.time()
+        with self._tx() as conn:
+            old = conn.execute(select(queue_t.c.state).where(queue_t.c.job == job)).scalar()
+            if old == "waiting":
+                raise LedgerError(f"job {job} is already waiting in the queue; pick another job name or cancel it")
+            conn.execute(delete(queue_t).where(queue_t.c.job == job))
+            conn.execute(insert(queue_t).values(job=job, owner=owner or owner_id(), submitted_at=now,
+                                                requests=json.dumps([_req_json(r) for r in requests]),
+                                                lease_s=lease_s, lease_expiry=now + lease_s, state="waiting"))
+            self._log(conn, "queued", job, requests=len(requests))
+
+    def cancel(self, job: str) -> None:
+        with self._tx() as conn:
+            conn.execute(update(queue_t).where(queue_t.c.job == job, queue_t.c.state == "waiting")
+                         .values(state="cancelled"))
+
+    def _schedule_in(self, conn: Connection, order: QueueOrder) -> list[Allocation]:
+        waiting = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
+        if not waiting:
+            return []
+        pool, free_idx, types = self._pool(conn)
+        placed = []
+        for q in waiting:
+            reqs = [_req_from(r) for r in json.loads(q.requests)]
+            alloc = self._allocate_in(conn, q.job, reqs, q.lease_s, q.owner, pool, free_idx, types)
+            if alloc is None:
+                if order == "strict":
+                    break
+                continue
+            conn.execute(update(queue_t).where(queue_t.c.seq == q.seq).values(state="placed", allocation_id=alloc.id))
+            placed.append(alloc)
+        return placed
+
+    def schedule(self, order: QueueOrder = "backfill") -> list[Allocation]:
+        """Walk the queue in arrival order and place what fits now (see the module docstring for `order`)."""
+        with self._tx() as conn:
+            return self._schedule_in(conn, order)
+
+    def queue_status(self, job: str, *, renew_s: float | None = None) -> dict[str, Any]:
+        """The job's queue state, its position among waiting jobs and, once placed, its allocation id.
+        `renew_s` extends the entry's lease (the waiter's heartbeat)."""
+        with self._tx() as conn:
+            row = conn.execute(select(queue_t).where(queue_t.c.job == job)).first()
+            if row is None:
+                raise LedgerError(f"job {job} is not in the queue; submit it first")
+            if renew_s and row.state == "waiting":
+                conn.execute(update(queue_t).where(queue_t.c.job == job).values(lease_expiry=time.time() + renew_s))
+            ahead = conn.execute(select(queue_t.c.seq).where(queue_t.c.state == "waiting",
+                                                             queue_t.c.seq < row.seq)).all()
+        return {"job": job, "state": row.state, "position": len(ahead) + 1 if row.state == "waiting" else 0,
+                "waited_s": time.time() - row.submitted_at, "allocation_id": row.allocation_id}
+
+    def queue(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
+        return [{"job": r.job, "owner": r.owner, "submitted_at": r.submitted_at,
+                 "requests": json.loads(r.requests)} for r in rows]
+
+    def allocation(self, allocation_id: str) -> Allocation:
+        for a in self.allocations(active_only=False):
+            if a.id == allocation_id:
+                return a
+        raise LedgerError(f"no allocation {allocation_id}")
+
+
+class LeaseKeeper:
+    """Heartbeat thread: renews an allocation's lease every `lease_s / 3` until stopped.
+
+    `lost` is set when a renewal finds the allocation gone (expired or released by someone else): the job
+    must stop using the GPUs."""
+
+    def __init__(self, ledger: Ledger, allocation_id: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+        self.ledger, self.allocation_id, self.lease_s = ledger, allocation_id, lease_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{allocation_id[:8]}", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                if not self.ledger.renew(self.allocation_id, self.lease_s):
+                    self.lost.set()
+                    return
+            except Exception:  # a transient database error: retry at the next beat, the lease has slack
+                continue
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

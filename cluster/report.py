@@ -1,0 +1,52 @@
+"""Tables and plots of simulation results (shared by the CLI, the `simulate` flow and the benchmark)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def summary_rows(policies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
+    """One row per policy with the headline metrics, formatted."""
+    rows = []
+    for name, s in policies.items():
+        rows.append({"policy": name, "done": f"{s['completed']}/{s['jobs']}", "avg JCT s": f"{s['avg_jct_s']:.0f}",
+                     "p50 JCT s": f"{s['p50_jct_s']:.0f}", "p99 JCT s": f"{s['p99_jct_s']:.0f}",
+                     "avg queue s": f"{s['avg_queue_s']:.0f}", "makespan s": f"{s['makespan_s']:.0f}",
+                     "OOM": str(s["oom_failures"]), "decision p50/p99 ms":
+                     f"{s['decision_p50_ms']:.3f}/{s['decision_p99_ms']:.3f}",
+                     "util": " ".join(f"{t}:{u:.0%}" for t, u in s["utilisation"].items())})
+    return rows
+
+
+def markdown_table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return "(no results)"
+    cols = list(rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(r[c] for c in cols) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None:
+    """CDF of job completion times, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, res in results.items():
+        jct = np.sort([j.finish - j.trace.submit_s for j in res.jobs if j.finish is not None])
+        if len(jct):
+            ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

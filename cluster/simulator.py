@@ -1,0 +1,496 @@
+"""Trace-driven, discrete-event simulator of rigid jobs on a heterogeneous cluster, with four placement policies.
+
+Jobs are rigid and non-preemptive. A job's work is `steps` optimizer steps, fixed from its trace duration: the
+trace duration divided by the step time of its fastest layout on `num_gpus` reference GPUs. On an allocation
+it runs `steps x step_time(layout, slowest GPU of the allocation, its links)`; both models are MARP's
+(`cluster/jobperf.py`). The same models decide OOM: a layout whose predicted peak exceeds the memory of the
+smallest GPU it got fails.
+
+Policies
+- `has`: MARP plans (ranked by GPU-seconds per step) placed by HAS (`cluster/has.py`); queue in arrival order
+  with backfilling (`queue_order="strict"` for head-of-line blocking).
+- `fcfs`: opportunistic scheduling as the Frenzy paper defines it: the user's GPU count, nodes with the highest
+  compute first (then most free, then name), first come first served; a job that does not fit now is skipped.
+  Memory-unaware, so a job can OOM.
+- `fifo`: the same placement, strict arrival order (a job that does not fit blocks those behind it).
+- `ilp`: in the style of Sia: every `round_s` seconds after a change, one MILP over (waiting job x GPU type x
+  GPU count) chooses at most one configuration per job to maximise the sum of Sia's goodput utility
+  `1 + (1 - g^p) / -p` (p = -0.5, g = the configuration's speed-up over the job's smallest configuration),
+  subject to the free GPUs per type; solved with HiGHS. Chosen configurations are packed on nodes of that type
+  by best fit; one that does not pack waits for the next round. Configurations are memory-feasible (Sia profiles
+  its jobs), counts are powers of two up to twice the user's request.
+
+The user's layout (fcfs, fifo): DDP on the GPUs asked for, micro-batch = global batch / GPUs (no gradient
+accumulation, no TP/PP), as a user who sizes by GPU count runs it (`jobperf.user_layout`).
+
+OOM and resubmission (fcfs, fifo): a job whose layout does not fit holds its GPUs for `oom_after_s` (start-up
+and the first step), fails, and is resubmitted at the back of the queue by a user who now asks for GPUs with
+more memory than the one that failed; if no such GPU can hold the job at that count, the user doubles the count.
+A job nothing can ever hold is counted `unschedulable`.
+
+Decision latency is timed with `time.perf_counter` around the decision function only: one HAS `decide` (or
+fcfs placement) per job tried, one MILP build+solve per `ilp` round.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from cluster.catalog import Catalog, default_catalog
+from cluster.has import FreePool, GpuRequest, NodeInfo, decide, place, requests_from_plans
+from cluster.inventory import Cluster
+from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_exact, reference_step_time, step_time, user_layout
+from cluster.traces import REFERENCE_GPU, TraceJob
+from tasks.planning.layout import Layout
+from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
+
+PolicyName = Literal["has", "fcfs", "fifo", "ilp"]
+POLICIES: tuple[str, ...] = ("has", "fcfs", "fifo", "ilp")
+
+
+@dataclass
+class SimConfig:
+    reference_gpu: str = REFERENCE_GPU
+    oom_after_s: float = 120.0
+    round_s: float = 60.0
+    queue_order: Literal["backfill", "strict", "shortest"] = "backfill"
+    ilp_p: float = -0.5
+    ilp_time_limit_s: float = 30.0
+    max_plans: int | None = None
+    rank_by: RankBy = "balanced"
+
+
+@dataclass
+class SimJob:
+    trace: TraceJob
+    key: JobKey
+    steps: float
+    num_gpus: int
+    seq: int
+    min_mem: float = 0.0
+    start: float | None = None
+    finish: float | None = None
+    run_s: float = 0.0
+    nodes: list[tuple[str, int]] = field(default_factory=list)
+    gpu_type: str = ""
+    layout: str = ""
+    ooms: int = 0
+    unschedulable: str = ""
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: list[SimJob]
+    decisions_ms: list[float]
+    rounds_ms: list[float]
+    busy_gpu_s: dict[str, float]
+    gpus_by_type: dict[str, int]
+
+    def summary(self) -> dict[str, Any]:
+        done = [j for j in self.jobs if j.finish is not None]
+        jct = np.array([j.finish - j.trace.submit_s for j in done]) if done else np.zeros(1)
+        queue = np.array([j.finish - j.trace.submit_s - j.run_s for j in done]) if done else np.zeros(1)
+        first = min(j.trace.submit_s for j in self.jobs)
+        makespan = max((j.finish for j in done), default=first) - first
+        dec = np.array(self.decisions_ms or [0.0])
+        rnd = np.array(self.rounds_ms or [0.0])
+        return {
+            "jobs": len(self.jobs), "completed": len(done),
+            "avg_jct_s": float(jct.mean()), "p50_jct_s": float(np.percentile(jct, 50)),
+            "p99_jct_s": float(np.percentile(jct, 99)), "avg_queue_s": float(queue.mean()),
+            "makespan_s": float(makespan),
+            "decision_p50_ms": float(np.percentile(dec, 50)), "decision_p99_ms": float(np.percentile(dec, 99)),
+            "decisions": len(self.decisions_ms),
+            "round_p50_ms": float(np.percentile(rnd, 50)), "round_p99_ms": float(np.percentile(rnd, 99)),
+            "oom_failures": sum(j.ooms for j in self.jobs),
+            "unschedulable": sum(1 for j in self.jobs if j.unschedulable),
+            "utilisation": {t: round(self.busy_gpu_s.get(t, 0.0) / (n * makespan), 4) if makespan > 0 else 0.0
+                            for t, n in self.gpus_by_type.items()},
+        }
+
+
+class _Perf:
+    """Per-cluster caches of plans and per-type node facts."""
+
+    def __init__(self, cluster: Cluster, catalog: Catalog, rank_by: RankBy = "balanced") -> None:
+        self.cluster, self.cat, self.rank_by = cluster, catalog, rank_by
+        self.node: dict[str, NodeInfo] = {}
+        self.inter: dict[str, float] = {}
+        for n in cluster.nodes:
+            g = catalog.get(n.gpu)
+            self.node[n.name] = NodeInfo(n.name, g.name, g.memory_gib, cluster.link_gbs(n, catalog), n.count)
+            self.inter[n.name] = n.inter_node_gbs
+        self.types = {i.gpu_type for i in self.node.values()}
+        self.total = {t: sum(i.capacity for i in self.node.values() if i.gpu_type == t) for t in self.types}
+        self.per_node = {t: max(i.capacity for i in self.node.values() if i.gpu_type == t) for t in self.types}
+        self.intra = {t: min(i.link_gbs for i in self.node.values() if i.gpu_type == t and i.capacity == self.per_node[t])
+                      for t in self.types}
+        self._plans: dict[tuple[JobKey, float], list[ResourcePlan] | None] = {}
+
+    def plans(self, key: JobKey, margin: float = 0.05) -> list[ResourcePlan] | None:
+        k = (key, margin)
+        if k not in self._plans:
+            try:
+                self._plans[k] = plan_resources(key.spec(), self.cluster, margin=margin, catalog=self.cat,
+                                                rank_by=self.rank_by)
+            except InfeasibleJobError:
+                self._plans[k] = None
+        return self._plans[k]
+
+    def speed(self, gpu_type: str, precision: str) -> float:
+        return self.cat.get(gpu_type).tflops(precision)
+
+    def run_time(self, job: SimJob, nodes: Sequence[tuple[str, int]], layout: Layout | None
+                 ) -> tuple[float, Layout | None, str]:
+        """(duration, layout, slowest type); layout None = OOM (the user's count does not fit)."""
+        infos = [self.node[n] for n, _ in nodes]
+        slow = min(infos, key=lambda i: (self.speed(i.gpu_type, job.key.precision), i.gpu_type)).gpu_type
+        small = min(infos, key=lambda i: (i.mem_gib, i.gpu_type)).gpu_type
+        per_node = max(c for _, c in nodes)
+        min(c for _, c in nodes)
+        intra = min(i.link_gbs for i in infos)
+        inter = min(self.inter[n] for n, _ in nodes)
+        if layout is None:  # the user's own layout on the count they asked for
+            layout = user_layout(job.key, sum(c for _, c in nodes))
+        if not fits(job.key, small, layout):
+            return 0.0, None, slow
+        return job.steps * step_time(job.key, slow, layout, intra, inter, per_node), layout, slow
+
+
+class Simulator:
+    def __init__(self, cluster: Cluster, trace: Sequence[TraceJob], policy: PolicyName,
+                 config: SimConfig | None = None, catalog: Catalog | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.cfg = config or SimConfig()
+        self.cat = catalog or default_catalog()
+        self.perf = _Perf(cluster, self.cat, self.cfg.rank_by)
+        self.policy = policy
+        self.progress = progress
+        self.pool = FreePool(self.perf.node.values())
+        ref = self.cat.get(self.cfg.reference_gpu).name
+        self.jobs = [SimJob(trace=t, key=JobKey.of(t), num_gpus=t.num_gpus, seq=i,
+                            steps=t.duration_s / reference_step_time(JobKey.of(t), ref, t.num_gpus))
+                     for i, t in enumerate(trace)]
+        self.queue: list[int] = []
+        self.events: list[tuple[float, int, str, int]] = []
+        self._eseq = 0
+        self.decisions_ms: list[float] = []
+        self.rounds_ms: list[float] = []
+        self.busy: dict[str, float] = {}
+        self._round_pending = False
+        self._reqs: dict[int, tuple[list[GpuRequest], list[int], list[ResourcePlan]] | None] = {}
+        self._ilp_cfgs: dict[int, list[tuple[str, int, Layout, float]]] = {}
+
+    # -- events --------------------------------------------------------------------------------------------
+    def _push(self, t: float, kind: str, j: int) -> None:
+        self._eseq += 1
+        heapq.heappush(self.events, (t, self._eseq, kind, j))
+
+    def run(self) -> SimResult:
+        for i, j in enumerate(self.jobs):
+            self._push(j.trace.submit_s, "arrive", i)
+        done = 0
+        while self.events:
+            now = self.events[0][0]
+            changed = False
+            while self.events and self.events[0][0] == now:
+                _, _, kind, i = heapq.heappop(self.events)
+                job = self.jobs[i]
+                if kind == "arrive":
+                    self.queue.append(i)
+                    changed = True
+                elif kind in ("finish", "oom"):
+                    self.pool.give(job.nodes)
+                    changed = True
+                    if kind == "finish":
+                        job.finish = now
+                        done += 1
+                        if self.progress:
+                            self.progress(done, len(self.jobs))
+                    else:
+                        self._resubmit(i, now)
+                elif kind == "round":
+                    self._round_pending = False
+                    self._ilp_round(now)
+            if changed:
+                if self.policy == "ilp":
+                    if not self._round_pending and self.queue:
+                        self._round_pending = True
+                        self._push(math.floor(now / self.cfg.round_s + 1) * self.cfg.round_s, "round", -1)
+                else:
+                    self._schedule(now)
+        return SimResult(self.policy, self.jobs, self.decisions_ms, self.rounds_ms, self.busy, dict(self.perf.total))
+
+    def _start(self, i: int, now: float, nodes: list[tuple[str, int]], layout: Layout | None) -> None:
+        job = self.jobs[i]
+        self.pool.take(nodes)
+        job.nodes = nodes
+        dur, lay, slow = self.perf.run_time(job, nodes, layout)
+        for n, c in nodes:
+            t = self.perf.node[n].gpu_type
+            self.busy[t] = self.busy.get(t, 0.0) + c * (dur if lay is not None else self.cfg.oom_after_s)
+        if lay is None:
+            self._push(now + self.cfg.oom_after_s, "oom", i)
+            return
+        job.start, job.run_s, job.gpu_type, job.layout = now, dur, slow, lay.label()
+        self._push(now + dur, "finish", i)
+
+    def _resubmit(self, i: int, now: float) -> None:
+        """The user's reaction to an OOM (module docstring)."""
+        job = self.jobs[i]
+        job.ooms += 1
+        failed_mem = min(self.perf.node[n].mem_gib for n, _ in job.nodes)
+        job.nodes = []
+        mems = sorted({self.cat.get(t).memory_gib: t for t in self.perf.types}.items())
+        n, total = job.num_gpus, sum(self.perf.total.values())
+        choice = None
+        while n <= total and choice is None:
+            for mem, t in mems:  # smallest memory that holds the user's layout at n GPUs (bigger than failed at N)
+                if (n > job.num_gpus or mem > failed_mem) and fits(job.key, t, user_layout(job.key, n)) and \
+                        sum(c for tt, c in self.perf.total.items() if self.cat.get(tt).memory_gib >= mem) >= n:
+                    choice = (n, mem)
+                    break
+            else:
+                n *= 2
+        if choice is None:
+            job.unschedulable = f"no GPU count up to {total} of any type holds {job.trace.model} with DDP"
+            return
+        job.num_gpus, job.min_mem = choice
+        self._eseq += 1
+        job.seq = len(self.jobs) + self._eseq  # back of the queue
+        self.queue.append(i)
+        self.queue.sort(key=lambda k: self.jobs[k].seq)
+
+    # -- has / fcfs / fifo ---------------------------------------------------------------------------------
+    def _has_requests(self, i: int) -> tuple[list[GpuRequest], list[int], list[ResourcePlan]] | None:
+        if i not in self._reqs:
+            job = self.jobs[i]
+            plans = self.perf.plans(job.key)
+            if plans is None:
+                self._reqs[i] = None
+            else:
+                plans = plans[: self.cfg.max_plans] if self.cfg.max_plans else plans
+                reqs, idx = requests_from_plans(plans, self.cat, job.key.precision)
+                self._reqs[i] = (reqs, idx, plans)
+        return self._reqs[i]
+
+    def _fcfs_place(self, job: SimJob) -> list[tuple[str, int]] | None:
+        prec = job.key.precision
+        nodes = [i for i in self.perf.node.values() if i.mem_gib >= job.min_mem and self.pool.free[i.name] > 0]
+        if sum(self.pool.free[i.name] for i in nodes) < job.num_gpus:
+            return None
+        nodes.sort(key=lambda i: (-self.perf.speed(i.gpu_type, prec), -self.pool.free[i.name], i.name))
+        out, need = [], job.num_gpus
+        for i in nodes:
+            k = min(need, self.pool.free[i.name])
+            out.append((i.name, k))
+            need -= k
+            if need == 0:
+                break
+        return out
+
+    def _predicted_s(self, i: int) -> float:
+        reqs = self._has_requests(i)
+        return math.inf if reqs is None else self.jobs[i].steps * reqs[2][0].est_step_time_s
+
+    def _schedule(self, now: float) -> None:
+        t0 = time.perf_counter()
+        if self.policy == "has" and self.cfg.queue_order == "shortest":
+            self.queue.sort(key=lambda k: (self._predicted_s(k), self.jobs[k].seq))
+        strict = self.policy == "fifo" or (self.policy == "has" and self.cfg.queue_order == "strict")
+        remaining = []
+        blocked = False
+        for i in self.queue:
+            job = self.jobs[i]
+            if job.unschedulable:
+                continue
+            if blocked or self.pool.total_free() == 0:
+                remaining.append(i)
+                continue
+            if self.policy == "has":
+                reqs = self._has_requests(i)
+                if reqs is None:
+                    job.unschedulable = "MARP: no layout fits any GPU of the cluster"
+                    continue
+                d0 = time.perf_counter()
+                d = decide(self.pool, reqs[0])
+                self.decisions_ms.append((time.perf_counter() - d0) * 1e3)
+                if d is not None:
+                    self._start(i, now, d.nodes, reqs[2][reqs[1][d.plan_index]].layout)
+                    continue
+            else:
+                d0 = time.perf_counter()
+                nodes = self._fcfs_place(job)
+                self.decisions_ms.append((time.perf_counter() - d0) * 1e3)
+                if nodes is not None:
+                    self._start(i, now, nodes, None)
+                    continue
+            remaining.append(i)
+            blocked = strict
+        self.queue = remaining
+        self.rounds_ms.append((time.perf_counter() - t0) * 1e3)
+
+    # -- ilp -----------------------------------------------------------------------------------------------
+    def _configs(self, i: int) -> list[tuple[str, int, Layout, float]]:
+        if i not in self._ilp_cfgs:
+            job, p = self.jobs[i], self.perf
+            cap = max(2 * job.num_gpus, 1)
+            out = []
+            for t in sorted(p.types):
+                c = 1
+                while c <= min(cap, p.total[t]):
+                    per_node = min(c, p.per_node[t])
+                    res = best_layout(job.key, t, c, per_node, p.intra[t], INTER_NODE_GBS, per_node)
+                    if res is not None:
+                        out.append((t, c, res[0], job.steps * res[1]))
+                    c *= 2
+            if not out:  # nothing up to twice the request: allow any power of two the type has
+                for t in sorted(p.types):
+                    c = 2 * cap
+                    while c <= p.total[t]:
+                        per_node = min(c, p.per_node[t])
+                        res = best_layout(job.key, t, c, per_node, p.intra[t], INTER_NODE_GBS, per_node)
+                        if res is not None:
+                            out.append((t, c, res[0], job.steps * res[1]))
+                            break
+                        c *= 2
+            self._ilp_cfgs[i] = out
+        return self._ilp_cfgs[i]
+
+    def _ilp_round(self, now: float) -> None:
+        import highspy
+
+        t0 = time.perf_counter()
+        free_t = {t: 0 for t in self.perf.types}
+        for name, k in self.pool.free.items():
+            free_t[self.perf.node[name].gpu_type] += k
+        cols: list[tuple[int, str, int, Layout]] = []
+        cost: list[float] = []
+        for i in self.queue:
+            cfgs = [c for c in self._configs(i) if c[1] <= free_t[c[0]]]
+            if not cfgs:
+                if not self._configs(i):
+                    self.jobs[i].unschedulable = "no memory-feasible configuration"
+                continue
+            base = max(d for _, c, _, d in cfgs if c == min(x[1] for x in cfgs))
+            for t, c, lay, d in cfgs:
+                g = base / d
+                cols.append((i, t, c, lay))
+                cost.append(1 + (1 - g ** self.cfg.ilp_p) / -self.cfg.ilp_p - 1e-4 * c)
+        chosen: list[tuple[int, str, int, Layout]] = []
+        if cols:
+            jobs = sorted({c[0] for c in cols})
+            jrow = {j: r for r, j in enumerate(jobs)}
+            types = sorted(self.perf.types)
+            trow = {t: len(jobs) + r for r, t in enumerate(types)}
+            starts, index, value = [0], [], []
+            for i, t, c, _ in cols:
+                index += [jrow[i], trow[t]]
+                value += [1.0, float(c)]
+                starts.append(len(index))
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            h.setOptionValue("time_limit", self.cfg.ilp_time_limit_s)
+            lp = highspy.HighsLp()
+            lp.num_col_, lp.num_row_ = len(cols), len(jobs) + len(types)
+            lp.col_cost_ = np.array(cost)
+            lp.col_lower_ = np.zeros(len(cols))
+            lp.col_upper_ = np.ones(len(cols))
+            lp.row_lower_ = np.full(lp.num_row_, -highspy.kHighsInf)
+            lp.row_upper_ = np.array([1.0] * len(jobs) + [float(free_t[t]) for t in types])
+            lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+            lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+            lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+            lp.a_matrix_.value_ = np.array(value)
+            lp.sense_ = highspy.ObjSense.kMaximize
+            lp.integrality_ = [highspy.HighsVarType.kInteger] * len(cols)
+            h.passModel(lp)
+            h.run()
+            x = h.getSolution().col_value
+            chosen = [cols[k] for k in range(len(cols)) if x[k] > 0.5]
+        self.decisions_ms.append((time.perf_counter() - t0) * 1e3)
+        self.rounds_ms.append(self.decisions_ms[-1])
+        chosen.sort(key=lambda c: self.jobs[c[0]].seq)
+        started = set()
+        for i, t, c, lay in chosen:
+            nodes = place(self.pool, GpuRequest(c, 0.0, lay.tp, frozenset({t})))
+            if nodes is not None:
+                self._start(i, now, nodes, lay)
+                started.add(i)
+        self.queue = [i for i in self.queue if i not in started and not self.jobs[i].unschedulable]
+        if self.queue and started:
+            self._round_pending = True
+            self._push(now + self.cfg.round_s, "round", -1)
+
+
+def simulate(cluster: Cluster, trace: Sequence[TraceJob], policy: PolicyName, config: SimConfig | None = None,
+             catalog: Catalog | None = None, progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Run one policy over a trace."""
+    return Simulator(cluster, trace, policy, config, catalog, progress).run()
+
+
+def _srpt_flow(release: list[float], size: list[float], rate: float) -> float:
+    """Total flow time of preemptive SRPT on one machine of speed `rate` (a lower bound on sum of JCTs)."""
+    order = sorted(range(len(release)), key=lambda k: release[k])
+    heap: list[tuple[float, int]] = []
+    t, total, k = 0.0, 0.0, 0
+    while k < len(order) or heap:
+        if not heap:
+            t = max(t, release[order[k]])
+        while k < len(order) and release[order[k]] <= t:
+            heapq.heappush(heap, (size[order[k]] / rate, order[k]))
+            k += 1
+        rem, j = heapq.heappop(heap)
+        nxt = release[order[k]] if k < len(order) else math.inf
+        if t + rem <= nxt:
+            t += rem
+            total += t - release[j]
+        else:
+            heapq.heappush(heap, (rem - (nxt - t), j))
+            t = nxt
+    return total
+
+
+def lower_bounds(cluster: Cluster, trace: Sequence[TraceJob], config: SimConfig | None = None,
+                 catalog: Catalog | None = None) -> dict[str, float]:
+    """Lower bounds on average JCT and makespan under the simulator's models (notes/scheduling.md section 4).
+
+    A relaxed GPU holds any allocation: the memory of the cluster's largest GPU, the speed of its fastest, its
+    best links. d_j* = steps x the fastest memory-feasible layout on 1..G relaxed GPUs; w_j = steps x the fewest
+    GPU-seconds per step. avg JCT >= max(mean d_j*, SRPT flow time of the w_j on one machine as fast as all G
+    GPUs / n); makespan >= max(max_j a_j + d_j*, min_j a_j + sum w_j / G)."""
+    sim = Simulator(cluster, trace, "has", config, catalog)
+    p = sim.perf
+    g_total = sum(p.total.values())
+    big = max(p.types, key=lambda t: sim.cat.get(t).memory_gib)
+    per_node = max(i.capacity for i in p.node.values())
+    intra = max(i.link_gbs for i in p.node.values())
+    inter = max(p.inter.values())
+    d_star, work, rel = [], [], []
+    for j in sim.jobs:
+        fast = max(p.types, key=lambda t: p.speed(t, j.key.precision))
+        times = []
+        for c in range(1, g_total + 1):
+            for lay in layouts_exact(j.key, c, per_node):
+                if fits(j.key, big, lay):
+                    times.append((step_time(j.key, fast, lay, intra, inter, per_node), c))
+        if not times:
+            continue
+        d_star.append(j.steps * min(t for t, _ in times))
+        work.append(j.steps * min(t * c for t, c in times))
+        rel.append(j.trace.submit_s)
+    if not d_star:
+        return {"avg_jct_s": 0.0, "makespan_s": 0.0}
+    avg = max(sum(d_star) / len(d_star), _srpt_flow(rel, work, g_total) / len(d_star))
+    mk = max(max(a + d for a, d in zip(rel, d_star, strict=True)), min(rel) + sum(work) / g_total) - min(rel)
+    return {"avg_jct_s": avg, "makespan_s": mk}

@@ -1,0 +1,90 @@
+"""The `place` stage as Prefect objects: allocate a job's plans through the ledger, waiting in the queue.
+
+    from flows.place import placed
+    with placed("my-job", plans) as alloc:      # waits, then holds the GPUs under a renewed lease
+        run_training(alloc)                      # released on every exit path, exceptions included
+
+`place` is the Prefect task: it submits the job, logs its queue position while it waits, and returns the
+`Allocation`; `release` is its counterpart. The context manager `placed` pairs them with a heartbeat.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from prefect import get_run_logger, task
+from prefect.exceptions import MissingContextError
+
+from cluster.catalog import default_catalog
+from cluster.has import GpuRequest, requests_from_plans
+from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError, QueueOrder
+from tasks.planning.plans import ResourcePlan
+
+
+def _log(msg: str) -> None:
+    try:
+        get_run_logger().info(msg)
+    except MissingContextError:
+        print(msg, flush=True)
+
+
+def requests_for(plans: Sequence[ResourcePlan], precision: str = "bf16-mixed") -> list[GpuRequest]:
+    return requests_from_plans(plans, default_catalog(), precision)[0]
+
+
+def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest], *, timeout_s: float = 3600.0,
+                        poll_s: float = 1.0, lease_s: float = DEFAULT_LEASE_S, order: QueueOrder = "backfill",
+                        ) -> Allocation:
+    """Submit `job` and block until HAS places it; progress (queue position, waited time) is logged."""
+    ledger.submit(job, requests, lease_s=lease_s)
+    deadline, last = time.monotonic() + timeout_s, -1.0
+    try:
+        while True:
+            ledger.schedule(order)
+            st = ledger.queue_status(job, renew_s=lease_s)
+            if st["state"] == "placed":
+                alloc = ledger.allocation(st["allocation_id"])
+                _log(f"{job}: placed after {st['waited_s']:.1f} s on " +
+                     ", ".join(f"{n.node}[{','.join(map(str, n.gpu_indices))}]" for n in alloc.nodes))
+                return alloc
+            if st["state"] != "waiting":
+                raise LedgerError(f"{job}: left the queue ({st['state']}); submit it again")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{job}: no plan fitted within {timeout_s:.0f} s (queue position "
+                                   f"{st['position']}); free GPUs, uncordon nodes or raise the timeout")
+            if time.monotonic() - last >= 10 * poll_s:
+                _log(f"{job}: waiting, queue position {st['position']}, {st['waited_s']:.0f} s so far")
+                last = time.monotonic()
+            time.sleep(poll_s)
+    except BaseException:
+        ledger.cancel(job)
+        raise
+
+
+@task(name="place", retries=0)
+def place(job: str, plans: list[ResourcePlan], ledger_url: str | None = None, timeout_s: float = 3600.0,
+          lease_s: float = DEFAULT_LEASE_S, precision: str = "bf16-mixed") -> Allocation:
+    """HAS over the live ledger: the job's allocation once one of its plans fits (waits in the queue)."""
+    return wait_for_allocation(Ledger(ledger_url), job, requests_for(plans, precision), timeout_s=timeout_s,
+                               lease_s=lease_s)
+
+
+@task(name="release")
+def release(allocation_id: str, ledger_url: str | None = None) -> int:
+    """Free an allocation; returns how many queued jobs the freed GPUs let start."""
+    return len(Ledger(ledger_url).release(allocation_id))
+
+
+@contextmanager
+def placed(job: str, plans: Sequence[ResourcePlan], *, ledger_url: str | None = None, timeout_s: float = 3600.0,
+           lease_s: float = DEFAULT_LEASE_S, precision: str = "bf16-mixed") -> Iterator[Allocation]:
+    """Allocate (waiting), keep the lease alive while the body runs, release on every exit path."""
+    ledger = Ledger(ledger_url)
+    alloc = wait_for_allocation(ledger, job, requests_for(plans, precision), timeout_s=timeout_s, lease_s=lease_s)
+    try:
+        with LeaseKeeper(ledger, alloc.id, lease_s):
+            yield alloc
+    finally:
+        ledger.release(alloc.id)

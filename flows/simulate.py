@@ -1,0 +1,57 @@
+"""The `simulate` flow: replay a trace on a cluster under several policies, with the table as an artifact."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from pydantic import BaseModel, ConfigDict, Field
+
+from cluster.inventory import load_cluster
+from cluster.report import markdown_table, summary_rows
+from cluster.simulator import SimConfig, lower_bounds, simulate
+from cluster.traces import REFERENCE_GPU, load_trace, new_workload
+
+
+class SimulateRequest(BaseModel):
+    """Which cluster, which trace, which policies."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    cluster: str = Field("phoebe", json_schema_extra={"position": 0})
+    """Cluster preset (phoebe, frenzy-testbed) or a cluster YAML path on the worker."""
+    trace: str = Field("newworkload:30", json_schema_extra={"position": 1})
+    """Trace CSV path on the worker, or newworkload:N[:SEED]."""
+    format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
+    """Trace format; None guesses from the header."""
+    policies: list[Literal["has", "fcfs", "fifo", "ilp"]] = Field(["has", "fcfs", "fifo", "ilp"],
+                                                                   json_schema_extra={"position": 3})
+    """Policies to compare."""
+    queue_order: Literal["backfill", "strict", "shortest"] = "backfill"
+    """HAS queue order."""
+    rank_by: Literal["gpu_seconds", "time", "balanced"] = "balanced"
+    """MARP plan ranking used by HAS."""
+    reference_gpu: str = REFERENCE_GPU
+    """GPU type the trace durations refer to."""
+
+
+@flow(name="simulate", flow_run_name="simulate-{request.cluster}", log_prints=True)
+def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
+    """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
+    cluster = load_cluster(request.cluster)
+    if request.trace.startswith("newworkload:"):
+        parts = request.trace.split(":")
+        trace = new_workload(int(parts[1]), seed=int(parts[2]) if len(parts) > 2 else 0)
+    else:
+        trace = load_trace(request.trace, request.format)
+    cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by)
+    pols = {}
+    for p in request.policies:
+        print(f"simulating {p} on {len(trace)} jobs")
+        pols[p] = simulate(cluster, trace, p, cfg).summary()
+    lb = lower_bounds(cluster, trace, cfg)
+    md = (f"### {request.trace} on {cluster.name} ({len(trace)} jobs)\n\nLower bounds: avg JCT "
+          f"{lb['avg_jct_s']:.0f} s, makespan {lb['makespan_s']:.0f} s\n\n" + markdown_table(summary_rows(pols)))
+    create_markdown_artifact(key="frenzy-simulation", markdown=md, description="policy comparison")
+    return {"cluster": cluster.name, "trace": request.trace, "jobs": len(trace), "policies": pols, "lower_bounds": lb}

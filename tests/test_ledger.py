@@ -1,0 +1,165 @@
+"""The durable ledger under concurrency, kills and crashes (real processes, a real SQLite file)."""
+
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from cluster.has import GpuRequest
+from cluster.inventory import Cluster, Node, load_cluster
+from cluster.ledger import LeaseKeeper, Ledger, LedgerError
+
+SMALL = Cluster(name="t", nodes=[Node(name="n0", gpu="A100-40GB-PCIE", count=4),
+                                 Node(name="n1", gpu="A100-40GB-PCIE", count=4),
+                                 Node(name="n2", gpu="A100-80GB-PCIE", count=2)])
+
+
+@pytest.fixture
+def url(tmp_path):
+    u = f"sqlite:///{tmp_path / 'ledger.db'}"
+    Ledger(u).sync(SMALL)
+    return u
+
+
+def _worker(url: str, wid: int, rounds: int, out: str) -> None:
+    led = Ledger(url)
+    rng = random.Random(wid)
+    held = []
+    for r in range(rounds):
+        reqs = [GpuRequest(rng.choice([1, 2, 3, 4, 6]), rng.choice([10, 50]))]
+        a = led.allocate(f"w{wid}-{r}", reqs, lease_s=60)
+        if a is None:
+            time.sleep(0.002)
+            continue
+        t0 = time.time()  # after commit
+        time.sleep(rng.uniform(0, 0.01))
+        t1 = time.time()  # before release
+        led.release(a.id)
+        held.append({"t0": t0, "t1": t1, "gpus": [[n.node, g] for n in a.nodes for g in n.gpu_indices]})
+    with open(out, "w") as f:
+        json.dump(held, f)
+
+
+def test_concurrent_processes_never_hold_the_same_gpu(url, tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(url, w, 40, str(tmp_path / f"w{w}.json"))) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    spans = {}
+    total = 0
+    for w in range(4):
+        for h in json.load(open(tmp_path / f"w{w}.json")):
+            total += 1
+            for g in h["gpus"]:
+                spans.setdefault(tuple(g), []).append((h["t0"], h["t1"]))
+    assert total > 40  # the workers really allocated
+    for g, s in spans.items():
+        s.sort()
+        for (a0, a1), (b0, b1) in zip(s, s[1:], strict=False):
+            assert b0 >= a1, f"GPU {g} held twice: {a0}-{a1} and {b0}-{b1}"
+    led = Ledger(url)
+    assert led.allocations() == [] and sum(len(n["free_indices"]) for n in led.nodes()) == 10
+
+
+def _hold_forever(url: str, ready) -> None:
+    led = Ledger(url)
+    a = led.allocate("victim", [GpuRequest(4, 10)], lease_s=1.5)
+    with LeaseKeeper(led, a.id, 1.5):
+        ready.set()
+        time.sleep(600)
+
+
+def test_gpus_of_a_killed_process_come_back_when_its_lease_expires(url):
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold_forever, args=(url, ready))
+    p.start()
+    assert ready.wait(60)
+    led = Ledger(url)
+    time.sleep(2.0)  # longer than the lease: the heartbeat keeps it alive
+    assert [a.job for a in led.allocations()] == ["victim"]
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    assert led.allocate("big", [GpuRequest(10, 10)]) is None  # still held right after the kill
+    time.sleep(2.0)
+    a = led.allocate("big", [GpuRequest(10, 10)])
+    assert a is not None and a.gpus == 10
+    assert any(e["kind"] == "lease-expired" and e["subject"] == "victim" for e in led.events())
+
+
+def test_a_failed_multi_node_allocation_leaves_nothing(url):
+    led = Ledger(url)
+    with pytest.raises(RuntimeError):
+        led.allocate("gang", [GpuRequest(8, 10)], _fail_after_first_node=True)
+    assert led.allocations() == [] and sum(len(n["free_indices"]) for n in led.nodes()) == 10
+    a = led.allocate("gang", [GpuRequest(8, 10)])
+    assert a is not None and len(a.nodes) == 2
+
+
+def _allocate_then_die(url: str) -> None:
+    a = Ledger(url).allocate("durable", [GpuRequest(2, 50)], lease_s=3600)
+    assert a is not None
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_committed_allocation_survives_a_crash(url):
+    p = mp.get_context("spawn").Process(target=_allocate_then_die, args=(url,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    allocs = Ledger(url).allocations()
+    assert [(a.job, a.nodes[0].node) for a in allocs] == [("durable", "n2")]
+
+
+def test_queue_backfills_on_release_and_strict_blocks(url):
+    led = Ledger(url)
+    a = led.allocate("first", [GpuRequest(8, 10)])
+    led.submit("wide", [GpuRequest(6, 10)])
+    led.submit("narrow", [GpuRequest(2, 10)])
+    placed = led.schedule("strict")
+    assert placed == []  # wide does not fit and blocks narrow
+    placed = led.schedule("backfill")
+    assert [p.job for p in placed] == ["narrow"]  # backfilled past wide
+    assert led.queue_status("wide")["position"] == 1
+    placed = led.release(a.id)  # every release retries the queue
+    assert [p.job for p in placed] == ["wide"]
+    assert led.queue_status("wide")["state"] == "placed"
+
+
+def test_cordoned_nodes_get_no_new_work_and_errors_name_the_fix(url):
+    led = Ledger(url)
+    led.cordon("n2", "ECC errors")
+    assert led.allocate("x", [GpuRequest(1, 50)]) is None
+    led.uncordon("n2")
+    assert led.allocate("x", [GpuRequest(1, 50)]) is not None
+    with pytest.raises(LedgerError, match="nodes: n0, n1, n2"):
+        led.cordon("nope")
+    with pytest.raises(LedgerError, match="plan the job first"):
+        led.allocate("y", [])
+
+
+def test_renew_reports_a_lost_lease(url):
+    led = Ledger(url)
+    a = led.allocate("x", [GpuRequest(1, 10)], lease_s=0.05)
+    time.sleep(0.1)
+    led.schedule()  # any writer reclaims expired leases
+    assert led.renew(a.id) is False
+    b = led.allocate("y", [GpuRequest(1, 10)], lease_s=60)
+    assert led.renew(b.id) is True
+
+
+def test_sync_refuses_to_shrink_a_node_under_allocation(url):
+    led = Ledger(url)
+    led.allocate("x", [GpuRequest(4, 10)])
+    small = SMALL.model_copy(update={"nodes": [Node(name="n0", gpu="A100-40GB-PCIE", count=2)]})
+    with pytest.raises(LedgerError, match="cannot shrink"):
+        led.sync(small)
+    led.sync(load_cluster("frenzy-testbed"))
+    assert len(led.nodes()) == 3 + 5

@@ -1,0 +1,94 @@
+"""Simulator, traces and lower bounds."""
+
+import pytest
+
+from cluster.inventory import Cluster, Node, load_cluster
+from cluster.simulator import SimConfig, lower_bounds, simulate
+from cluster.traces import TraceError, TraceJob, load_trace, new_workload, read_sia, write_generic
+
+SIA = "../shared/traces/sia-workloads/philly/workload-1.csv"
+PHILLY = "../shared/traces/philly.csv"
+
+
+def test_newworkload_is_deterministic_and_plannable():
+    a, b = new_workload(30, seed=3), new_workload(30, seed=3)
+    assert a == b and len(a) == 30 and all(j.submit_s == 0 for j in a)
+    assert {j.model for j in a} <= {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "bert-base", "bert-large"}
+    poisson = new_workload(10, seed=3, mean_interarrival_s=60)
+    assert [j.submit_s for j in poisson] == sorted(j.submit_s for j in poisson) and poisson[-1].submit_s > 0
+
+
+@pytest.mark.parametrize("policy", ["has", "fcfs", "fifo", "ilp"])
+def test_every_policy_completes_the_queue_within_the_lower_bounds(policy):
+    c = load_cluster("frenzy-testbed")
+    jobs = new_workload(12, seed=1)
+    res = simulate(c, jobs, policy)
+    s = res.summary()
+    assert s["completed"] + s["unschedulable"] == 12 and s["completed"] >= 9
+    done = [j for j in res.jobs if j.finish is not None]
+    lb = lower_bounds(c, [j.trace for j in done])  # a bound for any schedule of the jobs that completed
+    assert s["makespan_s"] >= lb["makespan_s"] * 0.999
+    assert s["avg_jct_s"] >= lb["avg_jct_s"] * 0.999
+    assert s["decisions"] > 0 and s["decision_p99_ms"] >= s["decision_p50_ms"] >= 0
+    # no GPU is ever used twice: replay the start/finish intervals per node
+    cap = {n.name: n.count for n in c.nodes}
+    events = sorted([(j.start, k) for j in done for k in j.nodes] + [(j.finish, (n, -k)) for j in done for n, k in j.nodes]
+                    , key=lambda e: (e[0], e[1][1]))
+    used = dict.fromkeys(cap, 0)
+    for _, (n, k) in events:
+        used[n] += k
+        assert 0 <= used[n] <= cap[n]
+
+
+def test_fcfs_ooms_are_counted_and_resubmitted_has_never_ooms():
+    # one 11 GB GPU node first in compute order? no: the big model asks for 1 GPU and lands on the fastest node
+    c = Cluster(name="t", nodes=[Node(name="small", gpu="RTX-2080Ti", count=4),
+                                 Node(name="big", gpu="A100-80GB-PCIE", count=2)])
+    jobs = [TraceJob("a", 0, 600, 1, "gpt2-124m", 64), TraceJob("b", 0, 600, 2, "gpt2-1.5b", 32),
+            TraceJob("c", 10, 600, 4, "gpt2-774m", 64)]
+    f = simulate(c, jobs, "fcfs").summary()
+    h = simulate(c, jobs, "has").summary()
+    assert f["oom_failures"] >= 1 and h["oom_failures"] == 0
+    assert h["completed"] == 3
+
+
+def test_strict_fifo_blocks_where_fcfs_backfills():
+    c = Cluster(name="t", nodes=[Node(name="n", gpu="A100-80GB-PCIE", count=4)])
+    jobs = [TraceJob("long", 0, 1000, 3, "gpt2-124m", 48), TraceJob("wide", 1, 100, 4, "gpt2-124m", 64),
+            TraceJob("small", 2, 100, 1, "gpt2-124m", 16)]
+    fifo = {j.trace.name: j.start for j in simulate(c, jobs, "fifo").jobs}
+    fcfs = {j.trace.name: j.start for j in simulate(c, jobs, "fcfs").jobs}
+    assert fcfs["small"] == 2 and fifo["small"] > fifo["wide"] >= 1000
+
+
+def test_sia_reader_attaches_models_and_durations():
+    jobs = read_sia(SIA)
+    assert len(jobs) == 160 and jobs[0].model == "gpt2-124m" and jobs[0].num_gpus == 6
+    assert all(j.duration_s > 0 and j.global_batch == 16 * j.num_gpus for j in jobs)
+
+
+def test_philly_reader_window_and_generic_roundtrip(tmp_path):
+    jobs = load_trace(PHILLY, max_jobs=50)
+    assert len(jobs) == 50 and jobs[0].submit_s == 0 and all(j.duration_s >= 60 for j in jobs)
+    path = tmp_path / "t.csv"
+    write_generic(jobs, path)
+    again = load_trace(path)
+    assert sorted(again, key=lambda j: j.name) == sorted(jobs, key=lambda j: j.name)
+
+
+def test_bad_traces_name_the_problem(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("submit_time,duration\n0,10\n")
+    with pytest.raises(TraceError, match="missing columns"):
+        load_trace(p, "generic")
+    p.write_text("submit_time,duration,num_gpus,model\n0,10,1,gpt9\n")
+    with pytest.raises(TraceError, match="unknown model preset"):
+        load_trace(p)
+
+
+def test_shortest_queue_order_and_config_are_honoured():
+    c = load_cluster("frenzy-testbed")
+    jobs = new_workload(20, seed=2)
+    a = simulate(c, jobs, "has", SimConfig(queue_order="shortest")).summary()
+    b = simulate(c, jobs, "has", SimConfig(queue_order="backfill")).summary()
+    assert a["completed"] == b["completed"] == 20 and a["avg_jct_s"] != b["avg_jct_s"]
