@@ -15,6 +15,7 @@ from cluster.catalog import default_catalog
 from tasks.jobspec import JobSpec, parse_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB, predict_peak_memory
+from tasks.planning.plans import _pow2_upto as _pow2
 from tasks.planning.plans import estimate_step_time
 
 if TYPE_CHECKING:
@@ -45,14 +46,6 @@ def _spec(key: JobKey) -> JobSpec:
     return parse_job({"name": f"{key.model}-b{key.global_batch}", "model": {"preset": key.model},
                       "training": {"global_batch": key.global_batch, "seq_len": key.seq_len,
                                    "precision": key.precision}})
-
-
-def _pow2(n: int) -> list[int]:
-    out, k = [], 1
-    while k <= n:
-        out.append(k)
-        k *= 2
-    return out
 
 
 @cache
