@@ -26,7 +26,7 @@ from cluster.simulator import SimConfig, Simulator, lower_bounds, simulate
 from cluster.traces import load_trace, new_workload
 
 ROOT = Path(__file__).resolve().parent
-TRACES = ROOT.parent.parent / "shared" / "traces" / "sia-workloads"
+TRACES = ROOT.parent / "examples" / "traces" / "sia-workloads"
 VARIANTS: dict[str, tuple[str, SimConfig]] = {
     "has": ("has", SimConfig()),
     "has-sjf": ("has", SimConfig(queue_order="shortest")),

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from flows.cli import main
 
@@ -81,7 +82,8 @@ def test_simulate_json_has_every_policy_and_the_bounds(capsys, tmp_path):
 
 
 def test_simulate_reads_sia_files_and_reports_bad_traces(capsys, tmp_path):
-    code, out, _ = run(capsys, "simulate", "--trace", "../shared/traces/sia-workloads/saturn/workload-3.csv",
+    trace = Path(__file__).resolve().parents[1] / "examples/traces/sia-workloads/saturn/workload-3.csv"
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace),
                        "--policy", "fcfs")
     assert code == 0 and "fcfs" in out and "lower bounds" in out
     bad = tmp_path / "x.csv"

@@ -1,13 +1,16 @@
 """Simulator, traces and lower bounds."""
 
+from pathlib import Path
+
 import pytest
 
 from cluster.inventory import Cluster, Node, load_cluster
 from cluster.simulator import SimConfig, lower_bounds, simulate
 from cluster.traces import TraceError, TraceJob, load_trace, new_workload, read_sia, write_generic
 
-SIA = "../shared/traces/sia-workloads/philly/workload-1.csv"
-PHILLY = "../shared/traces/philly.csv"
+TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
+SIA = TRACES / "sia-workloads" / "philly" / "workload-1.csv"
+PHILLY = TRACES / "philly.csv"
 
 
 def test_newworkload_is_deterministic_and_plannable():
