@@ -151,8 +151,7 @@ class FreePool:
         return self.usable(req) >= req.gpus
 
 
-def _best_single(pool: FreePool, classes: list[_Class], need: int, unit: int,
-                 taken: dict[str, int]) -> str | None:
+def _best_single(pool: FreePool, classes: list[_Class], need: int, taken: dict[str, int]) -> str | None:
     """The node that holds `need` with the least leftover (exact fit = leftover 0); ties by class order, name."""
     for k in range(need, pool._max_cap + 1):  # free count k; leftover = k - need, smallest first
         for c in classes:  # already in tie-break order
@@ -189,7 +188,7 @@ def place(pool: FreePool, req: GpuRequest) -> list[tuple[str, int]] | None:
     remaining = req.gpus
     while remaining > 0:
         # the single node that can hold all that remains; its free count must be >= remaining (a multiple of unit)
-        node = _best_single(pool, classes, remaining, req.unit, taken)
+        node = _best_single(pool, classes, remaining, taken)
         if node is not None:
             taken[node] = remaining
             break

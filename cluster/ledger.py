@@ -53,6 +53,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide
@@ -117,8 +118,8 @@ events_t = Table(
 )
 
 
-class LedgerError(RuntimeError):
-    """A ledger operation that cannot proceed; the message names the fix."""
+class LedgerError(ValueError):
+    """A ledger operation that cannot proceed (unknown node, unreachable database, ...); the message names the fix."""
 
 
 class NodeAllocation(BaseModel):
@@ -141,12 +142,10 @@ class Allocation(BaseModel):
     state: str = "active"
 
 
-def default_url() -> str:
-    url = os.environ.get("FRENZY_LEDGER")
-    if url:
-        return url if "://" in url else f"sqlite:///{Path(url).expanduser()}"
-    path = Path.home() / ".frenzy" / "ledger.db"
-    return f"sqlite:///{path}"
+def ledger_url(spec: str | None = None) -> str:
+    """A SQLAlchemy URL from a URL, a SQLite file path, or (None) `$FRENZY_LEDGER` / `~/.frenzy/ledger.db`."""
+    spec = spec or os.environ.get("FRENZY_LEDGER") or str(Path.home() / ".frenzy" / "ledger.db")
+    return spec if "://" in spec else f"sqlite:///{Path(spec).expanduser().resolve()}"
 
 
 def owner_id() -> str:
@@ -167,14 +166,19 @@ class Ledger:
     """A durable cluster ledger. Safe to use from several processes and hosts at once."""
 
     def __init__(self, url: str | None = None, *, busy_timeout_s: float = 60.0) -> None:
-        self.url = url or default_url()
+        """`url`: a SQLAlchemy URL or a SQLite file path; None means `$FRENZY_LEDGER` or `~/.frenzy/ledger.db`."""
+        self.url = ledger_url(url)
         self.sqlite = self.url.startswith("sqlite")
         if self.sqlite and ":///" in self.url and not self.url.endswith(":memory:"):
             Path(self.url.split(":///", 1)[1]).expanduser().parent.mkdir(parents=True, exist_ok=True)
         kwargs: dict[str, Any] = {}
         if self.sqlite:
             kwargs["connect_args"] = {"timeout": busy_timeout_s, "check_same_thread": False}
-        self.engine: Engine = create_engine(self.url, **kwargs)
+        try:
+            self.engine: Engine = create_engine(self.url, **kwargs)
+        except (ArgumentError, ModuleNotFoundError) as err:
+            raise LedgerError(f"ledger URL {self.url!r}: {err}; use a SQLite path or a SQLAlchemy URL whose driver "
+                              "is installed (e.g. pip install psycopg for postgresql+psycopg://...)") from None
         if self.sqlite:
             @event.listens_for(self.engine, "connect")
             def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
@@ -189,7 +193,12 @@ class Ledger:
             @event.listens_for(self.engine, "begin")
             def _on_begin(conn: Connection) -> None:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
-        _meta.create_all(self.engine)
+        try:
+            _meta.create_all(self.engine)
+        except SQLAlchemyError as err:
+            raise LedgerError(f"cannot open the ledger at {self.url}: {err.__class__.__name__}: "
+                              f"{str(err).splitlines()[0]}; check the URL, that the database is running and that "
+                              "the directory is writable, or set FRENZY_LEDGER") from None
 
     # -- transactions --------------------------------------------------------------------------------------
     @contextmanager
@@ -349,11 +358,14 @@ class Ledger:
             return self._schedule_in(conn, order)
 
     def allocations(self, *, active_only: bool = True) -> list[Allocation]:
+        """Allocations oldest first; by default only those holding GPUs under a live lease."""
+        if active_only:
+            return self._allocations(allocations_t.c.state == "active", allocations_t.c.lease_expiry >= time.time())
+        return self._allocations()
+
+    def _allocations(self, *where: Any) -> list[Allocation]:
         with self.engine.connect() as conn:
-            q = select(allocations_t).order_by(allocations_t.c.created_at)
-            if active_only:
-                q = q.where(allocations_t.c.state == "active", allocations_t.c.lease_expiry >= time.time())
-            rows = conn.execute(q).all()
+            rows = conn.execute(select(allocations_t).where(*where).order_by(allocations_t.c.created_at)).all()
         out = []
         for r in rows:
             req = json.loads(r.request)
@@ -433,10 +445,10 @@ class Ledger:
                  "requests": json.loads(r.requests)} for r in rows]
 
     def allocation(self, allocation_id: str) -> Allocation:
-        for a in self.allocations(active_only=False):
-            if a.id == allocation_id:
-                return a
-        raise LedgerError(f"no allocation {allocation_id}")
+        found = self._allocations(allocations_t.c.id == allocation_id)
+        if not found:
+            raise LedgerError(f"no allocation {allocation_id}; see `frenzy cluster show`")
+        return found[0]
 
 
 class LeaseKeeper:

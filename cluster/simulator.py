@@ -47,12 +47,9 @@ from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide, place, requests_from_plans
 from cluster.inventory import Cluster
 from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_exact, reference_step_time, step_time, user_layout
-from cluster.traces import REFERENCE_GPU, TraceJob
+from cluster.traces import POLICIES, REFERENCE_GPU, PolicyName, TraceJob
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
-
-PolicyName = Literal["has", "fcfs", "fifo", "ilp"]
-POLICIES: tuple[str, ...] = ("has", "fcfs", "fifo", "ilp")
 
 
 @dataclass
@@ -155,7 +152,6 @@ class _Perf:
         slow = min(infos, key=lambda i: (self.speed(i.gpu_type, job.key.precision), i.gpu_type)).gpu_type
         small = min(infos, key=lambda i: (i.mem_gib, i.gpu_type)).gpu_type
         per_node = max(c for _, c in nodes)
-        min(c for _, c in nodes)
         intra = min(i.link_gbs for i in infos)
         inter = min(self.inter[n] for n, _ in nodes)
         if layout is None:  # the user's own layout on the count they asked for
@@ -178,9 +174,10 @@ class Simulator:
         self.progress = progress
         self.pool = FreePool(self.perf.node.values())
         ref = self.cat.get(self.cfg.reference_gpu).name
-        self.jobs = [SimJob(trace=t, key=JobKey.of(t), num_gpus=t.num_gpus, seq=i,
-                            steps=t.duration_s / reference_step_time(JobKey.of(t), ref, t.num_gpus))
-                     for i, t in enumerate(trace)]
+        keys = [JobKey.of(t) for t in trace]
+        self.jobs = [SimJob(trace=t, key=k, num_gpus=t.num_gpus, seq=i,
+                            steps=t.duration_s / reference_step_time(k, ref, t.num_gpus))
+                     for i, (t, k) in enumerate(zip(trace, keys, strict=True))]
         self.queue: list[int] = []
         self.events: list[tuple[float, int, str, int]] = []
         self._eseq = 0
@@ -205,11 +202,11 @@ class Simulator:
             changed = False
             while self.events and self.events[0][0] == now:
                 _, _, kind, i = heapq.heappop(self.events)
-                job = self.jobs[i]
                 if kind == "arrive":
                     self.queue.append(i)
                     changed = True
                 elif kind in ("finish", "oom"):
+                    job = self.jobs[i]
                     self.pool.give(job.nodes)
                     changed = True
                     if kind == "finish":
@@ -345,25 +342,20 @@ class Simulator:
         if i not in self._ilp_cfgs:
             job, p = self.jobs[i], self.perf
             cap = max(2 * job.num_gpus, 1)
-            out = []
-            for t in sorted(p.types):
-                c = 1
-                while c <= min(cap, p.total[t]):
+
+            def configs(t: str, lo: int, hi: int, first_only: bool) -> list[tuple[str, int, Layout, float]]:
+                found, c = [], lo
+                while c <= hi and not (first_only and found):
                     per_node = min(c, p.per_node[t])
                     res = best_layout(job.key, t, c, per_node, p.intra[t], INTER_NODE_GBS, per_node)
                     if res is not None:
-                        out.append((t, c, res[0], job.steps * res[1]))
+                        found.append((t, c, res[0], job.steps * res[1]))
                     c *= 2
-            if not out:  # nothing up to twice the request: allow any power of two the type has
-                for t in sorted(p.types):
-                    c = 2 * cap
-                    while c <= p.total[t]:
-                        per_node = min(c, p.per_node[t])
-                        res = best_layout(job.key, t, c, per_node, p.intra[t], INTER_NODE_GBS, per_node)
-                        if res is not None:
-                            out.append((t, c, res[0], job.steps * res[1]))
-                            break
-                        c *= 2
+                return found
+
+            out = [x for t in sorted(p.types) for x in configs(t, 1, min(cap, p.total[t]), False)]
+            if not out:  # nothing up to twice the request: the smallest power of two above it that fits, per type
+                out = [x for t in sorted(p.types) for x in configs(t, 2 * cap, p.total[t], True)]
             self._ilp_cfgs[i] = out
         return self._ilp_cfgs[i]
 

@@ -32,6 +32,9 @@ from typing import Literal
 
 TraceFormat = Literal["generic", "philly", "sia"]
 REFERENCE_GPU = "A100-40GB-SXM"
+PolicyName = Literal["has", "fcfs", "fifo", "ilp"]
+POLICIES: tuple[str, ...] = ("has", "fcfs", "fifo", "ilp")
+"""The simulator's policies (cluster/simulator.py); here so the CLI can list them without importing the simulator."""
 
 SIA_MODELS = {"cifar10": "gpt2-124m", "deepspeech2": "gpt2-350m", "bert": "bert-large", "yolov3": "gpt2-774m",
               "imagenet": "gpt2-1.5b", "ncf": "gpt2-124m"}
@@ -199,6 +202,18 @@ def new_workload(n_jobs: int = 30, *, seed: int = 0, mean_interarrival_s: float 
         out.append(replace(job, duration_s=round(dur, 1)))
         t += rng.expovariate(1 / mean_interarrival_s) if mean_interarrival_s > 0 else 0.0
     return out
+
+
+def parse_newworkload(spec: str) -> tuple[int, int]:
+    """`newworkload:N[:SEED]` -> (N, SEED)."""
+    parts = spec.split(":")
+    try:
+        if parts[0] != "newworkload" or not 2 <= len(parts) <= 3 or int(parts[1]) < 1:
+            raise ValueError
+        return int(parts[1]), int(parts[2]) if len(parts) == 3 else 0
+    except ValueError:
+        raise TraceError(f"{spec!r}: write newworkload:N or newworkload:N:SEED with N >= 1 jobs, "
+                         "e.g. newworkload:30:0") from None
 
 
 def write_generic(jobs: list[TraceJob], path: str | Path) -> None:

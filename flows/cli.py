@@ -11,9 +11,7 @@ from typing import Any
 
 from cluster.catalog import CatalogError, default_catalog
 from cluster.inventory import PRESETS, InventoryError, load_cluster
-from cluster.ledger import LedgerError
-from cluster.simulator import POLICIES
-from cluster.traces import REFERENCE_GPU, TraceError
+from cluster.traces import POLICIES, REFERENCE_GPU
 from tasks.jobspec import JobSpecError, load_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
@@ -145,13 +143,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from cluster.simulator import SimConfig, lower_bounds, simulate
-    from cluster.traces import load_trace, new_workload
+    from cluster.traces import load_trace, new_workload, parse_newworkload
 
     cluster = load_cluster(args.cluster)
     if args.trace.startswith("newworkload:"):
-        parts = args.trace.split(":")
-        trace = new_workload(int(parts[1]), seed=int(parts[2]) if len(parts) > 2 else 0,
-                             reference_gpu=args.reference_gpu)
+        n, seed = parse_newworkload(args.trace)
+        trace = new_workload(n, seed=seed, reference_gpu=args.reference_gpu)
     else:
         extra = {"max_jobs": args.max_jobs} if (args.format == "philly") else {}
         trace = load_trace(args.trace, args.format, **extra)
@@ -245,8 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.top = None
     try:
         return args.fn(args)
-    except (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, LedgerError, TraceError,
-            ValueError) as err:
+    except (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError) as err:  # incl. Ledger/TraceError
         print(f"frenzy {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -83,8 +83,12 @@ def placed(job: str, plans: Sequence[ResourcePlan], *, ledger_url: str | None = 
     """Allocate (waiting), keep the lease alive while the body runs, release on every exit path."""
     ledger = Ledger(ledger_url)
     alloc = wait_for_allocation(ledger, job, requests_for(plans, precision), timeout_s=timeout_s, lease_s=lease_s)
+    keeper = LeaseKeeper(ledger, alloc.id, lease_s)
     try:
-        with LeaseKeeper(ledger, alloc.id, lease_s):
+        with keeper:
             yield alloc
     finally:
+        if keeper.lost.is_set():
+            _log(f"{job}: its lease expired while it ran (heartbeat could not reach the ledger); the GPUs may have "
+                 "been given to another job")
         ledger.release(alloc.id)

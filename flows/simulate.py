@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cluster.inventory import load_cluster
 from cluster.report import markdown_table, summary_rows
 from cluster.simulator import SimConfig, lower_bounds, simulate
-from cluster.traces import REFERENCE_GPU, load_trace, new_workload
+from cluster.traces import REFERENCE_GPU, load_trace, new_workload, parse_newworkload
 
 
 class SimulateRequest(BaseModel):
@@ -41,8 +41,8 @@ def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
     cluster = load_cluster(request.cluster)
     if request.trace.startswith("newworkload:"):
-        parts = request.trace.split(":")
-        trace = new_workload(int(parts[1]), seed=int(parts[2]) if len(parts) > 2 else 0)
+        n, seed = parse_newworkload(request.trace)
+        trace = new_workload(n, seed=seed)
     else:
         trace = load_trace(request.trace, request.format)
     cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by)

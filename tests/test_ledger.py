@@ -163,3 +163,10 @@ def test_sync_refuses_to_shrink_a_node_under_allocation(url):
         led.sync(small)
     led.sync(load_cluster("frenzy-testbed"))
     assert len(led.nodes()) == 3 + 5
+
+
+def test_ledger_takes_a_path_and_names_the_fix_for_a_bad_url(tmp_path):
+    led = Ledger(str(tmp_path / "sub" / "l.db"))
+    assert led.url.startswith("sqlite:///") and (tmp_path / "sub" / "l.db").exists()
+    with pytest.raises(LedgerError, match="driver is installed"):
+        Ledger("postgresql+nosuchdriver://u@127.0.0.1:1/x")
