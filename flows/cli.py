@@ -178,6 +178,75 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tasks.training.launch import TrainFailed, launch
+
+    job = load_job(args.job)
+    if args.steps:
+        job.training.steps = args.steps
+    if args.checkpoint_uri:
+        job.training.checkpoint.uri = args.checkpoint_uri
+
+    def show(rec: dict) -> None:
+        ev = rec["event"]
+        if ev == "step":
+            line = (f"step {rec['step']}/{rec['steps']}  loss {rec['loss']:.4f}  gnorm {rec['grad_norm']:.3f}  "
+                    f"{rec['tokens_per_s']:,.0f} tok/s  ETA {rec['eta_s']:.0f}s")
+        elif ev == "checkpoint":
+            line = (f"checkpoint step {rec['step']} committed: {rec['uri']} ({rec['bytes'] / 1e6:.1f} MB, "
+                    f"blocked {rec['blocked_s'] * 1e3:.1f} ms, persisted in {rec['persist_s']:.2f}s)")
+        elif ev == "spike":
+            line = (f"loss spike at step {rec['step']} ({rec['reason']}); rolled back to "
+                    f"{rec['rolled_back_to']}, skipping samples {rec['skipped_samples']}")
+        else:
+            line = f"{ev}: " + ", ".join(f"{k}={v}" for k, v in rec.items() if k not in ("event", "time"))
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc, resume=args.resume,
+                        device=args.device, threads=args.threads, on_record=show)
+    except TrainFailed as err:
+        print(f"frenzy train: error: {err}", file=sys.stderr)
+        return 1
+
+    def human() -> str:
+        rows = [{"step": c["step"], "uri": c["uri"], "MB": f"{c['bytes'] / 1e6:.1f}",
+                 "blocked ms": f"{c['blocked_s'] * 1e3:.1f}", "persist s": f"{c['persist_s']:.2f}"}
+                for c in result["checkpoints"]]
+        start = result["resumed_from_step"]
+        return (f"{job.name}: trained to step {result['final_step']}"
+                f"{f' (resumed from {start})' if start is not None else ''}, last loss {result['last_loss']:.4f}, "
+                f"{result['tokens_per_s']:,.0f} tok/s\n" + table(rows))
+
+    _emit(args, result, human)
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from tasks.training import checkpoint as ck
+    from tasks.training.storage import Storage
+
+    storage = Storage(args.uri)
+    rows = []
+    for s in ck.list_steps(storage):
+        m = ck.read_manifest(storage, s)
+        row = {"step": s, "committed": m is not None, "healthy": m.healthy if m else None,
+               "bytes": m.total_bytes if m else None, "loss": m.loss.get("last") if m else None,
+               "verified": None, "problem": None if m else "no manifest (never committed)"}
+        if m is not None and args.verify:
+            try:
+                ck.verify(storage, m)
+                row["verified"] = True
+            except ck.CheckpointError as err:
+                row["verified"], row["problem"] = False, str(err)
+        rows.append(row)
+    doc = {"uri": storage.uri, "steps": rows}
+    _emit(args, doc, lambda: f"{storage.uri}\n" + table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -231,6 +300,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-jobs", type=int, default=160, help="philly: jobs to take (default 160)")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
 
+    sp = add("train", cmd_train, "Train a job on this machine with asynchronous, verified checkpoints.")
+    sp.add_argument("job", help="job YAML file")
+    sp.add_argument("--resume", action="store_true",
+                    help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
+    sp.add_argument("--nproc", type=int, default=1, help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
+    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when present")
+    sp.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
+    sp.add_argument("--run-dir", help="progress, log, op traces and result (default runs/<job name>)")
+    sp.add_argument("--steps", type=int, help="override training.steps")
+    sp.add_argument("--checkpoint-uri", help="override training.checkpoint.uri (file://DIR or s3://BUCKET/PREFIX)")
+
+    sp = add("checkpoints", cmd_checkpoints, "List a checkpoint directory: committed steps, health, checksums.")
+    sp.add_argument("uri", help="checkpoint root (file://DIR, DIR or s3://BUCKET/PREFIX)")
+    sp.add_argument("--verify", action="store_true", help="re-read every shard and check its sha256")
+
     add("gpus", cmd_gpus, "List the GPU catalog.")
     add("presets", cmd_presets, "List the built-in model presets.")
     return p
@@ -242,7 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.top = None
     try:
         return args.fn(args)
-    except (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError) as err:  # incl. Ledger/TraceError
+    # ValueError covers LedgerError and TraceError; RuntimeError covers checkpoint and storage errors
+    except (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError, RuntimeError) as err:
         print(f"frenzy {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -111,6 +111,24 @@ class DataSpec(_Strict):
     """Path of the text corpus when `source` is `text`."""
     tokenizer: Literal["byte"] = "byte"
     """Byte-level tokenizer (vocab 256)."""
+    inject_spike_steps: list[int] = Field(default_factory=list)
+    """Fault injection for drills and tests: the batches an uninterrupted run would train on at these steps
+    are replaced by random bytes (a loss spike)."""
+
+
+class SpikeSpec(_Strict):
+    """Loss-spike detection and rollback."""
+
+    zscore: float = Field(6.0, gt=0)
+    """A step whose loss or gradient norm is this many standard deviations above the rolling mean is a spike."""
+    window: int = Field(64, ge=4)
+    """Healthy steps in the rolling window."""
+    min_steps: int = Field(20, ge=2)
+    """History needed before spikes are judged."""
+    skip_batches: int = Field(4, ge=1)
+    """Batches skipped from the spike's batch on (PaLM skipped 200-500 at scale)."""
+    rollback: bool = True
+    """Roll back to the newest healthy checkpoint before the spike; False only skips the update and batches."""
 
 
 class TrainingSpec(_Strict):
@@ -140,8 +158,18 @@ class TrainingSpec(_Strict):
     """Peak learning rate."""
     seed: int = 0
     """Random seed for initialisation and data order."""
+    warmup_steps: int | None = Field(None, ge=0)
+    """Linear learning-rate warmup; None means min(100, steps // 10). Cosine decay to 10% follows."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this (0 disables)."""
+    log_every_steps: int = Field(10, ge=1)
+    """Progress line (step, loss, tokens/s, ETA) every N steps."""
+    trace_every_steps: int = Field(10, ge=0)
+    """Write op traces (straggler format) for every Nth step; 0 disables."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpointing."""
+    spike: SpikeSpec = Field(default_factory=SpikeSpec)
+    """Loss-spike detection and rollback."""
     data: DataSpec = Field(default_factory=DataSpec)
     """Training data."""
 

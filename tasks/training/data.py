@@ -1,0 +1,165 @@
+"""Training data: a byte-level tokenizer, the offline corpus Frenzy builds, and a loader whose cursor is state.
+
+The loader is a pure function of (corpus, seed, cursor): the batch of a step depends only on how many
+samples were consumed before it and on the skipped ranges, so saving the cursor in a checkpoint and
+restoring it replays exactly the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tasks.jobspec import DataSpec
+
+#: Stdlib packages whose source text makes the built-in corpus (code and English docstrings, all offline).
+_CORPUS_PACKAGES = ("json", "email", "http", "logging", "unittest", "asyncio", "xml", "importlib",
+                    "concurrent", "urllib", "collections", "sqlite3", "html", "wsgiref", "zoneinfo")
+_CORPUS_MAX_BYTES = 16 << 20
+HELDOUT_FRACTION = 0.05
+
+
+class DataError(ValueError):
+    """Training data that cannot be used; the message names the fix."""
+
+
+def encode(text: str) -> np.ndarray:
+    """Byte-level tokenizer: UTF-8 bytes are the tokens (vocab 256)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def decode(tokens: np.ndarray | list[int]) -> str:
+    return bytes(np.asarray(tokens, dtype=np.uint8)).decode("utf-8", errors="replace")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FRENZY_CACHE", Path.home() / ".cache" / "frenzy"))
+
+
+def build_builtin_corpus(dest: Path | None = None) -> Path:
+    """Concatenate the source of a fixed list of stdlib packages into one byte file (built once, cached)."""
+    ver = f"py{sys.version_info.major}{sys.version_info.minor}"
+    dest = dest or cache_dir() / "corpus" / f"builtin-{ver}.bin"
+    if dest.exists():
+        return dest
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[bytes] = []
+    total = 0
+    for pkg in _CORPUS_PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            if "test" in f.parts[len(root.parts):-1]:
+                continue
+            data = f.read_bytes()
+            parts.append(data)
+            total += len(data)
+            if total >= _CORPUS_MAX_BYTES:
+                break
+    if total < 1 << 20:
+        raise DataError(f"the Python stdlib at {root} has only {total} bytes of source; use data.source: text")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(b"\n".join(parts)[:_CORPUS_MAX_BYTES])
+    os.replace(tmp, dest)
+    return dest
+
+
+def load_corpus(spec: DataSpec) -> np.ndarray:
+    """The whole corpus as uint8 tokens (memory-mapped)."""
+    if spec.source == "builtin":
+        path = build_builtin_corpus()
+    else:
+        if not spec.path:
+            raise DataError("data.source is 'text' but data.path is not set; give a UTF-8 file or directory")
+        p = Path(spec.path).expanduser()
+        if p.is_dir():
+            files = sorted(q for q in p.rglob("*") if q.is_file())
+            if not files:
+                raise DataError(f"data.path {p} is an empty directory")
+            path = cache_dir() / "corpus" / f"text-{hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:12]}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"\n".join(q.read_bytes() for q in files))
+        elif p.is_file():
+            path = p
+        else:
+            raise DataError(f"data.path {p} does not exist")
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def split(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out): the last 5% of the corpus is never trained on (evaluation's perplexity set)."""
+    cut = int(len(tokens) * (1 - HELDOUT_FRACTION))
+    return tokens[:cut], tokens[cut:]
+
+
+def fingerprint(tokens: np.ndarray) -> str:
+    """sha256 of the corpus bytes, recorded in manifests so a resume on other data is refused."""
+    h = hashlib.sha256()
+    for i in range(0, len(tokens), 1 << 24):
+        h.update(np.ascontiguousarray(tokens[i:i + (1 << 24)]).tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Cursor:
+    """How far the data stream has been read: samples consumed plus the sample ranges to skip."""
+
+    samples: int = 0
+    skips: list[tuple[int, int]] = field(default_factory=list)
+    """Half-open [start, end) sample ranges never trained on (loss-spike windows)."""
+
+    def to_dict(self) -> dict:
+        return {"samples": self.samples, "skips": [list(s) for s in self.skips]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Cursor:
+        return cls(int(d["samples"]), [(int(a), int(b)) for a, b in d.get("skips", [])])
+
+
+class BatchLoader:
+    """Random windows of `seq_len + 1` tokens, a fresh permutation per epoch, rank slices of each global batch."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch: int, seed: int,
+                 noise_samples: list[tuple[int, int]] | None = None) -> None:
+        self.tokens, self.seq_len, self.global_batch, self.seed = tokens, seq_len, global_batch, seed
+        self.n_windows = (len(tokens) - 1) // seq_len
+        if self.n_windows < global_batch:
+            raise DataError(f"corpus of {len(tokens)} tokens has {self.n_windows} windows of {seq_len + 1}; "
+                            f"need at least global_batch={global_batch}: use a bigger corpus or smaller seq_len")
+        self.noise = noise_samples or []
+        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    def _window(self, sample: int) -> np.ndarray:
+        epoch, pos = divmod(sample, self.n_windows)
+        if epoch != self._perm_epoch:
+            g = np.random.default_rng([self.seed, epoch])
+            self._perm, self._perm_epoch = g.permutation(self.n_windows), epoch
+        if any(a <= sample < b for a, b in self.noise):
+            # fault injection: uniform random bytes, a batch no language model predicts (a loss spike)
+            return np.random.default_rng([self.seed, sample, 7]).integers(0, 256, self.seq_len + 1, dtype=np.uint8)
+        start = int(self._perm[pos]) * self.seq_len
+        return np.asarray(self.tokens[start:start + self.seq_len + 1])
+
+    def next_indices(self, cursor: Cursor) -> list[int]:
+        """The global sample indices of the next step; advances `cursor` past them and any skipped range."""
+        out: list[int] = []
+        s = cursor.samples
+        while len(out) < self.global_batch:
+            for a, b in cursor.skips:
+                if a <= s < b:
+                    s = b
+            out.append(s)
+            s += 1
+        cursor.samples = s
+        return out
+
+    def batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of shape [len(indices), seq_len] as int64."""
+        w = torch.from_numpy(np.stack([self._window(i) for i in indices]).astype(np.int64))
+        return w[:, :-1], w[:, 1:]

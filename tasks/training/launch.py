@@ -1,0 +1,131 @@
+"""Launch the trainer as its own process tree (torchrun for several ranks) and follow its progress.
+
+The CLI and the Prefect task both call `launch()`: it writes the job to the run directory, starts
+`python -m tasks.training.launch` (one rank) or `torch.distributed.run` (several), tails
+`progress.jsonl` and hands every record to a callback while the ranks run, and returns `result.json`.
+The child's stdout is sent to stderr so a `--json` caller's stdout stays one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tasks.jobspec import JobSpec, parse_job
+
+_ERROR_MARK = "frenzy-train-error: "
+
+
+class TrainFailed(RuntimeError):
+    """The trainer exited with an error; carries the exit code and the tail of its log."""
+
+    def __init__(self, msg: str, returncode: int, log_tail: str) -> None:
+        super().__init__(msg)
+        self.returncode, self.log_tail = returncode, log_tail
+
+
+def default_run_dir(job: JobSpec) -> Path:
+    return Path("runs") / job.name
+
+
+def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False,
+           device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None,
+           on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5) -> dict:
+    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0."""
+    run_dir = (run_dir or default_run_dir(job)).absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_path = run_dir / "job.json"
+    job_path.write_text(job.model_dump_json(indent=1))
+    (run_dir / "result.json").unlink(missing_ok=True)
+    progress = run_dir / "progress.jsonl"
+    offset = progress.stat().st_size if progress.exists() else 0
+    args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device]
+    if resume:
+        args.append("--resume")
+    if threads:
+        args += ["--threads", str(threads)]
+    if stop_after_steps is not None:
+        args += ["--stop-after-steps", str(stop_after_steps)]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "tasks.training.launch", *args]
+    else:
+        cmd = [sys.executable, "-m", "tasks.training.launch", *args]
+    log_path = run_dir / "train.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // nproc)))
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        try:
+            while True:
+                done = proc.poll() is not None
+                offset = _tail(progress, offset, on_record)
+                if done:
+                    break
+                time.sleep(poll_s)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        text = log_path.read_text(errors="replace")
+        marked = [ln[len(_ERROR_MARK):] for ln in text.splitlines() if ln.startswith(_ERROR_MARK)]
+        if marked:
+            raise TrainFailed(marked[-1], proc.returncode, text[-4000:])
+        tail = log_path.read_text(errors="replace")[-4000:]
+        raise TrainFailed(f"trainer exited with code {proc.returncode}; log: {log_path}\n{tail[-1500:]}",
+                          proc.returncode, tail)
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> int:
+    if not path.exists():
+        return offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].splitlines():
+        if line.strip() and on_record is not None:
+            on_record(json.loads(line))
+    return offset + end
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of one rank (run by `launch()` directly or under torchrun)."""
+    ap = argparse.ArgumentParser(prog="python -m tasks.training.launch")
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--stop-after-steps", type=int)
+    a = ap.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    from tasks.training.checkpoint import CheckpointError
+    from tasks.training.data import DataError
+    from tasks.training.loop import TrainOptions, train
+    from tasks.training.storage import StorageError
+
+    try:
+        job = parse_job(json.loads(Path(a.job).read_text()), a.job)
+        train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, device=a.device, threads=a.threads,
+                           stop_after_steps=a.stop_after_steps))
+    except (CheckpointError, DataError, StorageError, ValueError) as err:
+        # a problem the user can fix: one line, no traceback, recognised by launch()
+        print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

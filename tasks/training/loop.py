@@ -1,0 +1,358 @@
+"""The training loop: one process per device (torchrun), DDP or FSDP2 data parallel, async checkpoints.
+
+`train(options)` runs on every rank. It resumes from the newest checkpoint that verifies, trains to
+`training.steps`, snapshots every `checkpoint.every_steps` (blocking only for the copy), rolls back over loss
+spikes, writes op traces for sampled steps, and streams progress records to `<run_dir>/progress.jsonl`,
+which the CLI and the Prefect task tail. Rank 0 writes `<run_dir>/result.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tasks.jobspec import JobSpec
+from tasks.training import checkpoint as ck
+from tasks.training import data as D
+from tasks.training.model import GPT
+from tasks.training.optrace import OpTracer, merge_traces
+from tasks.training.spikes import SpikeDetector
+from tasks.training.state import restore, training_tensors
+from tasks.training.storage import Storage
+
+log = logging.getLogger("frenzy.train")
+
+
+@dataclass
+class TrainOptions:
+    job: JobSpec
+    run_dir: Path
+    resume: bool = False
+    """Continue from the newest checkpoint that verifies; False refuses to overwrite existing checkpoints."""
+    device: str = "auto"
+    """`auto` (CUDA when present), `cpu` or `cuda`."""
+    threads: int | None = None
+    """torch intra-op threads per process; None keeps torch's default."""
+    stop_after_steps: int | None = None
+    """Stop (as if preempted) after this many steps of this invocation; for drills."""
+
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def on(self) -> bool:
+        return self.world > 1
+
+
+@dataclass
+class _Progress:
+    path: Path
+    rank: int
+    records: list[dict] = field(default_factory=list)
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def emit(self, event: str, **kw: object) -> None:
+        """Append one record (the persist thread emits commits, so writes are serialised)."""
+        if self.rank != 0:
+            return
+        rec = {"event": event, "time": time.time(), **kw}
+        with self.lock, open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.records.append(rec)
+
+
+def _setup(opts: TrainOptions) -> tuple[_Dist, torch.device]:
+    d = _Dist(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+              int(os.environ.get("LOCAL_RANK", 0)))
+    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    dev = torch.device(f"cuda:{d.local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if d.on and not dist.is_initialized():
+        dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    return d, dev
+
+
+def lr_at(step: int, spec: JobSpec) -> float:
+    t = spec.training
+    warm = t.warmup_steps if t.warmup_steps is not None else min(100, t.steps // 10)
+    if step <= warm:
+        return t.lr * step / max(warm, 1)
+    frac = (step - warm) / max(t.steps - warm, 1)
+    return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def _wrap(model: torch.nn.Module, job: JobSpec, d: _Dist, dev: torch.device) -> torch.nn.Module:
+    if not d.on:
+        return model
+    if job.training.zero_stage == 3:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+
+
+def _fingerprint(job: JobSpec, corpus_sha: str, world: int) -> dict:
+    t = job.training
+    return {"corpus_sha256": corpus_sha, "model": job.model.model_dump(exclude={"preset"}),
+            "seq_len": t.seq_len, "global_batch": t.global_batch, "world_size": world,
+            "zero_stage": t.zero_stage, "seed": t.seed}
+
+
+def _agree(d: _Dist, ok: bool) -> bool:
+    if not d.on:
+        return ok
+    t = torch.tensor([1 if ok else 0])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def train(opts: TrainOptions) -> dict:
+    """Run (or resume) the job on this rank; returns the result record (complete on rank 0)."""
+    job, t = opts.job, opts.job.training
+    d, dev = _setup(opts)
+    opts.run_dir.mkdir(parents=True, exist_ok=True)
+    prog = _Progress(opts.run_dir / "progress.jsonl", d.rank)
+    storage = Storage(t.checkpoint.uri)
+    if job.model.vocab != 256:
+        raise ValueError(f"model vocab is {job.model.vocab}; the trainer's tokenizer is byte-level: set vocab: 256 "
+                         "or use a gpt-* byte preset (frenzy presets)")
+    if t.global_batch % d.world:
+        raise ValueError(f"global_batch={t.global_batch} is not divisible by {d.world} data-parallel ranks")
+    local = t.global_batch // d.world
+    mb = min(t.micro_batch or local, local)
+    if local % mb:
+        raise ValueError(f"per-rank batch {local} is not divisible by micro_batch={mb}")
+
+    tokens = D.load_corpus(t.data)
+    train_tokens, _ = D.split(tokens)
+    corpus_sha = D.fingerprint(train_tokens)
+    noise = [((s - 1) * t.global_batch, s * t.global_batch) for s in t.data.inject_spike_steps]
+    loader = D.BatchLoader(train_tokens, t.seq_len, t.global_batch, t.seed, noise)
+
+    torch.manual_seed(t.seed)
+    model = GPT(job.model, t.seq_len, attention=t.attention, recompute=t.recompute).to(dev)
+    if t.precision == "bf16":
+        model = model.to(torch.bfloat16)
+    core = model
+    model = _wrap(model, job, d, dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt_cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}.get(t.optimizer)
+    optimizer = opt_cls(params, lr=t.lr, betas=(0.9, 0.95), weight_decay=0.1 if t.optimizer == "adamw" else 0.0) \
+        if opt_cls else torch.optim.SGD(params, lr=t.lr, momentum=0.9)
+    amp_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(t.precision)
+    scaler = torch.amp.GradScaler(dev.type, enabled=t.precision == "fp16-mixed")
+    detector = SpikeDetector(t.spike.zscore, t.spike.window, t.spike.min_steps)
+    cursor = D.Cursor()
+    fp = _fingerprint(job, corpus_sha, d.world)
+    owns_model = d.rank == 0 or job.training.zero_stage == 3
+
+    def load(m: ck.Manifest) -> None:
+        if m.fingerprint != fp:
+            diff = sorted(k for k in fp if m.fingerprint.get(k) != fp[k])
+            raise ck.CheckpointError(f"checkpoint step {m.step} at {storage.uri} was written by a different job "
+                                     f"({', '.join(diff)} differ); use another checkpoint.uri or the same job")
+        by_rank = {s.rank: s for s in m.shards}
+        tensors = ck.read_shard(storage, by_rank[d.rank])
+        if not owns_model:  # DDP: rank 0 wrote the one replica of model and optimizer; every rank loads it
+            tensors = {**ck.read_shard(storage, by_rank[0]), **tensors}
+        restore(core, optimizer, tensors, with_model=True)
+        cursor.samples, cursor.skips = D.Cursor.from_dict(m.cursor).samples, D.Cursor.from_dict(m.cursor).skips
+        detector.load(m.trainer["spike"])
+        scaler.load_state_dict(m.trainer["scaler"]) if m.trainer.get("scaler") else None
+
+    def newest_valid(before: int | None = None, healthy_only: bool = False) -> ck.Manifest | None:
+        for m in ck.committed(storage):
+            if (before is not None and m.step >= before) or (healthy_only and not m.healthy):
+                continue
+            try:
+                ok = True
+                load(m)
+            except ck.CheckpointError as err:
+                if "different job" in str(err):
+                    raise
+                log.warning("rank %d: %s; trying an older checkpoint", d.rank, err)
+                prog.emit("checkpoint_rejected", step=m.step, reason=str(err))
+                ok = False
+            if _agree(d, ok):
+                return m
+        return None
+
+    step, resumed_from = 0, None
+    existing = ck.committed(storage)
+    if existing and not opts.resume:
+        raise ck.CheckpointError(f"{storage.uri} already holds checkpoints (newest step {existing[0].step}); "
+                                 "pass --resume to continue from them or choose another checkpoint.uri")
+    if opts.resume:
+        m = newest_valid()
+        if m is not None:
+            step = resumed_from = m.step
+            log.info("resumed from step %d (%s)", step, storage.url(ck.step_dir(step)))
+            prog.emit("resume", step=step)
+    if d.rank == 0:
+        for s in ck.discard_after(storage, step):
+            log.warning("discarded step_%08d: newer than the resume point and not usable", s)
+    if d.on:
+        dist.barrier()
+
+    ckpt = ck.AsyncCheckpointer(storage, d.rank, d.world, run=job.name, keep=t.checkpoint.keep,
+                                on_commit=lambda r, m: prog.emit("checkpoint", **r.model_dump()))
+    tracer = OpTracer(d.rank, d.rank, t.trace_every_steps)
+    dp_hook(model, tracer)
+    spikes: list[dict] = []
+    last_loss, last_gnorm = float("nan"), float("nan")
+    tokens_per_step = t.global_batch * t.seq_len
+    t_start, steps_run, blocked_total = time.perf_counter(), 0, 0.0
+    model.train()
+    while step < t.steps:
+        if opts.stop_after_steps is not None and steps_run >= opts.stop_after_steps:
+            break
+        traced = tracer.begin_step(step + 1)
+        indices = loader.next_indices(cursor)
+        mine = indices[d.rank * local:(d.rank + 1) * local]
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step + 1, job)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
+        n_mb = local // mb
+        for i in range(n_mb):
+            x, y = loader.batch(mine[i * mb:(i + 1) * mb])
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            sync = contextlib.nullcontext() if (i == n_mb - 1 or not hasattr(model, "no_sync")) else model.no_sync()
+            with sync:
+                t0 = time.perf_counter()
+                with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss = model(x, y) / n_mb
+                t1 = _sync_time(dev)
+                tracer.record("forward-compute", t0, t1, mb_id=i)
+                scaler.scale(loss).backward()
+                tracer.record("backward-compute", t1, _sync_time(dev), mb_id=i)
+            loss_sum += loss.detach()
+        t0 = time.perf_counter()
+        if d.on:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            loss_sum /= d.world
+        scaler.unscale_(optimizer)
+        gnorm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip > 0 else float("inf"))
+        last_loss, last_gnorm = float(loss_sum), float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor")
+                                                       else gnorm)
+        verdict = detector.check(last_loss, last_gnorm)
+        if verdict.spike:
+            tracer.drop(step + 1)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.update()
+            window = (indices[0], indices[0] + t.spike.skip_batches * t.global_batch)
+            rec = {"step": step + 1, "loss": last_loss, "grad_norm": last_gnorm, "reason": verdict.reason,
+                   "skipped_samples": list(window)}
+            ckpt.wait()
+            cursor.skips.append(window)
+            skips = list(cursor.skips)
+            target = newest_valid(before=step + 1, healthy_only=True) if t.spike.rollback else None
+            if target is not None:
+                step = target.step
+                cursor.skips = sorted(set(cursor.skips) | set(skips))
+                if d.rank == 0:
+                    ck.discard_after(storage, step)
+                if d.on:
+                    dist.barrier()
+            rec["rolled_back_to"] = target.step if target is not None else None
+            detector.last_spike_step = rec["step"]
+            spikes.append(rec)
+            log.warning("loss spike at step %d (%s): %s, skipping samples %s", rec["step"], verdict.reason,
+                        f"rolled back to step {rec['rolled_back_to']}" if target else "update skipped", window)
+            prog.emit("spike", **rec)
+            continue
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        steps_run += 1
+        if traced:
+            tracer.record("optimizer", t0, _sync_time(dev))
+        if d.rank == 0 and (step % t.log_every_steps == 0 or step == t.steps):
+            el = time.perf_counter() - t_start
+            tps = steps_run * tokens_per_step / el
+            eta = (t.steps - step) * el / steps_run
+            prog.emit("step", step=step, steps=t.steps, loss=last_loss, grad_norm=last_gnorm, tokens_per_s=tps,
+                      eta_s=eta, lr=lr_at(step, job))
+            log.info("step %d/%d loss %.4f gnorm %.3f %.0f tok/s ETA %.0fs", step, t.steps, last_loss, last_gnorm,
+                     tps, eta)
+        if step % t.checkpoint.every_steps == 0 or step == t.steps:
+            tensors, glob = training_tensors(core, optimizer, with_model=owns_model)
+            healthy = detector.last_spike_step is None or step - detector.last_spike_step > t.spike.window
+            fields = {"layout": {"dp": d.world, "tp": 1, "zero_stage": t.zero_stage}, "cursor": cursor.to_dict(),
+                      "loss": {"last": last_loss, "grad_norm": last_gnorm, **detector.stats()},
+                      "healthy": healthy, "fingerprint": fp,
+                      "trainer": {"spike": detector.state(), "scaler": scaler.state_dict() if scaler.is_enabled()
+                                  else None, "lr": lr_at(step, job)}}
+            blocked = ckpt.save(step, tensors, fields, shard_meta=glob)
+            blocked_total += blocked
+    ckpt.close()
+    elapsed = time.perf_counter() - t_start
+    trace_path = None
+    if tracer.write(opts.run_dir / "trace") and d.on:
+        dist.barrier()
+    if d.rank == 0:
+        trace_path = merge_traces(opts.run_dir / "trace", job.name, d.world, 1, d.world)
+    result = {"job": job.name, "final_step": step, "resumed_from_step": resumed_from,
+              "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": spikes,
+              "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,
+              "tokens_per_s": steps_run * tokens_per_step / elapsed if steps_run else 0.0,
+              "blocked_s_total": blocked_total, "world_size": d.world, "device": str(dev),
+              "checkpoint_uri": storage.uri, "trace": str(trace_path) if trace_path else None,
+              "run_dir": str(opts.run_dir)}
+    if d.rank == 0:
+        prog.emit("done", final_step=step)
+        (opts.run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    if d.on:
+        dist.barrier()
+    return result
+
+
+def _sync_time(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
+
+
+def dp_hook(model: torch.nn.Module, tracer: OpTracer) -> None:
+    """Time DDP's gradient all-reduce per bucket as `separate-grads-all-reduce` ops (no-op without DDP)."""
+    if not hasattr(model, "register_comm_hook"):
+        return
+
+    def hook(_state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        t0 = time.perf_counter()
+        world = dist.get_world_size()
+        fut = dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future()
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            tracer.record("separate-grads-all-reduce", t0, time.perf_counter())
+            return f.value()[0]
+
+        return fut.then(done)
+
+    # DDP checks the hook's annotations as objects; this module's are strings (postponed evaluation)
+    hook.__annotations__ = {"_state": object, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
+    model.register_comm_hook(None, hook)

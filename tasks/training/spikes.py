@@ -1,0 +1,68 @@
+"""Loss-spike detection: a rolling z-score over loss and gradient norm (OLMo's rule, PaLM's remedy).
+
+A step whose loss or gradient norm sits more than `zscore` standard deviations above the mean of the
+previous `window` healthy steps (after `min_steps` of history) is a spike; so is a non-finite value. The
+trainer then rolls back to the newest healthy checkpoint before the spike and skips the batches of the spike
+window. The detector's state is small and goes into every manifest, so a resume sees the same history.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class Verdict:
+    spike: bool
+    loss_z: float
+    grad_z: float
+    reason: str = ""
+
+
+class SpikeDetector:
+    def __init__(self, zscore: float = 6.0, window: int = 64, min_steps: int = 20) -> None:
+        self.zscore, self.window, self.min_steps = zscore, window, min_steps
+        self.loss: deque[float] = deque(maxlen=window)
+        self.grad: deque[float] = deque(maxlen=window)
+        self.last_spike_step: int | None = None
+
+    @staticmethod
+    def _z(hist: deque[float], x: float) -> float:
+        n = len(hist)
+        mean = sum(hist) / n
+        var = sum((h - mean) ** 2 for h in hist) / max(n - 1, 1)
+        # a floor on the spread: a perfectly flat history must not turn noise into a spike
+        std = max(math.sqrt(var), 1e-3 * abs(mean), 1e-8)
+        return (x - mean) / std
+
+    def check(self, loss: float, grad_norm: float) -> Verdict:
+        """Judge one step before its update is applied; a healthy step joins the history."""
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return Verdict(True, math.inf, math.inf, "non-finite loss or gradient norm")
+        if len(self.loss) < self.min_steps:
+            self.loss.append(loss)
+            self.grad.append(grad_norm)
+            return Verdict(False, 0.0, 0.0)
+        lz, gz = self._z(self.loss, loss), self._z(self.grad, grad_norm)
+        if lz > self.zscore or gz > self.zscore:
+            which = "loss" if lz > self.zscore else "gradient norm"
+            return Verdict(True, lz, gz, f"{which} z-score {max(lz, gz):.1f} > {self.zscore:g}")
+        self.loss.append(loss)
+        self.grad.append(grad_norm)
+        return Verdict(False, lz, gz)
+
+    def stats(self) -> dict:
+        n = len(self.loss)
+        mean = sum(self.loss) / n if n else float("nan")
+        std = math.sqrt(sum((h - mean) ** 2 for h in self.loss) / max(n - 1, 1)) if n > 1 else 0.0
+        return {"mean": mean, "std": std, "window_len": n}
+
+    def state(self) -> dict:
+        return {"loss": list(self.loss), "grad": list(self.grad), "last_spike_step": self.last_spike_step}
+
+    def load(self, state: dict) -> None:
+        self.loss = deque(state.get("loss", []), maxlen=self.window)
+        self.grad = deque(state.get("grad", []), maxlen=self.window)
+        self.last_spike_step = state.get("last_spike_step")

@@ -1,0 +1,215 @@
+"""Checkpoint storage behind one small interface: a local directory (fsync'd) or any fsspec URL (s3:// via s3fs).
+
+Writes stream chunks while hashing them (sha256), are retried whole with backoff when the store fails for
+a while, and the manifest is written create-only (O_EXCL locally, If-None-Match on S3) so two writers can
+never both commit the same step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+log = logging.getLogger("frenzy.storage")
+T = TypeVar("T")
+
+
+class StorageError(RuntimeError):
+    """The store kept failing past the retry budget; the message names the URI and the last error."""
+
+
+class AlreadyExists(FileExistsError):
+    """A create-only write found the key already there."""
+
+
+def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
+    delay = backoff_s
+    for i in range(attempts):
+        try:
+            return fn()
+        except (AlreadyExists, FileNotFoundError):
+            raise
+        except Exception as err:  # noqa: BLE001 - any store error is retried, then surfaced with its text
+            if i == attempts - 1:
+                raise StorageError(f"{what}: failed {attempts} times; last error: {err!r}. Check the endpoint "
+                                   "and credentials, or raise FRENZY_STORAGE_RETRIES") from err
+            log.warning("%s failed (%s); retry %d/%d in %.1fs", what, err, i + 1, attempts - 1, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+    raise AssertionError("unreachable")
+
+
+class Storage:
+    """A checkpoint root: keys are '/'-separated paths below it."""
+
+    def __init__(self, uri: str, attempts: int | None = None, backoff_s: float = 0.5,
+                 storage_options: dict | None = None) -> None:
+        """`storage_options` go to fsspec (e.g. s3fs `endpoint_url`, `retries`); credentials come from the
+        usual AWS environment variables or files, never from the job YAML."""
+        self.uri = uri.rstrip("/")
+        self.attempts = attempts or int(os.environ.get("FRENZY_STORAGE_RETRIES", "8"))
+        self.backoff_s = backoff_s
+        self.local: Path | None = None
+        if uri.startswith("file://"):
+            self.local = Path(uri[len("file://"):]).expanduser().absolute()
+        elif "://" not in uri:
+            self.local = Path(uri).expanduser().absolute()
+        if self.local is not None:
+            self.uri = f"file://{self.local}"
+            self.fs = None
+        else:
+            import fsspec
+
+            self.fs, self.root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+            self.root = self.root.rstrip("/")
+
+    def url(self, key: str) -> str:
+        return f"{self.uri}/{key}"
+
+    def _path(self, key: str) -> str:
+        return str(self.local / key) if self.local is not None else f"{self.root}/{key}"
+
+    # writing ------------------------------------------------------------------------------------------
+    def write_stream(self, key: str, chunks: Callable[[], Iterable[memoryview]]) -> tuple[int, str]:
+        """Write the chunks to `key`, returning (bytes, sha256). `chunks` is re-called on a retry."""
+
+        def once() -> tuple[int, str]:
+            h, n = hashlib.sha256(), 0
+            if self.local is not None:
+                p = self.local / key
+                p.parent.mkdir(parents=True, exist_ok=True)
+                with open(p, "wb") as f:
+                    for c in chunks():
+                        f.write(c)
+                        h.update(c)
+                        n += len(c)
+                    f.flush()
+                    os.fsync(f.fileno())
+            else:
+                with self.fs.open(self._path(key), "wb") as f:
+                    for c in chunks():
+                        f.write(c)
+                        h.update(c)
+                        n += len(c)
+            return n, h.hexdigest()
+
+        return _retry(f"write {self.url(key)}", once, self.attempts, self.backoff_s)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write a small object atomically: readers see the old state or all of `data`, never a prefix."""
+
+        def once() -> None:
+            if self.local is not None:
+                p = self.local / key
+                p.parent.mkdir(parents=True, exist_ok=True)
+                tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, p)
+            else:
+                self.fs.pipe_file(self._path(key), data)  # one PUT: atomic on S3
+
+        _retry(f"put {self.url(key)}", once, self.attempts, self.backoff_s)
+
+    def create(self, key: str, data: bytes) -> None:
+        """Write `data` to `key` only if `key` does not exist (raises `AlreadyExists`); durable on return."""
+
+        def once() -> None:
+            if self.local is not None:
+                p = self.local / key
+                p.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    raise AlreadyExists(self.url(key)) from None
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                dfd = os.open(p.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)  # the directory entry too, or a crash can lose a committed manifest
+                finally:
+                    os.close(dfd)
+                return
+            try:
+                self.fs.pipe_file(self._path(key), data, mode="create")
+            except Exception as err:
+                if "PreconditionFailed" in repr(err) or "412" in str(err) or isinstance(err, FileExistsError):
+                    raise AlreadyExists(self.url(key)) from err
+                raise
+
+        _retry(f"create {self.url(key)}", once, self.attempts, self.backoff_s)
+
+    # reading ------------------------------------------------------------------------------------------
+    def read(self, key: str) -> bytes:
+        def once() -> bytes:
+            if self.local is not None:
+                return (self.local / key).read_bytes()
+            return self.fs.cat_file(self._path(key))
+
+        return _retry(f"read {self.url(key)}", once, self.attempts, self.backoff_s)
+
+    def read_into(self, key: str, out: memoryview, chunk: int = 16 << 20) -> str:
+        """Read `key` into the preallocated `out` (exactly its size), returning the sha256 of what was read."""
+
+        def once() -> str:
+            h, off = hashlib.sha256(), 0
+            opener = open(self.local / key, "rb") if self.local is not None else self.fs.open(self._path(key), "rb")
+            with opener as f:
+                while off < len(out):
+                    n = f.readinto(out[off:off + chunk])
+                    if not n:
+                        raise EOFError(f"{self.url(key)} is truncated: {off} of {len(out)} bytes")
+                    h.update(out[off:off + n])
+                    off += n
+                if f.read(1):
+                    raise EOFError(f"{self.url(key)} is longer than its manifest says ({len(out)} bytes)")
+            return h.hexdigest()
+
+        return _retry(f"read {self.url(key)}", once, max(2, self.attempts // 2), self.backoff_s)
+
+    def exists(self, key: str) -> bool:
+        if self.local is not None:
+            return (self.local / key).exists()
+        return _retry(f"stat {self.url(key)}", lambda: self.fs.exists(self._path(key)), self.attempts,
+                      self.backoff_s)
+
+    def list_dirs(self) -> list[str]:
+        """Names of the immediate sub-directories of the root (empty if the root does not exist)."""
+        if self.local is not None:
+            if not self.local.exists():
+                return []
+            return sorted(p.name for p in self.local.iterdir() if p.is_dir())
+
+        def once() -> list[str]:
+            try:
+                self.fs.invalidate_cache(self.root)
+                entries = self.fs.ls(self.root, detail=True)
+            except FileNotFoundError:
+                return []
+            return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
+
+        return _retry(f"list {self.uri}", once, self.attempts, self.backoff_s)
+
+    def remove_dir(self, name: str) -> None:
+        if self.local is not None:
+            import shutil
+
+            shutil.rmtree(self.local / name, ignore_errors=True)
+            return
+        _retry(f"remove {self.url(name)}", lambda: self.fs.rm(f"{self.root}/{name}", recursive=True),
+               self.attempts, self.backoff_s)
+
+    def delete(self, key: str) -> None:
+        if self.local is not None:
+            (self.local / key).unlink(missing_ok=True)
+            return
+        _retry(f"delete {self.url(key)}", lambda: self.fs.rm_file(self._path(key)), self.attempts, self.backoff_s)

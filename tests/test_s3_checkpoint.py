@@ -1,0 +1,84 @@
+"""Checkpoints to s3:// through s3fs against a real S3 endpoint on loopback (moto server), flaky included."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("moto.server")
+
+from moto.server import ThreadedMotoServer  # noqa: E402
+
+from tasks.training import checkpoint as ck  # noqa: E402
+from tasks.training.storage import AlreadyExists, Storage, StorageError  # noqa: E402
+from tests.s3_endpoint import FlakyProxy, free_port  # noqa: E402
+from tests.trainer_util import assert_bitwise_equal, final_state, progress, run, start, tiny_job, wait_for  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with FlakyProxy(port) as proxy:
+        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{proxy.port}"}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir("frenzy")
+        yield proxy, env
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    server.stop()
+
+
+def test_storage_roundtrip_create_only_and_retry_budget(s3):
+    proxy, _ = s3
+    st = Storage("s3://frenzy/unit", backoff_s=0.05)
+    n, sha = st.write_stream("step_00000001/a.bin", lambda: [memoryview(b"x" * 1000), memoryview(b"y" * 24)])
+    assert n == 1024 and st.read("step_00000001/a.bin") == b"x" * 1000 + b"y" * 24
+    st.create("step_00000001/manifest.json", b"{}")
+    with pytest.raises(AlreadyExists):
+        st.create("step_00000001/manifest.json", b"{}")
+    assert st.list_dirs() == ["step_00000001"]
+    # an endpoint that never recovers exhausts the budget with an error naming the URI and the fix
+    proxy.fail_for(3600)
+    try:
+        with pytest.raises(StorageError, match="s3://frenzy/unit/x.bin.*FRENZY_STORAGE_RETRIES"):
+            no_inner_retries = {"retries": 1, "config_kwargs": {"retries": {"max_attempts": 1}}}
+            Storage("s3://frenzy/unit", attempts=2, backoff_s=0.05, storage_options=no_inner_retries).write_stream(
+                "x.bin", lambda: [memoryview(b"z")])
+    finally:
+        proxy.fail_for(0)
+
+
+def test_training_to_s3_survives_an_endpoint_outage_and_matches_local(s3, tmp_path):
+    proxy, env = s3
+    steps = 40
+    local = run(tiny_job(f"file://{tmp_path}/local", steps), tmp_path / "local")
+    assert local["final_step"] == steps
+    uri = "s3://frenzy/run1"
+    run_dir = tmp_path / "s3run"
+    p = start(tiny_job(uri, steps), run_dir, env=env)
+    # once the first checkpoint is committed, the endpoint answers 503 SlowDown to everything for 6 s
+    wait_for(lambda: any(r["event"] == "checkpoint" for r in progress(run_dir)) or p.poll() is not None,
+             what="the first commit")
+    failed_before = proxy.failed
+    proxy.fail_for(6)
+    assert p.wait(timeout=300) == 0, (run_dir / "train.log").read_text()[-3000:]
+    assert proxy.failed > failed_before, "the outage never hit a request"
+    commits = [r["step"] for r in progress(run_dir) if r["event"] == "checkpoint"]
+    assert commits == [10, 20, 30, 40]
+    storage = Storage(uri)
+    kept = ck.committed(storage)
+    assert [m.step for m in kept] == [40, 30, 20]  # keep: 3
+    for m in kept:
+        ck.verify(storage, m)
+    assert_bitwise_equal(final_state(uri, steps), final_state(f"file://{tmp_path}/local", steps))
