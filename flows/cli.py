@@ -209,7 +209,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                         device=args.device, threads=args.threads, on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
-        return 1
+        return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
 
     def human() -> str:
         rows = [{"step": c["step"], "uri": c["uri"], "MB": f"{c['bytes'] / 1e6:.1f}",

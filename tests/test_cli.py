@@ -90,3 +90,20 @@ def test_simulate_reads_sia_files_and_reports_bad_traces(capsys, tmp_path):
     bad.write_text("a,b\n1,2\n")
     code, _, err = run(capsys, "simulate", "--trace", str(bad), "--format", "generic")
     assert code == 2 and "missing columns" in err
+
+
+def test_train_and_checkpoints_json(capsys, tmp_path):
+    uri = f"file://{tmp_path}/ckpt"
+    common = ["examples/jobs/tiny.yaml", "--steps", "12", "--checkpoint-uri", uri, "--run-dir", str(tmp_path / "run"),
+              "--device", "cpu"]
+    code, out, err = run(capsys, "train", *common, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["final_step"] == 12 and doc["resumed_from_step"] is None
+    assert [c["step"] for c in doc["checkpoints"]] == [10, 12]
+    assert {"step", "uri", "blocked_s", "persist_s", "bytes"} == set(doc["checkpoints"][0])
+    assert "checkpoint step 10 committed" in err and "step 10/12" in err
+    code, out, err = run(capsys, "train", *common)
+    assert code == 2 and out == "" and "pass --resume" in err
+    code, out, _ = run(capsys, "checkpoints", uri, "--verify", "--json")
+    steps = json.loads(out)["steps"]
+    assert [(s["step"], s["committed"], s["verified"]) for s in steps] == [(12, True, True), (10, True, True)]

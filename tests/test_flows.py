@@ -23,3 +23,17 @@ def test_plan_form_schema_has_typed_fields():
     schema = PlanRequest.model_json_schema()
     assert schema["properties"]["rank_by"]["enum"] == ["gpu_seconds", "time", "balanced"]
     assert "description" in schema["properties"]["cluster"]
+
+
+def test_every_deployment_entrypoint_loads_and_its_parameters_validate():
+    import yaml
+    from prefect.flows import load_flow_from_entrypoint
+
+    spec = yaml.safe_load(open("deployments/prefect.yaml"))
+    names = set()
+    for dep in spec["deployments"]:
+        fl = load_flow_from_entrypoint(dep["entrypoint"])
+        # the same validation a deployment run performs: the UI form's defaults must be a valid request
+        fl.validate_parameters(dep.get("parameters", {}))
+        names.add(dep["name"])
+    assert {"plan", "simulate", "train"} <= names

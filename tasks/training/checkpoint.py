@@ -10,6 +10,7 @@ blocked time).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -133,8 +134,11 @@ class AsyncCheckpointer:
 
     def __init__(self, storage: Storage, rank: int, world_size: int, run: str, keep: int = 3,
                  on_commit: Callable[[CheckpointRecord, Manifest], None] | None = None,
-                 commit_timeout_s: float = 900.0) -> None:
+                 commit_timeout_s: float = 900.0, nice: int | None = None) -> None:
+        """`nice` lowers the persist thread's CPU priority (Linux, per thread) so hashing and writing yield
+        to the training loop's threads; default `$FRENZY_PERSIST_NICE` or 19 (the lowest), 0 keeps it equal."""
         self.storage, self.rank, self.world_size, self.run = storage, rank, world_size, run
+        self.nice = int(os.environ.get("FRENZY_PERSIST_NICE", "19")) if nice is None else nice
         self.keep, self.on_commit, self.commit_timeout_s = keep, on_commit, commit_timeout_s
         self._buf: SnapshotBuffer | None = None
         self._thread: threading.Thread | None = None
@@ -179,6 +183,9 @@ class AsyncCheckpointer:
     # background ---------------------------------------------------------------------------------------
     def _persist(self, step: int, fields: dict, extra: dict, blocked: float) -> None:
         t0 = time.perf_counter()
+        if self.nice and hasattr(os, "setpriority"):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         try:
             buf = self._buf
             assert buf is not None

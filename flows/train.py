@@ -1,0 +1,100 @@
+"""The `train` task and flow: run the trainer, show progress in the Prefect UI, announce committed checkpoints.
+
+The task launches the trainer processes (`tasks.training.launch`), turns its progress records into a progress
+artifact and run logs, and emits `frenzy.checkpoint.committed` for every commit so that deployments (evaluation)
+can be triggered by it. It returns a small record with URIs, never tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.events import emit_event
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.jobspec import JobSpec
+from tasks.training.checkpoint import CheckpointRecord
+from tasks.training.launch import launch
+
+CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
+
+
+class TrainResult(BaseModel):
+    """What a training run leaves behind (the same keys as `frenzy train --json`)."""
+
+    job: str
+    final_step: int
+    resumed_from_step: int | None
+    checkpoints: list[CheckpointRecord]
+    checkpoint_uri: str
+    last_loss: float
+    tokens_per_s: float
+    trace: str | None
+    run_dir: str
+
+
+class TrainRequest(BaseModel):
+    """A training job and where it runs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    job: JobSpec = Field(default_factory=JobSpec, json_schema_extra={"position": 0})
+    """The job: model, batch, steps, checkpointing (the job YAML as a form)."""
+    nproc: int = Field(1, ge=1, json_schema_extra={"position": 1})
+    """Ranks on this worker (gloo on CPU, NCCL on GPUs)."""
+    resume: bool = True
+    """Continue from the newest checkpoint that verifies (a re-run of a failed flow picks up where it stopped)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device kind; auto uses CUDA when present."""
+    run_dir: str | None = None
+    """Progress, log, op traces and result; default runs/<job name> under the worker's directory."""
+
+
+def checkpoint_event(record: dict, run: str) -> None:
+    """Emit `frenzy.checkpoint.committed` for one commit (resource id: the checkpoint URI)."""
+    emit_event(event=CHECKPOINT_EVENT,
+               resource={"prefect.resource.id": f"frenzy.checkpoint.{record['uri']}",
+                         "prefect.resource.name": f"{run} step {record['step']}"},
+               payload={"uri": record["uri"], "step": record["step"], "run": run, "bytes": record["bytes"]})
+
+
+@task(name="train", task_run_name="train-{request.job.name}")
+def train_task(request: TrainRequest) -> TrainResult:
+    """Run the trainer to `training.steps`; progress artifact, logs and one event per committed checkpoint."""
+    logger = get_run_logger()
+    job = request.job
+    art = create_progress_artifact(0.0, key=f"train-{job.name}".lower().replace("_", "-"),
+                                   description=f"{job.name}: step 0/{job.training.steps}")
+
+    def on_record(rec: dict[str, Any]) -> None:
+        ev = rec["event"]
+        if ev == "step":
+            update_progress_artifact(art, 100.0 * rec["step"] / rec["steps"],
+                                     description=f"{job.name}: step {rec['step']}/{rec['steps']}, loss "
+                                                 f"{rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
+                                                 f"ETA {rec['eta_s']:.0f}s")
+            logger.info("step %d/%d loss %.4f %.0f tok/s ETA %.0fs", rec["step"], rec["steps"], rec["loss"],
+                        rec["tokens_per_s"], rec["eta_s"])
+        elif ev == "checkpoint":
+            checkpoint_event(rec, job.name)
+            logger.info("checkpoint step %d committed: %s (blocked %.1f ms)", rec["step"], rec["uri"],
+                        rec["blocked_s"] * 1e3)
+        elif ev in ("spike", "resume", "checkpoint_rejected"):
+            logger.warning("%s: %s", ev, {k: v for k, v in rec.items() if k not in ("event", "time")})
+
+    result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
+                    resume=request.resume, device=request.device, on_record=on_record)
+    update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result['final_step']}")
+    return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields})
+
+
+@flow(name="train", flow_run_name="train-{request.job.name}", log_prints=True)
+def train_flow(request: TrainRequest) -> TrainResult:
+    """Train a job with asynchronous checkpoints; a table artifact lists the committed checkpoints."""
+    result = train_task(request)
+    create_table_artifact([c.model_dump() for c in result.checkpoints], key="frenzy-checkpoints",
+                          description=f"{result.job}: committed checkpoints")
+    return result

@@ -1,0 +1,120 @@
+"""Pure pieces of the trainer: the loader's cursor, the spike detector, commit/verify/retention, shard assembly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.training import checkpoint as ck
+from tasks.training.data import BatchLoader, Cursor, decode, encode
+from tasks.training.spikes import SpikeDetector
+from tasks.training.storage import AlreadyExists, Storage
+
+
+def test_byte_tokenizer_roundtrip():
+    text = "déjà vu — λ"
+    assert decode(encode(text)) == text and encode(text).max() < 256
+
+
+def test_loader_is_a_function_of_the_cursor_and_skips_ranges():
+    tokens = np.arange(10_000, dtype=np.int64).astype(np.uint8)
+    a = BatchLoader(tokens, 16, 4, seed=1)
+    c = Cursor()
+    first = [a.next_indices(c) for _ in range(5)]
+    assert first[0] == [0, 1, 2, 3] and c.samples == 20
+    # a fresh loader from a saved cursor continues with exactly the same batches
+    b = BatchLoader(tokens, 16, 4, seed=1)
+    c2 = Cursor.from_dict(Cursor(8).to_dict())
+    assert b.next_indices(c2) == first[2]
+    x1, y1 = a.batch(first[2])
+    x2, y2 = b.batch(first[2])
+    assert torch.equal(x1, x2) and torch.equal(x1[:, 1:], y1[:, :-1])
+    # a skipped range is jumped over, also mid-batch
+    c3 = Cursor(2, skips=[(3, 9)])
+    assert a.next_indices(c3) == [2, 9, 10, 11] and c3.samples == 12
+    # epochs use a new permutation: the second epoch's windows are a reordering of the first's
+    n = a.n_windows
+    ep0 = sorted(int(a.batch([i])[0][0, 0]) for i in range(n))
+    ep1 = sorted(int(a.batch([n + i])[0][0, 0]) for i in range(n))
+    assert ep0 == ep1
+
+
+def test_noise_injection_replaces_only_the_named_samples():
+    tokens = (np.arange(5000) % 7).astype(np.uint8)
+    lo = BatchLoader(tokens, 32, 4, seed=0, noise_samples=[(4, 8)])
+    assert int(lo.batch([0, 1, 2, 3])[0].max()) < 7
+    assert int(lo.batch([4, 5, 6, 7])[0].max()) > 7
+
+
+def test_spike_detector_flags_outliers_and_nonfinite_only_after_history():
+    d = SpikeDetector(zscore=6, window=16, min_steps=8)
+    rng = np.random.default_rng(0)
+    assert not d.check(50.0, 1.0).spike  # no history yet: nothing is judged
+    for _ in range(20):
+        assert not d.check(3.0 + 0.01 * rng.standard_normal(), 1.0 + 0.01 * rng.standard_normal()).spike
+    v = d.check(3.5, 1.0)
+    assert v.spike and v.loss_z > 6 and "loss" in v.reason
+    assert d.check(3.0, 2.0).spike  # gradient norm alone
+    assert d.check(math.nan, 1.0).spike and d.check(3.0, math.inf).spike
+    assert not d.check(3.01, 1.0).spike
+    # spikes never enter the history; state round-trips exactly
+    e = SpikeDetector(6, 16, 8)
+    e.load(d.state())
+    assert e.state() == d.state() and max(e.loss) < 3.1
+
+
+def _commit(storage: Storage, step: int, healthy: bool = True, value: float = 0.0) -> None:
+    c = ck.AsyncCheckpointer(storage, 0, 1, run="t", keep=100, nice=0)
+    t = torch.full((64,), value)
+    c.save(step, [("model.w", t)], {"layout": {}, "cursor": {"samples": step}, "loss": {}, "healthy": healthy,
+                                     "trainer": {}, "fingerprint": {}})
+    c.close()
+
+
+def test_commit_verify_and_snapshot_isolation(tmp_path):
+    st = Storage(str(tmp_path))
+    c = ck.AsyncCheckpointer(st, 0, 1, run="t", nice=0)
+    w = torch.arange(1000, dtype=torch.float32)
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    blocked = c.save(5, [("model.w", w)], fields)
+    w += 1  # the training loop moves on at once; the checkpoint holds the snapshot
+    c.close()
+    assert blocked >= 0
+    m = ck.read_manifest(st, 5)
+    assert m.shards[0].bytes == 4032 and len(m.shards[0].sha256) == 64  # 4000 bytes, padded to 64
+    assert torch.equal(ck.read_shard(st, m.shards[0])["model.w"], torch.arange(1000, dtype=torch.float32))
+    with pytest.raises(AlreadyExists):
+        st.create("step_00000005/manifest.json", b"{}")
+
+
+def test_retention_keeps_newest_and_one_healthy(tmp_path):
+    st = Storage(f"file://{tmp_path}")
+    _commit(st, 10, healthy=True)
+    for s in (20, 30, 40):
+        _commit(st, s, healthy=False)
+    (tmp_path / "step_00000015").mkdir()  # an uncommitted leftover of a crash
+    (tmp_path / "step_00000015" / "rank00000.bin").write_bytes(b"x")
+    removed = ck.apply_retention(st, keep=2)
+    assert sorted(removed) == [15, 20]
+    assert [m.step for m in ck.committed(st)] == [40, 30, 10]  # 10 is the one healthy, pre-spike checkpoint
+    assert ck.discard_after(st, 30) == [40]
+
+
+def test_read_full_assembles_row_shards(tmp_path):
+    st = Storage(str(tmp_path))
+    full = torch.arange(24, dtype=torch.float32).view(6, 4)
+    writers = []
+    for rank, rows in ((0, slice(0, 3)), (1, slice(3, 6))):  # rank 0 commits once rank 1's record lands
+        c = ck.AsyncCheckpointer(st, rank, 2, run="t", nice=0, commit_timeout_s=30)
+        c.save(1, [("model.w", full[rows].clone()), ("model.b", torch.ones(2))],
+               {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}},
+               shard_meta={"model.w": ([6, 4], [rows.start, 0])})
+        writers.append(c)
+    for c in writers:
+        c.close()
+    m = ck.read_manifest(st, 1)
+    out = ck.read_full(st, m)
+    assert torch.equal(out["w"], full) and torch.equal(out["b"], torch.ones(2))
