@@ -206,7 +206,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc, resume=args.resume,
-                        device=args.device, threads=args.threads, on_record=show)
+                        device=args.device, threads=args.threads, tp=args.tp, on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
         return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
@@ -305,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--resume", action="store_true",
                     help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
     sp.add_argument("--nproc", type=int, default=1, help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
+    sp.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DTensor); data parallel = nproc / tp")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when present")
     sp.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
     sp.add_argument("--run-dir", help="progress, log, op traces and result (default runs/<job name>)")

@@ -7,6 +7,7 @@ can be triggered by it. It returns a small record with URIs, never tensors.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,12 +46,16 @@ class TrainRequest(BaseModel):
     """The job: model, batch, steps, checkpointing (the job YAML as a form)."""
     nproc: int = Field(1, ge=1, json_schema_extra={"position": 1})
     """Ranks on this worker (gloo on CPU, NCCL on GPUs)."""
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel degree; data parallel is nproc / tp."""
     resume: bool = True
     """Continue from the newest checkpoint that verifies (a re-run of a failed flow picks up where it stopped)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device kind; auto uses CUDA when present."""
     run_dir: str | None = None
     """Progress, log, op traces and result; default runs/<job name> under the worker's directory."""
+    gpu_indices: list[int] | None = None
+    """GPUs of this node to use (an allocation's `nodes[0].gpu_indices`); one rank each. None: nproc ranks."""
 
 
 def checkpoint_event(record: dict, run: str) -> None:
@@ -66,7 +71,7 @@ def train_task(request: TrainRequest) -> TrainResult:
     """Run the trainer to `training.steps`; progress artifact, logs and one event per committed checkpoint."""
     logger = get_run_logger()
     job = request.job
-    art = create_progress_artifact(0.0, key=f"train-{job.name}".lower().replace("_", "-"),
+    art = create_progress_artifact(0.0, key=re.sub(r"[^a-z0-9-]+", "-", f"train-{job.name}".lower()),
                                    description=f"{job.name}: step 0/{job.training.steps}")
 
     def on_record(rec: dict[str, Any]) -> None:
@@ -86,7 +91,8 @@ def train_task(request: TrainRequest) -> TrainResult:
             logger.warning("%s: %s", ev, {k: v for k, v in rec.items() if k not in ("event", "time")})
 
     result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
-                    resume=request.resume, device=request.device, on_record=on_record)
+                    resume=request.resume, device=request.device, tp=request.tp, on_record=on_record,
+                    gpu_indices=request.gpu_indices)
     update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result['final_step']}")
     return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields})
 

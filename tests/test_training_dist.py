@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import torch
 
 from tasks.training import checkpoint as ck
 from tasks.training.launch import launch
 from tasks.training.storage import Storage
-from tests.trainer_util import tiny_job
+from tests.trainer_util import assert_bitwise_equal, final_state, tiny_job
 
 
 def _model(uri: str, step: int) -> dict[str, torch.Tensor]:
@@ -48,3 +50,50 @@ def test_ddp_and_fsdp2_match_one_process_and_resume(tmp_path):
     assert sharded and all(e.global_offset[0] > 0 for e in sharded if e.name == "model.wte.weight")
     for k, v in _model(fsdp, steps).items():
         torch.testing.assert_close(v, ref[k], rtol=1e-4, atol=1e-5)
+
+
+def test_tensor_parallel_matches_one_process_and_resumes(tmp_path):
+    steps = 12
+    spec = {"model": {"preset": "gpt-tiny", "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False,
+                      "kv_heads": 2}}
+    one = f"file://{tmp_path}/one"
+    job1 = tiny_job(one, steps)
+    job1.model = job1.model.model_validate(spec["model"])
+    launch(job1, tmp_path / "r1", nproc=1, device="cpu", threads=1)
+    tp = f"file://{tmp_path}/tp"
+    job2 = job1.model_copy(deep=True)
+    job2.training.checkpoint.uri = tp
+    launch(job2, tmp_path / "r2", nproc=2, tp=2, device="cpu", threads=1, stop_after_steps=7)
+    res = launch(job2, tmp_path / "r2", nproc=2, tp=2, device="cpu", threads=1, resume=True)
+    assert res["tp"] == 2 and res["resumed_from_step"] == 7 and res["final_step"] == steps
+    m = ck.read_manifest(Storage(tp), steps)
+    assert m.layout == {"dp": 1, "tp": 2, "zero_stage": 0}
+    # each rank holds half of the heads of q/k/v and half of the MLP columns; norms and embeddings are whole
+    by_name = {e.name: e for e in m.shards[1].tensors}
+    assert by_name["model.blocks.0.q.weight"].global_offset == [32, 0]
+    assert by_name["model.blocks.0.proj.weight"].global_offset == [0, 32]
+    assert by_name["model.wte.weight"].global_shape is None
+    ref = _model(one, steps)
+    got = _model(tp, steps)
+    assert got.keys() == ref.keys()
+    for k, v in got.items():
+        torch.testing.assert_close(v, ref[k], rtol=1e-4, atol=1e-5)
+
+
+def test_mixed_precision_trains_and_resumes_exactly(tmp_path):
+    # fp16-mixed carries a gradient scaler whose state must survive the checkpoint; bf16 keeps bf16 moments
+    for precision in ("fp16-mixed", "bf16"):
+        full = f"file://{tmp_path}/{precision}-full"
+        ref = launch(tiny_job(full, 12, precision=precision), tmp_path / f"{precision}-a", device="cpu", threads=1)
+        assert math.isfinite(ref["last_loss"])
+        part = f"file://{tmp_path}/{precision}-part"
+        job = tiny_job(part, 12, precision=precision)
+        launch(job, tmp_path / f"{precision}-b", device="cpu", threads=1, stop_after_steps=5)
+        res = launch(job, tmp_path / f"{precision}-b", device="cpu", threads=1, resume=True)
+        assert res["resumed_from_step"] == 5
+        m = ck.read_manifest(Storage(part), 12)
+        if precision == "fp16-mixed":
+            assert m.trainer["scaler"]["scale"] > 0
+        else:
+            assert {e.dtype for e in m.shards[0].tensors if e.name.startswith("model.")} == {"bfloat16"}
+        assert_bitwise_equal(final_state(part, 12), final_state(full, 12))

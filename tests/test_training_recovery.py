@@ -63,6 +63,23 @@ def test_kill_during_persist_leaves_no_manifest_and_resume_uses_previous(tmp_pat
     assert_bitwise_equal(final_state(uri, STEPS), reference)
 
 
+def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(tmp_path, reference):
+    uri = f"file://{tmp_path}/ckpt"
+    job = tiny_job(uri, STEPS)
+    run_dir = tmp_path / "run"
+    p = start(job, run_dir)
+    wait_for(lambda: last_step(run_dir) >= 13 or p.poll() is not None, what="step 13")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 0
+    done = json.loads((run_dir / "result.json").read_text())
+    stopped_at = done["final_step"]
+    assert done["stopped_early"] and stopped_at < STEPS
+    assert ck.committed(Storage(uri))[0].step == stopped_at  # nothing trained was lost
+    result = run(job, tmp_path / "resume", resume=True)
+    assert result["resumed_from_step"] == stopped_at
+    assert_bitwise_equal(final_state(uri, STEPS), reference)
+
+
 def test_corrupted_shard_is_detected_and_previous_checkpoint_used(tmp_path, reference):
     uri = f"file://{tmp_path}/ckpt"
     run(tiny_job(uri, STEPS), tmp_path / "a")

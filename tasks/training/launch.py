@@ -9,9 +9,11 @@ The child's stdout is sent to stderr so a `--json` caller's stdout stays one JSO
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,9 +38,16 @@ def default_run_dir(job: JobSpec) -> Path:
 
 
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False,
-           device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None,
-           on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5) -> dict:
-    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0."""
+           device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None, tp: int = 1,
+           on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5,
+           gpu_indices: list[int] | None = None) -> dict:
+    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0.
+
+    `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
+    if gpu_indices:
+        if nproc not in (1, len(gpu_indices)):
+            raise ValueError(f"nproc={nproc} but the allocation holds {len(gpu_indices)} GPUs; one rank per GPU")
+        nproc = len(gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     job_path = run_dir / "job.json"
@@ -46,7 +55,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     (run_dir / "result.json").unlink(missing_ok=True)
     progress = run_dir / "progress.jsonl"
     offset = progress.stat().st_size if progress.exists() else 0
-    args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device]
+    args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
     if resume:
         args.append("--resume")
     if threads:
@@ -60,9 +69,12 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
         cmd = [sys.executable, "-m", "tasks.training.launch", *args]
     log_path = run_dir / "train.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if gpu_indices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
     env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // nproc)))
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        # its own session: on cancellation the whole tree (torchrun and every rank) is stopped, not just the parent
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             while True:
                 done = proc.poll() is not None
@@ -71,8 +83,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
                     break
                 time.sleep(poll_s)
         except BaseException:
-            proc.kill()
-            proc.wait()
+            _stop_tree(proc)
             raise
     if proc.returncode != 0:
         text = log_path.read_text(errors="replace")
@@ -83,6 +94,18 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
         raise TrainFailed(f"trainer exited with code {proc.returncode}; log: {log_path}\n{tail[-1500:]}",
                           proc.returncode, tail)
     return json.loads((run_dir / "result.json").read_text())
+
+
+def _stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the trainer's process group, SIGKILL it after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> int:
@@ -107,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--stop-after-steps", type=int)
+    ap.add_argument("--tp", type=int, default=1)
     a = ap.parse_args(argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -119,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = parse_job(json.loads(Path(a.job).read_text()), a.job)
         train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, device=a.device, threads=a.threads,
-                           stop_after_steps=a.stop_after_steps))
+                           stop_after_steps=a.stop_after_steps, tp=a.tp))
     except (CheckpointError, DataError, StorageError, ValueError) as err:
         # a problem the user can fix: one line, no traceback, recognised by launch()
         print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)

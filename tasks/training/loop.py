@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ class TrainOptions:
     """torch intra-op threads per process; None keeps torch's default."""
     stop_after_steps: int | None = None
     """Stop (as if preempted) after this many steps of this invocation; for drills."""
+    tp: int = 1
+    """Tensor-parallel degree (DTensor, Megatron-style column/row sharding); data parallel is world / tp."""
 
 
 @dataclass
@@ -52,10 +55,19 @@ class _Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    tp: int = 1
 
     @property
     def on(self) -> bool:
         return self.world > 1
+
+    @property
+    def dp(self) -> int:
+        return self.world // self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
 
 
 @dataclass
@@ -78,7 +90,9 @@ class _Progress:
 
 def _setup(opts: TrainOptions) -> tuple[_Dist, torch.device]:
     d = _Dist(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-              int(os.environ.get("LOCAL_RANK", 0)))
+              int(os.environ.get("LOCAL_RANK", 0)), opts.tp)
+    if d.world % d.tp:
+        raise ValueError(f"tp={d.tp} does not divide the {d.world} ranks; use --nproc a multiple of --tp")
     use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
     dev = torch.device(f"cuda:{d.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -100,25 +114,60 @@ def lr_at(step: int, spec: JobSpec) -> float:
 
 
 def _wrap(model: torch.nn.Module, job: JobSpec, d: _Dist, dev: torch.device) -> torch.nn.Module:
+    """Tensor parallel within groups of `tp` ranks, then data parallel across them: DDP, or FSDP2 for ZeRO-3
+    (and always FSDP2 with tp > 1, since DDP does not take DTensor parameters)."""
     if not d.on:
         return model
-    if job.training.zero_stage == 3:
+    if d.tp == 1 and job.training.zero_stage < 3:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(dev.type, (d.dp, d.tp), mesh_dim_names=("dp", "tp"))
+    if d.tp > 1:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        spec = job.model
+        for what, n in (("heads", spec.heads), ("kv_heads", spec.n_kv_heads), ("ffn", spec.ffn)):
+            if n % d.tp:
+                raise ValueError(f"tp={d.tp} does not divide the model's {what}={n}; choose a tp that does")
+        plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
+                "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+        if spec.mlp == "swiglu":
+            plan["fc3"] = ColwiseParallel()
+        for block in model.blocks:
+            parallelize_module(block, mesh["tp"], plan)
+    if d.dp > 1:
         from torch.distributed.fsdp import fully_shard
 
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-        return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return model
 
 
-def _fingerprint(job: JobSpec, corpus_sha: str, world: int) -> dict:
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global gradient norm over plain and DTensor gradients (torch's clip refuses a mix), clipped in place."""
+    norms = []
+    for p in params:
+        if p.grad is None:
+            continue
+        n = torch.linalg.vector_norm(p.grad, 2, dtype=torch.float32)
+        norms.append(n.full_tensor() if hasattr(n, "full_tensor") else n)
+    total = torch.linalg.vector_norm(torch.stack(norms), 2)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(coef.to(p.grad.dtype).item())
+    return total
+
+
+def _fingerprint(job: JobSpec, corpus_sha: str, world: int, tp: int) -> dict:
     t = job.training
     return {"corpus_sha256": corpus_sha, "model": job.model.model_dump(exclude={"preset"}),
             "seq_len": t.seq_len, "global_batch": t.global_batch, "world_size": world,
-            "zero_stage": t.zero_stage, "seed": t.seed}
+            "zero_stage": t.zero_stage, "seed": t.seed, "tp": tp}
 
 
 def _agree(d: _Dist, ok: bool) -> bool:
@@ -139,9 +188,9 @@ def train(opts: TrainOptions) -> dict:
     if job.model.vocab != 256:
         raise ValueError(f"model vocab is {job.model.vocab}; the trainer's tokenizer is byte-level: set vocab: 256 "
                          "or use a gpt-* byte preset (frenzy presets)")
-    if t.global_batch % d.world:
-        raise ValueError(f"global_batch={t.global_batch} is not divisible by {d.world} data-parallel ranks")
-    local = t.global_batch // d.world
+    if t.global_batch % d.dp:
+        raise ValueError(f"global_batch={t.global_batch} is not divisible by {d.dp} data-parallel ranks")
+    local = t.global_batch // d.dp
     mb = min(t.micro_batch or local, local)
     if local % mb:
         raise ValueError(f"per-rank batch {local} is not divisible by micro_batch={mb}")
@@ -166,8 +215,8 @@ def train(opts: TrainOptions) -> dict:
     scaler = torch.amp.GradScaler(dev.type, enabled=t.precision == "fp16-mixed")
     detector = SpikeDetector(t.spike.zscore, t.spike.window, t.spike.min_steps)
     cursor = D.Cursor()
-    fp = _fingerprint(job, corpus_sha, d.world)
-    owns_model = d.rank == 0 or job.training.zero_stage == 3
+    fp = _fingerprint(job, corpus_sha, d.world, d.tp)
+    owns_model = d.rank == 0 or job.training.zero_stage == 3 or d.tp > 1  # DDP: rank 0 holds the one replica
 
     def load(m: ck.Manifest) -> None:
         if m.fingerprint != fp:
@@ -219,19 +268,41 @@ def train(opts: TrainOptions) -> dict:
 
     ckpt = ck.AsyncCheckpointer(storage, d.rank, d.world, run=job.name, keep=t.checkpoint.keep,
                                 on_commit=lambda r, m: prog.emit("checkpoint", **r.model_dump()))
-    tracer = OpTracer(d.rank, d.rank, t.trace_every_steps)
+    # the straggler format traces one tensor-parallel rank per data-parallel rank
+    tracer = OpTracer(d.rank, d.dp_rank, t.trace_every_steps if d.rank % d.tp == 0 else 0)
     dp_hook(model, tracer)
     spikes: list[dict] = []
     last_loss, last_gnorm = float("nan"), float("nan")
     tokens_per_step = t.global_batch * t.seq_len
     t_start, steps_run, blocked_total = time.perf_counter(), 0, 0.0
     model.train()
+    preempt = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a preemption, a cancelled flow, torchrun shutting down): finish the step, checkpoint, exit
+        signal.signal(signal.SIGTERM, lambda *_: preempt.set())
+    last_saved = step
+
+    def save_now() -> None:
+        nonlocal blocked_total, last_saved
+        tensors, glob = training_tensors(core, optimizer, with_model=owns_model)
+        healthy = detector.last_spike_step is None or step - detector.last_spike_step > t.spike.window
+        fields = {"layout": {"dp": d.dp, "tp": d.tp, "zero_stage": t.zero_stage}, "cursor": cursor.to_dict(),
+                  "loss": {"last": last_loss, "grad_norm": last_gnorm, **detector.stats()},
+                  "healthy": healthy, "fingerprint": fp,
+                  "trainer": {"spike": detector.state(), "scaler": scaler.state_dict() if scaler.is_enabled()
+                              else None, "lr": lr_at(step, job)}}
+        blocked_total += ckpt.save(step, tensors, fields, shard_meta=glob)
+        last_saved = step
+
+    stopped = False
     while step < t.steps:
-        if opts.stop_after_steps is not None and steps_run >= opts.stop_after_steps:
+        stopped = preempt.is_set() or (opts.stop_after_steps is not None and steps_run >= opts.stop_after_steps)
+        if not _agree(d, not stopped):  # every rank stops at the same step
+            stopped = True
             break
         traced = tracer.begin_step(step + 1)
         indices = loader.next_indices(cursor)
-        mine = indices[d.rank * local:(d.rank + 1) * local]
+        mine = indices[d.dp_rank * local:(d.dp_rank + 1) * local]
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step + 1, job)
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
@@ -254,7 +325,8 @@ def train(opts: TrainOptions) -> dict:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
             loss_sum /= d.world
         scaler.unscale_(optimizer)
-        gnorm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip > 0 else float("inf"))
+        max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
+        gnorm = clip_grad_norm(params, max_norm) if d.tp > 1 else torch.nn.utils.clip_grad_norm_(params, max_norm)
         last_loss, last_gnorm = float(loss_sum), float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor")
                                                        else gnorm)
         verdict = detector.check(last_loss, last_gnorm)
@@ -299,31 +371,27 @@ def train(opts: TrainOptions) -> dict:
             log.info("step %d/%d loss %.4f gnorm %.3f %.0f tok/s ETA %.0fs", step, t.steps, last_loss, last_gnorm,
                      tps, eta)
         if step % t.checkpoint.every_steps == 0 or step == t.steps:
-            tensors, glob = training_tensors(core, optimizer, with_model=owns_model)
-            healthy = detector.last_spike_step is None or step - detector.last_spike_step > t.spike.window
-            fields = {"layout": {"dp": d.world, "tp": 1, "zero_stage": t.zero_stage}, "cursor": cursor.to_dict(),
-                      "loss": {"last": last_loss, "grad_norm": last_gnorm, **detector.stats()},
-                      "healthy": healthy, "fingerprint": fp,
-                      "trainer": {"spike": detector.state(), "scaler": scaler.state_dict() if scaler.is_enabled()
-                                  else None, "lr": lr_at(step, job)}}
-            blocked = ckpt.save(step, tensors, fields, shard_meta=glob)
-            blocked_total += blocked
+            save_now()
+    if stopped and last_saved != step:
+        log.warning("stopping at step %d: taking a final checkpoint first", step)
+        save_now()
     ckpt.close()
     elapsed = time.perf_counter() - t_start
     trace_path = None
-    if tracer.write(opts.run_dir / "trace") and d.on:
+    tracer.write(opts.run_dir / "trace")
+    if d.on:
         dist.barrier()
     if d.rank == 0:
-        trace_path = merge_traces(opts.run_dir / "trace", job.name, d.world, 1, d.world)
-    result = {"job": job.name, "final_step": step, "resumed_from_step": resumed_from,
+        trace_path = merge_traces(opts.run_dir / "trace", job.name, d.dp, d.tp, d.world)
+    result = {"job": job.name, "final_step": step, "resumed_from_step": resumed_from, "stopped_early": stopped,
               "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": spikes,
               "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,
               "tokens_per_s": steps_run * tokens_per_step / elapsed if steps_run else 0.0,
-              "blocked_s_total": blocked_total, "world_size": d.world, "device": str(dev),
+              "blocked_s_total": blocked_total, "world_size": d.world, "tp": d.tp, "device": str(dev),
               "checkpoint_uri": storage.uri, "trace": str(trace_path) if trace_path else None,
               "run_dir": str(opts.run_dir)}
     if d.rank == 0:
-        prog.emit("done", final_step=step)
+        prog.emit("done", final_step=step, stopped_early=stopped)
         (opts.run_dir / "result.json").write_text(json.dumps(result, indent=1))
     if d.on:
         dist.barrier()

@@ -48,27 +48,22 @@ class RMSNorm(nn.Module):
 
 
 class _SwiGLUFn(torch.autograd.Function):
-    """silu(a) * b over the fused [a | b] projection; saves the projection only and recomputes silu."""
+    """silu(a) * b over the gate and up projections; saves the two projections only and recomputes silu."""
 
     @staticmethod
-    def forward(ctx, ab: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(ab)
-        a, b = ab.chunk(2, dim=-1)
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
         return F.silu(a) * b
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        # written into one preallocated [da | db] buffer with in-place ops: the working set is 3 x ffn
-        (ab,) = ctx.saved_tensors
-        a, b = ab.chunk(2, dim=-1)
-        out = torch.empty_like(ab)
-        da, db = out.chunk(2, dim=-1)
+        # in-place into two fresh buffers: the working set is 3 x ffn (da, db and the sigmoid)
+        a, b = ctx.saved_tensors
         sig = torch.sigmoid(a)
-        torch.mul(a, sig, out=db)  # silu(a)
-        db.mul_(grad)
-        da.fill_(1).sub_(sig)  # d silu / da = sig * (1 + a * (1 - sig))
+        db = torch.mul(a, sig).mul_(grad)  # silu(a) * grad
+        da = torch.ones_like(a).sub_(sig)  # d silu / da = sig * (1 + a * (1 - sig))
         da.mul_(a).add_(1).mul_(sig).mul_(b).mul_(grad)
-        return out
+        return da, db
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -96,18 +91,25 @@ class Block(nn.Module):
         self.spec, self.attention, self.recompute = spec, attention, recompute
         h, hd = spec.hidden, spec.head_dim
         self.norm1 = _norm(spec)
-        self.qkv = nn.Linear(h, (spec.heads + 2 * spec.n_kv_heads) * hd, bias=spec.bias)
+        # separate q/k/v and gate/up projections (same bytes and FLOPs as fused ones) so that tensor parallelism
+        # shards each by heads or columns with plain column-wise DTensor sharding
+        self.q = nn.Linear(h, spec.heads * hd, bias=spec.bias)
+        self.k = nn.Linear(h, spec.n_kv_heads * hd, bias=spec.bias)
+        self.v = nn.Linear(h, spec.n_kv_heads * hd, bias=spec.bias)
         self.proj = nn.Linear(spec.heads * hd, h, bias=spec.bias)
         self.norm2 = _norm(spec)
-        up = 2 * spec.ffn if spec.mlp == "swiglu" else spec.ffn
-        self.fc1 = nn.Linear(h, up, bias=spec.bias)
+        self.fc1 = nn.Linear(h, spec.ffn, bias=spec.bias)
+        self.fc3 = nn.Linear(h, spec.ffn, bias=spec.bias) if spec.mlp == "swiglu" else None
         self.fc2 = nn.Linear(spec.ffn, h, bias=spec.bias)
 
     def _attend(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, s, _ = x.shape
-        a, kv, hd = self.spec.heads, self.spec.n_kv_heads, self.spec.head_dim
-        qkv = self.qkv(x).view(b, s, a + 2 * kv, hd).transpose(1, 2)
-        q, k, v = qkv.split([a, kv, kv], dim=1)
+        hd = self.spec.head_dim
+        # head counts from the outputs: under tensor parallelism each rank holds heads/tp of them
+        q = self.q(x).view(b, s, -1, hd).transpose(1, 2)
+        k = self.k(x).view(b, s, -1, hd).transpose(1, 2)
+        v = self.v(x).view(b, s, -1, hd).transpose(1, 2)
+        a, kv = q.shape[1], k.shape[1]
         if rope is not None:
             cos, sin = rope[0][:s], rope[1][:s]
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -131,8 +133,9 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         x = x + self._attend(self.norm1(x), rope)
-        u = self.fc1(self.norm2(x))
-        u = _SwiGLUFn.apply(u) if self.spec.mlp == "swiglu" else F.gelu(u, approximate="tanh")
+        hn = self.norm2(x)
+        u = _SwiGLUFn.apply(self.fc1(hn), self.fc3(hn)) if self.fc3 is not None else \
+            F.gelu(self.fc1(hn), approximate="tanh")
         return x + self.fc2(u)
 
 
