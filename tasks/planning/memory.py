@@ -96,9 +96,9 @@ def layer_activation_bytes(job: JobSpec, layout: Layout, tokens: int) -> tuple[f
         # backward re-materialises one block: its activations plus that block's own backward working set
         return saved * tokens, sum(layer_activation_bytes(full, layout, tokens))
     repl = 2 * (r * h + norm_stats) + 2 * c * h  # two norm inputs + inputs of qkv and fc1
-    shard = c * h * (1 + 2 * kvr)  # q, k, v
-    if m.position == "rope":
-        shard += c * h * (1 + kvr)  # rotated q and k are new tensors
+    # q, k, v (separate projections; with RoPE the rotated q and k take the place of the projections' outputs,
+    # which nothing else keeps alive)
+    shard = c * h * (1 + 2 * kvr)
     if t.attention == "flash":
         shard += c * h + 4 * a  # output (also proj's input: same storage) + fp32 logsumexp
     else:

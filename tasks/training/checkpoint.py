@@ -33,6 +33,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (missing, corrupt, or from another job/layout); names the fix."""
 
 
+class CheckpointMismatch(CheckpointError):
+    """A valid checkpoint of another job (corpus, model shape, batch or layout differ): never loaded."""
+
+
 class TensorEntry(BaseModel):
     name: str
     dtype: str

@@ -221,16 +221,18 @@ def train(opts: TrainOptions) -> dict:
     def load(m: ck.Manifest) -> None:
         if m.fingerprint != fp:
             diff = sorted(k for k in fp if m.fingerprint.get(k) != fp[k])
-            raise ck.CheckpointError(f"checkpoint step {m.step} at {storage.uri} was written by a different job "
+            raise ck.CheckpointMismatch(f"checkpoint step {m.step} at {storage.uri} was written by a different job "
                                      f"({', '.join(diff)} differ); use another checkpoint.uri or the same job")
         by_rank = {s.rank: s for s in m.shards}
         tensors = ck.read_shard(storage, by_rank[d.rank])
         if not owns_model:  # DDP: rank 0 wrote the one replica of model and optimizer; every rank loads it
             tensors = {**ck.read_shard(storage, by_rank[0]), **tensors}
         restore(core, optimizer, tensors, with_model=True)
-        cursor.samples, cursor.skips = D.Cursor.from_dict(m.cursor).samples, D.Cursor.from_dict(m.cursor).skips
+        saved = D.Cursor.from_dict(m.cursor)
+        cursor.samples, cursor.skips = saved.samples, saved.skips
         detector.load(m.trainer["spike"])
-        scaler.load_state_dict(m.trainer["scaler"]) if m.trainer.get("scaler") else None
+        if m.trainer.get("scaler"):
+            scaler.load_state_dict(m.trainer["scaler"])
 
     def newest_valid(before: int | None = None, healthy_only: bool = False) -> ck.Manifest | None:
         for m in ck.committed(storage):
@@ -239,9 +241,9 @@ def train(opts: TrainOptions) -> dict:
             try:
                 ok = True
                 load(m)
+            except ck.CheckpointMismatch:
+                raise
             except ck.CheckpointError as err:
-                if "different job" in str(err):
-                    raise
                 log.warning("rank %d: %s; trying an older checkpoint", d.rank, err)
                 prog.emit("checkpoint_rejected", step=m.step, reason=str(err))
                 ok = False

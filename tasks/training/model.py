@@ -66,6 +66,15 @@ class _SwiGLUFn(torch.autograd.Function):
         return da, db
 
 
+def _cast_once(x: torch.Tensor) -> torch.Tensor:
+    """Cast the input of several linears to the autocast dtype once: autocast would cast (and autograd save)
+    one copy per linear, three for q/k/v."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return x.to(torch.get_autocast_dtype(dev))
+    return x
+
+
 def _norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
         return RMSNorm(spec.hidden)
@@ -132,8 +141,8 @@ class Block(nn.Module):
         return probs @ v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        x = x + self._attend(self.norm1(x), rope)
-        hn = self.norm2(x)
+        x = x + self._attend(_cast_once(self.norm1(x)), rope)
+        hn = _cast_once(self.norm2(x))
         u = _SwiGLUFn.apply(self.fc1(hn), self.fc3(hn)) if self.fc3 is not None else \
             F.gelu(self.fc1(hn), approximate="tanh")
         return x + self.fc2(u)
