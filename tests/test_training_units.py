@@ -118,3 +118,21 @@ def test_read_full_assembles_row_shards(tmp_path):
     m = ck.read_manifest(st, 1)
     out = ck.read_full(st, m)
     assert torch.equal(out["w"], full) and torch.equal(out["b"], torch.ones(2))
+
+
+def test_text_corpus_directory_is_cached_until_a_file_changes(tmp_path, monkeypatch):
+    from tasks.jobspec import DataSpec
+    from tasks.training.data import DataError, load_corpus
+
+    monkeypatch.setenv("FRENZY_CACHE", str(tmp_path / "cache"))
+    d = tmp_path / "text"
+    d.mkdir()
+    (d / "a.txt").write_text("hello")
+    (d / "b.txt").write_text("world")
+    assert bytes(load_corpus(DataSpec(source="text", path=str(d)))) == b"hello\nworld"
+    assert bytes(load_corpus(DataSpec(source="text", path=str(d)))) == b"hello\nworld"
+    assert len(list((tmp_path / "cache" / "corpus").iterdir())) == 1
+    (d / "b.txt").write_text("there!")
+    assert bytes(load_corpus(DataSpec(source="text", path=str(d)))) == b"hello\nthere!"
+    with pytest.raises(DataError, match="does not exist"):
+        load_corpus(DataSpec(source="text", path=str(tmp_path / "missing")))

@@ -82,9 +82,14 @@ def load_corpus(spec: DataSpec) -> np.ndarray:
             files = sorted(q for q in p.rglob("*") if q.is_file())
             if not files:
                 raise DataError(f"data.path {p} is an empty directory")
-            path = cache_dir() / "corpus" / f"text-{hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:12]}.bin"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"\n".join(q.read_bytes() for q in files))
+            # cached per directory state (names, sizes, mtimes): rebuilt only when a file changed
+            key = "\n".join(f"{q}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
+            path = cache_dir() / "corpus" / f"text-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_bytes(b"\n".join(q.read_bytes() for q in files))
+                os.replace(tmp, path)
         elif p.is_file():
             path = p
         else:

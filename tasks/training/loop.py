@@ -317,10 +317,10 @@ def train(opts: TrainOptions) -> dict:
                 t0 = time.perf_counter()
                 with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     loss = model(x, y) / n_mb
-                t1 = _sync_time(dev)
+                t1 = _sync_time(dev, traced)
                 tracer.record("forward-compute", t0, t1, mb_id=i)
                 scaler.scale(loss).backward()
-                tracer.record("backward-compute", t1, _sync_time(dev), mb_id=i)
+                tracer.record("backward-compute", t1, _sync_time(dev, traced), mb_id=i)
             loss_sum += loss.detach()
         t0 = time.perf_counter()
         if d.on:
@@ -363,7 +363,7 @@ def train(opts: TrainOptions) -> dict:
         step += 1
         steps_run += 1
         if traced:
-            tracer.record("optimizer", t0, _sync_time(dev))
+            tracer.record("optimizer", t0, _sync_time(dev, traced))
         if d.rank == 0 and (step % t.log_every_steps == 0 or step == t.steps):
             el = time.perf_counter() - t_start
             tps = steps_run * tokens_per_step / el
@@ -400,8 +400,9 @@ def train(opts: TrainOptions) -> dict:
     return result
 
 
-def _sync_time(dev: torch.device) -> float:
-    if dev.type == "cuda":
+def _sync_time(dev: torch.device, traced: bool) -> float:
+    """A timestamp for the op trace; on a GPU it waits for the queued kernels, so only on traced steps."""
+    if traced and dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return time.perf_counter()
 
