@@ -247,6 +247,61 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+def _triple(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError as err:
+        raise ValueError(f"{what} takes numbers separated by commas, got {text!r}") from err
+
+
+def cmd_stragglers(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if args.action == "generate":
+        from tasks.stragglers.synth import SynthSpec, generate
+        from tasks.stragglers.trace import write_trace
+
+        spec: dict[str, Any] = {"schedule": args.schedule, "dp": args.dp, "pp": args.pp, "vpp": args.vpp,
+                                "microbatches": args.microbatches, "steps": args.steps, "dp_mode": args.dp_mode,
+                                "seq_imbalance": args.seq_imbalance, "seed": args.seed, "noise": args.noise}
+        if args.slow_worker:
+            d, st, f = _triple(args.slow_worker, "--slow-worker DP,STAGE,FACTOR")
+            spec["slow_worker"] = {"dp": int(d), "stage": int(st), "factor": f}
+        for flag, key in ((args.slow_stage, "slow_stage"), (args.slow_link, "slow_link")):
+            if flag:
+                st, f = _triple(flag, f"--{key.replace('_', '-')} STAGE,FACTOR")
+                spec[key] = {"stage": int(st), "factor": f}
+        from pydantic import ValidationError
+
+        try:
+            sp = SynthSpec.model_validate(spec)
+        except ValidationError as err:
+            raise ValueError(str(err)) from err
+        run = generate(sp)
+        path = write_trace(Path(args.path), run.columns(), sp.meta)
+        doc = {"trace": str(path), "meta": sp.meta.model_dump(), "ops": int(sum(d.size for d in run.durs)),
+               "true_slowdown": run.truth(), "spec": sp.model_dump()}
+        _emit(args, doc, lambda: f"wrote {doc['ops']:,} ops to {path} (true slowdown {doc['true_slowdown']:.3f})")
+        return 0
+
+    from tasks.stragglers.analyze import analyze
+    from tasks.stragglers.report import heatmap, markdown, timeline
+    from tasks.stragglers.trace import load_trace
+
+    trace = load_trace(args.path, args.meta)
+    res, prep = analyze(trace, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    doc = res.model_dump()
+    if args.heatmap:
+        doc["heatmap"] = str(heatmap(res, args.heatmap))
+    if args.timeline:
+        ranks = [int(x) for x in _triple(args.timeline_dp_ranks, "--timeline-dp-ranks")] if args.timeline_dp_ranks \
+            else None
+        doc["timeline"] = str(timeline(prep, args.timeline, first_step=args.timeline_step,
+                                       n_steps=args.timeline_steps, dp_ranks=ranks))
+    _emit(args, doc, lambda: markdown(res) + "".join(f"\n{k}: {doc[k]}" for k in ("heatmap", "timeline") if k in doc))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -315,6 +370,31 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("checkpoints", cmd_checkpoints, "List a checkpoint directory: committed steps, health, checksums.")
     sp.add_argument("uri", help="checkpoint root (file://DIR, DIR or s3://BUCKET/PREFIX)")
     sp.add_argument("--verify", action="store_true", help="re-read every shard and check its sha256")
+
+    sp = add("stragglers", cmd_stragglers, "What-if analysis of a training op trace: the slowdown stragglers cost, "
+             "attributed to op types, stages, DP ranks and workers; or generate a synthetic trace.")
+    sp.add_argument("action", choices=["analyze", "generate"])
+    sp.add_argument("path", help="analyze: trace parquet (or its directory); generate: the parquet file to write")
+    sp.add_argument("--meta", help="analyze: the job's meta YAML (default: the one meta*.yaml beside the trace)")
+    sp.add_argument("--heatmap", help="analyze: write the DP x PP slowdown heatmap (PNG) here")
+    sp.add_argument("--timeline", help="analyze: write a Perfetto/Chrome trace of original vs ideal (.json.gz) here")
+    sp.add_argument("--timeline-step", type=int, help="first step of the timeline window (default: the first)")
+    sp.add_argument("--timeline-steps", type=int, default=3, help="steps in the timeline window (default 3)")
+    sp.add_argument("--timeline-dp-ranks", help="DP ranks in the timeline, e.g. 0,5 (default: the first 8)")
+    sp.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b", help="generate: schedule")
+    for flag, default, what in (("--dp", 4, "DP ranks"), ("--pp", 4, "pipeline stages"),
+                                ("--vpp", 1, "chunks per stage (interleaved; default 2 there)"),
+                                ("--microbatches", 8, "micro-batches per step"), ("--steps", 10, "steps"),
+                                ("--seed", 0, "random seed")):
+        sp.add_argument(flag, type=int, default=default, help=f"generate: {what} (default {default})")
+    sp.add_argument("--dp-mode", choices=["allreduce", "zero"], default="allreduce",
+                    help="generate: gradient all-reduce at the end of the step, or per-chunk all-gather/reduce-scatter")
+    sp.add_argument("--noise", type=float, default=0.02, help="generate: relative s.d. of op durations (0.02)")
+    sp.add_argument("--slow-worker", help="generate: DP,STAGE,FACTOR, e.g. 1,2,1.3")
+    sp.add_argument("--slow-stage", help="generate: STAGE,FACTOR")
+    sp.add_argument("--slow-link", help="generate: STAGE,FACTOR (the link from STAGE to STAGE+1)")
+    sp.add_argument("--seq-imbalance", type=float, default=0.0,
+                    help="generate: s.d. of log compute time per (step, DP rank), e.g. 0.1")
 
     add("gpus", cmd_gpus, "List the GPU catalog.")
     add("presets", cmd_presets, "List the built-in model presets.")

@@ -16,6 +16,7 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.events import emit_event
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
 from tasks.jobspec import JobSpec
 from tasks.training.checkpoint import CheckpointRecord
 from tasks.training.launch import launch
@@ -35,6 +36,8 @@ class TrainResult(BaseModel):
     tokens_per_s: float
     trace: str | None
     run_dir: str
+    stragglers: StragglerReport | None = None
+    """The straggler analysis of the run's traces (a StragglerReport) when train_flow ran it."""
 
 
 class TrainRequest(BaseModel):
@@ -56,6 +59,8 @@ class TrainRequest(BaseModel):
     """Progress, log, op traces and result; default runs/<job name> under the worker's directory."""
     gpu_indices: list[int] | None = None
     """GPUs of this node to use (an allocation's `nodes[0].gpu_indices`); one rank each. None: nproc ranks."""
+    analyze_stragglers: bool = True
+    """Run the straggler what-if analysis on the run's op traces when it ends (artifacts beside the trace)."""
 
 
 def checkpoint_event(record: dict, run: str) -> None:
@@ -94,7 +99,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                     resume=request.resume, device=request.device, tp=request.tp, on_record=on_record,
                     gpu_indices=request.gpu_indices)
     update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result['final_step']}")
-    return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields})
+    return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields if k in result})
 
 
 @flow(name="train", flow_run_name="train-{request.job.name}", log_prints=True)
@@ -103,4 +108,6 @@ def train_flow(request: TrainRequest) -> TrainResult:
     result = train_task(request)
     create_table_artifact([c.model_dump() for c in result.checkpoints], key="frenzy-checkpoints",
                           description=f"{result.job}: committed checkpoints")
+    if request.analyze_stragglers and result.trace:
+        result.stragglers = stragglers_task(StragglerRequest(trace=result.trace))
     return result

@@ -15,6 +15,7 @@ def test_train_flow_emits_checkpoint_events_and_artifacts(prefect_server, tmp_pa
 
     job = tiny_job(f"file://{tmp_path}/ckpt", steps=20, every=10)
     job.name = "flowjob"
+    job.training.trace_every_steps = 10
     result = train_flow(TrainRequest(job=job, run_dir=str(tmp_path / "run"), device="cpu"))
     assert result.final_step == 20 and result.resumed_from_step is None
     assert [c.step for c in result.checkpoints] == [10, 20]
@@ -34,6 +35,9 @@ def test_train_flow_emits_checkpoint_events_and_artifacts(prefect_server, tmp_pa
         progress = [a for a in arts if a.key == "train-flowjob"]
         assert progress and progress[0].data == 100.0
         assert any(a.key == "frenzy-checkpoints" for a in arts)
+        # the straggler analysis ran on the run's op traces (one traced step every 10: steps 1 and 11)
+        assert result.stragglers is not None and result.stragglers.slowdown > 0.5
+        assert any(a.key == "stragglers-flowjob" for a in arts)
 
     # a second run of the same request resumes from the committed step instead of starting over
     job.training.steps = 30

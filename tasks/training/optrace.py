@@ -11,8 +11,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
-
 COLUMNS = ["dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "gmc", "mb_id"]
 
 
@@ -68,11 +66,10 @@ def merge_traces(out_dir: Path, run: str, dp: int, tp: int, world: int) -> Path 
         return None
     df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
     df = df.sort_values(["step", "rank", "start_ts"], kind="stable").reset_index(drop=True)
-    path = out_dir / "trace.parquet"
-    df.to_parquet(path, index=False)
-    meta = {"trial_name": run, "run_id": run, "dp_size": dp, "pp_size": 1, "tp_size": tp, "dsp_size": 1,
-            "vpp_size": 1, "world_size": world}
-    (out_dir / f"meta-{run}.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    from tasks.stragglers.trace import JobMeta, write_trace
+
+    meta = JobMeta(trial_name=run, run_id=run, dp_size=dp, pp_size=1, tp_size=tp, world_size=world)
+    path = write_trace(out_dir / "trace.parquet", {c: df[c].to_numpy() for c in COLUMNS}, meta)
     for p in parts:
         p.unlink()
     return path

@@ -1,0 +1,89 @@
+"""The `stragglers` task and flow: what-if analysis of a training op trace, with its report as artifacts.
+
+Writes `slowdowns.json`, `heatmap.png`, `timeline.json.gz` (Perfetto) and `summary.md` next to the trace (or to
+`out_dir`), publishes the summary as a markdown artifact and the per-op-type slowdowns as a table artifact, and
+returns a small record with the headline numbers and the file paths. `train_flow` runs it on its traces.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.stragglers.analyze import analyze
+from tasks.stragglers.report import heatmap, markdown, timeline
+from tasks.stragglers.trace import load_trace
+
+
+class StragglerRequest(BaseModel):
+    """Which trace to analyse and what to draw."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    trace: str = Field(json_schema_extra={"position": 0})
+    """Trace parquet file (or its directory) on the worker, in the straggler format."""
+    meta: str | None = None
+    """The job's meta YAML; default the one meta*.yaml beside the trace."""
+    out_dir: str | None = None
+    """Where the report files go; default `stragglers/` beside the trace."""
+    heatmap: bool = True
+    """Draw the DP x PP worker slowdown heatmap (PNG)."""
+    timeline_steps: int = Field(3, ge=0)
+    """Steps in the Perfetto timeline of original vs ideal (0: none)."""
+
+
+class StragglerReport(BaseModel):
+    """The headline numbers and where the full report lies."""
+
+    trace: str
+    slowdown: float
+    waste: float
+    launch_slowdown: float
+    sim_error: float
+    worst_optype: str
+    worst_stage: str
+    worst_dp_rank: str
+    report: str
+    heatmap: str | None
+    timeline: str | None
+
+
+def _key(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "trace"
+
+
+@task(name="stragglers", task_run_name="stragglers-{request.trace}")
+def stragglers_task(request: StragglerRequest) -> StragglerReport:
+    logger = get_run_logger()
+    tr = load_trace(request.trace, request.meta)
+    res, prep = analyze(tr, progress=logger.info)
+    out = Path(request.out_dir) if request.out_dir else Path(tr.path).parent / "stragglers"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "slowdowns.json").write_text(json.dumps(res.model_dump(), indent=1))
+    md = markdown(res)
+    (out / "summary.md").write_text(md)
+    hm = str(heatmap(res, out / "heatmap.png")) if request.heatmap else None
+    tl = str(timeline(prep, out / "timeline.json.gz", n_steps=request.timeline_steps)) \
+        if request.timeline_steps else None
+    run = _key(tr.meta.run_id or tr.meta.trial_name or Path(tr.path).parent.name)
+    create_markdown_artifact(md, key=f"stragglers-{run}", description=f"straggler what-if analysis of {tr.path}")
+    create_table_artifact([{"op type": k, "slowdown": round(v, 4)} for k, v in res.by_optype.items()],
+                          key=f"stragglers-{run}-optypes", description="slowdown attributed to each op type")
+    logger.info("S = %.3f (waste %.1f%%), launch slowdown %.3f, simulator error %.2f%%", res.slowdown,
+                100 * res.waste, res.launch_slowdown, 100 * res.sim_error)
+    return StragglerReport(trace=tr.path, slowdown=res.slowdown, waste=res.waste,
+                           launch_slowdown=res.launch_slowdown, sim_error=res.sim_error,
+                           worst_optype=max(res.by_optype, key=res.by_optype.get),
+                           worst_stage=max(res.by_stage, key=res.by_stage.get),
+                           worst_dp_rank=max(res.by_dp_rank, key=res.by_dp_rank.get),
+                           report=str(out / "slowdowns.json"), heatmap=hm, timeline=tl)
+
+
+@flow(name="stragglers", flow_run_name="stragglers", log_prints=True)
+def stragglers_flow(request: StragglerRequest) -> StragglerReport:
+    """Straggler what-if analysis of a training trace (S, per op type / stage / DP rank, heatmap, timeline)."""
+    return stragglers_task(request)

@@ -1,0 +1,1 @@
+"""Straggler what-if analysis of training op traces (trace ingest, dependency model, simulator, metrics, plots)."""

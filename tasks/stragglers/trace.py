@@ -1,0 +1,163 @@
+"""The straggler trace format: parquet, one row per op, plus a meta YAML (the what-if paper's public format).
+
+Columns `dp_rank` (int8), `stage` (int8), `rank` (int16), `step` (int64), `optype` (category), `start_ts`
+(float32, seconds from the start of the step), `duration` (float32 seconds), `seq_id` (int32, per worker, step
+and optype in start order), `mc` (int8, model chunk), `gmc` (int16, mc * pp + stage), `mb_id` (int8, -1 for
+non-compute); an int8 column is written as int16 when its values need it (more than 127 DP ranks).
+The meta YAML holds `trial_name, run_id, dp_size, pp_size, tp_size, dsp_size, vpp_size, world_size`.
+One TP rank per (dp, stage) is traced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+COMPUTE = ("forward-compute", "backward-compute")
+PP_COMM = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+DP_COMM = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce")
+TAIL = ("gc", "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "optimizer-clip-main-grad", "optimizer")
+OPTYPES = COMPUTE + PP_COMM + DP_COMM + TAIL
+#: ops whose ideal duration is the mean of their durations; every other op is communication (median transfer)
+LOCAL = ("forward-compute", "backward-compute", "gc", "optimizer")
+
+COLUMNS = {"dp_rank": np.int8, "stage": np.int8, "rank": np.int16, "step": np.int64, "optype": None,
+           "start_ts": np.float32, "duration": np.float32, "seq_id": np.int32, "mc": np.int8, "gmc": np.int16,
+           "mb_id": np.int8}
+
+
+class TraceError(ValueError):
+    """A trace or meta file that cannot be analysed; the message names the fix."""
+
+
+class JobMeta(BaseModel):
+    """The parallel layout of the traced job."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    trial_name: str = ""
+    run_id: str = ""
+    dp_size: int = Field(ge=1)
+    pp_size: int = Field(1, ge=1)
+    tp_size: int = Field(1, ge=1)
+    dsp_size: int = Field(1, ge=1)
+    vpp_size: int = Field(1, ge=1)
+    world_size: int = Field(0, ge=0)
+
+
+@dataclass
+class Trace:
+    """Columns as numpy arrays; `optype` holds indices into OPTYPES."""
+
+    meta: JobMeta
+    cols: dict[str, np.ndarray]
+    path: str = ""
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.cols["step"])
+
+
+def find_meta(trace_path: Path) -> Path:
+    """The meta YAML beside a trace: `meta*.yaml` in its directory (exactly one)."""
+    found = sorted(trace_path.parent.glob("meta*.yaml")) + sorted(trace_path.parent.glob("meta*.yml"))
+    if len(found) != 1:
+        what = "no meta*.yaml" if not found else f"{len(found)} meta files ({', '.join(p.name for p in found)})"
+        raise TraceError(f"{trace_path.parent} has {what}; pass the job's meta YAML with --meta")
+    return found[0]
+
+
+def load_meta(path: Path) -> JobMeta:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+        meta = JobMeta.model_validate(doc)
+    except (OSError, yaml.YAMLError, ValidationError) as err:
+        raise TraceError(f"cannot read the meta YAML {path}: {err}") from err
+    if not meta.world_size:
+        meta.world_size = meta.dp_size * meta.pp_size * meta.tp_size * meta.dsp_size
+    return meta
+
+
+def load_trace(path: str | Path, meta: str | Path | JobMeta | None = None) -> Trace:
+    """Read a trace parquet file (or a directory holding `trace.parquet` or one `*.parquet`) and its meta."""
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if p.is_dir():
+        files = [p / "trace.parquet"] if (p / "trace.parquet").exists() else sorted(p.glob("*.parquet"))
+        if len(files) != 1:
+            raise TraceError(f"{p} holds {len(files)} parquet files; name the trace file")
+        p = files[0]
+    if not p.exists():
+        raise TraceError(f"no trace at {p}")
+    if not isinstance(meta, JobMeta):
+        meta = load_meta(Path(meta) if meta else find_meta(p))
+    try:
+        table = pq.read_table(p)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise TraceError(f"{p} is not a readable parquet file: {err}") from err
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise TraceError(f"{p} lacks the columns {missing}; a straggler trace has {list(COLUMNS)}")
+    cols: dict[str, np.ndarray] = {}
+    for name, dtype in COLUMNS.items():
+        col = table.column(name)
+        if name == "optype":
+            cols[name] = _optype_codes(col, p)
+            continue
+        arr = col.to_numpy()
+        if arr.dtype.kind == "f" and dtype is not None and np.dtype(dtype).kind == "i":
+            raise TraceError(f"column {name} of {p} holds floats; it must be integers")
+        internal = np.float64 if name in ("start_ts", "duration") else np.int64 if name == "step" else np.int32
+        cols[name] = arr.astype(internal, copy=True)
+    for name in ("start_ts", "duration"):
+        if not np.isfinite(cols[name]).all():
+            raise TraceError(f"column {name} of {p} has NaN or infinite values; drop those rows")
+    if (cols["duration"] < 0).any():
+        raise TraceError(f"{int((cols['duration'] < 0).sum())} ops of {p} have negative durations")
+    return Trace(meta=meta, cols=cols, path=str(p))
+
+
+def _optype_codes(col: object, p: Path) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(col.type):
+        names = [str(x) for x in col.dictionary.to_pylist()]
+        idx = pc.fill_null(col.indices, -1).to_numpy(zero_copy_only=False)
+    else:
+        enc = pc.dictionary_encode(col)
+        names = [str(x) for x in enc.dictionary.to_pylist()]
+        idx = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False)
+    unknown = [n for n in names if n not in OPTYPES]
+    if unknown or (idx < 0).any():
+        raise TraceError(f"{p} has unknown op types {unknown or ['<null>']}; known: {', '.join(OPTYPES)}")
+    lut = np.array([OPTYPES.index(n) for n in names], dtype=np.int8)
+    return lut[idx]
+
+
+def write_trace(path: str | Path, cols: dict[str, np.ndarray], meta: JobMeta) -> Path:
+    """Write columns (optype as indices into OPTYPES or as strings) as a trace parquet plus `meta-<run>.yaml`."""
+    import pandas as pd
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = {}
+    for name, dtype in COLUMNS.items():
+        arr = np.asarray(cols[name])
+        if name == "optype":
+            codes = arr if arr.dtype.kind in "iu" else np.array([OPTYPES.index(x) for x in arr], dtype=np.int8)
+            data[name] = pd.Categorical.from_codes(codes.astype(np.int8), categories=list(OPTYPES))
+        elif np.dtype(dtype).kind == "i" and len(arr) and arr.max() > np.iinfo(dtype).max:
+            data[name] = arr.astype(np.int16 if np.dtype(dtype).itemsize == 1 else np.int32)  # a job past 127 DP ranks
+        else:
+            data[name] = arr.astype(dtype)
+    pd.DataFrame(data).to_parquet(p, index=False)
+    run = meta.run_id or meta.trial_name or "trace"
+    (p.parent / f"meta-{run}.yaml").write_text(yaml.safe_dump(meta.model_dump(), sort_keys=False))
+    return p
