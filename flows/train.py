@@ -109,5 +109,8 @@ def train_flow(request: TrainRequest) -> TrainResult:
     create_table_artifact([c.model_dump() for c in result.checkpoints], key="frenzy-checkpoints",
                           description=f"{result.job}: committed checkpoints")
     if request.analyze_stragglers and result.trace:
-        result.stragglers = stragglers_task(StragglerRequest(trace=result.trace))
+        try:  # the run trained; a trace the analysis cannot use is reported, not a failed training run
+            result.stragglers = stragglers_task(StragglerRequest(trace=result.trace))
+        except Exception as err:  # noqa: BLE001
+            get_run_logger().warning("straggler analysis of %s failed: %s", result.trace, err)
     return result

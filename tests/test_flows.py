@@ -36,4 +36,4 @@ def test_every_deployment_entrypoint_loads_and_its_parameters_validate():
         # the same validation a deployment run performs: the UI form's defaults must be a valid request
         fl.validate_parameters(dep.get("parameters", {}))
         names.add(dep["name"])
-    assert {"plan", "simulate", "train"} <= names
+    assert {"plan", "simulate", "train", "stragglers"} <= names

@@ -192,11 +192,9 @@ def analyze(trace: Trace, exact_workers: int = 128, progress: Callable[[str], No
     def explained(t_rem: float) -> float:
         return float((t_nodelay - t_rem) / spread) if spread > 1e-12 else 0.0
 
-    top_rows = np.zeros(g.n, bool)
     top_mask = np.zeros(p.dur.shape, bool)
     for _, s, d in flat[:n_top]:
         top_mask[np.ix_(g.stage == s, col_dp == int(np.flatnonzero(g.dp_ranks == d)[0]))] = True
-        top_rows |= g.stage == s
     m_w = explained(float(step_times(g, *simulate(g, np.where(top_mask, ideal_mat, p.dur))).mean()))
     m_s = explained(put_back(rows=g.stage == stages[-1], ideal_for=True))
     err = np.abs(orig - base) / np.maximum(base, 1e-12)
