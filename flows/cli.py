@@ -247,7 +247,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
-def _triple(text: str, what: str) -> list[float]:
+def _numbers(text: str, what: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",")]
     except ValueError as err:
@@ -265,11 +265,11 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
                                 "microbatches": args.microbatches, "steps": args.steps, "dp_mode": args.dp_mode,
                                 "seq_imbalance": args.seq_imbalance, "seed": args.seed, "noise": args.noise}
         if args.slow_worker:
-            d, st, f = _triple(args.slow_worker, "--slow-worker DP,STAGE,FACTOR")
+            d, st, f = _numbers(args.slow_worker, "--slow-worker DP,STAGE,FACTOR")
             spec["slow_worker"] = {"dp": int(d), "stage": int(st), "factor": f}
         for flag, key in ((args.slow_stage, "slow_stage"), (args.slow_link, "slow_link")):
             if flag:
-                st, f = _triple(flag, f"--{key.replace('_', '-')} STAGE,FACTOR")
+                st, f = _numbers(flag, f"--{key.replace('_', '-')} STAGE,FACTOR")
                 spec[key] = {"stage": int(st), "factor": f}
         from pydantic import ValidationError
 
@@ -294,7 +294,7 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
     if args.heatmap:
         doc["heatmap"] = str(heatmap(res, args.heatmap))
     if args.timeline:
-        ranks = [int(x) for x in _triple(args.timeline_dp_ranks, "--timeline-dp-ranks")] if args.timeline_dp_ranks \
+        ranks = [int(x) for x in _numbers(args.timeline_dp_ranks, "--timeline-dp-ranks")] if args.timeline_dp_ranks \
             else None
         doc["timeline"] = str(timeline(prep, args.timeline, first_step=args.timeline_step,
                                        n_steps=args.timeline_steps, dp_ranks=ranks))

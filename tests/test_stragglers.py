@@ -139,6 +139,11 @@ def test_bad_traces_are_refused_with_the_fix_named(tmp_path):
     bad.to_parquet(tmp_path / "badop.parquet")
     with pytest.raises(TraceError, match="unknown op types.*fwd"):
         load_trace(tmp_path / "badop.parquet")
+    named = {k: v for k, v in cols.items()}
+    named["optype"] = np.array([OPTYPES[c] for c in cols["optype"]], dtype=object)
+    named["optype"][0] = "fwd-compute"
+    with pytest.raises(TraceError, match="unknown op types.*fwd-compute"):
+        write_trace(tmp_path / "w.parquet", named, spec.meta)
     alone = tmp_path / "alone"
     alone.mkdir()
     df.to_parquet(alone / "trace.parquet")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tasks.stragglers.trace import COMPUTE, DP_COMM, LOCAL, OPTYPES, PP_COMM, TAIL, JobMeta, Trace, TraceError
+from tasks.stragglers.trace import COMPUTE, DP_COMM, OPTYPES, PP_COMM, TAIL, JobMeta, Trace, TraceError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Graph:
     anchor: np.ndarray  # -1: none
     frac: np.ndarray
     group: np.ndarray  # group id per node
-    dpsync: np.ndarray  # per group
+    dpsync: np.ndarray  # per group: a DP collective, synchronised across the step's DP ranks
     levels: list[Level] = field(default_factory=list)
     dropped_steps: list[int] = field(default_factory=list)
     tol: float = 0.0
@@ -142,7 +142,7 @@ def build(trace: Trace, sample_cols: int = 32) -> Graph:
     g = Graph(meta=trace.meta, n=n, stage=stage[idx].astype(np.int64), optype=optype[idx].astype(np.int64),
               seq=seq[idx].astype(np.int64), mc=mc[idx].astype(np.int64), steps=steps[step_ok], dp_ranks=dps,
               start=st, end=en, deps=[[] for _ in range(n)], anchor=np.full(n, -1), frac=np.zeros(n),
-              group=np.arange(n), dpsync=np.zeros(n, bool), dropped_steps=dropped)
+              group=np.arange(n), dpsync=np.zeros(0, bool), dropped_steps=dropped)
     step_t = (en.max(axis=0).reshape(-1, D).max(axis=1) - st.min(axis=0).reshape(-1, D).min(axis=1))
     g.tol = max(2e-6, 1e-4 * float(np.median(step_t)))
     samp = np.unique(np.linspace(0, C2 - 1, min(sample_cols, C2)).astype(int))
@@ -303,8 +303,6 @@ def _groups(g: Graph) -> None:
             else:
                 link = (fwd, (r - 1) % P if fwd else (r + 1) % P, r)
             links.setdefault(link, {"send": [], "recv": []})["send" if send else "recv"].append(i)
-        elif name in DP_COMM and g.n_dp > 1:
-            g.dpsync[g.group[i]] = True
     for link, ends in links.items():
         s = sorted(ends["send"], key=lambda i: g.seq[i])
         r = sorted(ends["recv"], key=lambda i: g.seq[i])
@@ -321,13 +319,11 @@ def _groups(g: Graph) -> None:
             if len(members) > 1:
                 g.group[members] = next_id
                 next_id += 1
-    # compact group ids
-    uniq, g.group = np.unique(g.group, return_inverse=True)
-    sync = np.zeros(len(uniq), bool)
-    for i in range(g.n):
-        if i < len(g.dpsync) and g.dpsync[i] and uniq[g.group[i]] == i:
-            sync[g.group[i]] = True
-    g.dpsync = sync
+    # compact group ids; a DP collective (a group of its own) waits for every DP rank of its step
+    g.group = np.unique(g.group, return_inverse=True)[1]
+    g.dpsync = np.zeros(int(g.group.max()) + 1, bool)
+    if g.n_dp > 1:
+        g.dpsync[g.group[np.isin(g.optype, [_OT[x] for x in DP_COMM])]] = True
 
 
 def _levels(g: Graph) -> None:
@@ -379,5 +375,3 @@ def _levels(g: Graph) -> None:
 def _name(g: Graph, i: int) -> str:
     return f"{OPTYPES[g.optype[i]]}#{g.seq[i]}@stage{g.stage[i]}"
 
-
-__all__ = ["Graph", "Level", "build", "LOCAL"]

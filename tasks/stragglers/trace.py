@@ -151,8 +151,14 @@ def write_trace(path: str | Path, cols: dict[str, np.ndarray], meta: JobMeta) ->
     for name, dtype in COLUMNS.items():
         arr = np.asarray(cols[name])
         if name == "optype":
-            codes = arr if arr.dtype.kind in "iu" else np.array([OPTYPES.index(x) for x in arr], dtype=np.int8)
-            data[name] = pd.Categorical.from_codes(codes.astype(np.int8), categories=list(OPTYPES))
+            if arr.dtype.kind in "iu":
+                data[name] = pd.Categorical.from_codes(arr.astype(np.int8), categories=list(OPTYPES))
+            else:
+                bad = ~np.isin(arr.astype(str), OPTYPES)
+                if bad.any():
+                    unknown = sorted({str(x) for x in arr[bad]})
+                    raise TraceError(f"unknown op types {unknown}; known: {', '.join(OPTYPES)}")
+                data[name] = pd.Categorical(arr, categories=list(OPTYPES))
         elif np.dtype(dtype).kind == "i" and len(arr) and arr.max() > np.iinfo(dtype).max:
             data[name] = arr.astype(np.int16 if np.dtype(dtype).itemsize == 1 else np.int32)  # a job past 127 DP ranks
         else:
