@@ -12,6 +12,7 @@ from typing import Any
 from cluster.catalog import CatalogError, default_catalog
 from cluster.inventory import PRESETS, InventoryError, load_cluster
 from cluster.traces import POLICIES, REFERENCE_GPU
+from flows.cli_eval import add_commands as add_eval_commands
 from tasks.jobspec import JobSpecError, load_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
@@ -396,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seq-imbalance", type=float, default=0.0,
                     help="generate: s.d. of log compute time per (step, DP rank), e.g. 0.1")
 
+    add_eval_commands(add)
     add("gpus", cmd_gpus, "List the GPU catalog.")
     add("presets", cmd_presets, "List the built-in model presets.")
     return p

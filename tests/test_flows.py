@@ -36,4 +36,15 @@ def test_every_deployment_entrypoint_loads_and_its_parameters_validate():
         # the same validation a deployment run performs: the UI form's defaults must be a valid request
         fl.validate_parameters(dep.get("parameters", {}))
         names.add(dep["name"])
-    assert {"plan", "simulate", "train", "stragglers"} <= names
+        for trig in dep.get("triggers", []):
+            from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+
+            from flows.train import CHECKPOINT_EVENT
+
+            t = DeploymentEventTrigger.model_validate(trig)
+            assert t.expect == {CHECKPOINT_EVENT}  # the event the trainer emits
+            payload = {"uri": "file:///x/ckpt/step_00000010"}
+            rendered = {k: {kk: vv.replace("{{ event.payload.uri }}", payload["uri"]) for kk, vv in v.items()}
+                        for k, v in trig["parameters"].items()}
+            fl.validate_parameters(rendered)
+    assert {"plan", "simulate", "train", "stragglers", "evaluate-on-checkpoint", "evaluate-pending"} <= names

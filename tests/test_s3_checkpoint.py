@@ -82,3 +82,18 @@ def test_training_to_s3_survives_an_endpoint_outage_and_matches_local(s3, tmp_pa
     for m in kept:
         ck.verify(storage, m)
     assert_bitwise_equal(final_state(uri, steps), final_state(f"file://{tmp_path}/local", steps))
+
+
+def test_evaluation_of_a_checkpoint_on_s3_preloads_it_and_loads_remotely(s3, tmp_path):
+    from tasks.evaluation.runner import EvalOptions, evaluate
+    from tests.test_evaluation import small_suite
+
+    run(tiny_job("s3://frenzy/evalrun", steps=10, every=10), tmp_path / "run")
+    suite = small_suite()
+    el = evaluate("s3://frenzy/evalrun", suite, EvalOptions(out_dir=str(tmp_path / "el"), learn_priors=False,
+                                                             shm_root=str(tmp_path / "shm")))
+    assert el.uri == "s3://frenzy/evalrun/step_00000010" and el.scores["humaneval"]["pass@1"] == 1.0
+    assert list((tmp_path / "shm").iterdir()) == []
+    nv = evaluate(el.uri, suite, EvalOptions(schedule="naive", out_dir=str(tmp_path / "nv"), learn_priors=False))
+    assert {t.load for t in nv.trials} == {"remote"}
+    assert nv.scores["heldout-loss"]["loss"] == el.scores["heldout-loss"]["loss"]

@@ -292,7 +292,9 @@ def train(opts: TrainOptions) -> dict:
                   "loss": {"last": last_loss, "grad_norm": last_gnorm, **detector.stats()},
                   "healthy": healthy, "fingerprint": fp,
                   "trainer": {"spike": detector.state(), "scaler": scaler.state_dict() if scaler.is_enabled()
-                              else None, "lr": lr_at(step, job)}}
+                              else None, "lr": lr_at(step, job),
+                              # evaluation rebuilds the held-out split from it (not part of the fingerprint)
+                              "data": t.data.model_dump(mode="json")}}
         blocked_total += ckpt.save(step, tensors, fields, shard_meta=glob)
         last_saved = step
 

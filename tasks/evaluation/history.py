@@ -1,0 +1,90 @@
+"""Score history per training run: one JSON line per evaluated checkpoint, and a plot of each metric by step.
+
+The history lives in `<history_dir>/<run>/history.jsonl` (default `evals/`). `pending()` lists the committed
+checkpoints of a root that have no entry for a suite yet (what the scheduled deployment evaluates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tasks.training import checkpoint as ck
+from tasks.training.storage import Storage
+
+
+def history_file(history_dir: str | Path, run: str) -> Path:
+    return Path(history_dir) / run / "history.jsonl"
+
+
+def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, scores: dict) -> Path:
+    p = history_file(history_dir, run)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"run": run, "step": step, "uri": uri, "suite": suite, "scores": scores,
+                       "time": datetime.now(UTC).isoformat(timespec="seconds")})
+    with open(p, "a") as f:  # one short line per append: atomic on a local filesystem
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return p
+
+
+def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[dict]:
+    """Entries oldest step first; the newest entry wins when a step was evaluated twice."""
+    p = history_file(history_dir, run)
+    if not p.exists():
+        return []
+    by_step: dict[tuple[str, int], dict] = {}
+    for line in p.read_text().splitlines():
+        if line.strip():
+            e = json.loads(line)
+            if suite is None or e["suite"] == suite:
+                by_step[(e["suite"], e["step"])] = e
+    return sorted(by_step.values(), key=lambda e: (e["suite"], e["step"]))
+
+
+def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:
+    """One panel per dataset metric against the training step; None when there is nothing to plot."""
+    entries = read(history_dir, run, suite)
+    if not entries:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    for e in entries:
+        for ds, metrics in e["scores"].items():
+            for m, v in metrics.items():
+                series.setdefault(f"{ds} {m}", []).append((e["step"], v))
+    n = len(series)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    for ax, (name, pts) in zip(axes.flat, sorted(series.items()), strict=False):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(f"{run}: suite {suite}")
+    fig.tight_layout()
+    out = out or history_file(history_dir, run).with_name(f"history-{suite}.png")
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def pending(root_uri: str, history_dir: str | Path, suite: str) -> list[str]:
+    """Step URIs of every committed checkpoint under `root_uri` not yet evaluated on `suite`, oldest first."""
+    storage = Storage(root_uri)
+    out = []
+    for m in sorted(ck.committed(storage), key=lambda m: m.step):
+        done = {e["step"] for e in read(history_dir, m.run, suite)}
+        if m.step not in done:
+            out.append(storage.url(ck.step_dir(m.step)))
+    return out

@@ -1,0 +1,371 @@
+"""Run an evaluation for real: precursors, trial processes on GPU slots, metric jobs on node CPU pools.
+
+`evaluate(uri, suite, options)` plans the trials (`schedule.py`, with learned priors when there are some), then
+- elastic: one precursor process per node copies the checkpoint to node shared memory; each GPU slot pulls the
+  next trial in dispatch order once its node's copy is ready; every chunk's predictions go to the node's CPU pool
+  the moment they land; the shared-memory copies are removed at the end, also on failure;
+- naive: each trial loads from storage and scores its predictions itself before it releases the GPU.
+It measures every phase, writes `result.json` beside the predictions and scores, folds the measurements into the
+priors, and returns an `EvalResult` with the scores per dataset and the measured and predicted makespans.
+
+On this machine a "GPU slot" is a process with `threads_per_trial` CPU threads; with `device=cuda` each slot is
+pinned to one GPU through CUDA_VISIBLE_DEVICES. Several nodes on one machine are simulated (each has its own
+shared-memory copy and CPU pool); across machines the same trials would be Ray tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.evaluation import priors as P
+from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
+from tasks.evaluation.engine import model_info, resolve_manifest
+from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
+from tasks.evaluation.suite import Suite
+from tasks.evaluation.trial import score_chunk
+
+
+class EvalError(RuntimeError):
+    """An evaluation that could not finish; names the trial and its error."""
+
+
+class EvalOptions(BaseModel):
+    """How to run an evaluation."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    schedule: Literal["elastic", "naive"] = "elastic"
+    """elastic: preload to shm, split/pack/LPT trials, CPU metrics with no barrier; naive: one trial per dataset."""
+    nodes: int = Field(1, ge=1)
+    """Nodes (simulated on this machine: each with its own shm copy and CPU pool)."""
+    gpus_per_node: int = Field(1, ge=1)
+    """Inference slots per node (GPUs; on a CPU machine, processes of `threads_per_trial` threads)."""
+    cpu_workers_per_node: int | None = Field(None, ge=1)
+    """Metric jobs at once per node; default the suite's, at most this machine's CPU count."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    threads_per_trial: int = Field(1, ge=1)
+    out_dir: str | None = None
+    """Predictions, scores and result.json; default evals/<run>/step_<N>."""
+    shm_root: str = "/dev/shm"
+    """Where precursors put the model (node-local shared memory)."""
+    use_priors: bool = True
+    """Plan with learned priors where there are some (else the suite's)."""
+    learn_priors: bool = True
+    """Fold this run's measurements into the priors file."""
+    priors_path: str | None = None
+
+
+class ChunkResult(BaseModel):
+    dataset: str
+    start: int
+    stop: int
+    infer_s: float
+    landed_s: float
+    metric_s: float = 0.0
+    metric_end_s: float = 0.0
+    cached: bool = False
+
+
+class TrialResult(BaseModel):
+    id: int
+    node: int
+    gpu: int
+    load: str
+    start_s: float
+    load_s: float
+    end_s: float
+    chunks: list[ChunkResult]
+
+
+class EvalResult(BaseModel):
+    """What `frenzy evaluate --json` prints."""
+
+    uri: str
+    run: str
+    step: int
+    suite: str
+    schedule: str
+    nodes: int
+    gpus_per_node: int
+    cpu_workers_per_node: int
+    makespan_s: float
+    predicted_makespan_s: float
+    precursor_s: list[float]
+    scores: dict[str, dict[str, float]]
+    trials: list[TrialResult]
+    out_dir: str
+    priors_used: list[str]
+    """Datasets planned with learned priors (the rest with the suite's)."""
+
+
+def _trial_env(device: str, gpu: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    env["OMP_NUM_THREADS"] = "1"
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _chunk_spec(suite: Suite, c) -> dict:
+    d = next(x for x in suite.datasets if x.name == c.dataset)
+    return {"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options, "start": c.start,
+            "stop": c.stop}
+
+
+def clean_stale_shm(shm_root: str) -> list[str]:
+    """Remove shared-memory copies left by evaluations whose process no longer exists (a crash or SIGKILL)."""
+    removed = []
+    for d in Path(shm_root).glob("frenzy-eval-*"):
+        try:
+            pid = int(d.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+        except PermissionError:
+            pass
+    return removed
+
+
+class _Run:
+    def __init__(self, uri: str, suite: Suite, opts: EvalOptions, sched: Schedule, out: Path, ctx: EvalContext,
+                 progress: Callable[[str, float], None]) -> None:
+        self.uri, self.suite, self.opts, self.sched, self.out, self.ctx = uri, suite, opts, sched, out, ctx
+        self.progress = progress
+        self.queue = list(sched.trials)
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.failed: str | None = None
+        self.results: list[TrialResult] = []
+        self.metric_futures: list[Future] = []
+        self.ready = [threading.Event() for _ in range(opts.nodes)]
+        self.precursor_s = [0.0] * opts.nodes
+        self.shm = Path(opts.shm_root) / f"frenzy-eval-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        cpus = sched.cpu_workers_per_node
+        self.pools = [ThreadPoolExecutor(cpus, thread_name_prefix=f"metrics-n{n}") for n in range(opts.nodes)]
+        self.n_chunks = sum(len(t.chunks) for t in sched.trials)
+        self.done_chunks = 0
+        self.procs: set[subprocess.Popen] = set()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _spawn(self, spec: dict, gpu: int) -> subprocess.Popen:
+        path = self.out / "trials" / f"{spec['name']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(spec))
+        log = open(self.out / "trials" / f"{spec['name']}.stderr", "w")  # noqa: SIM115 - closed by the caller
+        p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", str(path)], stdout=subprocess.PIPE,
+                             stderr=log, text=True, env=_trial_env(self.opts.device, gpu))
+        p.stderr_file = log  # type: ignore[attr-defined]
+        with self.lock:
+            self.procs.add(p)
+        return p
+
+    def _events(self, p: subprocess.Popen, name: str):
+        for line in p.stdout:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if ev.get("event") == "error":
+                raise EvalError(f"{name}: {ev['error']}")
+            yield ev
+        rc = p.wait()
+        p.stderr_file.close()
+        with self.lock:
+            self.procs.discard(p)
+        if rc != 0:
+            tail = (self.out / "trials" / f"{name}.stderr").read_text()[-2000:]
+            raise EvalError(f"{name} exited with status {rc}: {tail.strip() or 'no output'}")
+
+    def precursor(self, node: int) -> None:
+        try:
+            t = time.monotonic()
+            spec = {"name": f"precursor-n{node}", "precursor": True, "uri": self.uri,
+                    "shm_dir": str(self.shm / f"node{node}")}
+            for _ in self._events(self._spawn(spec, 0), spec["name"]):
+                pass
+            self.precursor_s[node] = time.monotonic() - t
+            self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
+        except Exception as err:  # noqa: BLE001
+            self.failed = self.failed or str(err)
+        finally:
+            self.ready[node].set()
+
+    def _frac(self) -> float:
+        return self.done_chunks / max(self.n_chunks, 1)
+
+    def gpu_worker(self, node: int, gpu: int) -> None:
+        self.ready[node].wait()
+        while self.failed is None:
+            with self.lock:
+                if not self.queue:
+                    return
+                tr: TrialPlan = self.queue.pop(0)
+            try:
+                self.results.append(self._run_trial(tr, node, gpu))
+            except Exception as err:  # noqa: BLE001
+                self.failed = self.failed or str(err)
+
+    def _run_trial(self, tr: TrialPlan, node: int, gpu: int) -> TrialResult:
+        name = f"trial-{tr.id:04d}"
+        start = self.now()
+        spec = {"name": name, "load": tr.load, "uri": self.uri, "shm_dir": str(self.shm / f"node{node}"),
+                "out_dir": str(self.out), "chunks": [_chunk_spec(self.suite, c) for c in tr.chunks],
+                "metrics_on_gpu": tr.metrics_on == "gpu", "threads": self.opts.threads_per_trial,
+                "device": "cuda" if self.opts.device == "cuda" else "cpu"}
+        load_s = 0.0
+        chunks: dict[tuple[str, int], ChunkResult] = {}
+        for ev in self._events(self._spawn(spec, gpu), name):
+            if ev["event"] == "loaded":
+                load_s = self.now() - start
+            elif ev["event"] == "landed":
+                c = ev["chunk"]
+                cr = ChunkResult(dataset=c["dataset"], start=c["start"], stop=c["stop"], infer_s=ev["infer_s"],
+                                 landed_s=self.now(), cached=ev["cached"])
+                chunks[(c["dataset"], c["start"])] = cr
+                if tr.metrics_on == "cpu":
+                    self.metric_futures.append(self.pools[node].submit(self._metric, c, cr))
+                else:
+                    self._count(cr)
+            elif ev["event"] == "scored":
+                cr = chunks[(ev["chunk"]["dataset"], ev["chunk"]["start"])]
+                cr.metric_s, cr.metric_end_s = ev["metric_s"], self.now()
+        return TrialResult(id=tr.id, node=node, gpu=gpu, load=tr.load, start_s=start, load_s=load_s,
+                           end_s=self.now(), chunks=list(chunks.values()))
+
+    def _metric(self, chunk: dict, cr: ChunkResult) -> None:
+        if self.failed:
+            return
+        try:
+            cr.metric_s = score_chunk(chunk, self.ctx, self.out)
+            cr.metric_end_s = self.now()
+            self._count(cr)
+        except Exception as err:  # noqa: BLE001
+            self.failed = self.failed or f"metrics of {chunk['dataset']}[{chunk['start']}:{chunk['stop']}]: {err}"
+
+    def _count(self, cr: ChunkResult) -> None:
+        with self.lock:
+            self.done_chunks += 1
+        self.progress(f"{cr.dataset}[{cr.start}:{cr.stop}] scored ({self.done_chunks}/{self.n_chunks})", self._frac())
+
+    def execute(self) -> float:
+        threads = []
+        if self.sched.kind == "elastic":
+            threads += [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
+        else:
+            for e in self.ready:
+                e.set()
+        threads += [threading.Thread(target=self.gpu_worker, args=(n, g), daemon=True)
+                    for n in range(self.opts.nodes) for g in range(self.opts.gpus_per_node)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for f in list(self.metric_futures):
+                f.result()
+            return self.now()
+        finally:
+            for pool in self.pools:
+                pool.shutdown(wait=True, cancel_futures=True)
+            with self.lock:
+                for p in list(self.procs):
+                    p.kill()
+            shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def _check_datasets(suite: Suite, ctx: EvalContext) -> None:
+    for d in suite.datasets:
+        ds = resolve(d.source, d.mode, d.options, ctx)
+        if len(ds) < d.examples:
+            raise DatasetError(f"suite {suite.name}: {d.name} asks for {d.examples} examples; the dataset has "
+                               f"{len(ds)}: lower `examples`")
+
+
+def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
+             progress: Callable[[str, float], None] | None = None) -> EvalResult:
+    """Evaluate one committed checkpoint on a suite; see the module docstring."""
+    opts = opts or EvalOptions()
+    progress = progress or (lambda msg, frac: None)
+    storage, manifest = resolve_manifest(uri)
+    info = model_info(manifest)
+    uri = storage.url(f"step_{manifest.step:08d}")
+    ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"))
+    _check_datasets(suite, ctx)
+    ppath = Path(opts.priors_path) if opts.priors_path else None
+    key = P.model_key(opts.device, info["model"])
+    planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
+    cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
+    sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
+                                                                         cpus)
+    out = Path(opts.out_dir) if opts.out_dir else Path("evals") / manifest.run / f"step_{manifest.step:08d}"
+    out.mkdir(parents=True, exist_ok=True)
+    clean_stale_shm(opts.shm_root)
+    progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
+             f"predicted {sched.makespan_s:.1f}s", 0.0)
+    run = _Run(uri, suite, opts, sched, out, ctx, progress)
+    makespan = run.execute()
+    if run.failed:
+        raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
+    scores = aggregate(suite, ctx, out)
+    trials = sorted(run.results, key=lambda t: t.id)
+    res = EvalResult(uri=uri, run=manifest.run, step=manifest.step, suite=suite.name, schedule=opts.schedule,
+                     nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=cpus,
+                     makespan_s=makespan, predicted_makespan_s=sched.makespan_s,
+                     precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores, trials=trials,
+                     out_dir=str(out), priors_used=used)
+    (out / "result.json").write_text(res.model_dump_json(indent=1))
+    if opts.learn_priors:
+        learn(res, suite, key, ppath)
+    return res
+
+
+def aggregate(suite: Suite, ctx: EvalContext, out: Path) -> dict[str, dict[str, float]]:
+    """Scores per dataset from every chunk's score file (chunks in any order)."""
+    res = {}
+    for d in suite.datasets:
+        files = sorted((out / "scores" / d.name).glob("*.json"))
+        per = [s for f in files for s in json.loads(f.read_text())["scores"]]
+        if len(per) != d.examples:
+            raise EvalError(f"{d.name}: {len(per)} of {d.examples} examples scored in {out / 'scores' / d.name}")
+        res[d.name] = resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+    return res
+
+
+def learn(res: EvalResult, suite: Suite, key: str, path: Path | None = None) -> Path:
+    """Fold a run's per-example times and load times into the priors."""
+    per: dict[str, dict[str, float]] = {}
+    for d in suite.datasets:
+        cs = [c for t in res.trials for c in t.chunks if c.dataset == d.name and not c.cached]
+        n = sum(c.stop - c.start for c in cs)
+        if n:
+            per[d.name] = {"infer_s_per_example": sum(c.infer_s for c in cs) / n,
+                           "metric_s_per_example": sum(c.metric_s for c in cs) / n}
+    loads: dict[str, float] = {}
+    shm = [t.load_s for t in res.trials if t.load == "shm"]
+    remote = [t.load_s for t in res.trials if t.load == "remote"] + [s for s in res.precursor_s if s > 0]
+    if shm:
+        loads["shm"] = sum(shm) / len(shm)
+    if remote:
+        loads["remote"] = sum(remote) / len(remote)
+    return P.update_priors(key, per, loads, path)

@@ -1,0 +1,402 @@
+"""Prior-based elastic scheduling of evaluation trials (Acme section 6.2), its naive baseline and a lower bound.
+
+A trial is one model load plus inference over a list of dataset chunks on one GPU. The naive schedule runs one
+trial per dataset in suite order, each loading the model from remote storage and computing its metric on the
+GPU after inference. The elastic schedule:
+
+1. copies the model to every node's shared memory once (a precursor per node) and loads each trial from there;
+2. splits datasets into chunks of about `W / (M * k)` GPU seconds (W total inference, M GPUs) and packs small
+   chunks first-fit-decreasing into trials of that size, so load overheads are amortised and GPUs balance;
+3. dispatches trials longest-first (LPT list scheduling) with trials that carry long CPU metrics first, so their
+   metrics overlap other trials' inference;
+4. hands every chunk's predictions to the node's CPU pool the moment they land: no barrier between stages.
+
+It tries a few granularities `k` and orders and keeps the best predicted makespan. `simulate` is the event model
+both schedules are predicted with; the real runner (`runner.py`) dispatches trials the same way.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel
+
+from tasks.evaluation.suite import Suite
+
+GRANULARITIES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+ORDERS = ("cpu-first", "lpt")
+
+
+class ChunkPlan(BaseModel):
+    """Examples [start, stop) of one dataset, with their prior costs."""
+
+    dataset: str
+    start: int
+    stop: int
+    infer_s: float
+    metric_s: float
+    landed_s: float | None = None
+    """Predicted time the chunk's predictions land (end of its inference)."""
+    metric_end_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset}[{self.start}:{self.stop}]"
+
+
+class TrialPlan(BaseModel):
+    """One model load plus inference over its chunks on one GPU."""
+
+    id: int
+    chunks: list[ChunkPlan]
+    load: Literal["remote", "shm"]
+    metrics_on: Literal["gpu", "cpu"]
+    node: int | None = None
+    gpu: int | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+
+    @property
+    def infer_s(self) -> float:
+        return sum(c.infer_s for c in self.chunks)
+
+    @property
+    def metric_s(self) -> float:
+        return sum(c.metric_s for c in self.chunks)
+
+
+class Schedule(BaseModel):
+    """A trial plan and its predicted timeline."""
+
+    kind: Literal["naive", "partitioned", "elastic"]
+    nodes: int
+    gpus_per_node: int
+    cpu_workers_per_node: int
+    trials: list[TrialPlan]
+    makespan_s: float
+    precursor_s: float
+    """Per-node time to copy the model to shared memory (0 for naive)."""
+    granularity: float | None = None
+    order: str | None = None
+    gpu_busy_s: float
+    """GPU-seconds spent loading and computing (the idle rest is waste)."""
+
+
+class EvalPlan(BaseModel):
+    """Both schedules of a suite on a cluster shape and the lower bound (`frenzy eval-plan --json`)."""
+
+    suite: str
+    nodes: int
+    gpus_per_node: int
+    cpu_workers_per_node: int
+    naive_makespan_s: float
+    elastic_makespan_s: float
+    lower_bound_s: float
+    speedup: float
+    gap_to_bound: float
+    """elastic / lower bound - 1."""
+    granularity: float
+    order: str
+    trials: list[TrialPlan]
+    """The elastic schedule's trials, in dispatch order, with predicted node, GPU and times."""
+    naive_trials: list[TrialPlan]
+
+
+# ---------------------------------------------------------------------------------------------------- trials
+
+def _chunks(suite: Suite, pieces: dict[str, int]) -> list[ChunkPlan]:
+    out = []
+    for d in suite.datasets:
+        q = max(1, min(d.examples, pieces.get(d.name, 1)))
+        bounds = [round(i * d.examples / q) for i in range(q + 1)]
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            n = b - a
+            out.append(ChunkPlan(dataset=d.name, start=a, stop=b, infer_s=n * d.infer_s_per_example,
+                                 metric_s=n * d.metric_s_per_example))
+    return out
+
+
+def naive_trials(suite: Suite) -> list[TrialPlan]:
+    """One trial per dataset, in suite order, loading from remote storage, metrics on the GPU."""
+    return [TrialPlan(id=i, chunks=[c], load="remote", metrics_on="gpu")
+            for i, c in enumerate(_chunks(suite, {}))]
+
+
+def elastic_trials(suite: Suite, gpus: int, cpu_workers: int, granularity: float = 2.0,
+                   order: str = "cpu-first") -> list[TrialPlan]:
+    """Split, pack and order the suite's datasets into trials for `gpus` GPUs and `cpu_workers` CPU workers."""
+    work = sum(d.examples * d.infer_s_per_example for d in suite.datasets)
+    target = work / (gpus * granularity)
+    metric_total = sum(d.examples * d.metric_s_per_example for d in suite.datasets)
+    # a metric piece longer than a trial would outlast the inference it should hide behind
+    metric_target = max(target / 2, metric_total / cpu_workers / 4, 1e-9)
+    pieces = {}
+    for d in suite.datasets:
+        a, b = d.examples * d.infer_s_per_example, d.examples * d.metric_s_per_example
+        pieces[d.name] = max(math.ceil(a / target - 1e-9), math.ceil(b / metric_target - 1e-9), 1)
+    chunks = sorted(_chunks(suite, pieces), key=lambda c: (-c.infer_s, c.dataset, c.start))
+    bins: list[list[ChunkPlan]] = []
+    loads: list[float] = []
+    for c in chunks:  # first-fit decreasing into trials of about `target` GPU seconds
+        for i, load in enumerate(loads):
+            if load + c.infer_s <= target * 1.0001:
+                bins[i].append(c)
+                loads[i] += c.infer_s
+                break
+        else:
+            bins.append([c])
+            loads.append(c.infer_s)
+    trials = []
+    for b in bins:
+        b.sort(key=lambda c: -c.metric_s)  # long metrics land first within a trial
+        trials.append(TrialPlan(id=0, chunks=b, load="shm", metrics_on="cpu"))
+    if order == "cpu-first":
+        # trials whose metric outweighs their inference first (longest metric first), then LPT
+        trials.sort(key=lambda t: (0, -t.metric_s) if t.metric_s > t.infer_s else (1, -t.infer_s))
+    else:
+        trials.sort(key=lambda t: -t.infer_s)
+    for i, t in enumerate(trials):
+        t.id = i
+    return trials
+
+
+# ------------------------------------------------------------------------------------------------ simulation
+
+@dataclass
+class _Gpu:
+    node: int
+    index: int
+    trial: TrialPlan | None = None
+    phase: int = 0  # 0 load, 1..k chunk inference, k+1 metrics on the GPU
+    busy_s: float = 0.0
+
+
+@dataclass
+class _Remote:
+    gpu: _Gpu
+    left: float
+
+
+@dataclass
+class _Node:
+    ready_s: float
+    free_cpus: int
+    queue: list = field(default_factory=list)
+    remotes: list[_Remote] = field(default_factory=list)
+
+
+def simulate(trials: list[TrialPlan], suite: Suite, nodes: int, gpus_per_node: int, precursor: bool,
+             cpu_workers_per_node: int | None = None, barrier: bool = False) -> float:
+    """Predict the timeline of `trials` dispatched in list order to whichever GPU frees first; fills the trials'
+    node, gpu, start/end and the chunks' landing and metric end times. Returns the makespan.
+
+    Remote loads on one node share its storage NIC (processor sharing beyond `remote_streams_per_node`);
+    shared-memory loads, inference and metrics take their prior times. A node's trials start after its
+    precursor (one remote load) when `precursor` is set. With `barrier`, CPU metrics start only after every
+    trial's inference ended (OpenCompass's default infer-then-eval).
+    """
+    ml = suite.model_load_s
+    cpus = cpu_workers_per_node or suite.cpu_workers_per_node
+    pre = ml.remote if precursor else 0.0
+    nd = [_Node(ready_s=pre, free_cpus=cpus) for _ in range(nodes)]
+    held: list[tuple[int, ChunkPlan]] = []
+    gpus = [_Gpu(n, g) for n in range(nodes) for g in range(gpus_per_node)]
+    queue = list(trials)
+    heap: list[tuple[float, int, str, object]] = []
+    seq = 0
+    now = 0.0
+    end = pre if trials else 0.0
+
+    def push(t: float, kind: str, obj: object) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, kind, obj))
+        seq += 1
+
+    def start_cpu(node: _Node, n: int, t: float) -> None:
+        while node.free_cpus and node.queue:
+            c = node.queue.pop(0)
+            node.free_cpus -= 1
+            c.metric_end_s = t + c.metric_s
+            push(c.metric_end_s, "cpu", n)
+
+    def advance(g: _Gpu, t: float) -> None:
+        """Start the next phase of g's trial at t, or the next trial."""
+        tr = g.trial
+        if tr is None:
+            return
+        k = len(tr.chunks)
+        if g.phase <= k - 1:
+            c = tr.chunks[g.phase]
+            g.phase += 1
+            g.busy_s += c.infer_s
+            push(t + c.infer_s, "chunk", (g, c))
+        elif g.phase == k and tr.metrics_on == "gpu" and tr.metric_s > 0:
+            g.phase += 1
+            g.busy_s += tr.metric_s
+            push(t + tr.metric_s, "gpu-metric", g)
+        else:
+            tr.end_s = t
+            g.trial = None
+            dispatch(g, t)
+
+    def dispatch(g: _Gpu, t: float) -> None:
+        if not queue:
+            return
+        tr = queue.pop(0)
+        tr.node, tr.gpu, tr.start_s = g.node, g.index, t
+        g.trial, g.phase = tr, 0
+        if tr.load == "remote":
+            nd[g.node].remotes.append(_Remote(g, ml.remote))
+            g.busy_s += 0.0  # counted when it completes (the duration depends on contention)
+        else:
+            g.busy_s += ml.shm
+            push(t + ml.shm, "loaded", g)
+
+    for n in range(nodes):
+        for g in gpus[n * gpus_per_node:(n + 1) * gpus_per_node]:
+            push(nd[n].ready_s, "idle", g)
+
+    while heap or any(node.remotes for node in nd) or held:
+        if held and not heap and not any(node.remotes for node in nd):
+            for n, c in held:  # the barrier: every inference is done
+                nd[n].queue.append(c)
+            held.clear()
+            for n, node in enumerate(nd):
+                start_cpu(node, n, now)
+            continue
+        # next event: a fixed-time one or a remote load finishing at the current sharing rate
+        t_next, which = (heap[0][0], None) if heap else (math.inf, None)
+        for node in nd:
+            if node.remotes:
+                rate = min(1.0, ml.remote_streams_per_node / len(node.remotes))
+                r = min(node.remotes, key=lambda x: x.left)
+                if now + r.left / rate < t_next:
+                    t_next, which = now + r.left / rate, node
+        for node in nd:
+            if node.remotes:
+                rate = min(1.0, ml.remote_streams_per_node / len(node.remotes))
+                for r in node.remotes:
+                    r.left -= (t_next - now) * rate
+                    r.gpu.busy_s += t_next - now
+        now = t_next
+        end = max(end, now)
+        if which is not None:
+            done = [r for r in which.remotes if r.left <= 1e-9]
+            which.remotes = [r for r in which.remotes if r.left > 1e-9]
+            for r in done:
+                advance(r.gpu, now)
+            continue
+        _, _, kind, obj = heapq.heappop(heap)
+        if kind == "idle":
+            g = obj
+            if g.trial is None:
+                dispatch(g, now)
+        elif kind == "loaded":
+            advance(obj, now)
+        elif kind == "chunk":
+            g, c = obj
+            c.landed_s = now
+            if g.trial.metrics_on == "cpu" and c.metric_s > 0 and barrier:
+                held.append((g.node, c))
+            elif g.trial.metrics_on == "cpu" and c.metric_s > 0:
+                nd[g.node].queue.append(c)
+                start_cpu(nd[g.node], g.node, now)
+            elif g.trial.metrics_on == "cpu":
+                c.metric_end_s = now
+            advance(g, now)
+        elif kind == "gpu-metric":
+            for c in obj.trial.chunks:
+                c.metric_end_s = now
+            advance(obj, now)
+        elif kind == "cpu":
+            nd[obj].free_cpus += 1
+            start_cpu(nd[obj], obj, now)
+    return end
+
+
+def lower_bound(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None) -> float:
+    """A lower bound on the makespan of any schedule that preloads once per node and loads trials from shm.
+
+    Every GPU that works first waits for its node's precursor and one shm load, so the GPU work W needs at least
+    remote + shm + W/M. The CPU work B starts no earlier than the first prediction lands: remote + shm + the
+    cheapest example + B/C. No dataset finishes before one example of it is inferred and scored.
+    """
+    ml = suite.model_load_s
+    cpus = (cpu_workers_per_node or suite.cpu_workers_per_node) * nodes
+    m = nodes * gpus_per_node
+    work = sum(d.examples * d.infer_s_per_example for d in suite.datasets)
+    metric = sum(d.examples * d.metric_s_per_example for d in suite.datasets)
+    setup = ml.remote + ml.shm
+    first = min(d.infer_s_per_example for d in suite.datasets)
+    one = max(d.infer_s_per_example + d.metric_s_per_example for d in suite.datasets)
+    return max(setup + work / m, setup + first + metric / cpus, setup + one)
+
+
+def _busy(trials: list[TrialPlan], suite: Suite) -> float:
+    ml = suite.model_load_s
+    return sum((ml.remote if t.load == "remote" else ml.shm) + t.infer_s +
+               (t.metric_s if t.metrics_on == "gpu" else 0.0) for t in trials)
+
+
+def plan_naive(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None) -> Schedule:
+    cpus = cpu_workers_per_node or suite.cpu_workers_per_node
+    trials = naive_trials(suite)
+    span = simulate(trials, suite, nodes, gpus_per_node, precursor=False, cpu_workers_per_node=cpus)
+    return Schedule(kind="naive", nodes=nodes, gpus_per_node=gpus_per_node, cpu_workers_per_node=cpus,
+                    trials=trials, makespan_s=span, precursor_s=0.0, gpu_busy_s=_busy(trials, suite))
+
+
+def plan_partitioned(suite: Suite, nodes: int, gpus_per_node: int, max_task_s: float,
+                     cpu_workers_per_node: int | None = None) -> Schedule:
+    """OpenCompass's default, for comparison: SizePartitioner (split datasets above `max_task_s` of inference,
+    pack the rest next-fit decreasing up to it), every task loading from remote storage, metrics on CPUs after
+    all inference (the barrier), tasks started in partition order."""
+    cpus = cpu_workers_per_node or suite.cpu_workers_per_node
+    pieces = {d.name: math.ceil(d.examples * d.infer_s_per_example / max_task_s - 1e-9) for d in suite.datasets}
+    chunks = sorted(_chunks(suite, pieces), key=lambda c: -c.infer_s)
+    groups: list[list[ChunkPlan]] = []
+    size = math.inf
+    for c in chunks:
+        if size + c.infer_s > max_task_s:
+            groups.append([])
+            size = 0.0
+        groups[-1].append(c)
+        size += c.infer_s
+    trials = [TrialPlan(id=i, chunks=g, load="remote", metrics_on="cpu") for i, g in enumerate(groups)]
+    span = simulate(trials, suite, nodes, gpus_per_node, precursor=False, cpu_workers_per_node=cpus, barrier=True)
+    return Schedule(kind="partitioned", nodes=nodes, gpus_per_node=gpus_per_node, cpu_workers_per_node=cpus,
+                    trials=trials, makespan_s=span, precursor_s=0.0, gpu_busy_s=_busy(trials, suite))
+
+
+def plan_elastic(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None,
+                 granularities: tuple[float, ...] = GRANULARITIES, orders: tuple[str, ...] = ORDERS) -> Schedule:
+    """The elastic schedule with the best predicted makespan over a few granularities and orders."""
+    cpus = cpu_workers_per_node or suite.cpu_workers_per_node
+    best: Schedule | None = None
+    for k in granularities:
+        for order in orders:
+            trials = elastic_trials(suite, nodes * gpus_per_node, nodes * cpus, k, order)
+            span = simulate(trials, suite, nodes, gpus_per_node, precursor=True, cpu_workers_per_node=cpus)
+            if best is None or span < best.makespan_s - 1e-9:
+                best = Schedule(kind="elastic", nodes=nodes, gpus_per_node=gpus_per_node, cpu_workers_per_node=cpus,
+                                trials=trials, makespan_s=span, precursor_s=suite.model_load_s.remote,
+                                granularity=k, order=order, gpu_busy_s=_busy(trials, suite))
+    assert best is not None
+    return best
+
+
+def plan(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None) -> EvalPlan:
+    """Naive and elastic schedules of `suite` on `nodes` x `gpus_per_node` GPUs, with the lower bound."""
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"need at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
+    naive = plan_naive(suite, nodes, gpus_per_node, cpu_workers_per_node)
+    el = plan_elastic(suite, nodes, gpus_per_node, cpu_workers_per_node)
+    lb = lower_bound(suite, nodes, gpus_per_node, cpu_workers_per_node)
+    return EvalPlan(suite=suite.name, nodes=nodes, gpus_per_node=gpus_per_node,
+                    cpu_workers_per_node=el.cpu_workers_per_node, naive_makespan_s=naive.makespan_s,
+                    elastic_makespan_s=el.makespan_s, lower_bound_s=lb, speedup=naive.makespan_s / el.makespan_s,
+                    gap_to_bound=el.makespan_s / lb - 1, granularity=el.granularity or 0.0, order=el.order or "",
+                    trials=el.trials, naive_trials=naive.trials)

@@ -1,0 +1,109 @@
+"""One evaluation trial as its own process: load the model, infer its chunks, write predictions, exit.
+
+`python -m tasks.evaluation.trial SPEC.json` reports on stdout, one JSON object per line:
+`loaded` (model ready), `landed` (a chunk's predictions file is complete), `scored` (naive schedule only: metrics
+computed here, on the GPU's time) and `done`. Predictions are written atomically per chunk; a chunk whose file
+exists is not inferred again, so a retried trial resumes.
+
+`score_chunk` is the metric job: it reads a predictions file and writes the per-example scores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tasks.evaluation.datasets import EvalContext, EvalDataset, resolve
+
+
+def chunk_paths(out_dir: Path, dataset: str, start: int, stop: int) -> tuple[Path, Path]:
+    """(predictions, scores) files of one chunk."""
+    stem = f"{start:06d}-{stop:06d}"
+    return out_dir / "predictions" / dataset / f"{stem}.jsonl", out_dir / "scores" / dataset / f"{stem}.json"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def dataset_for(chunk: dict, ctx: EvalContext) -> EvalDataset:
+    return resolve(chunk["source"], chunk["mode"], chunk.get("options"), ctx)
+
+
+def score_chunk(chunk: dict, ctx: EvalContext, out_dir: Path) -> float:
+    """The metric job of one chunk: scores every prediction; returns the seconds it took (0 when cached)."""
+    pred, scores = chunk_paths(out_dir, chunk["dataset"], chunk["start"], chunk["stop"])
+    if scores.exists():
+        return 0.0
+    t0 = time.perf_counter()
+    ds = dataset_for(chunk, ctx)
+    rows = [json.loads(line) for line in pred.read_text().splitlines()]
+    per = [ds.score(ds.example(r["i"]), r["prediction"]) for r in rows]
+    dt = time.perf_counter() - t0
+    _atomic_write(scores, json.dumps({"scores": per, "metric_s": dt, "examples": len(per)}))
+    return dt
+
+
+def run_trial(spec: dict, emit=None) -> None:
+    """Load the model (from shm or remote storage), infer every chunk, optionally score them here."""
+    import torch
+
+    from tasks.evaluation.engine import LM, load_remote, load_shm
+
+    emit = emit or (lambda ev: print(json.dumps(ev), flush=True))
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    out = Path(spec["out_dir"])
+    t0 = time.perf_counter()
+    state, info = load_shm(Path(spec["shm_dir"])) if spec["load"] == "shm" else load_remote(spec["uri"])
+    lm = LM(state, info, spec.get("device", "cpu"))
+    ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"))
+    emit({"event": "loaded", "load_s": time.perf_counter() - t0})
+    for chunk in spec["chunks"]:
+        pred, _ = chunk_paths(out, chunk["dataset"], chunk["start"], chunk["stop"])
+        if pred.exists():
+            emit({"event": "landed", "chunk": chunk, "infer_s": 0.0, "cached": True})
+            continue
+        t1 = time.perf_counter()
+        ds = dataset_for(chunk, ctx)
+        lines = [json.dumps({"i": i, "id": (ex := ds.example(i))["id"], "prediction": ds.infer(lm, ex)})
+                 for i in range(chunk["start"], chunk["stop"])]
+        _atomic_write(pred, "\n".join(lines) + "\n")
+        emit({"event": "landed", "chunk": chunk, "infer_s": time.perf_counter() - t1, "cached": False})
+    if spec.get("metrics_on_gpu"):
+        for chunk in spec["chunks"]:
+            emit({"event": "scored", "chunk": chunk, "metric_s": score_chunk(chunk, ctx, out)})
+    emit({"event": "done"})
+
+
+def precursor(spec: dict) -> None:
+    """A node's precursor: copy the checkpoint (verified) from storage into the node's shared memory once."""
+    from tasks.evaluation.engine import load_remote, write_shm
+
+    t0 = time.perf_counter()
+    state, info = load_remote(spec["uri"])
+    nbytes = write_shm(state, info, Path(spec["shm_dir"]))
+    print(json.dumps({"event": "done", "bytes": nbytes, "load_s": time.perf_counter() - t0}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    spec = json.loads(Path(args[0]).read_text())
+    try:
+        if spec.get("precursor"):
+            precursor(spec)
+        else:
+            run_trial(spec)
+    except Exception as err:  # noqa: BLE001 - reported to the runner, which fails the evaluation with it
+        print(json.dumps({"event": "error", "error": f"{type(err).__name__}: {err}"}), flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Evaluation end to end on checkpoints the trainer wrote: datasets, preloading, trials, CPU metrics, priors,
+history, the flows on a Prefect test server and the CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.evaluation import history
+from tasks.evaluation.datasets import DatasetError, EvalContext, HumanEval, register_dataset, resolve
+from tasks.evaluation.runner import EvalError, EvalOptions, evaluate
+from tasks.evaluation.suite import Suite
+from tests import trainer_util as tu
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("evalckpt")
+    tu.run(tu.tiny_job(f"file://{d}/ckpt", steps=20, every=10), d / "run")
+    return f"file://{d}/ckpt"
+
+
+def small_suite(**extra) -> Suite:
+    return Suite.model_validate({"name": "small", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "heldout-cloze", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "heldout-line", "examples": 3, "mode": "gen", "infer_s_per_example": 0.05},
+        {"name": "humaneval", "examples": 5, "mode": "exec", "infer_s_per_example": 0.01, "metric_s_per_example": 0.1,
+         "options": {"reference": True}}, *extra.get("more", [])]})
+
+
+def test_humaneval_ships_offline_and_its_canonical_solutions_pass_in_the_sandbox():
+    he = HumanEval({"examples": 12})
+    assert len(HumanEval()) == 164
+    scores = [he.score(he.example(i), {"text": he.example(i)["reference"]}) for i in range(12)]
+    assert all(s["pass@1"] == 1.0 for s in scores)
+    assert he.score(he.example(0), {"text": "    return None\n"})["pass@1"] == 0.0
+
+
+def test_jsonl_and_module_plugins(tmp_path):
+    f = tmp_path / "qa.jsonl"
+    f.write_text('{"prompt": "2+2=", "answer": "4"}\n{"prompt": "3+3=", "answer": "6"}\n')
+    d = resolve(str(f), "gen")
+    assert len(d) == 2 and d.score(d.example(0), {"text": " 4"}) == {"exact_match": 1.0}
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n')
+    with pytest.raises(DatasetError, match="missing answer"):
+        resolve(str(tmp_path / "bad.jsonl"), "gen")
+    with pytest.raises(DatasetError, match="unknown dataset"):
+        resolve("no-such-set", "gen")
+    with pytest.raises(DatasetError, match="mode ppl"):
+        resolve("heldout-loss", "gen", ctx=EvalContext())
+    assert resolve("tests.test_evaluation:Echo", "gen").name == "echo"
+
+
+@register_dataset("echo")
+class Echo(HumanEval.__mro__[1]):  # a user dataset: EvalDataset subclass registered by decorator
+    name, mode = "echo", "gen"
+
+    def __len__(self):
+        return 4
+
+    def example(self, i):
+        return {"id": i, "prompt": f"x{i}"}
+
+    def infer(self, lm, ex):
+        if self.options.get("explode"):
+            raise RuntimeError("inference exploded")
+        return {"text": lm.generate(ex["prompt"], 4)}
+
+    def score(self, ex, prediction):
+        return {"length": float(len(prediction["text"]))}
+
+
+def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):
+    suite = small_suite()
+    priors = tmp_path / "priors.json"
+    seen = []
+    el = evaluate(ckpt, suite, EvalOptions(nodes=2, gpus_per_node=1, cpu_workers_per_node=1,
+                                           out_dir=str(tmp_path / "el"), priors_path=str(priors),
+                                           shm_root=str(tmp_path / "shm")), lambda m, f: seen.append(f))
+    assert el.step == 20 and el.uri.endswith("step_00000020")
+    assert el.scores["humaneval"]["pass@1"] == 1.0
+    assert 0.0 <= el.scores["heldout-cloze"]["accuracy"] <= 1.0 and el.scores["heldout-loss"]["loss"] > 0
+    assert len(el.precursor_s) == 2 and all(s > 0 for s in el.precursor_s)
+    assert {t.load for t in el.trials} == {"shm"} and seen[-1] == 1.0
+    assert list((tmp_path / "shm").iterdir()) == []  # shared-memory copies removed
+    # every chunk's metric ran after its predictions landed (no barrier), on the CPU pool
+    for t in el.trials:
+        for c in t.chunks:
+            assert c.metric_end_s >= c.landed_s
+    learned = json.loads(priors.read_text())
+    (key,) = learned
+    assert set(learned[key]["datasets"]) == {d.name for d in suite.datasets}
+    nv = evaluate(ckpt, suite, EvalOptions(schedule="naive", out_dir=str(tmp_path / "nv"), priors_path=str(priors)))
+    for name, ms in el.scores.items():  # the same predictions whichever schedule ran them
+        assert nv.scores[name] == pytest.approx(ms)
+    assert {t.load for t in nv.trials} == {"remote"} and len(nv.trials) == 4
+    assert set(nv.priors_used) == {d.name for d in suite.datasets}
+    saved = json.loads((tmp_path / "nv" / "result.json").read_text())
+    assert saved["scores"] == nv.scores
+
+
+def test_a_failing_trial_fails_the_evaluation_with_its_error_and_cleans_up(ckpt, tmp_path):
+    suite = small_suite(more=[{"name": "boom", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
+                               "infer_s_per_example": 0.01, "options": {"explode": True}}])
+    with pytest.raises(EvalError, match="inference exploded"):
+        evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
+                                          learn_priors=False))
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):
+    import shutil
+
+    root = Path(ckpt[len("file://"):])
+    bad = tmp_path / "ckpt"
+    shutil.copytree(root, bad)
+    shard = sorted((bad / "step_00000020").glob("rank*.bin"))[0]
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(EvalError, match="sha256"):
+        evaluate(f"file://{bad}", small_suite(), EvalOptions(out_dir=str(tmp_path / "o"), learn_priors=False))
+
+
+def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_path, prefect_server):
+    from prefect.artifacts import Artifact
+
+    from flows.evaluate import EvaluateRequest, PendingRequest, evaluate_checkpoint, evaluate_pending
+
+    suite_file = tmp_path / "small.yaml"
+    suite_file.write_text(json.dumps(small_suite().model_dump()))
+    hist = str(tmp_path / "evals")
+    s = evaluate_checkpoint(EvaluateRequest(uri=f"{ckpt}/step_00000010", suite=str(suite_file), history_dir=hist))
+    assert s.step == 10 and Path(s.result).exists()
+    assert history.pending(ckpt, hist, "small") == [f"{ckpt}/step_00000020"]
+    done = evaluate_pending(PendingRequest(root=ckpt, suite=str(suite_file), history_dir=hist))
+    assert [d.step for d in done] == [20]
+    assert history.pending(ckpt, hist, "small") == []
+    assert [e["step"] for e in history.read(hist, s.run, "small")] == [10, 20]
+    assert done[0].history_plot and Path(done[0].history_plot).stat().st_size > 1000
+    art = Artifact.get(f"eval-{s.run}-small")
+    assert art is not None and "pass@1" in str(art.data)
+
+
+def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
+    from flows.cli import main
+
+    assert main(["eval-plan", "--suite", "acme63", "--nodes", "4", "--gpus-per-node", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["naive_makespan_s"] > doc["elastic_makespan_s"] >= doc["lower_bound_s"] and doc["trials"]
+    suite_file = tmp_path / "s.yaml"
+    suite_file.write_text(json.dumps(small_suite().model_dump()))
+    assert main(["evaluate", ckpt, "--suite", str(suite_file), "--out-dir", str(tmp_path / "o"), "--history-dir",
+                 str(tmp_path / "h"), "--no-learn", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["scores"]["humaneval"]["pass@1"] == 1.0 and doc["history_plot"]
+    assert main(["evaluate", "file:///nonexistent/ckpt", "--json"]) == 2
+    assert "no committed checkpoint" in capsys.readouterr().err
