@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.evaluation import history
+from tasks.evaluation.engine import resolve_manifest
 from tasks.evaluation.runner import EvalOptions, evaluate
 from tasks.evaluation.suite import load_suite
 
@@ -66,8 +67,6 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
 
     opts = EvalOptions(schedule=request.schedule, gpus_per_node=request.gpus_per_node,
                        cpu_workers_per_node=request.cpu_workers_per_node, device=request.device)
-    from tasks.evaluation.engine import resolve_manifest
-
     _, m = resolve_manifest(request.uri)
     opts.out_dir = f"{request.history_dir}/{m.run}/step_{m.step:08d}"
     res = evaluate(request.uri, suite, opts, progress)
