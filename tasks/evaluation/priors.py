@@ -23,7 +23,7 @@ def priors_path() -> Path:
 
 
 def model_key(device: str, model: dict) -> str:
-    """`cpu/gpt-l2-h64-s128`: device kind plus the shape that sets the cost per example."""
+    """`cpu/gpt-l2-h64-v256`: device kind plus the shape that sets the cost per example."""
     return f"{device}/gpt-l{model.get('layers')}-h{model.get('hidden')}-v{model.get('vocab')}"
 
 

@@ -171,7 +171,6 @@ class _Gpu:
     index: int
     trial: TrialPlan | None = None
     phase: int = 0  # 0 load, 1..k chunk inference, k+1 metrics on the GPU
-    busy_s: float = 0.0
 
 
 @dataclass
@@ -231,11 +230,9 @@ def simulate(trials: list[TrialPlan], suite: Suite, nodes: int, gpus_per_node: i
         if g.phase <= k - 1:
             c = tr.chunks[g.phase]
             g.phase += 1
-            g.busy_s += c.infer_s
             push(t + c.infer_s, "chunk", (g, c))
         elif g.phase == k and tr.metrics_on == "gpu" and tr.metric_s > 0:
             g.phase += 1
-            g.busy_s += tr.metric_s
             push(t + tr.metric_s, "gpu-metric", g)
         else:
             tr.end_s = t
@@ -250,9 +247,7 @@ def simulate(trials: list[TrialPlan], suite: Suite, nodes: int, gpus_per_node: i
         g.trial, g.phase = tr, 0
         if tr.load == "remote":
             nd[g.node].remotes.append(_Remote(g, ml.remote))
-            g.busy_s += 0.0  # counted when it completes (the duration depends on contention)
         else:
-            g.busy_s += ml.shm
             push(t + ml.shm, "loaded", g)
 
     for n in range(nodes):
@@ -280,7 +275,6 @@ def simulate(trials: list[TrialPlan], suite: Suite, nodes: int, gpus_per_node: i
                 rate = min(1.0, ml.remote_streams_per_node / len(node.remotes))
                 for r in node.remotes:
                     r.left -= (t_next - now) * rate
-                    r.gpu.busy_s += t_next - now
         now = t_next
         end = max(end, now)
         if which is not None:
