@@ -6,8 +6,9 @@ Storage is any SQLAlchemy URL: a SQLite file by default (`FRENZY_LEDGER`, else `
 Guarantees
 - **Atomic gang allocation.** An allocation (all its nodes and GPU indices) is written in one transaction; a
   GPU is held by at most one allocation because `(node, gpu_index)` is the primary key of `held_gpus`.
-  Writers are serialised: SQLite transactions start with `BEGIN IMMEDIATE`; on other databases the node rows
-  are locked `FOR UPDATE` first. A conflicting writer waits (busy timeout) rather than failing.
+  Writers are serialised: SQLite transactions start with `BEGIN IMMEDIATE`; on other databases (Postgres) each
+  write transaction first locks the single row of `ledger_lock` `FOR UPDATE`, and reads after the lock see every
+  earlier commit (READ COMMITTED). A conflicting writer waits rather than failing.
 - **Leases.** Every allocation carries `lease_expiry`; its holder renews it (`renew`, or `LeaseKeeper`, a
   heartbeat thread). Any writer first expires overdue leases, so the GPUs of a process killed mid-job come
   back one lease after its last heartbeat.
@@ -53,7 +54,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
 from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide
@@ -107,6 +108,10 @@ queue_t = Table(
     Column("lease_expiry", Float, nullable=False),
     Column("state", String(16), nullable=False),  # waiting | placed | cancelled | expired
     Column("allocation_id", String(32)),
+)
+lock_t = Table(
+    "ledger_lock", _meta,
+    Column("id", Integer, primary_key=True, autoincrement=False),
 )
 events_t = Table(
     "events", _meta,
@@ -194,11 +199,26 @@ class Ledger:
             def _on_begin(conn: Connection) -> None:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
         try:
-            _meta.create_all(self.engine)
+            self._create_schema()
         except SQLAlchemyError as err:
             raise LedgerError(f"cannot open the ledger at {self.url}: {err.__class__.__name__}: "
                               f"{str(err).splitlines()[0]}; check the URL, that the database is running and that "
                               "the directory is writable, or set FRENZY_LEDGER") from None
+
+    def _create_schema(self) -> None:
+        # Several processes may open a fresh Postgres ledger at once: CREATE TABLE and the lock row can race, so a
+        # conflict is retried (the winner's tables are then there).
+        for attempt in range(5):
+            try:
+                _meta.create_all(self.engine)
+                with self.engine.begin() as conn:
+                    if conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1)).first() is None:
+                        conn.execute(insert(lock_t).values(id=1))
+                return
+            except (IntegrityError, ProgrammingError):
+                if attempt == 4:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
 
     # -- transactions --------------------------------------------------------------------------------------
     @contextmanager
@@ -206,7 +226,7 @@ class Ledger:
         """One serialised write transaction; expired leases are reclaimed first."""
         with self.engine.begin() as conn:
             if not self.sqlite:
-                conn.execute(select(nodes_t.c.name).with_for_update())
+                conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
             self._expire(conn, time.time())
             yield conn
 

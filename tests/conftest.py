@@ -18,3 +18,20 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def postgres_admin():
+    """A PostgreSQL server on loopback for the whole session (see tests/pg_server.py); skipped, with the reason,
+    where no server binaries are installed."""
+    from tests.pg_server import PostgresUnavailable, postgres_server
+
+    try:
+        cm = postgres_server()
+        url = cm.__enter__()
+    except PostgresUnavailable as err:
+        pytest.skip(str(err))
+    try:
+        yield url
+    finally:
+        cm.__exit__(None, None, None)

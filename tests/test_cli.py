@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from flows.cli import main
 
 
@@ -53,8 +55,14 @@ def test_console_script_runs():
     assert json.loads(out)["peak_phase"] in {"backward_start", "backward_end", "optimizer_step"}
 
 
-def test_cluster_show_init_cordon_json(capsys, tmp_path):
-    led = f"sqlite:///{tmp_path / 'l.db'}"
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_cluster_show_init_cordon_json(backend, request, capsys, tmp_path):
+    if backend == "sqlite":
+        led = f"sqlite:///{tmp_path / 'l.db'}"
+    else:
+        from tests.pg_server import fresh_database
+
+        led = fresh_database(request.getfixturevalue("postgres_admin"))
     code, out, _ = run(capsys, "cluster", "init", "--cluster", "phoebe", "--ledger", led, "--json")
     doc = json.loads(out)
     assert code == 0 and len(doc["nodes"]) == 6 and sum(len(n["free_indices"]) for n in doc["nodes"]) == 44

@@ -1,4 +1,5 @@
-"""The durable ledger under concurrency, kills and crashes (real processes, a real SQLite file)."""
+"""The durable ledger under concurrency, kills and crashes: real processes, on a real SQLite file and on a real
+PostgreSQL server on loopback."""
 
 import json
 import multiprocessing as mp
@@ -18,9 +19,14 @@ SMALL = Cluster(name="t", nodes=[Node(name="n0", gpu="A100-40GB-PCIE", count=4),
                                  Node(name="n2", gpu="A100-80GB-PCIE", count=2)])
 
 
-@pytest.fixture
-def url(tmp_path):
-    u = f"sqlite:///{tmp_path / 'ledger.db'}"
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        u = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        from tests.pg_server import fresh_database
+
+        u = fresh_database(request.getfixturevalue("postgres_admin"))
     Ledger(u).sync(SMALL)
     return u
 
@@ -170,3 +176,31 @@ def test_ledger_takes_a_path_and_names_the_fix_for_a_bad_url(tmp_path):
     assert led.url.startswith("sqlite:///") and (tmp_path / "sub" / "l.db").exists()
     with pytest.raises(LedgerError, match="driver is installed"):
         Ledger("postgresql+nosuchdriver://u@127.0.0.1:1/x")
+
+
+def _open_and_allocate(url: str, wid: int, out) -> None:
+    led = Ledger(url)
+    led.sync(SMALL)
+    a = led.allocate(f"opener-{wid}", [GpuRequest(1, 10)], lease_s=60)
+    out.put(None if a is None else [a.nodes[0].node, a.nodes[0].gpu_indices[0]])
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_fresh_ledger_opened_by_several_processes_at_once(backend, request, tmp_path):
+    if backend == "sqlite":
+        u = f"sqlite:///{tmp_path / 'fresh.db'}"
+    else:
+        from tests.pg_server import fresh_database
+
+        u = fresh_database(request.getfixturevalue("postgres_admin"))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_open_and_allocate, args=(u, w, out)) for w in range(4)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert None not in got and len({tuple(g) for g in got}) == 4  # four distinct GPUs
+    assert len(Ledger(u).allocations()) == 4
