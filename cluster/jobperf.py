@@ -94,11 +94,12 @@ def best_layout(key: JobKey, gpu_type: str, gpus: int, max_tp: int, intra_gbs: f
     return best
 
 
-def user_layout(key: JobKey, gpus: int) -> Layout:
-    """What a user who sizes by GPU count runs: DDP on all `gpus`, micro-batch = global batch / gpus (no gradient
-    accumulation, no TP/PP); when the batch does not divide, the largest micro-batch that keeps dp = gpus."""
+def user_layout(key: JobKey, gpus: int, micro_batch: int | None = None) -> Layout:
+    """What a user who sizes by GPU count runs: DDP on all `gpus` (no TP/PP), micro-batch = global batch / gpus
+    (no gradient accumulation) unless the user has lowered it to `micro_batch` after an OOM (then gradient
+    accumulation makes up the global batch)."""
     per = max(1, key.global_batch // gpus)
-    return Layout(dp=gpus, tp=1, pp=1, micro_batch=per)
+    return Layout(dp=gpus, tp=1, pp=1, micro_batch=min(per, micro_batch) if micro_batch else per)
 
 
 def reference_step_time(key: JobKey, gpu_type: str, gpus: int) -> float:

@@ -18,7 +18,9 @@ Guarantees
 The queue: `submit` appends a job (its ranked `GpuRequest`s) in arrival order; `schedule` walks the waiting
 jobs in that order and places each one HAS can satisfy now. With `order="backfill"` (default) a job that does
 not fit is skipped and later jobs may start (backfilling); with `order="strict"` the first job that does not
-fit blocks the rest (head-of-line). `release` runs `schedule` in the same transaction, so every release retries
+fit blocks the rest (head-of-line); with `order="shortest"` the walk goes by the predicted run time given at
+`submit` (MARP's step time x steps), shortest first, then arrival, with backfilling; jobs submitted without a
+prediction go last. `release` runs `schedule` in the same transaction, so every release retries
 the queue. Queue entries are leased too: a waiter that dies leaves the queue when its lease runs out.
 """
 
@@ -33,7 +35,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
 from sqlalchemy import (
@@ -50,6 +52,7 @@ from sqlalchemy import (
     delete,
     event,
     insert,
+    inspect,
     select,
     update,
 )
@@ -60,7 +63,7 @@ from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
 
-QueueOrder = Literal["backfill", "strict"]
+QueueOrder = Literal["backfill", "strict", "shortest"]
 DEFAULT_LEASE_S = 60.0
 
 _meta = MetaData()
@@ -108,6 +111,7 @@ queue_t = Table(
     Column("lease_expiry", Float, nullable=False),
     Column("state", String(16), nullable=False),  # waiting | placed | cancelled | expired
     Column("allocation_id", String(32)),
+    Column("predicted_s", Float),  # predicted run time (order="shortest"); added 2026-11-22, migrated on open
 )
 lock_t = Table(
     "ledger_lock", _meta,
@@ -170,9 +174,16 @@ def _req_from(d: dict[str, Any]) -> GpuRequest:
 class Ledger:
     """A durable cluster ledger. Safe to use from several processes and hosts at once."""
 
-    def __init__(self, url: str | None = None, *, busy_timeout_s: float = 60.0) -> None:
-        """`url`: a SQLAlchemy URL or a SQLite file path; None means `$FRENZY_LEDGER` or `~/.frenzy/ledger.db`."""
+    def __init__(self, url: str | None = None, *, busy_timeout_s: float = 60.0, order: QueueOrder | None = None
+                 ) -> None:
+        """`url`: a SQLAlchemy URL or a SQLite file path; None means `$FRENZY_LEDGER` or `~/.frenzy/ledger.db`.
+        `order`: the queue order of `schedule` and `release` when they are not given one; None means
+        `$FRENZY_QUEUE_ORDER` or `backfill`."""
         self.url = ledger_url(url)
+        self.order: QueueOrder = order or os.environ.get("FRENZY_QUEUE_ORDER") or "backfill"  # type: ignore[assignment]
+        if self.order not in get_args(QueueOrder):
+            raise LedgerError(f"queue order {self.order!r}: choose one of {', '.join(get_args(QueueOrder))} "
+                              "(FRENZY_QUEUE_ORDER or order=)")
         self.sqlite = self.url.startswith("sqlite")
         if self.sqlite and ":///" in self.url and not self.url.endswith(":memory:"):
             Path(self.url.split(":///", 1)[1]).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +222,7 @@ class Ledger:
         for attempt in range(5):
             try:
                 _meta.create_all(self.engine)
+                self._migrate()
                 with self.engine.begin() as conn:
                     if conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1)).first() is None:
                         conn.execute(insert(lock_t).values(id=1))
@@ -219,6 +231,14 @@ class Ledger:
                 if attempt == 4:
                     raise
                 time.sleep(0.1 * (attempt + 1))
+
+    def _migrate(self) -> None:
+        """Add the columns later versions introduced to a ledger created by an earlier one."""
+        have = {c["name"] for c in inspect(self.engine).get_columns("queue")}
+        if "predicted_s" not in have:
+            kind = "REAL" if self.sqlite else "DOUBLE PRECISION"
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE queue ADD COLUMN predicted_s {kind}")
 
     # -- transactions --------------------------------------------------------------------------------------
     @contextmanager
@@ -366,7 +386,7 @@ class Ledger:
                          .values(lease_expiry=time.time() + (lease_s or row.lease_s)))
             return True
 
-    def release(self, allocation_id: str, *, order: QueueOrder = "backfill") -> list[Allocation]:
+    def release(self, allocation_id: str, *, order: QueueOrder | None = None) -> list[Allocation]:
         """Free an allocation's GPUs, then retry the queue; returns what the retry placed."""
         with self._tx() as conn:
             row = conn.execute(select(allocations_t).where(allocations_t.c.id == allocation_id)).first()
@@ -375,7 +395,7 @@ class Ledger:
                 conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
                              .values(state="released", ended_at=time.time()))
                 self._log(conn, "released", row.job, allocation=allocation_id)
-            return self._schedule_in(conn, order)
+            return self._schedule_in(conn, order or self.order)
 
     def allocations(self, *, active_only: bool = True) -> list[Allocation]:
         """Allocations oldest first; by default only those holding GPUs under a live lease."""
@@ -402,8 +422,9 @@ class Ledger:
 
     # -- queue ---------------------------------------------------------------------------------------------
     def submit(self, job: str, requests: Sequence[GpuRequest], *, lease_s: float = DEFAULT_LEASE_S,
-               owner: str | None = None) -> None:
-        """Append `job` to the wait queue (arrival order). Re-submitting a finished job name starts a new entry."""
+               owner: str | None = None, predicted_s: float | None = None) -> None:
+        """Append `job` to the wait queue (arrival order). Re-submitting a finished job name starts a new entry.
+        `predicted_s`: the job's predicted run time, used by `order="shortest"`."""
         if not requests:
             raise LedgerError(f"job {job}: no resource requests; plan the job first (frenzy plan)")
         now = time.time()
@@ -414,7 +435,8 @@ class Ledger:
             conn.execute(delete(queue_t).where(queue_t.c.job == job))
             conn.execute(insert(queue_t).values(job=job, owner=owner or owner_id(), submitted_at=now,
                                                 requests=json.dumps([_req_json(r) for r in requests]),
-                                                lease_s=lease_s, lease_expiry=now + lease_s, state="waiting"))
+                                                lease_s=lease_s, lease_expiry=now + lease_s, state="waiting",
+                                                predicted_s=predicted_s))
             self._log(conn, "queued", job, requests=len(requests))
 
     def cancel(self, job: str) -> None:
@@ -426,6 +448,8 @@ class Ledger:
         waiting = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
         if not waiting:
             return []
+        if order == "shortest":
+            waiting = sorted(waiting, key=lambda q: (q.predicted_s is None, q.predicted_s or 0.0, q.seq))
         pool, free_idx, types = self._pool(conn)
         placed = []
         for q in waiting:
@@ -439,10 +463,10 @@ class Ledger:
             placed.append(alloc)
         return placed
 
-    def schedule(self, order: QueueOrder = "backfill") -> list[Allocation]:
-        """Walk the queue in arrival order and place what fits now (see the module docstring for `order`)."""
+    def schedule(self, order: QueueOrder | None = None) -> list[Allocation]:
+        """Walk the queue and place what fits now (see the module docstring for `order`; None = the ledger's)."""
         with self._tx() as conn:
-            return self._schedule_in(conn, order)
+            return self._schedule_in(conn, order or self.order)
 
     def queue_status(self, job: str, *, renew_s: float | None = None) -> dict[str, Any]:
         """The job's queue state, its position among waiting jobs and, once placed, its allocation id.
@@ -461,7 +485,7 @@ class Ledger:
     def queue(self) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
-        return [{"job": r.job, "owner": r.owner, "submitted_at": r.submitted_at,
+        return [{"job": r.job, "owner": r.owner, "submitted_at": r.submitted_at, "predicted_s": r.predicted_s,
                  "requests": json.loads(r.requests)} for r in rows]
 
     def allocation(self, allocation_id: str) -> Allocation:

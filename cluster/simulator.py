@@ -7,12 +7,15 @@ it runs `steps x step_time(layout, slowest GPU of the allocation, its links)`; b
 smallest GPU it got fails.
 
 Policies
-- `has`: MARP plans (ranked by GPU-seconds per step) placed by HAS (`cluster/has.py`); queue in arrival order
-  with backfilling (`queue_order="strict"` for head-of-line blocking).
+- `has`: MARP plans (ranked `balanced` by default, `rank_by`) placed by HAS (`cluster/has.py`); queue in
+  arrival order with backfilling (`queue_order="strict"` for head-of-line blocking, `"shortest"` for MARP's
+  predicted run time, shortest first, with backfilling). `has-sjf` is `has` with `queue_order="shortest"`.
 - `fcfs`: opportunistic scheduling as the Frenzy paper defines it: the user's GPU count, nodes with the highest
   compute first (then most free, then name), first come first served; a job that does not fit now is skipped.
   Memory-unaware, so a job can OOM.
 - `fifo`: the same placement, strict arrival order (a job that does not fit blocks those behind it).
+- `baseline_order="shortest"` orders the fcfs/fifo queue by the trace's run time (an oracle the user does not
+  have): the same-order ablation that separates HAS's placement from its queue order.
 - `ilp`: in the style of Sia: every `round_s` seconds after a change, one MILP over (waiting job x GPU type x
   GPU count) chooses at most one configuration per job to maximise the sum of Sia's goodput utility
   `1 + (1 - g^p) / -p` (p = -0.5, g = the configuration's speed-up over the job's smallest configuration),
@@ -24,9 +27,11 @@ The user's layout (fcfs, fifo): DDP on the GPUs asked for, micro-batch = global 
 accumulation, no TP/PP), as a user who sizes by GPU count runs it (`jobperf.user_layout`).
 
 OOM and resubmission (fcfs, fifo): a job whose layout does not fit holds its GPUs for `oom_after_s` (start-up
-and the first step), fails, and is resubmitted at the back of the queue by a user who now asks for GPUs with
-more memory than the one that failed; if no such GPU can hold the job at that count, the user doubles the count.
-A job nothing can ever hold is counted `unschedulable`.
+and the first step), fails, and is resubmitted at the back of the queue by a user who applies the usual fixes
+in order: halve the micro-batch (gradient accumulation keeps the global batch) down to 1; then ask for GPUs
+with more memory than the one that failed; if no such GPU can hold the job at that count, double the count.
+(With `user_lowers_micro_batch=False` the first fix is skipped, the behaviour before 2026-11-22.) A job nothing
+can ever hold is counted `unschedulable`.
 
 Decision latency is timed with `time.perf_counter` around the decision function only: one HAS `decide` (or
 fcfs placement) per job tried, one MILP build+solve per `ilp` round.
@@ -34,6 +39,7 @@ fcfs placement) per job tried, one MILP build+solve per `ilp` round.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -62,6 +68,8 @@ class SimConfig:
     ilp_time_limit_s: float = 30.0
     max_plans: int | None = None
     rank_by: RankBy = "balanced"
+    user_lowers_micro_batch: bool = True
+    baseline_order: Literal["arrival", "shortest"] = "arrival"
 
 
 @dataclass
@@ -80,6 +88,8 @@ class SimJob:
     layout: str = ""
     ooms: int = 0
     unschedulable: str = ""
+    user_mb: int | None = None
+    """The micro-batch the user lowered to after OOMs (fcfs/fifo); None = global batch / GPUs."""
 
 
 @dataclass
@@ -155,7 +165,7 @@ class _Perf:
         intra = min(i.link_gbs for i in infos)
         inter = min(self.inter[n] for n, _ in nodes)
         if layout is None:  # the user's own layout on the count they asked for
-            layout = user_layout(job.key, sum(c for _, c in nodes))
+            layout = user_layout(job.key, sum(c for _, c in nodes), job.user_mb)
         if not fits(job.key, small, layout):
             return 0.0, None, slow
         return job.steps * step_time(job.key, slow, layout, intra, inter, per_node), layout, slow
@@ -168,6 +178,9 @@ class Simulator:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.cfg = config or SimConfig()
+        self.name = policy
+        if policy == "has-sjf":
+            policy, self.cfg = "has", dataclasses.replace(self.cfg, queue_order="shortest")
         self.cat = catalog or default_catalog()
         self.perf = _Perf(cluster, self.cat, self.cfg.rank_by)
         self.policy = policy
@@ -226,7 +239,7 @@ class Simulator:
                         self._push(math.floor(now / self.cfg.round_s + 1) * self.cfg.round_s, "round", -1)
                 else:
                     self._schedule(now)
-        return SimResult(self.policy, self.jobs, self.decisions_ms, self.rounds_ms, self.busy, dict(self.perf.total))
+        return SimResult(self.name, self.jobs, self.decisions_ms, self.rounds_ms, self.busy, dict(self.perf.total))
 
     def _start(self, i: int, now: float, nodes: list[tuple[str, int]], layout: Layout | None) -> None:
         job = self.jobs[i]
@@ -247,13 +260,18 @@ class Simulator:
         job = self.jobs[i]
         job.ooms += 1
         failed_mem = min(self.perf.node[n].mem_gib for n, _ in job.nodes)
+        failed_mb = user_layout(job.key, sum(c for _, c in job.nodes), job.user_mb).micro_batch
         job.nodes = []
+        if self.cfg.user_lowers_micro_batch and failed_mb > 1:
+            job.user_mb = failed_mb // 2
+            self._requeue(i)
+            return
         mems = sorted({self.cat.get(t).memory_gib: t for t in self.perf.types}.items())
         n, total = job.num_gpus, sum(self.perf.total.values())
         choice = None
         while n <= total and choice is None:
             for mem, t in mems:  # smallest memory that holds the user's layout at n GPUs (bigger than failed at N)
-                if (n > job.num_gpus or mem > failed_mem) and fits(job.key, t, user_layout(job.key, n)) and \
+                if (n > job.num_gpus or mem > failed_mem) and fits(job.key, t, user_layout(job.key, n, job.user_mb)) and \
                         sum(c for tt, c in self.perf.total.items() if self.cat.get(tt).memory_gib >= mem) >= n:
                     choice = (n, mem)
                     break
@@ -263,6 +281,10 @@ class Simulator:
             job.unschedulable = f"no GPU count up to {total} of any type holds {job.trace.model} with DDP"
             return
         job.num_gpus, job.min_mem = choice
+        self._requeue(i)
+
+    def _requeue(self, i: int) -> None:
+        job = self.jobs[i]
         self._eseq += 1
         job.seq = len(self.jobs) + self._eseq  # back of the queue
         self.queue.append(i)
@@ -304,6 +326,8 @@ class Simulator:
         t0 = time.perf_counter()
         if self.policy == "has" and self.cfg.queue_order == "shortest":
             self.queue.sort(key=lambda k: (self._predicted_s(k), self.jobs[k].seq))
+        elif self.policy != "has" and self.cfg.baseline_order == "shortest":  # the oracle ablation (docstring)
+            self.queue.sort(key=lambda k: (self.jobs[k].trace.duration_s, self.jobs[k].seq))
         strict = self.policy == "fifo" or (self.policy == "has" and self.cfg.queue_order == "strict")
         remaining = []
         blocked = False

@@ -32,9 +32,10 @@ from typing import Literal
 
 TraceFormat = Literal["generic", "philly", "sia"]
 REFERENCE_GPU = "A100-40GB-SXM"
-PolicyName = Literal["has", "fcfs", "fifo", "ilp"]
-POLICIES: tuple[str, ...] = ("has", "fcfs", "fifo", "ilp")
-"""The simulator's policies (cluster/simulator.py); here so the CLI can list them without importing the simulator."""
+PolicyName = Literal["has", "has-sjf", "fcfs", "fifo", "ilp"]
+POLICIES: tuple[str, ...] = ("has", "has-sjf", "fcfs", "fifo", "ilp")
+"""The simulator's policies (cluster/simulator.py); here so the CLI can list them without importing the simulator.
+`has-sjf` is `has` with the queue ordered by predicted run time (`queue_order="shortest"`)."""
 
 SIA_MODELS = {"cifar10": "gpt2-124m", "deepspeech2": "gpt2-350m", "bert": "bert-large", "yolov3": "gpt2-774m",
               "imagenet": "gpt2-1.5b", "ncf": "gpt2-124m"}

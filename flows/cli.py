@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from cluster.catalog import CatalogError, default_catalog
 from cluster.inventory import PRESETS, InventoryError, load_cluster
@@ -16,7 +16,7 @@ from flows.cli_eval import add_commands as add_eval_commands
 from tasks.jobspec import JobSpecError, load_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
-from tasks.planning.plans import InfeasibleJobError
+from tasks.planning.plans import InfeasibleJobError, RankBy
 from tasks.presets import MODEL_PRESETS
 
 EXAMPLE_CLUSTER = "frenzy-testbed"
@@ -317,9 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("job", help="job YAML file")
     sp.add_argument("--cluster", default=EXAMPLE_CLUSTER,
                     help=f"cluster YAML file or preset ({', '.join(PRESETS)}, local); default {EXAMPLE_CLUSTER}")
-    sp.add_argument("--rank-by", choices=["gpu_seconds", "time", "balanced"], default="gpu_seconds",
-                    help="gpu_seconds: GPU-seconds per step (efficiency, default); time: step time; balanced: "
-                         "fastest first among plans within 25%% of the best GPU-seconds")
+    sp.add_argument("--rank-by", choices=list(get_args(RankBy)), default="gpu_seconds",
+                    help="gpu_seconds: GPU-seconds per step (efficiency, default); time: step time; compute: "
+                         "GPU-seconds weighted by each GPU's peak TFLOPS; balanced: fastest first among plans "
+                         "within 25%% of the cheapest compute")
     sp.add_argument("--margin", type=float, default=0.05, help="fraction of GPU memory kept free (default 0.05)")
     sp.add_argument("--top", type=int, default=10, help="show the best N plans (default 10; 0 = all)")
 
@@ -346,8 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace CSV, or newworkload:N[:SEED] for the Frenzy NewWorkload generator")
     sp.add_argument("--format", choices=["generic", "philly", "sia"], help="trace format (default: from the header)")
     sp.add_argument("--policy", action="append", choices=list(POLICIES),
-                    help="policy to run (repeat; default all: has fcfs fifo ilp)")
-    sp.add_argument("--rank-by", choices=["gpu_seconds", "time", "balanced"], default="balanced",
+                    help="policy to run (repeat; default all: has has-sjf fcfs fifo ilp; has-sjf is has with the "
+                         "queue ordered by predicted run time)")
+    sp.add_argument("--rank-by", choices=list(get_args(RankBy)), default="balanced",
                     help="MARP plan ranking for has (default balanced)")
     sp.add_argument("--queue-order", choices=["backfill", "strict", "shortest"], default="backfill",
                     help="has queue: arrival order with backfilling (default), strict head-of-line, or shortest "

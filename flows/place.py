@@ -34,11 +34,17 @@ def requests_for(plans: Sequence[ResourcePlan], precision: str = "bf16-mixed") -
     return requests_from_plans(plans, default_catalog(), precision)[0]
 
 
+def predicted_run_s(plans: Sequence[ResourcePlan], steps: int | None) -> float | None:
+    """The job's predicted run time on its first plan (MARP's step time x steps), for `order="shortest"`."""
+    return steps * plans[0].est_step_time_s if steps and plans else None
+
+
 def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest], *, timeout_s: float = 3600.0,
-                        poll_s: float = 1.0, lease_s: float = DEFAULT_LEASE_S, order: QueueOrder = "backfill",
-                        ) -> Allocation:
-    """Submit `job` and block until HAS places it; progress (queue position, waited time) is logged."""
-    ledger.submit(job, requests, lease_s=lease_s)
+                        poll_s: float = 1.0, lease_s: float = DEFAULT_LEASE_S, order: QueueOrder | None = None,
+                        predicted_s: float | None = None) -> Allocation:
+    """Submit `job` and block until HAS places it; progress (queue position, waited time) is logged.
+    `order` None is the ledger's (`FRENZY_QUEUE_ORDER`, default backfill)."""
+    ledger.submit(job, requests, lease_s=lease_s, predicted_s=predicted_s)
     deadline, last = time.monotonic() + timeout_s, -1.0
     try:
         while True:
@@ -65,10 +71,12 @@ def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest]
 
 @task(name="place", retries=0)
 def place(job: str, plans: list[ResourcePlan], ledger_url: str | None = None, timeout_s: float = 3600.0,
-          lease_s: float = DEFAULT_LEASE_S, precision: str = "bf16-mixed") -> Allocation:
-    """HAS over the live ledger: the job's allocation once one of its plans fits (waits in the queue)."""
+          lease_s: float = DEFAULT_LEASE_S, precision: str = "bf16-mixed", steps: int | None = None,
+          order: QueueOrder | None = None) -> Allocation:
+    """HAS over the live ledger: the job's allocation once one of its plans fits (waits in the queue).
+    `steps` gives the queue the job's predicted run time (used by `order="shortest"`)."""
     return wait_for_allocation(Ledger(ledger_url), job, requests_for(plans, precision), timeout_s=timeout_s,
-                               lease_s=lease_s)
+                               lease_s=lease_s, order=order, predicted_s=predicted_run_s(plans, steps))
 
 
 @task(name="release")
@@ -79,10 +87,12 @@ def release(allocation_id: str, ledger_url: str | None = None) -> int:
 
 @contextmanager
 def placed(job: str, plans: Sequence[ResourcePlan], *, ledger_url: str | None = None, timeout_s: float = 3600.0,
-           lease_s: float = DEFAULT_LEASE_S, precision: str = "bf16-mixed") -> Iterator[Allocation]:
+           lease_s: float = DEFAULT_LEASE_S, precision: str = "bf16-mixed", steps: int | None = None,
+           order: QueueOrder | None = None) -> Iterator[Allocation]:
     """Allocate (waiting), keep the lease alive while the body runs, release on every exit path."""
     ledger = Ledger(ledger_url)
-    alloc = wait_for_allocation(ledger, job, requests_for(plans, precision), timeout_s=timeout_s, lease_s=lease_s)
+    alloc = wait_for_allocation(ledger, job, requests_for(plans, precision), timeout_s=timeout_s, lease_s=lease_s,
+                                order=order, predicted_s=predicted_run_s(plans, steps))
     keeper = LeaseKeeper(ledger, alloc.id, lease_s)
     try:
         with keeper:

@@ -12,6 +12,7 @@ from cluster.inventory import load_cluster
 from cluster.report import markdown_table, summary_rows
 from cluster.simulator import SimConfig, lower_bounds, simulate
 from cluster.traces import REFERENCE_GPU, load_trace, new_workload, parse_newworkload
+from tasks.planning.plans import RankBy
 
 
 class SimulateRequest(BaseModel):
@@ -25,12 +26,12 @@ class SimulateRequest(BaseModel):
     """Trace CSV path on the worker, or newworkload:N[:SEED]."""
     format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
     """Trace format; None guesses from the header."""
-    policies: list[Literal["has", "fcfs", "fifo", "ilp"]] = Field(["has", "fcfs", "fifo", "ilp"],
-                                                                   json_schema_extra={"position": 3})
-    """Policies to compare."""
+    policies: list[Literal["has", "has-sjf", "fcfs", "fifo", "ilp"]] = Field(
+        ["has", "has-sjf", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
+    """Policies to compare (has-sjf: has with the queue ordered by predicted run time)."""
     queue_order: Literal["backfill", "strict", "shortest"] = "backfill"
     """HAS queue order."""
-    rank_by: Literal["gpu_seconds", "time", "balanced"] = "balanced"
+    rank_by: RankBy = "balanced"
     """MARP plan ranking used by HAS."""
     reference_gpu: str = REFERENCE_GPU
     """GPU type the trace durations refer to."""

@@ -21,7 +21,7 @@ def test_plan_task_is_pure_logic_without_a_server():
 
 def test_plan_form_schema_has_typed_fields():
     schema = PlanRequest.model_json_schema()
-    assert schema["properties"]["rank_by"]["enum"] == ["gpu_seconds", "time", "balanced"]
+    assert schema["properties"]["rank_by"]["enum"] == ["gpu_seconds", "time", "balanced", "compute"]
     assert "description" in schema["properties"]["cluster"]
 
 

@@ -204,3 +204,42 @@ def test_a_fresh_ledger_opened_by_several_processes_at_once(backend, request, tm
         assert p.exitcode == 0
     assert None not in got and len({tuple(g) for g in got}) == 4  # four distinct GPUs
     assert len(Ledger(u).allocations()) == 4
+
+
+def test_shortest_order_places_the_shortest_predicted_job_first(url, monkeypatch):
+    led = Ledger(url)
+    a = led.allocate("hog", [GpuRequest(10, 10)])
+    led.submit("long", [GpuRequest(4, 10)], predicted_s=3600)
+    led.submit("unknown", [GpuRequest(4, 10)])  # no prediction: last
+    led.submit("short", [GpuRequest(4, 10)], predicted_s=60)
+    led.submit("mid", [GpuRequest(4, 10)], predicted_s=600)
+    assert [q["predicted_s"] for q in led.queue()] == [3600, None, 60, 600]
+    placed = led.release(a.id, order="shortest")  # 10 GPUs free: two 4-GPU jobs fit (n0, n1)
+    assert [p.job for p in placed] == ["short", "mid"]
+    monkeypatch.setenv("FRENZY_QUEUE_ORDER", "shortest")
+    led2 = Ledger(url)
+    assert led2.order == "shortest"
+    led2.release(placed[0].id)  # the ledger's own order
+    assert led2.queue_status("long")["state"] == "placed" and led2.queue_status("unknown")["state"] == "waiting"
+    monkeypatch.setenv("FRENZY_QUEUE_ORDER", "sjf")
+    with pytest.raises(LedgerError, match="backfill, strict, shortest"):
+        Ledger(url)
+
+
+def test_a_ledger_from_before_predicted_s_is_migrated(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE queue (seq INTEGER PRIMARY KEY, job VARCHAR(255) NOT NULL UNIQUE, owner VARCHAR(255) "
+                "NOT NULL, requests TEXT NOT NULL, submitted_at FLOAT NOT NULL, lease_s FLOAT NOT NULL, "
+                "lease_expiry FLOAT NOT NULL, state VARCHAR(16) NOT NULL, allocation_id VARCHAR(32))")
+    con.execute("INSERT INTO queue (job, owner, requests, submitted_at, lease_s, lease_expiry, state) "
+                "VALUES ('old', 'me', '[]', 0, 1e12, 1e12, 'waiting')")
+    con.commit()
+    con.close()
+    led = Ledger(str(path))
+    led.sync(SMALL)
+    assert [(q["job"], q["predicted_s"]) for q in led.queue()] == [("old", None)]
+    led.submit("new", [GpuRequest(1, 10)], predicted_s=5.0)
+    assert [q["predicted_s"] for q in led.queue()] == [None, 5.0]

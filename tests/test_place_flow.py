@@ -29,8 +29,12 @@ def test_placed_waits_in_the_queue_and_releases_on_error(tmp_path):
     threading.Timer(1.0, lambda: led.release(blocker.id)).start()
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="boom"):
-        with placed("job", plans(), ledger_url=url, timeout_s=30, lease_s=5) as alloc:
+        with placed("job", plans(), ledger_url=url, timeout_s=30, lease_s=5, steps=1000, order="shortest") as alloc:
             assert time.monotonic() - t0 >= 0.9  # it waited for the blocker
+            assert led.queue() == []  # placed, no longer waiting
+            with led.engine.connect() as conn:  # the queue entry carries MARP's predicted run time
+                got = conn.exec_driver_sql("SELECT predicted_s FROM queue WHERE job = 'job'").scalar()
+            assert got == pytest.approx(1000 * plans()[0].est_step_time_s)
             assert alloc.gpus == 2 and [a.job for a in led.allocations()] == ["job"]
             raise RuntimeError("boom")
     assert led.allocations() == []  # released on the exception path

@@ -52,3 +52,29 @@ def test_infeasible_job_names_memory_largest_gpu_and_fix():
     mid = Cluster(name="mid", nodes=[Node(name="n0", gpu="A100-40GB-SXM", count=8)])
     with pytest.raises(InfeasibleJobError, match="recompute: full|zero_stage: 3"):
         plan_resources(job("gpt2-7b", seq_len=8192, global_batch=1, micro_batch=1, attention="math"), mid)
+
+
+def test_compute_ranking_weights_gpu_seconds_by_peak_and_balanced_uses_it():
+    cat = default_catalog()
+    phoebe = load_cluster("phoebe")
+    j = job("gpt2-350m", global_batch=64, precision="fp16-mixed")
+    by_compute = plan_resources(j, phoebe, rank_by="compute")
+    for p in by_compute:
+        want = p.gpus * p.est_step_time_s * cat.get(p.gpu_type).tflops("fp16-mixed") / 1000
+        assert p.compute_pflop_per_step == pytest.approx(want)
+    costs = [round(p.compute_pflop_per_step, 9) for p in by_compute]  # the ranking key's rounding
+    assert costs == sorted(costs)
+    # GPU-seconds treat a 2080Ti second like an A100 second, so the A100 looks ~6x cheaper; compute cost does not
+    by_gpus = plan_resources(j, phoebe)
+    assert by_gpus[0].gpu_type == "A100-40GB-SXM"
+    assert {p.gpu_type for p in by_compute[:5]} != {"A100-40GB-SXM"}
+    bal = plan_resources(j, phoebe, rank_by="balanced")
+    cheap = min(p.compute_pflop_per_step for p in bal) * 1.25
+    head = [p for p in bal if p.compute_pflop_per_step <= cheap]
+    assert bal[: len(head)] == head  # the efficient ones come first ...
+    times = [round(p.est_step_time_s, 9) for p in head]
+    assert times == sorted(times)  # ... fastest first
+    # on one GPU speed, compute orders like GPU-seconds
+    one = Cluster(name="one", nodes=[Node(name="n0", gpu="A100-80GB-PCIE", count=8)])
+    assert [p.layout for p in plan_resources(j, one, rank_by="compute")] == \
+        [p.layout for p in plan_resources(j, one)]

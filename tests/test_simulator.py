@@ -95,3 +95,27 @@ def test_shortest_queue_order_and_config_are_honoured():
     a = simulate(c, jobs, "has", SimConfig(queue_order="shortest")).summary()
     b = simulate(c, jobs, "has", SimConfig(queue_order="backfill")).summary()
     assert a["completed"] == b["completed"] == 20 and a["avg_jct_s"] != b["avg_jct_s"]
+    sjf = simulate(c, jobs, "has-sjf")  # the named policy is has with the shortest order
+    assert sjf.policy == "has-sjf" and sjf.summary()["avg_jct_s"] == a["avg_jct_s"]
+
+
+def test_an_oom_user_first_halves_the_micro_batch_then_asks_for_more_memory():
+    # gpt2-1.5b with a 32-sequence micro-batch does not fit an 80 GB GPU; at micro-batch 4 it does
+    c = Cluster(name="t", nodes=[Node(name="big", gpu="A100-80GB-PCIE", count=2)])
+    jobs = [TraceJob("b", 0, 600, 1, "gpt2-1.5b", 32)]
+    res = simulate(c, jobs, "fcfs")
+    j = res.jobs[0]
+    assert j.finish is not None and j.ooms >= 1 and j.user_mb is not None and j.user_mb < 32
+    assert j.layout.endswith(f"mb={j.user_mb}") and j.num_gpus == 1  # fixed by accumulation, not by more GPUs
+    old = simulate(c, jobs, "fcfs", SimConfig(user_lowers_micro_batch=False)).jobs[0]
+    assert old.user_mb is None and (old.finish is None or old.num_gpus > 1)
+
+
+def test_baseline_shortest_order_is_an_oracle_on_trace_durations():
+    c = Cluster(name="t", nodes=[Node(name="n", gpu="A100-80GB-PCIE", count=1)])
+    jobs = [TraceJob("long", 0, 1000, 1, "gpt2-124m", 16), TraceJob("short", 0, 10, 1, "gpt2-124m", 16),
+            TraceJob("mid", 0, 100, 1, "gpt2-124m", 16)]
+    arrival = {j.trace.name: j.start for j in simulate(c, jobs, "fcfs").jobs}
+    sjf = {j.trace.name: j.start for j in simulate(c, jobs, "fcfs", SimConfig(baseline_order="shortest")).jobs}
+    assert arrival["long"] == 0 < arrival["short"] < arrival["mid"]
+    assert sjf["short"] == 0 < sjf["mid"] < sjf["long"]

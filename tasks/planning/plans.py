@@ -1,11 +1,15 @@
 """MARP's plans: for each GPU type of a cluster, the parallel layouts that fit, ranked by estimated efficiency.
 
 Ranking (`rank_by`): `gpu_seconds` (default) orders by GPU-seconds per optimizer step, i.e. per-GPU
-efficiency, so the cluster gets the most work per GPU; `time` orders by the step time alone; `balanced` puts
-first, fastest first, the plans that spend at most `BALANCED_SLACK` (25%) more GPU-seconds per step than the
-job's most efficient plan, then the others by GPU-seconds. `balanced` suits HAS, which takes the first plan the
-free GPUs can hold: an idle cluster gives a job its fastest efficient plan, a busy one a smaller plan. Ties go to
-fewer GPUs, a smaller tensor-parallel degree, then the smallest GPU that fits.
+efficiency, so the cluster gets the most work per GPU; `time` orders by the step time alone; `compute` orders by
+compute cost per step: GPU-seconds weighted by each GPU's dense peak for the job's precision (peak PFLOP per
+step), the share of a heterogeneous cluster's capacity the plan uses. A GPU-second of an RTX 2080Ti is then
+worth a sixth of an A100's, so a job that scales well on slow GPUs is not pushed onto the fast ones.
+`balanced` puts first, fastest first, the plans whose compute cost is at most `BALANCED_SLACK` (25%) above the
+job's cheapest plan, then the others by compute cost. `balanced` suits HAS, which takes the first plan the free
+GPUs can hold: an idle cluster gives a job its fastest efficient plan, a busy one a cheaper plan, on whichever
+type is free. On a cluster whose types have one speed, `compute` orders like `gpu_seconds`. Ties go to fewer
+GPUs, a smaller tensor-parallel degree, then the smallest GPU that fits.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from tasks.jobspec import JobSpec
 from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
 from tasks.planning.memory import GiB, predict_peak_memory
 
-RankBy = Literal["gpu_seconds", "time", "balanced"]
+RankBy = Literal["gpu_seconds", "time", "balanced", "compute"]
 BALANCED_SLACK = 0.25
 MFU = 0.45  # achievable fraction of dense peak for a well-tuned transformer step (Megatron/torchtitan 35-55%)
 
@@ -46,6 +50,8 @@ class ResourcePlan(BaseModel):
     est_step_time_s: float
     """Estimated optimizer-step time."""
     gpu_seconds_per_step: float
+    compute_pflop_per_step: float = 0.0
+    """Compute cost: GPUs x step time x the GPU's dense peak TFLOPS for the job's precision / 1000."""
     tokens_per_s: float
 
 
@@ -136,6 +142,7 @@ def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_sec
                 layout=lay, predicted_device_gib=round(est.device_bytes / GiB, 2),
                 predicted_allocated_gib=round(est.allocated_bytes / GiB, 2), est_step_time_s=step,
                 gpu_seconds_per_step=step * lay.gpus,
+                compute_pflop_per_step=step * lay.gpus * g.tflops(job.training.precision) / 1000,
                 tokens_per_s=job.training.global_batch * job.training.seq_len / step,
             )
             key = (lay.dp, lay.tp, lay.pp)  # keep the fastest micro-batch of each degree triple
@@ -146,14 +153,15 @@ def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_sec
         raise InfeasibleJobError(infeasible_message(job, cluster, cat, margin))
     mem = {g.name: g.memory_gib for g in types}
     # ties: fewer GPUs, smaller tp, then the smallest GPU that fits (best fit leaves big GPUs for big jobs)
-    floor = min(p.gpu_seconds_per_step for p in plans) * (1 + BALANCED_SLACK)
+    floor = min(p.compute_pflop_per_step for p in plans) * (1 + BALANCED_SLACK)
 
     def key(p: ResourcePlan) -> tuple[float, ...]:
         if rank_by == "balanced":
-            efficient = p.gpu_seconds_per_step <= floor
-            primary = (0.0, p.est_step_time_s) if efficient else (1.0, p.gpu_seconds_per_step)
+            efficient = p.compute_pflop_per_step <= floor
+            primary = (0.0, p.est_step_time_s) if efficient else (1.0, p.compute_pflop_per_step)
         else:
-            primary = (0.0, p.gpu_seconds_per_step if rank_by == "gpu_seconds" else p.est_step_time_s)
+            primary = (0.0, {"gpu_seconds": p.gpu_seconds_per_step, "time": p.est_step_time_s,
+                             "compute": p.compute_pflop_per_step}[rank_by])
         return (primary[0], round(primary[1], 9), p.gpus, p.layout.tp, mem[p.gpu_type])
 
     plans.sort(key=lambda p: (*key(p), p.gpu_type))
