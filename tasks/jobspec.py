@@ -148,8 +148,10 @@ class TrainingSpec(_Strict):
     """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP) over data-parallel ranks."""
     distributed_optimizer: bool = False
     """Megatron-style distributed optimizer (shards fp32 master weights and moments; same memory as ZeRO-1)."""
-    recompute: Literal["none", "selective", "full"] = "none"
-    """Activation recomputation: `selective` recomputes the attention core, `full` whole blocks."""
+    recompute: Literal["none", "selective", "full", "op"] = "none"
+    """Activation recomputation: `selective` recomputes the attention core, `full` whole blocks, `op` keeps the
+    outputs of every other matmul and of the attention kernel and recomputes the rest (torchtitan's per-op
+    selective checkpointing)."""
     attention: Literal["flash", "math"] = "flash"
     """`flash`: fused attention that never stores the s x s score matrix; `math`: materialised softmax."""
     steps: int = Field(1000, ge=1)

@@ -78,6 +78,15 @@ def test_gqa_flash_recompute_move_activations_the_right_way():
     none, sel, full = (acts(job(attention="math", recompute=r)) for r in ("none", "selective", "full"))
     assert full < sel < none
     assert acts(job(attention="flash", recompute="selective")) == acts(job(attention="flash"))
+    # per-op checkpointing keeps half the matmul outputs: between full and none, with flash and math
+    for attn in ("flash", "math"):
+        full, op, none = (acts(job(attention=attn, recompute=r)) for r in ("full", "op", "none"))
+        assert full < op < none
+    # Megatron's fused q/k/v buffer outlives the RoPE'd q and k (distributed optimizer = Megatron conventions)
+    llama = {"preset": "llama2-7b", "layers": 4}
+    meg = predict_peak_memory(job(llama, distributed_optimizer=True), Layout(dp=2, micro_batch=2))
+    zero1 = predict_peak_memory(job(llama, zero_stage=1), Layout(dp=2, micro_batch=2))
+    assert meg.phases["backward_start"] > zero1.phases["backward_start"]
     swiglu = {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "vocab": 256}
     assert acts(job(dict(swiglu, mlp="swiglu"))) > acts(job(dict(swiglu, mlp="gelu")))
 
@@ -91,9 +100,11 @@ def test_device_total_uses_gpu_calibration():
 
 def test_matches_pytorch_memtracker_on_a_small_model():
     # ground truth: our GPT traced on fake tensors under torch's MemTracker (a few seconds on CPU)
+    small_llama = {"preset": "llama2-7b", "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 2, "ffn_hidden": 1408,
+                   "vocab": 1024}
     for model, train in (({"preset": "gpt2-124m", "layers": 4, "vocab": 256}, {}),
-                         ({"preset": "llama2-7b", "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 2,
-                           "ffn_hidden": 1408, "vocab": 1024}, {"attention": "math"})):
+                         (small_llama, {"attention": "math"}), (small_llama, {"recompute": "op"}),
+                         ({"preset": "gpt2-124m", "layers": 4, "vocab": 256}, {"recompute": "op"})):
         j = job(model, seq_len=512, global_batch=4, **train)
         truth = tracked_peak(j, 4)["Total"]
         pred = predict_peak_memory(j, Layout(micro_batch=4)).allocated_bytes

@@ -78,3 +78,15 @@ def test_compute_ranking_weights_gpu_seconds_by_peak_and_balanced_uses_it():
     one = Cluster(name="one", nodes=[Node(name="n0", gpu="A100-80GB-PCIE", count=8)])
     assert [p.layout for p in plan_resources(j, one, rank_by="compute")] == \
         [p.layout for p in plan_resources(j, one)]
+
+
+def test_recompute_costs_time_in_the_step_estimate():
+    from tasks.planning.layout import Layout
+    from tasks.planning.plans import estimate_step_time
+
+    g = default_catalog().get("A100-80GB-SXM")
+    t = {r: estimate_step_time(job("llama2-7b", recompute=r), Layout(dp=8), g, 300, 25, 8)
+         for r in ("none", "op", "full")}
+    assert t["none"] < t["op"] < t["full"]
+    # op redoes k, proj and fc3: about a third of the block's matmul FLOPs forward, ~12% of the step
+    assert 1.08 < t["op"] / t["none"] < 1.16

@@ -136,3 +136,43 @@ def test_text_corpus_directory_is_cached_until_a_file_changes(tmp_path, monkeypa
     assert bytes(load_corpus(DataSpec(source="text", path=str(d)))) == b"hello\nthere!"
     with pytest.raises(DataError, match="does not exist"):
         load_corpus(DataSpec(source="text", path=str(tmp_path / "missing")))
+
+
+@pytest.mark.parametrize("attention", ["flash", "math"])
+def test_op_recompute_gives_the_same_gradients_and_recomputes_every_other_matmul(attention, monkeypatch):
+    from tasks.jobspec import ModelSpec
+    from tasks.training import model as model_mod
+    from tasks.training.model import GPT
+
+    spec = ModelSpec.model_validate({"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 97,
+                                     "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False})
+    torch.manual_seed(0)
+    ref = GPT(spec, 32, attention=attention)
+    op = GPT(spec, 32, attention=attention, recompute="op")
+    op.load_state_dict(ref.state_dict())
+    x, y = torch.randint(0, 97, (2, 32)), torch.randint(0, 97, (2, 32))
+    decisions = []
+    real = model_mod._op_checkpoint_context
+
+    def spy():  # record what the policy decides for each matmul, forward and recompute
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        fwd_ctx, rec_ctx = real()
+        policy = fwd_ctx.policy_fn
+
+        def logged(ctx, func, *args, **kwargs):
+            out = policy(ctx, func, *args, **kwargs)
+            if func in model_mod._MATMULS:
+                decisions.append((ctx.is_recompute, out == CheckpointPolicy.MUST_SAVE))
+            return out
+        return create_selective_checkpoint_contexts(logged)
+
+    monkeypatch.setattr(model_mod, "_op_checkpoint_context", spy)
+    loss_ref, loss_op = ref(x, y), op(x, y)
+    loss_ref.backward()
+    loss_op.backward()
+    assert torch.equal(loss_ref, loss_op)
+    for (name, a), b in zip(ref.named_parameters(), op.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name
+    fwd = [keep for rec, keep in decisions if not rec]
+    assert fwd == [True, False, True, False, True, False, True] * 2  # q k v proj fc1 fc3 fc2, per block

@@ -55,6 +55,7 @@ class _Conv(BaseModel):
     residual: int  # bytes of the residual stream element
     compute: int  # bytes of the compute (matmul) dtype
     autocast_copies: bool  # half-precision weight copies made by autocast and saved for backward
+    fused_qkv: bool = False  # Megatron: one fused q/k/v projection whose output v (a view) keeps alive
 
 
 def conventions(job: JobSpec) -> _Conv:
@@ -74,7 +75,7 @@ def conventions(job: JobSpec) -> _Conv:
     if t.zero_stage in (1, 2) or t.distributed_optimizer:
         # Megatron / DeepSpeed: half-precision model weights, fp32 grads, fp32 master + moments (fused Adam)
         return _Conv(param=2, grad=4, master=4, state=4 * moments, temp=0, residual=2, compute=2,
-                     autocast_copies=False)
+                     autocast_copies=False, fused_qkv=t.distributed_optimizer)
     # PyTorch AMP: fp32 params are the master copy; autocast makes bf16 weight copies
     return _Conv(param=4, grad=4, master=0, state=4 * moments, temp=4 if moments == 2 else 0,
                  residual=4, compute=2, autocast_copies=True)
@@ -90,15 +91,28 @@ def layer_activation_bytes(job: JobSpec, layout: Layout, tokens: int) -> tuple[f
     tp = layout.tp
     rep = tp if layout.sequence_parallel else 1  # divisor of the replicated (norm/residual) part
     norm_stats = 8 if m.norm == "layernorm" else 4
-    if t.recompute == "full":
-        saved = r * h / rep
-        full = job.model_copy(update={"training": t.model_copy(update={"recompute": "none"})})
-        # backward re-materialises one block: its activations plus that block's own backward working set
-        return saved * tokens, sum(layer_activation_bytes(full, layout, tokens))
+    if t.recompute in ("full", "op"):
+        saved = r * h / rep  # the block's input, kept by the checkpoint
+        if t.recompute == "op":
+            # torchtitan's per-op policy: the outputs of every other matmul (q, v, fc1 and, with SwiGLU, fc2;
+            # k, proj and fc3 are recomputed) and of the attention kernel are kept, everything else is
+            # recomputed. fc2's output before the TP reduction is a full-width partial sum on every rank.
+            saved += c * (h + h * kvr + f) / tp + (c * h if m.mlp == "swiglu" else 0)
+            if t.attention == "flash":
+                saved += (c * h + 4 * a) / tp  # output + fp32 logsumexp
+        none = job.model_copy(update={"training": t.model_copy(update={"recompute": "none"})})
+        # backward re-materialises one block: its activations (less what the checkpoint kept, which the
+        # recomputation reuses) plus that block's own backward working set
+        kept = (saved - r * h / rep) * tokens
+        return saved * tokens, sum(layer_activation_bytes(none, layout, tokens)) - kept
     repl = 2 * (r * h + norm_stats) + 2 * c * h  # two norm inputs + inputs of qkv and fc1
     # q, k, v (separate projections; with RoPE the rotated q and k take the place of the projections' outputs,
     # which nothing else keeps alive)
     shard = c * h * (1 + 2 * kvr)
+    if cv.fused_qkv:
+        # Megatron-Core's linear_qkv writes q, k and v into one buffer and splits it into views; RoPE makes new
+        # q and k, and the attention kernel saves v, a view, so the whole buffer (its q and k parts too) lives on
+        shard += c * h * (1 + kvr)
     if t.attention == "flash":
         shard += c * h + 4 * a  # output (also proj's input: same storage) + fp32 logsumexp
     else:

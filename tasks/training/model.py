@@ -94,6 +94,31 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
 
 
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+_ATTENTION_KERNELS = tuple(getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(torch.ops.aten, name))
+
+
+def _op_checkpoint_context() -> tuple[object, object]:
+    """Per-op selective checkpointing of one block (`recompute: op`): keep the outputs of every other matmul and
+    of the attention kernel, recompute everything else (the policy torchtitan ships as `selective_ac_option=op`)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    count = {False: 0, True: 0}  # matmuls seen in the forward and in the recomputation
+
+    def policy(ctx: object, func: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+        if func in _MATMULS:
+            count[ctx.is_recompute] += 1  # type: ignore[attr-defined]
+            keep = count[ctx.is_recompute] % 2 == 1  # type: ignore[attr-defined]
+        else:
+            keep = func in _ATTENTION_KERNELS
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, attention: str, recompute: str = "none") -> None:
         super().__init__()
@@ -192,6 +217,9 @@ class GPT(nn.Module):
         for block in self.blocks:
             if self.recompute == "full" and self.training:
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
+            elif self.recompute == "op" and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False,
+                                                      context_fn=_op_checkpoint_context)
             else:
                 x = block(x, rope)
         return x
