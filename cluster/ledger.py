@@ -57,7 +57,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide
@@ -171,6 +171,11 @@ def _req_from(d: dict[str, Any]) -> GpuRequest:
     return GpuRequest(d["gpus"], d["min_mem_gib"], d.get("unit", 1), frozenset(types) if types is not None else None)
 
 
+def _shortest_key(q: Any) -> tuple[bool, float, int]:
+    """Queue order `shortest`: predicted run time, then arrival; entries without a prediction last."""
+    return (q.predicted_s is None, q.predicted_s or 0.0, q.seq)
+
+
 class Ledger:
     """A durable cluster ledger. Safe to use from several processes and hosts at once."""
 
@@ -227,7 +232,7 @@ class Ledger:
                     if conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1)).first() is None:
                         conn.execute(insert(lock_t).values(id=1))
                 return
-            except (IntegrityError, ProgrammingError):
+            except (IntegrityError, OperationalError, ProgrammingError):  # a racing CREATE/ALTER
                 if attempt == 4:
                     raise
                 time.sleep(0.1 * (attempt + 1))
@@ -449,7 +454,7 @@ class Ledger:
         if not waiting:
             return []
         if order == "shortest":
-            waiting = sorted(waiting, key=lambda q: (q.predicted_s is None, q.predicted_s or 0.0, q.seq))
+            waiting = sorted(waiting, key=_shortest_key)
         pool, free_idx, types = self._pool(conn)
         placed = []
         for q in waiting:
@@ -469,17 +474,19 @@ class Ledger:
             return self._schedule_in(conn, order or self.order)
 
     def queue_status(self, job: str, *, renew_s: float | None = None) -> dict[str, Any]:
-        """The job's queue state, its position among waiting jobs and, once placed, its allocation id.
-        `renew_s` extends the entry's lease (the waiter's heartbeat)."""
+        """The job's queue state, its position among waiting jobs in the ledger's order and, once placed, its
+        allocation id. `renew_s` extends the entry's lease (the waiter's heartbeat)."""
         with self._tx() as conn:
             row = conn.execute(select(queue_t).where(queue_t.c.job == job)).first()
             if row is None:
                 raise LedgerError(f"job {job} is not in the queue; submit it first")
             if renew_s and row.state == "waiting":
                 conn.execute(update(queue_t).where(queue_t.c.job == job).values(lease_expiry=time.time() + renew_s))
-            ahead = conn.execute(select(queue_t.c.seq).where(queue_t.c.state == "waiting",
-                                                             queue_t.c.seq < row.seq)).all()
-        return {"job": job, "state": row.state, "position": len(ahead) + 1 if row.state == "waiting" else 0,
+            waiting = conn.execute(select(queue_t.c.seq, queue_t.c.predicted_s)
+                                   .where(queue_t.c.state == "waiting")).all()
+        key = _shortest_key if self.order == "shortest" else (lambda q: q.seq)
+        ahead = sum(1 for q in waiting if key(q) < key(row))
+        return {"job": job, "state": row.state, "position": ahead + 1 if row.state == "waiting" else 0,
                 "waited_s": time.time() - row.submitted_at, "allocation_id": row.allocation_id}
 
     def queue(self) -> list[dict[str, Any]]:

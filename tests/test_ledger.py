@@ -216,9 +216,13 @@ def test_shortest_order_places_the_shortest_predicted_job_first(url, monkeypatch
     assert [q["predicted_s"] for q in led.queue()] == [3600, None, 60, 600]
     placed = led.release(a.id, order="shortest")  # 10 GPUs free: two 4-GPU jobs fit (n0, n1)
     assert [p.job for p in placed] == ["short", "mid"]
+    led.submit("quick", [GpuRequest(8, 10)], predicted_s=5)  # waiting now: long, unknown, quick
+    assert led.queue_status("quick")["position"] == 3  # the ledger's order is arrival (backfill)
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "shortest")
     led2 = Ledger(url)
-    assert led2.order == "shortest"
+    assert led2.order == "shortest" and led2.queue_status("quick")["position"] == 1
+    assert led2.queue_status("unknown")["position"] == 3  # no prediction: last
+    led2.cancel("quick")
     led2.release(placed[0].id)  # the ledger's own order
     assert led2.queue_status("long")["state"] == "placed" and led2.queue_status("unknown")["state"] == "waiting"
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "sjf")
