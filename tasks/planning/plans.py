@@ -74,8 +74,8 @@ def estimate_step_time(job: JobSpec, layout: Layout, gpu: GPUType, intra_gbs: fl
     flops = 6 * dense * tokens + 12 * m.layers * m.hidden * t.seq_len * tokens / 2  # causal attention
     if t.recompute == "full":
         flops *= 4 / 3
-    elif t.recompute == "op":  # the forward of every other matmul again (k, proj, and fc3 or fc2): a third of its
-        h, f, kv = m.hidden, m.ffn, m.n_kv_heads / m.heads  # share of the 6 x params x tokens
+    elif t.recompute == "op":  # the recomputed matmuls (k, proj, and fc3 or fc2) run their forward again:
+        h, f, kv = m.hidden, m.ffn, m.n_kv_heads / m.heads  # 2 x their params x tokens more
         mats = [h * h, h * h * kv, h * h * kv, h * h] + ([h * f, h * f, h * f] if m.mlp == "swiglu" else [h * f, h * f])
         redo = sum(mats[1::2]) / sum(mats)
         flops += 2 * pc.layers * pc.per_layer_linear * tokens * redo
