@@ -336,6 +336,14 @@ class Ledger:
                         "jobs": sorted({h.job for h in mine})})
         return out
 
+    def could_ever_fit(self, requests: Sequence[GpuRequest]) -> bool:
+        """Whether any request fits the ledger's nodes when every GPU is free (cordoned nodes included): False
+        means waiting in the queue can never succeed."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(nodes_t)).all()
+        infos = [NodeInfo(r.name, r.gpu_type, r.mem_gib, r.link_gbs, r.gpu_count) for r in rows]
+        return decide(FreePool(infos, {r.name: r.gpu_count for r in rows}), requests) is not None
+
     # -- allocation ----------------------------------------------------------------------------------------
     def _pool(self, conn: Connection) -> tuple[FreePool, dict[str, list[int]], dict[str, str]]:
         rows = conn.execute(select(nodes_t).where(nodes_t.c.state == "up")).all()

@@ -13,6 +13,7 @@ from cluster.catalog import CatalogError, default_catalog
 from cluster.inventory import PRESETS, InventoryError, load_cluster
 from cluster.traces import POLICIES, REFERENCE_GPU
 from flows.cli_eval import add_commands as add_eval_commands
+from flows.cli_submit import add_commands as add_submit_commands
 from tasks.jobspec import JobSpecError, load_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
@@ -143,36 +144,24 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from cluster.simulator import SimConfig, lower_bounds, simulate
-    from cluster.traces import load_trace, new_workload, parse_newworkload
+    from cluster.compare import compare_policies
+    from cluster.simulator import SimConfig
 
-    cluster = load_cluster(args.cluster)
-    if args.trace.startswith("newworkload:"):
-        n, seed = parse_newworkload(args.trace)
-        trace = new_workload(n, seed=seed, reference_gpu=args.reference_gpu)
-    else:
-        extra = {"max_jobs": args.max_jobs} if (args.format == "philly") else {}
-        trace = load_trace(args.trace, args.format, **extra)
     cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order)
-    policies = args.policy or list(POLICIES)
-    results = {}
-    for pol in policies:
-        print(f"simulating {pol} on {len(trace)} jobs ...", file=sys.stderr, flush=True)
-        results[pol] = simulate(cluster, trace, pol, cfg)
-    doc = {"cluster": cluster.name, "trace": args.trace, "jobs": len(trace),
-           "policies": {p: r.summary() for p, r in results.items()},
-           "lower_bounds": lower_bounds(cluster, trace, cfg)}
+    doc, results = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
+                                    max_jobs=args.max_jobs, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    cluster_name, n_jobs = doc["cluster"], doc["jobs"]
     if args.plot:
         from cluster.report import plot_jct_cdf
 
-        plot_jct_cdf(results, args.plot, title=f"{args.trace} on {cluster.name}")
+        plot_jct_cdf(results, args.plot, title=f"{args.trace} on {cluster_name}")
         doc["plot"] = args.plot
 
     def human() -> str:
         from cluster.report import summary_rows
 
         lb = doc["lower_bounds"]
-        return (f"{len(trace)} jobs on {cluster.name}; lower bounds: avg JCT {lb['avg_jct_s']:.0f} s, "
+        return (f"{n_jobs} jobs on {cluster_name}; lower bounds: avg JCT {lb['avg_jct_s']:.0f} s, "
                 f"makespan {lb['makespan_s']:.0f} s\n" + table(summary_rows(doc["policies"])))
 
     _emit(args, doc, human)
@@ -183,6 +172,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tasks.training.launch import TrainFailed, launch
+    from tasks.training.progress import describe
 
     job = load_job(args.job)
     if args.steps:
@@ -191,19 +181,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         job.training.checkpoint.uri = args.checkpoint_uri
 
     def show(rec: dict) -> None:
-        ev = rec["event"]
-        if ev == "step":
-            line = (f"step {rec['step']}/{rec['steps']}  loss {rec['loss']:.4f}  gnorm {rec['grad_norm']:.3f}  "
-                    f"{rec['tokens_per_s']:,.0f} tok/s  ETA {rec['eta_s']:.0f}s")
-        elif ev == "checkpoint":
-            line = (f"checkpoint step {rec['step']} committed: {rec['uri']} ({rec['bytes'] / 1e6:.1f} MB, "
-                    f"blocked {rec['blocked_s'] * 1e3:.1f} ms, persisted in {rec['persist_s']:.2f}s)")
-        elif ev == "spike":
-            line = (f"loss spike at step {rec['step']} ({rec['reason']}); rolled back to "
-                    f"{rec['rolled_back_to']}, skipping samples {rec['skipped_samples']}")
-        else:
-            line = f"{ev}: " + ", ".join(f"{k}={v}" for k, v in rec.items() if k not in ("event", "time"))
-        print(line, file=sys.stderr, flush=True)
+        print(describe(rec), file=sys.stderr, flush=True)
 
     try:
         result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc, resume=args.resume,
@@ -285,12 +263,10 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
         _emit(args, doc, lambda: f"wrote {doc['ops']:,} ops to {path} (true slowdown {doc['true_slowdown']:.3f})")
         return 0
 
-    from tasks.stragglers.analyze import analyze
+    from tasks.stragglers.analyze import analyze_path
     from tasks.stragglers.report import heatmap, markdown, timeline
-    from tasks.stragglers.trace import load_trace
 
-    trace = load_trace(args.path, args.meta)
-    res, prep = analyze(trace, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    res, prep = analyze_path(args.path, args.meta, progress=lambda m: print(m, file=sys.stderr, flush=True))
     doc = res.model_dump()
     if args.heatmap:
         doc["heatmap"] = str(heatmap(res, args.heatmap))
@@ -305,7 +281,7 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
@@ -399,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seq-imbalance", type=float, default=0.0,
                     help="generate: s.d. of log compute time per (step, DP rank), e.g. 0.1")
 
+    add_submit_commands(add)
     add_eval_commands(add)
     add("gpus", cmd_gpus, "List the GPU catalog.")
     add("presets", cmd_presets, "List the built-in model presets.")

@@ -35,8 +35,8 @@ def cmd_eval_plan(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from flows.cli import _emit, table
-    from tasks.evaluation import history
-    from tasks.evaluation.runner import EvalOptions, evaluate
+    from tasks.evaluation.record import evaluate_and_record
+    from tasks.evaluation.runner import EvalOptions
     from tasks.evaluation.suite import load_suite
 
     suite = load_suite(args.suite)
@@ -47,10 +47,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     def progress(msg: str, frac: float) -> None:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
-    res = evaluate(args.uri, suite, opts, progress)
-    history.append(args.history_dir, res.run, res.step, res.uri, suite.name, res.scores)
-    plot = history.plot(args.history_dir, res.run, suite.name)
-    doc = res.model_dump(mode="json") | {"history_plot": str(plot) if plot else None}
+    res, summary = evaluate_and_record(args.uri, suite, opts, args.history_dir, progress)
+    doc = res.model_dump(mode="json") | {"history_plot": summary.history_plot}
 
     def human() -> str:
         rows = [{"dataset": ds, "metric": k, "value": f"{v:.4f}"} for ds, ms in res.scores.items() for k, v in ms.items()]
@@ -91,7 +89,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     shape(sp, 1)
     sp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     sp.add_argument("--threads", type=int, default=1, help="torch threads per trial process (default 1)")
-    sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>)")
+    sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>/<suite>)")
     sp.add_argument("--history-dir", default="evals", help="score history per run (default evals)")
     sp.add_argument("--no-learn", action="store_true", help="do not fold this run's timings into the priors")
 

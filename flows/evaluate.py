@@ -12,8 +12,8 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.evaluation import history
-from tasks.evaluation.engine import resolve_manifest
-from tasks.evaluation.runner import EvalOptions, evaluate
+from tasks.evaluation.record import EvalSummary, evaluate_and_record
+from tasks.evaluation.runner import EvalOptions
 from tasks.evaluation.suite import load_suite
 
 
@@ -37,20 +37,6 @@ class EvaluateRequest(BaseModel):
     """Where predictions, scores and the per-run score history go (on the worker)."""
 
 
-class EvalSummary(BaseModel):
-    """A small record of one evaluation (the full result is `result` on disk)."""
-
-    uri: str
-    run: str
-    step: int
-    suite: str
-    scores: dict[str, dict[str, float]]
-    makespan_s: float
-    predicted_makespan_s: float
-    result: str
-    history_plot: str | None
-
-
 def _key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
@@ -67,16 +53,10 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
 
     opts = EvalOptions(schedule=request.schedule, gpus_per_node=request.gpus_per_node,
                        cpu_workers_per_node=request.cpu_workers_per_node, device=request.device)
-    _, m = resolve_manifest(request.uri)
-    opts.out_dir = f"{request.history_dir}/{m.run}/step_{m.step:08d}"
-    res = evaluate(request.uri, suite, opts, progress)
-    history.append(request.history_dir, res.run, res.step, res.uri, suite.name, res.scores)
-    plot = history.plot(request.history_dir, res.run, suite.name)
-    logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", res.step, res.scores, res.makespan_s,
-                res.predicted_makespan_s)
-    return EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
-                       makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
-                       result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None)
+    _, summary = evaluate_and_record(request.uri, suite, opts, request.history_dir, progress)
+    logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
+                summary.predicted_makespan_s)
+    return summary
 
 
 def _publish(summary: EvalSummary, history_dir: str) -> None:

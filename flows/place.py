@@ -23,6 +23,10 @@ from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, Led
 from tasks.planning.plans import ResourcePlan
 
 
+class LeaseLost(LedgerError):
+    """The allocation's lease ran out while the job held it: the body must stop using the GPUs."""
+
+
 def _log(msg: str) -> None:
     try:
         get_run_logger().info(msg)
@@ -44,6 +48,13 @@ def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest]
                         predicted_s: float | None = None) -> Allocation:
     """Submit `job` and block until HAS places it; progress (queue position, waited time) is logged.
     `order` None is the ledger's (`FRENZY_QUEUE_ORDER`, default backfill)."""
+    if not ledger.could_ever_fit(requests):
+        biggest = max(requests, key=lambda r: r.min_mem_gib * r.gpus)
+        nodes = ", ".join(f"{n['name']} ({n['gpus']} x {n['gpu_type']}, {n['mem_gib']:.0f} GiB)" for n in ledger.nodes())
+        raise LedgerError(f"{job}: none of its {len(requests)} plans fits this ledger's nodes even when every GPU is "
+                          f"free (e.g. {biggest.gpus} GPUs with >= {biggest.min_mem_gib:.1f} GiB each); nodes: "
+                          f"{nodes or '(none)'}. Add nodes (`frenzy cluster init --cluster FILE`), plan for this "
+                          "cluster, or shrink the job")
     ledger.submit(job, requests, lease_s=lease_s, predicted_s=predicted_s)
     deadline, last = time.monotonic() + timeout_s, -1.0
     try:
@@ -61,7 +72,10 @@ def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest]
                 raise TimeoutError(f"{job}: no plan fitted within {timeout_s:.0f} s (queue position "
                                    f"{st['position']}); free GPUs, uncordon nodes or raise the timeout")
             if time.monotonic() - last >= 10 * poll_s:
-                _log(f"{job}: waiting, queue position {st['position']}, {st['waited_s']:.0f} s so far")
+                ahead = [q["predicted_s"] for q in ledger.queue()][: max(0, st["position"] - 1)]
+                work = f", {sum(a for a in ahead if a) / 60:.1f} min of predicted work ahead" if any(ahead) else ""
+                _log(f"{job}: waiting, queue position {st['position']}{work}, {st['waited_s']:.0f} s so far "
+                     f"(gives up after {timeout_s:.0f} s)")
                 last = time.monotonic()
             time.sleep(poll_s)
     except BaseException:
@@ -97,8 +111,8 @@ def placed(job: str, plans: Sequence[ResourcePlan], *, ledger_url: str | None = 
     try:
         with keeper:
             yield alloc
-    finally:
         if keeper.lost.is_set():
-            _log(f"{job}: its lease expired while it ran (heartbeat could not reach the ledger); the GPUs may have "
-                 "been given to another job")
+            raise LeaseLost(f"{job}: its lease expired while it ran (the heartbeat could not reach the ledger); "
+                            "the GPUs may have been given to another job, so its results are not trusted")
+    finally:
         ledger.release(alloc.id)

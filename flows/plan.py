@@ -24,7 +24,7 @@ class PlanRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    job: JobSpec = Field(default_factory=JobSpec, json_schema_extra={"position": 0})
+    job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job as in a job YAML file."""
     cluster: str = Field("frenzy-testbed", json_schema_extra={"position": 1})
     """Cluster preset (phoebe, frenzy-testbed, local) or a cluster YAML path on the worker."""

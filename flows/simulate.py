@@ -8,10 +8,10 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster.inventory import load_cluster
+from cluster.compare import compare_policies
 from cluster.report import markdown_table, summary_rows
-from cluster.simulator import SimConfig, lower_bounds, simulate
-from cluster.traces import REFERENCE_GPU, load_trace, new_workload, parse_newworkload
+from cluster.simulator import SimConfig
+from cluster.traces import REFERENCE_GPU
 from tasks.planning.plans import RankBy
 
 
@@ -40,19 +40,11 @@ class SimulateRequest(BaseModel):
 @flow(name="simulate", flow_run_name="simulate-{request.cluster}", log_prints=True)
 def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
-    cluster = load_cluster(request.cluster)
-    if request.trace.startswith("newworkload:"):
-        n, seed = parse_newworkload(request.trace)
-        trace = new_workload(n, seed=seed)
-    else:
-        trace = load_trace(request.trace, request.format)
     cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by)
-    pols = {}
-    for p in request.policies:
-        print(f"simulating {p} on {len(trace)} jobs")
-        pols[p] = simulate(cluster, trace, p, cfg).summary()
-    lb = lower_bounds(cluster, trace, cfg)
-    md = (f"### {request.trace} on {cluster.name} ({len(trace)} jobs)\n\nLower bounds: avg JCT "
+    doc, _ = compare_policies(request.cluster, request.trace, request.policies, cfg, fmt=request.format,
+                              progress=print)
+    lb, pols = doc["lower_bounds"], doc["policies"]
+    md = (f"### {request.trace} on {doc['cluster']} ({doc['jobs']} jobs)\n\nLower bounds: avg JCT "
           f"{lb['avg_jct_s']:.0f} s, makespan {lb['makespan_s']:.0f} s\n\n" + markdown_table(summary_rows(pols)))
     create_markdown_artifact(key="frenzy-simulation", markdown=md, description="policy comparison")
-    return {"cluster": cluster.name, "trace": request.trace, "jobs": len(trace), "policies": pols, "lower_bounds": lb}
+    return doc

@@ -20,6 +20,7 @@ from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
 from tasks.jobspec import JobSpec
 from tasks.training.checkpoint import CheckpointRecord
 from tasks.training.launch import launch
+from tasks.training.progress import WARNING_EVENTS, describe
 
 CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
 
@@ -45,7 +46,7 @@ class TrainRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    job: JobSpec = Field(default_factory=JobSpec, json_schema_extra={"position": 0})
+    job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job: model, batch, steps, checkpointing (the job YAML as a form)."""
     nproc: int = Field(1, ge=1, json_schema_extra={"position": 1})
     """Ranks on this worker (gloo on CPU, NCCL on GPUs)."""
@@ -86,14 +87,9 @@ def train_task(request: TrainRequest) -> TrainResult:
                                      description=f"{job.name}: step {rec['step']}/{rec['steps']}, loss "
                                                  f"{rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
                                                  f"ETA {rec['eta_s']:.0f}s")
-            logger.info("step %d/%d loss %.4f %.0f tok/s ETA %.0fs", rec["step"], rec["steps"], rec["loss"],
-                        rec["tokens_per_s"], rec["eta_s"])
         elif ev == "checkpoint":
             checkpoint_event(rec, job.name)
-            logger.info("checkpoint step %d committed: %s (blocked %.1f ms)", rec["step"], rec["uri"],
-                        rec["blocked_s"] * 1e3)
-        elif ev in ("spike", "resume", "checkpoint_rejected"):
-            logger.warning("%s: %s", ev, {k: v for k, v in rec.items() if k not in ("event", "time")})
+        (logger.warning if ev in WARNING_EVENTS else logger.info)(describe(rec))
 
     result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
                     resume=request.resume, device=request.device, tp=request.tp, on_record=on_record,

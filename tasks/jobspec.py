@@ -19,47 +19,60 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
-class ModelSpec(_Strict):
-    """Transformer shape. Give a `preset` name, explicit fields, or a preset plus overrides."""
+PresetName = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
+# the explicit shape a model without a preset must give, and the defaults of the optional style fields
+_REQUIRED_SHAPE = ("layers", "hidden", "heads", "vocab")
+_STYLE_DEFAULTS: dict[str, Any] = dict(mlp="gelu", norm="layernorm", tied_embeddings=True, position="learned", bias=True)
 
-    preset: str | None = None
-    """Name of a built-in model (see `frenzy presets`); explicit fields below override it."""
-    layers: int = Field(12, ge=1)
-    """Number of transformer blocks."""
-    hidden: int = Field(768, ge=8)
-    """Model (residual stream) width."""
-    heads: int = Field(12, ge=1)
-    """Attention (query) heads."""
+
+class ModelSpec(_Strict):
+    """Transformer shape: a `preset`, or the explicit shape (layers, hidden, heads, vocab), or a preset with
+    overrides. Empty fields take the preset's value, so a form that names only a preset cannot contradict it."""
+
+    preset: PresetName | None = None
+    """Name of a built-in model (see `frenzy presets`); fields given below override it."""
+    layers: int | None = Field(None, ge=1)
+    """Number of transformer blocks (empty: the preset's)."""
+    hidden: int | None = Field(None, ge=8)
+    """Model (residual stream) width (empty: the preset's)."""
+    heads: int | None = Field(None, ge=1)
+    """Attention (query) heads (empty: the preset's)."""
     kv_heads: int | None = Field(None, ge=1)
-    """Key/value heads for grouped-query attention; None means equal to `heads` (multi-head attention)."""
+    """Key/value heads for grouped-query attention; empty means the preset's, else equal to `heads` (MHA)."""
     ffn_hidden: int | None = Field(None, ge=1)
-    """MLP inner width; None means 4 x hidden for GELU and the Llama rule (2/3 x 4h, rounded to 256) for SwiGLU."""
-    vocab: int = Field(50257, ge=2)
-    """Vocabulary size (256 for the byte-level tokenizer)."""
-    mlp: Literal["gelu", "swiglu"] = "gelu"
-    """MLP kind: GELU (GPT-2, BERT) or SwiGLU (Llama, Mistral, Qwen)."""
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    """Normalisation layer."""
-    tied_embeddings: bool = True
-    """Share the input embedding with the output projection."""
-    position: Literal["learned", "rope"] = "learned"
-    """Position encoding: a learned table of `seq_len` rows (GPT-2, BERT) or rotary (Llama)."""
-    bias: bool = True
-    """Biases in linear and norm layers (GPT-2, BERT: yes; Llama: no)."""
+    """MLP inner width; empty means the preset's, else 4 x hidden for GELU and the Llama rule (2/3 x 4h, rounded
+    to 256) for SwiGLU."""
+    vocab: int | None = Field(None, ge=2)
+    """Vocabulary size (256 for the byte-level tokenizer; empty: the preset's)."""
+    mlp: Literal["gelu", "swiglu"] | None = None
+    """MLP kind: GELU (GPT-2, BERT) or SwiGLU (Llama, Mistral, Qwen); empty: the preset's, else gelu."""
+    norm: Literal["layernorm", "rmsnorm"] | None = None
+    """Normalisation layer; empty: the preset's, else layernorm."""
+    tied_embeddings: bool | None = None
+    """Share the input embedding with the output projection; empty: the preset's, else yes."""
+    position: Literal["learned", "rope"] | None = None
+    """Position encoding: a learned table of `seq_len` rows (GPT-2, BERT) or rotary (Llama); empty: the preset's,
+    else learned."""
+    bias: bool | None = None
+    """Biases in linear and norm layers (GPT-2, BERT: yes; Llama: no); empty: the preset's, else yes."""
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, str):
             data = {"preset": data}
-        if isinstance(data, dict) and data.get("preset"):
-            name = data["preset"]
+        if not isinstance(data, dict):
+            return data
+        given = {k: v for k, v in data.items() if v is not None}
+        name = given.get("preset")
+        if name:
             if name not in MODEL_PRESETS:
-                raise ValueError(
-                    f"unknown model preset {name!r}; choose one of: {', '.join(sorted(MODEL_PRESETS))}"
-                )
-            data = {**MODEL_PRESETS[name], **data}
-        return data
+                raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(sorted(MODEL_PRESETS))}")
+            return {**_STYLE_DEFAULTS, **MODEL_PRESETS[name], **given}
+        missing = [k for k in _REQUIRED_SHAPE if k not in given]
+        if missing:
+            raise ValueError(f"give a `preset` (see `frenzy presets`) or the explicit shape; missing: {', '.join(missing)}")
+        return {**_STYLE_DEFAULTS, **given}
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:
@@ -190,8 +203,8 @@ class JobSpec(_Strict):
 
     name: str = "job"
     """Job name; also names checkpoints and runs."""
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    """The model to train."""
+    model: ModelSpec
+    """The model to train: `{preset: NAME}` (see `frenzy presets`) or the explicit shape."""
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     """Training settings."""
     evaluation: EvaluationSpec | None = None
@@ -208,8 +221,15 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key {str(e['loc'][-1])!r} (check spelling; see README 'Job YAML')")
+        elif e["type"] == "missing" and loc == "model":
+            lines.append("  model: missing; give `model: {preset: NAME}` (see `frenzy presets`) or the explicit "
+                         "shape (layers, hidden, heads, vocab)")
+        elif e["type"] == "literal_error" and loc == "model.preset":
+            lines.append(f"  model.preset: unknown model preset {e['input']!r}; choose one of: "
+                         f"{', '.join(sorted(MODEL_PRESETS))}")
         else:
-            lines.append(f"  {loc or '(top level)'}: {e['msg']}")
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {loc or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ def test_known_preset_sizes():
 
 def test_unknown_key_is_named():
     with pytest.raises(JobSpecError, match="training.lerning_rate: unknown key 'lerning_rate'"):
-        parse_job({"training": {"lerning_rate": 1e-3}})
+        parse_job({"model": "gpt-tiny", "training": {"lerning_rate": 1e-3}})
 
 
 def test_unknown_preset_lists_choices():
@@ -39,7 +39,31 @@ def test_preset_overrides_and_defaults():
 
 def test_bad_shape_rejected():
     with pytest.raises(JobSpecError, match="not divisible by kv_heads"):
-        parse_job({"model": {"hidden": 768, "heads": 12, "kv_heads": 5}})
+        parse_job({"model": {"layers": 2, "hidden": 768, "heads": 12, "kv_heads": 5, "vocab": 256}})
+
+
+def test_a_job_without_a_model_is_refused_with_the_fix(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    for bad in (lambda: load_job(empty), lambda: parse_job({"name": "x", "training": {"steps": 3}})):
+        with pytest.raises(JobSpecError, match=r"model: missing; give `model: \{preset: NAME\}`"):
+            bad()
+    with pytest.raises(JobSpecError, match="missing: hidden, heads, vocab"):
+        parse_job({"model": {"layers": 3}})
+
+
+def test_the_form_schema_does_not_prefill_the_shape():
+    """The Prefect UI form renders these defaults: a preset chosen alone must not be overridden by them."""
+    from flows.train import TrainRequest
+
+    props = TrainRequest.model_json_schema()["$defs"]["ModelSpec"]["properties"]
+    for field in ("layers", "hidden", "heads", "vocab", "mlp", "norm", "position", "bias", "tied_embeddings"):
+        assert props[field].get("default") is None, field
+    assert "llama3-8b" in str(props["preset"])  # a choice, not free text
+    # the form submitted as rendered: every shape field empty (null), only the preset chosen
+    form = {"preset": "llama3-8b", **{f: None for f in props if f != "preset"}}
+    m = ModelSpec.model_validate(form)
+    assert (m.layers, m.hidden, m.vocab, m.mlp) == (32, 4096, 128256, "swiglu")
 
 
 def test_example_jobs_load(tmp_path):

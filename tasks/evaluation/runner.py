@@ -58,7 +58,7 @@ class EvalOptions(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     threads_per_trial: int = Field(1, ge=1)
     out_dir: str | None = None
-    """Predictions, scores and result.json; default evals/<run>/step_<N>."""
+    """Predictions, scores and result.json; default evals/<run>/step_<N>/<suite>."""
     shm_root: str = "/dev/shm"
     """Where precursors put the model (node-local shared memory)."""
     use_priors: bool = True
@@ -318,7 +318,7 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
     sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
                                                                          cpus)
-    out = Path(opts.out_dir) if opts.out_dir else Path("evals") / manifest.run / f"step_{manifest.step:08d}"
+    out = Path(opts.out_dir) if opts.out_dir else Path("evals") / manifest.run / f"step_{manifest.step:08d}" / suite.name
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_shm(opts.shm_root)
     progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "

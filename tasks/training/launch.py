@@ -33,8 +33,29 @@ class TrainFailed(RuntimeError):
         self.returncode, self.log_tail = returncode, log_tail
 
 
+STOP_FILE = "stop"
+"""A file of this name in the run directory asks the trainer to commit its current step and exit (how a flow that
+cannot signal the launcher's thread, e.g. on a lost lease or a cancellation, stops training cleanly)."""
+
+
 def default_run_dir(job: JobSpec) -> Path:
     return Path("runs") / job.name
+
+
+def request_stop(run_dir: Path) -> None:
+    """Ask a running `launch()` on `run_dir` to stop: the trainer gets SIGTERM, commits its step, exits 0."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / STOP_FILE).write_text(str(time.time()))
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the thread that launched us dies (Linux), so a killed
+    `frenzy train` or flow process does not leave its trainers running and writing checkpoints."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    os.setsid()  # its own session too: on cancellation the whole tree (torchrun and every rank) is stopped
 
 
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False,
@@ -53,6 +74,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     job_path = run_dir / "job.json"
     job_path.write_text(job.model_dump_json(indent=1))
     (run_dir / "result.json").unlink(missing_ok=True)
+    (run_dir / STOP_FILE).unlink(missing_ok=True)
     progress = run_dir / "progress.jsonl"
     offset = progress.stat().st_size if progress.exists() else 0
     args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
@@ -73,14 +95,19 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
     env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // nproc)))
     with open(log_path, "ab") as logf:
-        # its own session: on cancellation the whole tree (torchrun and every rank) is stopped, not just the parent
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,  # noqa: PLW1509
+                                preexec_fn=_die_with_parent)
+        stop_sent = False
         try:
             while True:
                 done = proc.poll() is not None
                 offset = _tail(progress, offset, on_record)
                 if done:
                     break
+                if not stop_sent and (run_dir / STOP_FILE).exists():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)  # the ranks commit their current step and exit 0
+                    stop_sent = True
                 time.sleep(poll_s)
         except BaseException:
             _stop_tree(proc)

@@ -1,0 +1,34 @@
+"""Replay one trace under several placement policies: the document `frenzy simulate --json` prints and the
+`simulate` flow returns (both call `compare_policies`, so they cannot drift apart)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cluster.inventory import load_cluster
+from cluster.simulator import SimConfig, SimResult, lower_bounds, simulate
+from cluster.traces import load_trace, new_workload, parse_newworkload
+
+
+def compare_policies(cluster_spec: str, trace_spec: str, policies: Sequence[str], cfg: SimConfig, *,
+                     fmt: str | None = None, max_jobs: int | None = None,
+                     progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, SimResult]]:
+    """Simulate `trace_spec` (a CSV path or `newworkload:N[:SEED]`) on `cluster_spec` under each policy.
+    Returns the summary document (cluster, trace, jobs, policies, lower_bounds) and the full results."""
+    cluster = load_cluster(cluster_spec)
+    if trace_spec.startswith("newworkload:"):
+        n, seed = parse_newworkload(trace_spec)
+        trace = new_workload(n, seed=seed, reference_gpu=cfg.reference_gpu)
+    else:
+        extra = {"max_jobs": max_jobs} if fmt == "philly" and max_jobs else {}
+        trace = load_trace(trace_spec, fmt, **extra)
+    results: dict[str, SimResult] = {}
+    for pol in policies:
+        if progress:
+            progress(f"simulating {pol} on {len(trace)} jobs ...")
+        results[pol] = simulate(cluster, trace, pol, cfg)
+    doc = {"cluster": cluster.name, "trace": trace_spec, "jobs": len(trace),
+           "policies": {p: r.summary() for p, r in results.items()},
+           "lower_bounds": lower_bounds(cluster, trace, cfg)}
+    return doc, results

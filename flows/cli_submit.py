@@ -1,0 +1,109 @@
+"""The pipeline commands of `frenzy`: `submit` (one job end to end) and `demo` (the whole pipeline on this
+machine with embedded defaults). Both call the `submit` flow, the same one the deployment runs."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+DEMO_JOB = {
+    "name": "demo",
+    "model": {"preset": "gpt-tiny"},
+    "training": {"seq_len": 128, "global_batch": 16, "precision": "fp32", "steps": 400, "lr": 3e-3,
+                 "log_every_steps": 20, "trace_every_steps": 20,
+                 "checkpoint": {"every_steps": 100, "keep": 8}},
+    "evaluation": {"suite": "quick"},
+}
+"""The demo's job: a byte-level model small enough to learn visibly on two CPU cores in a minute."""
+
+
+def _result_doc(res: object) -> dict:
+    return res.model_dump(mode="json")  # type: ignore[attr-defined]
+
+
+def _human(res: object, wall_s: float) -> str:
+    from flows.cli import table
+    from flows.submit import SubmitResult
+
+    assert isinstance(res, SubmitResult)
+    p, a, t = res.plan, res.allocation, res.train
+    rows = [{"step": e.step, **{f"{ds} {m}": f"{v:.4g}" for ds, ms in e.scores.items() for m, v in ms.items()}}
+            for e in res.evaluations]
+    lines = [f"{res.job}: {t.final_step} steps on {p.gpus} x {p.gpu_type} ({p.layout.label()}), placed on "
+             + ", ".join(f"{n.node}{n.gpu_indices}" for n in a.nodes)
+             + f"; last loss {t.last_loss:.3f}, {t.tokens_per_s:,.0f} tok/s; {len(t.checkpoints)} checkpoints",
+             "", "scores by checkpoint:", table(rows), ""]
+    if res.stragglers:
+        lines.append(f"stragglers: slowdown S = {res.stragglers.slowdown:.3f}, worst op type "
+                     f"{res.stragglers.worst_optype}")
+    lines += [f"GPUs released: {'yes' if res.released else 'NO'}", f"checkpoints: {t.checkpoint_uri}",
+              f"report: {res.report}", f"({wall_s:.0f} s)"]
+    return "\n".join(lines)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from flows.cli import _emit
+    from flows.submit import SubmitRequest, submit
+    from tasks.jobspec import load_job
+
+    job = load_job(args.job)
+    req = SubmitRequest(job=job, cluster=args.cluster, ledger=args.ledger, suite=args.suite,
+                        max_wait_s=args.max_wait, evaluation=args.evaluation, device=args.device,
+                        run_dir=args.run_dir)
+    t0 = time.monotonic()
+    res = submit(req)
+    _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
+    return 0
+
+
+def demo_request(base: Path) -> object:
+    """The demo's SubmitRequest, everything under `base` (its own ledger, run, checkpoints and evaluations)."""
+    from flows.submit import SubmitRequest
+    from tasks.jobspec import parse_job
+
+    base = base.absolute()
+    data = {**DEMO_JOB, "training": {**DEMO_JOB["training"],
+                                     "checkpoint": {**DEMO_JOB["training"]["checkpoint"],
+                                                    "uri": f"file://{base}/runs/demo/ckpt"}}}
+    return SubmitRequest(job=parse_job(data, "demo job"), cluster="local", ledger=str(base / "ledger.db"),
+                         evaluation="in-flow", device="cpu", run_dir=str(base / "runs" / "demo"),
+                         history_dir=str(base / "evals"), max_wait_s=600)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from flows.cli import _emit
+    from flows.submit import submit
+
+    base = Path(args.dir)
+    for old in (base / "runs" / "demo", base / "evals" / "demo"):  # the demo's own previous run, nothing else
+        if old.exists():
+            print(f"removing the previous demo run {old}", file=sys.stderr)
+            shutil.rmtree(old)
+    print(f"frenzy demo: plan -> place -> train -> evaluate -> analyse -> release, everything under {base}/ "
+          "(about 3 minutes on 2 cores)", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    res = submit(demo_request(base))
+    _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
+    return 0
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    sp = add("submit", cmd_submit, "Run a job end to end: plan, place, train with evaluations of each checkpoint, "
+             "straggler analysis, GPUs released; prints where the results are.")
+    sp.add_argument("job", help="job YAML file")
+    sp.add_argument("--cluster", default="local", help="cluster preset or YAML (default local: this machine)")
+    sp.add_argument("--ledger", help="SQLAlchemy URL or SQLite path (default $FRENZY_LEDGER or ~/.frenzy/ledger.db)")
+    sp.add_argument("--suite", help="evaluation suite (core, quick or a YAML; default the job's, else core)")
+    sp.add_argument("--evaluation", choices=["auto", "in-flow", "deployment", "off"], default="auto",
+                    help="where checkpoints are evaluated (default auto: the evaluate-on-checkpoint deployment when "
+                         "the Prefect server has it, else in this run)")
+    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when allocated")
+    sp.add_argument("--max-wait", type=float, default=3600.0, help="seconds to wait in the queue (default 3600)")
+    sp.add_argument("--run-dir", help="progress, log, traces and report (default runs/<job name>)")
+
+    sp = add("demo", cmd_demo, "The whole pipeline on this machine with embedded defaults, ending in a run report.")
+    sp.add_argument("--dir", default="frenzy-demo", help="where everything goes (default ./frenzy-demo)")

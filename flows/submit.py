@@ -1,0 +1,302 @@
+"""The `submit` flow: one job from "here is my model and batch size" to trained, evaluated and analysed checkpoints,
+with its GPUs given back.
+
+    plan (MARP, cached) -> place (HAS through the ledger; waits in the queue) -> train on the allocation's GPUs
+    -> evaluate each committed checkpoint while training goes on -> final evaluation -> release -> stragglers
+    -> run report (HTML + markdown artifact)
+
+`frenzy submit`, `frenzy demo`, the `submit` deployment and a notebook all call this flow. The GPUs are released on
+every exit path (success, failure, cancellation: the trainer commits its current step first); a crashed flow process
+gives them back when its lease runs out. A re-run resumes from the newest verified checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.futures import PrefectFuture
+from pydantic import BaseModel, ConfigDict, Field
+
+from cluster.inventory import load_cluster
+from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError
+from flows.evaluate import EvaluateRequest, evaluate_task
+from flows.place import LeaseLost, place, release
+from flows.plan import PlanRequest, plan_resources, plans_markdown
+from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
+from flows.train import TrainRequest, TrainResult, train_task
+from tasks.evaluation import history
+from tasks.evaluation.record import EvalSummary
+from tasks.evaluation.suite import load_suite
+from tasks.jobspec import JobSpec
+from tasks.planning.plans import RankBy, ResourcePlan
+from tasks.report import RunReport, StragglerSummary, markdown, render_html
+from tasks.training import checkpoint as ck
+from tasks.training.launch import default_run_dir, request_stop
+from tasks.training.storage import Storage
+
+EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
+
+
+class SubmitRequest(BaseModel):
+    """A job to run end to end: the model and batch size are the user's, the GPUs are Frenzy's choice."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    job: JobSpec = Field(json_schema_extra={"position": 0})
+    """The job (the job YAML as a form): model, batch, steps, checkpointing."""
+    cluster: str = Field("local", json_schema_extra={"position": 1})
+    """Where it may run: `local` (this worker's GPUs, or its CPU), a preset, or a cluster YAML on the worker."""
+    suite: str | None = Field(None, json_schema_extra={"position": 2})
+    """Evaluation suite (core, quick, or a suite YAML); empty: the job's `evaluation.suite`, else core."""
+    ledger: str | None = None
+    """Allocation ledger: a SQLite path or SQLAlchemy URL; empty: $FRENZY_LEDGER or ~/.frenzy/ledger.db."""
+    rank_by: RankBy = "balanced"
+    """Plan ranking HAS walks (balanced: the fastest plan among those within 25% of the cheapest compute)."""
+    max_wait_s: float = Field(3600.0, gt=0)
+    """Give up (cleanly, leaving the queue) when no plan fits within this many seconds."""
+    lease_s: float = Field(DEFAULT_LEASE_S, ge=5)
+    """Allocation lease; a crashed flow's GPUs come back this long after its last heartbeat."""
+    evaluation: Literal["auto", "in-flow", "deployment", "off"] = "auto"
+    """in-flow: evaluate each checkpoint inside this run while training continues; deployment: the
+    `evaluate-on-checkpoint` deployment does it on the commit events; auto: deployment when the server has it."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device kind for training and evaluation; auto uses CUDA when the allocation holds GPUs."""
+    run_dir: str | None = None
+    """Progress, log, op traces, result and report; default runs/<job name>."""
+    history_dir: str = "evals"
+    """Evaluation results and the per-run score history."""
+    eval_timeout_s: float = Field(1800.0, gt=0)
+    """deployment mode: how long to wait for the triggered evaluations after training before evaluating here."""
+
+
+class SubmitResult(BaseModel):
+    """What a submitted job leaves behind (`frenzy submit --json`)."""
+
+    job: str
+    plan: ResourcePlan
+    """The plan HAS placed."""
+    plans: list[ResourcePlan]
+    """Every plan considered, best first."""
+    allocation: Allocation
+    train: TrainResult
+    evaluations: list[EvalSummary]
+    """One per evaluated checkpoint, oldest first."""
+    stragglers: StragglerReport | None
+    report: str
+    """Path of the self-contained HTML run report."""
+    released: bool
+    """True once the allocation's GPUs are back in the ledger."""
+    timings_s: dict[str, float]
+
+
+class PipelineError(RuntimeError):
+    """The pipeline cannot go on; the message names the fix."""
+
+
+def _host_node(alloc: Allocation) -> str:
+    """The allocation's node, which must be this worker's host: training runs as local processes."""
+    host = socket.gethostname()
+    names = [n.node for n in alloc.nodes]
+    if len(names) != 1 or not (names[0] == host or names[0].startswith(f"{host}-")):
+        raise PipelineError(f"HAS placed the job on {', '.join(names)}, but this worker ({host}) trains only on its "
+                            "own GPUs; run the worker on that node, or submit with cluster=local")
+    return names[0]
+
+
+def training_request(request: SubmitRequest, alloc: Allocation, chosen: ResourcePlan, run_dir: Path) -> TrainRequest:
+    """The trainer's request for exactly the allocation's GPUs and the chosen plan's layout."""
+    _host_node(alloc)
+    node = alloc.nodes[0]
+    job = request.job.model_copy(deep=True)
+    if job.training.micro_batch is None:
+        job.training.micro_batch = chosen.layout.micro_batch
+    on_cpu = node.gpu_type == "cpu"
+    return TrainRequest(job=job, nproc=len(node.gpu_indices), tp=chosen.layout.tp, resume=True,
+                        device="cpu" if on_cpu else request.device, run_dir=str(run_dir),
+                        gpu_indices=None if on_cpu else node.gpu_indices, analyze_stragglers=False)
+
+
+def _eval_mode(request: SubmitRequest) -> str:
+    if request.evaluation != "auto":
+        return request.evaluation
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():  # the ephemeral API runs no workers: evaluate here
+        return "in-flow"
+    from prefect import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(EVAL_DEPLOYMENT)
+        return "deployment"
+    except Exception:  # noqa: BLE001 - no such deployment (or no server): evaluate here
+        return "in-flow"
+
+
+class _Evaluator:
+    """Evaluates each newly committed checkpoint of a root, oldest first, in this flow's thread."""
+
+    def __init__(self, request: SubmitRequest, root: str, suite: str, device: str) -> None:
+        self.request, self.root, self.suite, self.device = request, root, suite, device
+        self.done: dict[int, EvalSummary] = {}
+        self.missed: set[int] = set()
+
+    def _evaluate(self, m: ck.Manifest) -> None:
+        uri = f"{self.root.rstrip('/')}/{ck.step_dir(m.step)}"
+        try:
+            self.done[m.step] = evaluate_task(EvaluateRequest(uri=uri, suite=self.suite, device=self.device,
+                                                              history_dir=self.request.history_dir))
+        except Exception as err:  # noqa: BLE001 - one checkpoint that cannot be evaluated does not fail the job
+            self.missed.add(m.step)
+            get_run_logger().warning("evaluation of step %d failed: %s (retention may have removed it: raise "
+                                     "training.checkpoint.keep to evaluate every checkpoint)", m.step, err)
+
+    def catch_up(self, only_newest: bool = False) -> None:
+        ms = [m for m in ck.committed(Storage(self.root)) if m.step not in self.done and m.step not in self.missed]
+        for m in sorted(ms, key=lambda m: m.step)[-1:] if only_newest else sorted(ms, key=lambda m: m.step):
+            self._evaluate(m)
+
+
+def _collect_triggered(request: SubmitRequest, run: str, suite: str, steps: list[int]) -> dict[int, EvalSummary]:
+    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting for them."""
+    deadline = time.monotonic() + request.eval_timeout_s
+    found: dict[int, EvalSummary] = {}
+    while True:
+        for e in history.read(request.history_dir, run, suite):
+            if e["step"] in steps and e["step"] not in found:
+                res = Path(request.history_dir) / run / ck.step_dir(e["step"]) / suite / "result.json"
+                found[e["step"]] = EvalSummary(uri=e["uri"], run=run, step=e["step"], suite=suite, scores=e["scores"],
+                                               makespan_s=0.0, predicted_makespan_s=0.0, result=str(res),
+                                               history_plot=None)
+        if steps and max(steps) in found or time.monotonic() > deadline:
+            return found
+        time.sleep(2.0)
+
+
+def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, mode: str,
+                        keeper: LeaseKeeper) -> tuple[TrainResult, list[EvalSummary]]:
+    logger = get_run_logger()
+    root = treq.job.training.checkpoint.uri
+    device = "cuda" if treq.gpu_indices else "cpu"
+    ev = _Evaluator(request, root, suite, device) if mode == "in-flow" else None
+    fut: PrefectFuture = train_task.submit(treq)
+    try:
+        while not fut.state.is_final():
+            if keeper.lost.is_set():
+                request_stop(Path(treq.run_dir or "."))
+                fut.wait()
+                raise LeaseLost(f"{treq.job.name}: the allocation's lease was lost while training; training was "
+                                "stopped after committing its step")
+            if ev is not None:
+                ev.catch_up(only_newest=False)
+            fut.wait(timeout=2.0)
+        result: TrainResult = fut.result()
+    except BaseException:
+        # cancelled, crashed or failed here: ask the trainer to commit its step and stop, then let it finish
+        if not fut.state.is_final():
+            request_stop(Path(treq.run_dir or "."))
+            with contextlib.suppress(Exception):
+                fut.wait(timeout=120)
+        raise
+    steps = [c.step for c in result.checkpoints]
+    if ev is not None:  # the final evaluation, and any commit the loop had not reached yet
+        ev.catch_up()
+        evals = ev.done
+    elif mode == "deployment":
+        logger.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
+        evals = _collect_triggered(request, result.job, suite, steps)
+        if steps and max(steps) not in evals:
+            logger.warning("the final step's evaluation did not arrive within %.0f s; evaluating it here",
+                           request.eval_timeout_s)
+            evals[max(steps)] = evaluate_task(EvaluateRequest(uri=result.checkpoints[-1].uri, suite=suite,
+                                                              device=device, history_dir=request.history_dir))
+    else:
+        evals = {}
+    return result, [evals[s] for s in sorted(evals)]
+
+
+@task(name="report")
+def report_task(report: RunReport, path: str) -> str:
+    """The run report: HTML with plots on disk, the same as a markdown artifact."""
+    out = render_html(report, path)
+    create_markdown_artifact(markdown(report, str(out)), key=_key(f"report-{report.job}"),
+                             description=f"run report of {report.job}")
+    return str(out)
+
+
+def _key(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+@flow(name="submit", flow_run_name="submit-{request.job.name}", log_prints=True)
+def submit(request: SubmitRequest) -> SubmitResult:
+    """Plan, place, train (evaluating checkpoints as they commit), evaluate, release, analyse, report."""
+    logger = get_run_logger()
+    job, t0, timings = request.job, time.monotonic(), {}
+    suite = load_suite(request.suite or (job.evaluation.suite if job.evaluation else "core")).name \
+        if request.evaluation != "off" else ""
+    cluster = load_cluster(request.cluster)  # an unknown cluster or suite fails before anything starts
+
+    plans = plan_resources(PlanRequest(job=job, cluster=request.cluster, rank_by=request.rank_by, top=1000))
+    runnable = [p for p in plans if p.layout.pp == 1]  # the trainer runs data x tensor parallel layouts
+    if not runnable:
+        raise PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer does not "
+                            "run yet; add GPUs with more memory or enable recompute / zero_stage 3")
+    create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=request.cluster), runnable[:10]),
+                             key=_key(f"plans-{job.name}"), description="MARP resource plans, best first")
+    timings["plan"] = time.monotonic() - t0
+
+    ledger = Ledger(request.ledger)
+    ledger.sync(cluster)
+    t = time.monotonic()
+    alloc = place(job.name, runnable, ledger_url=request.ledger, timeout_s=request.max_wait_s,
+                  lease_s=request.lease_s, precision=job.training.precision, steps=job.training.steps)
+    timings["queue"] = time.monotonic() - t
+    chosen = runnable[alloc.plan_index]
+    logger.info("placed on %s: plan %d (%d x %s, %s)", ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
+                alloc.plan_index + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
+    run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
+    released = False
+    try:
+        keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
+        with keeper:
+            t = time.monotonic()
+            treq = training_request(request, alloc, chosen, run_dir)
+            mode = _eval_mode(request)
+            logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")
+            result, evals = _train_and_evaluate(request, treq, suite, mode, keeper)
+            timings["train+evaluate"] = time.monotonic() - t
+    finally:
+        try:
+            release(alloc.id, request.ledger)
+            released = True
+        except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
+            logger.error("could not release allocation %s (%s); its lease expires in %.0f s", alloc.id, err,
+                         request.lease_s)
+
+    t = time.monotonic()
+    strag: StragglerReport | None = None
+    if result.trace:
+        try:  # the job trained; a trace the analysis cannot use is reported, not a failed job
+            strag = stragglers_task(StragglerRequest(trace=result.trace))
+        except Exception as err:  # noqa: BLE001
+            logger.warning("straggler analysis of %s failed: %s", result.trace, err)
+    timings["stragglers"] = time.monotonic() - t
+    timings["total"] = time.monotonic() - t0
+    rep = RunReport(job=job.name, model=job.model.display_name, cluster=cluster.name, plans=runnable[:10],
+                    chosen=min(alloc.plan_index, 9), allocation=alloc, final_step=result.final_step,
+                    resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
+                    checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
+                    evaluations=evals, timings_s=timings,
+                    stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
+                    if strag else None)
+    path = report_task(rep, str(Path(result.run_dir) / "report.html"))
+    logger.info("report: %s", path)
+    return SubmitResult(job=job.name, plan=chosen, plans=runnable, allocation=alloc, train=result,
+                        evaluations=evals, stragglers=strag, report=path, released=released, timings_s=timings)

@@ -1,0 +1,224 @@
+"""The run report of one submitted job: one self-contained HTML file (pictures inlined) and a markdown summary.
+
+It shows what a person wants to see after `frenzy submit` or `frenzy demo`: the chosen plan beside the
+alternatives, where HAS placed it, the loss curve, every evaluated checkpoint's scores by step, and the straggler
+heatmap. Pure logic: the `submit` flow builds a `RunReport` and publishes the markdown as an artifact.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from cluster.ledger import Allocation
+from tasks.evaluation.record import EvalSummary
+from tasks.planning.plans import ResourcePlan
+from tasks.training.checkpoint import CheckpointRecord
+
+
+class StragglerSummary(BaseModel):
+    """The headline of the straggler analysis, as the report shows it."""
+
+    slowdown: float
+    waste: float
+    worst_optype: str
+    worst_stage: str
+    worst_dp_rank: str
+    heatmap: str | None
+
+
+class RunReport(BaseModel):
+    """Everything the report shows; paths point at files the pipeline wrote."""
+
+    job: str
+    model: str
+    cluster: str
+    plans: list[ResourcePlan]
+    chosen: int
+    """Index into `plans` of the plan HAS placed."""
+    allocation: Allocation
+    final_step: int
+    resumed_from_step: int | None
+    tokens_per_s: float
+    checkpoints: list[CheckpointRecord]
+    progress: str
+    """The trainer's progress.jsonl (the loss curve)."""
+    evaluations: list[EvalSummary]
+    stragglers: StragglerSummary | None
+    timings_s: dict[str, float]
+    """Wall seconds of each stage."""
+
+
+def loss_curve(progress: str | Path) -> list[tuple[int, float]]:
+    """(step, loss) of every step record; a resumed run's later records win for a repeated step."""
+    p = Path(progress)
+    if not p.exists():
+        return []
+    by_step: dict[int, float] = {}
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "step":
+            by_step[int(rec["step"])] = float(rec["loss"])
+    return sorted(by_step.items())
+
+
+def _png(fig: object) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _loss_png(curve: list[tuple[int, float]], ckpt_steps: list[int]) -> str | None:
+    if not curve:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot([s for s, _ in curve], [v for _, v in curve], color="#1f77b4", lw=1.5, label="training loss")
+    for s in ckpt_steps:
+        ax.axvline(s, color="#999", lw=0.7, ls=":")
+    ax.set_xlabel("step (dotted: committed checkpoints)")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _scores_png(evals: list[EvalSummary]) -> str | None:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for e in sorted(evals, key=lambda e: e.step):
+        for ds, ms in e.scores.items():
+            for m, v in ms.items():
+                series.setdefault(f"{ds} {m}", []).append((e.step, v))
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(series)
+    cols = min(4, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    for ax, (name, pts) in zip(axes.flat, sorted(series.items()), strict=False):
+        ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", ms=3)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.supxlabel("checkpoint step", fontsize=9)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _plan_rows(r: RunReport) -> list[dict[str, str]]:
+    return [{"": "chosen" if i == r.chosen else "", "rank": str(p.rank), "GPU": p.gpu_type, "GPUs": str(p.gpus),
+             "layout": p.layout.label(), "peak GiB": f"{p.predicted_device_gib:.1f}",
+             "step s": f"{p.est_step_time_s:.3g}", "GPU-s/step": f"{p.gpu_seconds_per_step:.3g}",
+             "tok/s": f"{p.tokens_per_s:,.0f}"} for i, p in enumerate(r.plans)]
+
+
+def _score_rows(r: RunReport) -> list[dict[str, str]]:
+    cols = sorted({f"{ds} {m}" for e in r.evaluations for ds, ms in e.scores.items() for m in ms})
+    out = []
+    for e in sorted(r.evaluations, key=lambda e: e.step):
+        vals = {f"{ds} {m}": v for ds, ms in e.scores.items() for m, v in ms.items()}
+        out.append({"step": str(e.step), **{c: f"{vals[c]:.4g}" if c in vals else "" for c in cols}})
+    return out
+
+
+def _html_table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+    body = "".join(("<tr class='chosen'>" if row.get("") == "chosen" else "<tr>") +
+                   "".join(f"<td>{html.escape(v)}</td>" for v in row.values()) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _md_table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return "(none)"
+    keys = list(rows[0])
+    return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] +
+                     ["| " + " | ".join(row[k] for k in keys) + " |" for row in rows])
+
+
+def _placement(r: RunReport) -> str:
+    return ", ".join(f"{n.node}: {n.gpu_type} GPUs [{', '.join(map(str, n.gpu_indices))}]" for n in r.allocation.nodes)
+
+
+def markdown(r: RunReport, html_path: str | None = None) -> str:
+    """The report as markdown (the Prefect artifact), without pictures."""
+    p = r.plans[r.chosen]
+    lines = [f"# {r.job}: {r.model} on {r.cluster}", "",
+             f"**Plan:** {p.gpus} x {p.gpu_type}, {p.layout.label()}, predicted peak {p.predicted_device_gib:.1f} GiB "
+             f"per GPU. **Placement:** {_placement(r)}.",
+             f"**Training:** step {r.final_step}" + (f" (resumed from {r.resumed_from_step})"
+                                                     if r.resumed_from_step is not None else "") +
+             f", {r.tokens_per_s:,.0f} tokens/s, {len(r.checkpoints)} checkpoints.", ""]
+    if r.stragglers:
+        s = r.stragglers
+        lines += [f"**Stragglers:** slowdown S = {s.slowdown:.3f} ({100 * s.waste:.1f}% of the time wasted); worst op "
+                  f"type {s.worst_optype}, stage {s.worst_stage}, DP rank {s.worst_dp_rank}.", ""]
+    lines += ["## Plans", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "", _md_table(_score_rows(r)),
+              "", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in r.timings_s.items())]
+    if html_path:
+        lines += ["", f"Full report with plots: `{html_path}`"]
+    return "\n".join(lines)
+
+
+_CSS = ("body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}"
+        "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:right}th{background:#f3f3f3}tr.chosen td{font-weight:600;background:#eef6ee}img{max-width:100%}"
+        ".kv{color:#555}")
+
+
+def render_html(r: RunReport, out: str | Path) -> Path:
+    """Write the self-contained HTML report (every picture inlined as PNG) and return its path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    p = r.plans[r.chosen]
+    loss = _loss_png(loss_curve(r.progress), [c.step for c in r.checkpoints])
+    scores = _scores_png(r.evaluations)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Frenzy run report: {html.escape(r.job)}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>{html.escape(r.job)}: {html.escape(r.model)} on {html.escape(r.cluster)}</h1>",
+             f"<p class='kv'>Chosen plan: <b>{p.gpus} x {html.escape(p.gpu_type)}</b>, {html.escape(p.layout.label())}, "
+             f"predicted peak {p.predicted_device_gib:.1f} GiB per GPU, {p.est_step_time_s:.3g} s per step. "
+             f"Placed on {html.escape(_placement(r))} (allocation {r.allocation.id[:8]}).</p>",
+             "<h2>Plans (MARP), chosen beside the alternatives</h2>", _html_table(_plan_rows(r)),
+             f"<h2>Training</h2><p class='kv'>Step {r.final_step}, {r.tokens_per_s:,.0f} tokens/s, "
+             f"{len(r.checkpoints)} checkpoints committed.</p>"]
+    if loss:
+        parts.append(f"<img alt='loss curve' src='data:image/png;base64,{loss}'>")
+    parts += ["<h2>Evaluation: scores by checkpoint</h2>", _html_table(_score_rows(r))]
+    if scores:
+        parts.append(f"<img alt='scores by step' src='data:image/png;base64,{scores}'>")
+    if r.stragglers:
+        s = r.stragglers
+        parts.append(f"<h2>Stragglers</h2><p class='kv'>Slowdown S = {s.slowdown:.3f} ({100 * s.waste:.1f}% of the "
+                     f"step time lost to stragglers); worst op type {html.escape(s.worst_optype)}, stage "
+                     f"{html.escape(s.worst_stage)}, DP rank {html.escape(s.worst_dp_rank)}.</p>")
+        if s.heatmap and Path(s.heatmap).exists():
+            img = base64.b64encode(Path(s.heatmap).read_bytes()).decode()
+            parts.append(f"<img alt='straggler heatmap' src='data:image/png;base64,{img}'>")
+    parts.append("<h2>Stage times</h2>" + _html_table([{k: f"{v:.1f} s" for k, v in r.timings_s.items()}]))
+    parts.append("</body></html>")
+    out.write_text("\n".join(parts))
+    return out
