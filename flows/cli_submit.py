@@ -53,7 +53,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job = load_job(args.job)
     req = SubmitRequest(job=job, cluster=args.cluster, ledger=args.ledger, suite=args.suite,
                         max_wait_s=args.max_wait, evaluation=args.evaluation, device=args.device,
-                        run_dir=args.run_dir)
+                        run_dir=args.run_dir, lease_s=args.lease)
     t0 = time.monotonic()
     res = submit(req)
     _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
@@ -104,6 +104,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when allocated")
     sp.add_argument("--max-wait", type=float, default=3600.0, help="seconds to wait in the queue (default 3600)")
     sp.add_argument("--run-dir", help="progress, log, traces and report (default runs/<job name>)")
+    sp.add_argument("--lease", type=float, default=60.0,
+                    help="allocation lease in seconds: a crashed run's GPUs come back this long after it died (60)")
 
     sp = add("demo", cmd_demo, "The whole pipeline on this machine with embedded defaults, ending in a run report.")
     sp.add_argument("--dir", default="frenzy-demo", help="where everything goes (default ./frenzy-demo)")

@@ -109,7 +109,8 @@ def _host_node(alloc: Allocation) -> str:
     return names[0]
 
 
-def training_request(request: SubmitRequest, alloc: Allocation, chosen: ResourcePlan, run_dir: Path) -> TrainRequest:
+def training_request(request: SubmitRequest, alloc: Allocation, chosen: ResourcePlan, run_dir: Path,
+                     suite: str = "") -> TrainRequest:
     """The trainer's request for exactly the allocation's GPUs and the chosen plan's layout."""
     _host_node(alloc)
     node = alloc.nodes[0]
@@ -119,7 +120,8 @@ def training_request(request: SubmitRequest, alloc: Allocation, chosen: Resource
     on_cpu = node.gpu_type == "cpu"
     return TrainRequest(job=job, nproc=len(node.gpu_indices), tp=chosen.layout.tp, resume=True,
                         device="cpu" if on_cpu else request.device, run_dir=str(run_dir),
-                        gpu_indices=None if on_cpu else node.gpu_indices, analyze_stragglers=False)
+                        gpu_indices=None if on_cpu else node.gpu_indices, analyze_stragglers=False,
+                        evaluation_suite=suite or None)
 
 
 def _eval_mode(request: SubmitRequest) -> str:
@@ -139,12 +141,23 @@ def _eval_mode(request: SubmitRequest) -> str:
         return "in-flow"
 
 
-class _Evaluator:
-    """Evaluates each newly committed checkpoint of a root, oldest first, in this flow's thread."""
+def _from_history(request: SubmitRequest, run: str, suite: str) -> dict[int, EvalSummary]:
+    """Summaries of the steps of `run` the history already holds for `suite` (evaluated earlier or elsewhere)."""
+    out = {}
+    for e in history.read(request.history_dir, run, suite):
+        res = Path(request.history_dir) / run / ck.step_dir(e["step"]) / suite / "result.json"
+        out[e["step"]] = EvalSummary(uri=e["uri"], run=run, step=e["step"], suite=suite, scores=e["scores"],
+                                     makespan_s=0.0, predicted_makespan_s=0.0, result=str(res), history_plot=None)
+    return out
 
-    def __init__(self, request: SubmitRequest, root: str, suite: str, device: str) -> None:
+
+class _Evaluator:
+    """Evaluates each newly committed checkpoint of a root, oldest first, in this flow's thread; steps the
+    history already has (a resumed job) are not evaluated again."""
+
+    def __init__(self, request: SubmitRequest, root: str, run: str, suite: str, device: str) -> None:
         self.request, self.root, self.suite, self.device = request, root, suite, device
-        self.done: dict[int, EvalSummary] = {}
+        self.done: dict[int, EvalSummary] = _from_history(request, run, suite)
         self.missed: set[int] = set()
 
     def _evaluate(self, m: ck.Manifest) -> None:
@@ -157,24 +170,18 @@ class _Evaluator:
             get_run_logger().warning("evaluation of step %d failed: %s (retention may have removed it: raise "
                                      "training.checkpoint.keep to evaluate every checkpoint)", m.step, err)
 
-    def catch_up(self, only_newest: bool = False) -> None:
+    def catch_up(self) -> None:
         ms = [m for m in ck.committed(Storage(self.root)) if m.step not in self.done and m.step not in self.missed]
-        for m in sorted(ms, key=lambda m: m.step)[-1:] if only_newest else sorted(ms, key=lambda m: m.step):
+        for m in sorted(ms, key=lambda m: m.step):
             self._evaluate(m)
 
 
 def _collect_triggered(request: SubmitRequest, run: str, suite: str, steps: list[int]) -> dict[int, EvalSummary]:
-    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting for them."""
+    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting for the last."""
     deadline = time.monotonic() + request.eval_timeout_s
-    found: dict[int, EvalSummary] = {}
     while True:
-        for e in history.read(request.history_dir, run, suite):
-            if e["step"] in steps and e["step"] not in found:
-                res = Path(request.history_dir) / run / ck.step_dir(e["step"]) / suite / "result.json"
-                found[e["step"]] = EvalSummary(uri=e["uri"], run=run, step=e["step"], suite=suite, scores=e["scores"],
-                                               makespan_s=0.0, predicted_makespan_s=0.0, result=str(res),
-                                               history_plot=None)
-        if steps and max(steps) in found or time.monotonic() > deadline:
+        found = _from_history(request, run, suite)
+        if not steps or max(steps) in found or time.monotonic() > deadline:
             return found
         time.sleep(2.0)
 
@@ -184,7 +191,7 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
     logger = get_run_logger()
     root = treq.job.training.checkpoint.uri
     device = "cuda" if treq.gpu_indices else "cpu"
-    ev = _Evaluator(request, root, suite, device) if mode == "in-flow" else None
+    ev = _Evaluator(request, root, treq.job.name, suite, device) if mode == "in-flow" else None
     fut: PrefectFuture = train_task.submit(treq)
     try:
         while not fut.state.is_final():
@@ -194,7 +201,7 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
                 raise LeaseLost(f"{treq.job.name}: the allocation's lease was lost while training; training was "
                                 "stopped after committing its step")
             if ev is not None:
-                ev.catch_up(only_newest=False)
+                ev.catch_up()
             fut.wait(timeout=2.0)
         result: TrainResult = fut.result()
     except BaseException:
@@ -267,7 +274,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
         keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
         with keeper:
             t = time.monotonic()
-            treq = training_request(request, alloc, chosen, run_dir)
+            treq = training_request(request, alloc, chosen, run_dir, suite)
             mode = _eval_mode(request)
             logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")
             result, evals = _train_and_evaluate(request, treq, suite, mode, keeper)

@@ -62,14 +62,18 @@ class TrainRequest(BaseModel):
     """GPUs of this node to use (an allocation's `nodes[0].gpu_indices`); one rank each. None: nproc ranks."""
     analyze_stragglers: bool = True
     """Run the straggler what-if analysis on the run's op traces when it ends (artifacts beside the trace)."""
+    evaluation_suite: str | None = None
+    """Suite named in the commit events (what evaluate-on-checkpoint runs); empty: the job's, else core."""
 
 
-def checkpoint_event(record: dict, run: str) -> None:
-    """Emit `frenzy.checkpoint.committed` for one commit (resource id: the checkpoint URI)."""
+def checkpoint_event(record: dict, run: str, suite: str = "core") -> None:
+    """Emit `frenzy.checkpoint.committed` for one commit (resource id: the checkpoint URI); `suite` is the one the
+    job asks its checkpoints to be evaluated on (the evaluate-on-checkpoint trigger passes it on)."""
     emit_event(event=CHECKPOINT_EVENT,
                resource={"prefect.resource.id": f"frenzy.checkpoint.{record['uri']}",
                          "prefect.resource.name": f"{run} step {record['step']}"},
-               payload={"uri": record["uri"], "step": record["step"], "run": run, "bytes": record["bytes"]})
+               payload={"uri": record["uri"], "step": record["step"], "run": run, "bytes": record["bytes"],
+                        "suite": suite})
 
 
 @task(name="train", task_run_name="train-{request.job.name}")
@@ -77,6 +81,7 @@ def train_task(request: TrainRequest) -> TrainResult:
     """Run the trainer to `training.steps`; progress artifact, logs and one event per committed checkpoint."""
     logger = get_run_logger()
     job = request.job
+    suite = request.evaluation_suite or (job.evaluation.suite if job.evaluation else "core")
     art = create_progress_artifact(0.0, key=re.sub(r"[^a-z0-9-]+", "-", f"train-{job.name}".lower()),
                                    description=f"{job.name}: step 0/{job.training.steps}")
 
@@ -88,7 +93,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                                                  f"{rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
                                                  f"ETA {rec['eta_s']:.0f}s")
         elif ev == "checkpoint":
-            checkpoint_event(rec, job.name)
+            checkpoint_event(rec, job.name, suite)
         (logger.warning if ev in WARNING_EVENTS else logger.info)(describe(rec))
 
     result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,

@@ -43,8 +43,9 @@ def test_every_deployment_entrypoint_loads_and_its_parameters_validate():
 
             t = DeploymentEventTrigger.model_validate(trig)
             assert t.expect == {CHECKPOINT_EVENT}  # the event the trainer emits
-            payload = {"uri": "file:///x/ckpt/step_00000010"}
-            rendered = {k: {kk: vv.replace("{{ event.payload.uri }}", payload["uri"]) for kk, vv in v.items()}
+            payload = {"uri": "file:///x/ckpt/step_00000010", "suite": "quick"}
+            rendered = {k: {kk: vv.replace("{{ event.payload.uri }}", payload["uri"])
+                            .replace("{{ event.payload.suite }}", payload["suite"]) for kk, vv in v.items()}
                         for k, v in trig["parameters"].items()}
             fl.validate_parameters(rendered)
-    assert {"plan", "simulate", "train", "stragglers", "evaluate-on-checkpoint", "evaluate-pending"} <= names
+    assert {"submit", "plan", "simulate", "train", "stragglers", "evaluate-on-checkpoint", "evaluate-pending"} <= names

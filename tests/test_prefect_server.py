@@ -1,0 +1,114 @@
+"""Frenzy on a real Prefect server, as a user runs it: deployed with deployments/deploy.sh, a process worker, the
+`submit` deployment started the way the UI's Run button starts it, each commit event triggering
+`evaluate-on-checkpoint`, and the `evaluate-pending` schedule actually firing (a scheduler that breaks, as it did
+with SQLAlchemy 2.1, fails this test)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.prefect_stack import prefect_stack
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with prefect_stack(tmp_path_factory.mktemp("prefect-stack")) as s:
+        yield s
+
+
+@pytest.fixture
+def client(stack):
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as c:
+        yield c
+
+
+def _wait_final(client, run_id, timeout_s: float, stack) -> object:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = client.read_flow_run(run_id)
+        if run.state and run.state.is_final():
+            return run
+        if time.monotonic() > deadline:
+            raise AssertionError(f"flow run {run.name} still {run.state_name} after {timeout_s:.0f} s; worker log:\n"
+                                 + (stack.logs / "worker.log").read_text()[-4000:])
+        time.sleep(1.0)
+
+
+def _runs_of(client, deployment_name: str) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    dep = client.read_deployment_by_name(deployment_name)
+    return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+
+
+SUBMIT_FORM = {"request": {
+    "job": {"name": "served", "model": {"preset": "gpt-tiny"},
+            "training": {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": 40, "lr": 0.003,
+                         "log_every_steps": 10, "trace_every_steps": 10,
+                         "checkpoint": {"every_steps": 20, "uri": "file://./runs/served/ckpt", "keep": 5}},
+            "evaluation": {"suite": "quick"}},
+    "cluster": "local"}}
+
+
+def test_deploy_sh_registers_every_deployment_and_the_pool(stack, client):
+    names = {f"{client.read_flow(d.flow_id).name}/{d.name}" for d in client.read_deployments()}
+    assert {"submit/submit", "train/train", "plan/plan", "evaluate-checkpoint/evaluate-on-checkpoint",
+            "evaluate-pending/evaluate-pending", "stragglers/stragglers", "simulate/simulate"} <= names
+    assert client.read_work_pool("frenzy").type == "process"
+    # the working directory recorded for the runs is the checkout deploy.sh ran in, not an environment variable
+    dep = client.read_deployment_by_name("submit/submit")
+    assert str(stack.workdir.resolve()) in str(dep.pull_steps)
+
+
+def test_submit_from_the_deployment_form_trains_and_each_commit_is_evaluated(stack, client):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        run = run_deployment("submit/submit", parameters=SUBMIT_FORM, timeout=0)
+    run = _wait_final(client, run.id, 420, stack)
+    assert run.state.is_completed(), run.state.message
+    # the commit events triggered evaluate-on-checkpoint, once per checkpoint, and those runs completed
+    evals = _runs_of(client, "evaluate-checkpoint/evaluate-on-checkpoint")
+    assert sorted(r.parameters["request"]["uri"].rsplit("_", 1)[-1] for r in evals) == ["00000020", "00000040"]
+    for r in evals:
+        assert _wait_final(client, r.id, 120, stack).state.is_completed()
+        assert r.parameters["request"]["suite"] == "quick"
+    hist = (stack.workdir / "evals" / "served" / "history.jsonl").read_text().splitlines()
+    assert len(hist) == 2
+    keys = {a.key for a in client.read_artifacts()}
+    assert {"report-served", "plans-served"} <= keys
+    assert (stack.workdir / "runs" / "served" / "report.html").exists()
+
+
+def test_the_hourly_schedule_fires_and_evaluates_a_checkpoint_without_scores(stack, client):
+    from prefect.states import Scheduled
+
+    from tests.trainer_util import run as train_run
+    from tests.trainer_util import tiny_job
+
+    # a checkpoint that nobody evaluated, where the deployment's default parameters point (runs/tiny/ckpt)
+    root = stack.workdir / "runs" / "tiny" / "ckpt"
+    train_run(tiny_job(f"file://{root}", steps=10, every=10), stack.workdir / "runs" / "tiny-train")
+    # the scheduler service itself must create the hourly runs (it failed every minute under SQLAlchemy 2.1)
+    deadline = time.monotonic() + 60
+    while not (scheduled := [r for r in _runs_of(client, "evaluate-pending/evaluate-pending")
+                             if r.state_name == "Scheduled"]):
+        assert time.monotonic() < deadline, "the scheduler created no run for evaluate-pending:\n" + \
+            (stack.logs / "server.log").read_text()[-3000:]
+        time.sleep(1.0)
+    first = min(scheduled, key=lambda r: r.expected_start_time)
+    # bring the next hourly run forward to now instead of waiting up to an hour for it
+    client.set_flow_run_state(first.id, Scheduled(scheduled_time=datetime.now(UTC)), force=True)
+    done = _wait_final(client, first.id, 300, stack)
+    assert done.state.is_completed(), done.state.message
+    hist = (stack.workdir / "evals" / "t" / "history.jsonl").read_text()
+    assert '"step": 10' in hist and '"suite": "core"' in hist

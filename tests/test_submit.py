@@ -1,0 +1,162 @@
+"""The `submit` pipeline flow on a real Prefect test server: one job from plan to report with its GPUs given back,
+bad input that stops before anything is allocated, cancellation, a killed run that a re-run resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster.ledger import Ledger
+from tasks.jobspec import parse_job
+from tasks.training import checkpoint as ck
+from tasks.training.storage import Storage
+
+
+def _job(tmp: Path, name: str = "sub", steps: int = 40, every: int = 20, **training: object) -> dict:
+    t = {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": steps, "lr": 3e-3, "warmup_steps": 5,
+         "log_every_steps": 5, "trace_every_steps": 10,
+         "checkpoint": {"every_steps": every, "uri": f"file://{tmp}/ckpt", "keep": 5}, **training}
+    return {"name": name, "model": {"preset": "gpt-tiny"}, "training": t, "evaluation": {"suite": "quick"}}
+
+
+def _request(tmp: Path, **job_kw: object):
+    from flows.submit import SubmitRequest
+
+    return SubmitRequest(job=parse_job(_job(tmp, **job_kw)), cluster="local", ledger=str(tmp / "ledger.db"),
+                         evaluation="in-flow", device="cpu", run_dir=str(tmp / "run"), history_dir=str(tmp / "evals"))
+
+
+def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, tmp_path):
+    from prefect.artifacts import Artifact
+
+    from flows.submit import submit
+
+    res = submit(_request(tmp_path))
+    doc = res.model_dump(mode="json")
+    for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
+        assert key in doc, key
+    assert res.plan.gpu_type == "cpu" and res.allocation.nodes[0].gpu_type == "cpu"
+    assert [c.step for c in res.train.checkpoints] == [20, 40]
+    # every committed checkpoint was evaluated, the last one included, and the scores are real numbers
+    assert [e.step for e in res.evaluations] == [20, 40]
+    assert all(0 < e.scores["heldout-loss"]["loss"] < 6 for e in res.evaluations)
+    assert res.stragglers is not None and res.stragglers.slowdown >= 1.0
+    assert res.released and Ledger(str(tmp_path / "ledger.db")).allocations() == []
+    html = Path(res.report).read_text()
+    assert html.count("data:image/png;base64,") >= 3  # loss curve, scores by step, straggler heatmap
+    assert "chosen" in html and "heldout-loss loss" in html
+    assert Artifact.get("report-sub") is not None and Artifact.get("plans-sub") is not None
+
+    # a re-run of the same job resumes from the newest verified checkpoint instead of starting over
+    again = submit(_request(tmp_path, steps=60))
+    assert again.train.resumed_from_step == 40 and again.train.final_step == 60
+    assert [e.step for e in again.evaluations] == [20, 40, 60]  # the report shows the whole run
+    assert len((tmp_path / "evals" / "sub" / "history.jsonl").read_text().splitlines()) == 3  # 20, 40 not redone
+
+
+def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, tmp_path):
+    from flows.submit import SubmitRequest, submit
+    from tasks.planning.plans import InfeasibleJobError
+
+    job = parse_job({"name": "huge", "model": {"preset": "llama3-70b"}, "training": {"global_batch": 8}})
+    with pytest.raises(InfeasibleJobError, match="needs .* GiB per GPU"):
+        submit(SubmitRequest(job=job, ledger=str(tmp_path / "l.db"), run_dir=str(tmp_path / "run")))
+    led = Ledger(str(tmp_path / "l.db"))
+    assert led.allocations() == [] and led.queue() == []
+
+
+def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server, tmp_path):
+    from cluster.inventory import InventoryError
+    from flows.submit import submit
+    from tasks.evaluation.suite import SuiteError
+
+    req = _request(tmp_path)
+    with pytest.raises(SuiteError, match="neither a built-in suite .*core.*quick"):
+        submit(req.model_copy(update={"suite": "nope"}))
+    with pytest.raises(InventoryError, match="phoebe"):
+        submit(req.model_copy(update={"cluster": "nope"}))
+    assert not (tmp_path / "run").exists() and not (tmp_path / "ledger.db").exists()
+
+
+def test_a_job_no_node_can_ever_hold_fails_at_once_instead_of_waiting(tmp_path):
+    from cluster.inventory import load_cluster
+    from flows.place import placed
+    from tasks.planning.plans import plan_resources
+
+    led = Ledger(str(tmp_path / "l.db"))
+    led.sync(load_cluster("local"))
+    plans = plan_resources(parse_job({"name": "p", "model": {"preset": "gpt2-124m"}, "training": {"global_batch": 16}}),
+                           load_cluster("phoebe"))
+    big = [p for p in plans if p.gpu_type == "A100-40GB-SXM"] or plans
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="even when every GPU is free"), placed("p", big, ledger_url=str(tmp_path / "l.db")):
+        pass
+    assert time.monotonic() - t0 < 10 and led.queue() == []
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""}
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True)
+
+
+def _wait_for_commit(root: Path, min_step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(m.step >= min_step for m in ck.committed(Storage(f"file://{root}"))):
+        assert proc.poll() is None, (root.parent / "cli.err").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint committed in time"
+        time.sleep(0.2)
+
+
+def _trainers_of(run_dir: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run_dir}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_server, tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="cancelme", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run"), "--json"], tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    proc.send_signal(signal.SIGTERM)  # what a Prefect cancellation does to the flow process
+    proc.wait(timeout=120)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["stopped_early"] is True  # the trainer was asked to stop, and committed the step it was at
+    assert result["final_step"] == max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+    assert _trainers_of(tmp_path / "run") == []
+
+
+def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="killme", steps=100000, every=50)))
+    args = ["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+            "--run-dir", str(tmp_path / "run"), "--lease", "5", "--json"]
+    proc = _cli(args, tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    proc.send_signal(signal.SIGKILL)  # the flow process crashes: no finally, no release
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _trainers_of(tmp_path / "run") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _trainers_of(tmp_path / "run") == []  # the trainer died with its launcher: no orphan writer
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    # the crashed run still holds this machine's one device until its 5 s lease runs out: the re-run waits in
+    # the queue for that, then resumes
+    job = _job(tmp_path, name="killme", steps=newest + 10, every=50)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    again = _cli(args, tmp_path)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, (tmp_path / "cli.err").read_text()[-3000:]
+    res = json.loads(out)
+    assert res["train"]["resumed_from_step"] == newest and res["train"]["final_step"] == newest + 10
+    assert res["released"] is True
