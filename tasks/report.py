@@ -134,12 +134,11 @@ def _plan_rows(r: RunReport) -> list[dict[str, str]]:
 
 
 def _score_rows(r: RunReport) -> list[dict[str, str]]:
-    cols = sorted({f"{ds} {m}" for e in r.evaluations for ds, ms in e.scores.items() for m in ms})
-    out = []
-    for e in sorted(r.evaluations, key=lambda e: e.step):
-        vals = {f"{ds} {m}": v for ds, ms in e.scores.items() for m, v in ms.items()}
-        out.append({"step": str(e.step), **{c: f"{vals[c]:.4g}" if c in vals else "" for c in cols}})
-    return out
+    """One row per metric, one column per evaluated step (reads left to right as training goes on)."""
+    evals = sorted(r.evaluations, key=lambda e: e.step)
+    metrics = sorted({(ds, m) for e in evals for ds, ms in e.scores.items() for m in ms})
+    return [{"metric": f"{ds} {m}", **{f"step {e.step}": f"{e.scores[ds][m]:.4g}" if m in e.scores.get(ds, {}) else ""
+                                      for e in evals}} for ds, m in metrics]
 
 
 def _html_table(rows: list[dict[str, str]]) -> str:
@@ -174,7 +173,7 @@ def markdown(r: RunReport, html_path: str | None = None) -> str:
              f", {r.tokens_per_s:,.0f} tokens/s, {len(r.checkpoints)} checkpoints.", ""]
     if r.stragglers:
         s = r.stragglers
-        lines += [f"**Stragglers:** slowdown S = {s.slowdown:.3f} ({100 * s.waste:.1f}% of the time wasted); worst op "
+        lines += [f"**Stragglers:** slowdown S = {s.slowdown:.3f} ({100 * max(0.0, s.waste):.1f}% of the time wasted); worst op "
                   f"type {s.worst_optype}, stage {s.worst_stage}, DP rank {s.worst_dp_rank}.", ""]
     lines += ["## Plans", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "", _md_table(_score_rows(r)),
               "", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in r.timings_s.items())]
@@ -212,7 +211,7 @@ def render_html(r: RunReport, out: str | Path) -> Path:
         parts.append(f"<img alt='scores by step' src='data:image/png;base64,{scores}'>")
     if r.stragglers:
         s = r.stragglers
-        parts.append(f"<h2>Stragglers</h2><p class='kv'>Slowdown S = {s.slowdown:.3f} ({100 * s.waste:.1f}% of the "
+        parts.append(f"<h2>Stragglers</h2><p class='kv'>Slowdown S = {s.slowdown:.3f} ({100 * max(0.0, s.waste):.1f}% of the "
                      f"step time lost to stragglers); worst op type {html.escape(s.worst_optype)}, stage "
                      f"{html.escape(s.worst_stage)}, DP rank {html.escape(s.worst_dp_rank)}.</p>")
         if s.heatmap and Path(s.heatmap).exists():

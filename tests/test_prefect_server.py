@@ -5,8 +5,10 @@ with SQLAlchemy 2.1, fails this test)."""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +114,74 @@ def test_the_hourly_schedule_fires_and_evaluates_a_checkpoint_without_scores(sta
     assert done.state.is_completed(), done.state.message
     hist = (stack.workdir / "evals" / "t" / "history.jsonl").read_text()
     assert '"step": 10' in hist and '"suite": "core"' in hist
+
+
+def test_a_user_runs_submit_from_the_prefect_ui_and_finds_its_artifacts(stack, client):
+    """Headless Chromium on the real UI: the deployment's form shows the JobSpec fields, its Submit button starts
+    a run, and the flow run page lists the plan and report artifacts. Screenshots are kept in
+    test-artifacts/screenshots/ (FRENZY_TEST_ARTIFACTS moves it)."""
+    chromium = "/usr/bin/chromium"
+    import shutil
+
+    if not shutil.which(chromium):
+        pytest.skip("Chromium is not installed: apt-get install -y chromium (CI installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
+    from tests.prefect_stack import REPO
+
+    shots = Path(os.environ.get("FRENZY_TEST_ARTIFACTS") or REPO / "test-artifacts") / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    dep = client.read_deployment_by_name("submit/submit")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{stack.ui_url}/deployments/deployment/{dep.id}/run")
+        form = page.get_by_text("The job (the job YAML as a form)")
+        form.wait_for(timeout=60_000)
+        for label in ("Preset (Optional)", "Global Batch (Optional)", "Seq Len (Optional)", "Cluster (Optional)"):
+            assert page.get_by_text(label, exact=True).count() >= 1, label
+        page.screenshot(path=str(shots / "1-submit-form.png"), full_page=True)
+        before = {r.id for r in _runs_of(client, "submit/submit")}
+        page.get_by_role("button", name="Submit").click()
+        page.wait_for_url(f"**/deployments/deployment/{dep.id}?**", timeout=60_000)  # the UI shows the runs tab
+        deadline = time.monotonic() + 30
+        while not (new := [r for r in _runs_of(client, "submit/submit") if r.id not in before]):
+            assert time.monotonic() < deadline, "the form's Submit created no flow run"
+            time.sleep(0.5)
+        run_id = new[0].id
+        run = _wait_final(client, run_id, 420, stack)
+        assert run.state.is_completed(), run.state.message
+        page.goto(f"{stack.ui_url}/runs/flow-run/{run_id}")
+        page.get_by_text("Artifacts", exact=True).first.click()
+        page.get_by_text("report-tiny-submit", exact=True).first.wait_for(timeout=60_000)
+        assert page.get_by_text("plans-tiny-submit", exact=True).count() >= 1
+        page.screenshot(path=str(shots / "2-flow-run-artifacts.png"), full_page=True)
+        page.get_by_text("report-tiny-submit", exact=True).first.click()  # the report itself, rendered
+        page.get_by_text("Scores by checkpoint").first.wait_for(timeout=30_000)
+        page.screenshot(path=str(shots / "3-run-report.png"), full_page=True)
+        browser.close()
+    assert (shots / "2-flow-run-artifacts.png").stat().st_size > 10_000
+    print(f"screenshots: {shots}")
+
+
+def test_the_quickstart_notebook_runs_against_the_server(stack, tmp_path):
+    """examples/notebooks/quickstart.ipynb executed top to bottom by a real kernel, its flows and its
+    run_deployment cell talking to the server; any error cell fails the test."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    from tests.prefect_stack import REPO
+
+    nb = nbformat.read(REPO / "examples" / "notebooks" / "quickstart.ipynb", as_version=4)
+    env = {"FRENZY_NOTEBOOK_DIR": str(tmp_path / "nb"), "PREFECT_API_URL": stack.api_url}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this environment
+    try:
+        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "released: True" in outputs and "Scores by checkpoint" in outputs
+    nbformat.write(nb, tmp_path / "quickstart.executed.ipynb")
