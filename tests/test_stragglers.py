@@ -235,3 +235,32 @@ def test_stragglers_flow_writes_report_and_artifacts(prefect_server, tmp_path):
     assert rep.heatmap and rep.timeline
     art = Artifact.get("stragglers-flowtest")
     assert art is not None and "Straggler what-if analysis" in str(art.data)
+
+
+def test_the_artifacts_own_file_layout_is_read_as_it_is(tmp_path):
+    """Files written the way the what-if paper's artifact writes them: meta with `run_id: 0` (an int), optype a
+    pandas categorical whose category list (in another order) includes `first-op`, which no row uses, narrow
+    integer columns and float32 timestamps. The analysis must equal that of the same ops in our own format."""
+    run = generate(SynthSpec(dp=2, pp=2, microbatches=4, steps=4, slow_worker={"dp": 1, "stage": 1, "factor": 1.3}))
+    cols = run.columns()
+    ours = write_trace(tmp_path / "ours" / "trace.parquet", cols, JobMeta(dp_size=2, pp_size=2, run_id="x"))
+    cats = ["first-op", *reversed(OPTYPES)]
+    frame = {name: np.asarray(cols[name]).astype(dt) for name, dt in COLUMNS.items() if dt is not None}
+    frame["optype"] = pd.Categorical([OPTYPES[i] for i in cols["optype"]], categories=cats)
+    art = tmp_path / "artifact"
+    art.mkdir()
+    pd.DataFrame(frame).to_parquet(art / "trace.parquet", index=False)
+    (art / "meta.yaml").write_text("trial_name: job-0\nrun_id: 0\ndp_size: 2\npp_size: 2\ntp_size: 1\n"
+                                   "dsp_size: 1\nvpp_size: 1\nworld_size: 4\n")
+    tr = load_trace(art)
+    assert tr.meta.run_id == "0" and tr.meta.trial_name == "job-0"
+    a, _ = analyze(tr)
+    b, _ = analyze(load_trace(ours))
+    assert a.slowdown == pytest.approx(b.slowdown, rel=1e-9) and a.slowdown > 1.05
+    assert a.by_optype == pytest.approx(b.by_optype, rel=1e-9)
+    # a value outside the known op types is still refused, by name
+    frame["optype"] = pd.Categorical(["mystery-op"] + [OPTYPES[i] for i in cols["optype"][1:]],
+                                     categories=[*cats, "mystery-op"])
+    pd.DataFrame(frame).to_parquet(art / "trace.parquet", index=False)
+    with pytest.raises(TraceError, match=r"unknown op types \['mystery-op'\]"):
+        load_trace(art)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 COMPUTE = ("forward-compute", "backward-compute")
 PP_COMM = ("forward-send", "forward-recv", "backward-send", "backward-recv")
@@ -34,13 +35,18 @@ class TraceError(ValueError):
     """A trace or meta file that cannot be analysed; the message names the fix."""
 
 
+def _as_text(v: object) -> str:
+    return "" if v is None else str(v)
+
+
 class JobMeta(BaseModel):
-    """The parallel layout of the traced job."""
+    """The parallel layout of the traced job. The artifact's own meta files write `run_id: 0` (an int): names are
+    taken as text whatever YAML made of them."""
 
     model_config = ConfigDict(extra="ignore")
 
-    trial_name: str = ""
-    run_id: str = ""
+    trial_name: Annotated[str, BeforeValidator(_as_text)] = ""
+    run_id: Annotated[str, BeforeValidator(_as_text)] = ""
     dp_size: int = Field(ge=1)
     pp_size: int = Field(1, ge=1)
     tp_size: int = Field(1, ge=1)
@@ -134,10 +140,13 @@ def _optype_codes(col: object, p: Path) -> np.ndarray:
         enc = pc.dictionary_encode(col)
         names = [str(x) for x in enc.dictionary.to_pylist()]
         idx = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False)
-    unknown = [n for n in names if n not in OPTYPES]
-    if unknown or (idx < 0).any():
+    # judge the values, not the category list: the artifact's files carry categories no row uses (its analyzer
+    # adds `first-op` to the list itself)
+    used = np.unique(idx)
+    unknown = [names[i] for i in used if i >= 0 and names[i] not in OPTYPES]
+    if unknown or (used < 0).any():
         raise TraceError(f"{p} has unknown op types {unknown or ['<null>']}; known: {', '.join(OPTYPES)}")
-    lut = np.array([OPTYPES.index(n) for n in names], dtype=np.int8)
+    lut = np.array([OPTYPES.index(n) if n in OPTYPES else -1 for n in names], dtype=np.int8)
     return lut[idx]
 
 
