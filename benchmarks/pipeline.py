@@ -183,7 +183,7 @@ def main() -> int:
     (out / "pipeline.json").write_text(json.dumps(res, indent=1))
     med = {k: statistics.median(v) for k, v in res["overhead_s"].items()}
     lines = [f"# Pipeline figures ({res['date']}, {res['machine']})", "", f"`{res['command']}`", "",
-             f"- `frenzy demo` wall time: " + ", ".join(f"{x:.0f} s" for x in res["demo_wall_s"]) +
+             "- `frenzy demo` wall time: " + ", ".join(f"{x:.0f} s" for x in res["demo_wall_s"]) +
              " (target < 300 s)", "", "| stages of one 200-step gpt-tiny job | by hand (median) | submit flow (median) |"
              " submit / hand |", "|---|---|---|---|"]
     for tag in ("training only", "with evaluation"):
@@ -192,7 +192,7 @@ def main() -> int:
     if "latency" in res:
         lat = res["latency"]
         ev = lat["event_commit_to_eval_start_s"]
-        lines += ["", f"- Event path, commit -> evaluate-on-checkpoint run started: " +
+        lines += ["", "- Event path, commit -> evaluate-on-checkpoint run started: " +
                   ", ".join(f"{x:.1f} s" for x in ev) + (f" (median {statistics.median(ev):.1f} s)" if ev else ""),
                   f"- Schedule path: a commit waits for the next hourly run (mean {lat['schedule_interval_s'] / 2:.0f} s, "
                   f"at most {lat['schedule_interval_s']} s), then the run starts {lat['schedule_due_to_start_s']:.1f} s "
