@@ -184,7 +184,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(describe(rec), file=sys.stderr, flush=True)
 
     try:
-        result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc, resume=args.resume,
+        result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc,
+                        resume=args.resume or args.from_scratch, from_scratch=args.from_scratch,
                         device=args.device, threads=args.threads, tp=args.tp, on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
@@ -209,11 +210,17 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     storage = Storage(args.uri)
     rows = []
+    if storage.local is not None and not storage.local.is_dir():
+        raise ValueError(f"{storage.uri}: no such checkpoint directory" if not storage.local.exists() else
+                         f"{storage.uri} is a file; give the checkpoint root (the directory of step_* folders)")
     for s in ck.list_steps(storage):
-        m = ck.read_manifest(storage, s)
+        try:
+            m, bad = ck.read_manifest(storage, s), None
+        except ck.CheckpointError as err:
+            m, bad = None, str(err)
         row = {"step": s, "committed": m is not None, "healthy": m.healthy if m else None,
                "bytes": m.total_bytes if m else None, "loss": m.loss.get("last") if m else None,
-               "verified": None, "problem": None if m else "no manifest (never committed)"}
+               "verified": None, "problem": bad or (None if m else "no manifest (never committed)")}
         if m is not None and args.verify:
             try:
                 ck.verify(storage, m)
@@ -338,10 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("job", help="job YAML file")
     sp.add_argument("--resume", action="store_true",
                     help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
+    sp.add_argument("--from-scratch", action="store_true",
+                    help="with checkpoints none of which verifies: discard them and train from step 0 (without "
+                         "it, such a resume is refused)")
     sp.add_argument("--nproc", type=int, default=1, help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
     sp.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DTensor); data parallel = nproc / tp")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when present")
-    sp.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
+    sp.add_argument("--threads", type=int, help="torch threads per rank (default: (cores - 1) / ranks, one core left for "
+                         "the checkpoint persist and the loader)")
     sp.add_argument("--run-dir", help="progress, log, op traces and result (default runs/<job name>)")
     sp.add_argument("--steps", type=int, help="override training.steps")
     sp.add_argument("--checkpoint-uri", help="override training.checkpoint.uri (file://DIR or s3://BUCKET/PREFIX)")

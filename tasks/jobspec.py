@@ -198,11 +198,15 @@ class EvaluationSpec(_Strict):
     """Evaluate every committed checkpoint as it lands."""
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""Job and run names become directory names (runs/<name>, evals/<name>): a name, never a path."""
+
+
 class JobSpec(_Strict):
     """A training job as submitted by a user."""
 
-    name: str = "job"
-    """Job name; also names checkpoints and runs."""
+    name: str = Field("job", pattern=NAME_PATTERN)
+    """Job name (letters, digits, `.`, `_`, `-`; up to 128); it names the run and evaluation directories."""
     model: ModelSpec
     """The model to train: `{preset: NAME}` (see `frenzy presets`) or the explicit shape."""
     training: TrainingSpec = Field(default_factory=TrainingSpec)
@@ -224,6 +228,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         elif e["type"] == "missing" and loc == "model":
             lines.append("  model: missing; give `model: {preset: NAME}` (see `frenzy presets`) or the explicit "
                          "shape (layers, hidden, heads, vocab)")
+        elif e["type"] == "string_pattern_mismatch" and loc == "name":
+            lines.append(f"  name: {e['input']!r} is not a name: use letters, digits, '.', '_' and '-' (at most 128; "
+                         "it names the run's directories)")
         elif e["type"] == "literal_error" and loc == "model.preset":
             lines.append(f"  model.preset: unknown model preset {e['input']!r}; choose one of: "
                          f"{', '.join(sorted(MODEL_PRESETS))}")

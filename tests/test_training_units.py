@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -176,3 +177,69 @@ def test_op_recompute_gives_the_same_gradients_and_recomputes_every_other_matmul
         assert torch.allclose(a.grad, b.grad, atol=1e-6), name
     fwd = [keep for rec, keep in decisions if not rec]
     assert fwd == [True, False, True, False, True, False, True] * 2  # q k v proj fc1 fc3 fc2, per block
+
+
+class _GatedStorage(Storage):
+    """Local storage whose shard writes wait for a gate: a persist that is still running, under the test's control."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.gate = threading.Event()
+
+    def write_stream(self, key, chunks):  # noqa: ANN001, ANN201
+        assert self.gate.wait(60), "gate never opened"
+        return super().write_stream(key, chunks)
+
+
+_FIELDS = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+
+
+def test_one_buffer_defers_a_save_instead_of_waiting_for_the_persist(tmp_path):
+    st = _GatedStorage(f"file://{tmp_path}")
+    c = ck.AsyncCheckpointer(st, 0, 1, run="t", buffers=1)
+    w = [("model.w", torch.arange(10.0))]
+    assert c.save(1, w, _FIELDS, block=False) is not None
+    assert c.busy() and c.save(2, w, _FIELDS, block=False) is None  # due while step 1 persists: deferred, not waited
+    st.gate.set()
+    c.wait()
+    assert not c.busy() and c.save(3, w, _FIELDS, block=False, deferred_steps=1) is not None
+    c.close()
+    assert [(r.step, r.deferred_steps) for r in c.records] == [(1, 0), (3, 1)]
+
+
+def test_two_buffers_take_a_save_during_a_persist_and_persist_in_order(tmp_path):
+    st = _GatedStorage(f"file://{tmp_path}")
+    c = ck.AsyncCheckpointer(st, 0, 1, run="t", buffers=2)
+    w = torch.arange(10.0)
+    c.prepare([("model.w", w)])
+    assert c.save(1, [("model.w", w)], _FIELDS, block=False) is not None
+    w += 1
+    assert c.save(2, [("model.w", w)], _FIELDS, block=False) is not None  # the second buffer
+    assert c.save(3, [("model.w", w)], _FIELDS, block=False) is None  # both persisting: deferred
+    st.gate.set()
+    c.close()
+    assert [r.step for r in c.records] == [1, 2]
+    one, two = (ck.read_shard(st, ck.read_manifest(st, s).shards[0])["model.w"] for s in (1, 2))
+    assert torch.equal(one, torch.arange(10.0)) and torch.equal(two, torch.arange(10.0) + 1)
+
+
+def test_snapshot_padding_is_zero_so_identical_state_gives_identical_checksums(tmp_path):
+    shas = []
+    for root in ("a", "b"):
+        torch.empty(1 << 20, dtype=torch.uint8).fill_(0xAB)  # leave garbage on the heap for the next buffer
+        c = ck.AsyncCheckpointer(Storage(f"file://{tmp_path / root}"), 0, 1, run="t")
+        c.save(1, [("model.a", torch.ones(3)), ("model.b", torch.arange(5, dtype=torch.int16))], _FIELDS)
+        c.close()
+        shas.append(ck.read_manifest(Storage(f"file://{tmp_path / root}"), 1).shards[0].sha256)
+        buf = c._free[0]
+        pad = buf.flat[buf.entries[0].nbytes:buf.entries[1].offset]
+        assert pad.numel() > 0 and int(pad.sum()) == 0
+    assert shas[0] == shas[1]
+
+
+def test_snapshot_buffers_follow_host_memory_and_the_override(monkeypatch):
+    monkeypatch.delenv("FRENZY_SNAPSHOT_BUFFERS", raising=False)
+    assert ck.snapshot_buffers(1 << 20) == 2  # 1 MiB twice fits on any host that runs the tests
+    assert ck.snapshot_buffers(1 << 50) == 1  # a petabyte does not
+    monkeypatch.setenv("FRENZY_SNAPSHOT_BUFFERS", "1")
+    assert ck.snapshot_buffers(1 << 20) == 1

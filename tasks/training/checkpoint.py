@@ -4,8 +4,12 @@ The training loop blocks only for `AsyncCheckpointer.save()`: a copy of every te
 (pinned when the tensors live on a GPU). A background thread streams that buffer to storage while hashing
 it; each rank then writes a small `rankNNNNN.json` record; rank 0 waits for all of them and commits the step by
 writing `manifest.json` create-only. A step without a manifest was never committed and is never loaded.
-At most one persist is in flight: the next `save()` waits for the previous one (that wait is counted as
-blocked time).
+
+The loop never waits for a persist. Buffers are allocated (and their pages touched) by `prepare()` in the
+background once the optimizer state exists, not inside the first save. Two buffers are used when the host has the
+memory (`snapshot_buffers()`), so a save that comes due while the previous persist runs snapshots into the other
+one and its persist queues behind; when no buffer is free, `save()` returns None and the loop retries at the next
+step boundary (a deferred checkpoint, reported as `deferred_steps`). Persists run one at a time, in order.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from datetime import UTC, datetime
 import torch
 from pydantic import BaseModel, Field
 
+from tasks.jobspec import NAME_PATTERN
 from tasks.training.storage import AlreadyExists, Storage
 
 log = logging.getLogger("frenzy.checkpoint")
@@ -64,7 +69,8 @@ class Manifest(BaseModel):
 
     version: int = 1
     step: int
-    run: str
+    run: str = Field(pattern=NAME_PATTERN)
+    """The job name: evaluation writes under evals/<run>/, so it must be a name, not a path."""
     created: str
     world_size: int
     layout: dict
@@ -91,8 +97,12 @@ class CheckpointRecord(BaseModel):
     step: int
     uri: str
     blocked_s: float
+    """Seconds the training loop was blocked (the snapshot copy)."""
     persist_s: float
+    """Seconds the background persist took (write, hash, fsync, commit)."""
     bytes: int
+    deferred_steps: int = 0
+    """Steps this checkpoint came after it was due, because every snapshot buffer was still persisting."""
 
 
 def step_dir(step: int) -> str:
@@ -100,7 +110,8 @@ def step_dir(step: int) -> str:
 
 
 class SnapshotBuffer:
-    """One flat, preallocated CPU byte buffer with a typed view per tensor."""
+    """One flat, preallocated CPU byte buffer with a typed view per tensor. It is zero-filled, so alignment padding
+    is the same in every checkpoint (no heap bytes in files; identical runs give identical checksums)."""
 
     def __init__(self, tensors: list[tuple[str, torch.Tensor]], pin: bool) -> None:
         self.signature = [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
@@ -112,7 +123,7 @@ class SnapshotBuffer:
                                             shape=list(t.shape), offset=off, nbytes=nbytes))
             off += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
         self.nbytes = off
-        self.flat = torch.empty(off, dtype=torch.uint8, pin_memory=pin)
+        self.flat = torch.zeros(off, dtype=torch.uint8, pin_memory=pin)
         self.views = [self.flat[e.offset:e.offset + e.nbytes].view(t.dtype).view(t.shape) for e, (_, t) in
                       zip(self.entries, tensors, strict=True)]
 
@@ -133,96 +144,201 @@ class SnapshotBuffer:
             yield mv[i:i + size]
 
 
+def snapshot_buffers(nbytes: int, ranks_on_host: int = 1) -> int:
+    """How many snapshot buffers to use: 2 (a save never waits for the previous persist) when every rank on this
+    host can hold a second copy and still leave max(4 GiB, 15%) of RAM available, else 1 (a save that comes due
+    during a persist is deferred). `FRENZY_SNAPSHOT_BUFFERS=1|2` decides instead."""
+    forced = os.environ.get("FRENZY_SNAPSHOT_BUFFERS")
+    if forced:
+        return max(1, min(2, int(forced)))
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        avail, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    except (ValueError, OSError):
+        return 1
+    # the first buffer is part of what is "available" now too: count both copies of every rank
+    return 2 if avail - 2 * nbytes * ranks_on_host > max(4 << 30, 0.15 * total) else 1
+
+
+class _Job:
+    __slots__ = ("step", "buf", "fields", "extra", "blocked", "deferred")
+
+    def __init__(self, step: int, buf: SnapshotBuffer, fields: dict, extra: dict, blocked: float,
+                 deferred: int) -> None:
+        self.step, self.buf, self.fields, self.extra = step, buf, fields, extra
+        self.blocked, self.deferred = blocked, deferred
+
+
 class AsyncCheckpointer:
     """Snapshot now, persist in a background thread, commit with a checksummed manifest."""
 
     def __init__(self, storage: Storage, rank: int, world_size: int, run: str, keep: int = 3,
                  on_commit: Callable[[CheckpointRecord, Manifest], None] | None = None,
-                 commit_timeout_s: float = 900.0, nice: int | None = None) -> None:
-        """`nice` lowers the persist thread's CPU priority (Linux, per thread) so hashing and writing yield
-        to the training loop's threads; default `$FRENZY_PERSIST_NICE` or 19 (the lowest), 0 keeps it equal."""
+                 commit_timeout_s: float = 900.0, nice: int | None = None, buffers: int | None = None,
+                 ranks_on_host: int = 1) -> None:
+        """`nice` lowers the persist thread's CPU priority (Linux, per thread); default `$FRENZY_PERSIST_NICE` or 0:
+        the trainer leaves a core for it instead (a niced persist on a busy host crawls and holds its buffer).
+        `buffers` 1 or 2 fixes the number of snapshot buffers; None decides by host memory (`snapshot_buffers`)."""
         self.storage, self.rank, self.world_size, self.run = storage, rank, world_size, run
-        self.nice = int(os.environ.get("FRENZY_PERSIST_NICE", "19")) if nice is None else nice
+        self.nice = int(os.environ.get("FRENZY_PERSIST_NICE", "0")) if nice is None else nice
         self.keep, self.on_commit, self.commit_timeout_s = keep, on_commit, commit_timeout_s
-        self._buf: SnapshotBuffer | None = None
-        self._thread: threading.Thread | None = None
+        self.n_buffers, self.ranks_on_host = buffers, ranks_on_host
+        self._free: list[SnapshotBuffer] = []
+        self._lock = threading.Condition()
+        self._queue: list[_Job] = []
+        self._inflight = 0
+        self._worker: threading.Thread | None = None
+        self._prep: threading.Thread | None = None
         self._error: BaseException | None = None
         self.records: list[CheckpointRecord] = []
         self.persisting = threading.Event()
+        self.last_persist_s: float | None = None
+        """Seconds the newest completed persist took (the loop uses it to advise on the interval)."""
 
-    def save(self, step: int, tensors: list[tuple[str, torch.Tensor]], manifest_fields: dict,
-             extra: dict | None = None, shard_meta: dict[str, tuple[list[int], list[int]]] | None = None) -> float:
-        """Block for the snapshot only; returns the blocked seconds (including waiting for a previous persist).
-
-        `shard_meta` maps names of tensors that are shards of a distributed tensor to (global shape, offset).
-        """
-        t0 = time.perf_counter()
-        self.wait()
-        if self._buf is None or not self._buf.matches(tensors):
-            pin = any(t.device.type == "cuda" for _, t in tensors)
-            self._buf = SnapshotBuffer(tensors, pin=pin)
-            for e in self._buf.entries:
+    # buffers ----------------------------------------------------------------------------------------------
+    def _allocate(self, tensors: list[tuple[str, torch.Tensor]], shard_meta: dict | None) -> None:
+        pin = any(t.device.type == "cuda" for _, t in tensors)
+        first = SnapshotBuffer(tensors, pin=pin)
+        n = self.n_buffers or snapshot_buffers(first.nbytes, self.ranks_on_host)
+        bufs = [first] + [SnapshotBuffer(tensors, pin=pin) for _ in range(n - 1)]
+        for b in bufs:
+            for e in b.entries:
                 if shard_meta and e.name in shard_meta:
                     e.global_shape, e.global_offset = shard_meta[e.name]
-        self._buf.copy_from(tensors)
+        with self._lock:
+            self._free = bufs
+            self.n_buffers = n
+        log.info("checkpoint snapshot: %d buffer(s) of %.1f MB%s", n, first.nbytes / 1e6, " (pinned)" if pin else "")
+
+    def prepare(self, tensors: list[tuple[str, torch.Tensor]], shard_meta: dict | None = None) -> None:
+        """Allocate the snapshot buffers in the background (call once the optimizer state exists)."""
+        if self._prep is None and not self._free:
+            self._prep = threading.Thread(target=self._allocate, args=(tensors, shard_meta), daemon=True,
+                                          name="frenzy-snapshot-alloc")
+            self._prep.start()
+
+    def _ready(self, tensors: list[tuple[str, torch.Tensor]], shard_meta: dict | None) -> None:
+        if self._prep is not None:
+            self._prep.join()
+            self._prep = None
+        with self._lock:
+            stale = self._free and not self._free[0].matches(tensors)
+            empty = not self._free and self._inflight == 0
+        if stale or empty:  # the state changed shape (or was never prepared): buffers for the new signature
+            self.wait()
+            self._allocate(tensors, shard_meta)
+
+    # saving -----------------------------------------------------------------------------------------------
+    def save(self, step: int, tensors: list[tuple[str, torch.Tensor]], manifest_fields: dict,
+             extra: dict | None = None, shard_meta: dict[str, tuple[list[int], list[int]]] | None = None,
+             *, block: bool = True, deferred_steps: int = 0) -> float | None:
+        """Snapshot `tensors` and queue their persist; returns the seconds the caller was blocked.
+
+        With `block=False` a save that finds every buffer still persisting returns None at once (the caller
+        retries at its next step boundary); with `block=True` it waits for a buffer (that wait counts as blocked).
+        `shard_meta` maps names of tensors that are shards of a distributed tensor to (global shape, offset)."""
+        t0 = time.perf_counter()
+        self._raise_error()
+        self._ready(tensors, shard_meta)
+        with self._lock:
+            if not self._free and not block:
+                return None
+            while not self._free:
+                self._lock.wait(0.1)
+                self._raise_error_locked()
+            buf = self._free.pop()
+        buf.copy_from(tensors)
         blocked = time.perf_counter() - t0
-        self.persisting.set()
-        self._thread = threading.Thread(target=self._persist, name=f"frenzy-persist-{step}", daemon=True,
-                                        args=(step, dict(manifest_fields), dict(extra or {}), blocked))
-        self._thread.start()
+        job = _Job(step, buf, dict(manifest_fields), dict(extra or {}), blocked, deferred_steps)
+        with self._lock:
+            self._queue.append(job)
+            self._inflight += 1
+            self.persisting.set()
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._run, daemon=True, name="frenzy-persist")
+                self._worker.start()
+            self._lock.notify_all()
         return blocked
 
-    def wait(self) -> None:
-        """Wait for the in-flight persist; re-raise its error if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+    def busy(self) -> bool:
+        """True while a save would find no free buffer."""
+        with self._lock:
+            return bool(self._prep is None and not self._free and self._inflight)
+
+    def _raise_error_locked(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
             raise CheckpointError(f"persisting a checkpoint failed: {err}") from err
+
+    def _raise_error(self) -> None:
+        with self._lock:
+            self._raise_error_locked()
+
+    def wait(self) -> None:
+        """Wait until every queued persist finished; re-raise a persist's error."""
+        with self._lock:
+            while self._inflight:
+                self._lock.wait(0.1)
+            self._raise_error_locked()
 
     def close(self) -> None:
         self.wait()
 
     # background ---------------------------------------------------------------------------------------
-    def _persist(self, step: int, fields: dict, extra: dict, blocked: float) -> None:
-        t0 = time.perf_counter()
+    def _run(self) -> None:
         if self.nice and hasattr(os, "setpriority"):
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-        try:
-            buf = self._buf
-            assert buf is not None
-            d = step_dir(step)
-            key = f"{d}/rank{self.rank:05d}.bin"
-            n, sha = self.storage.write_stream(key, buf.chunks)
-            _fault_delay(step)
-            rec = ShardRecord(rank=self.rank, key=key, bytes=n, sha256=sha, tensors=buf.entries, extra=extra)
-            self.storage.put(f"{d}/rank{self.rank:05d}.json", rec.model_dump_json().encode())
-            if self.rank != 0:
-                return
-            shards = self._gather_shards(d, rec)
-            manifest = Manifest(step=step, run=self.run, created=datetime.now(UTC).isoformat(),
-                                world_size=self.world_size, shards=shards, **fields)
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._worker = None
+                    return
+                job = self._queue.pop(0)
             try:
-                self.storage.create(f"{d}/manifest.json", manifest.model_dump_json(indent=1).encode())
-            except AlreadyExists:
-                log.warning("step %d was already committed by another writer; keeping that commit", step)
-                return
-            persist_s = time.perf_counter() - t0
-            record = CheckpointRecord(step=step, uri=self.storage.url(d), blocked_s=blocked, persist_s=persist_s,
-                                      bytes=manifest.total_bytes)
-            self.records.append(record)
-            log.info("checkpoint step %d committed: %s (%.1f MB, blocked %.3fs, persist %.1fs)", step,
-                     record.uri, record.bytes / 1e6, blocked, persist_s)
-            apply_retention(self.storage, self.keep)
-            if self.on_commit is not None:
-                self.on_commit(record, manifest)
-        except BaseException as err:  # noqa: BLE001 - surfaced by the next wait()
-            log.error("persist of step %d failed: %s", step, err)
-            self._error = err
-        finally:
-            self.persisting.clear()
+                self._persist(job)
+            except BaseException as err:  # noqa: BLE001 - surfaced by the next save() or wait()
+                log.error("persist of step %d failed: %s", job.step, err)
+                with self._lock:
+                    self._error = err
+            finally:
+                with self._lock:
+                    self._free.append(job.buf)
+                    self._inflight -= 1
+                    if not self._inflight:
+                        self.persisting.clear()
+                    self._lock.notify_all()
+
+    def _persist(self, job: _Job) -> None:
+        t0 = time.perf_counter()
+        step, buf = job.step, job.buf
+        d = step_dir(step)
+        key = f"{d}/rank{self.rank:05d}.bin"
+        n, sha = self.storage.write_stream(key, buf.chunks)
+        _fault_delay(step)
+        rec = ShardRecord(rank=self.rank, key=key, bytes=n, sha256=sha, tensors=buf.entries, extra=job.extra)
+        self.storage.put(f"{d}/rank{self.rank:05d}.json", rec.model_dump_json().encode())
+        self.last_persist_s = time.perf_counter() - t0
+        if self.rank != 0:
+            return
+        shards = self._gather_shards(d, rec)
+        manifest = Manifest(step=step, run=self.run, created=datetime.now(UTC).isoformat(),
+                            world_size=self.world_size, shards=shards, **job.fields)
+        try:
+            self.storage.create(f"{d}/manifest.json", manifest.model_dump_json(indent=1).encode())
+        except AlreadyExists:
+            log.warning("step %d was already committed by another writer; keeping that commit", step)
+            return
+        persist_s = time.perf_counter() - t0
+        self.last_persist_s = persist_s
+        record = CheckpointRecord(step=step, uri=self.storage.url(d), blocked_s=job.blocked, persist_s=persist_s,
+                                  bytes=manifest.total_bytes, deferred_steps=job.deferred)
+        self.records.append(record)
+        log.info("checkpoint step %d committed: %s (%.1f MB, blocked %.3fs, persist %.1fs)", step,
+                 record.uri, record.bytes / 1e6, job.blocked, persist_s)
+        apply_retention(self.storage, self.keep)
+        if self.on_commit is not None:
+            self.on_commit(record, manifest)
 
     def _gather_shards(self, d: str, own: ShardRecord) -> list[ShardRecord]:
         shards = [own]
@@ -258,15 +374,33 @@ def list_steps(storage: Storage) -> list[int]:
 
 
 def read_manifest(storage: Storage, step: int) -> Manifest | None:
+    """The step's manifest; None when it has none (never committed). A manifest that cannot be parsed, or names
+    another step, raises `CheckpointError` naming the file."""
+    key = f"{step_dir(step)}/manifest.json"
     try:
-        return Manifest.model_validate_json(storage.read(f"{step_dir(step)}/manifest.json"))
+        m = Manifest.model_validate_json(storage.read(key))
     except FileNotFoundError:
         return None
+    except ValueError as err:  # pydantic's ValidationError (bad JSON or fields) is a ValueError
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{storage.url(key)} is not a valid manifest ({first}); the step is skipped") from None
+    if m.step != step:
+        raise CheckpointError(f"{storage.url(key)} names step {m.step}, not {step}; the step is skipped")
+    return m
 
 
 def committed(storage: Storage) -> list[Manifest]:
-    """Manifests of every committed step, newest first."""
-    return [m for s in list_steps(storage) if (m := read_manifest(storage, s)) is not None]
+    """Manifests of every committed step, newest first; an unreadable manifest is logged by name and skipped."""
+    out = []
+    for s in list_steps(storage):
+        try:
+            m = read_manifest(storage, s)
+        except CheckpointError as err:
+            log.warning("%s", err)
+            continue
+        if m is not None:
+            out.append(m)
+    return out
 
 
 def read_shard(storage: Storage, shard: ShardRecord) -> dict[str, torch.Tensor]:
@@ -281,7 +415,13 @@ def read_shard(storage: Storage, shard: ShardRecord) -> dict[str, torch.Tensor]:
                               f"{shard.sha256[:12]}... (corrupted)")
     out = {}
     for e in shard.tensors:
-        out[e.name] = flat[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
+        try:
+            if e.offset < 0 or e.offset + e.nbytes > shard.bytes:
+                raise ValueError(f"bytes {e.offset}..{e.offset + e.nbytes} lie outside the shard")
+            out[e.name] = flat[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
+        except (RuntimeError, ValueError, AttributeError, TypeError) as err:
+            raise CheckpointError(f"{storage.url(shard.key)}: tensor {e.name} does not match its record "
+                                  f"(dtype {e.dtype}, shape {e.shape}): {err}") from None
     return out
 
 

@@ -38,6 +38,13 @@ STOP_FILE = "stop"
 cannot signal the launcher's thread, e.g. on a lost lease or a cancellation, stops training cleanly)."""
 
 
+def default_threads(nproc: int) -> int:
+    """torch threads per rank: the cores this process may use, less one left for the checkpoint persist, the
+    data loader and the launcher (on a busy host, ranks that take every core make their own steps erratic)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, (cores - 1) // nproc) if cores > 1 else 1
+
+
 def default_run_dir(job: JobSpec) -> Path:
     return Path("runs") / job.name
 
@@ -58,7 +65,7 @@ def _die_with_parent() -> None:
     os.setsid()  # its own session too: on cancellation the whole tree (torchrun and every rank) is stopped
 
 
-def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False,
+def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False, from_scratch: bool = False,
            device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None, tp: int = 1,
            on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5,
            gpu_indices: list[int] | None = None) -> dict:
@@ -80,6 +87,8 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
     if resume:
         args.append("--resume")
+    if from_scratch:
+        args.append("--from-scratch")
     if threads:
         args += ["--threads", str(threads)]
     if stop_after_steps is not None:
@@ -93,7 +102,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if gpu_indices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
-    env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(threads or default_threads(nproc)))
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,  # noqa: PLW1509
                                 preexec_fn=_die_with_parent)
@@ -155,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--from-scratch", action="store_true")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--stop-after-steps", type=int)
     ap.add_argument("--tp", type=int, default=1)
@@ -169,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         job = parse_job(json.loads(Path(a.job).read_text()), a.job)
-        train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, device=a.device, threads=a.threads,
+        train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, from_scratch=a.from_scratch,
+                           device=a.device, threads=a.threads,
                            stop_after_steps=a.stop_after_steps, tp=a.tp))
     except (CheckpointError, DataError, StorageError, ValueError) as err:
         # a problem the user can fix: one line, no traceback, recognised by launch()

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,8 @@ class TrainOptions:
     job: JobSpec
     run_dir: Path
     resume: bool = False
+    from_scratch: bool = False
+    """With `resume`: when no committed checkpoint verifies, discard them and start at step 0 (else refuse)."""
     """Continue from the newest checkpoint that verifies; False refuses to overwrite existing checkpoints."""
     device: str = "auto"
     """`auto` (CUDA when present), `cpu` or `cuda`."""
@@ -156,11 +159,27 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
         n = torch.linalg.vector_norm(p.grad, 2, dtype=torch.float32)
         norms.append(n.full_tensor() if hasattr(n, "full_tensor") else n)
     total = torch.linalg.vector_norm(torch.stack(norms), 2)
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(coef.to(p.grad.dtype).item())
+    coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))  # one host sync, not one per parameter
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
     return total
+
+
+def _optimizer(params: list[torch.nn.Parameter], t: Any, plain: bool) -> torch.optim.Optimizer:
+    """AdamW/Adam with the fused kernel where torch has it for these parameters (plain tensors), else the
+    multi-tensor (foreach) implementation; SGD with momentum."""
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=0.9, foreach=True)
+    cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
+    kw = {"lr": t.lr, "betas": (0.9, 0.95), "weight_decay": 0.1 if t.optimizer == "adamw" else 0.0}
+    if plain:
+        try:
+            return cls(params, fused=True, **kw)
+        except (RuntimeError, ValueError):  # no fused kernel for this device or dtype
+            pass
+    return cls(params, foreach=True, **kw)
 
 
 def _fingerprint(job: JobSpec, corpus_sha: str, world: int, tp: int) -> dict:
@@ -202,15 +221,14 @@ def train(opts: TrainOptions) -> dict:
     loader = D.BatchLoader(train_tokens, t.seq_len, t.global_batch, t.seed, noise)
 
     torch.manual_seed(t.seed)
-    model = GPT(job.model, t.seq_len, attention=t.attention, recompute=t.recompute).to(dev)
+    with torch.device(dev):  # built where it trains: no CPU copy of a large model first
+        model = GPT(job.model, t.seq_len, attention=t.attention, recompute=t.recompute)
     if t.precision == "bf16":
         model = model.to(torch.bfloat16)
     core = model
     model = _wrap(model, job, d, dev)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt_cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}.get(t.optimizer)
-    optimizer = opt_cls(params, lr=t.lr, betas=(0.9, 0.95), weight_decay=0.1 if t.optimizer == "adamw" else 0.0) \
-        if opt_cls else torch.optim.SGD(params, lr=t.lr, momentum=0.9)
+    optimizer = _optimizer(params, t, plain=d.tp == 1 and t.zero_stage != 3)
     amp_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(t.precision)
     scaler = torch.amp.GradScaler(dev.type, enabled=t.precision == "fp16-mixed")
     detector = SpikeDetector(t.spike.zscore, t.spike.window, t.spike.min_steps)
@@ -258,6 +276,11 @@ def train(opts: TrainOptions) -> dict:
                                  "pass --resume to continue from them or choose another checkpoint.uri")
     if opts.resume:
         m = newest_valid()
+        if m is None and existing and not opts.from_scratch:
+            raise ck.CheckpointError(
+                f"none of the {len(existing)} committed checkpoints under {storage.uri} verifies (newest step "
+                f"{existing[0].step}); refusing to start over from step 0. Inspect them with `frenzy checkpoints "
+                f"{storage.uri} --verify`, or pass --from-scratch to discard them and train from step 0")
         if m is not None:
             step = resumed_from = m.step
             log.info("resumed from step %d (%s)", step, storage.url(ck.step_dir(step)))
@@ -269,7 +292,10 @@ def train(opts: TrainOptions) -> dict:
         dist.barrier()
 
     ckpt = ck.AsyncCheckpointer(storage, d.rank, d.world, run=job.name, keep=t.checkpoint.keep,
-                                on_commit=lambda r, m: prog.emit("checkpoint", **r.model_dump()))
+                                on_commit=lambda r, m: prog.emit("checkpoint", **r.model_dump()),
+                                ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if optimizer.state:  # resumed: the state exists, so the snapshot buffers can be made now, in the background
+        ckpt.prepare(*training_tensors(core, optimizer, with_model=owns_model))
     # the straggler format traces one tensor-parallel rank per data-parallel rank
     tracer = OpTracer(d.rank, d.dp_rank, t.trace_every_steps if d.rank % d.tp == 0 else 0)
     dp_hook(model, tracer)
@@ -283,8 +309,11 @@ def train(opts: TrainOptions) -> dict:
         # SIGTERM (a preemption, a cancelled flow, torchrun shutting down): finish the step, checkpoint, exit
         signal.signal(signal.SIGTERM, lambda *_: preempt.set())
     last_saved = step
+    due_at: int | None = None  # the step a checkpoint came due at, while it waits for a free snapshot buffer
+    warned_interval = False
 
-    def save_now() -> None:
+    def save_now(block: bool = True) -> bool:
+        """Snapshot and queue the persist; False when every buffer is still persisting (try again next step)."""
         nonlocal blocked_total, last_saved
         tensors, glob = training_tensors(core, optimizer, with_model=owns_model)
         healthy = detector.last_spike_step is None or step - detector.last_spike_step > t.spike.window
@@ -295,8 +324,13 @@ def train(opts: TrainOptions) -> dict:
                               else None, "lr": lr_at(step, job),
                               # evaluation rebuilds the held-out split from it (not part of the fingerprint)
                               "data": t.data.model_dump(mode="json")}}
-        blocked_total += ckpt.save(step, tensors, fields, shard_meta=glob)
+        blocked = ckpt.save(step, tensors, fields, shard_meta=glob, block=block,
+                            deferred_steps=step - (due_at if due_at is not None else step))
+        if blocked is None:
+            return False
+        blocked_total += blocked
         last_saved = step
+        return True
 
     stopped = False
     while step < t.steps:
@@ -374,11 +408,31 @@ def train(opts: TrainOptions) -> dict:
                       eta_s=eta, lr=lr_at(step, job))
             log.info("step %d/%d loss %.4f gnorm %.3f %.0f tok/s ETA %.0fs", step, t.steps, last_loss, last_gnorm,
                      tps, eta)
+        if steps_run == 1 and optimizer.state:
+            ckpt.prepare(*training_tensors(core, optimizer, with_model=owns_model))
         if step % t.checkpoint.every_steps == 0 or step == t.steps:
-            save_now()
+            due_at = step if due_at is None else due_at
+        if due_at is not None:
+            # every rank must take the same decision, or the ranks would snapshot different steps
+            if _agree(d, not ckpt.busy()) or step == t.steps:
+                save_now(block=True)
+                due_at = None
+            else:
+                if step == due_at:
+                    prog.emit("checkpoint_deferred", step=step, reason="the previous persist is still running")
+                if not warned_interval and d.rank == 0:
+                    warned_interval = True
+                    step_s = (time.perf_counter() - t_start) / steps_run
+                    persist_s = ckpt.last_persist_s or 0.0
+                    fit = max(t.checkpoint.every_steps + 1, int(persist_s / max(step_s, 1e-9)) + 1)
+                    log.warning("checkpoint of step %d deferred: the previous persist (%.1f s) outlasts %d steps of "
+                                "%.2f s; checkpoint.every_steps >= %d would fit", step, persist_s,
+                                t.checkpoint.every_steps, step_s, fit)
+                    prog.emit("warning", message=f"checkpoint.every_steps={t.checkpoint.every_steps} is shorter "
+                                                 f"than a persist ({persist_s:.1f} s); >= {fit} would fit")
     if stopped and last_saved != step:
         log.warning("stopping at step %d: taking a final checkpoint first", step)
-        save_now()
+        save_now(block=True)
     ckpt.close()
     elapsed = time.perf_counter() - t_start
     trace_path = None

@@ -27,14 +27,29 @@ class AlreadyExists(FileExistsError):
     """A create-only write found the key already there."""
 
 
+# errors that a retry cannot fix: missing or unusable credentials, permissions, a path of the wrong kind
+_PERMANENT = (PermissionError, IsADirectoryError, NotADirectoryError)
+_PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                    "AccessDenied", "NoSuchBucket", "InvalidBucketName"}
+
+
+def _permanent(err: BaseException) -> bool:
+    return isinstance(err, _PERMANENT) or any(type(e).__name__ in _PERMANENT_NAMES or
+                                              any(n in str(e) for n in _PERMANENT_NAMES)
+                                              for e in (err, err.__cause__, err.__context__) if e is not None)
+
+
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
     delay = backoff_s
     for i in range(attempts):
         try:
             return fn()
-        except (AlreadyExists, FileNotFoundError):
-            raise
+        except (AlreadyExists, FileNotFoundError, EOFError):
+            raise  # a missing object, or one whose size is wrong (corrupt): the caller decides, no retry helps
         except Exception as err:  # noqa: BLE001 - any store error is retried, then surfaced with its text
+            if _permanent(err):
+                raise StorageError(f"{what}: {err!r}; retrying cannot fix this: check the credentials "
+                                   "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), the bucket and permissions") from err
             if i == attempts - 1:
                 raise StorageError(f"{what}: failed {attempts} times; last error: {err!r}. Check the endpoint "
                                    "and credentials, or raise FRENZY_STORAGE_RETRIES") from err
