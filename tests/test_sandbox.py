@@ -125,3 +125,39 @@ def test_results_report_the_isolation_layers(isolated):
     layers = isolated.isolation
     for layer in ("process", "scrubbed-env", "private-tmp", "rlimits", "userns", "pidns", "netns"):
         assert layer in layers
+
+
+@pytest.mark.parametrize("cheat", ["import sys\n    sys.exit(0)", "import os\n    os._exit(0)",
+                                   "raise SystemExit(0)"])
+def test_a_completion_that_exits_early_does_not_pass(isolated, cheat):
+    """pass@1 comes from the harness finishing, not from exit status 0 (a wrong completion that exits 0 scored
+    20/20 before)."""
+    from tasks.evaluation.datasets import HumanEval
+
+    he = HumanEval()
+    ex = he.example(0)
+    wrong = f"    {cheat}\n"
+    assert he.score(ex, {"text": wrong})["pass@1"] == 0.0
+    right = he.score(ex, {"text": ex["reference"]})
+    assert right["pass@1"] == 1.0 and right["isolated"] == 1.0
+
+
+def test_without_isolation_generated_code_is_refused_unless_allowed(monkeypatch):
+    """A host without namespaces/Landlock (forced here by making the isolation layers fail to set up) refuses to
+    run untrusted code, naming the opt-out; with the opt-out it runs and says it was not isolated."""
+    from tasks.evaluation import datasets
+    from tasks.evaluation.datasets import DatasetError, exec_score
+    from tasks.evaluation.sandbox import SandboxResult
+
+    def no_isolation(code, require_isolation=False, **kw):  # noqa: ANN001, ANN003, ANN202
+        if require_isolation:
+            return SandboxResult(status="error", returncode=97, duration_s=0.0, stdout="",
+                                 stderr="sandbox setup: user namespaces unavailable", isolation=["process"])
+        return run_python(code, **kw)
+
+    monkeypatch.setattr(datasets, "run_python", no_isolation)
+    program = "def f():\n    return 1\n\nassert f() == 1\n"
+    with pytest.raises(DatasetError, match="allow_unisolated"):
+        exec_score(program, 3.0)
+    allowed = exec_score(program, 3.0, allow_unisolated=True)
+    assert allowed["pass@1"] == 1.0

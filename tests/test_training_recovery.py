@@ -143,3 +143,14 @@ def test_a_checkpoint_due_during_a_slow_persist_is_deferred_not_waited_for(tmp_p
     assert all(r["blocked_s"] < 0.6 for r in recs[:-1])  # no save waited for the stalled persist
     events = [r["event"] for r in progress(tmp_path / "run")]
     assert "checkpoint_deferred" in events and "warning" in events
+
+
+def test_a_second_spike_rolls_back_to_the_newest_healthy_commit_not_the_first_target(tmp_path):
+    uri = f"file://{tmp_path}/ckpt"
+    spike = {"window": 16, "min_steps": 16, "skip_batches": 4}
+    result = run(tiny_job(uri, 60, data={"inject_spike_steps": [35, 49]}, spike=spike), tmp_path / "run")
+    first, second = result["spikes"][:2]
+    assert first["rolled_back_to"] == 30
+    # the commit at step 40 of the replayed timeline is healthy: the second spike returns there, not to 30
+    assert second["rolled_back_to"] == 40 and second["step"] > 40
+    assert result["final_step"] == 60

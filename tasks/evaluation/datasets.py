@@ -22,6 +22,8 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -189,9 +191,26 @@ class HeldoutLine(_Heldout):
 _STOPS = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert"]
 
 
-def exec_score(program: str, timeout_s: float) -> dict[str, float]:
-    r = run_python(program, timeout_s=timeout_s)
-    return {"pass@1": float(r.status == "passed"), "timeout": float(r.status == "timeout")}
+def exec_score(program: str, timeout_s: float, allow_unisolated: bool = False) -> dict[str, float]:
+    """pass@1 of one program: passed only when the test harness itself finished, which it announces by printing a
+    fresh random verdict token after `check()` returned. Exit status 0 alone proves nothing: a completion that
+    calls `sys.exit(0)` or `os._exit(0)` before the tests run never prints the token.
+
+    Generated code runs only with the sandbox's isolation (namespaces, Landlock) unless `allow_unisolated`
+    (suite option `allow_unisolated: true` or FRENZY_SANDBOX_ALLOW_UNISOLATED=1): without it, a host that cannot
+    isolate is an error that names the fix, never a silently weaker sandbox."""
+    allow = allow_unisolated or os.environ.get("FRENZY_SANDBOX_ALLOW_UNISOLATED") == "1"
+    token = secrets.token_hex(16)
+    verdict = f"\nimport sys as _frenzy_sys\n_frenzy_sys.stdout.write('\\n{token}\\n')\n_frenzy_sys.stdout.flush()\n"
+    r = run_python(program + verdict, timeout_s=timeout_s, require_isolation=not allow)
+    if r.status == "error" and not allow:
+        raise DatasetError(f"the sandbox cannot isolate generated code on this host ({r.stderr.strip()[-300:]}); "
+                           "refusing to run it. Enable unprivileged user namespaces and Landlock, or accept weaker "
+                           "isolation with the suite option `allow_unisolated: true` (or "
+                           "FRENZY_SANDBOX_ALLOW_UNISOLATED=1)")
+    passed = r.status == "passed" and r.stdout.rstrip().endswith(token)
+    return {"pass@1": float(passed), "timeout": float(r.status == "timeout"),
+            "isolated": float("userns" in r.isolation and any(x.startswith("landlock") for x in r.isolation))}
 
 
 class HumanEval(EvalDataset):
@@ -222,7 +241,7 @@ class HumanEval(EvalDataset):
 
     def score(self, ex: dict, prediction: dict) -> dict[str, float]:
         program = f"{ex['prompt']}{prediction['text']}\n\n{ex['test']}\n\ncheck({ex['entry_point']})\n"
-        return exec_score(program, float(self.options.get("timeout_s", 3.0)))
+        return exec_score(program, float(self.options.get("timeout_s", 3.0)), bool(self.options.get("allow_unisolated")))
 
 
 # ---------------------------------------------------------------------------------------------- JSONL plugin
@@ -268,7 +287,7 @@ class JsonlDataset(EvalDataset):
         if self.mode == "gen":
             return {"exact_match": float(prediction["text"].strip() == str(ex["answer"]).strip())}
         program = f"{ex['prompt']}{prediction['text']}\n\n{ex['test']}\n\ncheck({ex['entry_point']})\n"
-        return exec_score(program, float(self.options.get("timeout_s", 3.0)))
+        return exec_score(program, float(self.options.get("timeout_s", 3.0)), bool(self.options.get("allow_unisolated")))
 
 
 # ---------------------------------------------------------------------------------------------- registry

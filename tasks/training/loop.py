@@ -387,7 +387,9 @@ def train(opts: TrainOptions) -> dict:
                 if d.on:
                     dist.barrier()
             rec["rolled_back_to"] = target.step if target is not None else None
-            detector.last_spike_step = rec["step"]
+            # after a rollback the spike lies in an abandoned timeline (its batches are skipped): commits of the new
+            # timeline are healthy, so a later spike rolls back to them, not again past them
+            detector.last_spike_step = rec["step"] if target is None else None
             spikes.append(rec)
             log.warning("loss spike at step %d (%s): %s, skipping samples %s", rec["step"], verdict.reason,
                         f"rolled back to step {rec['rolled_back_to']}" if target else "update skipped", window)
