@@ -26,6 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from tasks.jobspec import parse_job  # noqa: E402
 
@@ -153,7 +154,8 @@ def latency() -> dict:
         dep = client.read_deployment_by_name("evaluate-pending/evaluate-pending")
         deadline = time.monotonic() + 60
         while not (sched := [r for r in client.read_flow_runs(deployment_filter=DeploymentFilter(
-                id=DeploymentFilterId(any_=[dep.id]))) if r.state_name == "Scheduled"]):
+                id=DeploymentFilterId(any_=[dep.id]))) if r.state_name == "Scheduled"
+                and r.expected_start_time > datetime.now(UTC)]):
             assert time.monotonic() < deadline, "the scheduler created no run"
             time.sleep(1)
         first = min(sched, key=lambda r: r.expected_start_time)

@@ -28,8 +28,8 @@ class Node(BaseModel):
     """Host name (unique in the cluster)."""
     gpu: str
     """GPU catalog name (see `frenzy gpus`)."""
-    count: int = Field(ge=1)
-    """GPUs on this node."""
+    count: int = Field(ge=1, le=4096)
+    """GPUs on this node (at most 4096)."""
     interconnect: Literal["nvlink", "pcie", "none"] | None = None
     """Intra-node link; None means the GPU type's default."""
     inter_node_gbs: float = Field(12.5, gt=0)

@@ -205,15 +205,19 @@ def new_workload(n_jobs: int = 30, *, seed: int = 0, mean_interarrival_s: float 
     return out
 
 
+MAX_JOBS = 100_000
+"""The largest generated workload (the simulator's memory and time grow with it)."""
+
+
 def parse_newworkload(spec: str) -> tuple[int, int]:
     """`newworkload:N[:SEED]` -> (N, SEED)."""
     parts = spec.split(":")
     try:
-        if parts[0] != "newworkload" or not 2 <= len(parts) <= 3 or int(parts[1]) < 1:
+        if parts[0] != "newworkload" or not 2 <= len(parts) <= 3 or not 1 <= int(parts[1]) <= MAX_JOBS:
             raise ValueError
         return int(parts[1]), int(parts[2]) if len(parts) == 3 else 0
     except ValueError:
-        raise TraceError(f"{spec!r}: write newworkload:N or newworkload:N:SEED with N >= 1 jobs, "
+        raise TraceError(f"{spec!r}: write newworkload:N or newworkload:N:SEED with 1 <= N <= {MAX_JOBS:,} jobs, "
                          "e.g. newworkload:30:0") from None
 
 

@@ -14,6 +14,7 @@ from cluster.inventory import PRESETS, InventoryError, load_cluster
 from cluster.traces import POLICIES, REFERENCE_GPU
 from flows.cli_eval import add_commands as add_eval_commands
 from flows.cli_submit import add_commands as add_submit_commands
+from flows.cli_types import bounded_float, bounded_int
 from tasks.jobspec import JobSpecError, load_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
@@ -244,6 +245,8 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     if args.action == "generate":
+        if Path(args.path).is_dir():
+            raise ValueError(f"{args.path} is a directory; give the .parquet file to write (its meta YAML goes beside)")
         from tasks.stragglers.synth import SynthSpec, generate
         from tasks.stragglers.trace import write_trace
 
@@ -304,15 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gpu_seconds: GPU-seconds per step (efficiency, default); time: step time; compute: "
                          "GPU-seconds weighted by each GPU's peak TFLOPS; balanced: fastest first among plans "
                          "within 25%% of the cheapest compute")
-    sp.add_argument("--margin", type=float, default=0.05, help="fraction of GPU memory kept free (default 0.05)")
-    sp.add_argument("--top", type=int, default=10, help="show the best N plans (default 10; 0 = all)")
+    sp.add_argument("--margin", type=bounded_float(0.0, 0.5), default=0.05,
+                    help="fraction of GPU memory kept free, 0 to 0.5 (default 0.05)")
+    sp.add_argument("--top", type=bounded_int(0, 100000), default=10, help="show the best N plans (default 10; 0 = all)")
 
     sp = add("memory", cmd_memory, "Predict peak GPU memory of a job under one parallel layout.")
     sp.add_argument("job", help="job YAML file")
     for flag, default, what in (("--dp", 1, "data-parallel degree"), ("--tp", 1, "tensor-parallel degree"),
                                 ("--pp", 1, "pipeline-parallel degree"), ("--micro-batch", 1, "sequences per GPU"),
                                 ("--vpp", 1, "virtual pipeline stages (interleaved 1F1B)")):
-        sp.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+        sp.add_argument(flag, type=bounded_int(1, 1 << 20), default=default, help=f"{what} (default {default})")
     sp.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (tp > 1)")
     sp.add_argument("--gpu", help="GPU catalog name: calibrates overheads and reports whether it fits")
 
@@ -338,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="has queue: arrival order with backfilling (default), strict head-of-line, or shortest "
                          "predicted duration first")
     sp.add_argument("--reference-gpu", default=REFERENCE_GPU, help=f"GPU the trace durations refer to ({REFERENCE_GPU})")
-    sp.add_argument("--max-jobs", type=int, default=160, help="philly: jobs to take (default 160)")
+    sp.add_argument("--max-jobs", type=bounded_int(1, 100000), default=160, help="philly: jobs to take (default 160)")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
 
     sp = add("train", cmd_train, "Train a job on this machine with asynchronous, verified checkpoints.")
@@ -348,13 +352,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--from-scratch", action="store_true",
                     help="with checkpoints none of which verifies: discard them and train from step 0 (without "
                          "it, such a resume is refused)")
-    sp.add_argument("--nproc", type=int, default=1, help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
-    sp.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DTensor); data parallel = nproc / tp")
+    sp.add_argument("--nproc", type=bounded_int(1, 1024), default=1,
+                    help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
+    sp.add_argument("--tp", type=bounded_int(1, 1024), default=1,
+                    help="tensor-parallel degree (DTensor); data parallel = nproc / tp")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when present")
-    sp.add_argument("--threads", type=int, help="torch threads per rank (default: (cores - 1) / ranks, one core left for "
+    sp.add_argument("--threads", type=bounded_int(1, 1024),
+                    help="torch threads per rank (default: (cores - 1) / ranks, one core left for "
                          "the checkpoint persist and the loader)")
     sp.add_argument("--run-dir", help="progress, log, op traces and result (default runs/<job name>)")
-    sp.add_argument("--steps", type=int, help="override training.steps")
+    sp.add_argument("--steps", type=bounded_int(1, 10**9), help="override training.steps")
     sp.add_argument("--checkpoint-uri", help="override training.checkpoint.uri (file://DIR or s3://BUCKET/PREFIX)")
 
     sp = add("checkpoints", cmd_checkpoints, "List a checkpoint directory: committed steps, health, checksums.")
@@ -402,6 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ValueError covers LedgerError and TraceError; RuntimeError covers checkpoint and storage errors
     except (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError, RuntimeError) as err:
         print(f"frenzy {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as err:
+        what = {IsADirectoryError: "is a directory; give a file", NotADirectoryError: "is a file; give a directory",
+                FileExistsError: "exists and is not a directory", PermissionError: "is not accessible"}[type(err)]
+        print(f"frenzy {args.command}: error: {err.filename or err}: {what}", file=sys.stderr)
         return 2
 
 

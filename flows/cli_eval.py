@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from flows.cli_types import bounded_int
+
 
 def cmd_eval_plan(args: argparse.Namespace) -> int:
     from flows.cli import _emit, table
@@ -71,9 +73,11 @@ def cmd_eval_datasets(args: argparse.Namespace) -> int:
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     def shape(sp: argparse.ArgumentParser, gpus: int) -> None:
-        sp.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-        sp.add_argument("--gpus-per-node", type=int, default=gpus, help=f"GPUs (inference slots) per node ({gpus})")
-        sp.add_argument("--cpu-workers-per-node", type=int, help="metric jobs at once per node (default: the suite's)")
+        sp.add_argument("--nodes", type=bounded_int(1, 4096), default=1, help="nodes, 1-4096 (default 1)")
+        sp.add_argument("--gpus-per-node", type=bounded_int(1, 64), default=gpus,
+                        help=f"GPUs (inference slots) per node, 1-64 ({gpus})")
+        sp.add_argument("--cpu-workers-per-node", type=bounded_int(1, 1024),
+                        help="metric jobs at once per node (default: the suite's)")
 
     sp = add("eval-plan", cmd_eval_plan, "Plan an evaluation suite: naive vs prior-based elastic trials, predicted "
              "makespans and the lower bound.")
@@ -88,7 +92,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--schedule", choices=["elastic", "naive"], default="elastic", help="default elastic")
     shape(sp, 1)
     sp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    sp.add_argument("--threads", type=int, default=1, help="torch threads per trial process (default 1)")
+    sp.add_argument("--threads", type=bounded_int(1, 1024), default=1, help="torch threads per trial process (default 1)")
     sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>/<suite>)")
     sp.add_argument("--history-dir", default="evals", help="score history per run (default evals)")
     sp.add_argument("--no-learn", action="store_true", help="do not fold this run's timings into the priors")

@@ -147,10 +147,10 @@ class SpikeSpec(_Strict):
 class TrainingSpec(_Strict):
     """How the model is trained; the batch size is the user's, the GPUs are Frenzy's choice."""
 
-    seq_len: int = Field(1024, ge=1)
-    """Tokens per sequence."""
-    global_batch: int = Field(8, ge=1)
-    """Sequences per optimizer step, across all data-parallel replicas and accumulation steps."""
+    seq_len: int = Field(1024, ge=1, le=1 << 22)
+    """Tokens per sequence (at most 4M)."""
+    global_batch: int = Field(8, ge=1, le=1 << 22)
+    """Sequences per optimizer step, across all data-parallel replicas and accumulation steps (at most 4M)."""
     micro_batch: int | None = Field(None, ge=1)
     """Sequences per forward pass per GPU; None lets the planner choose."""
     precision: Literal["bf16-mixed", "fp16-mixed", "bf16", "fp32"] = "bf16-mixed"
@@ -167,7 +167,7 @@ class TrainingSpec(_Strict):
     selective checkpointing)."""
     attention: Literal["flash", "math"] = "flash"
     """`flash`: fused attention that never stores the s x s score matrix; `math`: materialised softmax."""
-    steps: int = Field(1000, ge=1)
+    steps: int = Field(1000, ge=1, le=10**9)
     """Optimizer steps to train."""
     lr: float = Field(3e-4, gt=0)
     """Peak learning rate."""
@@ -187,6 +187,13 @@ class TrainingSpec(_Strict):
     """Loss-spike detection and rollback."""
     data: DataSpec = Field(default_factory=DataSpec)
     """Training data."""
+
+    @model_validator(mode="after")
+    def _micro_batch_divides(self) -> TrainingSpec:
+        if self.micro_batch is not None and self.global_batch % self.micro_batch:
+            raise ValueError(f"micro_batch {self.micro_batch} does not divide global_batch {self.global_batch}; "
+                             "choose a divisor, or leave micro_batch empty for the planner to choose")
+        return self
 
 
 class EvaluationSpec(_Strict):
@@ -253,6 +260,8 @@ def load_job(path: str | Path) -> JobSpec:
     p = Path(path)
     if not p.exists():
         raise JobSpecError(f"{p}: no such job file (see examples/jobs/ for templates)")
+    if p.is_dir():
+        raise JobSpecError(f"{p} is a directory; give a job YAML file (see examples/jobs/ for templates)")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as err:

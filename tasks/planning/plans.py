@@ -92,8 +92,14 @@ def estimate_step_time(job: JobSpec, layout: Layout, gpu: GPUType, intra_gbs: fl
     return compute + tp_comm + dp_comm
 
 
+MAX_MICRO_BATCH = 4096
+"""Micro-batches above this many sequences per GPU are not considered (no GPU holds them for a real model)."""
+
+
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of n up to MAX_MICRO_BATCH, ascending, in O(sqrt n)."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(d for d in {*small, *(n // d for d in small)} if d <= MAX_MICRO_BATCH)
 
 
 def _pow2_upto(n: int) -> list[int]:

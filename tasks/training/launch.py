@@ -77,6 +77,16 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
             raise ValueError(f"nproc={nproc} but the allocation holds {len(gpu_indices)} GPUs; one rank per GPU")
         nproc = len(gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
+    if nproc < 1 or tp < 1 or nproc % tp:
+        raise ValueError(f"nproc={nproc} and tp={tp}: both must be >= 1 and tp must divide nproc")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
+                             "use --device cpu, or auto to take a GPU when there is one")
     run_dir.mkdir(parents=True, exist_ok=True)
     job_path = run_dir / "job.json"
     job_path.write_text(job.model_dump_json(indent=1))

@@ -59,6 +59,10 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
     raise AssertionError("unreachable")
 
 
+SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "memory")
+"""Object-store schemes accepted besides local paths (fsspec implementations)."""
+
+
 class Storage:
     """A checkpoint root: keys are '/'-separated paths below it."""
 
@@ -80,6 +84,10 @@ class Storage:
         else:
             import fsspec
 
+            scheme = uri.split("://", 1)[0].lower()
+            if scheme not in SCHEMES:
+                raise StorageError(f"{uri}: unsupported storage scheme {scheme}://; checkpoints go to file://DIR, "
+                                   "a plain path, or s3://BUCKET/PREFIX (also gs://, az:// with their fsspec package)")
             self.fs, self.root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
             self.root = self.root.rstrip("/")
 
