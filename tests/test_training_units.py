@@ -12,7 +12,7 @@ import torch
 from tasks.training import checkpoint as ck
 from tasks.training.data import BatchLoader, Cursor, decode, encode
 from tasks.training.spikes import SpikeDetector
-from tasks.training.storage import AlreadyExists, Storage
+from tasks.training.storage import AlreadyExists, Storage, StorageError
 
 
 def test_byte_tokenizer_roundtrip():
@@ -243,3 +243,30 @@ def test_snapshot_buffers_follow_host_memory_and_the_override(monkeypatch):
     assert ck.snapshot_buffers(1 << 50) == 1  # a petabyte does not
     monkeypatch.setenv("FRENZY_SNAPSHOT_BUFFERS", "1")
     assert ck.snapshot_buffers(1 << 20) == 1
+
+
+class _FlakyStorage(Storage):
+    """Shard writes of the steps in `down` fail as an outage longer than the retry budget would."""
+
+    def __init__(self, uri: str, down: set[int]) -> None:
+        super().__init__(uri, attempts=1)
+        self.down = down
+
+    def write_stream(self, key, chunks):  # noqa: ANN001, ANN201
+        if int(key[5:13]) in self.down:
+            raise StorageError(f"{key}: endpoint unreachable")
+        return super().write_stream(key, chunks)
+
+
+def test_a_failed_persist_skips_that_checkpoint_and_the_next_one_commits(tmp_path):
+    st = _FlakyStorage(f"file://{tmp_path}", down={2})
+    c = ck.AsyncCheckpointer(st, 0, 1, run="t", buffers=1)
+    for step in (1, 2, 3):
+        c.save(step, [("model.w", torch.full((4,), float(step)))], _FIELDS)
+        c.wait()
+    c.close()  # the newest save committed: no error
+    assert [r.step for r in c.records] == [1, 3] and [s for s, _ in c.failed] == [2]
+    st.down = {4}
+    c.save(4, [("model.w", torch.ones(4))], _FIELDS)
+    with pytest.raises(ck.CheckpointError, match="final checkpoint \\(step 4\\) was not committed"):
+        c.close()

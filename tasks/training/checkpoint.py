@@ -189,7 +189,10 @@ class AsyncCheckpointer:
         self._inflight = 0
         self._worker: threading.Thread | None = None
         self._prep: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._error: tuple[int, BaseException] | None = None
+        self._last_step: int | None = None
+        self.failed: list[tuple[int, str]] = []
+        """(step, error) of every save whose persist failed."""
         self.records: list[CheckpointRecord] = []
         self.persisting = threading.Event()
         self.last_persist_s: float | None = None
@@ -247,6 +250,7 @@ class AsyncCheckpointer:
                 self._lock.wait(0.1)
                 self._raise_error_locked()
             buf = self._free.pop()
+            self._last_step = step
         buf.copy_from(tensors)
         blocked = time.perf_counter() - t0
         job = _Job(step, buf, dict(manifest_fields), dict(extra or {}), blocked, deferred_steps)
@@ -266,23 +270,30 @@ class AsyncCheckpointer:
             return bool(self._prep is None and not self._free and self._inflight)
 
     def _raise_error_locked(self) -> None:
+        """A failed persist costs that checkpoint, not the run: it is logged and counted, and the next checkpoint
+        tries again (a storage outage longer than the retry budget skips checkpoints instead of killing training)."""
         if self._error is not None:
-            err, self._error = self._error, None
-            raise CheckpointError(f"persisting a checkpoint failed: {err}") from err
+            (step, err), self._error = self._error, None
+            self.failed.append((step, str(err)))
+            log.warning("checkpoint of step %d was not committed (%s); the next checkpoint tries again", step, err)
 
     def _raise_error(self) -> None:
         with self._lock:
             self._raise_error_locked()
 
     def wait(self) -> None:
-        """Wait until every queued persist finished; re-raise a persist's error."""
+        """Wait until every queued persist finished (a failure is logged and recorded in `failed`)."""
         with self._lock:
             while self._inflight:
                 self._lock.wait(0.1)
             self._raise_error_locked()
 
     def close(self) -> None:
+        """Wait for the queue; raise when the newest save failed (the run's final state was not committed)."""
         self.wait()
+        if self.failed and self.failed[-1][0] == self._last_step:
+            step, err = self.failed[-1]
+            raise CheckpointError(f"the final checkpoint (step {step}) was not committed: {err}")
 
     # background ---------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -297,10 +308,10 @@ class AsyncCheckpointer:
                 job = self._queue.pop(0)
             try:
                 self._persist(job)
-            except BaseException as err:  # noqa: BLE001 - surfaced by the next save() or wait()
+            except BaseException as err:  # noqa: BLE001 - reported by the next save() or wait()
                 log.error("persist of step %d failed: %s", job.step, err)
                 with self._lock:
-                    self._error = err
+                    self._error = (job.step, err)
             finally:
                 with self._lock:
                     self._free.append(job.buf)

@@ -310,6 +310,7 @@ def train(opts: TrainOptions) -> dict:
         signal.signal(signal.SIGTERM, lambda *_: preempt.set())
     last_saved = step
     due_at: int | None = None  # the step a checkpoint came due at, while it waits for a free snapshot buffer
+    failed_reported: list[int] = []
     warned_interval = False
 
     def save_now(block: bool = True) -> bool:
@@ -330,6 +331,10 @@ def train(opts: TrainOptions) -> dict:
             return False
         blocked_total += blocked
         last_saved = step
+        while len(ckpt.failed) > len(failed_reported):  # a persist that failed cost its checkpoint, not the run
+            f_step, f_err = ckpt.failed[len(failed_reported)]
+            failed_reported.append(f_step)
+            prog.emit("checkpoint_failed", step=f_step, error=f_err)
         return True
 
     stopped = False
@@ -445,6 +450,7 @@ def train(opts: TrainOptions) -> dict:
         trace_path = merge_traces(opts.run_dir / "trace", job.name, d.dp, d.tp, d.world)
     result = {"job": job.name, "final_step": step, "resumed_from_step": resumed_from, "stopped_early": stopped,
               "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": spikes,
+              "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in ckpt.failed],
               "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,
               "tokens_per_s": steps_run * tokens_per_step / elapsed if steps_run else 0.0,
               "blocked_s_total": blocked_total, "world_size": d.world, "tp": d.tp, "device": str(dev),
