@@ -28,15 +28,16 @@ from cluster.traces import load_trace, new_workload
 ROOT = Path(__file__).resolve().parent
 TRACES = ROOT.parent / "examples" / "traces" / "sia-workloads"
 VARIANTS: dict[str, tuple[str, SimConfig]] = {
-    "has": ("has", SimConfig()),
-    "has-sjf": ("has", SimConfig(queue_order="shortest")),
-    "has-sjf-gpus": ("has", SimConfig(queue_order="shortest", rank_by="gpu_seconds")),
+    "has": ("has", SimConfig()),  # the default: shortest predicted first with aging (cluster/queue.py)
+    "has-arrival": ("has", SimConfig(queue_order="backfill")),
+    "has-sjf": ("has", SimConfig(queue_order="shortest", aging=0.0)),
+    "has-sjf-gpus": ("has", SimConfig(queue_order="shortest", aging=0.0, rank_by="gpu_seconds")),
     "fcfs": ("fcfs", SimConfig()),
     "fcfs-sjf": ("fcfs", SimConfig(baseline_order="shortest")),
     "fifo": ("fifo", SimConfig()),
     "ilp": ("ilp", SimConfig()),
 }
-LOAD_VARIANTS = ["has", "has-sjf", "fcfs", "fcfs-sjf", "ilp"]
+LOAD_VARIANTS = ["has", "has-arrival", "fcfs", "fcfs-sjf", "ilp"]
 INTERARRIVALS_S = (60.0, 180.0, 400.0)
 
 
@@ -178,11 +179,11 @@ def report(a: dict, a2: dict, b: dict, c: list, meta: dict) -> str:
     lines = ["# Placement benchmark (HAS vs fcfs, fifo, Sia-style ILP)", "",
              f"Machine: {meta['machine']}; {meta['date']}; command: `{meta['command']}`; wall {meta['wall_s']:.0f} s.", "",
              "Policies:",
-             "- `has`: MARP plans ranked `balanced` (fastest first among plans within 25% of the job's cheapest "
-             "compute cost, i.e. GPU-seconds weighted by each GPU's peak) placed by HAS; queue in arrival order "
-             "with backfilling (the ledger's default).",
-             "- `has-sjf`: the same, queue ordered by MARP's predicted run time (step time x steps), shortest "
-             "first, with backfilling (`FRENZY_QUEUE_ORDER=shortest`). This is the Frenzy configuration.",
+             "- `has` (the default, live and simulated): MARP plans ranked `balanced` (fastest first among plans "
+             "within 25% of the job's cheapest compute cost, i.e. GPU-seconds weighted by each GPU's peak) placed by "
+             "HAS; queue ordered by MARP's predicted run time with aging 0.5 (cluster/queue.py), backfilling.",
+             "- `has-arrival`: the same placement, queue in arrival order with backfilling.",
+             "- `has-sjf`: ablation: shortest predicted first without aging (unbounded wait for long jobs).",
              "- `has-sjf-gpus`: ablation: plans ranked by raw GPU-seconds (every GPU-second costs the same).",
              "- `fcfs`: opportunistic FCFS as the paper defines it (the user's GPU count, highest-compute nodes "
              "first, skip what does not fit). The user's DDP layout can OOM: it holds its GPUs 120 s, then the user "
@@ -194,18 +195,19 @@ def report(a: dict, a2: dict, b: dict, c: list, meta: dict) -> str:
     lines += ["## Figures against the issue's targets", "",
               "| figure | target | measured |", "|---|---|---|"]
     for n, runs in a.items():
-        lines.append(f"| NewWorkload {n}: has-sjf vs fcfs | <= -12% | {_vs(runs, 'has-sjf', 'fcfs')} |")
-        lines.append(f"| NewWorkload {n}: has-sjf vs fcfs-sjf (same order) | | {_vs(runs, 'has-sjf', 'fcfs-sjf')} |")
-        lines.append(f"| NewWorkload {n}: has (arrival order) vs fcfs | | {_vs(runs, 'has', 'fcfs')} |")
+        lines.append(f"| NewWorkload {n}: has vs fcfs | <= -12% | {_vs(runs, 'has', 'fcfs')} |")
+        lines.append(f"| NewWorkload {n}: has vs fcfs-sjf (fcfs given the true order) | | {_vs(runs, 'has', 'fcfs-sjf')} |")
+        lines.append(f"| NewWorkload {n}: has-arrival vs fcfs | | {_vs(runs, 'has-arrival', 'fcfs')} |")
     for kind, runs in b.items():
-        per = [(r["has-sjf"]["avg_jct_s"] / r["ilp"]["avg_jct_s"] - 1) * 100 for r in runs]
-        lines.append(f"| {kind}: has-sjf vs ilp, mean (per-file range) | <= -12% | {_vs(runs, 'has-sjf', 'ilp')} "
+        per = [(r["has"]["avg_jct_s"] / r["ilp"]["avg_jct_s"] - 1) * 100 for r in runs]
+        lines.append(f"| {kind}: has vs ilp, mean (per-file range) | <= -12% | {_vs(runs, 'has', 'ilp')} "
                      f"({min(per):+.0f}% to {max(per):+.0f}%) |")
-        lines.append(f"| {kind}: has (arrival order) vs ilp | | {_vs(runs, 'has', 'ilp')} |")
+        lines.append(f"| {kind}: has-arrival vs ilp | | {_vs(runs, 'has-arrival', 'ilp')} |")
     big = [r for r in c if r["gpus"] >= 2048 and r["queue"] >= 1000]
     for r in big:
         lines.append(f"| HAS decision p99, {r['gpus']} GPUs, queue {r['queue']} | < 1 ms | {r['has_decision_p99_ms']:.3f} ms |")
-        lines.append(f"| ILP round / HAS decision p99 | >= 10x | {r['ilp_over_has_p99']:.0f}x |")
+        lines.append(f"| ILP round / HAS pass over the same whole queue (like for like) | >= 10x | "
+                     f"{r['ilp_round_ms'] / r['has_queue_pass_ms']:.0f}x |")
     lines += ["", "## A. NewWorkload on frenzy-testbed, every job at t=0 (mean over seeds; avg JCT s, vs fcfs)", ""]
     for n, runs in a.items():
         lines += [f"### {n} jobs, {len(runs)} seeds", "", "| policy | avg JCT s | p99 JCT s | done | OOM | vs fcfs |",
@@ -231,11 +233,12 @@ def report(a: dict, a2: dict, b: dict, c: list, meta: dict) -> str:
                          f"{_avg(runs, k, 'oom_failures'):.1f} | {_vs(runs, k, 'ilp')} |")
         lines += [f"| lower bound | {mean_range([r['lower_bound']['avg_jct_s'] for r in runs])} | | | | |", ""]
     lines += ["## C. Decision latency (half-busy cluster; HAS: one `decide` per queued job; ILP: one round)", "",
-              "| GPUs | queue | HAS p50 ms | HAS p99 ms | HAS whole queue ms | ILP round ms | ILP round / HAS p99 |",
+              "| GPUs | queue | HAS p50 ms | HAS p99 ms | HAS whole queue ms | ILP round ms | ILP round / HAS whole queue |",
               "|---|---|---|---|---|---|---|"]
     for r in c:
         lines.append(f"| {r['gpus']} | {r['queue']} | {r['has_decision_p50_ms']:.3f} | {r['has_decision_p99_ms']:.3f} | "
-                     f"{r['has_queue_pass_ms']:.1f} | {r['ilp_round_ms']:.1f} | {r['ilp_over_has_p99']:.0f}x |")
+                     f"{r['has_queue_pass_ms']:.1f} | {r['ilp_round_ms']:.1f} | "
+                     f"{r['ilp_round_ms'] / r['has_queue_pass_ms']:.0f}x |")
     return "\n".join(lines) + "\n"
 
 

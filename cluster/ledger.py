@@ -15,12 +15,10 @@ Guarantees
 - **Durability.** SQLite runs in WAL mode with `synchronous=FULL`: a committed allocation, release or queue
   entry survives a crash of the process or the host; an uncommitted one leaves nothing behind.
 
-The queue: `submit` appends a job (its ranked `GpuRequest`s) in arrival order; `schedule` walks the waiting
-jobs in that order and places each one HAS can satisfy now. With `order="backfill"` (default) a job that does
-not fit is skipped and later jobs may start (backfilling); with `order="strict"` the first job that does not
-fit blocks the rest (head-of-line); with `order="shortest"` the walk goes by the predicted run time given at
-`submit` (MARP's step time x steps), shortest first, then arrival, with backfilling; jobs submitted without a
-prediction go last. `release` runs `schedule` in the same transaction, so every release retries
+The queue: `submit` appends a job (its ranked `GpuRequest`s and its predicted run time); `schedule` walks the
+waiting jobs in the order of `cluster/queue.py` (the same code the simulator runs) and places each one HAS can
+satisfy now: by default `shortest` (predicted run time with aging, backfilling), or `backfill` (arrival order)
+or `strict` (head-of-line). `release` runs `schedule` in the same transaction, so every release retries
 the queue. Queue entries are leased too: a waiter that dies leaves the queue when its lease runs out.
 """
 
@@ -35,7 +33,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel
 from sqlalchemy import (
@@ -62,8 +60,8 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
+from cluster.queue import DEFAULT_ORDER, QueueOrder, Waiting, ordered, walk
 
-QueueOrder = Literal["backfill", "strict", "shortest"]
 DEFAULT_LEASE_S = 60.0
 
 _meta = MetaData()
@@ -171,9 +169,8 @@ def _req_from(d: dict[str, Any]) -> GpuRequest:
     return GpuRequest(d["gpus"], d["min_mem_gib"], d.get("unit", 1), frozenset(types) if types is not None else None)
 
 
-def _shortest_key(q: Any) -> tuple[bool, float, int]:
-    """Queue order `shortest`: predicted run time, then arrival; entries without a prediction last."""
-    return (q.predicted_s is None, q.predicted_s or 0.0, q.seq)
+def _waiting(q: Any) -> Waiting:
+    return Waiting(job=q.job, seq=q.seq, submitted_s=q.submitted_at, predicted_s=q.predicted_s)
 
 
 class Ledger:
@@ -183,9 +180,9 @@ class Ledger:
                  ) -> None:
         """`url`: a SQLAlchemy URL or a SQLite file path; None means `$FRENZY_LEDGER` or `~/.frenzy/ledger.db`.
         `order`: the queue order of `schedule` and `release` when they are not given one; None means
-        `$FRENZY_QUEUE_ORDER` or `backfill`."""
+        `$FRENZY_QUEUE_ORDER` or `shortest` (cluster/queue.py)."""
         self.url = ledger_url(url)
-        self.order: QueueOrder = order or os.environ.get("FRENZY_QUEUE_ORDER") or "backfill"  # type: ignore[assignment]
+        self.order: QueueOrder = order or os.environ.get("FRENZY_QUEUE_ORDER") or DEFAULT_ORDER  # type: ignore[assignment]
         if self.order not in get_args(QueueOrder):
             raise LedgerError(f"queue order {self.order!r}: choose one of {', '.join(get_args(QueueOrder))} "
                               "(FRENZY_QUEUE_ORDER or order=)")
@@ -458,22 +455,23 @@ class Ledger:
                          .values(state="cancelled"))
 
     def _schedule_in(self, conn: Connection, order: QueueOrder) -> list[Allocation]:
-        waiting = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
-        if not waiting:
+        rows = {q.job: q for q in conn.execute(select(queue_t).where(queue_t.c.state == "waiting")).all()}
+        if not rows:
             return []
-        if order == "shortest":
-            waiting = sorted(waiting, key=_shortest_key)
         pool, free_idx, types = self._pool(conn)
-        placed = []
-        for q in waiting:
+        placed: list[Allocation] = []
+
+        def try_place(w: Waiting) -> bool:  # the queue discipline is cluster/queue.py's, shared with the simulator
+            q = rows[w.job]
             reqs = [_req_from(r) for r in json.loads(q.requests)]
             alloc = self._allocate_in(conn, q.job, reqs, q.lease_s, q.owner, pool, free_idx, types)
             if alloc is None:
-                if order == "strict":
-                    break
-                continue
+                return False
             conn.execute(update(queue_t).where(queue_t.c.seq == q.seq).values(state="placed", allocation_id=alloc.id))
             placed.append(alloc)
+            return True
+
+        walk([_waiting(q) for q in rows.values()], order, time.time(), try_place)
         return placed
 
     def schedule(self, order: QueueOrder | None = None) -> list[Allocation]:
@@ -490,10 +488,9 @@ class Ledger:
                 raise LedgerError(f"job {job} is not in the queue; submit it first")
             if renew_s and row.state == "waiting":
                 conn.execute(update(queue_t).where(queue_t.c.job == job).values(lease_expiry=time.time() + renew_s))
-            waiting = conn.execute(select(queue_t.c.seq, queue_t.c.predicted_s)
-                                   .where(queue_t.c.state == "waiting")).all()
-        key = _shortest_key if self.order == "shortest" else (lambda q: q.seq)
-        ahead = sum(1 for q in waiting if key(q) < key(row))
+            waiting = conn.execute(select(queue_t).where(queue_t.c.state == "waiting")).all()
+        order = [w.job for w in ordered([_waiting(q) for q in waiting], self.order, time.time())]
+        ahead = order.index(job) if job in order else 0
         return {"job": job, "state": row.state, "position": ahead + 1 if row.state == "waiting" else 0,
                 "waited_s": time.time() - row.submitted_at, "allocation_id": row.allocation_id}
 

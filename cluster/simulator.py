@@ -53,6 +53,7 @@ from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide, place, requests_from_plans
 from cluster.inventory import Cluster
 from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_exact, reference_step_time, step_time, user_layout
+from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, QueueOrder, Waiting, walk
 from cluster.traces import POLICIES, REFERENCE_GPU, PolicyName, TraceJob
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
@@ -63,7 +64,10 @@ class SimConfig:
     reference_gpu: str = REFERENCE_GPU
     oom_after_s: float = 120.0
     round_s: float = 60.0
-    queue_order: Literal["backfill", "strict", "shortest"] = "backfill"
+    queue_order: QueueOrder = DEFAULT_ORDER
+    """HAS's queue order (cluster/queue.py): shortest predicted first with aging (default), backfill, strict."""
+    aging: float = DEFAULT_AGING
+    """Aging of the shortest-first order (cluster/queue.py)."""
     ilp_p: float = -0.5
     ilp_time_limit_s: float = 30.0
     max_plans: int | None = None
@@ -175,12 +179,14 @@ class Simulator:
     def __init__(self, cluster: Cluster, trace: Sequence[TraceJob], policy: PolicyName,
                  config: SimConfig | None = None, catalog: Catalog | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
-        if policy not in POLICIES:
+        if policy not in (*POLICIES, "has-sjf"):
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.cfg = config or SimConfig()
         self.name = policy
-        if policy == "has-sjf":
+        if policy == "has-sjf":  # the old name of the default
             policy, self.cfg = "has", dataclasses.replace(self.cfg, queue_order="shortest")
+        elif policy == "has-arrival":
+            policy, self.cfg = "has", dataclasses.replace(self.cfg, queue_order="backfill")
         self.cat = catalog or default_catalog()
         self.perf = _Perf(cluster, self.cat, self.cfg.rank_by)
         self.policy = policy
@@ -188,7 +194,9 @@ class Simulator:
         self.pool = FreePool(self.perf.node.values())
         ref = self.cat.get(self.cfg.reference_gpu).name
         keys = [JobKey.of(t) for t in trace]
-        self.jobs = [SimJob(trace=t, key=k, num_gpus=t.num_gpus, seq=i,
+        # arrival order is submit time (a trace file need not be sorted), then position in the file
+        arrival = {k: n for n, k in enumerate(sorted(range(len(trace)), key=lambda k: (trace[k].submit_s, k)))}
+        self.jobs = [SimJob(trace=t, key=k, num_gpus=t.num_gpus, seq=arrival[i],
                             steps=t.duration_s / reference_step_time(k, ref, t.num_gpus))
                      for i, (t, k) in enumerate(zip(trace, keys, strict=True))]
         self.queue: list[int] = []
@@ -323,42 +331,52 @@ class Simulator:
         return math.inf if reqs is None else self.jobs[i].steps * reqs[2][0].est_step_time_s
 
     def _schedule(self, now: float) -> None:
+        """One pass over the queue with cluster/queue.py's discipline: the code the live ledger runs."""
         t0 = time.perf_counter()
-        if self.policy == "has" and self.cfg.queue_order == "shortest":
-            self.queue.sort(key=lambda k: (self._predicted_s(k), self.jobs[k].seq))
-        elif self.policy != "has" and self.cfg.baseline_order == "shortest":  # the oracle ablation (docstring)
-            self.queue.sort(key=lambda k: (self.jobs[k].trace.duration_s, self.jobs[k].seq))
-        strict = self.policy == "fifo" or (self.policy == "has" and self.cfg.queue_order == "strict")
-        remaining = []
-        blocked = False
+        if self.policy == "has":
+            order: QueueOrder = self.cfg.queue_order
+            aging = self.cfg.aging
+        else:  # fcfs skips what does not fit (backfill); fifo blocks; the oracle ablation orders by true run time
+            order = "strict" if self.policy == "fifo" else \
+                "shortest" if self.cfg.baseline_order == "shortest" else "backfill"
+            aging = 0.0
+        waiting = []
         for i in self.queue:
             job = self.jobs[i]
             if job.unschedulable:
                 continue
-            if blocked or self.pool.total_free() == 0:
-                remaining.append(i)
-                continue
+            pred = (self._predicted_s(i) if self.policy == "has" else job.trace.duration_s) if order == "shortest" \
+                else None
+            waiting.append(Waiting(job=i, seq=job.seq, submitted_s=job.trace.submit_s,
+                                   predicted_s=None if pred is None or math.isinf(pred) else pred))
+
+        def try_place(w: Waiting) -> bool:
+            i = int(w.job)  # type: ignore[call-overload]
+            job = self.jobs[i]
+            if self.pool.total_free() == 0:
+                return False
             if self.policy == "has":
                 reqs = self._has_requests(i)
                 if reqs is None:
                     job.unschedulable = "MARP: no layout fits any GPU of the cluster"
-                    continue
+                    return False
                 d0 = time.perf_counter()
                 d = decide(self.pool, reqs[0])
                 self.decisions_ms.append((time.perf_counter() - d0) * 1e3)
-                if d is not None:
-                    self._start(i, now, d.nodes, reqs[2][reqs[1][d.plan_index]].layout)
-                    continue
-            else:
-                d0 = time.perf_counter()
-                nodes = self._fcfs_place(job)
-                self.decisions_ms.append((time.perf_counter() - d0) * 1e3)
-                if nodes is not None:
-                    self._start(i, now, nodes, None)
-                    continue
-            remaining.append(i)
-            blocked = strict
-        self.queue = remaining
+                if d is None:
+                    return False
+                self._start(i, now, d.nodes, reqs[2][reqs[1][d.plan_index]].layout)
+                return True
+            d0 = time.perf_counter()
+            nodes = self._fcfs_place(job)
+            self.decisions_ms.append((time.perf_counter() - d0) * 1e3)
+            if nodes is None:
+                return False
+            self._start(i, now, nodes, None)
+            return True
+
+        _, left = walk(waiting, order, now, try_place, aging)
+        self.queue = [int(w.job) for w in left if not self.jobs[int(w.job)].unschedulable]  # type: ignore[call-overload]
         self.rounds_ms.append((time.perf_counter() - t0) * 1e3)
 
     # -- ilp -----------------------------------------------------------------------------------------------

@@ -32,8 +32,10 @@ from typing import Literal
 
 TraceFormat = Literal["generic", "philly", "sia"]
 REFERENCE_GPU = "A100-40GB-SXM"
-PolicyName = Literal["has", "has-sjf", "fcfs", "fifo", "ilp"]
-POLICIES: tuple[str, ...] = ("has", "has-sjf", "fcfs", "fifo", "ilp")
+PolicyName = Literal["has", "has-arrival", "has-sjf", "fcfs", "fifo", "ilp"]
+POLICIES: tuple[str, ...] = ("has", "has-arrival", "fcfs", "fifo", "ilp")
+"""Policies compared by default; `has-sjf` is accepted as the name `has` had for the same policy before it became
+the default."""
 """The simulator's policies (cluster/simulator.py); here so the CLI can list them without importing the simulator.
 `has-sjf` is `has` with the queue ordered by predicted run time (`queue_order="shortest"`)."""
 

@@ -333,14 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--trace", required=True,
                     help="trace CSV, or newworkload:N[:SEED] for the Frenzy NewWorkload generator")
     sp.add_argument("--format", choices=["generic", "philly", "sia"], help="trace format (default: from the header)")
-    sp.add_argument("--policy", action="append", choices=list(POLICIES),
-                    help="policy to run (repeat; default all: has has-sjf fcfs fifo ilp; has-sjf is has with the "
-                         "queue ordered by predicted run time)")
+    sp.add_argument("--policy", action="append", choices=[*POLICIES, "has-sjf"],
+                    help="policy to run (repeat; default all: has has-arrival fcfs fifo ilp). has is Frenzy's default "
+                         "(MARP + HAS, shortest predicted run time first with aging); has-arrival the same placement "
+                         "in arrival order; has-sjf the old name of has")
     sp.add_argument("--rank-by", choices=list(get_args(RankBy)), default="balanced",
                     help="MARP plan ranking for has (default balanced)")
-    sp.add_argument("--queue-order", choices=["backfill", "strict", "shortest"], default="backfill",
-                    help="has queue: arrival order with backfilling (default), strict head-of-line, or shortest "
-                         "predicted duration first")
+    sp.add_argument("--queue-order", choices=["shortest", "backfill", "strict"], default="shortest",
+                    help="has queue (cluster/queue.py, the live ledger's too): shortest predicted run time first with "
+                         "aging (default), arrival order with backfilling, or strict head-of-line")
     sp.add_argument("--reference-gpu", default=REFERENCE_GPU, help=f"GPU the trace durations refer to ({REFERENCE_GPU})")
     sp.add_argument("--max-jobs", type=bounded_int(1, 100000), default=160, help="philly: jobs to take (default 160)")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")

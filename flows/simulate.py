@@ -26,10 +26,10 @@ class SimulateRequest(BaseModel):
     """Trace CSV path on the worker, or newworkload:N[:SEED]."""
     format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
     """Trace format; None guesses from the header."""
-    policies: list[Literal["has", "has-sjf", "fcfs", "fifo", "ilp"]] = Field(
-        ["has", "has-sjf", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
-    """Policies to compare (has-sjf: has with the queue ordered by predicted run time)."""
-    queue_order: Literal["backfill", "strict", "shortest"] = "backfill"
+    policies: list[Literal["has", "has-arrival", "fcfs", "fifo", "ilp"]] = Field(
+        ["has", "has-arrival", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
+    """Policies to compare (has: Frenzy's default, shortest predicted first with aging; has-arrival: arrival order)."""
+    queue_order: Literal["shortest", "backfill", "strict"] = "shortest"
     """HAS queue order."""
     rank_by: RankBy = "balanced"
     """MARP plan ranking used by HAS."""

@@ -78,9 +78,9 @@ def test_cluster_show_init_cordon_json(backend, request, capsys, tmp_path):
 def test_simulate_json_has_every_policy_and_the_bounds(capsys, tmp_path):
     png = tmp_path / "cdf.png"
     code, out, _ = run(capsys, "simulate", "--cluster", "frenzy-testbed", "--trace", "newworkload:8:1",
-                       "--policy", "has", "--policy", "has-sjf", "--policy", "fcfs", "--json", "--plot", str(png))
+                       "--policy", "has", "--policy", "has-arrival", "--policy", "fcfs", "--json", "--plot", str(png))
     doc = json.loads(out)
-    assert code == 0 and set(doc["policies"]) == {"has", "has-sjf", "fcfs"}
+    assert code == 0 and set(doc["policies"]) == {"has", "has-arrival", "fcfs"}
     for s in doc["policies"].values():
         for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "decision_p50_ms",
                   "decision_p99_ms", "oom_failures"):

@@ -217,7 +217,9 @@ def test_shortest_order_places_the_shortest_predicted_job_first(url, monkeypatch
     placed = led.release(a.id, order="shortest")  # 10 GPUs free: two 4-GPU jobs fit (n0, n1)
     assert [p.job for p in placed] == ["short", "mid"]
     led.submit("quick", [GpuRequest(8, 10)], predicted_s=5)  # waiting now: long, unknown, quick
-    assert led.queue_status("quick")["position"] == 3  # the ledger's order is arrival (backfill)
+    assert led.queue_status("quick")["position"] == 1  # the ledger's default order is shortest-first
+    monkeypatch.setenv("FRENZY_QUEUE_ORDER", "backfill")
+    assert Ledger(url).queue_status("quick")["position"] == 3  # arrival order on request
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "shortest")
     led2 = Ledger(url)
     assert led2.order == "shortest" and led2.queue_status("quick")["position"] == 1
@@ -226,7 +228,7 @@ def test_shortest_order_places_the_shortest_predicted_job_first(url, monkeypatch
     led2.release(placed[0].id)  # the ledger's own order
     assert led2.queue_status("long")["state"] == "placed" and led2.queue_status("unknown")["state"] == "waiting"
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "sjf")
-    with pytest.raises(LedgerError, match="backfill, strict, shortest"):
+    with pytest.raises(LedgerError, match="shortest, backfill, strict"):
         Ledger(url)
 
 

@@ -95,8 +95,10 @@ def test_shortest_queue_order_and_config_are_honoured():
     a = simulate(c, jobs, "has", SimConfig(queue_order="shortest")).summary()
     b = simulate(c, jobs, "has", SimConfig(queue_order="backfill")).summary()
     assert a["completed"] == b["completed"] == 20 and a["avg_jct_s"] != b["avg_jct_s"]
-    sjf = simulate(c, jobs, "has-sjf")  # the named policy is has with the shortest order
+    sjf = simulate(c, jobs, "has-sjf")  # the old name of the default policy
     assert sjf.policy == "has-sjf" and sjf.summary()["avg_jct_s"] == a["avg_jct_s"]
+    assert simulate(c, jobs, "has").summary()["avg_jct_s"] == a["avg_jct_s"]  # shortest-first is the default
+    assert simulate(c, jobs, "has-arrival").summary()["avg_jct_s"] == b["avg_jct_s"]
 
 
 def test_an_oom_user_first_halves_the_micro_batch_then_asks_for_more_memory():
