@@ -50,7 +50,12 @@ def test_catalog_and_presets_listing(capsys):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "memory", "examples/jobs/tiny.yaml", "--json"],
+    """The installed `frenzy` entry point (what `pip install -e .` puts beside the interpreter), not the module."""
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "frenzy"
+    assert exe.exists(), f"no console script at {exe}: is the project installed (pip install -e .)?"
+    out = subprocess.run([str(exe), "memory", "examples/jobs/tiny.yaml", "--json"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out)["peak_phase"] in {"backward_start", "backward_end", "optimizer_step"}
 

@@ -101,7 +101,9 @@ def test_it_cannot_exhaust_memory(isolated):
 def test_a_fork_bomb_is_contained(isolated):
     t0 = time.monotonic()
     r = run_python("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout_s=2.0)
-    assert r.status in ("timeout", "killed", "failed")
+    # the process limit makes every fork past it fail, so the bomb spins until the wall clock ends it: a timeout,
+    # not a crash of the sandbox or the host
+    assert r.status == "timeout" and ("cgroup-pids" in r.isolation or "rlimit-nproc" in r.isolation)
     assert time.monotonic() - t0 < 20
     assert run_python("print('still works')").stdout.strip() == "still works"
 

@@ -270,3 +270,18 @@ def test_a_failed_persist_skips_that_checkpoint_and_the_next_one_commits(tmp_pat
     c.save(4, [("model.w", torch.ones(4))], _FIELDS)
     with pytest.raises(ck.CheckpointError, match="final checkpoint \\(step 4\\) was not committed"):
         c.close()
+
+
+def test_a_staged_snapshot_holds_the_values_at_the_save_not_after_the_update(tmp_path):
+    st = Storage(f"file://{tmp_path}")
+    c = ck.AsyncCheckpointer(st, 0, 1, run="t", buffers=1)
+    w = torch.arange(100_000, dtype=torch.float32)
+    c.save(7, [("model.w", w)], _FIELDS, stage=True)  # returns at once; the copy runs beside "forward/backward"
+    waited = c.barrier()  # the loop calls this before the optimizer step
+    assert waited >= 0.0
+    w += 1  # the update
+    c.close()
+    [rec] = c.records
+    assert rec.step == 7 and rec.blocked_s >= waited
+    got = ck.read_shard(st, ck.read_manifest(st, 7).shards[0])["model.w"]
+    assert torch.equal(got, torch.arange(100_000, dtype=torch.float32))

@@ -130,12 +130,12 @@ class SnapshotBuffer:
     def matches(self, tensors: list[tuple[str, torch.Tensor]]) -> bool:
         return self.signature == [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
 
-    def copy_from(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    def copy_from(self, tensors: list[tuple[str, torch.Tensor]], sync: bool = True) -> None:
         on_gpu = False
         for v, (_, t) in zip(self.views, tensors, strict=True):
             on_gpu |= t.device.type == "cuda"
             v.copy_(t.detach(), non_blocking=t.device.type == "cuda")
-        if on_gpu:
+        if on_gpu and sync:
             torch.cuda.synchronize()
 
     def chunks(self, size: int = 16 << 20) -> Iterator[memoryview]:
@@ -190,6 +190,9 @@ class AsyncCheckpointer:
         self._worker: threading.Thread | None = None
         self._prep: threading.Thread | None = None
         self._error: tuple[int, BaseException] | None = None
+        self._staging: tuple[_Job, threading.Thread] | None = None
+        self._stage_error: BaseException | None = None
+        self._side: torch.cuda.Stream | None = None
         self._last_step: int | None = None
         self.failed: list[tuple[int, str]] = []
         """(step, error) of every save whose persist failed."""
@@ -234,13 +237,18 @@ class AsyncCheckpointer:
     # saving -----------------------------------------------------------------------------------------------
     def save(self, step: int, tensors: list[tuple[str, torch.Tensor]], manifest_fields: dict,
              extra: dict | None = None, shard_meta: dict[str, tuple[list[int], list[int]]] | None = None,
-             *, block: bool = True, deferred_steps: int = 0) -> float | None:
+             *, block: bool = True, deferred_steps: int = 0, stage: bool = False) -> float | None:
         """Snapshot `tensors` and queue their persist; returns the seconds the caller was blocked.
+
+        With `stage=True` the copy into the buffer runs in a background thread (a side CUDA stream on a GPU) while
+        the caller goes on with work that reads but does not change the tensors (the next forward and backward);
+        the caller must call `barrier()` before it changes them, and the persist starts from there.
 
         With `block=False` a save that finds every buffer still persisting returns None at once (the caller
         retries at its next step boundary); with `block=True` it waits for a buffer (that wait counts as blocked).
         `shard_meta` maps names of tensors that are shards of a distributed tensor to (global shape, offset)."""
         t0 = time.perf_counter()
+        self.barrier()  # a previous staged copy the caller did not wait for
         self._raise_error()
         self._ready(tensors, shard_meta)
         with self._lock:
@@ -251,18 +259,70 @@ class AsyncCheckpointer:
                 self._raise_error_locked()
             buf = self._free.pop()
             self._last_step = step
-        buf.copy_from(tensors)
-        blocked = time.perf_counter() - t0
-        job = _Job(step, buf, dict(manifest_fields), dict(extra or {}), blocked, deferred_steps)
-        with self._lock:
-            self._queue.append(job)
             self._inflight += 1
             self.persisting.set()
+        job = _Job(step, buf, dict(manifest_fields), dict(extra or {}), 0.0, deferred_steps)
+        if stage:
+            main = torch.cuda.current_stream() if any(t.device.type == "cuda" for _, t in tensors) else None
+            th = threading.Thread(target=self._stage_copy, args=(buf, tensors, main), daemon=True,
+                                  name=f"frenzy-stage-{step}")
+            self._staging = (job, th)
+            th.start()
+            job.blocked = time.perf_counter() - t0
+            return job.blocked
+        buf.copy_from(tensors)
+        job.blocked = time.perf_counter() - t0
+        self._enqueue(job)
+        return job.blocked
+
+    def _stage_copy(self, buf: SnapshotBuffer, tensors: list[tuple[str, torch.Tensor]],
+                    main: torch.cuda.Stream | None) -> None:
+        try:
+            if main is None:
+                buf.copy_from(tensors)
+                return
+            if self._side is None:
+                self._side = torch.cuda.Stream()
+            self._side.wait_stream(main)  # copy the values after the update that preceded the save
+            with torch.cuda.stream(self._side):
+                buf.copy_from(tensors, sync=False)
+            self._side.synchronize()
+        except BaseException as err:  # noqa: BLE001 - reported by barrier()
+            self._stage_error = err
+
+    def barrier(self) -> float:
+        """Wait until a staged snapshot has been copied; the loop calls it before anything changes the saved
+        tensors (the optimizer step, a rollback). Returns the seconds waited (counted as blocked)."""
+        if self._staging is None:
+            return 0.0
+        job, th = self._staging
+        t0 = time.perf_counter()
+        th.join()
+        waited = time.perf_counter() - t0
+        self._staging = None
+        job.blocked += waited
+        err, self._stage_error = self._stage_error, None
+        if err is not None:
+            with self._lock:
+                self._free.append(job.buf)
+                self._inflight -= 1
+                if not self._inflight:
+                    self.persisting.clear()
+                self._error = (job.step, err)
+                self._raise_error_locked()
+            return waited
+        self._enqueue(job, counted=True)
+        return waited
+
+    def _enqueue(self, job: _Job, counted: bool = True) -> None:
+        with self._lock:
+            self._queue.append(job)
+            if not counted:
+                self._inflight += 1
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._run, daemon=True, name="frenzy-persist")
                 self._worker.start()
             self._lock.notify_all()
-        return blocked
 
     def busy(self) -> bool:
         """True while a save would find no free buffer."""
@@ -283,6 +343,7 @@ class AsyncCheckpointer:
 
     def wait(self) -> None:
         """Wait until every queued persist finished (a failure is logged and recorded in `failed`)."""
+        self.barrier()
         with self._lock:
             while self._inflight:
                 self._lock.wait(0.1)

@@ -313,7 +313,7 @@ def train(opts: TrainOptions) -> dict:
     failed_reported: list[int] = []
     warned_interval = False
 
-    def save_now(block: bool = True) -> bool:
+    def save_now(block: bool = True, stage: bool = False) -> bool:
         """Snapshot and queue the persist; False when every buffer is still persisting (try again next step)."""
         nonlocal blocked_total, last_saved
         tensors, glob = training_tensors(core, optimizer, with_model=owns_model)
@@ -325,7 +325,7 @@ def train(opts: TrainOptions) -> dict:
                               else None, "lr": lr_at(step, job),
                               # evaluation rebuilds the held-out split from it (not part of the fingerprint)
                               "data": t.data.model_dump(mode="json")}}
-        blocked = ckpt.save(step, tensors, fields, shard_meta=glob, block=block,
+        blocked = ckpt.save(step, tensors, fields, shard_meta=glob, block=block, stage=stage,
                             deferred_steps=step - (due_at if due_at is not None else step))
         if blocked is None:
             return False
@@ -400,6 +400,7 @@ def train(opts: TrainOptions) -> dict:
                         f"rolled back to step {rec['rolled_back_to']}" if target else "update skipped", window)
             prog.emit("spike", **rec)
             continue
+        blocked_total += ckpt.barrier()  # a staged snapshot must be copied before the update changes the tensors
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
@@ -422,7 +423,9 @@ def train(opts: TrainOptions) -> dict:
         if due_at is not None:
             # every rank must take the same decision, or the ranks would snapshot different steps
             if _agree(d, not ckpt.busy()) or step == t.steps:
-                save_now(block=True)
+                # staged: the copy runs beside the next forward/backward and is waited for before the next
+                # optimizer step (the only thing that changes the saved tensors); the last save copies at once
+                save_now(block=True, stage=step != t.steps)
                 due_at = None
             else:
                 if step == due_at:
