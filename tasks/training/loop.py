@@ -168,10 +168,11 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
 
 
 def _optimizer(params: list[torch.nn.Parameter], t: Any, plain: bool) -> torch.optim.Optimizer:
-    """AdamW/Adam with the fused kernel where torch has it for these parameters (plain tensors), else the
-    multi-tensor (foreach) implementation; SGD with momentum."""
+    """AdamW/Adam with the fused kernel where torch has it for these parameters (plain tensors), else torch's own
+    choice (a tensor-parallel model mixes DTensor and plain parameters, which the multi-tensor kernels refuse);
+    SGD with momentum."""
     if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.lr, momentum=0.9, foreach=True)
+        return torch.optim.SGD(params, lr=t.lr, momentum=0.9)
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
     kw = {"lr": t.lr, "betas": (0.9, 0.95), "weight_decay": 0.1 if t.optimizer == "adamw" else 0.0}
     if plain:
@@ -179,7 +180,7 @@ def _optimizer(params: list[torch.nn.Parameter], t: Any, plain: bool) -> torch.o
             return cls(params, fused=True, **kw)
         except (RuntimeError, ValueError):  # no fused kernel for this device or dtype
             pass
-    return cls(params, foreach=True, **kw)
+    return cls(params, **kw)
 
 
 def _fingerprint(job: JobSpec, corpus_sha: str, world: int, tp: int) -> dict:
