@@ -77,7 +77,8 @@ def test_training_to_s3_survives_an_endpoint_outage_and_matches_local(s3, tmp_pa
     commits = [r for r in progress(run_dir) if r["event"] == "checkpoint"]
     # a save that came due while the outage held every snapshot buffer was deferred, not lost: it committed a few
     # steps late and says by how much
-    assert [r["step"] - r["deferred_steps"] for r in commits] in ([10, 20, 30, 40], [10, 20, 40], [10, 30, 40])
+    due = [r["step"] - r["deferred_steps"] for r in commits]
+    assert all(d % 10 == 0 for d in due) and due == sorted(set(due)) and len(commits) >= 3
     assert commits[0]["step"] == 10 and commits[-1]["step"] == 40
     storage = Storage(uri)
     kept = ck.committed(storage)
