@@ -110,7 +110,7 @@ def step_dir(step: int) -> str:
 
 
 class SnapshotBuffer:
-    """One flat, preallocated CPU byte buffer with a typed view per tensor. It is zero-filled, so alignment padding
+    """One flat, preallocated CPU byte buffer with a typed view per tensor. Its alignment padding is zeroed, so it
     is the same in every checkpoint (no heap bytes in files; identical runs give identical checksums)."""
 
     def __init__(self, tensors: list[tuple[str, torch.Tensor]], pin: bool) -> None:
@@ -123,7 +123,13 @@ class SnapshotBuffer:
                                             shape=list(t.shape), offset=off, nbytes=nbytes))
             off += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
         self.nbytes = off
-        self.flat = torch.zeros(off, dtype=torch.uint8, pin_memory=pin)
+        # only the alignment padding needs zeroing (the tensors overwrite the rest): zero-filling the whole buffer
+        # would touch every page now, competing with the training steps for memory bandwidth
+        self.flat = torch.empty(off, dtype=torch.uint8, pin_memory=pin)
+        for e in self.entries:
+            end = (e.offset + e.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            if end > e.offset + e.nbytes:
+                self.flat[e.offset + e.nbytes:end].zero_()
         self.views = [self.flat[e.offset:e.offset + e.nbytes].view(t.dtype).view(t.shape) for e, (_, t) in
                       zip(self.entries, tensors, strict=True)]
 

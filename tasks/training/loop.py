@@ -40,9 +40,9 @@ class TrainOptions:
     job: JobSpec
     run_dir: Path
     resume: bool = False
+    """Continue from the newest checkpoint that verifies; False refuses to overwrite existing checkpoints."""
     from_scratch: bool = False
     """With `resume`: when no committed checkpoint verifies, discard them and start at step 0 (else refuse)."""
-    """Continue from the newest checkpoint that verifies; False refuses to overwrite existing checkpoints."""
     device: str = "auto"
     """`auto` (CUDA when present), `cpu` or `cuda`."""
     threads: int | None = None
@@ -444,6 +444,7 @@ def train(opts: TrainOptions) -> dict:
     if stopped and last_saved != step:
         log.warning("stopping at step %d: taking a final checkpoint first", step)
         save_now(block=True)
+    loop_s = time.perf_counter() - t_start  # the training loop; the wait below for the last persist is not training
     ckpt.close()
     elapsed = time.perf_counter() - t_start
     trace_path = None
@@ -456,7 +457,7 @@ def train(opts: TrainOptions) -> dict:
               "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": spikes,
               "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in ckpt.failed],
               "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,
-              "tokens_per_s": steps_run * tokens_per_step / elapsed if steps_run else 0.0,
+              "tokens_per_s": steps_run * tokens_per_step / loop_s if steps_run else 0.0,
               "blocked_s_total": blocked_total, "world_size": d.world, "tp": d.tp, "device": str(dev),
               "checkpoint_uri": storage.uri, "trace": str(trace_path) if trace_path else None,
               "run_dir": str(opts.run_dir)}
