@@ -23,7 +23,8 @@ def heatmap(res: Slowdowns, path: str | Path) -> Path:
 
     data = np.array(res.workers)
     P, D = data.shape
-    fig, ax = plt.subplots(figsize=(min(2 + 0.45 * D, 24), min(1.5 + 0.45 * P, 12)))
+    # wide enough for the title even for a 1 x 1 map (the title was clipped on small jobs)
+    fig, ax = plt.subplots(figsize=(min(max(4.5, 2 + 0.45 * D), 24), min(max(2.5, 1.5 + 0.45 * P), 12)))
     im = ax.imshow(data, cmap="Reds", vmin=1.0, vmax=max(1.5, float(data.max())), aspect="auto", origin="upper")
     if P * D <= 400:
         for s in range(P):
@@ -34,12 +35,12 @@ def heatmap(res: Slowdowns, path: str | Path) -> Path:
         ax.set_xticks(range(D), [str(int(k)) for k in sorted(res.by_dp_rank, key=int)])
     ax.set_xlabel("DP rank")
     ax.set_ylabel("pipeline stage")
-    ax.set_title(f"worker slowdown ({res.workers_method}); job S = {res.slowdown:.3f}")
+    ax.set_title(f"worker slowdown ({res.workers_method})\njob S = {res.slowdown:.3f}", fontsize=10)
     fig.colorbar(im, ax=ax, label="slowdown")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return out
 
