@@ -55,14 +55,28 @@ def request_stop(run_dir: Path) -> None:
     (run_dir / STOP_FILE).write_text(str(time.time()))
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the thread that launched us dies (Linux), so a killed
-    `frenzy train` or flow process does not leave its trainers running and writing checkpoints."""
-    with contextlib.suppress(Exception):
+def _libc() -> object | None:
+    """libc, loaded in the parent: loading a library in a child forked from a threaded process can deadlock."""
+    try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    os.setsid()  # its own session too: on cancellation the whole tree (torchrun and every rank) is stopped
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _die_with(libc: object | None, parent: int) -> Callable[[], None]:
+    def child() -> None:
+        """In the child before exec: get SIGTERM when the thread that launched us dies (Linux), so a killed
+        `frenzy train` or flow process does not leave its trainers running and writing checkpoints."""
+        if libc is not None:
+            with contextlib.suppress(Exception):
+                libc.prctl(1, signal.SIGTERM)  # type: ignore[attr-defined]  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+        os.setsid()  # its own session too: on cancellation the whole tree (torchrun and every rank) is stopped
+
+    return child
 
 
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False, from_scratch: bool = False,
@@ -109,13 +123,14 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     else:
         cmd = [sys.executable, "-m", "tasks.training.launch", *args]
     log_path = run_dir / "train.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the ranks also watch their parent (a second guard beside PDEATHSIG): reparented means orphaned, so stop
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FRENZY_WATCH_PARENT": "1"}
     if gpu_indices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
     env.setdefault("OMP_NUM_THREADS", str(threads or default_threads(nproc)))
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,  # noqa: PLW1509
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_die_with(_libc(), os.getpid()))
         stop_sent = False
         try:
             while True:
