@@ -118,3 +118,53 @@ def test_permission_errors_are_not_retried(tmp_path, monkeypatch):
     with pytest.raises(StorageError, match="retrying cannot fix this"):
         st.put("x/y.json", b"{}")
     assert len(calls) == 1
+
+
+_STUCK_RANK = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from tasks.training.launch import _watch_parent
+signal.signal(signal.SIGTERM, lambda *_: os.write({w}, b"term\\n"))  # a rank that cannot finish its step
+_watch_parent({grace})
+os.write({w}, b"ready\\n")
+while True:
+    time.sleep(3600)
+"""
+
+
+def test_an_orphaned_rank_is_asked_to_commit_then_exits_hard_after_the_grace(tmp_path):
+    """The launcher dies with SIGKILL: the rank gets SIGTERM at once (its step is committed by the loop), and a
+    rank stuck where it cannot finish is gone after the grace period, not running on as an orphan writer."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r, w = os.pipe()
+    rank = _STUCK_RANK.format(root=str(Path(__file__).resolve().parents[1]), w=w, grace=1.0)
+    launcher = subprocess.Popen([sys.executable, "-c", "import signal, subprocess, sys\n"
+                                 f"subprocess.Popen([sys.executable, '-c', {rank!r}], pass_fds=({w},))\n"
+                                 "signal.pause()"], pass_fds=(w,))
+    os.close(w)
+    got = b""
+
+    def read_until_eof(timeout: float) -> bytes:
+        out = b""
+        while select.select([r], [], [], timeout)[0]:
+            chunk = os.read(r, 100)
+            if not chunk:
+                return out
+            out += chunk
+        raise AssertionError(f"the rank still runs; it wrote {got + out!r}")
+
+    while not got.endswith(b"ready\n"):
+        assert select.select([r], [], [], 60)[0], "the rank never started"
+        got += os.read(r, 100)
+    t0 = time.monotonic()
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    rest = read_until_eof(60)  # EOF: the rank's process (the last holder of the pipe) has exited
+    assert rest == b"term\n"
+    assert time.monotonic() - t0 >= 1.0  # it was given its grace to commit before the hard exit

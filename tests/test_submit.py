@@ -123,6 +123,13 @@ def _trainers_of(run_dir: Path) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _describe(pids: list[int], run_dir: Path) -> str:
+    ps = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,wchan:20,cmd", "-p", ",".join(map(str, pids))],
+                        capture_output=True, text=True).stdout
+    log = run_dir / "train.log"
+    return ps + "\n--- train.log ---\n" + (log.read_text(errors="replace")[-3000:] if log.exists() else "(none)")
+
+
 def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_server, tmp_path):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="cancelme", steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
@@ -148,7 +155,8 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
     deadline = time.monotonic() + 90
     while _trainers_of(tmp_path / "run") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _trainers_of(tmp_path / "run") == []  # the trainer died with its launcher: no orphan writer
+    left = _trainers_of(tmp_path / "run")
+    assert left == [], _describe(left, tmp_path / "run")  # the trainer died with its launcher: no orphan writer
     newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
     # the crashed run still holds this machine's one device until its 5 s lease runs out: the re-run waits in
     # the queue for that, then resumes

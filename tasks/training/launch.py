@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -182,6 +183,44 @@ def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> 
     return offset + end
 
 
+ORPHAN_GRACE_S = 60.0
+"""How long an orphaned rank may take to commit its step after its launcher died (`FRENZY_ORPHAN_GRACE_S`)."""
+
+
+def _watch_parent(grace_s: float) -> threading.Thread:
+    """A second guard beside PDEATHSIG, from the rank's first line to its last: when the launcher (or torchrun)
+    dies, SIGTERM ourselves (the loop commits its step and exits; before the loop that is the default action,
+    an immediate exit) and, should that not finish within `grace_s` (a rank stuck in I/O or a collective),
+    exit hard. Checkpoints commit atomically, so a hard exit loses at most the step in flight."""
+    parent = os.getppid()
+
+    def parent_gone() -> None:
+        try:  # an event (the parent's pidfd becomes readable when it exits), not a poll, where Linux has it
+            import select
+
+            fd = os.pidfd_open(parent)
+            if os.getppid() == parent:
+                select.select([fd], [], [])
+            os.close(fd)
+        except (AttributeError, OSError):
+            while os.getppid() == parent:
+                time.sleep(0.5)
+
+    def run() -> None:
+        parent_gone()
+        print(f"frenzy: launcher {parent} died; committing this step and exiting (hard exit in {grace_s:.0f} s)",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        print(f"frenzy: still running {grace_s:.0f} s after the launcher died; exiting now", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+
+    th = threading.Thread(target=run, name="frenzy-parent-watch", daemon=True)
+    th.start()
+    return th
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one rank (run by `launch()` directly or under torchrun)."""
     ap = argparse.ArgumentParser(prog="python -m tasks.training.launch")
@@ -194,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-after-steps", type=int)
     ap.add_argument("--tp", type=int, default=1)
     a = ap.parse_args(argv)
+    if os.environ.get("FRENZY_WATCH_PARENT") == "1":
+        _watch_parent(float(os.environ.get("FRENZY_ORPHAN_GRACE_S", ORPHAN_GRACE_S)))
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")

@@ -339,10 +339,7 @@ def train(opts: TrainOptions) -> dict:
         return True
 
     stopped = False
-    parent = os.getppid() if os.environ.get("FRENZY_WATCH_PARENT") == "1" else None
     while step < t.steps:
-        if parent is not None and os.getppid() != parent:  # our launcher died: commit this step and stop
-            preempt.set()
         stopped = preempt.is_set() or (opts.stop_after_steps is not None and steps_run >= opts.stop_after_steps)
         if not _agree(d, not stopped):  # every rank stops at the same step
             stopped = True
