@@ -38,6 +38,8 @@ class GpuRequest:
     unit: int = 1
     types: frozenset[str] | None = None
     """Restrict to these GPU types (None: any type with enough memory)."""
+    run_s: float | None = field(default=None, compare=False)
+    """The job's predicted run time on this plan (for the queue head's reservation); not part of its identity."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.unit < 1 or self.gpus % self.unit:
@@ -210,8 +212,8 @@ def decide(pool: FreePool, requests: Sequence[GpuRequest]) -> Decision | None:
     return None
 
 
-def requests_from_plans(plans: Sequence[ResourcePlan], catalog: Catalog, precision: str = "bf16-mixed"
-                        ) -> tuple[list[GpuRequest], list[int]]:
+def requests_from_plans(plans: Sequence[ResourcePlan], catalog: Catalog, precision: str = "bf16-mixed",
+                        steps: float | None = None) -> tuple[list[GpuRequest], list[int]]:
     """MARP plans as HAS requests, and for each request the index of its plan.
 
     A plan was sized and timed for one GPU type; its request admits every type with enough memory that is at
@@ -225,7 +227,8 @@ def requests_from_plans(plans: Sequence[ResourcePlan], catalog: Catalog, precisi
     seen: set[GpuRequest] = set()
     for i, p in enumerate(plans):
         ok = frozenset(t for t in p.acceptable_gpu_types if speed[t] >= speed[p.gpu_type]) | {p.gpu_type}
-        req = GpuRequest(p.gpus, p.min_gpu_memory_gib, p.layout.tp, ok)
+        req = GpuRequest(p.gpus, p.min_gpu_memory_gib, p.layout.tp, ok,
+                         run_s=steps * p.est_step_time_s if steps else None)
         if req not in seen:
             seen.add(req)
             out.append(req)

@@ -25,6 +25,7 @@ the queue. Queue entries are leased too: a waiter that dies leaves the queue whe
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -60,7 +61,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
-from cluster.queue import DEFAULT_ORDER, QueueOrder, Waiting, ordered, walk
+from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, ordered, reserve, walk
 
 DEFAULT_LEASE_S = 60.0
 
@@ -91,6 +92,7 @@ allocations_t = Table(
     Column("lease_expiry", Float, nullable=False),
     Column("state", String(16), nullable=False),  # active | released | expired
     Column("ended_at", Float),
+    Column("predicted_end", Float),  # created_at + predicted run time, for the head's reservation; added 2026-11-23
 )
 held_t = Table(
     "held_gpus", _meta,
@@ -161,12 +163,13 @@ def owner_id() -> str:
 
 def _req_json(r: GpuRequest) -> dict[str, Any]:
     return {"gpus": r.gpus, "min_mem_gib": r.min_mem_gib, "unit": r.unit,
-            "types": sorted(r.types) if r.types is not None else None}
+            "types": sorted(r.types) if r.types is not None else None, "run_s": r.run_s}
 
 
 def _req_from(d: dict[str, Any]) -> GpuRequest:
     types = d.get("types")
-    return GpuRequest(d["gpus"], d["min_mem_gib"], d.get("unit", 1), frozenset(types) if types is not None else None)
+    return GpuRequest(d["gpus"], d["min_mem_gib"], d.get("unit", 1), frozenset(types) if types is not None else None,
+                      run_s=d.get("run_s"))
 
 
 def _waiting(q: Any) -> Waiting:
@@ -236,11 +239,11 @@ class Ledger:
 
     def _migrate(self) -> None:
         """Add the columns later versions introduced to a ledger created by an earlier one."""
-        have = {c["name"] for c in inspect(self.engine).get_columns("queue")}
-        if "predicted_s" not in have:
-            kind = "REAL" if self.sqlite else "DOUBLE PRECISION"
-            with self.engine.begin() as conn:
-                conn.exec_driver_sql(f"ALTER TABLE queue ADD COLUMN predicted_s {kind}")
+        kind = "REAL" if self.sqlite else "DOUBLE PRECISION"
+        for table, column in (("queue", "predicted_s"), ("allocations", "predicted_end")):
+            if column not in {c["name"] for c in inspect(self.engine).get_columns(table)}:
+                with self.engine.begin() as conn:
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     # -- transactions --------------------------------------------------------------------------------------
     @contextmanager
@@ -354,16 +357,20 @@ class Ledger:
 
     def _allocate_in(self, conn: Connection, job: str, requests: Sequence[GpuRequest], lease_s: float,
                      owner: str, pool: FreePool, free_idx: dict[str, list[int]], types: dict[str, str],
-                     *, fail_after_first_node: bool = False) -> Allocation | None:
+                     *, fail_after_first_node: bool = False, predicted_s: float | None = None,
+                     admit: Admit | None = None) -> Allocation | None:
         d = decide(pool, requests)
-        if d is None:
+        if d is not None and d.request.run_s is not None:
+            predicted_s = d.request.run_s  # the chosen plan's prediction, not the first plan's
+        if d is None or (admit is not None and not admit(d.nodes, predicted_s)):
             return None
         aid, now = uuid.uuid4().hex, time.time()
         placement = [NodeAllocation(node=n, gpu_type=types[n], gpu_indices=sorted(free_idx[n])[:k]) for n, k in d.nodes]
         conn.execute(insert(allocations_t).values(
             id=aid, job=job, owner=owner, plan_index=d.plan_index, request=json.dumps(_req_json(d.request)),
             placement=json.dumps([p.model_dump() for p in placement]), created_at=now, lease_s=lease_s,
-            lease_expiry=now + lease_s, state="active"))
+            lease_expiry=now + lease_s, state="active",
+            predicted_end=None if predicted_s is None else now + predicted_s))
         for i, p in enumerate(placement):
             conn.execute(insert(held_t), [{"node": p.node, "gpu_index": g, "allocation_id": aid} for g in p.gpu_indices])
             if fail_after_first_node and i == 0:
@@ -377,14 +384,16 @@ class Ledger:
                           nodes=placement, lease_expiry=now + lease_s)
 
     def allocate(self, job: str, requests: Sequence[GpuRequest], *, lease_s: float = DEFAULT_LEASE_S,
-                 owner: str | None = None, _fail_after_first_node: bool = False) -> Allocation | None:
-        """Place `job` now by HAS over its ranked requests, or return None when none fits (nothing written)."""
+                 owner: str | None = None, predicted_s: float | None = None,
+                 _fail_after_first_node: bool = False) -> Allocation | None:
+        """Place `job` now by HAS over its ranked requests, or return None when none fits (nothing written).
+        `predicted_s` (its predicted run time) lets the queue's head reserve GPUs around it."""
         if not requests:
             raise LedgerError(f"job {job}: no resource requests; plan the job first (frenzy plan)")
         with self._tx() as conn:
             pool, free_idx, types = self._pool(conn)
             return self._allocate_in(conn, job, requests, lease_s, owner or owner_id(), pool, free_idx, types,
-                                     fail_after_first_node=_fail_after_first_node)
+                                     fail_after_first_node=_fail_after_first_node, predicted_s=predicted_s)
 
     def renew(self, allocation_id: str, lease_s: float | None = None) -> bool:
         """Extend a lease; False when the allocation is no longer active (expired or released): stop the job."""
@@ -461,17 +470,28 @@ class Ledger:
         pool, free_idx, types = self._pool(conn)
         placed: list[Allocation] = []
 
-        def try_place(w: Waiting) -> bool:  # the queue discipline is cluster/queue.py's, shared with the simulator
+        def try_place(w: Waiting, admit: Admit) -> bool:  # the discipline is cluster/queue.py's, as in the simulator
             q = rows[w.job]
             reqs = [_req_from(r) for r in json.loads(q.requests)]
-            alloc = self._allocate_in(conn, q.job, reqs, q.lease_s, q.owner, pool, free_idx, types)
+            alloc = self._allocate_in(conn, q.job, reqs, q.lease_s, q.owner, pool, free_idx, types,
+                                      predicted_s=q.predicted_s, admit=admit)
             if alloc is None:
                 return False
             conn.execute(update(queue_t).where(queue_t.c.seq == q.seq).values(state="placed", allocation_id=alloc.id))
             placed.append(alloc)
             return True
 
-        walk([_waiting(q) for q in rows.values()], order, time.time(), try_place)
+        def reserve_for(w: Waiting) -> Reservation | None:
+            reqs = [_req_from(r) for r in json.loads(rows[w.job].requests)]
+            active = conn.execute(select(allocations_t.c.placement, allocations_t.c.predicted_end)
+                                  .where(allocations_t.c.state == "active")).all()
+            running = [Running(end_s=math.inf if a.predicted_end is None else a.predicted_end,
+                               nodes=[(p["node"], len(p["gpu_indices"])) for p in json.loads(a.placement)])
+                       for a in active]
+            return reserve(w.job, pool, running, now, lambda at: decide(at, reqs) is not None)
+
+        now = time.time()
+        walk([_waiting(q) for q in rows.values()], order, now, try_place, reserve_for=reserve_for)
         return placed
 
     def schedule(self, order: QueueOrder | None = None) -> list[Allocation]:

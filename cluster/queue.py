@@ -9,13 +9,25 @@ Orders
   does not fit now is skipped and later ones may start.
 - `backfill`: arrival order, with backfilling.
 - `strict`: arrival order; the first job that does not fit blocks the rest (head-of-line).
+
+Reservation (EASY backfilling). Under `shortest` and `backfill` the first job in order that does not fit (the
+head) gets a reservation when the caller passes `reserve`: the earliest predicted time at which it fits, found by
+releasing the running allocations in order of their predicted end, and the free GPUs at that time. A later job
+then starts only if it does not push the head past that time: its predicted end comes first, or the GPUs free at
+the reserved time, less the ones it takes, still hold the head. With aging, a long job becomes the head within a
+bounded wait, and from then on backfilling cannot starve it. Predictions are estimates: a job that overruns its
+prediction moves the reservation, as in any EASY scheduler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import functools
+import math
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from cluster.has import FreePool
 
 QueueOrder = Literal["shortest", "backfill", "strict"]
 DEFAULT_ORDER: QueueOrder = "shortest"
@@ -51,15 +63,79 @@ def ordered(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, aging: 
     return sorted(waiting, key=lambda w: sort_key(w, order, now_s, aging))
 
 
-def walk(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, try_place: Callable[[Waiting], bool],
-         aging: float = DEFAULT_AGING) -> tuple[list[Waiting], list[Waiting]]:
-    """Try each job in order; `try_place` places it now or returns False. Returns (placed, still waiting)."""
+Nodes = Sequence[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running allocation as the reservation sees it."""
+
+    end_s: float
+    """Predicted end (start + predicted run time); `math.inf` when unknown (never frees, for planning)."""
+    nodes: Nodes
+
+
+class Reservation:
+    """The head job's reservation: its start time and the GPUs free then (less what was backfilled past it)."""
+
+    def __init__(self, job: Hashable, start_s: float, at_start: FreePool, head_fits: Callable[[FreePool], bool]
+                 ) -> None:
+        self.job, self.start_s, self.at_start, self._head_fits = job, start_s, at_start, head_fits
+
+    def admits(self, nodes: Nodes, run_s: float | None, now_s: float) -> bool:
+        """May a job take `nodes` now for a predicted `run_s` (None: unknown) without delaying the head?"""
+        if run_s is not None and now_s + run_s <= self.start_s:
+            return True  # it is predicted to be done before the head starts
+        self.at_start.take(nodes)  # still running at the reserved time: the head must fit beside it
+        if self._head_fits(self.at_start):
+            return True
+        self.at_start.give(nodes)
+        return False
+
+
+def reserve(job: Hashable, pool: FreePool, running: Iterable[Running], now_s: float,
+            head_fits: Callable[[FreePool], bool]) -> Reservation | None:
+    """The earliest predicted time at which `head_fits`, releasing `running` in order of predicted end; None when
+    it does not fit even once every allocation with a known end is released."""
+    at = FreePool(pool.info.values(), dict(pool.free))
+    for r in sorted(running, key=lambda r: r.end_s):
+        if math.isinf(r.end_s):
+            break
+        # nodes that left the pool (cordoned, resized) give back only what they can hold
+        at.give([(n, min(k, at.info[n].capacity - at.free[n])) for n, k in r.nodes if n in at.info])
+        if head_fits(at):
+            return Reservation(job, max(now_s, r.end_s), at, head_fits)
+    return None
+
+
+Admit = Callable[[Nodes, float | None], bool]
+
+
+def _admit_all(nodes: Nodes, run_s: float | None) -> bool:
+    return True
+
+
+def walk(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, try_place: Callable[[Waiting, Admit], bool],
+         aging: float = DEFAULT_AGING, reserve_for: Callable[[Waiting], Reservation | None] | None = None
+         ) -> tuple[list[Waiting], list[Waiting], Reservation | None]:
+    """Try each job in order. `try_place(w, admit)` places `w` now and returns True, or returns False; before it
+    commits a placement it must ask `admit(nodes, predicted_run_s)`, which says no when the placement would delay
+    the head's reservation. `reserve_for(head)` makes that reservation (see `reserve`); without it, plain
+    backfilling. Returns (placed, still waiting, the head's reservation or None)."""
     placed, left = [], []
-    blocked = False
+    blocked = tried = False
+    res: Reservation | None = None
+    admit: Admit = _admit_all
     for w in ordered(waiting, order, now_s, aging):
-        if not blocked and try_place(w):
+        if not blocked and try_place(w, admit):
             placed.append(w)
             continue
         left.append(w)
-        blocked = order == "strict"
-    return placed, left
+        if order == "strict":
+            blocked = True
+        elif reserve_for is not None and not tried:  # one reservation: the head's (the first that does not fit)
+            tried = True
+            res = reserve_for(w)
+            if res is not None:
+                admit = functools.partial(res.admits, now_s=now_s)
+    return placed, left, res

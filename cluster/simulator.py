@@ -53,7 +53,7 @@ from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide, place, requests_from_plans
 from cluster.inventory import Cluster
 from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_exact, reference_step_time, step_time, user_layout
-from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, QueueOrder, Waiting, walk
+from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, reserve, walk
 from cluster.traces import POLICIES, REFERENCE_GPU, PolicyName, TraceJob
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
@@ -68,6 +68,8 @@ class SimConfig:
     """HAS's queue order (cluster/queue.py): shortest predicted first with aging (default), backfill, strict."""
     aging: float = DEFAULT_AGING
     """Aging of the shortest-first order (cluster/queue.py)."""
+    reservation: bool = True
+    """HAS reserves GPUs for the head of its queue; backfilling cannot delay it (cluster/queue.py)."""
     ilp_p: float = -0.5
     ilp_time_limit_s: float = 30.0
     max_plans: int | None = None
@@ -104,6 +106,8 @@ class SimResult:
     rounds_ms: list[float]
     busy_gpu_s: dict[str, float]
     gpus_by_type: dict[str, int]
+    backfills_refused: int = 0
+    """Placements refused because they would have delayed the queue head past its reservation."""
 
     def summary(self) -> dict[str, Any]:
         done = [j for j in self.jobs if j.finish is not None]
@@ -117,11 +121,13 @@ class SimResult:
             "jobs": len(self.jobs), "completed": len(done),
             "avg_jct_s": float(jct.mean()), "p50_jct_s": float(np.percentile(jct, 50)),
             "p99_jct_s": float(np.percentile(jct, 99)), "avg_queue_s": float(queue.mean()),
+            "max_queue_s": float(queue.max()),
             "makespan_s": float(makespan),
             "decision_p50_ms": float(np.percentile(dec, 50)), "decision_p99_ms": float(np.percentile(dec, 99)),
             "decisions": len(self.decisions_ms),
             "round_p50_ms": float(np.percentile(rnd, 50)), "round_p99_ms": float(np.percentile(rnd, 99)),
             "oom_failures": sum(j.ooms for j in self.jobs),
+            "backfills_refused": self.backfills_refused,
             "unschedulable": sum(1 for j in self.jobs if j.unschedulable),
             "utilisation": {t: round(self.busy_gpu_s.get(t, 0.0) / (n * makespan), 4) if makespan > 0 else 0.0
                             for t, n in self.gpus_by_type.items()},
@@ -208,6 +214,8 @@ class Simulator:
         self._round_pending = False
         self._reqs: dict[int, tuple[list[GpuRequest], list[int], list[ResourcePlan]] | None] = {}
         self._ilp_cfgs: dict[int, list[tuple[str, int, Layout, float]]] = {}
+        self._running: dict[int, Running] = {}
+        self.backfills_refused = 0  # HAS's running jobs with their predicted end, for the reservation
 
     # -- events --------------------------------------------------------------------------------------------
     def _push(self, t: float, kind: str, j: int) -> None:
@@ -229,6 +237,7 @@ class Simulator:
                 elif kind in ("finish", "oom"):
                     job = self.jobs[i]
                     self.pool.give(job.nodes)
+                    self._running.pop(i, None)
                     changed = True
                     if kind == "finish":
                         job.finish = now
@@ -247,11 +256,15 @@ class Simulator:
                         self._push(math.floor(now / self.cfg.round_s + 1) * self.cfg.round_s, "round", -1)
                 else:
                     self._schedule(now)
-        return SimResult(self.name, self.jobs, self.decisions_ms, self.rounds_ms, self.busy, dict(self.perf.total))
+        return SimResult(self.name, self.jobs, self.decisions_ms, self.rounds_ms, self.busy, dict(self.perf.total),
+                         self.backfills_refused)
 
-    def _start(self, i: int, now: float, nodes: list[tuple[str, int]], layout: Layout | None) -> None:
+    def _start(self, i: int, now: float, nodes: list[tuple[str, int]], layout: Layout | None,
+               predicted_s: float | None = None) -> None:
         job = self.jobs[i]
         self.pool.take(nodes)
+        if predicted_s is not None:
+            self._running[i] = Running(end_s=now + predicted_s, nodes=tuple(nodes))
         job.nodes = nodes
         dur, lay, slow = self.perf.run_time(job, nodes, layout)
         for n, c in nodes:
@@ -307,7 +320,7 @@ class Simulator:
                 self._reqs[i] = None
             else:
                 plans = plans[: self.cfg.max_plans] if self.cfg.max_plans else plans
-                reqs, idx = requests_from_plans(plans, self.cat, job.key.precision)
+                reqs, idx = requests_from_plans(plans, self.cat, job.key.precision, job.steps)
                 self._reqs[i] = (reqs, idx, plans)
         return self._reqs[i]
 
@@ -350,7 +363,7 @@ class Simulator:
             waiting.append(Waiting(job=i, seq=job.seq, submitted_s=job.trace.submit_s,
                                    predicted_s=None if pred is None or math.isinf(pred) else pred))
 
-        def try_place(w: Waiting) -> bool:
+        def try_place(w: Waiting, admit: Admit) -> bool:
             i = int(w.job)  # type: ignore[call-overload]
             job = self.jobs[i]
             if self.pool.total_free() == 0:
@@ -365,7 +378,11 @@ class Simulator:
                 self.decisions_ms.append((time.perf_counter() - d0) * 1e3)
                 if d is None:
                     return False
-                self._start(i, now, d.nodes, reqs[2][reqs[1][d.plan_index]].layout)
+                run_s = d.request.run_s  # the chosen plan's prediction (the run itself may take longer)
+                if not admit(d.nodes, run_s):
+                    self.backfills_refused += 1
+                    return False
+                self._start(i, now, d.nodes, reqs[2][reqs[1][d.plan_index]].layout, run_s)
                 return True
             d0 = time.perf_counter()
             nodes = self._fcfs_place(job)
@@ -375,7 +392,14 @@ class Simulator:
             self._start(i, now, nodes, None)
             return True
 
-        _, left = walk(waiting, order, now, try_place, aging)
+        def reserve_for(w: Waiting) -> Reservation | None:
+            reqs = self._has_requests(int(w.job))  # type: ignore[call-overload]
+            if reqs is None:
+                return None
+            return reserve(w.job, self.pool, self._running.values(), now, lambda at: decide(at, reqs[0]) is not None)
+
+        use_res = self.policy == "has" and self.cfg.reservation
+        _, left, _ = walk(waiting, order, now, try_place, aging, reserve_for=reserve_for if use_res else None)
         self.queue = [int(w.job) for w in left if not self.jobs[int(w.job)].unschedulable]  # type: ignore[call-overload]
         self.rounds_ms.append((time.perf_counter() - t0) * 1e3)
 

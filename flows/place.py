@@ -34,8 +34,10 @@ def _log(msg: str) -> None:
         print(msg, flush=True)
 
 
-def requests_for(plans: Sequence[ResourcePlan], precision: str = "bf16-mixed") -> list[GpuRequest]:
-    return requests_from_plans(plans, default_catalog(), precision)[0]
+def requests_for(plans: Sequence[ResourcePlan], precision: str = "bf16-mixed", steps: int | None = None
+                 ) -> list[GpuRequest]:
+    """HAS requests for `plans`; with `steps`, each carries its plan's predicted run time (for reservations)."""
+    return requests_from_plans(plans, default_catalog(), precision, steps)[0]
 
 
 def predicted_run_s(plans: Sequence[ResourcePlan], steps: int | None) -> float | None:
@@ -89,7 +91,7 @@ def place(job: str, plans: list[ResourcePlan], ledger_url: str | None = None, ti
           order: QueueOrder | None = None) -> Allocation:
     """HAS over the live ledger: the job's allocation once one of its plans fits (waits in the queue).
     `steps` gives the queue the job's predicted run time (used by `order="shortest"`)."""
-    return wait_for_allocation(Ledger(ledger_url), job, requests_for(plans, precision), timeout_s=timeout_s,
+    return wait_for_allocation(Ledger(ledger_url), job, requests_for(plans, precision, steps), timeout_s=timeout_s,
                                lease_s=lease_s, order=order, predicted_s=predicted_run_s(plans, steps))
 
 
@@ -105,7 +107,7 @@ def placed(job: str, plans: Sequence[ResourcePlan], *, ledger_url: str | None = 
            order: QueueOrder | None = None) -> Iterator[Allocation]:
     """Allocate (waiting), keep the lease alive while the body runs, release on every exit path."""
     ledger = Ledger(ledger_url)
-    alloc = wait_for_allocation(ledger, job, requests_for(plans, precision), timeout_s=timeout_s, lease_s=lease_s,
+    alloc = wait_for_allocation(ledger, job, requests_for(plans, precision, steps), timeout_s=timeout_s, lease_s=lease_s,
                                 order=order, predicted_s=predicted_run_s(plans, steps))
     keeper = LeaseKeeper(ledger, alloc.id, lease_s)
     try:
