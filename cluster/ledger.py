@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
@@ -179,11 +179,13 @@ def _waiting(q: Any) -> Waiting:
 class Ledger:
     """A durable cluster ledger. Safe to use from several processes and hosts at once."""
 
-    def __init__(self, url: str | None = None, *, busy_timeout_s: float = 60.0, order: QueueOrder | None = None
-                 ) -> None:
+    def __init__(self, url: str | None = None, *, busy_timeout_s: float = 60.0, order: QueueOrder | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         """`url`: a SQLAlchemy URL or a SQLite file path; None means `$FRENZY_LEDGER` or `~/.frenzy/ledger.db`.
         `order`: the queue order of `schedule` and `release` when they are not given one; None means
-        `$FRENZY_QUEUE_ORDER` or `shortest` (cluster/queue.py)."""
+        `$FRENZY_QUEUE_ORDER` or `shortest` (cluster/queue.py). `clock`: wall-clock seconds (leases, queue
+        times); every process sharing a ledger must agree on it (tests inject one to expire leases)."""
+        self.clock = clock
         self.url = ledger_url(url)
         self.order: QueueOrder = order or os.environ.get("FRENZY_QUEUE_ORDER") or DEFAULT_ORDER  # type: ignore[assignment]
         if self.order not in get_args(QueueOrder):
@@ -252,11 +254,11 @@ class Ledger:
         with self.engine.begin() as conn:
             if not self.sqlite:
                 conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
-            self._expire(conn, time.time())
+            self._expire(conn, self.clock())
             yield conn
 
     def _log(self, conn: Connection, kind: str, subject: str, **detail: Any) -> None:
-        conn.execute(insert(events_t).values(ts=time.time(), kind=kind, subject=subject,
+        conn.execute(insert(events_t).values(ts=self.clock(), kind=kind, subject=subject,
                                              detail=json.dumps(detail, default=str)))
 
     def _expire(self, conn: Connection, now: float) -> None:
@@ -277,7 +279,7 @@ class Ledger:
         """Insert or update the cluster's nodes (state and holdings are kept). `prune` drops nodes not listed
         that hold no GPUs."""
         cat = catalog or default_catalog()
-        now = time.time()
+        now = self.clock()
         with self._tx() as conn:
             existing = {r.name: r for r in conn.execute(select(nodes_t)).all()}
             for n in cluster.nodes:
@@ -305,7 +307,7 @@ class Ledger:
     def _set_state(self, node: str, state: str, reason: str) -> None:
         with self._tx() as conn:
             res = conn.execute(update(nodes_t).where(nodes_t.c.name == node)
-                               .values(state=state, reason=reason, updated_at=time.time()))
+                               .values(state=state, reason=reason, updated_at=self.clock()))
             if res.rowcount == 0:
                 names = conn.execute(select(nodes_t.c.name)).scalars().all()
                 raise LedgerError(f"no node {node!r} in the ledger; nodes: {', '.join(sorted(names)) or '(none)'}")
@@ -325,7 +327,7 @@ class Ledger:
             held = conn.execute(select(held_t.c.node, held_t.c.gpu_index, held_t.c.allocation_id,
                                        allocations_t.c.job, allocations_t.c.lease_expiry)
                                 .join(allocations_t, allocations_t.c.id == held_t.c.allocation_id)).all()
-        now = time.time()
+        now = self.clock()
         out = []
         for r in rows:
             mine = [h for h in held if h.node == r.name and h.lease_expiry >= now]
@@ -364,7 +366,7 @@ class Ledger:
             predicted_s = d.request.run_s  # the chosen plan's prediction, not the first plan's
         if d is None or (admit is not None and not admit(d.nodes, predicted_s)):
             return None
-        aid, now = uuid.uuid4().hex, time.time()
+        aid, now = uuid.uuid4().hex, self.clock()
         placement = [NodeAllocation(node=n, gpu_type=types[n], gpu_indices=sorted(free_idx[n])[:k]) for n, k in d.nodes]
         conn.execute(insert(allocations_t).values(
             id=aid, job=job, owner=owner, plan_index=d.plan_index, request=json.dumps(_req_json(d.request)),
@@ -402,7 +404,7 @@ class Ledger:
             if row is None or row.state != "active":
                 return False
             conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
-                         .values(lease_expiry=time.time() + (lease_s or row.lease_s)))
+                         .values(lease_expiry=self.clock() + (lease_s or row.lease_s)))
             return True
 
     def release(self, allocation_id: str, *, order: QueueOrder | None = None) -> list[Allocation]:
@@ -412,14 +414,14 @@ class Ledger:
             if row is not None and row.state == "active":
                 conn.execute(delete(held_t).where(held_t.c.allocation_id == allocation_id))
                 conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
-                             .values(state="released", ended_at=time.time()))
+                             .values(state="released", ended_at=self.clock()))
                 self._log(conn, "released", row.job, allocation=allocation_id)
             return self._schedule_in(conn, order or self.order)
 
     def allocations(self, *, active_only: bool = True) -> list[Allocation]:
         """Allocations oldest first; by default only those holding GPUs under a live lease."""
         if active_only:
-            return self._allocations(allocations_t.c.state == "active", allocations_t.c.lease_expiry >= time.time())
+            return self._allocations(allocations_t.c.state == "active", allocations_t.c.lease_expiry >= self.clock())
         return self._allocations()
 
     def _allocations(self, *where: Any) -> list[Allocation]:
@@ -446,7 +448,7 @@ class Ledger:
         `predicted_s`: the job's predicted run time, used by `order="shortest"`."""
         if not requests:
             raise LedgerError(f"job {job}: no resource requests; plan the job first (frenzy plan)")
-        now = time.time()
+        now = self.clock()
         with self._tx() as conn:
             old = conn.execute(select(queue_t.c.state).where(queue_t.c.job == job)).scalar()
             if old == "waiting":
@@ -490,7 +492,7 @@ class Ledger:
                        for a in active]
             return reserve(w.job, pool, running, now, lambda at: decide(at, reqs) is not None)
 
-        now = time.time()
+        now = self.clock()
         walk([_waiting(q) for q in rows.values()], order, now, try_place, reserve_for=reserve_for)
         return placed
 
@@ -507,12 +509,12 @@ class Ledger:
             if row is None:
                 raise LedgerError(f"job {job} is not in the queue; submit it first")
             if renew_s and row.state == "waiting":
-                conn.execute(update(queue_t).where(queue_t.c.job == job).values(lease_expiry=time.time() + renew_s))
+                conn.execute(update(queue_t).where(queue_t.c.job == job).values(lease_expiry=self.clock() + renew_s))
             waiting = conn.execute(select(queue_t).where(queue_t.c.state == "waiting")).all()
-        order = [w.job for w in ordered([_waiting(q) for q in waiting], self.order, time.time())]
+        order = [w.job for w in ordered([_waiting(q) for q in waiting], self.order, self.clock())]
         ahead = order.index(job) if job in order else 0
         return {"job": job, "state": row.state, "position": ahead + 1 if row.state == "waiting" else 0,
-                "waited_s": time.time() - row.submitted_at, "allocation_id": row.allocation_id}
+                "waited_s": self.clock() - row.submitted_at, "allocation_id": row.allocation_id}
 
     def queue(self) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

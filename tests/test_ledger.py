@@ -9,10 +9,11 @@ import signal
 import time
 
 import pytest
+from sqlalchemy import select
 
 from cluster.has import GpuRequest
 from cluster.inventory import Cluster, Node, load_cluster
-from cluster.ledger import LeaseKeeper, Ledger, LedgerError
+from cluster.ledger import LeaseKeeper, Ledger, LedgerError, allocations_t
 
 SMALL = Cluster(name="t", nodes=[Node(name="n0", gpu="A100-40GB-PCIE", count=4),
                                  Node(name="n1", gpu="A100-40GB-PCIE", count=4),
@@ -89,15 +90,28 @@ def test_gpus_of_a_killed_process_come_back_when_its_lease_expires(url):
     p.start()
     assert ready.wait(60)
     led = Ledger(url)
-    time.sleep(2.0)  # longer than the lease: the heartbeat keeps it alive
+    first = _expiry(led, "victim")
+    deadline = time.monotonic() + 60
+    while _expiry(led, "victim") <= first:  # the heartbeat renews the lease (observed, not waited out)
+        assert time.monotonic() < deadline, "the lease was never renewed"
+        time.sleep(0.05)
     assert [a.job for a in led.allocations()] == ["victim"]
     os.kill(p.pid, signal.SIGKILL)
     p.join()
     assert led.allocate("big", [GpuRequest(10, 10)]) is None  # still held right after the kill
-    time.sleep(2.0)
-    a = led.allocate("big", [GpuRequest(10, 10)])
+    expiry = _expiry(led, "victim")
+    before = Ledger(url, clock=lambda: expiry - 0.01)  # a clock just before the lease runs out: still held
+    assert before.allocate("big", [GpuRequest(10, 10)]) is None
+    after = Ledger(url, clock=lambda: expiry + 0.01)  # just after: nobody renewed it, its GPUs come back
+    a = after.allocate("big", [GpuRequest(10, 10)])
     assert a is not None and a.gpus == 10
     assert any(e["kind"] == "lease-expired" and e["subject"] == "victim" for e in led.events())
+
+
+def _expiry(led: Ledger, job: str) -> float:
+    with led.engine.connect() as conn:
+        return conn.execute(select(allocations_t.c.lease_expiry).where(allocations_t.c.job == job,
+                                                                      allocations_t.c.state == "active")).scalar_one()
 
 
 def test_a_failed_multi_node_allocation_leaves_nothing(url):
@@ -153,9 +167,8 @@ def test_cordoned_nodes_get_no_new_work_and_errors_name_the_fix(url):
 
 def test_renew_reports_a_lost_lease(url):
     led = Ledger(url)
-    a = led.allocate("x", [GpuRequest(1, 10)], lease_s=0.05)
-    time.sleep(0.1)
-    led.schedule()  # any writer reclaims expired leases
+    a = led.allocate("x", [GpuRequest(1, 10)], lease_s=60)
+    Ledger(url, clock=lambda: time.time() + 61).schedule()  # any writer reclaims expired leases
     assert led.renew(a.id) is False
     b = led.allocate("y", [GpuRequest(1, 10)], lease_s=60)
     assert led.renew(b.id) is True

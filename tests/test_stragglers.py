@@ -72,6 +72,34 @@ def test_an_injected_slow_worker_is_recovered(schedule, dp_mode):
     assert res.sim_error < 0.02
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+@pytest.mark.parametrize("dp_mode", ["allreduce", "zero"])
+def test_the_batched_per_rank_simulation_equals_one_full_simulation_per_rank(schedule, dp_mode, monkeypatch):
+    """The linear two-column method (analyze.py's docstring) against the quadratic definition: D ranks, each put
+    back in a full D-column timeline, for every op and for each stage's ops; chunked batches included."""
+    from tasks.stragglers import analyze as an
+    from tasks.stragglers.model import build
+
+    spec = SynthSpec(schedule=schedule, dp_mode=dp_mode, dp=5, pp=2, steps=3, seq_imbalance=0.2,
+                     slow_worker={"dp": 3, "stage": 1, "factor": 1.4}, seed=7)
+    _, tr = _trace(spec)
+    g = build(tr)
+    p = an.prepare(g)
+    col_dp = g.col_dp()
+    for rows in (None, g.stage == 0, g.stage == 1):
+        brute = []
+        for k in range(g.n_dp):
+            d = np.repeat(p.ideal[:, None], g.start.shape[1], axis=1)
+            sel = np.ix_(np.arange(g.n) if rows is None else np.flatnonzero(rows), np.flatnonzero(col_dp == k))
+            d[sel] = p.dur[sel]
+            brute.append(an.step_times(g, *an.simulate(g, d)).mean())
+        np.testing.assert_allclose(an.per_rank_put_back(g, p, rows), brute, rtol=1e-12)
+        monkeypatch.setattr(an, "_BATCH_CELLS", 1)  # one rank per batch
+        np.testing.assert_allclose(an.per_rank_put_back(g, p, rows), brute, rtol=1e-12)
+        monkeypatch.undo()
+    assert len(set(np.round(brute, 9))) > 1  # the ranks differ: the comparison is not of constants
+
+
 def test_a_slow_last_stage_is_attributed_to_it_and_explains_m_s():
     spec = SynthSpec(steps=6, pp=4, slow_stage={"stage": 3, "factor": 1.4})
     run, tr = _trace(spec)

@@ -8,8 +8,13 @@ Timelines (all simulated on the dependency model of `model.py`, vectorised over 
   communication, over all ranks and steps) and no launch delays.
 S = mean no-delay step time / mean ideal step time; the launch slowdown = mean trace step time / mean no-delay
 step time. S_t for an op type, stage or DP rank: the ideal timeline with that group's original durations put
-back, over the ideal step time. Worker (dp, stage) slowdowns are simulated one by one for up to
-`exact_workers` workers, else approximated by min(S_dp, S_stage) as in the paper's artifact.
+back, over the ideal step time. Worker (dp, stage) slowdowns are simulated too (the paper's artifact
+approximates them by min(S_dp, S_stage) beyond a few workers; `exact_workers` still selects that).
+
+Linear in DP size: in the ideal timeline every DP rank runs the same durations, so "rank k original, the others
+ideal" needs two columns per step, rank k and one ideal rank standing for the D - 1 identical ones (they meet
+rank k only at the DP collectives, where the max over D ranks is the max over those two). All D ranks are
+simulated in one batched run of 2 columns per (rank, step): twice the cost of one timeline, not D times.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ ATTR_GROUP = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-com
               "backward-send": "backward-pp-comm", "backward-recv": "backward-pp-comm"}
 
 
-def simulate(g: Graph, dur: np.ndarray, delay: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of every node in every column; `dur` is [n, C] (transfer time for communication)."""
+def simulate(g: Graph, dur: np.ndarray, delay: np.ndarray | None = None, shape: tuple[int, int] | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every node in every column; `dur` is [n, C] (transfer time for communication), its
+    columns (step, DP rank) of `shape` (default: the trace's steps x DP ranks)."""
     n, C = dur.shape
-    S, D = g.n_steps, g.n_dp
+    S, D = shape or (g.n_steps, g.n_dp)
     start = np.zeros((n + 1, C))
     end = np.zeros((n + 1, C))
     for lv in g.levels:
@@ -56,8 +63,8 @@ def simulate(g: Graph, dur: np.ndarray, delay: np.ndarray | None = None) -> tupl
     return start[:n], end[:n]
 
 
-def step_times(g: Graph, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    D = g.n_dp
+def step_times(g: Graph, start: np.ndarray, end: np.ndarray, n_dp: int | None = None) -> np.ndarray:
+    D = n_dp or g.n_dp
     return end.max(axis=0).reshape(-1, D).max(axis=1) - start.min(axis=0).reshape(-1, D).min(axis=1)
 
 
@@ -105,6 +112,36 @@ def prepare(g: Graph) -> Prepared:
     return Prepared(g, dur, delay, ideal, skew)
 
 
+_BATCH_CELLS = 4_000_000
+"""Cells (ops x columns) of one batched per-rank simulation; bounds its memory (about 5 x 8 bytes a cell)."""
+
+
+def per_rank_put_back(g: Graph, p: Prepared, rows: np.ndarray | None = None) -> np.ndarray:
+    """For every DP rank k: the mean step time of the ideal timeline with rank k's original durations put back
+    (on `rows`, else on every op). Batched two-column simulation (module docstring), in chunks of ranks."""
+    n, S, D = g.n, g.n_steps, g.n_dp
+    if D == 1:  # no other rank to stand for
+        d = np.repeat(p.ideal[:, None], S, axis=1)
+        sel = slice(None) if rows is None else rows
+        d[sel] = p.dur[sel]
+        return np.array([step_times(g, *simulate(g, d)).mean()])
+    dur3 = p.dur.reshape(n, S, D)
+    out = np.empty(D)
+    per = max(1, _BATCH_CELLS // max(1, n * S * 2))
+    for k0 in range(0, D, per):
+        m = min(per, D - k0)
+        b = np.empty((n, m, S, 2))
+        b[...] = p.ideal[:, None, None, None]
+        src = dur3[:, :, k0:k0 + m].transpose(0, 2, 1)  # [n, m, S]: rank k0+j's original durations per step
+        if rows is None:
+            b[..., 0] = src
+        else:
+            b[rows, :, :, 0] = src[rows]
+        st, en = simulate(g, b.reshape(n, m * S * 2), shape=(m * S, 2))
+        out[k0:k0 + m] = step_times(g, st, en, n_dp=2).reshape(m, S).mean(axis=1)
+    return out
+
+
 class Slowdowns(BaseModel):
     """What `frenzy stragglers analyze --json` prints."""
 
@@ -135,7 +172,7 @@ class Slowdowns(BaseModel):
     analysis_s: float
 
 
-def analyze(trace: Trace, exact_workers: int = 128, progress: Callable[[str], None] | None = None
+def analyze(trace: Trace, exact_workers: int | None = None, progress: Callable[[str], None] | None = None
             ) -> tuple[Slowdowns, Prepared]:
     """The what-if analysis of a trace: S, attribution, worker map, M_W, M_S and the simulator's error."""
     t0 = time.perf_counter()
@@ -173,16 +210,14 @@ def analyze(trace: Trace, exact_workers: int = 128, progress: Callable[[str], No
     stages = np.unique(g.stage)
     by_stage = {str(int(s)): put_back(rows=g.stage == s) / t_ideal for s in stages}
     col_dp = g.col_dp()
-    by_dp = {}
-    for k, d in enumerate(g.dp_ranks):
-        by_dp[str(int(d))] = put_back(cols=col_dp == k) / t_ideal
-        if (k + 1) % 64 == 0:
-            say(f"attributed {k + 1}/{D} DP ranks")
+    by_dp = {str(int(d)): float(v) / t_ideal for d, v in zip(g.dp_ranks, per_rank_put_back(g, p), strict=True)}
+    say(f"attributed {D} DP ranks")
     n_workers = len(stages) * D
-    exact = n_workers <= exact_workers
-    workers = [[(put_back(rows=g.stage == s, cols=col_dp == k) / t_ideal) if exact
-                else min(by_stage[str(int(s))], by_dp[str(int(d))]) for k, d in enumerate(g.dp_ranks)]
-               for s in stages]
+    exact = exact_workers is None or n_workers <= exact_workers
+    if exact:
+        workers = [[float(v) / t_ideal for v in per_rank_put_back(g, p, rows=g.stage == s)] for s in stages]
+    else:
+        workers = [[min(by_stage[str(int(s))], by_dp[str(int(d))]) for d in g.dp_ranks] for s in stages]
     say(f"worker map: {n_workers} workers ({'simulated' if exact else 'min(S_dp, S_stage)'})")
     flat = sorted(((workers[i][k], int(s), int(d)) for i, s in enumerate(stages) for k, d in enumerate(g.dp_ranks)),
                   reverse=True)
