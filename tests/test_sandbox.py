@@ -125,8 +125,87 @@ def test_it_cannot_kill_the_evaluator_or_its_processes(isolated):
 
 def test_results_report_the_isolation_layers(isolated):
     layers = isolated.isolation
-    for layer in ("process", "scrubbed-env", "private-tmp", "rlimits", "userns", "pidns", "netns"):
+    for layer in ("process", "scrubbed-env", "private-tmp", "rlimits", "userns", "pidns", "netns", "mntns",
+                  "disk-quota-64m"):
         assert layer in layers
+
+
+def test_the_total_written_is_capped_not_only_each_file(isolated):
+    """One 3-second program wrote 0.9 GB in files under the per-file limit; now its directory is a quota tmpfs."""
+    code = """
+import os
+written = 0
+try:
+    for i in range(40):
+        with open(f"f{i}.bin", "wb") as f:
+            for _ in range(8):
+                f.write(b"x" * (1 << 20))
+                written += 1 << 20
+except OSError as e:
+    print("stopped", written >> 20, e.errno)
+"""
+    r = run_python(code, timeout_s=20, file_mb=16, disk_mb=32)
+    assert r.stdout.startswith("stopped"), (r.status, r.stdout, r.stderr[-500:])
+    mb, errno_ = int(r.stdout.split()[1]), int(r.stdout.split()[2])
+    assert mb <= 32 and errno_ == 28  # ENOSPC at the quota, far below the 320 MB it tried
+
+
+def test_the_work_directory_outside_its_home_is_not_writable(isolated):
+    r = run_python("open('../program.py', 'a').write('# tampered')")
+    assert r.status == "failed" and "Permission" in r.stderr
+
+
+def test_the_program_dies_with_its_evaluator_and_its_state_is_swept():
+    """A killed evaluator takes its sandboxed programs with it (no orphan runs on to its timeout), and the next
+    sandbox run on the host removes the directory it could not clean up."""
+    import glob
+    import tempfile
+
+    from tasks.evaluation import sandbox
+
+    code = ("import sys\nsys.path.insert(0, '.')\nfrom tasks.evaluation.sandbox import run_python\n"
+            "run_python('import time\\nprint(1, flush=True)\\ntime.sleep(120)', timeout_s=120)\n")
+    evaluator = subprocess.Popen([sys.executable, "-c", code])
+    mine = os.path.join(tempfile.gettempdir(), f"frenzy-sbx-{evaluator.pid}-*")
+    deadline = time.monotonic() + 60
+    while not any(open(f).read().strip() == "1" for f in glob.glob(os.path.join(mine, ".stdout"))):
+        assert time.monotonic() < deadline, "the sandboxed program never started"
+        time.sleep(0.05)
+    tree = [int(p) for p in subprocess.run(["pgrep", "-f", f"frenzy-sbx-{evaluator.pid}-"], capture_output=True,
+                                           text=True).stdout.split()]
+    assert len(tree) >= 2  # the supervisor and the program (its path names the evaluator)
+    evaluator.kill()
+    evaluator.wait()
+    deadline = time.monotonic() + 10
+    while any(_running(p) for p in tree):
+        assert time.monotonic() < deadline, "the sandboxed program outlived its evaluator"
+        time.sleep(0.05)
+    assert glob.glob(mine)  # the evaluator died before its cleanup
+    assert any(r.startswith(mine[:-1]) for r in sandbox.sweep_stale()) and not glob.glob(mine)
+
+
+def _running(pid: int) -> bool:
+    from tasks.procs import alive
+
+    return alive(pid)
+
+
+def test_state_left_by_a_killed_evaluator_is_swept(tmp_path, monkeypatch):
+    import tempfile
+
+    from tasks.evaluation import sandbox
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"frenzy-sbx-{dead.pid}-1-abc"  # its owner has exited
+    live = tmp_path / f"{sandbox._owner_prefix()}def"  # ours: running
+    legacy = tmp_path / "frenzy-sbx-q1w2e3"  # no owner recorded: left alone
+    for d in (stale, live, legacy):
+        (d / "home").mkdir(parents=True)
+    removed = sandbox.sweep_stale()
+    assert str(stale) in removed and not stale.exists()
+    assert live.exists() and legacy.exists()
 
 
 @pytest.mark.parametrize("cheat", ["import sys\n    sys.exit(0)", "import os\n    os._exit(0)",

@@ -12,7 +12,13 @@ Each program runs in its own process tree with, in layers (each used where the k
 - Landlock: the filesystem is read-only for the interpreter's own files and invisible elsewhere (no reading of the
   evaluator's files or secrets, writes only below the private directory), TCP bind/connect denied, signals to
   processes outside the sandbox denied;
-- a pids cgroup (where writable) or RLIMIT_NPROC against fork bombs.
+- a pids cgroup (where writable) or RLIMIT_NPROC against fork bombs;
+- a disk quota: in a private mount namespace the program's only writable directory (its HOME, TMPDIR and cwd) is
+  a tmpfs of `disk_mb` (64 MiB by default), so a program cannot fill the disk with many files under the per-file
+  limit;
+- it dies with its evaluator (PR_SET_PDEATHSIG, for the supervisor and the namespace's init), and what a killed
+  evaluator leaves behind (its `frenzy-sbx-PID-...` directories and cgroups, named after their owner process) is
+  removed by the next sandbox run on the host once that owner is gone.
 
 The bootstrap that applies these runs in the child before the program and uses only the stdlib (ctypes).
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +38,8 @@ import uuid
 from pathlib import Path
 
 from pydantic import BaseModel
+
+from tasks.procs import alive, start_ticks
 
 _STATUS = {0: "passed", 1: "failed"}
 _SETUP_FAILED = 97
@@ -59,6 +68,9 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 def fail(msg):
     sys.stderr.write("sandbox setup: " + msg + "\n"); os._exit(97)
+libc.prctl(1, 9)                                    # PR_SET_PDEATHSIG: SIGKILL when the evaluator dies
+if os.getppid() != cfg["parent"]:
+    fail("the evaluator died before the sandbox started")
 if cfg["cgroup"]:
     try:
         with open(os.path.join(cfg["cgroup"], "cgroup.procs"), "w") as f:
@@ -67,13 +79,21 @@ if cfg["cgroup"]:
     except OSError as e:
         fail("cannot join cgroup %s: %s" % (cfg["cgroup"], e))
 uid, gid = os.getuid(), os.getgid()
-NS = 0x10000000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000  # USER PID NET IPC UTS
+NS = 0x10000000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000 | 0x00020000  # USER PID NET IPC UTS NS
 child = 0
 if cfg["namespaces"] and libc.unshare(NS) == 0:
     for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
         with open("/proc/self/" + name, "w") as f:
             f.write(text)
-    layers += ["userns", "pidns", "netns", "ipcns"]
+    layers += ["userns", "pidns", "netns", "ipcns", "mntns"]
+    if cfg["disk_mb"]:
+        libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+        opts = ("size=%dm,mode=0700" % cfg["disk_mb"]).encode()
+        if (libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None) == 0            # MS_REC | MS_PRIVATE
+                and libc.mount(b"tmpfs", cfg["home"].encode(), b"tmpfs", 2 | 4, opts) == 0):  # MS_NOSUID | MS_NODEV
+            layers.append("disk-quota-%dm" % cfg["disk_mb"])
+        elif cfg["require"]:
+            fail("cannot mount the quota tmpfs: errno %d" % ctypes.get_errno())
     child = os.fork()
     if child:
         # supervisor, outside the new PID namespace: enforce the wall clock; killing the namespace's init kills all
@@ -91,6 +111,8 @@ if cfg["namespaces"] and libc.unshare(NS) == 0:
             time.sleep(0.01)
 elif cfg["namespaces"] and cfg["require"]:
     fail("unshare(user|pid|net) failed: errno %d" % ctypes.get_errno())
+if child == 0 and "pidns" in layers:
+    libc.prctl(1, 9)                                # the namespace's init dies with its supervisor
 mem = cfg["memory_mb"] << 20
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
@@ -101,6 +123,7 @@ if uid != 0:
     resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
     layers.append("rlimit-nproc")
 layers.append("rlimits")
+iso = os.open(os.path.join(cfg["workdir"], ".isolation"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
 if cfg["landlock"]:
     abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:
@@ -133,15 +156,17 @@ if cfg["landlock"]:
             os.close(pfd)
         for p in cfg["read_only"]:
             allow(p, ro)
+        allow(cfg["program"], ro)
         allow("/dev/null", 1 << 1 | 1 << 2)
-        allow(cfg["workdir"], fs_all)
+        allow(cfg["home"], fs_all)                  # the only writable place (the quota tmpfs where available)
         if libc.prctl(38, 1, 0, 0, 0) != 0:         # PR_SET_NO_NEW_PRIVS
             fail("no_new_privs: errno %d" % ctypes.get_errno())
         if libc.syscall(446, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             fail("landlock_restrict_self: errno %d" % ctypes.get_errno())
         layers.append("landlock-abi%d" % abi)
-with open(os.path.join(cfg["workdir"], ".isolation"), "w") as f:
-    f.write(" ".join(layers))
+os.write(iso, " ".join(layers).encode())
+os.close(iso)
+os.chdir(cfg["home"])
 os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-B", cfg["program"]], cfg["env"])
 '''
 
@@ -168,7 +193,7 @@ def _pids_cgroup(limit: int) -> Path | None:
     for root in roots:
         if not (root / "cgroup.procs").exists():
             continue
-        d = root / f"frenzy-sbx-{uuid.uuid4().hex[:12]}"
+        d = root / f"{_owner_prefix()}{uuid.uuid4().hex[:12]}"
         try:
             d.mkdir()
             (d / "pids.max").write_text(str(limit))
@@ -185,25 +210,65 @@ def _rmdir_quiet(d: Path) -> None:
         pass
 
 
+_OWNED = re.compile(r"frenzy-sbx-(\d+)-(\d+|x)-")
+_swept = False
+
+
+def _owner_prefix() -> str:
+    """`frenzy-sbx-PID-STARTTICKS-`: who made a sandbox directory or cgroup, so a sweep can tell a dead owner."""
+    return f"frenzy-sbx-{os.getpid()}-{start_ticks(os.getpid()) or 'x'}-"
+
+
+def _owner_gone(name: str) -> bool:
+    m = _OWNED.match(name)
+    return m is not None and not alive(int(m.group(1)), None if m.group(2) == "x" else int(m.group(2)))
+
+
+def sweep_stale() -> list[str]:
+    """Remove the sandbox directories and cgroups whose owning evaluator is no longer running (it was killed
+    before its cleanup ran); returns what was removed. Runs once per process, before its first program."""
+    removed = []
+    tmp = Path(tempfile.gettempdir())
+    for d in tmp.glob("frenzy-sbx-*"):
+        if d.is_dir() and _owner_gone(d.name):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/pids")):
+        for cg in root.glob("frenzy-sbx-*") if root.is_dir() else []:
+            if _owner_gone(cg.name):
+                _kill_cgroup(cg)
+                removed.append(str(cg))
+    return removed
+
+
 def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 1024, cpu_s: int | None = None,
-               nproc: int = 16, file_mb: int = 16, require_isolation: bool = False) -> SandboxResult:
+               nproc: int = 16, file_mb: int = 16, disk_mb: int = 64, require_isolation: bool = False
+               ) -> SandboxResult:
     """Run `code` as a Python program in the sandbox; never raises for anything the program does.
 
+    `file_mb` limits each file, `disk_mb` everything the program writes (where a mount namespace is available).
     `require_isolation`: fail (status error) instead of running with fewer layers when namespaces or Landlock
     are unavailable.
     """
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_stale()
     exe, ro = _python_paths()
-    work = Path(tempfile.mkdtemp(prefix="frenzy-sbx-"))
+    work = Path(tempfile.mkdtemp(prefix=_owner_prefix()))
     os.chmod(work, 0o700)
+    home = work / "home"
+    home.mkdir(mode=0o700)
     cg = _pids_cgroup(nproc)
     prog = work / "program.py"
     prog.write_text(code)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8",
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(home), "LANG": "C.UTF-8",
            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
-    cfg = {"python": exe, "program": str(prog), "workdir": str(work), "env": env, "read_only": ro,
-           "timeout_s": timeout_s, "memory_mb": memory_mb, "cpu_s": int(cpu_s or max(1, int(timeout_s) + 1)),
-           "file_mb": file_mb, "nproc": nproc, "cgroup": str(cg) if cg else "", "namespaces": True,
-           "landlock": True, "require": require_isolation}
+    cfg = {"python": exe, "program": str(prog), "workdir": str(work), "home": str(home), "env": env,
+           "read_only": ro, "timeout_s": timeout_s, "memory_mb": memory_mb,
+           "cpu_s": int(cpu_s or max(1, int(timeout_s) + 1)), "file_mb": file_mb, "disk_mb": disk_mb,
+           "nproc": nproc, "cgroup": str(cg) if cg else "", "namespaces": True, "landlock": True,
+           "require": require_isolation, "parent": os.getpid()}
     t0 = time.perf_counter()
     try:
         with open(work / ".stdout", "wb") as out, open(work / ".stderr", "wb") as err:

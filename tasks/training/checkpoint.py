@@ -181,10 +181,12 @@ class AsyncCheckpointer:
     def __init__(self, storage: Storage, rank: int, world_size: int, run: str, keep: int = 3,
                  on_commit: Callable[[CheckpointRecord, Manifest], None] | None = None,
                  commit_timeout_s: float = 900.0, nice: int | None = None, buffers: int | None = None,
-                 ranks_on_host: int = 1) -> None:
+                 ranks_on_host: int = 1, fence: Callable[[], bool] | None = None) -> None:
         """`nice` lowers the persist thread's CPU priority (Linux, per thread); default `$FRENZY_PERSIST_NICE` or 0:
         the trainer leaves a core for it instead (a niced persist on a busy host crawls and holds its buffer).
-        `buffers` 1 or 2 fixes the number of snapshot buffers; None decides by host memory (`snapshot_buffers`)."""
+        `buffers` 1 or 2 fixes the number of snapshot buffers; None decides by host memory (`snapshot_buffers`).
+        `fence` (rank 0): asked before each commit; False (the writer lease is lost) leaves the step uncommitted."""
+        self.fence = fence
         self.storage, self.rank, self.world_size, self.run = storage, rank, world_size, run
         self.nice = int(os.environ.get("FRENZY_PERSIST_NICE", "0")) if nice is None else nice
         self.keep, self.on_commit, self.commit_timeout_s = keep, on_commit, commit_timeout_s
@@ -400,6 +402,9 @@ class AsyncCheckpointer:
         if self.rank != 0:
             return
         shards = self._gather_shards(d, rec)
+        if self.fence is not None and not self.fence():
+            raise CheckpointError(f"step {step} not committed: this trainer no longer holds the writer lease of "
+                                  f"{self.storage.uri} (another writer took it over)")
         manifest = Manifest(step=step, run=self.run, created=datetime.now(UTC).isoformat(),
                             world_size=self.world_size, shards=shards, **job.fields)
         try:

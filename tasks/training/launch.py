@@ -242,13 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.training.data import DataError
     from tasks.training.loop import TrainOptions, train
     from tasks.training.storage import StorageError
+    from tasks.training.writer import WriterLeaseError
 
     try:
         job = parse_job(json.loads(Path(a.job).read_text()), a.job)
         train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, from_scratch=a.from_scratch,
                            device=a.device, threads=a.threads,
                            stop_after_steps=a.stop_after_steps, tp=a.tp))
-    except (CheckpointError, DataError, StorageError, ValueError) as err:
+    except (CheckpointError, DataError, StorageError, WriterLeaseError, ValueError) as err:
         # a problem the user can fix: one line, no traceback, recognised by launch()
         print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
         return 2

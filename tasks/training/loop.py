@@ -31,6 +31,7 @@ from tasks.training.optrace import OpTracer, merge_traces
 from tasks.training.spikes import SpikeDetector
 from tasks.training.state import restore, training_tensors
 from tasks.training.storage import Storage
+from tasks.training.writer import DEFAULT_TTL_S, WriterLease, WriterLeaseError
 
 log = logging.getLogger("frenzy.train")
 
@@ -199,12 +200,20 @@ def _agree(d: _Dist, ok: bool) -> bool:
 
 
 def train(opts: TrainOptions) -> dict:
-    """Run (or resume) the job on this rank; returns the result record (complete on rank 0)."""
-    job, t = opts.job, opts.job.training
+    """Run (or resume) the job on this rank; returns the result record (complete on rank 0). Rank 0 holds the
+    checkpoint root's writer lease (tasks/training/writer.py) from before it reads the root until it exits."""
     d, dev = _setup(opts)
+    storage = Storage(opts.job.training.checkpoint.uri)
+    lease = WriterLease(storage, opts.job.name, float(os.environ.get("FRENZY_WRITER_LEASE_S", DEFAULT_TTL_S))) \
+        if d.rank == 0 else None
+    with lease or contextlib.nullcontext():
+        return _train(opts, d, dev, storage, lease)
+
+
+def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, lease: WriterLease | None) -> dict:
+    job, t = opts.job, opts.job.training
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     prog = _Progress(opts.run_dir / "progress.jsonl", d.rank)
-    storage = Storage(t.checkpoint.uri)
     if job.model.vocab != 256:
         raise ValueError(f"model vocab is {job.model.vocab}; the trainer's tokenizer is byte-level: set vocab: 256 "
                          "or use a gpt-* byte preset (frenzy presets)")
@@ -294,7 +303,8 @@ def train(opts: TrainOptions) -> dict:
 
     ckpt = ck.AsyncCheckpointer(storage, d.rank, d.world, run=job.name, keep=t.checkpoint.keep,
                                 on_commit=lambda r, m: prog.emit("checkpoint", **r.model_dump()),
-                                ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+                                ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                fence=lease.holds if lease is not None else None)
     if optimizer.state:  # resumed: the state exists, so the snapshot buffers can be made now, in the background
         ckpt.prepare(*training_tensors(core, optimizer, with_model=owns_model))
     # the straggler format traces one tensor-parallel rank per data-parallel rank
@@ -340,6 +350,9 @@ def train(opts: TrainOptions) -> dict:
 
     stopped = False
     while step < t.steps:
+        if lease is not None and lease.lost.is_set():  # someone took the root over: commit nothing more
+            raise WriterLeaseError(f"lost the writer lease of {storage.uri} at step {step}: another trainer took "
+                                   "it over; this one stops without committing (see `frenzy checkpoints`)")
         stopped = preempt.is_set() or (opts.stop_after_steps is not None and steps_run >= opts.stop_after_steps)
         if not _agree(d, not stopped):  # every rank stops at the same step
             stopped = True
