@@ -12,6 +12,7 @@ from typing import Any, get_args
 from cluster.catalog import CatalogError, default_catalog
 from cluster.inventory import PRESETS, InventoryError, load_cluster
 from cluster.traces import POLICIES, REFERENCE_GPU
+from flows.cli_diagnose import add_commands as add_diagnose_commands
 from flows.cli_eval import add_commands as add_eval_commands
 from flows.cli_submit import add_commands as add_submit_commands
 from flows.cli_types import bounded_float, bounded_int
@@ -395,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="generate: s.d. of log compute time per (step, DP rank), e.g. 0.1")
 
     add_submit_commands(add)
+    add_diagnose_commands(add)
     add_eval_commands(add)
     add("gpus", cmd_gpus, "List the GPU catalog.")
     add("presets", cmd_presets, "List the built-in model presets.")

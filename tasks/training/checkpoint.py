@@ -133,6 +133,14 @@ class SnapshotBuffer:
         self.views = [self.flat[e.offset:e.offset + e.nbytes].view(t.dtype).view(t.shape) for e, (_, t) in
                       zip(self.entries, tensors, strict=True)]
 
+    def prefault(self, page: int = 4096) -> None:
+        """Touch every page now (one byte each), so the first snapshot copies into memory the kernel already
+        mapped: without it that copy pays a page fault per 4 KiB (2.2-2.7 s for 1 GB on the benchmark machine,
+        against milliseconds later). Done by the background allocation, not on the training thread; pinned
+        memory is mapped at allocation and skips it."""
+        if not self.flat.is_pinned():
+            self.flat[::page].zero_()
+
     def matches(self, tensors: list[tuple[str, torch.Tensor]]) -> bool:
         return self.signature == [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
 
@@ -215,6 +223,8 @@ class AsyncCheckpointer:
         first = SnapshotBuffer(tensors, pin=pin)
         n = self.n_buffers or snapshot_buffers(first.nbytes, self.ranks_on_host)
         bufs = [first] + [SnapshotBuffer(tensors, pin=pin) for _ in range(n - 1)]
+        for b in bufs:
+            b.prefault()
         for b in bufs:
             for e in b.entries:
                 if shard_meta and e.name in shard_meta:

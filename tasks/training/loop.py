@@ -314,6 +314,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     last_loss, last_gnorm = float("nan"), float("nan")
     tokens_per_step = t.global_batch * t.seq_len
     t_start, steps_run, blocked_total = time.perf_counter(), 0, 0.0
+    t_last_update = t_start  # the end of the newest optimizer step: tokens/s is over training, up to the last update
     model.train()
     preempt = threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -420,6 +421,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         optimizer.zero_grad(set_to_none=True)
         step += 1
         steps_run += 1
+        t_last_update = time.perf_counter()  # intermediate snapshots count (they happen between updates)
         if traced:
             tracer.record("optimizer", t0, _sync_time(dev, traced))
         if d.rank == 0 and (step % t.log_every_steps == 0 or step == t.steps):
@@ -457,7 +459,9 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     if stopped and last_saved != step:
         log.warning("stopping at step %d: taking a final checkpoint first", step)
         save_now(block=True)
-    loop_s = time.perf_counter() - t_start  # the training loop; the wait below for the last persist is not training
+    # tokens/s: from the first step to the last optimizer update; the final checkpoint (its snapshot is
+    # blocked_s of the last record) and the wait for its persist come after training and are reported apart
+    loop_s = t_last_update - t_start
     ckpt.close()
     elapsed = time.perf_counter() - t_start
     trace_path = None

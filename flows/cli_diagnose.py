@@ -1,0 +1,53 @@
+"""`frenzy diagnose LOG`: the root cause of a failed run from its log (tasks/diagnosis)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from flows.cli_types import bounded_int
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from tasks.diagnosis.compress import compress
+    from tasks.diagnosis.diagnose import diagnose_compressed
+
+    p = Path(args.log)
+    if not p.exists():
+        raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
+    if p.is_dir():
+        raise IsADirectoryError(None, None, str(p))
+    if args.show:
+        c = compress(p, context=args.context)
+        for k in c.kept:
+            print(f"{k.line_no:>9} {'!' if k.error else ' '} {k.text}")
+        return 0
+    d = diagnose_compressed(compress(p, context=args.context), log=str(p))
+    if args.json:
+        print(json.dumps(d.model_dump(), indent=2))
+        return 0
+    where = ", ".join(x for x in (f"rank {d.rank}" if d.rank is not None else "", f"node {d.node}" if d.node else "")
+                      if x)
+    print(f"{d.type} ({d.category}){' on ' + where if where else ''}: "
+          f"{'restartable' if d.restartable else 'not restartable'}")
+    if d.root_cause_line:
+        print(f"  root cause, line {d.line_no}: {d.root_cause_line}")
+    print(f"  do: {d.mitigation}")
+    if d.evidence:
+        kinds: dict[str, int] = {}
+        for e in d.evidence:
+            kinds[e.type] = kinds.get(e.type, 0) + 1
+        print("  symptoms: " + ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1])))
+    print(f"  log: {d.lines:,} lines, {d.kept_lines:,} kept ({d.compression_ratio:.0f}x smaller); --show prints them")
+    return 0
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    sp = add("diagnose", cmd_diagnose, "The root cause of a failed training run from its log: failure type, "
+             "category, rank and node, whether a restart helps, what to do.")
+    sp.add_argument("log", help="the run's log (e.g. RUN_DIR/train.log, a torchrun or Slurm output file)")
+    sp.add_argument("--context", type=bounded_int(0, 100), default=2, help="lines kept before each error line (2)")
+    sp.add_argument("--show", action="store_true", help="print the compressed log (error lines marked !) instead")

@@ -1,0 +1,202 @@
+"""Log compression: drop the regular lines (metrics, init, framework chatter), keep the error lines and their
+context, and say which templates were dropped.
+
+A training log is millions of lines that differ only in their numbers. The compressor masks the numbers (one
+regular-expression pass over each chunk, in C), counts the masked lines, and mines templates from the distinct
+ones with Drain3 (streaming template mining; a maintained library), so Drain3 sees hundreds of lines, not
+millions. Error lines are kept with `context` lines before each: a line that looks like an error
+(`rules.ERROR_HINT`) and matches a rule, or one that matches none but whose template is rare (a line such as
+"eval error rate 0.12" that recurs with every eval is regular, kept only the first `repeats` times); everything
+else is counted under its template. Work is in chunks of bytes: memory stays bounded and a 100 MB log compresses in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES
+
+_NUM = re.compile(rb"(?:0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
+_DIGITS = b"0123456789"
+_ZERO = bytes.maketrans(_DIGITS, b"0" * 10)
+CHUNK = 8 << 20
+
+
+@dataclass
+class Kept:
+    line_no: int
+    text: str
+    error: bool
+    """An error line (False: context kept around one)."""
+
+
+@dataclass
+class Compressed:
+    kept: list[Kept]
+    lines: int
+    bytes: int
+    kept_bytes: int
+    seconds: float
+    templates: list[tuple[str, int]] = field(default_factory=list)
+    """The most frequent dropped templates (Drain3's, numbers masked) and their line counts."""
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes / max(1, self.kept_bytes)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / max(self.seconds, 1e-9)
+
+
+def _mine(counts: Counter, top: int) -> list[tuple[str, int]]:
+    """Drain3 templates over the distinct masked lines, weighted by how often each occurred."""
+    try:
+        from drain3 import TemplateMiner
+        from drain3.template_miner_config import TemplateMinerConfig
+    except ImportError:  # still a useful report without the miner: the masked lines themselves
+        return [(k.decode(errors="replace"), n) for k, n in counts.most_common(top)]
+    cfg = TemplateMinerConfig()
+    cfg.profiling_enabled = False
+    miner = TemplateMiner(config=cfg)
+    weight: Counter = Counter()
+    for line, n in counts.items():
+        text = line.decode(errors="replace").strip()
+        if text:
+            r = miner.add_log_message(text)
+            weight[r["cluster_id"]] += n
+    by_id = {c.cluster_id: c.get_template() for c in miner.drain.clusters}
+    return [(by_id[cid], n) for cid, n in weight.most_common(top)]
+
+
+def _is_rule(line: bytes) -> bool:
+    text = line.decode(errors="replace")
+    return any(r.regex.search(text) for r in RULES)
+
+
+def _lines_with(chunk: bytes, low: bytes) -> list[int]:
+    """Start offsets of the lines that hold an error keyword (each keyword found by `bytes.find`, in C)."""
+    starts: set[int] = set()
+    for kw in ERROR_KEYWORDS:
+        pos = low.find(kw)
+        while pos >= 0:
+            starts.add(chunk.rfind(b"\n", 0, pos) + 1)
+            end = chunk.find(b"\n", pos)
+            if end < 0:
+                break
+            pos = low.find(kw, end)
+    return sorted(starts)
+
+
+@dataclass
+class _Part:
+    lines: int
+    bytes: int
+    kept: list[tuple[int, str, bool]]  # (line number within the part, text, error line)
+    kept_bytes: int
+    dropped: Counter
+
+
+def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
+    """One chunk (whole lines): its error lines with context, and the rest counted by template."""
+    seen: Counter = Counter()
+    ruled: dict[bytes, bool] = {}
+    marks: dict[int, bool] = {}  # line start -> is an error line (False: context)
+    for start in _lines_with(chunk, chunk.lower()):
+        end = chunk.find(b"\n", start)
+        line = chunk[start:end if end >= 0 else len(chunk)]
+        key = line.translate(None, _DIGITS)
+        seen[key] += 1
+        if seen[key] > repeats:  # a recurring line: kept only if the rules know it (decided once per template)
+            if key not in ruled:
+                ruled[key] = _is_rule(line)
+            if not ruled[key]:
+                continue
+        marks[start] = True
+        s = start
+        for _ in range(context):
+            if s == 0:
+                break
+            s = chunk.rfind(b"\n", 0, s - 1) + 1
+            marks.setdefault(s, False)
+    kept, kept_bytes, regular, prev, newlines, at = [], 0, [], 0, 0, 0
+    for start in sorted(marks):
+        end = chunk.find(b"\n", start)
+        end = len(chunk) if end < 0 else end
+        newlines += chunk.count(b"\n", at, start)  # lines before this one, counted once over the chunk
+        at = start
+        kept.append((newlines + 1, chunk[start:end].decode(errors="replace"), marks[start]))
+        kept_bytes += end - start + 1
+        regular.append(chunk[prev:start])
+        prev = end + 1
+    regular.append(chunk[prev:])
+    dropped = Counter(b"".join(regular).translate(_ZERO).split(b"\n"))  # digits as 0: one C pass, not a regex
+    dropped.pop(b"", None)
+    return _Part(chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1), len(chunk), kept, kept_bytes, dropped)
+
+
+def _compress_range(path: str, start: int, end: int, context: int, repeats: int) -> _Part:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return _compress_chunk(f.read(end - start), context, repeats)
+
+
+def _ranges(path: Path, size: int) -> list[tuple[int, int]]:
+    """Byte ranges of about CHUNK bytes that end at line ends."""
+    out, start = [], 0
+    with open(path, "rb") as f:
+        while start < size:
+            f.seek(min(size, start + CHUNK))
+            tail = f.readline() if start + CHUNK < size else b""
+            end = min(size, start + CHUNK + len(tail))
+            out.append((start, end))
+            start = end
+    return out
+
+
+PARALLEL_MIN_BYTES = 32 << 20
+"""Files at least this large are compressed by a pool of processes, one per core, a chunk each."""
+
+
+def compress(source: Path | str | bytes, context: int = 2, top_templates: int = 10, repeats: int = 5,
+             workers: int | None = None) -> Compressed:
+    """Compress a log file (or its bytes) to its error lines with `context` lines before each. A recurring
+    error-looking line no rule knows is kept `repeats` times per chunk of the file."""
+    t0 = time.perf_counter()
+    if isinstance(source, bytes):
+        parts = [_compress_chunk(source, context, repeats)]
+    else:
+        path = Path(source)
+        size = path.stat().st_size
+        ranges = _ranges(path, size)
+        n = workers or min(len(ranges), os.cpu_count() or 1)
+        if size >= PARALLEL_MIN_BYTES and n > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            # forkserver: safe to start from a threaded process (a Prefect flow); workers import only this module
+            with ProcessPoolExecutor(n, mp_context=mp.get_context("forkserver")) as pool:
+                parts = list(pool.map(_compress_range, *zip(*[(str(path), a, b, context, repeats)
+                                                                for a, b in ranges], strict=True)))
+        else:
+            parts = [_compress_range(str(path), a, b, context, repeats) for a, b in ranges]
+    kept: list[Kept] = []
+    dropped: Counter = Counter()
+    lines = 0
+    for part in parts:
+        kept += [Kept(lines + no, text, err) for no, text, err in part.kept]
+        dropped.update(part.dropped)
+        lines += part.lines
+    templates = _mine(dropped, top_templates) if dropped else []
+    return Compressed(kept, lines, sum(p.bytes for p in parts), sum(p.kept_bytes for p in parts),
+                      time.perf_counter() - t0, templates)
+
+
+def kept_text(c: Compressed) -> Iterable[tuple[int, str]]:
+    return ((k.line_no, k.text) for k in c.kept)

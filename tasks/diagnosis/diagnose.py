@@ -1,0 +1,139 @@
+"""Root-cause diagnosis of a failed run's log: compress, match the rule base, rank, attribute.
+
+`diagnose(log)` returns a `Diagnosis`: the failure `type` and `category` of the highest-priority matching line
+(the earliest among equals), the line itself, the rank and node it came from when the log says (rank prefixes of
+torch and torchrun, torchrun's failure summary, dmesg host prefixes), whether a restart can help, a mitigation,
+and every other matching line as `evidence` (the symptoms). No rule matching gives type `Unknown`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tasks.diagnosis.compress import Compressed, compress
+from tasks.diagnosis.rules import RULES, Rule
+
+_RANK = [re.compile(p) for p in (
+    r"\[(?:rank|Rank)\s*(\d+)\]", r"\[default(\d+)\]", r"\[(?:PG [^\]]*?)?Rank (\d+)\]", r"\brank\s*[:=]?\s*(\d+)\b",
+    r"\(local_rank: (\d+)\)")]
+_NODE = [re.compile(p) for p in (
+    r"^\s*host\s*:\s*(\S+)",  # torchrun's failure summary
+    r"^(\S+) kernel: ",  # dmesg lines collected with the log
+    r"^([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] ",  # NCCL's host:pid:tid [device] prefix
+    r"\bon (?:node|host) ([A-Za-z0-9_.-]+)", r"\bnode[= ]([A-Za-z0-9_.-]+)")]
+_SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+
+
+class Finding(BaseModel):
+    type: str
+    category: str
+    line_no: int
+    line: str
+    rank: int | None
+    node: str | None
+
+
+class Diagnosis(BaseModel):
+    """What `frenzy diagnose LOG --json` prints."""
+
+    log: str
+    category: str
+    """infrastructure | framework | script; `unknown` when no rule matched."""
+    type: str
+    root_cause_line: str | None
+    line_no: int | None
+    rank: int | None
+    node: str | None
+    restartable: bool
+    mitigation: str
+    evidence: list[Finding]
+    lines: int
+    kept_lines: int
+    compression_ratio: float
+    templates: list[tuple[str, int]]
+
+
+def _first(patterns: list[re.Pattern], text: str) -> str | None:
+    for p in patterns:
+        m = p.search(text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _match(text: str) -> Rule | None:
+    for r in RULES:
+        if r.regex.search(text):
+            return r
+    return None
+
+
+def diagnose_compressed(c: Compressed, log: str = "") -> Diagnosis:
+    findings: list[tuple[Rule, Finding]] = []
+    rank_host: dict[int, str] = {}
+    host = None
+    for k in c.kept:  # torchrun's failure summary: "host : X" then "rank : N" in each block
+        h = _SUMMARY_HOST.search(k.text)
+        if h:
+            host = h.group(1)
+        r = _SUMMARY_RANK.search(k.text)
+        if r and host:
+            rank_host.setdefault(int(r.group(1)), host)
+    block_rank: int | None = None
+    block_host: str | None = None
+    root_block_at: int | None = None  # torchrun names the first observed failure after "Root Cause"
+    for k in c.kept:
+        if "Root Cause" in k.text:
+            root_block_at = k.line_no
+        h = _SUMMARY_HOST.search(k.text)
+        if h:
+            block_host = h.group(1)
+        sr = _SUMMARY_RANK.search(k.text)
+        if sr:
+            block_rank = int(sr.group(1))
+        if not k.error:
+            continue
+        rule = _match(k.text)
+        if rule is None:
+            continue
+        rank = _first(_RANK, k.text)
+        node = _first(_NODE, k.text)
+        rk = int(rank) if rank is not None else None
+        if rule.type == "ChildFailed" and rk is None:  # an exitcode line of the summary: its block's rank and host
+            rk, node = block_rank, node or block_host
+        findings.append((rule, Finding(type=rule.type, category=rule.category, line_no=k.line_no, line=k.text.strip(),
+                                       rank=rk, node=node or (rank_host.get(rk) if rk is not None else None))))
+    base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
+            "templates": c.templates}
+    if not findings:
+        return Diagnosis(category="unknown", type="Unknown", root_cause_line=None, line_no=None, rank=None, node=None,
+                         restartable=False, evidence=[], **base,
+                         mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`); a person "
+                                    "decides, and a rule for it can be added to tasks/diagnosis/rules.py")
+    best_rule, best = max(findings, key=lambda rf: (rf[0].priority, -rf[1].line_no))
+    if best_rule.type == "ChildFailed" and root_block_at is not None:
+        best_rule, best = next(((r, f) for r, f in findings if r.type == "ChildFailed" and f.line_no > root_block_at),
+                               (best_rule, best))
+    if best.node is None:  # the node of the root rank, from any other line that names both
+        best.node = next((f.node for _, f in findings if f.rank == best.rank and f.node), None) \
+            if best.rank is not None else None
+    evidence = [f for _, f in findings if f is not best]
+    return Diagnosis(category=best_rule.category, type=best_rule.type, root_cause_line=best.line,
+                     line_no=best.line_no, rank=best.rank, node=best.node, restartable=best_rule.restartable,
+                     mitigation=best_rule.mitigation, evidence=evidence, **base)
+
+
+def diagnose(source: Path | str | bytes, context: int = 2) -> Diagnosis:
+    """Diagnose a log file (or its bytes)."""
+    if not isinstance(source, bytes):
+        p = Path(source)
+        if not p.exists():
+            raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
+        if p.is_dir():
+            raise IsADirectoryError(f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)")
+    c = compress(source, context=context)
+    return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source))

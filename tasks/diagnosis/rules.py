@@ -1,0 +1,136 @@
+"""The ordered rule base: which error line means which failure, and how much it outranks the others.
+
+Each rule is a regular expression over one log line (searched, case-sensitive unless the pattern says otherwise),
+the failure type it names (Acme's Table 3), its category, and a `priority`: the root cause of a failed job is the
+matching line of highest priority, the earliest among equals. Hardware and node faults outrank what they cause
+(a CUDA error on one rank makes the other ranks' NCCL collectives time out; a dead node makes its peers lose their
+connections), specific framework and script errors outrank generic ones, and pure symptoms (NCCL watchdog
+timeouts, torchrun's ChildFailedError, a bare exit code) rank lowest. Rules are tried in order; the first that
+matches a line names it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+Category = Literal["infrastructure", "framework", "script"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    type: str
+    category: Category
+    pattern: str
+    priority: int
+    restartable: bool
+    mitigation: str
+    regex: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "regex", re.compile(self.pattern))
+
+
+_PY = r"(?:^|[\s:\]>])(?:[\w.]+\.)?"  # an exception name, optionally module-qualified, at a token start
+
+# priority bands: 90 hardware/node, 70 resource & loading, 60 script, 50 network faults and storage, 40 generic
+# framework, 30 what a peer's death looks like from here (remote errors, lost connections), 20 collective
+# timeouts, 10 launcher symptoms
+RULES: list[Rule] = [
+    # -- infrastructure: hardware and nodes --------------------------------------------------------------
+    Rule("ECCError", "infrastructure",
+         r"(?i)uncorrectable ECC error|\bECC\b.*\b(?:error|fault)|Xid \([^)]*\):\s*(?:48|63|64|92|94|95)\b|"
+         r"double bit ECC|page retirement|row remapping failure", 95, True,
+         "cordon the node (GPU memory errors) and resume on healthy GPUs; have the GPU checked"),
+    Rule("NVLinkError", "infrastructure",
+         r"(?i)nvlink[^\n]*(?:error|fault|down|inactive)|Xid \([^)]*\):\s*74\b", 95, True,
+         "cordon the node (NVLink fault) and resume on healthy GPUs"),
+    Rule("NodeFailure", "infrastructure",
+         r"(?i)GPU has fallen off the bus|Xid \([^)]*\):\s*(?:79|119|120)\b|machine check|Hardware Error|"
+         r"kernel panic|node\b[^\n]*\b(?:failed|down|unreachable|NotReady|lost)\b|"
+         r"\bNodeFailure\b|heartbeat (?:timeout|lost)", 92, True,
+         "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
+    Rule("CUDAError", "infrastructure",
+         r"CUDA error: (?!out of memory)(?!device-side assert)|CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
+         r"cudaErrorIllegalAddress|unspecified launch failure|an illegal memory access was encountered|"
+         r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b", 90, True,
+         "run the node check on this rank's node, cordon it if it fails, and resume"),
+    # -- framework: resources and loading ---------------------------------------------------------------
+    Rule("OutOfMemoryError", "framework",
+         r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|"
+         r"HIP out of memory|Tried to allocate [\d.]+ [KMG]iB", 80, True,
+         "restart with the next resource plan with more memory per GPU (or a smaller micro-batch)"),
+    Rule("DataloaderKilled", "framework",
+         r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal", 75,
+         True, "host memory ran out in the data loader: fewer workers or a smaller prefetch, then resume"),
+    Rule("ModelLoadingError", "framework",
+         r"Error\(s\) in loading state_dict|size mismatch for [\w.]+|SafetensorError|Can't load (?:the )?"
+         r"(?:weights|model|config)|Unable to load weights|CheckpointMismatch", 72, False,
+         "the checkpoint does not match the model: fix the model config or the checkpoint path"),
+    Rule("DatasetLoadingError", "framework",
+         r"DatasetNotFoundError|Couldn't find (?:a )?dataset|ArrowInvalid|DataError|corpus[^\n]*(?:not found|"
+         r"empty|unreadable)", 72, False, "fix the dataset path or format; a restart will fail the same way"),
+    # -- script / configuration ---------------------------------------------------------------------------
+    Rule("SyntaxError", "script", _PY + r"(?:SyntaxError|IndentationError)\b", 66, False,
+         "fix the syntax error in the training script"),
+    Rule("ImportError", "script", _PY + r"(?:ImportError|ModuleNotFoundError)\b", 65, False,
+         "install the missing package or fix the import"),
+    Rule("ArgumentError", "script",
+         r"ArgumentError|error: unrecognized arguments|error: argument -|the following arguments are required",
+         64, False, "fix the command line"),
+    Rule("FileNotFoundError", "script", _PY + r"FileNotFoundError\b|No such file or directory", 63, False,
+         "fix the path (a restart will fail the same way)"),
+    Rule("PermissionError", "script", _PY + r"PermissionError\b|Permission denied", 63, False,
+         "fix the permissions or the path"),
+    Rule("NameError", "script", _PY + r"NameError\b", 62, False, "fix the script: an undefined name"),
+    Rule("KeyError", "script", _PY + r"KeyError\b", 61, False, "fix the script or config: a missing key"),
+    Rule("TypeError", "script", _PY + r"TypeError\b", 61, False, "fix the script: a wrong type"),
+    Rule("IndexError", "script", _PY + r"IndexError\b|device-side assert triggered", 61, False,
+         "fix the script or data: an index out of range (a device-side assert is usually one)"),
+    Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 60, False,
+         "a subprocess the script runs failed: see its output above"),
+    # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
+    Rule("S3StorageError", "infrastructure",
+         r"botocore\.exceptions\.\w+|EndpointConnectionError|S3 ?(?:Storage)?Error|An error occurred "
+         r"\((?:SlowDown|InternalError|ServiceUnavailable|RequestTimeout)\)|StorageError|s3fs[^\n]*Error", 55, True,
+         "the object store failed: the run resumes from the newest committed checkpoint once it answers"),
+    Rule("NCCLRemoteError", "infrastructure",
+         r"ncclRemoteError|remote process exit(?:ing prematurely|ed)|NCCL WARN[^\n]*remote|Got completion from peer",
+         32, True, "a peer rank died or its link failed: run the node check, cordon the faulty node, resume"),
+    Rule("NetworkError", "infrastructure",
+         r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|ncclSystemError|NCCL WARN NET|No route to host|"
+         r"Network is unreachable|ncclInternalError", 50, True,
+         "a network fault: run the node check on the job's nodes and resume"),
+    Rule("ConnectionError", "infrastructure",
+         r"ConnectionError|Connection (?:reset by peer|refused|timed out)|DistNetworkError|Broken pipe|"
+         r"TCPStore[^\n]*(?:failed|timed out)|RendezvousTimeoutError|RendezvousConnectionError", 30, True,
+         "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
+    # -- framework: generic --------------------------------------------------------------------------------
+    Rule("AssertionError", "framework", _PY + r"AssertionError\b", 45, False,
+         "an assertion in the training code failed: fix the code or config"),
+    Rule("AttributeError", "framework", _PY + r"AttributeError\b", 45, False, "fix the code: a missing attribute"),
+    Rule("ValueError", "framework", _PY + r"ValueError\b", 44, False, "fix the value named in the message"),
+    Rule("RuntimeError", "framework", _PY + r"RuntimeError\b", 40, True,
+         "an unclassified runtime error: one restart from the newest checkpoint, then stop"),
+    # -- symptoms ----------------------------------------------------------------------------------------------
+    Rule("NCCLTimeoutError", "infrastructure",
+         r"Watchdog caught collective operation timeout|NCCL timeout|ProcessGroupNCCL[^\n]*Timeout|"
+         r"collective operation timeout|Timed out waiting \d+ms for", 20, True,
+         "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
+    Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
+         "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
+    Rule("ChildFailed", "framework",
+         r"ChildFailedError|exitcode\s*:\s*-?\d+|failed \(exitcode: -?\d+\)|signal \d+ \(SIG\w+\) received", 10, True,
+         "a rank exited; the root cause is in the lines before"),
+]
+
+ERROR_KEYWORDS: tuple[bytes, ...] = (
+    b"error", b"exception", b"traceback", b"failed", b"fatal", b"killed", b"xid", b"nccl warn", b"timeout",
+    b"timed out", b"refused", b"panic", b"out of memory", b"ecc", b"nvlink", b"fallen off", b"exitcode",
+    b"root cause", b"invalid", b"denied", b"no such file", b"not found", b"segmentation fault", b"core dumped",
+    b"abort", b"machine check", b"frenzy-hang", b"reset by peer", b"broken pipe", b"unreachable")
+"""Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
+in C), a superset of what the rules match."""
+
+ERROR_HINT = re.compile("(?i)" + "|".join(re.escape(k.decode()) for k in ERROR_KEYWORDS))
