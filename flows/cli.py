@@ -118,10 +118,38 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
+    from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
+
+    names = [n for n in (args.nodes or "").split(",") if n] or [n["name"] for n in ledger.nodes() if n["state"] == "up"]
+    known = {n["name"] for n in ledger.nodes()}
+    if args.cordon and (unknown := [n for n in names if n not in known]):
+        raise ValueError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
+    print(f"checking {len(names)} nodes in pairs (each probe a local process here)...", file=sys.stderr, flush=True)
+    res = check_nodes(names, probe=local_probe(timeout_s=args.timeout))
+    if args.cordon:
+        res.cordoned = cordon_faulty(ledger, res)
+
+    def human() -> str:
+        lines = [f"{len(res.nodes)} nodes checked in {len(res.rounds)} round(s), {res.seconds:.1f} s"]
+        for label, xs in (("faulty", res.faulty), ("slow (> 2x the median pair)", res.slow),
+                          ("unverified (no node passed round 1)", res.unverified), ("cordoned", res.cordoned)):
+            if xs:
+                lines.append(f"  {label}: {', '.join(xs)}")
+        if not (res.faulty or res.slow or res.unverified):
+            lines.append("  every node passed")
+        return "\n".join(lines)
+
+    _emit(args, res.model_dump(), human)
+    return 0
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     from cluster.ledger import Ledger
 
     ledger = Ledger(args.ledger)
+    if args.action == "check":
+        return _cluster_check(args, ledger)
     if args.action in ("cordon", "uncordon"):
         if not args.node:
             raise ValueError(f"frenzy cluster {args.action} needs a node name; see `frenzy cluster show`")
@@ -322,8 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpu", help="GPU catalog name: calibrates overheads and reports whether it fits")
 
     sp = add("cluster", cmd_cluster, "Show the cluster ledger; cordon or uncordon nodes; load nodes into it.")
-    sp.add_argument("action", choices=["show", "cordon", "uncordon", "init"],
-                    help="show: nodes, free GPUs, allocations, queue; init: add the nodes of --cluster")
+    sp.add_argument("action", choices=["show", "cordon", "uncordon", "init", "check"],
+                    help="show: nodes, free GPUs, allocations, queue; init: add the nodes of --cluster; check: the "
+                         "two-round pairwise collective test (faulty and slow nodes)")
+    sp.add_argument("--nodes", help="check: comma-separated node names (default: the ledger's nodes that are up)")
+    sp.add_argument("--cordon", action="store_true", help="check: cordon the faulty nodes in the ledger")
+    sp.add_argument("--timeout", type=bounded_float(1.0, 3600.0), default=30.0,
+                    help="check: seconds a pair's collective may take before it counts as failed (30)")
     sp.add_argument("node", nargs="?", help="node name (cordon, uncordon)")
     sp.add_argument("--cluster", default="local", help="cluster preset or YAML for init (default local)")
     sp.add_argument("--reason", default="", help="why the node is cordoned (kept in the ledger)")
