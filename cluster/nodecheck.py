@@ -16,6 +16,7 @@ injection for drills and tests: `FRENZY_NODECHECK_FAIL=a,b` (those nodes' proces
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -61,6 +63,7 @@ import json, os, sys, time
 import torch, torch.distributed as dist
 cfg = json.loads(sys.argv[1])
 node = cfg["node"]
+open(cfg["ready"], "w").close()  # started (Python and torch imported): the collective's timeout runs from here
 if node in os.environ.get("FRENZY_NODECHECK_FAIL", "").split(","):
     sys.exit("injected failure on " + node)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
@@ -82,16 +85,27 @@ dist.destroy_process_group()
 """
 
 
-def local_probe(probe_mb: int = 16, timeout_s: float = 30.0) -> Probe:
-    """A probe that runs one process per node on this machine (gloo over loopback)."""
+def local_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 300.0) -> Probe:
+    """A probe that runs one process per node on this machine (gloo over loopback). `timeout_s` bounds the
+    collective, counted once every member has started; `startup_s` bounds the start (a busy host is slow to
+    start many Python processes, which says nothing about the nodes)."""
 
     def run(group: Sequence[str]) -> GroupRun:
+        import tempfile
+
         port = _free_port()
+        marks = Path(tempfile.mkdtemp(prefix="frenzy-nodecheck-"))
         procs = [subprocess.Popen([sys.executable, "-c", _WORKER,
                                    json.dumps({"node": n, "rank": i, "world": len(group), "port": port,
-                                               "probe_mb": probe_mb, "timeout": timeout_s})],
+                                               "probe_mb": probe_mb, "timeout": timeout_s,
+                                               "ready": str(marks / f"{i}.ready")})],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i, n in enumerate(group)]
+        start_by = time.monotonic() + startup_s
+        while (len(list(marks.glob("*.ready"))) < len(group) and time.monotonic() < start_by
+               and not any(p.poll() not in (None, 0) for p in procs)):
+            time.sleep(0.05)
+        shutil.rmtree(marks, ignore_errors=True)
         deadline = time.monotonic() + timeout_s
         # poll: a member that dies fails the group at once (its peers would wait for it until the timeout)
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from flows.cli_types import bounded_float, bounded_int
+
 DEMO_JOB = {
     "name": "demo",
     "model": {"preset": "gpt-tiny"},
@@ -37,6 +39,9 @@ def _human(res: object, wall_s: float) -> str:
              + ", ".join(f"{n.node}{n.gpu_indices}" for n in a.nodes)
              + f"; last loss {t.last_loss:.3f}, {t.tokens_per_s:,.0f} tok/s; {len(t.checkpoints)} checkpoints",
              "", "scores by checkpoint:", table(rows), ""]
+    for r in res.recoveries:
+        d, act = r["diagnosis"], r["action"]
+        lines.append(f"recovered: {d['type']} ({d['category']}) -> {act['kind']}: {act['reason']}")
     if res.stragglers:
         lines.append(f"stragglers: slowdown S = {res.stragglers.slowdown:.3f}, worst op type "
                      f"{res.stragglers.worst_optype}")
@@ -53,7 +58,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job = load_job(args.job)
     req = SubmitRequest(job=job, cluster=args.cluster, ledger=args.ledger, suite=args.suite,
                         max_wait_s=args.max_wait, evaluation=args.evaluation, device=args.device,
-                        run_dir=args.run_dir, lease_s=args.lease)
+                        run_dir=args.run_dir, lease_s=args.lease, max_restarts=args.max_restarts,
+                        hang_s=args.hang)
     t0 = time.monotonic()
     res = submit(req)
     _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
@@ -106,6 +112,10 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--run-dir", help="progress, log, traces and report (default runs/<job name>)")
     sp.add_argument("--lease", type=float, default=60.0,
                     help="allocation lease in seconds: a crashed run's GPUs come back this long after it died (60)")
+    sp.add_argument("--max-restarts", type=bounded_int(0, 20), default=2,
+                    help="automatic recoveries from training failures, diagnosed from the log (default 2)")
+    sp.add_argument("--hang", type=bounded_float(5.0, 86400.0), default=900.0,
+                    help="seconds without a progress record after which the trainer counts as hung (900)")
 
     sp = add("demo", cmd_demo, "The whole pipeline on this machine with embedded defaults, ending in a run report.")
     sp.add_argument("--dir", default="frenzy-demo", help="where everything goes (default ./frenzy-demo)")

@@ -20,16 +20,20 @@ from typing import Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.inventory import load_cluster
 from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError
+from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
 from flows.evaluate import EvaluateRequest, evaluate_task
 from flows.place import LeaseLost, place, release
 from flows.plan import PlanRequest, plan_resources, plans_markdown
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
 from flows.train import TrainRequest, TrainResult, train_task
+from tasks.diagnosis.diagnose import Diagnosis, diagnose
+from tasks.diagnosis.recovery import Action, decide
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.suite import load_suite
@@ -37,7 +41,7 @@ from tasks.jobspec import JobSpec
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
-from tasks.training.launch import default_run_dir, request_stop
+from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
 EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
@@ -73,6 +77,10 @@ class SubmitRequest(BaseModel):
     """Evaluation results and the per-run score history."""
     eval_timeout_s: float = Field(1800.0, gt=0)
     """deployment mode: how long to wait for the triggered evaluations after training before evaluating here."""
+    max_restarts: int = Field(2, ge=0, le=20)
+    """Automatic recoveries from training failures (diagnosed from the log; tasks/diagnosis/recovery.py)."""
+    hang_s: float = Field(900.0, ge=5)
+    """A trainer that writes no progress record for this long is killed and treated as a node fault."""
 
 
 class SubmitResult(BaseModel):
@@ -93,6 +101,8 @@ class SubmitResult(BaseModel):
     released: bool
     """True once the allocation's GPUs are back in the ledger."""
     timings_s: dict[str, float]
+    recoveries: list[dict] = []
+    """Each training failure, its diagnosis and the action taken, in order."""
 
 
 class PipelineError(RuntimeError):
@@ -193,8 +203,17 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
     device = "cuda" if treq.gpu_indices else "cpu"
     ev = _Evaluator(request, root, treq.job.name, suite, device) if mode == "in-flow" else None
     fut: PrefectFuture = train_task.submit(treq)
+    progress = Path(treq.run_dir or ".") / "progress.jsonl"
+    last_size, last_change = -1, time.monotonic()
     try:
         while not fut.state.is_final():
+            size = progress.stat().st_size if progress.exists() else 0
+            if size != last_size:
+                last_size, last_change = size, time.monotonic()
+            elif time.monotonic() - last_change > request.hang_s:
+                logger.error("no progress record for %.0f s: killing the trainer (a hang)", request.hang_s)
+                request_kill(Path(treq.run_dir or "."), f"no progress record for {request.hang_s:.0f} s")
+                last_change = time.monotonic()
             if keeper.lost.is_set():
                 request_stop(Path(treq.run_dir or "."))
                 fut.wait()
@@ -226,6 +245,57 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
     else:
         evals = {}
     return result, [evals[s] for s in sorted(evals)]
+
+
+class Recovery(BaseModel):
+    diagnosis: Diagnosis
+    action: Action
+
+
+@task(name="recover", task_run_name="recover-{job}")
+def recover_task(job: str, log: str, offset: int, restarts_done: int, max_restarts: int) -> Recovery:
+    """Diagnose the failed attempt's part of the log, decide the action; visible as an artifact and an event."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        d = diagnose(f.read())
+    d.log = log
+    act = decide(d, restarts_done, max_restarts)
+    create_markdown_artifact(
+        f"## Training failure of `{job}`\n\n| | |\n|---|---|\n| type | {d.type} ({d.category}) |\n"
+        f"| where | rank {d.rank if d.rank is not None else '?'}, node {d.node or '?'} |\n"
+        f"| root cause | `{(d.root_cause_line or '-').replace('|', '/')[:300]}` (line {d.line_no}) |\n"
+        f"| symptoms | {len(d.evidence)} other error lines |\n| action | **{act.kind}**"
+        f"{' + node check' if act.node_check else ''}: {act.reason} |\n",
+        key=_key(f"diagnosis-{job}"), description=f"diagnosis of a training failure of {job}")
+    emit_event(event="frenzy.training.failed", resource={"prefect.resource.id": f"frenzy.job.{job}"},
+               payload={"type": d.type, "category": d.category, "rank": d.rank, "node": d.node,
+                        "root_cause_line": d.root_cause_line, "action": act.kind, "reason": act.reason,
+                        "restarts_done": restarts_done})
+    return Recovery(diagnosis=d, action=act)
+
+
+def _check_allocation_nodes(ledger: Ledger, alloc: Allocation, logger: object) -> None:
+    nodes = [n.node for n in alloc.nodes]
+    if len(nodes) < 2:
+        logger.info("node check skipped: the allocation holds one node (%s) and the pairwise test needs two; "  # type: ignore[attr-defined]
+                    "resuming on healthy GPUs as the ledger sees them", nodes[0])
+        return
+    res = check_nodes(nodes, probe=local_probe())
+    for n in cordon_faulty(ledger, res):
+        logger.warning("node check: %s failed its collective twice; cordoned", n)  # type: ignore[attr-defined]
+
+
+def _record_oom(job: JobSpec, plan: ResourcePlan, d: Diagnosis) -> None:
+    """An out-of-memory observation for the memory model's calibration: what MARP predicted, where it ran out."""
+    import json
+    import os
+
+    path = Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "oom-observations.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"time": time.time(), "job": job.name, "model": job.model.display_name,
+                            "gpu_type": plan.gpu_type, "layout": plan.layout.label(),
+                            "predicted_device_gib": plan.predicted_device_gib, "line": d.root_cause_line}) + "\n")
 
 
 @task(name="report")
@@ -261,31 +331,58 @@ def submit(request: SubmitRequest) -> SubmitResult:
 
     ledger = Ledger(request.ledger)
     ledger.sync(cluster)
-    t = time.monotonic()
-    alloc = place(job.name, runnable, ledger_url=request.ledger, timeout_s=request.max_wait_s,
-                  lease_s=request.lease_s, precision=job.training.precision, steps=job.training.steps)
-    timings["queue"] = time.monotonic() - t
-    chosen = runnable[alloc.plan_index]
-    logger.info("placed on %s: plan %d (%d x %s, %s)", ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
-                alloc.plan_index + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
     run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
-    released = False
-    try:
-        keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
-        with keeper:
-            t = time.monotonic()
-            treq = training_request(request, alloc, chosen, run_dir, suite)
-            mode = _eval_mode(request)
-            logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")
-            result, evals = _train_and_evaluate(request, treq, suite, mode, keeper)
-            timings["train+evaluate"] = time.monotonic() - t
-    finally:
+    candidates, recoveries = runnable, []
+    timings["queue"] = timings["train+evaluate"] = 0.0
+    while True:  # one pass per attempt: place, train, and on a training failure diagnose and recover
+        t = time.monotonic()
+        alloc = place(job.name, candidates, ledger_url=request.ledger, timeout_s=request.max_wait_s,
+                      lease_s=request.lease_s, precision=job.training.precision, steps=job.training.steps)
+        timings["queue"] += time.monotonic() - t
+        chosen = candidates[alloc.plan_index]
+        logger.info("placed on %s: plan %d (%d x %s, %s)", ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
+                    runnable.index(chosen) + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
+        log_path = run_dir / "train.log"
+        log_offset = log_path.stat().st_size if log_path.exists() else 0
+        released, failure = False, None
         try:
-            release(alloc.id, request.ledger)
-            released = True
-        except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
-            logger.error("could not release allocation %s (%s); its lease expires in %.0f s", alloc.id, err,
-                         request.lease_s)
+            keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
+            with keeper:
+                t = time.monotonic()
+                treq = training_request(request, alloc, chosen, run_dir, suite)
+                mode = _eval_mode(request)
+                logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")
+                try:
+                    result, evals = _train_and_evaluate(request, treq, suite, mode, keeper)
+                except TrainFailed as err:
+                    failure = err
+                timings["train+evaluate"] += time.monotonic() - t
+        finally:
+            try:
+                release(alloc.id, request.ledger)
+                released = True
+            except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
+                logger.error("could not release allocation %s (%s); its lease expires in %.0f s", alloc.id, err,
+                             request.lease_s)
+        if failure is None:
+            break
+        rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
+        recoveries.append(rec.model_dump())
+        if rec.action.kind == "stop":
+            raise PipelineError(f"{job.name}: training failed, {rec.action.reason} (diagnosis: "
+                                f"{rec.diagnosis.root_cause_line or 'no matching line'}; log {log_path})") from failure
+        if rec.action.node_check:
+            _check_allocation_nodes(ledger, alloc, logger)
+        if rec.action.kind == "replan":
+            _record_oom(job, chosen, rec.diagnosis)
+            bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
+            if not bigger:
+                raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
+                                    "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
+                                    "recompute or zero_stage 3, or add GPUs with more memory") from failure
+            candidates = bigger
+        logger.warning("recovery %d/%d: %s -> %s", len(recoveries), request.max_restarts, rec.diagnosis.type,
+                       rec.action.kind)
 
     t = time.monotonic()
     strag: StragglerReport | None = None
@@ -297,7 +394,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     timings["stragglers"] = time.monotonic() - t
     timings["total"] = time.monotonic() - t0
     rep = RunReport(job=job.name, model=job.model.display_name, cluster=cluster.name, plans=runnable[:10],
-                    chosen=min(alloc.plan_index, 9), allocation=alloc, final_step=result.final_step,
+                    chosen=min(runnable.index(chosen), 9), allocation=alloc, final_step=result.final_step,
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
                     evaluations=evals, timings_s=timings,
@@ -306,4 +403,5 @@ def submit(request: SubmitRequest) -> SubmitResult:
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))
     logger.info("report: %s", path)
     return SubmitResult(job=job.name, plan=chosen, plans=runnable, allocation=alloc, train=result,
-                        evaluations=evals, stragglers=strag, report=path, released=released, timings_s=timings)
+                        evaluations=evals, stragglers=strag, report=path, released=released, timings_s=timings,
+                        recoveries=recoveries)

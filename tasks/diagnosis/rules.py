@@ -121,7 +121,8 @@ RULES: list[Rule] = [
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
     Rule("ChildFailed", "framework",
-         r"ChildFailedError|exitcode\s*:\s*-?\d+|failed \(exitcode: -?\d+\)|signal \d+ \(SIG\w+\) received", 10, True,
+         r"ChildFailedError|exitcode\s*:\s*-?\d+|failed \(exitcode: -?\d+\)|signal \d+ \(SIG\w+\) received|"
+         r"trainer exited with signal \d+", 10, True,
          "a rank exited; the root cause is in the lines before"),
 ]
 
@@ -129,7 +130,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"error", b"exception", b"traceback", b"failed", b"fatal", b"killed", b"xid", b"nccl warn", b"timeout",
     b"timed out", b"refused", b"panic", b"out of memory", b"ecc", b"nvlink", b"fallen off", b"exitcode",
     b"root cause", b"invalid", b"denied", b"no such file", b"not found", b"segmentation fault", b"core dumped",
-    b"abort", b"machine check", b"frenzy-hang", b"reset by peer", b"broken pipe", b"unreachable")
+    b"abort", b"machine check", b"frenzy-hang", b"reset by peer", b"broken pipe", b"unreachable",
+    b"exited with signal")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match."""
 

@@ -50,6 +50,17 @@ def default_run_dir(job: JobSpec) -> Path:
     return Path("runs") / job.name
 
 
+KILL_FILE = "kill"
+"""A file of this name asks `launch()` to kill the trainer tree at once (a hang: it cannot commit); its text is the
+reason, written to the log as a `frenzy-hang:` line for the diagnosis."""
+
+
+def request_kill(run_dir: Path, reason: str) -> None:
+    """Kill a hung trainer: `launch()` on `run_dir` kills its tree, logs `frenzy-hang: REASON` and fails."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / KILL_FILE).write_text(reason)
+
+
 def request_stop(run_dir: Path) -> None:
     """Ask a running `launch()` on `run_dir` to stop: the trainer gets SIGTERM, commits its step, exits 0."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +118,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     job_path.write_text(job.model_dump_json(indent=1))
     (run_dir / "result.json").unlink(missing_ok=True)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
+    (run_dir / KILL_FILE).unlink(missing_ok=True)
     progress = run_dir / "progress.jsonl"
     offset = progress.stat().st_size if progress.exists() else 0
     args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
@@ -139,6 +151,13 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
                 offset = _tail(progress, offset, on_record)
                 if done:
                     break
+                if (run_dir / KILL_FILE).exists():
+                    reason = (run_dir / KILL_FILE).read_text(errors="replace").strip()
+                    _stop_tree(proc, grace_s=5.0)
+                    with open(log_path, "a") as lf:
+                        lf.write(f"frenzy-hang: {reason}\n")
+                    raise TrainFailed(f"trainer killed: {reason}; log: {log_path}", proc.returncode or -9,
+                                      log_path.read_text(errors="replace")[-4000:])
                 if not stop_sent and (run_dir / STOP_FILE).exists():
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGTERM)  # the ranks commit their current step and exit 0
@@ -148,6 +167,10 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
             _stop_tree(proc)
             raise
     if proc.returncode != 0:
+        if proc.returncode < 0:  # killed by a signal: say so in the log, where the diagnosis reads it
+            with open(log_path, "a") as lf:
+                lf.write(f"frenzy: trainer exited with signal {-proc.returncode} "
+                         f"({signal.Signals(-proc.returncode).name})\n")
         text = log_path.read_text(errors="replace")
         marked = [ln[len(_ERROR_MARK):] for ln in text.splitlines() if ln.startswith(_ERROR_MARK)]
         if marked:

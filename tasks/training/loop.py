@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -199,6 +200,27 @@ def _agree(d: _Dist, ok: bool) -> bool:
     return bool(t.item())
 
 
+def _fault_inject(step: int, run_dir: Path) -> None:
+    """Drills and tests, each fired once per run directory: FRENZY_FAULT_RAISE="STEP:MESSAGE" prints MESSAGE as
+    an error line and exits 1 at STEP (e.g. a CUDA error or an OOM as the real stack prints it);
+    FRENZY_FAULT_HANG="STEP" stops making progress at STEP (a hang)."""
+    for var in ("FRENZY_FAULT_RAISE", "FRENZY_FAULT_HANG"):
+        spec = os.environ.get(var)
+        if not spec:
+            continue
+        at, _, msg = spec.partition(":")
+        marker = run_dir / f".fault-{var.lower()}"
+        if step != int(at) or marker.exists():
+            continue
+        marker.write_text(str(step))
+        if var == "FRENZY_FAULT_HANG":
+            log.warning("fault injection: hanging at step %d", step)
+            while True:
+                time.sleep(3600)
+        print(msg, file=sys.stderr, flush=True)
+        os._exit(1)
+
+
 def train(opts: TrainOptions) -> dict:
     """Run (or resume) the job on this rank; returns the result record (complete on rank 0). Rank 0 holds the
     checkpoint root's writer lease (tasks/training/writer.py) from before it reads the root until it exits."""
@@ -351,6 +373,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
 
     stopped = False
     while step < t.steps:
+        _fault_inject(step, opts.run_dir)
         if lease is not None and lease.lost.is_set():  # someone took the root over: commit nothing more
             raise WriterLeaseError(f"lost the writer lease of {storage.uri} at step {step}: another trainer took "
                                    "it over; this one stops without committing (see `frenzy checkpoints`)")
