@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks.evaluation.decode import greedy
 from tasks.jobspec import ModelSpec
 from tasks.training import checkpoint as ck
 from tasks.training.data import encode
@@ -122,9 +123,26 @@ class LM:
             res.append(float(logp[i, a - 1:a - 1 + len(o)].gather(-1, idx[:, None]).sum()))
         return res
 
-    @torch.inference_mode()
     def generate(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | None = None) -> str:
         """Greedy continuation of `prompt` (left-truncated to the context), cut at the first stop string."""
+        return self.generate_batch([prompt], max_new_tokens, stop)[0]
+
+    def generate_batch(self, prompts: list[str], max_new_tokens: int = 64, stop: list[str] | None = None
+                       ) -> list[str]:
+        """Greedy continuations of many prompts at once (KV cache, left padding: `decode.greedy`)."""
+        outs = greedy(self.model, [list(encode(p)) for p in prompts], max_new_tokens,
+                      [s.encode() for s in stop] if stop else None)
+        texts = []
+        for o in outs:
+            text = bytes(o).decode("utf-8", errors="replace")
+            cut = min((text.find(s) for s in stop or [] if s in text), default=-1)
+            texts.append(text[:cut] if cut >= 0 else text)
+        return texts
+
+    @torch.inference_mode()
+    def generate_recompute(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | None = None) -> str:
+        """The same greedy continuation without a cache (the whole window per token): the reference the cached
+        engine is tested and benchmarked against."""
         toks = list(encode(prompt)[-(self.seq_len - 1):]) or [10]
         out = bytearray()
         for _ in range(max_new_tokens):

@@ -1,0 +1,117 @@
+"""Batched, KV-cached greedy decoding over Frenzy's GPT (the evaluation engine's generation path).
+
+The prompts of a batch are left-padded to one width; each row's positions count from its first real token (so
+learned and rotary position encodings see what an unpadded run sees) and its padding is masked out of every
+attention. The prompt is run once (prefill) into a key/value cache of the model's context length; each new token
+then costs one position through the network instead of the whole window. A row that would outgrow the context
+falls back to the sliding window (a full forward of the last `seq_len` tokens per step), which is what
+generation without a cache always did, so results match it token for token.
+
+This reuses the model's own modules (projections, norms, MLP), so a checkpoint's weights decode unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tasks.training.model import GPT, _cast_once, _rotate, _SwiGLUFn
+
+
+class KVCache:
+    """Keys and values of every layer for a batch: [batch, kv heads, capacity, head dim] each."""
+
+    def __init__(self, model: GPT, batch: int, capacity: int, device: torch.device, dtype: torch.dtype) -> None:
+        spec = model.spec
+        shape = (batch, spec.n_kv_heads, capacity, spec.head_dim)
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in model.blocks]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in model.blocks]
+        self.length = 0
+        self.capacity = capacity
+
+
+def _forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Logits of the last position of `idx` [b, s] (columns cache.length .. +s), filling the cache.
+    `pos` [b, s]: each token's position; `valid` [b, capacity]: which cached columns are real tokens."""
+    b, s = idx.shape
+    t0 = cache.length
+    x = model.wte(idx)
+    if model.wpe is not None:
+        x = x + model.wpe(pos)
+    rope = None
+    if model.spec.position == "rope":
+        rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None])  # [b, 1, s, hd]
+    causal = torch.ones(s, t0 + s, dtype=torch.bool, device=idx.device).tril(t0)
+    itself = torch.zeros(s, t0 + s, dtype=torch.bool, device=idx.device)
+    itself[:, t0:] = torch.eye(s, dtype=torch.bool, device=idx.device)
+    # a padding query sees only itself (no row of the mask is empty, so nothing becomes NaN); real queries never
+    # see padding keys
+    mask = (causal[None, None] & valid[:, None, None, :t0 + s]) | itself[None, None]  # [b, 1, s, t0+s]
+    hd = model.spec.head_dim
+    for i, blk in enumerate(model.blocks):
+        h = _cast_once(blk.norm1(x))
+        q = blk.q(h).view(b, s, -1, hd).transpose(1, 2)
+        k = blk.k(h).view(b, s, -1, hd).transpose(1, 2)
+        v = blk.v(h).view(b, s, -1, hd).transpose(1, 2)
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        cache.k[i][:, :, t0:t0 + s] = k
+        cache.v[i][:, :, t0:t0 + s] = v
+        kk, vv = cache.k[i][:, :, :t0 + s], cache.v[i][:, :, :t0 + s]
+        a = q.shape[1]
+        o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=kk.shape[1] != a)
+        x = x + blk.proj(o.transpose(1, 2).reshape(b, s, a * hd))
+        hn = _cast_once(blk.norm2(x))
+        u = _SwiGLUFn.apply(blk.fc1(hn), blk.fc3(hn)) if blk.fc3 is not None else \
+            F.gelu(blk.fc1(hn), approximate="tanh")
+        x = x + blk.fc2(u)
+    cache.length = t0 + s
+    return model.lm_head(model.norm_f(x[:, -1])).float()
+
+
+@torch.inference_mode()
+def greedy(model: GPT, prompts: list[list[int]], max_new_tokens: int, stop: list[bytes] | None = None,
+           pad: int = 0) -> list[list[int]]:
+    """Greedy continuations (token ids) of `prompts`, each at most `max_new_tokens` and cut after a stop
+    sequence appears (the caller trims the text at it)."""
+    if not prompts:
+        return []
+    dev = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    L = model.seq_len
+    prompts = [p[-(L - 1):] or [10] for p in prompts]
+    b, width = len(prompts), max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    idx = torch.tensor([[pad] * n + [int(t) for t in p] for n, p in zip(pads, prompts, strict=True)], device=dev,
+                       dtype=torch.long)
+    col = torch.arange(width, device=dev)[None]
+    off = torch.tensor(pads, device=dev)[:, None]
+    pos = (col - off).clamp(min=0)
+    capacity = min(L, width + max_new_tokens)
+    valid = torch.zeros(b, max(capacity, width), dtype=torch.bool, device=dev)
+    valid[:, :width] = col >= off
+    cache = KVCache(model, b, max(capacity, width), dev, dtype)
+    logits = _forward(model, idx, pos, valid, cache)
+    out: list[list[int]] = [[] for _ in range(b)]
+    done = [False] * b
+    history = [list(p) for p in prompts]
+    last_pos = pos[:, -1]
+    for _ in range(max_new_tokens):
+        nxt = logits.argmax(-1)
+        for r in range(b):
+            if not done[r]:
+                tok = int(nxt[r])
+                out[r].append(tok)
+                history[r].append(tok)
+                if stop and any(bytes(out[r]).find(s) >= 0 for s in stop):
+                    done[r] = True
+        if all(done) or len(out[0]) >= max_new_tokens:
+            break
+        if cache.length < cache.capacity and int(last_pos.max()) + 1 < L:
+            last_pos = last_pos + 1
+            valid[:, cache.length] = True
+            logits = _forward(model, nxt[:, None], last_pos[:, None], valid, cache)
+        else:  # the context is full: the sliding window, one full forward per row and step, as without a cache
+            logits = torch.stack([model.logits(torch.tensor([[int(t) for t in h[-L:]]], device=dev, dtype=torch.long))[0, -1]
+                                  for h in history])
+    return out
