@@ -25,7 +25,15 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         for k in c.kept:
             print(f"{k.line_no:>9} {'!' if k.error else ' '} {k.text}")
         return 0
-    d = diagnose_compressed(compress(p, context=args.context), log=str(p))
+    agent = None
+    if args.agent:
+        from tasks.diagnosis.agent import config_from_env
+
+        agent = config_from_env()
+        if agent is None:
+            raise ValueError("--agent: set FRENZY_DIAGNOSIS_LLM_URL (an OpenAI-compatible API, e.g. "
+                             "http://localhost:8000/v1) and FRENZY_DIAGNOSIS_LLM_MODEL")
+    d = diagnose_compressed(compress(p, context=args.context), log=str(p), agent=agent)
     if args.json:
         print(json.dumps(d.model_dump(), indent=2))
         return 0
@@ -51,3 +59,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("log", help="the run's log (e.g. RUN_DIR/train.log, a torchrun or Slurm output file)")
     sp.add_argument("--context", type=bounded_int(0, 100), default=2, help="lines kept before each error line (2)")
     sp.add_argument("--show", action="store_true", help="print the compressed log (error lines marked !) instead")
+    sp.add_argument("--agent", action="store_true",
+                    help="ask the LLM agent (FRENZY_DIAGNOSIS_LLM_URL) when no rule matches; it learns a rule")

@@ -32,6 +32,7 @@ from flows.place import LeaseLost, place, release
 from flows.plan import PlanRequest, plan_resources, plans_markdown
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
 from flows.train import TrainRequest, TrainResult, train_task
+from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.diagnosis.recovery import Action, decide
 from tasks.evaluation import history
@@ -257,7 +258,7 @@ def recover_task(job: str, log: str, offset: int, restarts_done: int, max_restar
     """Diagnose the failed attempt's part of the log, decide the action; visible as an artifact and an event."""
     with open(log, "rb") as f:
         f.seek(offset)
-        d = diagnose(f.read())
+        d = diagnose(f.read(), agent=config_from_env())  # the LLM agent only where one is configured
     d.log = log
     act = decide(d, restarts_done, max_restarts)
     create_markdown_artifact(

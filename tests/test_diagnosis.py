@@ -92,3 +92,68 @@ def test_frenzy_diagnose_json_and_text(tmp_path, capsys):
     assert main(["diagnose", str(tmp_path / "missing.log")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["diagnose", str(tmp_path)]) == 2
+
+
+class _FakeLLM:
+    """An OpenAI-compatible chat endpoint on loopback whose answers are scripted, one per request."""
+
+    def __init__(self, answers: list[dict]) -> None:
+        import http.server
+        import threading
+
+        self.answers, self.requests = list(answers), []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append((self.path, body))
+                content = json.dumps(outer.answers.pop(0)) if outer.answers else "I cannot tell."
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+
+ODD = b"[rank3]: step 812 loss 2.1\n[rank3]: gpu-b12-1: thermal slowdown engaged, clocks fell to 300 MHz (error 77)\n"
+
+
+def test_the_llm_agent_is_asked_only_without_a_rule_votes_and_teaches_a_rule(tmp_path, monkeypatch):
+    from tasks.diagnosis.agent import AgentConfig
+
+    monkeypatch.setenv("FRENZY_HOME", str(tmp_path))
+    line = "gpu-b12-1: thermal slowdown engaged, clocks fell to 300 MHz (error 77)"
+    good = {"type": "NodeFailure", "line": line, "restartable": True, "mitigation": "cordon the hot node"}
+    llm = _FakeLLM([good, {"type": "CUDAError", "line": line, "restartable": True, "mitigation": "x"}, good])
+    cfg = AgentConfig(url=llm.url, model="fake", samples=3)
+    assert diagnose(make_log("OutOfMemoryError", random.Random(1), 20).text.encode(), agent=cfg).source == "rules"
+    assert llm.requests == []  # a rule matched: the agent was not asked
+    d = diagnose(ODD, agent=cfg)
+    assert (d.type, d.source, d.rank, d.restartable) == ("NodeFailure", "agent", 3, True)
+    assert len(llm.requests) == 3 and llm.requests[0][0] == "/v1/chat/completions"
+    assert "NodeFailure (infrastructure)" in llm.requests[0][1]["messages"][0]["content"]
+    # learned: the same failure with other numbers is now a rule match, with no agent
+    again = diagnose(ODD.replace(b"300", b"450").replace(b"77", b"12"))
+    assert again.type == "NodeFailure" and again.source == "rules"
+
+
+def test_the_agent_needs_a_majority_and_a_line_that_is_in_the_log(tmp_path, monkeypatch):
+    from tasks.diagnosis.agent import AgentConfig
+
+    monkeypatch.setenv("FRENZY_HOME", str(tmp_path))
+    invented = {"type": "ECCError", "line": "Xid 48 on gpu 3", "restartable": True, "mitigation": "x"}
+    split = [{"type": "NodeFailure", "line": "thermal slowdown", "restartable": True, "mitigation": "x"},
+             {"type": "CUDAError", "line": "thermal slowdown", "restartable": True, "mitigation": "x"}, invented]
+    for answers in ([invented] * 3, split):
+        d = diagnose(ODD, agent=AgentConfig(url=_FakeLLM(answers).url, model="fake", samples=3))
+        assert d.type == "Unknown"
+    assert not (tmp_path / "diagnosis-rules.jsonl").exists()

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES
+from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES, learned_rules
 
 _NUM = re.compile(rb"(?:0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
 _DIGITS = b"0123456789"
@@ -75,9 +75,9 @@ def _mine(counts: Counter, top: int) -> list[tuple[str, int]]:
     return [(by_id[cid], n) for cid, n in weight.most_common(top)]
 
 
-def _is_rule(line: bytes) -> bool:
+def _is_rule(line: bytes, rules: list) -> bool:
     text = line.decode(errors="replace")
-    return any(r.regex.search(text) for r in RULES)
+    return any(r.regex.search(text) for r in rules)
 
 
 def _lines_with(chunk: bytes, low: bytes) -> list[int]:
@@ -107,6 +107,7 @@ def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
     """One chunk (whole lines): its error lines with context, and the rest counted by template."""
     seen: Counter = Counter()
     ruled: dict[bytes, bool] = {}
+    rules = RULES + learned_rules()
     marks: dict[int, bool] = {}  # line start -> is an error line (False: context)
     for start in _lines_with(chunk, chunk.lower()):
         end = chunk.find(b"\n", start)
@@ -115,7 +116,7 @@ def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
         seen[key] += 1
         if seen[key] > repeats:  # a recurring line: kept only if the rules know it (decided once per template)
             if key not in ruled:
-                ruled[key] = _is_rule(line)
+                ruled[key] = _is_rule(line, rules)
             if not ruled[key]:
                 continue
         marks[start] = True

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tasks.diagnosis.agent import AgentConfig, ask, learn
 from tasks.diagnosis.compress import Compressed, compress
-from tasks.diagnosis.rules import RULES, Rule
+from tasks.diagnosis.rules import RULES, Rule, learned_rules
 
 _RANK = [re.compile(p) for p in (
     r"\[(?:rank|Rank)\s*(\d+)\]", r"\[default(\d+)\]", r"\[(?:PG [^\]]*?)?Rank (\d+)\]", r"\brank\s*[:=]?\s*(\d+)\b",
@@ -55,6 +56,8 @@ class Diagnosis(BaseModel):
     kept_lines: int
     compression_ratio: float
     templates: list[tuple[str, int]]
+    source: str = "rules"
+    """rules, or agent (the LLM agent diagnosed it; its rule is learned)."""
 
 
 def _first(patterns: list[re.Pattern], text: str) -> str | None:
@@ -65,14 +68,16 @@ def _first(patterns: list[re.Pattern], text: str) -> str | None:
     return None
 
 
-def _match(text: str) -> Rule | None:
-    for r in RULES:
+def _match(text: str, rules: list[Rule]) -> Rule | None:
+    for r in rules:
         if r.regex.search(text):
             return r
     return None
 
 
-def diagnose_compressed(c: Compressed, log: str = "") -> Diagnosis:
+def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None) -> Diagnosis:
+    """The diagnosis of a compressed log; with `agent`, a log no rule explains goes to the LLM agent."""
+    rules = RULES + learned_rules()
     findings: list[tuple[Rule, Finding]] = []
     rank_host: dict[int, str] = {}
     host = None
@@ -97,7 +102,7 @@ def diagnose_compressed(c: Compressed, log: str = "") -> Diagnosis:
             block_rank = int(sr.group(1))
         if not k.error:
             continue
-        rule = _match(k.text)
+        rule = _match(k.text, rules)
         if rule is None:
             continue
         rank = _first(_RANK, k.text)
@@ -109,6 +114,15 @@ def diagnose_compressed(c: Compressed, log: str = "") -> Diagnosis:
                                        rank=rk, node=node or (rank_host.get(rk) if rk is not None else None))))
     base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
             "templates": c.templates}
+    if not findings and agent is not None:
+        verdict = ask(agent, [k.text for k in c.kept])
+        if verdict is not None:
+            learn(verdict)
+            k = next(k for k in c.kept if verdict.line in k.text)
+            return Diagnosis(category=verdict.category, type=verdict.type, root_cause_line=k.text.strip(),
+                             line_no=k.line_no, rank=int(r) if (r := _first(_RANK, k.text)) else None,
+                             node=_first(_NODE, k.text), restartable=verdict.restartable,
+                             mitigation=verdict.mitigation, evidence=[], source="agent", **base)
     if not findings:
         return Diagnosis(category="unknown", type="Unknown", root_cause_line=None, line_no=None, rank=None, node=None,
                          restartable=False, evidence=[], **base,
@@ -127,8 +141,8 @@ def diagnose_compressed(c: Compressed, log: str = "") -> Diagnosis:
                      mitigation=best_rule.mitigation, evidence=evidence, **base)
 
 
-def diagnose(source: Path | str | bytes, context: int = 2) -> Diagnosis:
-    """Diagnose a log file (or its bytes)."""
+def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None) -> Diagnosis:
+    """Diagnose a log file (or its bytes); `agent` (see tasks/diagnosis/agent.py) for logs no rule explains."""
     if not isinstance(source, bytes):
         p = Path(source)
         if not p.exists():
@@ -136,4 +150,4 @@ def diagnose(source: Path | str | bytes, context: int = 2) -> Diagnosis:
         if p.is_dir():
             raise IsADirectoryError(f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)")
     c = compress(source, context=context)
-    return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source))
+    return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent)

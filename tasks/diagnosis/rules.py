@@ -126,6 +126,26 @@ RULES: list[Rule] = [
          "a rank exited; the root cause is in the lines before"),
 ]
 
+def learned_rules() -> list[Rule]:
+    """Rules the LLM agent taught (tasks/diagnosis/agent.py), from `$FRENZY_HOME/diagnosis-rules.jsonl`; a line
+    that does not parse is skipped."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "diagnosis-rules.jsonl"
+    out = []
+    if path.is_file():
+        for ln in path.read_text(errors="replace").splitlines():
+            try:
+                d = json.loads(ln)
+                out.append(Rule(d["type"], d["category"], d["pattern"], int(d["priority"]), bool(d["restartable"]),
+                                d["mitigation"]))
+            except (ValueError, KeyError, TypeError, re.error):
+                continue
+    return out
+
+
 ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"error", b"exception", b"traceback", b"failed", b"fatal", b"killed", b"xid", b"nccl warn", b"timeout",
     b"timed out", b"refused", b"panic", b"out of memory", b"ecc", b"nvlink", b"fallen off", b"exitcode",

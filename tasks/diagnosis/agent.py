@@ -1,0 +1,126 @@
+"""The optional LLM agent: diagnoses a log no rule explains, and teaches the rule base what it found.
+
+Off unless configured: `FRENZY_DIAGNOSIS_LLM_URL` (the base URL of any OpenAI-compatible API, e.g.
+`http://localhost:8000/v1` for a local vLLM or llama.cpp server), `FRENZY_DIAGNOSIS_LLM_MODEL`, optionally
+`FRENZY_DIAGNOSIS_LLM_KEY` and `FRENZY_DIAGNOSIS_LLM_SAMPLES` (default 3). It is asked only when no rule matches,
+with the compressed log (the kept lines), for one JSON object naming the failure type (one of the rule base's),
+the root-cause line (quoted from the log), whether a restart can help and what to do. Self-consistency: several
+samples, and an answer is accepted only when a strict majority agree on the type and its line is really in the
+log. An accepted diagnosis becomes a learned rule (the line with its numbers generalised) in
+`$FRENZY_HOME/diagnosis-rules.jsonl`, which the rule base reads, so the same failure is matched without the agent
+next time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tasks.diagnosis.rules import RULES, Rule
+
+
+class AgentConfig(BaseModel):
+    url: str
+    model: str
+    api_key: str | None = None
+    samples: int = 3
+    timeout_s: float = 60.0
+
+
+class AgentVerdict(BaseModel):
+    type: str
+    category: str
+    line: str
+    restartable: bool
+    mitigation: str
+    votes: int
+    samples: int
+
+
+def config_from_env() -> AgentConfig | None:
+    url = os.environ.get("FRENZY_DIAGNOSIS_LLM_URL")
+    if not url:
+        return None
+    return AgentConfig(url=url.rstrip("/"), model=os.environ.get("FRENZY_DIAGNOSIS_LLM_MODEL", "default"),
+                       api_key=os.environ.get("FRENZY_DIAGNOSIS_LLM_KEY"),
+                       samples=int(os.environ.get("FRENZY_DIAGNOSIS_LLM_SAMPLES", "3")))
+
+
+def learned_path() -> Path:
+    return Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "diagnosis-rules.jsonl"
+
+
+_TYPES = {r.type: r for r in RULES}
+
+
+def _prompt(lines: list[str]) -> list[dict]:
+    types = ", ".join(f"{t} ({r.category})" for t, r in _TYPES.items())
+    return [{"role": "system", "content":
+             "You diagnose failed LLM training jobs from their logs. Reply with one JSON object and nothing else: "
+             '{"type": ..., "line": ..., "restartable": true|false, "mitigation": ...}. "type" is one of: '
+             f"{types}. \"line\" is the root-cause line copied exactly from the log (the first fault, not its "
+             "symptoms on other ranks)."},
+            {"role": "user", "content": "\n".join(lines[-300:])}]
+
+
+def _ask_once(cfg: AgentConfig, lines: list[str]) -> dict | None:
+    body = json.dumps({"model": cfg.model, "messages": _prompt(lines), "temperature": 0.7}).encode()
+    req = urllib.request.Request(f"{cfg.url}/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=cfg.timeout_s) as resp:
+            content = json.loads(resp.read())["choices"][0]["message"]["content"]
+        m = re.search(r"\{.*\}", content, re.S)
+        return json.loads(m.group(0)) if m else None
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def ask(cfg: AgentConfig, lines: list[str]) -> AgentVerdict | None:
+    """Ask `cfg.samples` times; the majority type wins if more than half agree and its line is in the log."""
+    answers = []
+    for _ in range(max(1, cfg.samples)):
+        a = _ask_once(cfg, lines)
+        if not a or a.get("type") not in _TYPES:
+            continue
+        line = str(a.get("line", "")).strip()
+        if not line or not any(line in ln for ln in lines):  # an invented line is no evidence
+            continue
+        answers.append({**a, "line": line})
+    if not answers:
+        return None
+    kind, votes = Counter(a["type"] for a in answers).most_common(1)[0]
+    if votes * 2 <= max(1, cfg.samples):
+        return None
+    a = next(x for x in answers if x["type"] == kind)
+    base = _TYPES[kind]
+    return AgentVerdict(type=kind, category=base.category, line=a["line"],
+                        restartable=bool(a.get("restartable", base.restartable)),
+                        mitigation=str(a.get("mitigation") or base.mitigation), votes=votes, samples=cfg.samples)
+
+
+def _generalise(line: str) -> str:
+    """A pattern for lines like this one: the rank prefix dropped, numbers and hex as wildcards."""
+    text = re.sub(r"^\s*\[(?:rank|default)\d+\]:\s*", "", line.strip())
+    out = re.escape(text)
+    return re.sub(r"(?:0x[0-9a-fA-F]+|\d+)", lambda m: r"(?:0x[0-9a-fA-F]+|\d+)", out)
+
+
+def learn(v: AgentVerdict) -> Rule:
+    """Save the accepted diagnosis as a rule (priority of its type's base rule) and return it."""
+    base = _TYPES[v.type]
+    rule = Rule(v.type, base.category, _generalise(v.line), base.priority, v.restartable, v.mitigation)
+    path = learned_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"type": v.type, "category": base.category, "pattern": rule.pattern,
+                            "priority": base.priority, "restartable": v.restartable, "mitigation": v.mitigation,
+                            "votes": v.votes, "samples": v.samples}) + "\n")
+    return rule
