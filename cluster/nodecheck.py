@@ -66,7 +66,11 @@ node = cfg["node"]
 open(cfg["ready"], "w").close()  # started (Python and torch imported): the collective's timeout runs from here
 if node in os.environ.get("FRENZY_NODECHECK_FAIL", "").split(","):
     sys.exit("injected failure on " + node)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
+dev = torch.device("cpu")
+if cfg["backend"] == "nccl":
+    dev = torch.device("cuda", cfg["rank"] % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
                         world_size=cfg["world"], timeout=__import__("datetime").timedelta(seconds=cfg["timeout"]))
 if node in os.environ.get("FRENZY_NODECHECK_HANG", "").split(","):
     time.sleep(10 ** 6)
@@ -74,21 +78,27 @@ slow = dict(x.split(":") for x in os.environ.get("FRENZY_NODECHECK_SLOW", "").sp
 t0 = time.perf_counter()
 if node in slow:
     time.sleep(float(slow[node]))
-out = [torch.zeros(4) for _ in range(cfg["world"])]
-dist.all_gather(out, torch.full((4,), float(cfg["rank"])))
+out = [torch.zeros(4, device=dev) for _ in range(cfg["world"])]
+dist.all_gather(out, torch.full((4,), float(cfg["rank"]), device=dev))
 assert [int(t[0]) for t in out] == list(range(cfg["world"])), "all_gather returned wrong data"
-x = torch.ones(cfg["probe_mb"] * 262144)
+x = torch.ones(cfg["probe_mb"] * 262144, device=dev)
 dist.all_reduce(x)
 assert float(x[0]) == cfg["world"], "all_reduce returned wrong data"
+if dev.type == "cuda":
+    torch.cuda.synchronize()
 print(json.dumps({"node": node, "seconds": time.perf_counter() - t0}), flush=True)
 dist.destroy_process_group()
 """
 
 
-def local_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 300.0) -> Probe:
-    """A probe that runs one process per node on this machine (gloo over loopback). `timeout_s` bounds the
-    collective, counted once every member has started; `startup_s` bounds the start (a busy host is slow to
-    start many Python processes, which says nothing about the nodes)."""
+def local_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 300.0,
+                backend: str = "gloo") -> Probe:
+    """A probe that runs one process per node on this machine (gloo over loopback; `backend="nccl"` puts each
+    process on a GPU, round robin). `timeout_s` bounds the collective, counted once every member has started;
+    `startup_s` bounds the start (a busy host is slow to start many Python processes, which says nothing about
+    the nodes)."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend {backend!r}: gloo or nccl")
 
     def run(group: Sequence[str]) -> GroupRun:
         import tempfile
@@ -97,7 +107,7 @@ def local_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 
         marks = Path(tempfile.mkdtemp(prefix="frenzy-nodecheck-"))
         procs = [subprocess.Popen([sys.executable, "-c", _WORKER,
                                    json.dumps({"node": n, "rank": i, "world": len(group), "port": port,
-                                               "probe_mb": probe_mb, "timeout": timeout_s,
+                                               "probe_mb": probe_mb, "timeout": timeout_s, "backend": backend,
                                                "ready": str(marks / f"{i}.ready")})],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for i, n in enumerate(group)]

@@ -126,7 +126,7 @@ def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
     if args.cordon and (unknown := [n for n in names if n not in known]):
         raise ValueError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
     print(f"checking {len(names)} nodes in pairs (each probe a local process here)...", file=sys.stderr, flush=True)
-    res = check_nodes(names, probe=local_probe(timeout_s=args.timeout))
+    res = check_nodes(names, probe=local_probe(timeout_s=args.timeout, backend=args.backend))
     if args.cordon:
         res.cordoned = cordon_faulty(ledger, res)
 
@@ -357,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cordon", action="store_true", help="check: cordon the faulty nodes in the ledger")
     sp.add_argument("--timeout", type=bounded_float(1.0, 3600.0), default=30.0,
                     help="check: seconds a pair's collective may take before it counts as failed (30)")
+    sp.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                    help="check: collective backend (nccl: on GPUs, one per probe process)")
     sp.add_argument("node", nargs="?", help="node name (cordon, uncordon)")
     sp.add_argument("--cluster", default="local", help="cluster preset or YAML for init (default local)")
     sp.add_argument("--reason", default="", help="why the node is cordoned (kept in the ledger)")

@@ -167,6 +167,9 @@ class TrainingSpec(_Strict):
     selective checkpointing)."""
     attention: Literal["flash", "math"] = "flash"
     """`flash`: fused attention that never stores the s x s score matrix; `math`: materialised softmax."""
+    compile: bool = False
+    """`torch.compile` each transformer block (as torchtitan does): fused kernels for a compile time at start;
+    state dicts and checkpoints are unchanged."""
     steps: int = Field(1000, ge=1, le=10**9)
     """Optimizer steps to train."""
     lr: float = Field(3e-4, gt=0)

@@ -62,3 +62,11 @@ def test_nccl_ddp_trains_the_same_model_as_one_gpu(tmp_path):
     a, b = (ck.read_full(Storage(u), ck.read_manifest(Storage(u), 10)) for u in (one, ddp))
     for k, v in b.items():
         torch.testing.assert_close(v, a[k], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="an NCCL pair needs two GPUs")
+def test_the_node_check_runs_nccl_pairs():
+    from cluster.nodecheck import check_nodes, local_probe
+
+    r = check_nodes(["g0", "g1", "g2", "g3"], probe=local_probe(probe_mb=64, timeout_s=60, backend="nccl"))
+    assert r.faulty == [] and r.unverified == [] and all(g.ok for g in r.rounds[0])

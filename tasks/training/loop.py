@@ -259,6 +259,9 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         model = model.to(torch.bfloat16)
     core = model
     model = _wrap(model, job, d, dev)
+    if t.compile:  # per block, in place: parameter names (and so checkpoints) stay those of the eager model
+        for block in core.blocks:
+            block.compile()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = _optimizer(params, t, plain=d.tp == 1 and t.zero_stage != 3)
     amp_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(t.precision)
