@@ -411,8 +411,9 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         scaler.unscale_(optimizer)
         max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
         gnorm = clip_grad_norm(params, max_norm) if d.tp > 1 else torch.nn.utils.clip_grad_norm_(params, max_norm)
-        last_loss, last_gnorm = float(loss_sum), float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor")
-                                                       else gnorm)
+        g = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+        # the step's one host sync: the spike check needs loss and grad norm before the update
+        last_loss, last_gnorm = torch.stack([loss_sum.float(), g.float().to(loss_sum.device)]).tolist()
         verdict = detector.check(last_loss, last_gnorm)
         if verdict.spike:
             tracer.drop(step + 1)
