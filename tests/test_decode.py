@@ -40,3 +40,12 @@ def test_stop_sequences_cut_each_row():
     full = lm.generate_recompute("abc", 40)
     stop = full[5:7]
     assert stop and lm.generate_batch(["abc", "abc"], 40, stop=[stop]) == [full[:full.find(stop)]] * 2
+
+
+def test_a_generation_dataset_decodes_its_chunk_in_batches_with_the_same_predictions():
+    from tasks.evaluation.datasets import EvalContext, HumanEval
+
+    lm = _lm({"preset": "gpt-tiny"}, seq_len=512)
+    ds = HumanEval({"max_new_tokens": 24, "batch": 4}, EvalContext(seq_len=512))
+    examples = [ds.example(i) for i in range(6)]  # two batches: 4 and 2
+    assert ds.infer_batch(lm, examples) == [ds.infer(lm, ex) for ex in examples]

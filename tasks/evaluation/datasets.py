@@ -73,6 +73,27 @@ class EvalDataset(ABC):
     @abstractmethod
     def infer(self, lm: LM, ex: dict) -> dict: ...
 
+    def infer_batch(self, lm: LM, examples: list[dict]) -> list[dict]:
+        """Predictions for a trial's chunk of examples; generation datasets override it to decode the chunk in
+        batches (`LM.generate_batch`), scoring ones keep one example at a time."""
+        return [self.infer(lm, ex) for ex in examples]
+
+    def _generate_batch(self, lm: LM, examples: list[dict], max_new: int, stops: list[list[str]]) -> list[dict]:
+        """Generation over `examples` in batches of `options.batch` (16) sharing a stop list; same tokens as
+        one prompt at a time (tests/test_decode.py)."""
+        size = int(self.options.get("batch", 16))
+        out: list[dict | None] = [None] * len(examples)
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for i, st in enumerate(stops):
+            groups.setdefault(tuple(st), []).append(i)
+        for st, idx in groups.items():
+            for k in range(0, len(idx), size):
+                part = idx[k:k + size]
+                texts = lm.generate_batch([examples[i]["prompt"] for i in part], max_new, stop=list(st))
+                for i, t in zip(part, texts, strict=True):
+                    out[i] = {"text": t}
+        return out  # type: ignore[return-value]
+
     @abstractmethod
     def score(self, ex: dict, prediction: dict) -> dict[str, float]: ...
 
@@ -180,6 +201,9 @@ class HeldoutLine(_Heldout):
     def infer(self, lm: LM, ex: dict) -> dict:
         return {"text": lm.generate(ex["prompt"], int(self.options.get("max_new_tokens", 48)), stop=["\n"])}
 
+    def infer_batch(self, lm: LM, examples: list[dict]) -> list[dict]:
+        return self._generate_batch(lm, examples, int(self.options.get("max_new_tokens", 48)), [["\n"]] * len(examples))
+
     def score(self, ex: dict, prediction: dict) -> dict[str, float]:
         got, want = prediction["text"].rstrip(), ex["answer"].rstrip()
         common = next((k for k, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
@@ -239,6 +263,12 @@ class HumanEval(EvalDataset):
             return {"text": ex["reference"]}
         return {"text": lm.generate(ex["prompt"], int(self.options.get("max_new_tokens", 96)), stop=_STOPS)}
 
+    def infer_batch(self, lm: LM, examples: list[dict]) -> list[dict]:
+        if self.options.get("reference"):
+            return [self.infer(lm, ex) for ex in examples]
+        return self._generate_batch(lm, examples, int(self.options.get("max_new_tokens", 96)),
+                                    [_STOPS] * len(examples))
+
     def score(self, ex: dict, prediction: dict) -> dict[str, float]:
         program = f"{ex['prompt']}{prediction['text']}\n\n{ex['test']}\n\ncheck({ex['entry_point']})\n"
         return exec_score(program, float(self.options.get("timeout_s", 3.0)), bool(self.options.get("allow_unisolated")))
@@ -280,6 +310,12 @@ class JsonlDataset(EvalDataset):
             return {"logliks": lm.logliks(ex["prompt"], ex["choices"])}
         stop = ex.get("stop", ["\n"] if self.mode == "gen" else _STOPS)
         return {"text": lm.generate(ex["prompt"], int(self.options.get("max_new_tokens", 48)), stop=stop)}
+
+    def infer_batch(self, lm: LM, examples: list[dict]) -> list[dict]:
+        if self.mode == "ppl":
+            return [self.infer(lm, ex) for ex in examples]
+        stops = [ex.get("stop", ["\n"] if self.mode == "gen" else _STOPS) for ex in examples]
+        return self._generate_batch(lm, examples, int(self.options.get("max_new_tokens", 48)), stops)
 
     def score(self, ex: dict, prediction: dict) -> dict[str, float]:
         if self.mode == "ppl":
