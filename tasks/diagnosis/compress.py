@@ -1,28 +1,26 @@
 """Log compression: drop the regular lines (metrics, init, framework chatter), keep the error lines and their
 context, and say which templates were dropped.
 
-A training log is millions of lines that differ only in their numbers. The compressor masks the numbers (one
-regular-expression pass over each chunk, in C), counts the masked lines, and mines templates from the distinct
-ones with Drain3 (streaming template mining; a maintained library), so Drain3 sees hundreds of lines, not
-millions. Error lines are kept with `context` lines before each: a line that looks like an error
-(`rules.ERROR_HINT`) and matches a rule, or one that matches none but whose template is rare (a line such as
-"eval error rate 0.12" that recurs with every eval is regular, kept only the first `repeats` times); everything
-else is counted under its template. Work is in chunks of bytes: memory stays bounded and a 100 MB log compresses in seconds.
+A training log is millions of lines that differ only in their numbers. Candidate error lines are found by
+keyword (`rules.ERROR_KEYWORDS`, each located with `bytes.find`, in C); a candidate is kept with `context` lines
+before it when a rule matches it, or when its template (digits ignored) is still rare: a line such as "eval error
+rate 0.12" that recurs with every eval is regular, kept only the first `repeats` times per chunk. Everything else
+is counted under its template (digits mapped to 0 by one `bytes.translate` pass), and Drain3 (streaming template
+mining; a maintained library) mines the distinct ones, so it sees hundreds of lines, not millions. Files are
+read in chunks of about 8 MB that end at line ends; files of 32 MB and more are compressed by one process per
+core, a chunk each (forkserver, so a threaded caller such as a Prefect flow is safe).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES, learned_rules
 
-_NUM = re.compile(rb"(?:0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
 _DIGITS = b"0123456789"
 _ZERO = bytes.maketrans(_DIGITS, b"0" * 10)
 CHUNK = 8 << 20
@@ -197,7 +195,3 @@ def compress(source: Path | str | bytes, context: int = 2, top_templates: int = 
     templates = _mine(dropped, top_templates) if dropped else []
     return Compressed(kept, lines, sum(p.bytes for p in parts), sum(p.kept_bytes for p in parts),
                       time.perf_counter() - t0, templates)
-
-
-def kept_text(c: Compressed) -> Iterable[tuple[int, str]]:
-    return ((k.line_no, k.text) for k in c.kept)

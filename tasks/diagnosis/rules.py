@@ -154,5 +154,3 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"exited with signal")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match."""
-
-ERROR_HINT = re.compile("(?i)" + "|".join(re.escape(k.decode()) for k in ERROR_KEYWORDS))
