@@ -10,16 +10,11 @@ from flows.cli_types import bounded_int
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from tasks.diagnosis.compress import compress
-    from tasks.diagnosis.diagnose import diagnose_compressed
+    from tasks.diagnosis.diagnose import check_log, diagnose_compressed
 
-    p = Path(args.log)
-    if not p.exists():
-        raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
-    if p.is_dir():
-        raise IsADirectoryError(None, None, str(p))
+    p = check_log(args.log)
     if args.show:
         c = compress(p, context=args.context)
         for k in c.kept:

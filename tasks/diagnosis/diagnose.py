@@ -141,13 +141,17 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                      mitigation=best_rule.mitigation, evidence=evidence, **base)
 
 
+def check_log(path: Path | str) -> Path:
+    """The log file at `path`, or an error that says what to give instead."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
+    if p.is_dir():
+        raise IsADirectoryError(None, f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)", str(p))
+    return p
+
+
 def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None) -> Diagnosis:
     """Diagnose a log file (or its bytes); `agent` (see tasks/diagnosis/agent.py) for logs no rule explains."""
-    if not isinstance(source, bytes):
-        p = Path(source)
-        if not p.exists():
-            raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
-        if p.is_dir():
-            raise IsADirectoryError(f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)")
-    c = compress(source, context=context)
+    c = compress(source if isinstance(source, bytes) else check_log(source), context=context)
     return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent)

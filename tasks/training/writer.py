@@ -126,7 +126,8 @@ class WriterLease:
 
     def release(self) -> None:
         with contextlib.suppress(Exception):
-            if self.current() is not None and self.current().owner == self.me.owner:  # type: ignore[union-attr]
+            cur = self.current()
+            if cur is not None and cur.owner == self.me.owner:
                 self.storage.delete(LEASE_KEY)
 
     # -- heartbeat ------------------------------------------------------------------------------------------
