@@ -12,11 +12,12 @@ from typing import Any, get_args
 from cluster.catalog import CatalogError, default_catalog
 from cluster.inventory import PRESETS, InventoryError, load_cluster
 from cluster.traces import POLICIES, REFERENCE_GPU
+from flows.cli_data import add_commands as add_data_commands
 from flows.cli_diagnose import add_commands as add_diagnose_commands
 from flows.cli_eval import add_commands as add_eval_commands
 from flows.cli_submit import add_commands as add_submit_commands
 from flows.cli_types import bounded_float, bounded_int
-from tasks.jobspec import JobSpecError, load_job
+from tasks.jobspec import JobSpec, JobSpecError, load_job, parse_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
 from tasks.planning.plans import InfeasibleJobError, RankBy
@@ -43,10 +44,30 @@ def _emit(args: argparse.Namespace, doc: Any, human: Callable[[], str]) -> None:
         print(human())
 
 
+def _job_or_model_dir(args: argparse.Namespace) -> JobSpec:
+    """A job YAML, or a Hugging Face model directory planned as a job (with --seq-len / --global-batch)."""
+    from pathlib import Path
+
+    p = Path(args.job).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        from tasks.hf.config import max_positions
+
+        job = parse_job({"name": p.resolve().name[:128] or "model", "model": {"hf": str(p)},
+                         "training": {"seq_len": args.seq_len or min(max_positions(p), 4096),
+                                      "global_batch": args.global_batch or 8}}, str(p))
+    else:
+        job = load_job(args.job)
+        if args.seq_len:
+            job.training.seq_len = args.seq_len
+        if args.global_batch:
+            job.training.global_batch = args.global_batch
+    return job
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from tasks.planning.plans import plan_resources
 
-    job = load_job(args.job)
+    job = _job_or_model_dir(args)
     cluster = load_cluster(args.cluster)
     plans = plan_resources(job, cluster, rank_by=args.rank_by, margin=args.margin, top=args.top)
     doc = {"job": job.name, "model": job.model.display_name, "cluster": cluster.name, "rank_by": args.rank_by,
@@ -329,7 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     sp = add("plan", cmd_plan, "Rank the GPU types and counts that can train a job (MARP).")
-    sp.add_argument("job", help="job YAML file")
+    sp.add_argument("job", help="job YAML file, or a Hugging Face model directory (config.json)")
+    sp.add_argument("--seq-len", type=bounded_int(1, 1 << 22), help="override training.seq_len (a model directory: "
+                    "default its context, at most 4096)")
+    sp.add_argument("--global-batch", type=bounded_int(1, 1 << 22),
+                    help="override training.global_batch (a model directory: default 8)")
     sp.add_argument("--cluster", default=EXAMPLE_CLUSTER,
                     help=f"cluster YAML file or preset ({', '.join(PRESETS)}, local); default {EXAMPLE_CLUSTER}")
     sp.add_argument("--rank-by", choices=list(get_args(RankBy)), default="gpu_seconds",
@@ -433,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_submit_commands(add)
     add_diagnose_commands(add)
     add_eval_commands(add)
+    add_data_commands(add)
     add("gpus", cmd_gpus, "List the GPU catalog.")
     add("presets", cmd_presets, "List the built-in model presets.")
     return p

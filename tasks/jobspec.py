@@ -22,7 +22,21 @@ class _Strict(BaseModel):
 PresetName = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
 # the explicit shape a model without a preset must give, and the defaults of the optional style fields
 _REQUIRED_SHAPE = ("layers", "hidden", "heads", "vocab")
-_STYLE_DEFAULTS: dict[str, Any] = dict(mlp="gelu", norm="layernorm", tied_embeddings=True, position="learned", bias=True)
+_STYLE_DEFAULTS: dict[str, Any] = dict(mlp="gelu", norm="layernorm", tied_embeddings=True, position="learned", bias=True,
+                                       rope_theta=10000.0, norm_eps=1e-5)
+
+
+class RopeScalingSpec(_Strict):
+    """Llama 3.1's frequency-dependent RoPE scaling (`rope_scaling: {rope_type: llama3, ...}` in config.json)."""
+
+    factor: float = Field(8.0, gt=0)
+    """Low frequencies are divided by this."""
+    low_freq_factor: float = Field(1.0, gt=0)
+    """Wavelengths above original_max_position / low_freq_factor are fully scaled."""
+    high_freq_factor: float = Field(4.0, gt=0)
+    """Wavelengths below original_max_position / high_freq_factor are kept."""
+    original_max_position: int = Field(8192, ge=1)
+    """The context length the model was pretrained at."""
 
 
 class ModelSpec(_Strict):
@@ -31,6 +45,10 @@ class ModelSpec(_Strict):
 
     preset: PresetName | None = None
     """Name of a built-in model (see `frenzy presets`); fields given below override it."""
+    hf: str | None = None
+    """A Hugging Face model directory (config.json + safetensors; Llama, Qwen2, Mistral or GPT-2 architecture):
+    the shape comes from its config, training starts from its weights and its tokenizer.json is the default
+    tokenizer. Fields given below override the config (not the weights' shapes)."""
     layers: int | None = Field(None, ge=1)
     """Number of transformer blocks (empty: the preset's)."""
     hidden: int | None = Field(None, ge=8)
@@ -55,6 +73,14 @@ class ModelSpec(_Strict):
     else learned."""
     bias: bool | None = None
     """Biases in linear and norm layers (GPT-2, BERT: yes; Llama: no); empty: the preset's, else yes."""
+    qkv_bias: bool | None = None
+    """Biases on the query/key/value projections alone (Qwen2: yes); empty: the same as `bias`."""
+    rope_theta: float | None = Field(None, gt=0)
+    """Rotary base frequency (Llama 2: 10000, Llama 3: 500000, Qwen2: 1000000); empty: the preset's, else 10000."""
+    rope_scaling: RopeScalingSpec | None = None
+    """Llama 3.1-style RoPE scaling; empty: none."""
+    norm_eps: float | None = Field(None, gt=0)
+    """Epsilon of the norm layers (GPT-2: 1e-5, Llama 2: 1e-5, Qwen2: 1e-6); empty: the preset's, else 1e-5."""
 
     @model_validator(mode="before")
     @classmethod
@@ -64,6 +90,13 @@ class ModelSpec(_Strict):
         if not isinstance(data, dict):
             return data
         given = {k: v for k, v in data.items() if v is not None}
+        if given.get("hf"):
+            from tasks.hf.config import spec_fields_from_hf  # reads config.json only; no torch, no transformers
+
+            fields = spec_fields_from_hf(given["hf"])
+            if given.get("preset"):
+                raise ValueError("give either `preset` or `hf`, not both")
+            return {**_STYLE_DEFAULTS, **fields, **given}
         name = given.get("preset")
         if name:
             if name not in MODEL_PRESETS:
@@ -100,8 +133,19 @@ class ModelSpec(_Strict):
         return 256 * ((int(2 * 4 * self.hidden / 3) + 255) // 256)
 
     @property
+    def attn_bias(self) -> bool:
+        """Whether the q/k/v projections carry biases."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
     def display_name(self) -> str:
+        if self.hf:
+            return Path(self.hf).name or self.hf
         return self.preset or f"custom-L{self.layers}-h{self.hidden}"
+
+    def shape_dump(self) -> dict[str, Any]:
+        """The shape alone (no preset name or source directory): what checkpoints record and compare."""
+        return self.model_dump(exclude={"preset", "hf"})
 
 
 class CheckpointSpec(_Strict):
@@ -118,12 +162,16 @@ class CheckpointSpec(_Strict):
 class DataSpec(_Strict):
     """Training data."""
 
-    source: Literal["builtin", "text"] = "builtin"
-    """`builtin`: the offline corpus Frenzy ships; `text`: a local UTF-8 file or directory given by `path`."""
+    source: Literal["builtin", "text", "jsonl", "parquet", "tokens"] = "builtin"
+    """`builtin`: the offline corpus Frenzy ships; `text`: UTF-8 files; `jsonl`/`parquet`: one document per row
+    (`text_field`); `tokens`: pre-tokenized shards (`.bin` as nanoGPT/llm.c or `frenzy data prepare` write)."""
     path: str | None = None
-    """Path of the text corpus when `source` is `text`."""
-    tokenizer: Literal["byte"] = "byte"
-    """Byte-level tokenizer (vocab 256)."""
+    """A file, directory or glob, local or `s3://bucket/prefix`, for every source but `builtin`."""
+    text_field: str = "text"
+    """The field (jsonl) or column (parquet) that holds each document's text."""
+    tokenizer: str | None = None
+    """`byte` (UTF-8 bytes, vocab 256), a tokenizer.json, or a directory holding one (a Hugging Face model);
+    empty: the model's own when `model.hf` is given, else `byte`."""
     inject_spike_steps: list[int] = Field(default_factory=list)
     """Fault injection for drills and tests: the batches an uninterrupted run would train on at these steps
     are replaced by random bytes (a loss spike)."""

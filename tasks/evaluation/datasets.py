@@ -48,6 +48,8 @@ class EvalContext:
 
     seq_len: int = 128
     data: dict | None = None
+    tokenizer: str | None = None
+    """A local tokenizer.json or model directory (engine.tokenizer_path); None: byte-level."""
 
 
 class EvalDataset(ABC):
@@ -110,12 +112,13 @@ class _Heldout(EvalDataset):
 
     @cached_property
     def text(self) -> np.ndarray:
+        """The held-out text as UTF-8 bytes (the decoded held-out tokens under a non-byte tokenizer)."""
         from tasks.jobspec import DataSpec
-        from tasks.training.data import load_corpus, split
+        from tasks.training.data import held_out_text
+        from tasks.training.tokenizer import load_tokenizer
 
         spec = DataSpec.model_validate(self.ctx.data or {})
-        _, held = split(load_corpus(spec))
-        return np.asarray(held)
+        return held_out_text(spec, load_tokenizer(self.ctx.tokenizer))
 
     def __len__(self) -> int:
         return int(self.options.get("examples", self.default_examples))
@@ -137,14 +140,28 @@ class HeldoutLoss(_Heldout):
         return {"id": i, "offset": self._offset(i, w), "width": w}
 
     def infer(self, lm: LM, ex: dict) -> dict:
-        nll, n = lm.nll(self.text[ex["offset"]:ex["offset"] + ex["width"]])
-        return {"nll": nll, "tokens": n}
+        return self.infer_batch(lm, [ex])[0]
+
+    def infer_batch(self, lm: LM, examples: list[dict]) -> list[dict]:
+        """One batched forward pass per `options.batch` (16) windows. Under the byte tokenizer a window is its
+        tokens; otherwise its text is tokenized (the first byte of a window predicts nothing, as the first token)."""
+        windows = [np.asarray(self.text[ex["offset"]:ex["offset"] + ex["width"]]) for ex in examples]
+        if lm.tok.name == "byte":
+            rows, nbytes = windows, [len(w) - 1 for w in windows]
+        else:
+            texts = [bytes(w).decode("utf-8", errors="ignore") for w in windows]
+            rows = [lm.encode(t) for t in texts]
+            nbytes = [len(t.encode("utf-8")) for t in texts]
+        res = lm.nll_batch(rows, int(self.options.get("batch", 16)))
+        return [{"nll": nll, "tokens": n, "bytes": b} for (nll, n), b in zip(res, nbytes, strict=True)]
 
     def score(self, ex: dict, prediction: dict) -> dict[str, float]:
-        return {"nll": prediction["nll"], "tokens": prediction["tokens"]}
+        return {"nll": prediction["nll"], "tokens": prediction["tokens"],
+                "bytes": prediction.get("bytes", prediction["tokens"])}
 
     def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
-        return perplexity(sum(s["nll"] for s in scores), int(sum(s["tokens"] for s in scores)))
+        return perplexity(sum(s["nll"] for s in scores), int(sum(s["tokens"] for s in scores)),
+                          int(sum(s.get("bytes", s["tokens"]) for s in scores)))
 
 
 class HeldoutCloze(_Heldout):
@@ -171,6 +188,10 @@ class HeldoutCloze(_Heldout):
 
     def infer(self, lm: LM, ex: dict) -> dict:
         return {"logliks": lm.logliks(ex["context"], ex["choices"])}
+
+    def infer_batch(self, lm: LM, examples: list[dict]) -> list[dict]:
+        res = lm.logliks_batch([(ex["context"], ex["choices"]) for ex in examples], int(self.options.get("batch", 32)))
+        return [{"logliks": r} for r in res]
 
     def score(self, ex: dict, prediction: dict) -> dict[str, float]:
         return {"accuracy": float(int(np.argmax(prediction["logliks"])) == ex["label"])}
@@ -313,7 +334,8 @@ class JsonlDataset(EvalDataset):
 
     def infer_batch(self, lm: LM, examples: list[dict]) -> list[dict]:
         if self.mode == "ppl":
-            return [self.infer(lm, ex) for ex in examples]
+            res = lm.logliks_batch([(ex["prompt"], ex["choices"]) for ex in examples], int(self.options.get("batch", 32)))
+            return [{"logliks": r} for r in res]
         stops = [ex.get("stop", ["\n"] if self.mode == "gen" else _STOPS) for ex in examples]
         return self._generate_batch(lm, examples, int(self.options.get("max_new_tokens", 48)), stops)
 

@@ -12,6 +12,8 @@ This reuses the model's own modules (projections, norms, MLP), so a checkpoint's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -70,16 +72,18 @@ def _forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, valid: torch.Tens
 
 
 @torch.inference_mode()
-def greedy(model: GPT, prompts: list[list[int]], max_new_tokens: int, stop: list[bytes] | None = None,
-           pad: int = 0) -> list[list[int]]:
-    """Greedy continuations (token ids) of `prompts`, each at most `max_new_tokens` and cut after a stop
-    sequence appears (the caller trims the text at it)."""
+def greedy(model: GPT, prompts: list[list[int]], max_new_tokens: int,
+           stop: Callable[[list[int]], bool] | None = None, pad: int = 0, eos: int | None = None,
+           empty: int = 10) -> list[list[int]]:
+    """Greedy continuations (token ids) of `prompts`, each at most `max_new_tokens`; a row ends once `stop(its new
+    tokens)` is true (the caller trims the text at the stop string) or it produced `eos`. An empty prompt starts
+    from the token `empty`."""
     if not prompts:
         return []
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     L = model.seq_len
-    prompts = [p[-(L - 1):] or [10] for p in prompts]
+    prompts = [p[-(L - 1):] or [empty] for p in prompts]
     b, width = len(prompts), max(len(p) for p in prompts)
     pads = [width - len(p) for p in prompts]
     idx = torch.tensor([[pad] * n + [int(t) for t in p] for n, p in zip(pads, prompts, strict=True)], device=dev,
@@ -103,7 +107,7 @@ def greedy(model: GPT, prompts: list[list[int]], max_new_tokens: int, stop: list
                 tok = int(nxt[r])
                 out[r].append(tok)
                 history[r].append(tok)
-                if stop and any(bytes(out[r]).find(s) >= 0 for s in stop):
+                if tok == eos or (stop is not None and stop(out[r])):
                     done[r] = True
         if all(done) or len(out[0]) >= max_new_tokens:
             break

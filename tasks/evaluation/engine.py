@@ -1,13 +1,16 @@
-"""The inference side of a trial: a checkpointed model loaded for scoring and greedy generation.
+"""The inference side of a trial: a model loaded for batched scoring and batched greedy generation.
 
-Models come from a checkpoint (`load_remote`: storage URI, manifest-verified shards, any training layout) or
-from the node's shared-memory copy a precursor made (`load_shm`). Tokens are UTF-8 bytes, as in training.
+Models come from a checkpoint (`load_remote`: storage URI, manifest-verified shards, any training layout), from a
+Hugging Face model directory (config.json + safetensors), or from the node's shared-memory copy a precursor made
+(`load_shm`). Text goes through the tokenizer the model was trained with (the checkpoint root's tokenizer.json,
+the model directory's, or UTF-8 bytes).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +19,55 @@ import torch
 from tasks.evaluation.decode import greedy
 from tasks.jobspec import ModelSpec
 from tasks.training import checkpoint as ck
-from tasks.training.data import encode
+from tasks.training.data import cache_dir
 from tasks.training.model import GPT
 from tasks.training.storage import Storage
+from tasks.training.tokenizer import Tokenizer, load_tokenizer
+
+#: The context a Hugging Face model is evaluated at when its config allows more (rotary tables are this long).
+HF_EVAL_SEQ_LEN = 4096
 
 
 class ModelInfo(dict):
-    """What a trial needs besides weights: the model spec, context length, data spec, step, run (JSON)."""
+    """What a trial needs besides weights: the model spec, context length, data spec, step, run, and where the
+    tokenizer is (`tokenizer_root` + `tokenizer`: a storage root and key, or None + a local path; None: bytes)."""
+
+
+def is_hf_dir(uri: str) -> bool:
+    """A local Hugging Face model directory (evaluated as step 0 of a run named after it)."""
+    p = Path(uri.removeprefix("file://")).expanduser()
+    return "://" not in uri.removeprefix("file://") and p.is_dir() and (p / "config.json").is_file()
+
+
+def hf_info(folder: str) -> ModelInfo:
+    from tasks.hf.config import max_positions
+
+    p = Path(folder.removeprefix("file://")).expanduser().resolve()
+    spec = ModelSpec(hf=str(p))
+    tok = str(p) if (p / "tokenizer.json").is_file() else None
+    return ModelInfo(model=spec.shape_dump(), seq_len=min(max_positions(p), HF_EVAL_SEQ_LEN), data=None, step=0,
+                     run=p.name, tokenizer_root=None, tokenizer=tok, source=str(p))
+
+
+def tokenizer_path(info: ModelInfo) -> str | None:
+    """A local tokenizer.json (or model directory) for `info`, fetched from the checkpoint root once and cached by
+    its content-addressed key; None for the byte tokenizer."""
+    key, root = info.get("tokenizer"), info.get("tokenizer_root")
+    if not key:
+        return None
+    if root is None:
+        return key
+    dest = cache_dir() / "tokenizers" / key
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(Storage(root).read(key))
+        os.replace(tmp, dest)
+    return str(dest)
+
+
+def load_info_tokenizer(info: ModelInfo) -> Tokenizer:
+    return load_tokenizer(tokenizer_path(info))
 
 
 def split_uri(uri: str) -> tuple[str, int | None]:
@@ -50,15 +95,23 @@ def resolve_manifest(uri: str) -> tuple[Storage, ck.Manifest]:
     return storage, m
 
 
-def model_info(m: ck.Manifest) -> ModelInfo:
+def model_info(m: ck.Manifest, storage: Storage | None = None) -> ModelInfo:
     fp = m.fingerprint
-    return ModelInfo(model=fp["model"], seq_len=fp["seq_len"], data=m.trainer.get("data"), step=m.step, run=m.run)
+    key = m.trainer.get("tokenizer")
+    return ModelInfo(model=fp["model"], seq_len=fp["seq_len"], data=m.trainer.get("data"), step=m.step, run=m.run,
+                     tokenizer_root=storage.uri if key and storage is not None else None, tokenizer=key)
 
 
 def load_remote(uri: str) -> tuple[dict[str, torch.Tensor], ModelInfo]:
-    """Full weights and model info from storage (every shard's sha256 is checked)."""
+    """Full weights and model info from storage (every shard's sha256 is checked), or from a Hugging Face model
+    directory."""
+    if is_hf_dir(uri):
+        from tasks.hf.convert import load_hf_state
+
+        info = hf_info(uri)
+        return load_hf_state(info["source"], ModelSpec.model_validate(info["model"]), int(info["seq_len"])), info
     storage, m = resolve_manifest(uri)
-    return ck.read_full(storage, m), model_info(m)
+    return ck.read_full(storage, m), model_info(m, storage)
 
 
 def write_shm(state: dict[str, torch.Tensor], info: ModelInfo, dest: Path) -> int:
@@ -78,7 +131,7 @@ def load_shm(src: Path) -> tuple[dict[str, torch.Tensor], ModelInfo]:
 
 
 class LM:
-    """Greedy generation and log-likelihoods over a byte-level GPT."""
+    """Batched greedy generation and batched log-likelihoods over Frenzy's GPT, through the model's tokenizer."""
 
     def __init__(self, state: dict[str, torch.Tensor], info: ModelInfo, device: str = "cpu") -> None:
         spec = ModelSpec.model_validate(info["model"])
@@ -91,6 +144,10 @@ class LM:
             raise ValueError(f"checkpoint does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
         self.model.to(self.device).eval()
         self.info = info
+        self.tok = load_info_tokenizer(info)
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tok.encode(text)]
 
     @torch.inference_mode()
     def nll(self, tokens: np.ndarray) -> tuple[float, int]:
@@ -101,63 +158,118 @@ class LM:
         return float(nll), int(t.shape[1] - 1)
 
     @torch.inference_mode()
-    def logliks(self, context: str, choices: list[str]) -> list[float]:
-        """log P(choice | context) for each choice, scored in one batch (context left-truncated to fit)."""
-        ctx = encode(context)
-        outs = [encode(c) for c in choices]
-        longest = max(len(o) for o in outs)
-        if longest >= self.seq_len:
-            raise ValueError(f"a choice of {longest} bytes does not fit the model's context of {self.seq_len}")
-        ctx = ctx[-(self.seq_len - longest):] if len(ctx) + longest > self.seq_len else ctx
-        rows = [np.concatenate([ctx, o]) for o in outs]
-        width = max(len(r) for r in rows)
-        batch = np.zeros((len(rows), width), dtype=np.int64)
-        for i, r in enumerate(rows):
-            batch[i, : len(r)] = r
-        t = torch.as_tensor(batch, device=self.device)
-        logp = self.model.logits(t[:, :-1]).log_softmax(-1)
-        res = []
-        for i, o in enumerate(outs):
-            a = len(ctx)
-            idx = t[i, a:a + len(o)]
-            res.append(float(logp[i, a - 1:a - 1 + len(o)].gather(-1, idx[:, None]).sum()))
+    def nll_batch(self, rows: list[list[int]] | list[np.ndarray], batch: int = 16) -> list[tuple[float, int]]:
+        """(summed NLL, predicted tokens) of each token row (cut to the context + 1), right-padded in batches of
+        similar length."""
+        rows = [[int(t) for t in r[: self.seq_len + 1]] for r in rows]
+        out: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
+        for part in _length_batches(rows, batch):
+            width = max(len(rows[i]) for i in part)
+            ids = torch.zeros(len(part), width, dtype=torch.long)
+            for j, i in enumerate(part):
+                ids[j, : len(rows[i])] = torch.as_tensor(rows[i])
+            ids = ids.to(self.device)
+            logp = self.model.logits(ids[:, :-1]).log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+            for j, i in enumerate(part):
+                n = len(rows[i]) - 1
+                out[i] = (float(-logp[j, :n].sum()), n)
+        return out
+
+    @torch.inference_mode()
+    def logliks_batch(self, requests: list[tuple[str, list[str]]], batch: int = 32) -> list[list[float]]:
+        """log P(choice | context) of every choice of every request: each (context, choice) is one row, rows of
+        similar length share a right-padded forward pass (a row's padding comes after it, so causal attention
+        never sees it). Contexts are left-truncated so the longest choice fits."""
+        rows: list[tuple[list[int], int]] = []  # (tokens, where the choice starts)
+        for context, choices in requests:
+            ctx = self.encode(context)
+            outs = [self.encode(c) for c in choices]
+            longest = max(len(o) for o in outs)
+            if longest >= self.seq_len:
+                raise ValueError(f"a choice of {longest} tokens does not fit the model's context of {self.seq_len}")
+            keep = self.seq_len - longest
+            ctx = ctx[-keep:] if len(ctx) > keep else ctx
+            if not ctx:  # nothing to condition on: start from the end-of-text token (or a newline)
+                ctx = [self.tok.eos_id] if self.tok.eos_id is not None else self.encode("\n")
+            rows += [(ctx + o, len(ctx)) for o in outs]
+        scores = [0.0] * len(rows)
+        for part in _length_batches([r for r, _ in rows], batch):
+            width = max(len(rows[i][0]) for i in part)
+            ids = torch.zeros(len(part), width, dtype=torch.long)
+            for j, i in enumerate(part):
+                ids[j, : len(rows[i][0])] = torch.as_tensor(rows[i][0])
+            ids = ids.to(self.device)
+            logp = self.model.logits(ids[:, :-1]).log_softmax(-1)
+            for j, i in enumerate(part):
+                toks, a = rows[i]
+                tgt = ids[j, a:len(toks)]
+                scores[i] = float(logp[j, a - 1:len(toks) - 1].gather(-1, tgt[:, None]).sum())
+        res, k = [], 0
+        for _, choices in requests:
+            res.append(scores[k:k + len(choices)])
+            k += len(choices)
         return res
+
+    def logliks(self, context: str, choices: list[str]) -> list[float]:
+        """log P(choice | context) for each choice of one question."""
+        return self.logliks_batch([(context, choices)])[0]
 
     def generate(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | None = None) -> str:
         """Greedy continuation of `prompt` (left-truncated to the context), cut at the first stop string."""
         return self.generate_batch([prompt], max_new_tokens, stop)[0]
 
+    def _stopper(self, stop: list[str] | None):  # noqa: ANN202 - a predicate over a row's new tokens
+        if not stop:
+            return None
+        if self.tok.name == "byte":
+            raw = [s.encode() for s in stop]
+            return lambda toks: any(bytes(toks).find(s) >= 0 for s in raw)
+        # a stop string can span tokens: decode the row's tail (the longest stop string's worth of tokens suffices,
+        # as every token decodes to at least one character)
+        tail = max(len(s) for s in stop) + 1
+        return lambda toks: any(s in self.tok.decode(toks[-tail:]) for s in stop)
+
+    def _cut(self, ids: list[int], stop: list[str] | None) -> str:
+        if self.tok.eos_id is not None and self.tok.eos_id in ids:
+            ids = ids[: ids.index(self.tok.eos_id)]
+        text = self.tok.decode(ids)
+        cut = min((text.find(s) for s in stop or [] if s in text), default=-1)
+        return text[:cut] if cut >= 0 else text
+
     def generate_batch(self, prompts: list[str], max_new_tokens: int = 64, stop: list[str] | None = None
                        ) -> list[str]:
-        """Greedy continuations of many prompts at once (KV cache, left padding: `decode.greedy`)."""
-        outs = greedy(self.model, [list(encode(p)) for p in prompts], max_new_tokens,
-                      [s.encode() for s in stop] if stop else None)
-        texts = []
-        for o in outs:
-            text = bytes(o).decode("utf-8", errors="replace")
-            cut = min((text.find(s) for s in stop or [] if s in text), default=-1)
-            texts.append(text[:cut] if cut >= 0 else text)
-        return texts
+        """Greedy continuations of many prompts at once (KV cache, left padding: `decode.greedy`), each ended
+        by a stop string or the end-of-text token."""
+        outs = greedy(self.model, [self.encode(p) for p in prompts], max_new_tokens, self._stopper(stop),
+                      eos=self.tok.eos_id, empty=self.tok.eos_id if self.tok.eos_id is not None else 10)
+        return [self._cut(o, stop) for o in outs]
 
     @torch.inference_mode()
     def generate_recompute(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | None = None) -> str:
         """The same greedy continuation without a cache (the whole window per token): the reference the cached
         engine is tested and benchmarked against."""
-        toks = list(encode(prompt)[-(self.seq_len - 1):]) or [10]
-        out = bytearray()
+        toks = self.encode(prompt)[-(self.seq_len - 1):] or [self.tok.eos_id if self.tok.eos_id is not None else 10]
+        out: list[int] = []
+        stopper = self._stopper(stop)
         for _ in range(max_new_tokens):
             window = torch.as_tensor([toks[-self.seq_len:]], dtype=torch.int64, device=self.device)
             nxt = int(self.model.logits(window)[0, -1].argmax())
             toks.append(nxt)
             out.append(nxt)
-            if stop:
-                text = out.decode("utf-8", errors="replace")
-                cut = min((text.find(s) for s in stop if s in text), default=-1)
-                if cut >= 0:
-                    return text[:cut]
-        return out.decode("utf-8", errors="replace")
+            if nxt == self.tok.eos_id or (stopper and stopper(out)):
+                break
+        return self._cut(out, stop)
 
 
-def perplexity(nll: float, tokens: int) -> dict[str, float]:
+def _length_batches(rows: list[list[int]], size: int) -> list[list[int]]:
+    """Row indices grouped `size` at a time, longest first, so a batch pads little."""
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+    return [order[k:k + size] for k in range(0, len(order), size)]
+
+
+def perplexity(nll: float, tokens: int, nbytes: int | None = None) -> dict[str, float]:
+    """Loss and perplexity per token; bits per byte over the text's UTF-8 bytes (comparable across tokenizers;
+    equal to bits per token for the byte tokenizer)."""
     loss = nll / max(tokens, 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "bits_per_byte": loss / math.log(2)}
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+            "bits_per_byte": nll / math.log(2) / max(nbytes if nbytes is not None else tokens, 1)}

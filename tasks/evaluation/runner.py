@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
-from tasks.evaluation.engine import model_info, resolve_manifest
+from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
 from tasks.evaluation.suite import Suite
 from tasks.evaluation.trial import score_chunk
@@ -307,10 +307,14 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     """Evaluate one committed checkpoint on a suite; see the module docstring."""
     opts = opts or EvalOptions()
     progress = progress or (lambda msg, frac: None)
-    storage, manifest = resolve_manifest(uri)
-    info = model_info(manifest)
-    uri = storage.url(f"step_{manifest.step:08d}")
-    ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"))
+    if is_hf_dir(uri):  # a Hugging Face model directory: step 0 of a run named after the directory
+        info = hf_info(uri)
+        uri, run_name, step = info["source"], info["run"], 0
+    else:
+        storage, manifest = resolve_manifest(uri)
+        info = model_info(manifest, storage)
+        uri, run_name, step = storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step
+    ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"), tokenizer=tokenizer_path(info))
     _check_datasets(suite, ctx)
     ppath = Path(opts.priors_path) if opts.priors_path else None
     key = P.model_key(opts.device, info["model"])
@@ -318,7 +322,7 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
     sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
                                                                          cpus)
-    out = Path(opts.out_dir) if opts.out_dir else Path("evals") / manifest.run / f"step_{manifest.step:08d}" / suite.name
+    out = Path(opts.out_dir) if opts.out_dir else Path("evals") / run_name / f"step_{step:08d}" / suite.name
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_shm(opts.shm_root)
     progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
@@ -329,7 +333,7 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
         raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
     scores = aggregate(suite, ctx, out)
     trials = sorted(run.results, key=lambda t: t.id)
-    res = EvalResult(uri=uri, run=manifest.run, step=manifest.step, suite=suite.name, schedule=opts.schedule,
+    res = EvalResult(uri=uri, run=run_name, step=step, suite=suite.name, schedule=opts.schedule,
                      nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=cpus,
                      makespan_s=makespan, predicted_makespan_s=sched.makespan_s,
                      precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores, trials=trials,

@@ -54,7 +54,7 @@ def run_trial(spec: dict, emit=None) -> None:
     """Load the model (from shm or remote storage), infer every chunk, optionally score them here."""
     import torch
 
-    from tasks.evaluation.engine import LM, load_remote, load_shm
+    from tasks.evaluation.engine import LM, load_remote, load_shm, tokenizer_path
 
     emit = emit or (lambda ev: print(json.dumps(ev), flush=True))
     torch.set_num_threads(int(spec.get("threads", 1)))
@@ -62,7 +62,7 @@ def run_trial(spec: dict, emit=None) -> None:
     t0 = time.perf_counter()
     state, info = load_shm(Path(spec["shm_dir"])) if spec["load"] == "shm" else load_remote(spec["uri"])
     lm = LM(state, info, spec.get("device", "cpu"))
-    ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"))
+    ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"), tokenizer=tokenizer_path(info))
     emit({"event": "loaded", "load_s": time.perf_counter() - t0})
     for chunk in spec["chunks"]:
         pred, _ = chunk_paths(out, chunk["dataset"], chunk["start"], chunk["stop"])

@@ -94,7 +94,7 @@ def count_params(m: ModelSpec, seq_len: int) -> ParamCounts:
     up = 2 * f if m.mlp == "swiglu" else f
     b = 1 if m.bias else 0
     qkv_out = (a + 2 * kv) * hd
-    linear = h * qkv_out + b * qkv_out + a * hd * h + b * h + h * up + b * up + f * h + b * h
+    linear = h * qkv_out + (1 if m.attn_bias else 0) * qkv_out + a * hd * h + b * h + h * up + b * up + f * h + b * h
     norm = h * (2 if m.norm == "layernorm" and m.bias else 1)
     return ParamCounts(
         per_layer_linear=linear, per_layer_norm=2 * norm, embedding=m.vocab * h,

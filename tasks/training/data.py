@@ -8,7 +8,9 @@ restoring it replays exactly the batches an uninterrupted run would have seen.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ import numpy as np
 import torch
 
 from tasks.jobspec import DataSpec
+from tasks.training import shards as S
+from tasks.training.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 #: Stdlib packages whose source text makes the built-in corpus (code and English docstrings, all offline).
 _CORPUS_PACKAGES = ("json", "email", "http", "logging", "unittest", "asyncio", "xml", "importlib",
@@ -70,40 +74,127 @@ def build_builtin_corpus(dest: Path | None = None) -> Path:
     return dest
 
 
-def load_corpus(spec: DataSpec) -> np.ndarray:
-    """The whole corpus as uint8 tokens (memory-mapped)."""
+def resolve_tokenizer(spec: DataSpec, model_hf: str | None = None) -> Tokenizer:
+    """The tokenizer a job trains with: `data.tokenizer`, else the Hugging Face model directory's, else bytes."""
+    if spec.tokenizer:
+        return load_tokenizer(spec.tokenizer)
+    if model_hf and (Path(model_hf).expanduser() / "tokenizer.json").is_file():
+        return load_tokenizer(model_hf)
+    return ByteTokenizer()
+
+
+def _text_corpus_bytes(spec: DataSpec) -> Path:
+    """The byte-level path of a local `text` source (as before shards existed): one cached file per directory."""
+    if not spec.path:
+        raise DataError("data.source is 'text' but data.path is not set; give a UTF-8 file or directory")
+    p = Path(spec.path).expanduser()
+    if p.is_dir():
+        files = sorted(q for q in p.rglob("*") if q.is_file())
+        if not files:
+            raise DataError(f"data.path {p} is an empty directory")
+        # cached per directory state (names, sizes, mtimes): rebuilt only when a file changed
+        key = "\n".join(f"{q}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
+        path = cache_dir() / "corpus" / f"text-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(b"\n".join(q.read_bytes() for q in files))
+            os.replace(tmp, path)
+        return path
+    if p.is_file():
+        return p
+    raise DataError(f"data.path {p} does not exist")
+
+
+def _local_shards(spec: DataSpec) -> list[Path]:
+    """The shard files `data.path` names; S3 shards are copied to the cache once (keyed by their ETag)."""
+    import fsspec
+
+    files = S.list_files(spec.path or "", (".bin",))
+    out = []
+    for url, state in files:
+        if "://" not in url or url.startswith("file://"):
+            out.append(Path(url.removeprefix("file://")))
+            continue
+        dest = cache_dir() / "shards" / hashlib.sha256(f"{url}:{state}".encode()).hexdigest()[:16] / Path(url).name
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+            with fsspec.open(url, "rb") as src, tmp.open("wb") as dst:
+                while chunk := src.read(16 << 20):
+                    dst.write(chunk)
+            os.replace(tmp, dest)
+        out.append(dest)
+    return out
+
+
+def _tokenized_cache(spec: DataSpec, tok: Tokenizer) -> list[Path]:
+    """Shards of a text/jsonl/parquet (or builtin) corpus under a non-byte tokenizer, tokenized once into the cache
+    (keyed by the files' state, the source kind, the text field and the tokenizer's sha256)."""
     if spec.source == "builtin":
-        path = build_builtin_corpus()
+        urls = [(str(build_builtin_corpus()), "builtin")]
+        kind = "text"
     else:
         if not spec.path:
-            raise DataError("data.source is 'text' but data.path is not set; give a UTF-8 file or directory")
-        p = Path(spec.path).expanduser()
-        if p.is_dir():
-            files = sorted(q for q in p.rglob("*") if q.is_file())
-            if not files:
-                raise DataError(f"data.path {p} is an empty directory")
-            # cached per directory state (names, sizes, mtimes): rebuilt only when a file changed
-            key = "\n".join(f"{q}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
-            path = cache_dir() / "corpus" / f"text-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_bytes(b"\n".join(q.read_bytes() for q in files))
-                os.replace(tmp, path)
-        elif p.is_file():
-            path = p
-        else:
-            raise DataError(f"data.path {p} does not exist")
-    return np.memmap(path, dtype=np.uint8, mode="r")
+            raise DataError(f"data.source is {spec.source!r} but data.path is not set")
+        urls = S.list_files(spec.path, {"jsonl": (".jsonl",), "parquet": (".parquet",)}.get(spec.source))
+        kind = spec.source
+    key = hashlib.sha256(json.dumps([urls, kind, spec.text_field, tok.sha256]).encode()).hexdigest()[:16]
+    out = cache_dir() / "corpus" / f"tok-{key}"
+    if not (out / "done.json").exists():
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        res = S.prepare(S.iter_documents(kind, [u for u, _ in urls], spec.text_field), tok, tmp)
+        (tmp / "done.json").write_text(json.dumps({"tokens": res.tokens, "documents": res.documents}))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    return sorted(out.glob("shard_*.bin"))
 
 
-def split(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def load_corpus(spec: DataSpec, tok: Tokenizer | None = None) -> np.ndarray | S.ShardedTokens:
+    """The whole corpus as tokens (memory-mapped; several shards read as one sequence)."""
+    tok = tok or ByteTokenizer()
+    try:
+        if spec.source == "tokens":
+            if not spec.path:
+                raise DataError("data.source is 'tokens' but data.path is not set; give a shard file, directory or "
+                                "glob (`frenzy data prepare` writes them)")
+            return S.open_shards(_local_shards(spec))
+        if isinstance(tok, ByteTokenizer) and spec.source == "builtin":
+            return np.memmap(build_builtin_corpus(), dtype=np.uint8, mode="r")
+        if isinstance(tok, ByteTokenizer) and spec.source == "text" and "://" not in (spec.path or ""):
+            return np.memmap(_text_corpus_bytes(spec), dtype=np.uint8, mode="r")
+        return S.open_shards(_tokenized_cache(spec, tok))
+    except S.ShardError as err:
+        raise DataError(str(err)) from None
+
+
+def check_vocab(tokens: np.ndarray | S.ShardedTokens, vocab: int, what: str) -> None:
+    """Refuse a corpus whose token ids do not fit the model's embedding (checked on a prefix, and on the dtype)."""
+    probe = np.asarray(tokens[: min(len(tokens), 1 << 22)])
+    top = int(probe.max()) if len(probe) else 0
+    if top >= vocab:
+        raise DataError(f"{what} holds token id {top} but the model's vocab is {vocab}: set model.vocab >= {top + 1} "
+                        "or use the tokenizer the shards were made with")
+
+
+def held_out_text(spec: DataSpec, tok: Tokenizer, max_tokens: int = 1 << 21) -> np.ndarray:
+    """The held-out 5% as UTF-8 bytes (what evaluation's held-out datasets read): the tokens themselves for the
+    byte tokenizer, else the decoded text of up to `max_tokens` of them."""
+    _, held = split(load_corpus(spec, tok))
+    if isinstance(tok, ByteTokenizer):
+        return np.asarray(held)
+    ids = np.asarray(held[: min(len(held), max_tokens)])
+    return np.frombuffer(tok.decode(ids).encode("utf-8"), dtype=np.uint8)
+
+
+def split(tokens: np.ndarray | S.ShardedTokens) -> tuple[np.ndarray | S.ShardedTokens, np.ndarray | S.ShardedTokens]:
     """(train, held-out): the last 5% of the corpus is never trained on (evaluation's perplexity set)."""
     cut = int(len(tokens) * (1 - HELDOUT_FRACTION))
     return tokens[:cut], tokens[cut:]
 
 
-def fingerprint(tokens: np.ndarray) -> str:
+def fingerprint(tokens: np.ndarray | S.ShardedTokens) -> str:
     """sha256 of the corpus bytes, recorded in manifests so a resume on other data is refused."""
     h = hashlib.sha256()
     for i in range(0, len(tokens), 1 << 24):
@@ -130,7 +221,7 @@ class Cursor:
 class BatchLoader:
     """Random windows of `seq_len + 1` tokens, a fresh permutation per epoch, rank slices of each global batch."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch: int, seed: int,
+    def __init__(self, tokens: np.ndarray | S.ShardedTokens, seq_len: int, global_batch: int, seed: int,
                  noise_samples: list[tuple[int, int]] | None = None) -> None:
         self.tokens, self.seq_len, self.global_batch, self.seed = tokens, seq_len, global_batch, seed
         self.n_windows = (len(tokens) - 1) // seq_len
@@ -147,7 +238,7 @@ class BatchLoader:
             self._perm, self._perm_epoch = g.permutation(self.n_windows), epoch
         if any(a <= sample < b for a, b in self.noise):
             # fault injection: uniform random bytes, a batch no language model predicts (a loss spike)
-            return np.random.default_rng([self.seed, sample, 7]).integers(0, 256, self.seq_len + 1, dtype=np.uint8)
+            return np.random.default_rng([self.seed, sample, 7]).integers(0, 256, self.seq_len + 1).astype(self.tokens.dtype)
         start = int(self._perm[pos]) * self.seq_len
         return np.asarray(self.tokens[start:start + self.seq_len + 1])
 

@@ -185,9 +185,9 @@ def _optimizer(params: list[torch.nn.Parameter], t: Any, plain: bool) -> torch.o
     return cls(params, **kw)
 
 
-def _fingerprint(job: JobSpec, corpus_sha: str, world: int, tp: int) -> dict:
+def _fingerprint(job: JobSpec, corpus_sha: str, world: int, tp: int, tokenizer_sha: str) -> dict:
     t = job.training
-    return {"corpus_sha256": corpus_sha, "model": job.model.model_dump(exclude={"preset"}),
+    return {"corpus_sha256": corpus_sha, "model": job.model.shape_dump(), "tokenizer_sha256": tokenizer_sha,
             "seq_len": t.seq_len, "global_batch": t.global_batch, "world_size": world,
             "zero_stage": t.zero_stage, "seed": t.seed, "tp": tp}
 
@@ -236,9 +236,10 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     job, t = opts.job, opts.job.training
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     prog = _Progress(opts.run_dir / "progress.jsonl", d.rank)
-    if job.model.vocab != 256:
-        raise ValueError(f"model vocab is {job.model.vocab}; the trainer's tokenizer is byte-level: set vocab: 256 "
-                         "or use a gpt-* byte preset (frenzy presets)")
+    tok = D.resolve_tokenizer(t.data, job.model.hf)
+    if tok.vocab_size > job.model.vocab:
+        raise ValueError(f"the tokenizer ({tok.name}) has {tok.vocab_size} tokens but model vocab is {job.model.vocab}: "
+                         f"set model.vocab >= {tok.vocab_size}, or choose a tokenizer that fits (data.tokenizer)")
     if t.global_batch % d.dp:
         raise ValueError(f"global_batch={t.global_batch} is not divisible by {d.dp} data-parallel ranks")
     local = t.global_batch // d.dp
@@ -246,15 +247,25 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     if local % mb:
         raise ValueError(f"per-rank batch {local} is not divisible by micro_batch={mb}")
 
-    tokens = D.load_corpus(t.data)
+    tokens = D.load_corpus(t.data, tok)
+    D.check_vocab(tokens, job.model.vocab, f"the corpus at {t.data.path or t.data.source}")
     train_tokens, _ = D.split(tokens)
     corpus_sha = D.fingerprint(train_tokens)
+    tok_key = None
+    if tok.to_json() is not None:  # the tokenizer travels with the checkpoints (evaluation and export read it)
+        tok_key = f"tokenizer-{tok.sha256[:16]}.json"
+        if d.rank == 0 and not storage.exists(tok_key):
+            storage.put(tok_key, tok.to_json().encode())
     noise = [((s - 1) * t.global_batch, s * t.global_batch) for s in t.data.inject_spike_steps]
     loader = D.BatchLoader(train_tokens, t.seq_len, t.global_batch, t.seed, noise)
 
     torch.manual_seed(t.seed)
     with torch.device(dev):  # built where it trains: no CPU copy of a large model first
         model = GPT(job.model, t.seq_len, attention=t.attention, recompute=t.recompute)
+    if job.model.hf:  # continued training: step 0 is the directory's weights (a resume overwrites them below)
+        from tasks.hf.convert import load_into
+
+        load_into(model, job.model.hf, t.seq_len)
     if t.precision == "bf16":
         model = model.to(torch.bfloat16)
     core = model
@@ -268,7 +279,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     scaler = torch.amp.GradScaler(dev.type, enabled=t.precision == "fp16-mixed")
     detector = SpikeDetector(t.spike.zscore, t.spike.window, t.spike.min_steps)
     cursor = D.Cursor()
-    fp = _fingerprint(job, corpus_sha, d.world, d.tp)
+    fp = _fingerprint(job, corpus_sha, d.world, d.tp, tok.sha256)
     owns_model = d.rank == 0 or job.training.zero_stage == 3 or d.tp > 1  # DDP: rank 0 holds the one replica
 
     def load(m: ck.Manifest) -> None:
@@ -361,7 +372,9 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
                   "trainer": {"spike": detector.state(), "scaler": scaler.state_dict() if scaler.is_enabled()
                               else None, "lr": lr_at(step, job),
                               # evaluation rebuilds the held-out split from it (not part of the fingerprint)
-                              "data": t.data.model_dump(mode="json")}}
+                              "data": t.data.model_dump(mode="json"),
+                              # the tokenizer.json beside the checkpoints (None: byte-level)
+                              "tokenizer": tok_key, "eos_id": tok.eos_id}}
         blocked = ckpt.save(step, tensors, fields, shard_meta=glob, block=block, stage=stage,
                             deferred_steps=step - (due_at if due_at is not None else step))
         if blocked is None:

@@ -76,13 +76,31 @@ def _cast_once(x: torch.Tensor) -> torch.Tensor:
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
+    eps = spec.norm_eps or 1e-5
     if spec.norm == "rmsnorm":
-        return RMSNorm(spec.hidden)
-    return nn.LayerNorm(spec.hidden, bias=spec.bias)
+        return RMSNorm(spec.hidden, eps)
+    return nn.LayerNorm(spec.hidden, eps=eps, bias=spec.bias)
 
 
-def rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+def rope_frequencies(spec: ModelSpec) -> torch.Tensor:
+    """Inverse frequencies of the rotary pairs: base^(-2i/d), with Llama 3.1's scaling when the spec has it
+    (long wavelengths divided by `factor`, short ones kept, a smooth blend between)."""
+    hd = spec.head_dim
+    inv = 1.0 / ((spec.rope_theta or 10000.0) ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    rs = spec.rope_scaling
+    if rs is None:
+        return inv
+    low_wavelen = rs.original_max_position / rs.low_freq_factor
+    high_wavelen = rs.original_max_position / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / rs.factor, inv)
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    blended = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(seq_len: int, inv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos(), ang.sin()
@@ -127,9 +145,9 @@ class Block(nn.Module):
         self.norm1 = _norm(spec)
         # separate q/k/v and gate/up projections (same bytes and FLOPs as fused ones) so that tensor parallelism
         # shards each by heads or columns with plain column-wise DTensor sharding
-        self.q = nn.Linear(h, spec.heads * hd, bias=spec.bias)
-        self.k = nn.Linear(h, spec.n_kv_heads * hd, bias=spec.bias)
-        self.v = nn.Linear(h, spec.n_kv_heads * hd, bias=spec.bias)
+        self.q = nn.Linear(h, spec.heads * hd, bias=spec.attn_bias)
+        self.k = nn.Linear(h, spec.n_kv_heads * hd, bias=spec.attn_bias)
+        self.v = nn.Linear(h, spec.n_kv_heads * hd, bias=spec.attn_bias)
         self.proj = nn.Linear(spec.heads * hd, h, bias=spec.bias)
         self.norm2 = _norm(spec)
         self.fc1 = nn.Linear(h, spec.ffn, bias=spec.bias)
@@ -183,7 +201,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(spec.vocab, spec.hidden)
         self.wpe = nn.Embedding(seq_len, spec.hidden) if spec.position == "learned" else None
         if spec.position == "rope":
-            cos, sin = rope_tables(seq_len, spec.head_dim)
+            cos, sin = rope_tables(seq_len, rope_frequencies(spec))
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.blocks = nn.ModuleList(Block(spec, attention, recompute) for _ in range(spec.layers))
