@@ -349,7 +349,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     spikes: list[dict] = []
     last_loss, last_gnorm = float("nan"), float("nan")
     tokens_per_step = t.global_batch * t.seq_len
-    t_start, steps_run, blocked_total = time.perf_counter(), 0, 0.0
+    t_start, steps_run, blocked_total, data_s = time.perf_counter(), 0, 0.0, 0.0
     t_last_update = t_start  # the end of the newest optimizer step: tokens/s is over training, up to the last update
     model.train()
     preempt = threading.Event()
@@ -405,7 +405,9 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
         n_mb = local // mb
         for i in range(n_mb):
+            t_data = time.perf_counter()
             x, y = loader.batch(mine[i * mb:(i + 1) * mb])
+            data_s += time.perf_counter() - t_data
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             sync = contextlib.nullcontext() if (i == n_mb - 1 or not hasattr(model, "no_sync")) else model.no_sync()
             with sync:
@@ -515,7 +517,10 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
               "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in ckpt.failed],
               "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,
               "tokens_per_s": steps_run * tokens_per_step / loop_s if steps_run else 0.0,
-              "blocked_s_total": blocked_total, "world_size": d.world, "tp": d.tp, "device": str(dev),
+              "blocked_s_total": blocked_total,
+              # reading and batching the data, on this rank, against the loop's time (the loader keeping up)
+              "data_s_total": data_s, "data_fraction": data_s / loop_s if steps_run and loop_s > 0 else 0.0,
+              "world_size": d.world, "tp": d.tp, "device": str(dev),
               "checkpoint_uri": storage.uri, "trace": str(trace_path) if trace_path else None,
               "run_dir": str(opts.run_dir)}
     if d.rank == 0:
