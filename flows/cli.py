@@ -69,7 +69,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     job = _job_or_model_dir(args)
     cluster = load_cluster(args.cluster)
-    plans = plan_resources(job, cluster, rank_by=args.rank_by, margin=args.margin, top=args.top)
+    from tasks.planning.calibration import load_observations
+
+    plans = plan_resources(job, cluster, rank_by=args.rank_by, margin=args.margin, top=args.top,
+                           observations=load_observations())
     doc = {"job": job.name, "model": job.model.display_name, "cluster": cluster.name, "rank_by": args.rank_by,
            "plans": [p.model_dump(mode="json") for p in plans]}
 
@@ -78,8 +81,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                  "peak GiB": f"{p.predicted_device_gib:.1f}", "min GiB": f"{p.min_gpu_memory_gib:.1f}",
                  "step s": f"{p.est_step_time_s:.3f}", "GPU-s/step": f"{p.gpu_seconds_per_step:.3f}",
                  "tok/s": f"{p.tokens_per_s:,.0f}"} for p in plans]
+        cal = plans[0].memory_calibration if plans else 1.0
+        note = (f"\npredicted peaks include x{cal:.3f} learned from recorded out-of-memory failures of this model "
+                "($FRENZY_HOME/oom-observations.jsonl)") if cal > 1.0 else ""
         return (f"{job.name}: {job.model.display_name}, global batch {job.training.global_batch} x "
-                f"{job.training.seq_len} tokens on {cluster.name} (ranked by {args.rank_by})\n" + table(rows))
+                f"{job.training.seq_len} tokens on {cluster.name} (ranked by {args.rank_by})\n" + table(rows) + note)
 
     _emit(args, doc, human)
     return 0

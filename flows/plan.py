@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.inventory import load_cluster
 from tasks.jobspec import JobSpec
+from tasks.planning.calibration import OomObservation, load_observations
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.planning.plans import plan_resources as _plan_resources
 
@@ -37,11 +38,12 @@ class PlanRequest(BaseModel):
 
 
 @task(cache_policy=INPUTS + TASK_SOURCE, cache_expiration=timedelta(days=7), persist_result=True)
-def plan_resources(request: PlanRequest) -> list[ResourcePlan]:
-    """Ranked resource plans (pure and deterministic, so cached on its inputs)."""
+def plan_resources(request: PlanRequest, observations: list[OomObservation] | None = None) -> list[ResourcePlan]:
+    """Ranked resource plans (pure and deterministic, so cached on its inputs: the recorded out-of-memory
+    observations are one, so a new observation re-plans)."""
     cluster = load_cluster(request.cluster)
     return _plan_resources(request.job, cluster, rank_by=request.rank_by, margin=request.margin,
-                           top=request.top)
+                           top=request.top, observations=observations)
 
 
 def plans_markdown(request: PlanRequest, plans: list[ResourcePlan]) -> str:
@@ -55,7 +57,7 @@ def plans_markdown(request: PlanRequest, plans: list[ResourcePlan]) -> str:
 @flow(name="plan", flow_run_name="plan-{request.job.name}", log_prints=True)
 def plan(request: PlanRequest) -> list[ResourcePlan]:
     """MARP: which GPU types and counts can train this job, best first."""
-    plans = plan_resources(request)
+    plans = plan_resources(request, load_observations())
     create_markdown_artifact(key="frenzy-plans", markdown=plans_markdown(request, plans),
                              description="MARP resource plans")
     print(f"{len(plans)} plans; best: {plans[0].gpus} x {plans[0].gpu_type} ({plans[0].layout.label()})")

@@ -24,7 +24,8 @@ from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster.inventory import load_cluster
+from cluster.catalog import default_catalog
+from cluster.inventory import Cluster, load_cluster
 from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError
 from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
 from flows.evaluate import EvaluateRequest, evaluate_task
@@ -39,6 +40,7 @@ from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.suite import load_suite
 from tasks.jobspec import JobSpec
+from tasks.planning.calibration import OomObservation, load_observations, model_key, record_oom
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
@@ -286,17 +288,13 @@ def _check_allocation_nodes(ledger: Ledger, alloc: Allocation, logger: object) -
         logger.warning("node check: %s failed its collective twice; cordoned", n)  # type: ignore[attr-defined]
 
 
-def _record_oom(job: JobSpec, plan: ResourcePlan, d: Diagnosis) -> None:
-    """An out-of-memory observation for the memory model's calibration: what MARP predicted, where it ran out."""
-    import json
-    import os
-
-    path = Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "oom-observations.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps({"time": time.time(), "job": job.name, "model": job.model.display_name,
-                            "gpu_type": plan.gpu_type, "layout": plan.layout.label(),
-                            "predicted_device_gib": plan.predicted_device_gib, "line": d.root_cause_line}) + "\n")
+def _record_oom(job: JobSpec, plan: ResourcePlan, d: Diagnosis, cluster: Cluster) -> None:
+    """An out-of-memory observation MARP learns from (tasks/planning/calibration.py): what it predicted, and the
+    GPU it ran out on."""
+    gpu = next(g for g in cluster.gpu_types(default_catalog()) if g.name == plan.gpu_type)
+    record_oom(OomObservation(model_key=model_key(job), model=job.model.display_name, seq_len=job.training.seq_len,
+                              gpu_type=plan.gpu_type, gpu_memory_gib=gpu.memory_gib, layout=plan.layout.label(),
+                              predicted_device_gib=plan.predicted_device_gib, job=job.name, line=d.root_cause_line))
 
 
 @task(name="report")
@@ -321,7 +319,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
         if request.evaluation != "off" else ""
     cluster = load_cluster(request.cluster)  # an unknown cluster or suite fails before anything starts
 
-    plans = plan_resources(PlanRequest(job=job, cluster=request.cluster, rank_by=request.rank_by, top=1000))
+    plans = plan_resources(PlanRequest(job=job, cluster=request.cluster, rank_by=request.rank_by, top=1000),
+                           load_observations())
     runnable = [p for p in plans if p.layout.pp == 1]  # the trainer runs data x tensor parallel layouts
     if not runnable:
         raise PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer does not "
@@ -375,7 +374,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
         if rec.action.node_check:
             _check_allocation_nodes(ledger, alloc, logger)
         if rec.action.kind == "replan":
-            _record_oom(job, chosen, rec.diagnosis)
+            _record_oom(job, chosen, rec.diagnosis, cluster)
             bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
             if not bigger:
                 raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "

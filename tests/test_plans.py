@@ -90,3 +90,35 @@ def test_recompute_costs_time_in_the_step_estimate():
     assert t["none"] < t["op"] < t["full"]
     # op redoes k, proj and fc3: about a third of the block's matmul FLOPs forward, ~12% of the step
     assert 1.08 < t["op"] / t["none"] < 1.16
+
+
+def test_recorded_out_of_memory_failures_correct_later_plans(tmp_path):
+    from tasks.planning.calibration import OomObservation, load_observations, model_key, record_oom
+
+    job = parse_job({"name": "j", "model": {"preset": "gpt2-350m"}, "training": {"seq_len": 1024, "global_batch": 32}})
+    cluster = load_cluster("phoebe")
+    before = plan_resources(job, cluster, top=None)
+    top = before[0]
+    gpu_mem = next(g.memory_gib for g in cluster.gpu_types(default_catalog()) if g.name == top.gpu_type)
+    path = tmp_path / "oom.jsonl"
+    record_oom(OomObservation(model_key=model_key(job), model="gpt2-350m", seq_len=1024, gpu_type=top.gpu_type,
+                              gpu_memory_gib=gpu_mem, layout=top.layout.label(),
+                              predicted_device_gib=top.predicted_device_gib), path)
+    with open(path, "a") as f:
+        f.write('{"torn line')  # a crash mid-write does not poison the file
+    obs = load_observations(path)
+    assert len(obs) == 1
+    after = plan_resources(job, cluster, top=None, observations=obs)
+    factor = gpu_mem / top.predicted_device_gib
+    assert all(p.memory_calibration == pytest.approx(factor, rel=1e-3) for p in after)
+    assert not any(p.gpu_type == top.gpu_type and p.layout.label() == top.layout.label() for p in after)
+    # every surviving plan has room for the corrected peak, so fewer layouts fit than before
+    assert len(after) < len(before)
+    mem = {g.name: g.memory_gib for g in cluster.gpu_types(default_catalog())}
+    assert all(p.predicted_device_gib <= mem[p.gpu_type] * 0.95 + 0.01 for p in after)
+    gpus = {g.name: g for g in cluster.gpu_types(default_catalog())}
+    assert all(p.predicted_device_gib == pytest.approx(
+        predict_peak_memory(job, p.layout, gpus[p.gpu_type]).device_bytes / GiB * factor, abs=0.02) for p in after)
+    # another model, or another sequence length, is not affected
+    other = parse_job({"name": "k", "model": {"preset": "gpt2-124m"}, "training": {"seq_len": 1024, "global_batch": 32}})
+    assert plan_resources(other, cluster, observations=obs)[0].memory_calibration == 1.0

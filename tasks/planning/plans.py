@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.inventory import Cluster
 from tasks.jobspec import JobSpec
+from tasks.planning.calibration import OomObservation, calibrate
 from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
 from tasks.planning.memory import GiB, predict_peak_memory
 
@@ -53,6 +54,9 @@ class ResourcePlan(BaseModel):
     compute_pflop_per_step: float = 0.0
     """Compute cost: GPUs x step time x the GPU's dense peak TFLOPS for the job's precision / 1000."""
     tokens_per_s: float
+    memory_calibration: float = 1.0
+    """The factor learned from recorded out-of-memory failures of this model that `predicted_device_gib` includes
+    (tasks/planning/calibration.py); 1 when none was recorded."""
 
 
 class InfeasibleJobError(ValueError):
@@ -128,10 +132,12 @@ def enumerate_layouts(job: JobSpec, max_gpus: int, gpus_per_node: int) -> list[L
 
 
 def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_seconds",
-                   margin: float = 0.05, catalog: Catalog | None = None, top: int | None = None
-                   ) -> list[ResourcePlan]:
-    """Ranked plans for `job` on the GPU types of `cluster`; raises InfeasibleJobError when none fits."""
+                   margin: float = 0.05, catalog: Catalog | None = None, top: int | None = None,
+                   observations: list[OomObservation] | None = None) -> list[ResourcePlan]:
+    """Ranked plans for `job` on the GPU types of `cluster`; raises InfeasibleJobError when none fits.
+    `observations`: recorded out-of-memory failures (calibration.py) that correct the predicted peaks."""
     cat = catalog or default_catalog()
+    cal = calibrate(job, observations or [])
     types = cluster.gpu_types(cat)
     plans: list[ResourcePlan] = []
     for g in types:
@@ -143,14 +149,15 @@ def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_sec
         best: dict[tuple[int, int, int], ResourcePlan] = {}
         for lay in enumerate_layouts(job, total, per_node):
             est = predict_peak_memory(job, lay, g)
-            if est.device_bytes > g.memory_gib * GiB * (1 - margin):
+            device_bytes = est.device_bytes * cal.factor
+            if device_bytes > g.memory_gib * GiB * (1 - margin) or (g.name, lay.label()) in cal.excluded:
                 continue
             step = estimate_step_time(job, lay, g, intra, inter, per_node)
-            need = est.device_bytes / (1 - margin) / GiB
+            need = device_bytes / (1 - margin) / GiB
             plan = ResourcePlan(
                 gpu_type=g.name, gpus=lay.gpus, min_gpu_memory_gib=round(need, 2),
                 acceptable_gpu_types=[x.name for x in types if x.memory_gib >= need],
-                layout=lay, predicted_device_gib=round(est.device_bytes / GiB, 2),
+                layout=lay, predicted_device_gib=round(device_bytes / GiB, 2), memory_calibration=round(cal.factor, 4),
                 predicted_allocated_gib=round(est.allocated_bytes / GiB, 2), est_step_time_s=step,
                 gpu_seconds_per_step=step * lay.gpus,
                 compute_pflop_per_step=step * lay.gpus * g.tflops(job.training.precision) / 1000,
