@@ -79,10 +79,15 @@ class InventoryError(ValueError):
 
 
 def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> Cluster:
-    """A cluster from a preset name (`phoebe`, `frenzy-testbed`, `local`) or a YAML file."""
+    """A cluster from a preset name (`phoebe`, `frenzy-testbed`, `local`), a Ray cluster (`ray`: the one this machine
+    joined or $RAY_ADDRESS; `ray://HOST:PORT`), or a YAML file."""
     cat = catalog or default_catalog()
     if str(spec) == "local":
         return discover_local(cat)
+    if str(spec) == "ray" or str(spec).startswith("ray://"):
+        from cluster.ray_exec import ray_inventory
+
+        return ray_inventory(None if str(spec) == "ray" else str(spec), cat)
     if str(spec) in PRESETS:
         text = resources.files("cluster").joinpath(f"presets/{spec}.yaml").read_text()
         source = f"preset {spec}"
@@ -113,6 +118,13 @@ def _system_ram_gib() -> float:
         return 8.0
 
 
+def cpu_device_type() -> GPUType:
+    """This host's CPU as a device (memory: system RAM), for hosts and Ray nodes with no GPU."""
+    return GPUType(name="cpu", memory_gib=round(_system_ram_gib(), 1), bf16_tflops=0.2, fp16_tflops=0.2,
+                   fp32_tflops=0.1 * (os.cpu_count() or 1), mem_bw_gbs=20, link="pcie", link_gbs=10,
+                   context_gib=0.0, alloc_frag=0.0)
+
+
 def discover_local(catalog: Catalog | None = None) -> Cluster:
     """This host's GPUs through NVML; the CPU as one device when there is none."""
     cat = catalog or default_catalog()
@@ -133,10 +145,7 @@ def discover_local(catalog: Catalog | None = None) -> Cluster:
     except Exception:  # no driver, no library, no device: fall back to the CPU
         gpus = []
     if not gpus:
-        cpu = GPUType(name="cpu", memory_gib=round(_system_ram_gib(), 1), bf16_tflops=0.2, fp16_tflops=0.2,
-                      fp32_tflops=0.1 * (os.cpu_count() or 1), mem_bw_gbs=20, link="pcie", link_gbs=10,
-                      context_gib=0.0, alloc_frag=0.0)
-        cat.add(cpu)
+        cat.add(cpu_device_type())
         return Cluster(name="local", nodes=[Node(name=host, gpu="cpu", count=1, interconnect="none")])
     nodes: dict[str, Node] = {}
     for name, mem in gpus:

@@ -70,7 +70,7 @@ dev = torch.device("cpu")
 if cfg["backend"] == "nccl":
     dev = torch.device("cuda", cfg["rank"] % torch.cuda.device_count())
     torch.cuda.set_device(dev)
-dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
+dist.init_process_group(cfg["backend"], init_method=f"tcp://{cfg.get('master', '127.0.0.1')}:{cfg['port']}", rank=cfg["rank"],
                         world_size=cfg["world"], timeout=__import__("datetime").timedelta(seconds=cfg["timeout"]))
 if node in os.environ.get("FRENZY_NODECHECK_HANG", "").split(","):
     time.sleep(10 ** 6)

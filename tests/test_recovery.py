@@ -57,6 +57,21 @@ def test_a_cuda_error_is_diagnosed_and_training_resumes(prefect_server, tmp_path
 
 
 @pytest.mark.slow  # a whole submit flow each (about a minute)
+def test_an_object_store_failure_is_diagnosed_and_training_resumes(prefect_server, tmp_path):
+    # what s3fs raises when the endpoint is down past every retry (the trainer rides out shorter outages:
+    # tests/test_s3_checkpoint.py)
+    line = ("botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL: "
+            '"http://127.0.0.1:9000/frenzy/rec/step_00000030/rank00000.bin"')
+    code, res, err = _submit(tmp_path, {"FRENZY_FAULT_RAISE": f"33:{line}"})
+    assert code == 0, err[-3000:]
+    [rec] = res["recoveries"]
+    assert rec["diagnosis"]["type"] == "S3StorageError" and rec["diagnosis"]["category"] == "infrastructure"
+    assert rec["action"]["kind"] == "resume"
+    assert res["train"]["resumed_from_step"] == 30 and res["train"]["final_step"] == 60
+    _no_step_lost(tmp_path, res)
+
+
+@pytest.mark.slow  # a whole submit flow each (about a minute)
 def test_a_script_error_stops_at_once_with_the_diagnosis(prefect_server, tmp_path):
     code, _, err = _submit(tmp_path, {"FRENZY_FAULT_RAISE": "15:KeyError: 'optimizer'"})
     assert code == 2

@@ -353,6 +353,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     t_last_update = t_start  # the end of the newest optimizer step: tokens/s is over training, up to the last update
     model.train()
     preempt = threading.Event()
+    stop_file = opts.run_dir / "stop"
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a preemption, a cancelled flow, torchrun shutting down): finish the step, checkpoint, exit
         signal.signal(signal.SIGTERM, lambda *_: preempt.set())
@@ -393,7 +394,8 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         if lease is not None and lease.lost.is_set():  # someone took the root over: commit nothing more
             raise WriterLeaseError(f"lost the writer lease of {storage.uri} at step {step}: another trainer took "
                                    "it over; this one stops without committing (see `frenzy checkpoints`)")
-        stopped = preempt.is_set() or (opts.stop_after_steps is not None and steps_run >= opts.stop_after_steps)
+        stopped = preempt.is_set() or (opts.stop_after_steps is not None and steps_run >= opts.stop_after_steps) \
+            or stop_file.exists()  # request_stop(): how an executor without signals (Ray actors) stops the ranks
         if not _agree(d, not stopped):  # every rank stops at the same step
             stopped = True
             break

@@ -1,0 +1,371 @@
+"""Frenzy beyond one machine, on Ray: the inventory from a Ray cluster's nodes, an allocation's training ranks as Ray
+actors in placement groups pinned to the allocated nodes, and the node check's probe run on the nodes themselves.
+
+Nodes say who they are with two custom resources at `ray start`: `frenzy_node:NAME` (1) names the node (the name
+HAS and the ledger use) and `frenzy_gpu:TYPE` (its GPU count) its catalog GPU type, e.g.
+
+    ray start --head --num-gpus 8 --resources '{"frenzy_node:a100-0": 1, "frenzy_gpu:A100-40GB": 8}'
+
+Without them a node is named after its host and node id, and its GPU type comes from Ray's `accelerator_type:`
+resource (a node with no GPU is one `cpu` device, as in local discovery). The trainer inside each actor is the same
+`tasks.training.loop.train` torchrun runs; ranks form one torch.distributed group (gloo on CPU, NCCL on GPUs) with
+rank 0's node as the rendezvous. The run directory (progress, log, result) must be on a filesystem every node sees,
+and checkpoints on shared storage (`s3://`, or a shared path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cluster.catalog import Catalog, GPUType, default_catalog
+from cluster.inventory import Cluster, InventoryError, Node, cpu_device_type
+
+NODE_PREFIX = "frenzy_node:"
+GPU_PREFIX = "frenzy_gpu:"
+_MARK = "frenzy-train-error: "
+
+
+class RayExecutorError(RuntimeError):
+    """Ray is missing, unreachable, or cannot place what was asked; the message names the fix."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayExecutorError("the Ray executor needs Ray: pip install 'frenzy[ray]' (or ray>=2.40)") from None
+    return ray
+
+
+def connect(address: str | None = None) -> Any:
+    """Join the Ray cluster at `address` (`ray://HOST:10001` through Ray Client, `HOST:6379`, or `auto`/None: the
+    cluster this machine belongs to, or $RAY_ADDRESS) as a driver; returns the `ray` module."""
+    ray = _ray()
+    if ray.is_initialized():
+        return ray
+    addr = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=addr, namespace="frenzy", log_to_driver=False, ignore_reinit_error=True,
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise RayExecutorError(f"cannot reach a Ray cluster at {addr!r} ({err}); start one with `ray start --head` "
+                               "or set RAY_ADDRESS / the executor's address") from None
+    return ray
+
+
+def node_name(info: dict[str, Any]) -> str:
+    for key in info.get("Resources", {}):
+        if key.startswith(NODE_PREFIX):
+            return key[len(NODE_PREFIX):]
+    return f"{info.get('NodeManagerHostname', 'node')}-{info['NodeID'][:8]}"
+
+
+def ray_inventory(address: str | None = None, catalog: Catalog | None = None) -> Cluster:
+    """The alive nodes of the Ray cluster as a Frenzy cluster (what `--cluster ray` loads and the ledger syncs)."""
+    ray = connect(address)
+    cat = catalog or default_catalog()
+    nodes = []
+    for info in ray.nodes():
+        if not info.get("Alive"):
+            continue
+        res = info.get("Resources", {})
+        name = node_name(info)
+        typed = [(k[len(GPU_PREFIX):], v) for k, v in res.items() if k.startswith(GPU_PREFIX)]
+        acc = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
+        count = int(res.get("GPU", 0))
+        if typed:
+            gpu, count = typed[0][0], int(typed[0][1])
+        elif count and acc:
+            gpu = next((g.name for g in cat.gpus.values() if acc[0].lower() in g.name.lower()), acc[0])
+        elif count:
+            raise InventoryError(f"Ray node {name} has {count} GPUs of no known type; start it with --resources "
+                                 f"'{{\"{GPU_PREFIX}TYPE\": {count}}}' (TYPE from `frenzy gpus`)")
+        else:
+            if "cpu" not in cat:
+                cat.add(cpu_device_type())
+            gpu, count = "cpu", 1
+        try:
+            cat.get(gpu)
+        except ValueError as err:
+            raise InventoryError(f"Ray node {name}: {err}") from None
+        nodes.append(Node(name=name, gpu=gpu, count=count, interconnect="none" if gpu == "cpu" else None))
+    if not nodes:
+        raise InventoryError("the Ray cluster has no alive node")
+    return Cluster(name="ray", nodes=nodes)
+
+
+def _node_resource(name: str) -> dict[str, float]:
+    return {f"{NODE_PREFIX}{name}": 0.001}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------ training ranks
+
+class _Rank:
+    """One training rank: the trainer of tasks/training/loop.py in this actor's process, its output appended to the
+    run's train.log (where the failure diagnosis reads it)."""
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, env: dict[str, str], job: dict, run_dir: str, resume: bool, from_scratch: bool, device: str,
+            threads: int | None, tp: int) -> dict:
+        import logging
+
+        os.environ.update(env)
+        log = open(Path(run_dir) / "train.log", "ab", buffering=0)  # noqa: SIM115 - lives as long as the rank
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                            format=f"%(asctime)s [rank {env['RANK']}] %(levelname)s %(name)s: %(message)s")
+        from tasks.jobspec import parse_job
+        from tasks.training.checkpoint import CheckpointError
+        from tasks.training.data import DataError
+        from tasks.training.loop import TrainOptions, train
+        from tasks.training.storage import StorageError
+        from tasks.training.writer import WriterLeaseError
+
+        try:
+            res = train(TrainOptions(job=parse_job(job), run_dir=Path(run_dir), resume=resume,
+                                     from_scratch=from_scratch, device=device, threads=threads, tp=tp))
+            return {"ok": True, "result": res}
+        except (CheckpointError, DataError, StorageError, WriterLeaseError, ValueError) as err:
+            print(f"{_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
+            return {"ok": False, "error": str(err), "user_error": True}
+        except BaseException as err:  # noqa: BLE001 - printed where the diagnosis reads it, then reported
+            traceback.print_exc()
+            return {"ok": False, "error": f"{type(err).__name__}: {err}", "user_error": False}
+        finally:
+            with contextlib.suppress(Exception):
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+
+def _absolute(job: Any) -> Any:
+    """Paths in the job as absolute paths: the ranks run in the Ray workers' directories, not the driver's."""
+    job = job.model_copy(deep=True)
+    uri = job.training.checkpoint.uri
+    if uri.startswith("file://") and not uri.startswith("file:///"):
+        job.training.checkpoint.uri = "file://" + str(Path(uri[len("file://"):]).absolute())
+    elif "://" not in uri:
+        job.training.checkpoint.uri = str(Path(uri).absolute())
+    d = job.training.data
+    for field in ("path", "tokenizer"):
+        v = getattr(d, field)
+        if v and "://" not in v and v != "byte" and Path(v).expanduser().exists():
+            setattr(d, field, str(Path(v).expanduser().absolute()))
+    return job
+
+
+def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *, resume: bool = False,
+               from_scratch: bool = False, device: str = "cpu", threads: int | None = None, tp: int = 1,
+               on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5, address: str | None = None,
+               gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0) -> dict:
+    """Train `job` with `placement` [(node, ranks)] as Ray actors, one placement group (STRICT_PACK, one bundle per
+    rank) pinned to each node; returns rank 0's result record like `launch()`. A rank that dies (its node lost)
+    fails the whole group at once (every actor is killed, `frenzy: node X lost` goes to the log) with TrainFailed,
+    so the recovery policy can diagnose, cordon and resume. `request_stop(run_dir)` stops it as it stops `launch()`:
+    the ranks see the stop file at the next step boundary, commit that step and return."""
+    from tasks.training.launch import KILL_FILE, STOP_FILE, TrainFailed, _tail
+
+    ray = connect(address)
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    job = _absolute(job)
+    run_dir = run_dir.absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("result.json", STOP_FILE, KILL_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    (run_dir / "job.json").write_text(job.model_dump_json(indent=1))
+    progress = run_dir / "progress.jsonl"
+    offset = progress.stat().st_size if progress.exists() else 0
+    log_path = run_dir / "train.log"
+    world = sum(n for _, n in placement)
+    if world < 1 or world % tp:
+        raise ValueError(f"{world} ranks and tp={tp}: tp must divide the ranks")
+    pgs, actors = [], []
+    rank_actor = ray.remote(max_restarts=0)(_Rank)
+    try:
+        for node, n in placement:
+            bundle = {"CPU": 1.0, **_node_resource(node), **({"GPU": 1.0} if gpus else {})}
+            pgs.append(placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
+                                       name=f"frenzy-{job.name}-{node}"))
+        ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=place_timeout_s)
+        if len(ready) < len(pgs):
+            missing = [node for (node, _), pg in zip(placement, pgs, strict=True) if pg.ready() not in ready]
+            raise TrainFailed(f"Ray could not reserve the allocation on {', '.join(map(str, missing))} within "
+                              f"{place_timeout_s:.0f} s: the node is gone or busy (see `ray status`)", 1, "")
+        rank = 0
+        for (node, n), pg in zip(placement, pgs, strict=True):
+            for i in range(n):
+                a = rank_actor.options(num_cpus=1, num_gpus=1 if gpus else 0, scheduling_strategy=
+                                       PlacementGroupSchedulingStrategy(placement_group=pg,
+                                                                        placement_group_bundle_index=i)).remote()
+                actors.append((a, node, rank, i, n))
+                rank += 1
+        master, port = ray.get(actors[0][0].address.remote())
+        threads_env = str(threads or 1)
+        refs = {}
+        for a, node, r, local, n in actors:
+            env = {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(n),
+                   "MASTER_ADDR": master, "MASTER_PORT": str(port), "OMP_NUM_THREADS": threads_env,
+                   "PYTHONUNBUFFERED": "1", "FRENZY_NODE": node}
+            refs[a.run.remote(env, job.model_dump(mode="json"), str(run_dir), resume, from_scratch, device, threads,
+                              tp)] = (a, node, r)
+        results: dict[int, dict] = {}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
+            offset = _tail(progress, offset, on_record)
+            for ref in done:
+                a, node, r = refs[ref]
+                try:
+                    out = ray.get(ref)
+                except Exception as err:  # noqa: BLE001 - RayActorError & co: the rank's process or node is gone
+                    msg = f"frenzy: node {node} lost: rank {r}'s actor died ({type(err).__name__})"
+                    with open(log_path, "a") as lf:
+                        lf.write(msg + "\n")
+                    raise TrainFailed(f"{msg}; log: {log_path}", 1, log_path.read_text(errors="replace")[-4000:]) \
+                        from None
+                if not out["ok"] and not out["user_error"]:
+                    # a collective error is most often a peer that died: name its node, once Ray knows it is gone
+                    lost = _dead_peer(ray, [(x, n_, r_) for x, n_, r_ in refs.values() if r_ != r], loss_grace_s)
+                    if lost is not None:
+                        msg = f"frenzy: node {lost[0]} lost: rank {lost[1]}'s actor died; rank {r} on {node} saw " \
+                              f"{out['error'].splitlines()[0][:200]}"
+                        with open(log_path, "a") as lf:
+                            lf.write(msg + "\n")
+                        raise TrainFailed(f"{msg}; log: {log_path}", 1, log_path.read_text(errors="replace")[-4000:])
+                if not out["ok"]:
+                    text = log_path.read_text(errors="replace")
+                    raise TrainFailed(out["error"] if out["user_error"] else
+                                      f"rank {r} on {node} failed: {out['error']}; log: {log_path}", 2 if
+                                      out["user_error"] else 1, text[-4000:])
+                results[r] = out["result"]
+            if (run_dir / KILL_FILE).exists():
+                reason = (run_dir / KILL_FILE).read_text(errors="replace").strip()
+                with open(log_path, "a") as lf:
+                    lf.write(f"frenzy-hang: {reason}\n")
+                raise TrainFailed(f"trainer killed: {reason}; log: {log_path}", -9,
+                                  log_path.read_text(errors="replace")[-4000:])
+        _tail(progress, offset, on_record)
+        return results[0]
+    finally:
+        for a, *_ in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        for pg in pgs:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+
+def _dead_peer(ray: Any, peers: list[tuple[Any, str, int]], grace_s: float) -> tuple[str, int] | None:
+    """(node, rank) of a peer whose actor is dead, asking each for its pid for up to `grace_s` (the time Ray takes
+    to declare a lost node dead); None when every peer answers."""
+    refs = {a.pid.remote(): (node, r) for a, node, r in peers}
+    pending, deadline = list(refs), time.monotonic() + grace_s
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.1, deadline - time.monotonic()))
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - RayActorError: the actor (its node) is gone
+                return refs[ref]
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ node check
+
+def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 120.0, backend: str = "gloo",
+              address: str | None = None) -> Callable[[Sequence[str]], Any]:
+    """The node check's probe (cluster/nodecheck.py) with one process on each named Ray node itself: a Ray task
+    pinned to the node by its `frenzy_node:` resource runs the same collective worker; rank 0's node is the
+    rendezvous. A member that fails fails its group at once."""
+    from cluster.nodecheck import _WORKER, GroupRun
+
+    ray = connect(address)
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def where() -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), _free_port()
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def member(cfg: dict, env: dict[str, str], limit_s: float) -> dict:
+        import subprocess
+
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(cfg)], capture_output=True, text=True,
+                               timeout=limit_s, env={**os.environ, **env})
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"timed out after {cfg['timeout']:.0f} s", "hung": True}
+        if p.returncode:
+            tail = p.stderr.strip().splitlines()
+            return {"ok": False, "error": f"{cfg['node']}: exit {p.returncode}: {tail[-1] if tail else ''}"}
+        return {"ok": True, "seconds": json.loads(p.stdout.strip().splitlines()[-1])["seconds"],
+                "wall_s": time.monotonic() - t0}
+
+    fault_env = {k: v for k, v in os.environ.items() if k.startswith("FRENZY_NODECHECK_")}
+
+    def run(group: Sequence[str]) -> GroupRun:
+        import tempfile
+
+        try:
+            master, port = ray.get(where.options(resources=_node_resource(group[0])).remote(), timeout=startup_s)
+        except Exception as err:  # noqa: BLE001 - the node is gone or cannot run a task
+            return GroupRun(nodes=list(group), ok=False, seconds=timeout_s, error=f"{group[0]}: {type(err).__name__}")
+        marks = tempfile.gettempdir()
+        refs = [member.options(resources=_node_resource(n)).remote(
+            {"node": n, "rank": i, "world": len(group), "port": port, "master": master, "probe_mb": probe_mb,
+             "timeout": timeout_s, "backend": backend, "ready": os.path.join(marks, f"frenzy-nc-{n}-{port}.ready")},
+            fault_env, startup_s + timeout_s) for i, n in enumerate(group)]
+        pending, outs = list(refs), {}
+        deadline = time.monotonic() + startup_s + timeout_s + 10
+        while pending and time.monotonic() < deadline:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.1, deadline - time.monotonic()))
+            for ref in done:
+                try:
+                    outs[ref] = ray.get(ref)
+                except Exception as err:  # noqa: BLE001 - the node died under the task
+                    outs[ref] = {"ok": False, "error": f"{group[refs.index(ref)]}: {type(err).__name__}"}
+                if not outs[ref]["ok"]:
+                    pending = []  # its peers would only wait for it until their timeout
+                    break
+        for ref in refs:
+            if ref not in outs:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+        bad = [o for o in outs.values() if not o["ok"]]
+        if bad or len(outs) < len(refs):
+            err = bad[0]["error"] if bad else f"timed out after {timeout_s:.0f} s"
+            return GroupRun(nodes=list(group), ok=False, seconds=timeout_s, error=err)
+        return GroupRun(nodes=list(group), ok=True, seconds=max(o["seconds"] for o in outs.values()))
+
+    return run
+
+
+__all__ = ["GPUType", "RayExecutorError", "connect", "launch_ray", "node_name", "ray_inventory", "ray_probe"]

@@ -1,0 +1,151 @@
+"""Frenzy on a real multi-node Ray cluster on this machine (several raylets on loopback, fake GPU resources):
+inventory and ledger, a job placed across two nodes that trains, checkpoints, loses a node and resumes, a cordoned
+node that receives nothing, and the two-round node check run on the Ray nodes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.has import GpuRequest
+from cluster.ledger import Ledger
+from tasks.diagnosis.diagnose import diagnose
+from tasks.diagnosis.recovery import decide
+from tasks.training import checkpoint as ck
+from tasks.training.launch import TrainFailed
+from tasks.training.storage import Storage
+from tests.trainer_util import tiny_job
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a Ray cluster of three raylets (about 10 s to start)
+
+_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every Ray address on 127.0.0.1, never the host's interface
+        "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def _node_args(name: str, gpus: int = 1) -> dict:
+    return {"num_cpus": 2, "num_gpus": gpus, "object_store_memory": 80 << 20,
+            "resources": {f"frenzy_node:{name}": 1, "frenzy_gpu:A100-40GB": gpus}}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    old = {k: os.environ.get(k) for k in _ENV}
+    os.environ.update(_ENV)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
+                                                      "include_dashboard": False,
+                                                      "resources": {"frenzy_node:head": 1}})
+    nodes = {n: c.add_node(**_node_args(n)) for n in ("n1", "n2", "n3")}
+    c.wait_for_nodes()
+    os.environ["RAY_ADDRESS"] = c.address
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+    for k, v in old.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    os.environ.pop("RAY_ADDRESS", None)
+
+
+def test_inventory_comes_from_the_ray_nodes_and_the_ledger_syncs_it(cluster, tmp_path):
+    from cluster.inventory import load_cluster
+
+    inv = load_cluster("ray")
+    by = {n.name: n for n in inv.nodes}
+    assert {"n1", "n2", "n3", "head"} <= set(by)
+    assert by["n1"].gpu == "A100-40GB" and by["n1"].count == 1 and by["head"].gpu == "cpu"
+    ledger = Ledger(str(tmp_path / "l.db"))
+    ledger.sync(inv)
+    ledger.cordon("n2", "failed its node check")
+    a = ledger.allocate("j1", [GpuRequest(gpus=1, min_mem_gib=30)])
+    b = ledger.allocate("j2", [GpuRequest(gpus=1, min_mem_gib=30)])
+    c = ledger.allocate("j3", [GpuRequest(gpus=1, min_mem_gib=30)])
+    placed = {n.node for x in (a, b) for n in x.nodes}
+    assert placed == {"n1", "n3"} and c is None  # the cordoned node receives nothing
+
+
+def _committed(uri: str) -> list[int]:
+    return [m.step for m in ck.committed(Storage(uri))]
+
+
+def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_path):
+    from cluster.ray_exec import launch_ray
+
+    c, nodes = cluster
+    uri = f"file://{tmp_path}/ckpt"
+    job = tiny_job(uri, steps=300, every=10)
+    run_dir = tmp_path / "run"
+    failure: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            launch_ray(job, [("n1", 1), ("n2", 1)], run_dir, device="cpu", threads=1, gpus=True)
+        except BaseException as err:  # noqa: BLE001 - inspected below
+            failure.append(err)
+
+    th = threading.Thread(target=train)
+    th.start()
+    deadline = time.monotonic() + 240
+    while not any(s >= 20 for s in _committed(uri)) and time.monotonic() < deadline and th.is_alive():
+        time.sleep(0.5)
+    assert any(s >= 20 for s in _committed(uri)), (run_dir / "train.log").read_text()[-3000:]
+    t_kill = time.monotonic()
+    c.remove_node(nodes["n2"])  # the node dies with its raylet and workers
+    th.join(timeout=180)
+    assert not th.is_alive() and failure and isinstance(failure[0], TrainFailed)
+    detect_s = time.monotonic() - t_kill
+    assert "node n2 lost" in str(failure[0])
+    d = diagnose(run_dir / "train.log")
+    assert d.category == "infrastructure" and d.restartable and decide(d, 0, 2).kind == "resume"
+    before = max(_committed(uri))
+    job.training.steps = before + 20
+    res = launch_ray(job, [("n1", 1), ("n3", 1)], run_dir, resume=True, device="cpu", threads=1, gpus=True)
+    assert res["resumed_from_step"] == before and res["final_step"] == before + 20 and res["world_size"] == 2
+    assert max(_committed(uri)) == before + 20
+    print(f"node loss detected in {detect_s:.1f} s")
+
+
+def test_a_stop_request_commits_and_returns(cluster, tmp_path):
+    from cluster.ray_exec import launch_ray
+    from tasks.training.launch import request_stop
+
+    uri = f"file://{tmp_path}/ckpt"
+    run_dir = tmp_path / "run"
+    out: list[dict] = []
+    th = threading.Thread(target=lambda: out.append(launch_ray(tiny_job(uri, steps=10_000, every=1000),
+                                                               [("n1", 1), ("n3", 1)], run_dir, device="cpu")))
+    th.start()
+    deadline = time.monotonic() + 180
+    while not (run_dir / "progress.jsonl").exists() or '"step"' not in (run_dir / "progress.jsonl").read_text():
+        assert time.monotonic() < deadline and th.is_alive(), (run_dir / "train.log").read_text()[-3000:]
+        time.sleep(0.5)
+    request_stop(run_dir)
+    th.join(timeout=120)
+    assert out and out[0]["stopped_early"] and out[0]["final_step"] == max(_committed(uri))
+
+
+def test_the_node_check_runs_on_the_ray_nodes_and_finds_the_faulty_one(cluster, monkeypatch):
+    from cluster.nodecheck import check_nodes
+    from cluster.ray_exec import ray_probe
+
+    c, nodes = cluster
+    nodes["n4"] = c.add_node(**_node_args("n4"))
+    c.wait_for_nodes()
+    monkeypatch.setenv("FRENZY_NODECHECK_FAIL", "n3")  # n3's probe process dies before the collective
+    res = check_nodes(["n1", "n3", "head", "n4"], probe=ray_probe(probe_mb=1, timeout_s=20))
+    assert res.faulty == ["n3"] and res.slow == [] and res.unverified == [] and len(res.rounds) == 2
+    assert [g.ok for g in res.rounds[0]] == [False, True]  # round 1: (n1, n3) fails, (head, n4) passes
+    assert all(g.ok == ("n3" not in g.nodes) for g in res.rounds[1])  # round 2 clears n1, convicts n3
+
+
+def test_an_allocation_on_a_missing_node_is_refused_by_name(cluster, tmp_path):
+    from cluster.ray_exec import launch_ray
+
+    with pytest.raises(TrainFailed, match="could not reserve the allocation on nope"):
+        launch_ray(tiny_job(f"file://{tmp_path}/c", steps=5), [("nope", 1)], Path(tmp_path / "r"), device="cpu",
+                   place_timeout_s=3)
