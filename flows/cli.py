@@ -152,8 +152,16 @@ def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
     known = {n["name"] for n in ledger.nodes()}
     if args.cordon and (unknown := [n for n in names if n not in known]):
         raise ValueError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
-    print(f"checking {len(names)} nodes in pairs (each probe a local process here)...", file=sys.stderr, flush=True)
-    res = check_nodes(names, probe=local_probe(timeout_s=args.timeout, backend=args.backend))
+    if args.executor == "local":
+        where, probe = "each probe a local process here", local_probe(timeout_s=args.timeout, backend=args.backend)
+    else:
+        from cluster.ray_exec import ray_probe
+
+        where = "each probe on its Ray node"
+        probe = ray_probe(timeout_s=args.timeout, backend=args.backend,
+                          address=None if args.executor == "ray" else args.executor)
+    print(f"checking {len(names)} nodes in pairs ({where})...", file=sys.stderr, flush=True)
+    res = check_nodes(names, probe=probe)
     if args.cordon:
         res.cordoned = cordon_faulty(ledger, res)
 
@@ -390,8 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="check: seconds a pair's collective may take before it counts as failed (30)")
     sp.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                     help="check: collective backend (nccl: on GPUs, one per probe process)")
+    sp.add_argument("--executor", default="local",
+                    help="check: local (one process per node on this machine) or ray / ray://HOST:PORT (each probe on "
+                         "its Ray node, named by its frenzy_node: resource)")
     sp.add_argument("node", nargs="?", help="node name (cordon, uncordon)")
-    sp.add_argument("--cluster", default="local", help="cluster preset or YAML for init (default local)")
+    sp.add_argument("--cluster", default="local",
+                    help="cluster preset or YAML for init (default local; ray or ray://HOST:PORT: the Ray cluster's nodes)")
     sp.add_argument("--reason", default="", help="why the node is cordoned (kept in the ledger)")
     sp.add_argument("--ledger", help="SQLAlchemy URL or SQLite path (default $FRENZY_LEDGER or ~/.frenzy/ledger.db)")
 

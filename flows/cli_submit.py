@@ -59,7 +59,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     req = SubmitRequest(job=job, cluster=args.cluster, ledger=args.ledger, suite=args.suite,
                         max_wait_s=args.max_wait, evaluation=args.evaluation, device=args.device,
                         run_dir=args.run_dir, lease_s=args.lease, max_restarts=args.max_restarts,
-                        hang_s=args.hang)
+                        hang_s=args.hang, executor=args.executor)
     t0 = time.monotonic()
     res = submit(req)
     _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
@@ -101,7 +101,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("submit", cmd_submit, "Run a job end to end: plan, place, train with evaluations of each checkpoint, "
              "straggler analysis, GPUs released; prints where the results are.")
     sp.add_argument("job", help="job YAML file")
-    sp.add_argument("--cluster", default="local", help="cluster preset or YAML (default local: this machine)")
+    sp.add_argument("--cluster", default="local", help="cluster preset or YAML (default local: this machine; with "
+                    "--executor ray, the Ray cluster's nodes)")
+    sp.add_argument("--executor", default="local",
+                    help="local (processes on this machine, default), ray (the Ray cluster this machine joined, or "
+                         "$RAY_ADDRESS) or ray://HOST:PORT: the allocation's ranks as Ray actors on its nodes")
     sp.add_argument("--ledger", help="SQLAlchemy URL or SQLite path (default $FRENZY_LEDGER or ~/.frenzy/ledger.db)")
     sp.add_argument("--suite", help="evaluation suite (core, quick or a YAML; default the job's, else core)")
     sp.add_argument("--evaluation", choices=["auto", "in-flow", "deployment", "off"], default="auto",

@@ -13,7 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict, Field
 
-from cluster.inventory import load_cluster
+from cluster.inventory import Cluster, load_cluster
 from tasks.jobspec import JobSpec
 from tasks.planning.calibration import OomObservation, load_observations
 from tasks.planning.plans import RankBy, ResourcePlan
@@ -38,10 +38,12 @@ class PlanRequest(BaseModel):
 
 
 @task(cache_policy=INPUTS + TASK_SOURCE, cache_expiration=timedelta(days=7), persist_result=True)
-def plan_resources(request: PlanRequest, observations: list[OomObservation] | None = None) -> list[ResourcePlan]:
+def plan_resources(request: PlanRequest, observations: list[OomObservation] | None = None,
+                   inventory: Cluster | None = None) -> list[ResourcePlan]:
     """Ranked resource plans (pure and deterministic, so cached on its inputs: the recorded out-of-memory
-    observations are one, so a new observation re-plans)."""
-    cluster = load_cluster(request.cluster)
+    observations and the loaded inventory are among them, so a new observation, or a Ray cluster or host that
+    changed, re-plans)."""
+    cluster = inventory or load_cluster(request.cluster)
     return _plan_resources(request.job, cluster, rank_by=request.rank_by, margin=request.margin,
                            top=request.top, observations=observations)
 
@@ -57,7 +59,7 @@ def plans_markdown(request: PlanRequest, plans: list[ResourcePlan]) -> str:
 @flow(name="plan", flow_run_name="plan-{request.job.name}", log_prints=True)
 def plan(request: PlanRequest) -> list[ResourcePlan]:
     """MARP: which GPU types and counts can train this job, best first."""
-    plans = plan_resources(request, load_observations())
+    plans = plan_resources(request, load_observations(), load_cluster(request.cluster))
     create_markdown_artifact(key="frenzy-plans", markdown=plans_markdown(request, plans),
                              description="MARP resource plans")
     print(f"{len(plans)} plans; best: {plans[0].gpus} x {plans[0].gpu_type} ({plans[0].layout.label()})")

@@ -32,7 +32,7 @@ from flows.evaluate import EvaluateRequest, evaluate_task
 from flows.place import LeaseLost, place, release
 from flows.plan import PlanRequest, plan_resources, plans_markdown
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
-from flows.train import TrainRequest, TrainResult, train_task
+from flows.train import NodeRanks, TrainRequest, TrainResult, train_task
 from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.diagnosis.recovery import Action, decide
@@ -84,6 +84,15 @@ class SubmitRequest(BaseModel):
     """Automatic recoveries from training failures (diagnosed from the log; tasks/diagnosis/recovery.py)."""
     hang_s: float = Field(900.0, ge=5)
     """A trainer that writes no progress record for this long is killed and treated as a node fault."""
+    executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
+    """`local`: training runs as processes on this worker's own GPUs; `ray` (the Ray cluster this worker joined,
+    or $RAY_ADDRESS) or `ray://HOST:PORT`: the allocation's ranks run as Ray actors on its nodes, which may be
+    several (with cluster `local`, the Ray cluster's nodes are the inventory)."""
+
+    @property
+    def cluster_spec(self) -> str:
+        """The inventory: the Ray cluster's nodes when training runs on Ray and no other cluster is named."""
+        return self.executor if self.executor != "local" and self.cluster == "local" else self.cluster
 
 
 class SubmitResult(BaseModel):
@@ -125,11 +134,17 @@ def _host_node(alloc: Allocation) -> str:
 def training_request(request: SubmitRequest, alloc: Allocation, chosen: ResourcePlan, run_dir: Path,
                      suite: str = "") -> TrainRequest:
     """The trainer's request for exactly the allocation's GPUs and the chosen plan's layout."""
-    _host_node(alloc)
-    node = alloc.nodes[0]
     job = request.job.model_copy(deep=True)
     if job.training.micro_batch is None:
         job.training.micro_batch = chosen.layout.micro_batch
+    if request.executor != "local":  # Ray: one actor per allocated GPU on its node, the nodes may be several
+        placement = [NodeRanks(node=n.node, ranks=len(n.gpu_indices), gpus=n.gpu_type != "cpu") for n in alloc.nodes]
+        return TrainRequest(job=job, nproc=sum(p.ranks for p in placement), tp=chosen.layout.tp, resume=True,
+                            device="cpu" if not placement[0].gpus else request.device, run_dir=str(run_dir),
+                            analyze_stragglers=False, evaluation_suite=suite or None, executor=request.executor,
+                            placement=placement)
+    _host_node(alloc)
+    node = alloc.nodes[0]
     on_cpu = node.gpu_type == "cpu"
     return TrainRequest(job=job, nproc=len(node.gpu_indices), tp=chosen.layout.tp, resume=True,
                         device="cpu" if on_cpu else request.device, run_dir=str(run_dir),
@@ -277,13 +292,26 @@ def recover_task(job: str, log: str, offset: int, restarts_done: int, max_restar
     return Recovery(diagnosis=d, action=act)
 
 
-def _check_allocation_nodes(ledger: Ledger, alloc: Allocation, logger: object) -> None:
+def _check_allocation_nodes(ledger: Ledger, alloc: Allocation, logger: object, executor: str = "local") -> None:
+    """The recovery's node check on the allocation's nodes: on Ray, nodes that left the cluster are cordoned at once
+    and the rest run the two-round collective test on the nodes themselves."""
     nodes = [n.node for n in alloc.nodes]
+    probe = local_probe()
+    if executor != "local":
+        from cluster.ray_exec import ray_inventory, ray_probe
+
+        address = None if executor == "ray" else executor
+        alive = {n.name for n in ray_inventory(address).nodes}
+        for n in [n for n in nodes if n not in alive]:
+            ledger.cordon(n, "left the Ray cluster during training")
+            logger.warning("node check: %s left the Ray cluster; cordoned", n)  # type: ignore[attr-defined]
+        nodes = [n for n in nodes if n in alive]
+        probe = ray_probe(address=address)
     if len(nodes) < 2:
-        logger.info("node check skipped: the allocation holds one node (%s) and the pairwise test needs two; "  # type: ignore[attr-defined]
-                    "resuming on healthy GPUs as the ledger sees them", nodes[0])
+        logger.info("node check skipped: %s healthy node(s) left in the allocation (%s) and the pairwise test needs "  # type: ignore[attr-defined]
+                    "two; resuming on healthy GPUs as the ledger sees them", len(nodes), ", ".join(nodes) or "-")
         return
-    res = check_nodes(nodes, probe=local_probe())
+    res = check_nodes(nodes, probe=probe)
     for n in cordon_faulty(ledger, res):
         logger.warning("node check: %s failed its collective twice; cordoned", n)  # type: ignore[attr-defined]
 
@@ -317,15 +345,15 @@ def submit(request: SubmitRequest) -> SubmitResult:
     job, t0, timings = request.job, time.monotonic(), {}
     suite = load_suite(request.suite or (job.evaluation.suite if job.evaluation else "core")).name \
         if request.evaluation != "off" else ""
-    cluster = load_cluster(request.cluster)  # an unknown cluster or suite fails before anything starts
+    cluster = load_cluster(request.cluster_spec)  # an unknown cluster or suite fails before anything starts
 
-    plans = plan_resources(PlanRequest(job=job, cluster=request.cluster, rank_by=request.rank_by, top=1000),
-                           load_observations())
+    plans = plan_resources(PlanRequest(job=job, cluster=request.cluster_spec, rank_by=request.rank_by, top=1000),
+                           load_observations(), cluster)
     runnable = [p for p in plans if p.layout.pp == 1]  # the trainer runs data x tensor parallel layouts
     if not runnable:
         raise PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer does not "
                             "run yet; add GPUs with more memory or enable recompute / zero_stage 3")
-    create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=request.cluster), runnable[:10]),
+    create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=request.cluster_spec), runnable[:10]),
                              key=_key(f"plans-{job.name}"), description="MARP resource plans, best first")
     timings["plan"] = time.monotonic() - t0
 
@@ -372,7 +400,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
             raise PipelineError(f"{job.name}: training failed, {rec.action.reason} (diagnosis: "
                                 f"{rec.diagnosis.root_cause_line or 'no matching line'}; log {log_path})") from failure
         if rec.action.node_check:
-            _check_allocation_nodes(ledger, alloc, logger)
+            _check_allocation_nodes(ledger, alloc, logger, request.executor)
         if rec.action.kind == "replan":
             _record_oom(job, chosen, rec.diagnosis, cluster)
             bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]

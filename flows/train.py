@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
 from tasks.jobspec import JobSpec
 from tasks.training.checkpoint import CheckpointRecord
-from tasks.training.launch import launch
+from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import WARNING_EVENTS, describe
 
 CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
@@ -37,8 +37,21 @@ class TrainResult(BaseModel):
     tokens_per_s: float
     trace: str | None
     run_dir: str
+    world_size: int = 1
+    """Ranks that trained (across every node of the allocation)."""
+    data_fraction: float = 0.0
+    """Share of the loop's time spent reading batches (the loader keeping up)."""
     stragglers: StragglerReport | None = None
     """The straggler analysis of the run's traces (a StragglerReport) when train_flow ran it."""
+
+
+class NodeRanks(BaseModel):
+    """Training ranks on one node."""
+
+    node: str
+    ranks: int = Field(ge=1)
+    gpus: bool = False
+    """Each rank takes one of the node's GPUs (False: CPU ranks)."""
 
 
 class TrainRequest(BaseModel):
@@ -64,6 +77,11 @@ class TrainRequest(BaseModel):
     """Run the straggler what-if analysis on the run's op traces when it ends (artifacts beside the trace)."""
     evaluation_suite: str | None = None
     """Suite named in the commit events (what evaluate-on-checkpoint runs); empty: the job's, else core."""
+    executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
+    """`local`: processes on this worker (torchrun); `ray` (the Ray cluster this worker joined, or $RAY_ADDRESS) or
+    `ray://HOST:PORT`: Ray actors on the nodes of `placement`."""
+    placement: list[NodeRanks] | None = None
+    """Ray executor: ranks per node (an allocation's nodes and GPU counts)."""
 
 
 def checkpoint_event(record: dict, run: str, suite: str = "core") -> None:
@@ -96,9 +114,20 @@ def train_task(request: TrainRequest) -> TrainResult:
             checkpoint_event(rec, job.name, suite)
         (logger.warning if ev in WARNING_EVENTS else logger.info)(describe(rec))
 
-    result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
-                    resume=request.resume, device=request.device, tp=request.tp, on_record=on_record,
-                    gpu_indices=request.gpu_indices)
+    if request.executor == "local":
+        result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
+                        resume=request.resume, device=request.device, tp=request.tp, on_record=on_record,
+                        gpu_indices=request.gpu_indices)
+    else:
+        from cluster.ray_exec import launch_ray
+
+        if not request.placement:
+            raise ValueError(f"executor {request.executor} needs a placement (the allocation's nodes and ranks)")
+        result = launch_ray(job, [(p.node, p.ranks) for p in request.placement],
+                            Path(request.run_dir) if request.run_dir else default_run_dir(job), resume=request.resume,
+                            device=request.device, tp=request.tp, on_record=on_record,
+                            address=None if request.executor == "ray" else request.executor,
+                            gpus=request.placement[0].gpus)
     update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result['final_step']}")
     return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields if k in result})
 

@@ -69,14 +69,24 @@ def test_inventory_comes_from_the_ray_nodes_and_the_ledger_syncs_it(cluster, tmp
     assert placed == {"n1", "n3"} and c is None  # the cordoned node receives nothing
 
 
+def _two_alive(cluster) -> list[tuple[str, int]]:
+    return [(n, 1) for n in sorted(cluster[1])[:2]]
+
+
 def _committed(uri: str) -> list[int]:
     return [m.step for m in ck.committed(Storage(uri))]
 
 
 def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_path):
+    from cluster.inventory import load_cluster
     from cluster.ray_exec import launch_ray
 
     c, nodes = cluster
+    ledger = Ledger(str(tmp_path / "l.db"))
+    ledger.sync(load_cluster("ray"))
+    alloc = ledger.allocate("x", [GpuRequest(gpus=2, min_mem_gib=30)])  # 1 GPU per node: HAS spans two nodes
+    placement = [(n.node, len(n.gpu_indices)) for n in alloc.nodes]
+    assert len(placement) == 2
     uri = f"file://{tmp_path}/ckpt"
     job = tiny_job(uri, steps=300, every=10)
     run_dir = tmp_path / "run"
@@ -84,7 +94,7 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
 
     def train() -> None:
         try:
-            launch_ray(job, [("n1", 1), ("n2", 1)], run_dir, device="cpu", threads=1, gpus=True)
+            launch_ray(job, placement, run_dir, device="cpu", threads=1, gpus=True)
         except BaseException as err:  # noqa: BLE001 - inspected below
             failure.append(err)
 
@@ -94,20 +104,27 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
     while not any(s >= 20 for s in _committed(uri)) and time.monotonic() < deadline and th.is_alive():
         time.sleep(0.5)
     assert any(s >= 20 for s in _committed(uri)), (run_dir / "train.log").read_text()[-3000:]
+    lost = placement[1][0]
     t_kill = time.monotonic()
-    c.remove_node(nodes["n2"])  # the node dies with its raylet and workers
+    c.remove_node(nodes.pop(lost))  # the node dies with its raylet and workers
     th.join(timeout=180)
     assert not th.is_alive() and failure and isinstance(failure[0], TrainFailed)
     detect_s = time.monotonic() - t_kill
-    assert "node n2 lost" in str(failure[0])
+    assert f"node {lost} lost" in str(failure[0])
     d = diagnose(run_dir / "train.log")
     assert d.category == "infrastructure" and d.restartable and decide(d, 0, 2).kind == "resume"
+    # the recovery: the lost node is cordoned, HAS places the job again on healthy nodes, training resumes
+    ledger.release(alloc.id)
+    ledger.cordon(lost, "left the Ray cluster")
+    again = ledger.allocate("x", [GpuRequest(gpus=2, min_mem_gib=30)])
+    placement2 = [(n.node, len(n.gpu_indices)) for n in again.nodes]
+    assert lost not in dict(placement2) and len(placement2) == 2
     before = max(_committed(uri))
     job.training.steps = before + 20
-    res = launch_ray(job, [("n1", 1), ("n3", 1)], run_dir, resume=True, device="cpu", threads=1, gpus=True)
+    res = launch_ray(job, placement2, run_dir, resume=True, device="cpu", threads=1, gpus=True)
     assert res["resumed_from_step"] == before and res["final_step"] == before + 20 and res["world_size"] == 2
     assert max(_committed(uri)) == before + 20
-    print(f"node loss detected in {detect_s:.1f} s")
+    print(f"node loss detected in {detect_s:.1f} s; trained on {placement}, resumed on {placement2}")
 
 
 def test_a_stop_request_commits_and_returns(cluster, tmp_path):
@@ -118,7 +135,7 @@ def test_a_stop_request_commits_and_returns(cluster, tmp_path):
     run_dir = tmp_path / "run"
     out: list[dict] = []
     th = threading.Thread(target=lambda: out.append(launch_ray(tiny_job(uri, steps=10_000, every=1000),
-                                                               [("n1", 1), ("n3", 1)], run_dir, device="cpu")))
+                                                               _two_alive(cluster), run_dir, device="cpu")))
     th.start()
     deadline = time.monotonic() + 180
     while not (run_dir / "progress.jsonl").exists() or '"step"' not in (run_dir / "progress.jsonl").read_text():
@@ -136,11 +153,12 @@ def test_the_node_check_runs_on_the_ray_nodes_and_finds_the_faulty_one(cluster, 
     c, nodes = cluster
     nodes["n4"] = c.add_node(**_node_args("n4"))
     c.wait_for_nodes()
-    monkeypatch.setenv("FRENZY_NODECHECK_FAIL", "n3")  # n3's probe process dies before the collective
-    res = check_nodes(["n1", "n3", "head", "n4"], probe=ray_probe(probe_mb=1, timeout_s=20))
-    assert res.faulty == ["n3"] and res.slow == [] and res.unverified == [] and len(res.rounds) == 2
-    assert [g.ok for g in res.rounds[0]] == [False, True]  # round 1: (n1, n3) fails, (head, n4) passes
-    assert all(g.ok == ("n3" not in g.nodes) for g in res.rounds[1])  # round 2 clears n1, convicts n3
+    a, b = (n for n, _ in _two_alive(cluster))
+    monkeypatch.setenv("FRENZY_NODECHECK_FAIL", b)  # b's probe process dies before the collective
+    res = check_nodes([a, b, "head", "n4"], probe=ray_probe(probe_mb=1, timeout_s=20))
+    assert res.faulty == [b] and res.slow == [] and res.unverified == [] and len(res.rounds) == 2
+    assert [g.ok for g in res.rounds[0]] == [False, True]  # round 1: (a, b) fails, (head, n4) passes
+    assert all(g.ok == (b not in g.nodes) for g in res.rounds[1])  # round 2 clears a, convicts b
 
 
 def test_an_allocation_on_a_missing_node_is_refused_by_name(cluster, tmp_path):
@@ -149,3 +167,19 @@ def test_an_allocation_on_a_missing_node_is_refused_by_name(cluster, tmp_path):
     with pytest.raises(TrainFailed, match="could not reserve the allocation on nope"):
         launch_ray(tiny_job(f"file://{tmp_path}/c", steps=5), [("nope", 1)], Path(tmp_path / "r"), device="cpu",
                    place_timeout_s=3)
+
+
+def test_submit_with_the_ray_executor_places_trains_and_gives_the_gpus_back(cluster, prefect_server, tmp_path):
+    from flows.submit import SubmitRequest, submit
+    from tasks.jobspec import parse_job
+    from tests.test_submit import _job
+
+    req = SubmitRequest(job=parse_job(_job(tmp_path, name="onray", steps=20, every=10, trace_every_steps=0)),
+                        ledger=str(tmp_path / "l.db"), evaluation="off", device="cpu", run_dir=str(tmp_path / "run"),
+                        executor="ray", rank_by="time")
+    res = submit(req)
+    ray_nodes = {*cluster[1], "head"}
+    assert {n.node for n in res.allocation.nodes} <= ray_nodes and res.released
+    assert res.train.final_step == 20 and res.train.world_size == res.allocation.gpus
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+    print(f"placed on {[(n.node, n.gpu_indices) for n in res.allocation.nodes]}")
