@@ -49,3 +49,28 @@ def test_a_generation_dataset_decodes_its_chunk_in_batches_with_the_same_predict
     ds = HumanEval({"max_new_tokens": 24, "batch": 4}, EvalContext(seq_len=512))
     examples = [ds.example(i) for i in range(6)]  # two batches: 4 and 2
     assert ds.infer_batch(lm, examples) == [ds.infer(lm, ex) for ex in examples]
+
+
+def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy():
+    from tasks.evaluation.decode import Sampling
+
+    lm = _lm({"preset": "gpt-tiny"}, seed=1)
+    greedy = lm.generate_batch(PROMPTS, 30)
+    assert lm.generate_batch(PROMPTS, 30, sampling=Sampling(temperature=0.8, top_k=1, seed=5)) == greedy
+    a = lm.generate_batch(PROMPTS, 30, sampling=Sampling(temperature=1.0, seed=7))
+    assert a == lm.generate_batch(PROMPTS, 30, sampling=Sampling(temperature=1.0, seed=7))
+    assert a != greedy  # an untrained model's distribution is flat: sampling leaves the argmax path
+    assert a != lm.generate_batch(PROMPTS, 30, sampling=Sampling(temperature=1.0, seed=8))
+
+
+def test_top_k_and_top_p_keep_only_the_likely_tokens():
+    from tasks.evaluation.decode import Sampling, pick
+
+    logits = torch.tensor([[5.0, 4.0, 1.0, 0.0, -1.0]]).repeat(2000, 1)
+    gen = torch.Generator().manual_seed(0)
+    assert set(pick(logits, Sampling(temperature=1.0, top_k=2), gen).tolist()) == {0, 1}
+    # softmax mass: 0.71, 0.26, ... so top_p 0.9 keeps the first two and 0.5 only the first
+    assert set(pick(logits, Sampling(temperature=1.0, top_p=0.9), gen).tolist()) == {0, 1}
+    assert set(pick(logits, Sampling(temperature=1.0, top_p=0.5), gen).tolist()) == {0}
+    with pytest.raises(ValueError, match="top_p"):
+        Sampling(temperature=1.0, top_p=0.0)

@@ -81,9 +81,14 @@ class EvalDataset(ABC):
         return [self.infer(lm, ex) for ex in examples]
 
     def _generate_batch(self, lm: LM, examples: list[dict], max_new: int, stops: list[list[str]]) -> list[dict]:
-        """Generation over `examples` in batches of `options.batch` (16) sharing a stop list; same tokens as
-        one prompt at a time (tests/test_decode.py)."""
+        """Generation over `examples` in batches of `options.batch` (16) sharing a stop list; greedy (same tokens
+        as one prompt at a time, tests/test_decode.py) unless the options set `temperature` (with `top_k`,
+        `top_p`, `seed`)."""
+        from tasks.evaluation.decode import Sampling
+
         size = int(self.options.get("batch", 16))
+        sampling = Sampling(float(self.options.get("temperature", 0.0)), int(self.options.get("top_k", 0)),
+                            float(self.options.get("top_p", 1.0)), int(self.options.get("seed", 0)))
         out: list[dict | None] = [None] * len(examples)
         groups: dict[tuple[str, ...], list[int]] = {}
         for i, st in enumerate(stops):
@@ -91,7 +96,8 @@ class EvalDataset(ABC):
         for st, idx in groups.items():
             for k in range(0, len(idx), size):
                 part = idx[k:k + size]
-                texts = lm.generate_batch([examples[i]["prompt"] for i in part], max_new, stop=list(st))
+                texts = lm.generate_batch([examples[i]["prompt"] for i in part], max_new, stop=list(st),
+                                          sampling=sampling)
                 for i, t in zip(part, texts, strict=True):
                     out[i] = {"text": t}
         return out  # type: ignore[return-value]

@@ -13,6 +13,7 @@ This reuses the model's own modules (projections, norms, MLP), so a checkpoint's
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -71,17 +72,51 @@ def _forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, valid: torch.Tens
     return model.lm_head(model.norm_f(x[:, -1])).float()
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: greedy at temperature 0, else sampled from the softmax at `temperature`
+    restricted to the `top_k` most likely tokens (0: all) and the smallest set whose mass reaches `top_p`."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    """Sampled runs with the same seed, prompts and batch give the same tokens."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling {self}: temperature >= 0, top_k >= 0 and 0 < top_p <= 1")
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> torch.Tensor:
+    """Next token ids [b] from last-position logits [b, vocab]."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    z = logits.float() / sampling.temperature
+    if sampling.top_k:
+        kth = z.topk(min(sampling.top_k, z.shape[-1]), dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if sampling.top_p < 1:
+        srt, order = z.sort(-1, descending=True)
+        probs = srt.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= sampling.top_p  # the tokens past the first that reach top_p
+        z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(z.softmax(-1), 1, generator=gen)[:, 0]
+
+
 @torch.inference_mode()
 def greedy(model: GPT, prompts: list[list[int]], max_new_tokens: int,
            stop: Callable[[list[int]], bool] | None = None, pad: int = 0, eos: int | None = None,
-           empty: int = 10) -> list[list[int]]:
-    """Greedy continuations (token ids) of `prompts`, each at most `max_new_tokens`; a row ends once `stop(its new
-    tokens)` is true (the caller trims the text at the stop string) or it produced `eos`. An empty prompt starts
-    from the token `empty`."""
+           empty: int = 10, sampling: Sampling | None = None) -> list[list[int]]:
+    """Continuations (token ids) of `prompts`, greedy or sampled (`sampling`), each at most `max_new_tokens`; a row
+    ends once `stop(its new tokens)` is true (the caller trims the text at the stop string) or it produced `eos`.
+    An empty prompt starts from the token `empty`."""
+    sampling = sampling or Sampling()
     if not prompts:
         return []
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
+    gen = torch.Generator(device=dev).manual_seed(sampling.seed) if sampling.temperature > 0 else None
     L = model.seq_len
     prompts = [p[-(L - 1):] or [empty] for p in prompts]
     b, width = len(prompts), max(len(p) for p in prompts)
@@ -101,7 +136,7 @@ def greedy(model: GPT, prompts: list[list[int]], max_new_tokens: int,
     history = [list(p) for p in prompts]
     last_pos = pos[:, -1]
     for _ in range(max_new_tokens):
-        nxt = logits.argmax(-1)
+        nxt = pick(logits, sampling, gen)
         for r in range(b):
             if not done[r]:
                 tok = int(nxt[r])

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.evaluation.decode import greedy
+from tasks.evaluation.decode import Sampling, greedy
 from tasks.jobspec import ModelSpec
 from tasks.training import checkpoint as ck
 from tasks.training.data import cache_dir
@@ -236,12 +236,13 @@ class LM:
         cut = min((text.find(s) for s in stop or [] if s in text), default=-1)
         return text[:cut] if cut >= 0 else text
 
-    def generate_batch(self, prompts: list[str], max_new_tokens: int = 64, stop: list[str] | None = None
-                       ) -> list[str]:
-        """Greedy continuations of many prompts at once (KV cache, left padding: `decode.greedy`), each ended
-        by a stop string or the end-of-text token."""
+    def generate_batch(self, prompts: list[str], max_new_tokens: int = 64, stop: list[str] | None = None,
+                       sampling: Sampling | None = None) -> list[str]:
+        """Continuations of many prompts at once (KV cache, left padding: `decode.greedy`), greedy or sampled,
+        each ended by a stop string or the end-of-text token."""
         outs = greedy(self.model, [self.encode(p) for p in prompts], max_new_tokens, self._stopper(stop),
-                      eos=self.tok.eos_id, empty=self.tok.eos_id if self.tok.eos_id is not None else 10)
+                      eos=self.tok.eos_id, empty=self.tok.eos_id if self.tok.eos_id is not None else 10,
+                      sampling=sampling)
         return [self._cut(o, stop) for o in outs]
 
     @torch.inference_mode()
