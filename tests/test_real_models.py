@@ -29,6 +29,7 @@ def world(tmp_path_factory):
     from tasks.training.tokenizer import load_tokenizer, train_bpe
 
     root = tmp_path_factory.mktemp("real")
+    old_cache = os.environ.get("FRENZY_CACHE")
     os.environ["FRENZY_CACHE"] = str(root / "cache")
     model_dir = root / "llama"
     train_bpe([str(REPO / "README.md"), str(REPO / "tasks")], model_dir, vocab_size=512)
@@ -47,7 +48,11 @@ def world(tmp_path_factory):
         "checkpoint": {"every_steps": 3, "uri": f"file://{root / 'ckpt'}", "keep": 3},
         "data": {"source": "tokens", "path": str(root / "shards")}}})
     result = run(job, root / "run", timeout=600)
-    return {"root": root, "model_dir": model_dir, "hf_model": hf_model, "job": job, "result": result, "tok": tok}
+    yield {"root": root, "model_dir": model_dir, "hf_model": hf_model, "job": job, "result": result, "tok": tok}
+    if old_cache is None:
+        os.environ.pop("FRENZY_CACHE", None)
+    else:
+        os.environ["FRENZY_CACHE"] = old_cache
 
 
 def test_training_starts_from_the_model_directory_weights(world):
