@@ -323,6 +323,9 @@ def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 12
                                timeout=limit_s, env={**os.environ, **env})
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"timed out after {cfg['timeout']:.0f} s", "hung": True}
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(cfg["ready"])  # the worker's start mark (the local probe waits on it; here unused)
         if p.returncode:
             tail = p.stderr.strip().splitlines()
             return {"ok": False, "error": f"{cfg['node']}: exit {p.returncode}: {tail[-1] if tail else ''}"}
