@@ -147,3 +147,14 @@ def test_a_tokenizer_larger_than_the_model_vocab_is_refused(world, tmp_path):
     p = start(job, tmp_path / "run")
     assert p.wait(timeout=300) != 0
     assert "has 512 tokens but model vocab is 300" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_large_vocab_with_no_tokenizer_asks_for_one(tmp_path):
+    from tests.trainer_util import start, tiny_job
+
+    job = tiny_job(f"file://{tmp_path / 'c'}", steps=2)
+    job.model = job.model.model_validate({"preset": "gpt-tiny", "vocab": 50257})
+    p = start(job, tmp_path / "run")
+    assert p.wait(timeout=300) != 0
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "no tokenizer is given" in log and "data.tokenizer: byte" in log

@@ -146,8 +146,10 @@ def _tokenized_cache(spec: DataSpec, tok: Tokenizer) -> list[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         res = S.prepare(S.iter_documents(kind, [u for u, _ in urls], spec.text_field), tok, tmp)
         (tmp / "done.json").write_text(json.dumps({"tokens": res.tokens, "documents": res.documents}))
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        try:  # several ranks may tokenize at once: the first rename wins, the others drop their copy
+            os.replace(tmp, out)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
     return sorted(out.glob("shard_*.bin"))
 
 

@@ -237,6 +237,10 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     prog = _Progress(opts.run_dir / "progress.jsonl", d.rank)
     tok = D.resolve_tokenizer(t.data, job.model.hf)
+    if tok.name == "byte" and not t.data.tokenizer and job.model.vocab > 256:
+        raise ValueError(f"model vocab is {job.model.vocab} but no tokenizer is given, so the default is byte-level "
+                         "(256 tokens): set data.tokenizer to a tokenizer.json or model directory (`frenzy tokenizer "
+                         "train` makes one), or data.tokenizer: byte to train byte-level with this vocab anyway")
     if tok.vocab_size > job.model.vocab:
         raise ValueError(f"the tokenizer ({tok.name}) has {tok.vocab_size} tokens but model vocab is {job.model.vocab}: "
                          f"set model.vocab >= {tok.vocab_size}, or choose a tokenizer that fits (data.tokenizer)")
