@@ -111,3 +111,14 @@ def test_gpt2_seq_len_beyond_its_positions_is_refused(tmp_path):
     gpt = GPT(ModelSpec(hf=str(tmp_path)), 128)
     with pytest.raises(HFError, match="exceeds the model's 64 learned positions"):
         load_into(gpt, tmp_path, 128)
+
+
+def test_a_sliding_window_shorter_than_the_context_is_refused(tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                     intermediate_size=128, vocab_size=300, sliding_window=32)
+    transformers.MistralForCausalLM(cfg).save_pretrained(tmp_path)
+    spec = ModelSpec(hf=str(tmp_path))
+    load_into(GPT(spec, 32), tmp_path, 32)  # within the window: the same attention
+    with pytest.raises(HFError, match="sliding window of 32"):
+        load_into(GPT(spec, 64), tmp_path, 64)

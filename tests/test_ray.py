@@ -113,9 +113,14 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
     assert f"node {lost} lost" in str(failure[0])
     d = diagnose(run_dir / "train.log")
     assert d.category == "infrastructure" and d.restartable and decide(d, 0, 2).kind == "resume"
-    # the recovery: the lost node is cordoned, HAS places the job again on healthy nodes, training resumes
+    # the recovery's node check cordons the node that left, HAS places the job again on healthy nodes, it resumes
+    import logging
+
+    from flows.submit import _check_allocation_nodes
+
+    _check_allocation_nodes(ledger, alloc, logging.getLogger("test"), "ray")
+    assert next(n for n in ledger.nodes() if n["name"] == lost)["state"] == "cordoned"
     ledger.release(alloc.id)
-    ledger.cordon(lost, "left the Ray cluster")
     again = ledger.allocate("x", [GpuRequest(gpus=2, min_mem_gib=30)])
     placement2 = [(n.node, len(n.gpu_indices)) for n in again.nodes]
     assert lost not in dict(placement2) and len(placement2) == 2

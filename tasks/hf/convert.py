@@ -54,7 +54,12 @@ def load_hf_state(folder: str | Path, spec: ModelSpec, seq_len: int, dtype: torc
                   ) -> dict[str, torch.Tensor]:
     """The directory's weights under Frenzy's parameter names (as `dtype`), ready for `GPT.load_state_dict`."""
     folder = Path(folder).expanduser()
-    kind = read_config(folder).get("model_type")
+    cfg = read_config(folder)
+    kind = cfg.get("model_type")
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", kind == "mistral") else None
+    if window and seq_len > int(window):
+        raise HFError(f"{folder}: the model attends over a sliding window of {window} tokens, which Frenzy's full "
+                      f"causal attention does not implement; use seq_len <= {window}")
     raw = _read_safetensors(folder)
     out: dict[str, torch.Tensor] = {}
     unused = []
