@@ -35,8 +35,8 @@ class TrainFailed(RuntimeError):
 
 
 STOP_FILE = "stop"
-"""A file of this name in the run directory asks the trainer to commit its current step and exit (how a flow that
-cannot signal the launcher's thread, e.g. on a lost lease or a cancellation, stops training cleanly)."""
+"""A file of this name in the run directory asks the trainer to commit its current step and exit (how a flow stops
+training cleanly, e.g. on a lost lease or a cancellation); the loop checks for it every step."""
 
 
 def default_threads(nproc: int) -> int:
@@ -62,7 +62,9 @@ def request_kill(run_dir: Path, reason: str) -> None:
 
 
 def request_stop(run_dir: Path) -> None:
-    """Ask a running `launch()` on `run_dir` to stop: the trainer gets SIGTERM, commits its step, exits 0."""
+    """Ask a running trainer on `run_dir` to stop: every rank sees the file at its next step boundary, commits that
+    step and exits 0 (no signal: one that lands while a finished trainer shuts down would kill it, and the stop
+    would read as a failure)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / STOP_FILE).write_text(str(time.time()))
 
@@ -144,7 +146,6 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,  # noqa: PLW1509
                                 preexec_fn=_die_with(_libc(), os.getpid()))
-        stop_sent = False
         try:
             while True:
                 done = proc.poll() is not None
@@ -158,10 +159,6 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
                         lf.write(f"frenzy-hang: {reason}\n")
                     raise TrainFailed(f"trainer killed: {reason}; log: {log_path}", proc.returncode or -9,
                                       log_path.read_text(errors="replace")[-4000:])
-                if not stop_sent and (run_dir / STOP_FILE).exists():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGTERM)  # the ranks commit their current step and exit 0
-                    stop_sent = True
                 time.sleep(poll_s)
         except BaseException:
             _stop_tree(proc)
