@@ -371,4 +371,68 @@ def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 12
     return run
 
 
-__all__ = ["GPUType", "RayExecutorError", "connect", "launch_ray", "node_name", "ray_inventory", "ray_probe"]
+
+
+# ------------------------------------------------------------------------------------------------ node processes
+
+def node_process(node: str, module: str, spec: dict, env: dict[str, str], address: str | None = None
+                 ) -> tuple[Any, Callable[[], None]]:
+    """Run `python -m module SPEC.json` on the Ray node `node` (a streaming Ray task pinned by its `frenzy_node:`
+    resource): returns (an iterator of its stdout lines, then one final `{"rc", "stderr"}` dict; a cancel function).
+    The spec travels with the task, so the node needs no shared directory for it. Evaluation trials, precursors and
+    their preloads run this way, so each node's shared memory is its own."""
+    ray = connect(address)
+
+    def run(module: str, spec: dict, env: dict[str, str]):  # noqa: ANN202 - a Ray streaming generator
+        import subprocess
+        import tempfile
+        import threading
+
+        with tempfile.TemporaryDirectory(prefix="frenzy-node-") as d:
+            path = Path(d) / "spec.json"
+            path.write_text(json.dumps(spec))
+            p = subprocess.Popen([sys.executable, "-m", module, str(path)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+            err: list[str] = []
+            th = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+            th.start()
+            try:
+                for line in p.stdout:  # noqa: UP028 - not `yield from`: Ray drives the generator with send()
+                    yield line
+                rc = p.wait()
+            finally:
+                if p.poll() is None:
+                    p.kill()
+            th.join(timeout=5)
+            yield {"rc": rc, "stderr": "".join(err)[-4000:]}
+
+    task = ray.remote(num_returns="streaming", num_cpus=0, max_retries=0)(run)
+    gen = task.options(resources=_node_resource(node)).remote(module, spec, env)
+
+    def lines():  # noqa: ANN202
+        for ref in gen:
+            yield ray.get(ref)
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):
+            ray.cancel(gen, force=True)
+
+    return lines(), cancel
+
+
+def node_call(node: str, fn: Callable[..., Any], *args: Any, address: str | None = None, num_cpus: float = 1.0
+              ) -> Any:
+    """`fn(*args)` as a Ray task on `node` taking `num_cpus` of its CPUs (an evaluation's metric job)."""
+    ray = connect(address)
+    return ray.get(ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(resources=_node_resource(node))
+                   .remote(*args))
+
+
+def alive_nodes(address: str | None = None) -> list[str]:
+    """Names of the alive Ray nodes, sorted."""
+    ray = connect(address)
+    return sorted(node_name(n) for n in ray.nodes() if n.get("Alive"))
+
+
+__all__ = ["GPUType", "RayExecutorError", "alive_nodes", "connect", "launch_ray", "node_call", "node_name",
+           "node_process", "ray_inventory", "ray_probe"]

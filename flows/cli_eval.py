@@ -44,7 +44,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     opts = EvalOptions(schedule=args.schedule, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                        cpu_workers_per_node=args.cpu_workers_per_node, device=args.device,
-                       threads_per_trial=args.threads, out_dir=args.out_dir, learn_priors=not args.no_learn)
+                       threads_per_trial=args.threads, out_dir=args.out_dir, learn_priors=not args.no_learn,
+                       executor=args.executor,
+                       ray_nodes=[n for n in (args.ray_nodes or "").split(",") if n] or None)
 
     def progress(msg: str, frac: float) -> None:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
@@ -93,6 +95,11 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     shape(sp, 1)
     sp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     sp.add_argument("--threads", type=bounded_int(1, 1024), default=1, help="torch threads per trial process (default 1)")
+    sp.add_argument("--executor", default="local",
+                    help="local (default: nodes simulated here) or ray / ray://HOST:PORT (each node a Ray node: its "
+                         "precursor, trials and metric jobs run there)")
+    sp.add_argument("--ray-nodes", help="with --executor ray: the Ray nodes to use, e.g. a100-0,a100-1 (default: the "
+                                        "first --nodes alive ones)")
     sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>/<suite>)")
     sp.add_argument("--history-dir", default="evals", help="score history per run (default evals)")
     sp.add_argument("--no-learn", action="store_true", help="do not fold this run's timings into the priors")

@@ -20,11 +20,13 @@ from tasks.training.launch import TrainFailed
 from tasks.training.storage import Storage
 from tests.trainer_util import tiny_job
 
+# read when ray is imported: every Ray address on 127.0.0.1 (never the host's interface), no usage reports
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a Ray cluster of three raylets (about 10 s to start)
 
-_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every Ray address on 127.0.0.1, never the host's interface
-        "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"}
+_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def _node_args(name: str, gpus: int = 1) -> dict:
@@ -43,6 +45,7 @@ def cluster():
                                                       "resources": {"frenzy_node:head": 1}})
     nodes = {n: c.add_node(**_node_args(n)) for n in ("n1", "n2", "n3")}
     c.wait_for_nodes()
+    assert c.address.startswith("127.0.0.1:"), c.address  # loopback only
     os.environ["RAY_ADDRESS"] = c.address
     yield c, nodes
     ray.shutdown()
@@ -188,3 +191,24 @@ def test_submit_with_the_ray_executor_places_trains_and_gives_the_gpus_back(clus
     assert res.train.final_step == 20 and res.train.world_size == res.allocation.gpus
     assert Ledger(str(tmp_path / "l.db")).allocations() == []
     print(f"placed on {[(n.node, n.gpu_indices) for n in res.allocation.nodes]}")
+
+
+def test_evaluation_spreads_over_ray_nodes_with_a_precursor_on_each(cluster, tmp_path):
+    from tasks.evaluation.runner import EvalOptions, evaluate
+    from tasks.evaluation.suite import load_suite
+    from tests.trainer_util import run
+
+    uri = f"file://{tmp_path}/ckpt"
+    run(tiny_job(uri, steps=10, every=10), tmp_path / "train")
+    a, b = (n for n, _ in _two_alive(cluster))
+    opts = EvalOptions(executor="ray", ray_nodes=[a, b], nodes=2, gpus_per_node=1, out_dir=str(tmp_path / "e"),
+                       learn_priors=False)
+    res = evaluate(uri, load_suite("quick"), opts)
+    local = evaluate(uri, load_suite("quick"), opts.model_copy(update={"executor": "local", "ray_nodes": None,
+                                                                      "out_dir": str(tmp_path / "l")}))
+    assert {t.host for t in res.trials} == {a, b}  # trials ran on both Ray nodes
+    assert len(res.precursor_s) == 2 and all(s > 0 for s in res.precursor_s)
+    assert res.scores == local.scores  # the same predictions and metrics as the local executor
+    assert (tmp_path / "e" / "trials" / "precursor-n0.stderr").exists()
+    print(f"makespan on Ray {res.makespan_s:.1f}s (predicted {res.predicted_makespan_s:.1f}s), "
+          f"local {local.makespan_s:.1f}s")

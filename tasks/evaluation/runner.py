@@ -10,7 +10,9 @@ priors, and returns an `EvalResult` with the scores per dataset and the measured
 
 On this machine a "GPU slot" is a process with `threads_per_trial` CPU threads; with `device=cuda` each slot is
 pinned to one GPU through CUDA_VISIBLE_DEVICES. Several nodes on one machine are simulated (each has its own
-shared-memory copy and CPU pool); across machines the same trials would be Ray tasks.
+shared-memory copy and CPU pool). With `executor="ray"` each node is a real Ray node: its precursor and trials are
+processes started there by Ray tasks (so its shared-memory copy is its own) and its metric jobs are Ray tasks taking
+one of its CPUs; predictions and scores go to `out_dir`, which every node must see.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class EvalOptions(BaseModel):
     learn_priors: bool = True
     """Fold this run's measurements into the priors file."""
     priors_path: str | None = None
+    executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
+    """`local`: trials, precursors and metric jobs are processes and threads here (nodes simulated); `ray` /
+    `ray://HOST:PORT`: each node is a Ray node: its precursor, trials and metric jobs run there."""
+    ray_nodes: list[str] | None = None
+    """Ray executor: the nodes to use (`frenzy_node:` names); empty: the first `nodes` alive ones."""
 
 
 class ChunkResult(BaseModel):
@@ -88,6 +95,8 @@ class TrialResult(BaseModel):
     load_s: float
     end_s: float
     chunks: list[ChunkResult]
+    host: str = "local"
+    """Where it ran: `local`, or the Ray node's name."""
 
 
 class EvalResult(BaseModel):
@@ -119,6 +128,19 @@ def _trial_env(device: str, gpu: int) -> dict:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def _hosts(opts: EvalOptions) -> list[str]:
+    """Where each of the `nodes` runs: `local` for all, or distinct Ray nodes (`ray_nodes`, else the alive ones)."""
+    if opts.executor == "local":
+        return ["local"] * opts.nodes
+    from cluster.ray_exec import alive_nodes
+
+    names = opts.ray_nodes or alive_nodes(None if opts.executor == "ray" else opts.executor)
+    if len(names) < opts.nodes:
+        raise EvalError(f"the evaluation asks for {opts.nodes} nodes but the Ray cluster offers {len(names)} "
+                        f"({', '.join(names)}); lower --nodes or add Ray nodes")
+    return list(names[:opts.nodes])
 
 
 def _chunk_spec(suite: Suite, c) -> dict:
@@ -164,24 +186,51 @@ class _Run:
         self.n_chunks = sum(len(t.chunks) for t in sched.trials)
         self.done_chunks = 0
         self.procs: set[subprocess.Popen] = set()
+        self.cancels: set[Callable[[], None]] = set()
+        self._address = None if opts.executor in ("local", "ray") else opts.executor
+        self.hosts = _hosts(opts)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def _spawn(self, spec: dict, gpu: int) -> subprocess.Popen:
+    def _spawn(self, spec: dict, node: int, gpu: int):  # noqa: ANN202 - (stdout lines, then {"rc", "stderr"})
+        """Start a trial or precursor process: here, or on Ray node `self.hosts[node]` (the same module there)."""
         path = self.out / "trials" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(spec))
-        log = open(self.out / "trials" / f"{spec['name']}.stderr", "w")  # noqa: SIM115 - closed by the caller
+        if self.opts.executor != "local":
+            from cluster.ray_exec import node_process
+
+            env = {k: v for k, v in _trial_env(self.opts.device, gpu).items() if k in ("OMP_NUM_THREADS",
+                                                                                    "CUDA_VISIBLE_DEVICES")}
+            lines, cancel = node_process(self.hosts[node], "tasks.evaluation.trial", spec, env, self._address)
+            with self.lock:
+                self.cancels.add(cancel)
+            return lines
+        log = open(self.out / "trials" / f"{spec['name']}.stderr", "w")  # noqa: SIM115 - closed below
         p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", str(path)], stdout=subprocess.PIPE,
                              stderr=log, text=True, env=_trial_env(self.opts.device, gpu))
-        p.stderr_file = log  # type: ignore[attr-defined]
         with self.lock:
             self.procs.add(p)
-        return p
 
-    def _events(self, p: subprocess.Popen, name: str):
-        for line in p.stdout:
+        def lines():  # noqa: ANN202
+            yield from p.stdout
+            rc = p.wait()
+            log.close()
+            with self.lock:
+                self.procs.discard(p)
+            yield {"rc": rc, "stderr": (self.out / "trials" / f"{spec['name']}.stderr").read_text()[-2000:]}
+
+        return lines()
+
+    def _events(self, stream, name: str):  # noqa: ANN001, ANN202
+        for line in stream:
+            if isinstance(line, dict):  # the process ended
+                if self.opts.executor != "local":
+                    (self.out / "trials" / f"{name}.stderr").write_text(line["stderr"])
+                if line["rc"] != 0:
+                    raise EvalError(f"{name} exited with status {line['rc']}: {line['stderr'].strip() or 'no output'}")
+                return
             try:
                 ev = json.loads(line)
             except json.JSONDecodeError:
@@ -189,20 +238,13 @@ class _Run:
             if ev.get("event") == "error":
                 raise EvalError(f"{name}: {ev['error']}")
             yield ev
-        rc = p.wait()
-        p.stderr_file.close()
-        with self.lock:
-            self.procs.discard(p)
-        if rc != 0:
-            tail = (self.out / "trials" / f"{name}.stderr").read_text()[-2000:]
-            raise EvalError(f"{name} exited with status {rc}: {tail.strip() or 'no output'}")
 
     def precursor(self, node: int) -> None:
         try:
             t = time.monotonic()
             spec = {"name": f"precursor-n{node}", "precursor": True, "uri": self.uri,
                     "shm_dir": str(self.shm / f"node{node}")}
-            for _ in self._events(self._spawn(spec, 0), spec["name"]):
+            for _ in self._events(self._spawn(spec, node, 0), spec["name"]):
                 pass
             self.precursor_s[node] = time.monotonic() - t
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
@@ -235,7 +277,7 @@ class _Run:
                 "device": "cuda" if self.opts.device == "cuda" else "cpu"}
         load_s = 0.0
         chunks: dict[tuple[str, int], ChunkResult] = {}
-        for ev in self._events(self._spawn(spec, gpu), name):
+        for ev in self._events(self._spawn(spec, node, gpu), name):
             if ev["event"] == "loaded":
                 load_s = self.now() - start
             elif ev["event"] == "landed":
@@ -244,20 +286,26 @@ class _Run:
                                  landed_s=self.now(), cached=ev["cached"])
                 chunks[(c["dataset"], c["start"])] = cr
                 if tr.metrics_on == "cpu":
-                    self.metric_futures.append(self.pools[node].submit(self._metric, c, cr))
+                    self.metric_futures.append(self.pools[node].submit(self._metric, c, cr, node))
                 else:
                     self._count(cr)
             elif ev["event"] == "scored":
                 cr = chunks[(ev["chunk"]["dataset"], ev["chunk"]["start"])]
                 cr.metric_s, cr.metric_end_s = ev["metric_s"], self.now()
         return TrialResult(id=tr.id, node=node, gpu=gpu, load=tr.load, start_s=start, load_s=load_s,
-                           end_s=self.now(), chunks=list(chunks.values()))
+                           end_s=self.now(), chunks=list(chunks.values()), host=self.hosts[node])
 
-    def _metric(self, chunk: dict, cr: ChunkResult) -> None:
+    def _metric(self, chunk: dict, cr: ChunkResult, node: int) -> None:
         if self.failed:
             return
         try:
-            cr.metric_s = score_chunk(chunk, self.ctx, self.out)
+            if self.opts.executor != "local":  # the metric job takes one CPU of the node whose trial made it
+                from cluster.ray_exec import node_call
+
+                cr.metric_s = node_call(self.hosts[node], score_chunk, chunk, self.ctx, self.out,
+                                        address=self._address)
+            else:
+                cr.metric_s = score_chunk(chunk, self.ctx, self.out)
             cr.metric_end_s = self.now()
             self._count(cr)
         except Exception as err:  # noqa: BLE001
@@ -291,6 +339,8 @@ class _Run:
             with self.lock:
                 for p in list(self.procs):
                     p.kill()
+                for cancel in list(self.cancels):
+                    cancel()
             shutil.rmtree(self.shm, ignore_errors=True)
 
 
