@@ -35,6 +35,11 @@ class EvaluateRequest(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     history_dir: str = "evals"
     """Where predictions, scores and the per-run score history go (on the worker)."""
+    nodes: int = Field(1, ge=1)
+    """Nodes to spread the trials over (simulated here with `local`; Ray nodes with `ray`)."""
+    executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
+    """`local`: trial processes on this worker; `ray` / `ray://HOST:PORT`: each node a Ray node (precursor, trials
+    and metric jobs run there)."""
 
 
 def _key(text: str) -> str:
@@ -52,7 +57,8 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
         update_progress_artifact(art, 100.0 * frac, description=msg)
 
     opts = EvalOptions(schedule=request.schedule, gpus_per_node=request.gpus_per_node,
-                       cpu_workers_per_node=request.cpu_workers_per_node, device=request.device)
+                       cpu_workers_per_node=request.cpu_workers_per_node, device=request.device, nodes=request.nodes,
+                       executor=request.executor)
     _, summary = evaluate_and_record(request.uri, suite, opts, request.history_dir, progress)
     logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
                 summary.predicted_makespan_s)

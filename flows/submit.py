@@ -169,6 +169,12 @@ def _eval_mode(request: SubmitRequest) -> str:
         return "in-flow"
 
 
+def _suite_spec(request: SubmitRequest) -> str:
+    """The suite as the user named it (a built-in name or a YAML path), for the evaluations this flow runs; the
+    history files are keyed by the suite's own name."""
+    return request.suite or (request.job.evaluation.suite if request.job.evaluation else "core")
+
+
 def _from_history(request: SubmitRequest, run: str, suite: str) -> dict[int, EvalSummary]:
     """Summaries of the steps of `run` the history already holds for `suite` (evaluated earlier or elsewhere)."""
     out = {}
@@ -191,7 +197,9 @@ class _Evaluator:
     def _evaluate(self, m: ck.Manifest) -> None:
         uri = f"{self.root.rstrip('/')}/{ck.step_dir(m.step)}"
         try:
-            self.done[m.step] = evaluate_task(EvaluateRequest(uri=uri, suite=self.suite, device=self.device,
+            self.done[m.step] = evaluate_task(EvaluateRequest(uri=uri, suite=_suite_spec(self.request),
+                                                              device=self.device,
+                                                              executor=self.request.executor,
                                                               history_dir=self.request.history_dir))
         except Exception as err:  # noqa: BLE001 - one checkpoint that cannot be evaluated does not fail the job
             self.missed.add(m.step)
@@ -258,8 +266,9 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
         if steps and max(steps) not in evals:
             logger.warning("the final step's evaluation did not arrive within %.0f s; evaluating it here",
                            request.eval_timeout_s)
-            evals[max(steps)] = evaluate_task(EvaluateRequest(uri=result.checkpoints[-1].uri, suite=suite,
-                                                              device=device, history_dir=request.history_dir))
+            evals[max(steps)] = evaluate_task(EvaluateRequest(uri=result.checkpoints[-1].uri,
+                                                              suite=_suite_spec(request), device=device,
+                                                              history_dir=request.history_dir))
     else:
         evals = {}
     return result, [evals[s] for s in sorted(evals)]

@@ -4,6 +4,7 @@ node that receives nothing, and the two-round node check run on the Ray nodes.""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -182,10 +183,16 @@ def test_submit_with_the_ray_executor_places_trains_and_gives_the_gpus_back(clus
     from tasks.jobspec import parse_job
     from tests.test_submit import _job
 
-    req = SubmitRequest(job=parse_job(_job(tmp_path, name="onray", steps=20, every=10, trace_every_steps=0)),
-                        ledger=str(tmp_path / "l.db"), evaluation="off", device="cpu", run_dir=str(tmp_path / "run"),
-                        executor="ray", rank_by="time")
+    suite = tmp_path / "small.yaml"
+    suite.write_text("name: small\ndatasets:\n  - {name: heldout-loss, examples: 8, mode: ppl, infer_s_per_example: 0.004}\n")
+    req = SubmitRequest(job=parse_job(_job(tmp_path, name="onray", steps=20, every=20, trace_every_steps=0)),
+                        ledger=str(tmp_path / "l.db"), evaluation="in-flow", suite=str(suite), device="cpu",
+                        run_dir=str(tmp_path / "run"), history_dir=str(tmp_path / "evals"), executor="ray",
+                        rank_by="time")
     res = submit(req)
+    [ev] = res.evaluations  # the checkpoint, evaluated on a Ray node inside the pipeline
+    trials = json.loads(Path(ev.result).read_text())["trials"]
+    assert ev.step == 20 and all(t["host"] in {*cluster[1], "head"} for t in trials)
     ray_nodes = {*cluster[1], "head"}
     assert {n.node for n in res.allocation.nodes} <= ray_nodes and res.released
     assert res.train.final_step == 20 and res.train.world_size == res.allocation.gpus
