@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from typing import Any
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.inventory import Cluster, InventoryError, Node, cpu_device_type
 
+_CONNECT_LOCK = threading.Lock()
 NODE_PREFIX = "frenzy_node:"
 GPU_PREFIX = "frenzy_gpu:"
 _MARK = "frenzy-train-error: "
@@ -50,15 +52,16 @@ def connect(address: str | None = None) -> Any:
     """Join the Ray cluster at `address` (`ray://HOST:10001` through Ray Client, `HOST:6379`, or `auto`/None: the
     cluster this machine belongs to, or $RAY_ADDRESS) as a driver; returns the `ray` module."""
     ray = _ray()
-    if ray.is_initialized():
-        return ray
-    addr = address or os.environ.get("RAY_ADDRESS") or "auto"
-    try:
-        ray.init(address=addr, namespace="frenzy", log_to_driver=False, ignore_reinit_error=True,
-                 configure_logging=False)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        raise RayExecutorError(f"cannot reach a Ray cluster at {addr!r} ({err}); start one with `ray start --head` "
-                               "or set RAY_ADDRESS / the executor's address") from None
+    with _CONNECT_LOCK:  # the evaluation's node threads may all ask at once
+        if ray.is_initialized():
+            return ray
+        addr = address or os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            ray.init(address=addr, namespace="frenzy", log_to_driver=False, ignore_reinit_error=True,
+                     configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise RayExecutorError(f"cannot reach a Ray cluster at {addr!r} ({err}); start one with `ray start "
+                                   "--head` or set RAY_ADDRESS / the executor's address") from None
     return ray
 
 

@@ -136,7 +136,10 @@ def _hosts(opts: EvalOptions) -> list[str]:
         return ["local"] * opts.nodes
     from cluster.ray_exec import alive_nodes
 
-    names = opts.ray_nodes or alive_nodes(None if opts.executor == "ray" else opts.executor)
+    alive = alive_nodes(None if opts.executor == "ray" else opts.executor)  # also joins the cluster, in this thread
+    names = opts.ray_nodes or alive
+    if gone := [n for n in names if n not in alive]:
+        raise EvalError(f"Ray nodes {', '.join(gone)} are not in the cluster (alive: {', '.join(alive)})")
     if len(names) < opts.nodes:
         raise EvalError(f"the evaluation asks for {opts.nodes} nodes but the Ray cluster offers {len(names)} "
                         f"({', '.join(names)}); lower --nodes or add Ray nodes")
