@@ -33,7 +33,6 @@ from cluster.inventory import Cluster, InventoryError, Node, cpu_device_type
 _CONNECT_LOCK = threading.Lock()
 NODE_PREFIX = "frenzy_node:"
 GPU_PREFIX = "frenzy_gpu:"
-_MARK = "frenzy-train-error: "
 
 
 class RayExecutorError(RuntimeError):
@@ -145,6 +144,7 @@ class _Rank:
         from tasks.jobspec import parse_job
         from tasks.training.checkpoint import CheckpointError
         from tasks.training.data import DataError
+        from tasks.training.launch import _ERROR_MARK
         from tasks.training.loop import TrainOptions, train
         from tasks.training.storage import StorageError
         from tasks.training.writer import WriterLeaseError
@@ -154,7 +154,7 @@ class _Rank:
                                      from_scratch=from_scratch, device=device, threads=threads, tp=tp))
             return {"ok": True, "result": res}
         except (CheckpointError, DataError, StorageError, WriterLeaseError, ValueError) as err:
-            print(f"{_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
+            print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
             return {"ok": False, "error": str(err), "user_error": True}
         except BaseException as err:  # noqa: BLE001 - printed where the diagnosis reads it, then reported
             traceback.print_exc()
@@ -175,6 +175,8 @@ def _absolute(job: Any) -> Any:
         job.training.checkpoint.uri = "file://" + str(Path(uri[len("file://"):]).absolute())
     elif "://" not in uri:
         job.training.checkpoint.uri = str(Path(uri).absolute())
+    if job.model.hf and Path(job.model.hf).expanduser().exists():
+        job.model.hf = str(Path(job.model.hf).expanduser().absolute())
     d = job.training.data
     for field in ("path", "tokenizer"):
         v = getattr(d, field)
