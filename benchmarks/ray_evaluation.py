@@ -17,26 +17,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"})
+from tests.ray_cluster import LOOPBACK_ENV, start_cluster  # noqa: E402
+
+os.environ.update(LOOPBACK_ENV)  # before ray is imported
 
 
 def main() -> int:
     import ray
-    from ray.cluster_utils import Cluster
 
     from tasks.evaluation.runner import EvalOptions, evaluate
     from tasks.evaluation.suite import load_suite
     from tasks.training.launch import launch
     from tests.trainer_util import tiny_job
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
-                                                      "include_dashboard": False})
     names = [f"e{i}" for i in range(4)]
-    for n in names:
-        c.add_node(num_cpus=2, num_gpus=1, object_store_memory=80 << 20,
-                   resources={f"frenzy_node:{n}": 1, "frenzy_gpu:A100-40GB": 1})
-    c.wait_for_nodes()
-    os.environ["RAY_ADDRESS"] = c.address
+    c, _ = start_cluster(names)
     rows = []
     try:
         with tempfile.TemporaryDirectory() as d:

@@ -19,7 +19,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"})
+from tests.ray_cluster import LOOPBACK_ENV, start_cluster  # noqa: E402
+
+os.environ.update(LOOPBACK_ENV)  # before ray is imported
 
 from tasks.jobspec import parse_job  # noqa: E402
 
@@ -42,19 +44,12 @@ def _measure(fn, run_dir: Path) -> dict:
 
 def main() -> int:
     import ray
-    from ray.cluster_utils import Cluster
 
     from cluster.ray_exec import launch_ray
     from tasks.training.launch import launch
 
     steps, pairs = int(os.environ.get("BENCH_STEPS", "40")), int(os.environ.get("BENCH_PAIRS", "3"))
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
-                                                      "include_dashboard": False})
-    for n in ("n1", "n2"):
-        c.add_node(num_cpus=1, num_gpus=1, object_store_memory=80 << 20,
-                   resources={f"frenzy_node:{n}": 1, "frenzy_gpu:A100-40GB": 1})
-    c.wait_for_nodes()
-    os.environ["RAY_ADDRESS"] = c.address
+    c, _ = start_cluster(["n1", "n2"], cpus=1)
     rows = []
     try:
         with tempfile.TemporaryDirectory() as d:

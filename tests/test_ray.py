@@ -19,41 +19,25 @@ from tasks.diagnosis.recovery import decide
 from tasks.training import checkpoint as ck
 from tasks.training.launch import TrainFailed
 from tasks.training.storage import Storage
+from tests.ray_cluster import LOOPBACK_ENV, node_args, start_cluster
 from tests.trainer_util import tiny_job
 
-# read when ray is imported: every Ray address on 127.0.0.1 (never the host's interface), no usage reports
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+for _k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED"):  # read when ray is imported
+    os.environ.setdefault(_k, LOOPBACK_ENV[_k])
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a Ray cluster of three raylets (about 10 s to start)
-
-_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "GLOO_SOCKET_IFNAME": "lo"}
-
-
-def _node_args(name: str, gpus: int = 1) -> dict:
-    return {"num_cpus": 2, "num_gpus": gpus, "object_store_memory": 80 << 20,
-            "resources": {f"frenzy_node:{name}": 1, "frenzy_gpu:A100-40GB": gpus}}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    old = {k: os.environ.get(k) for k in _ENV}
-    os.environ.update(_ENV)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20,
-                                                      "include_dashboard": False,
-                                                      "resources": {"frenzy_node:head": 1}})
-    nodes = {n: c.add_node(**_node_args(n)) for n in ("n1", "n2", "n3")}
-    c.wait_for_nodes()
-    assert c.address.startswith("127.0.0.1:"), c.address  # loopback only
-    os.environ["RAY_ADDRESS"] = c.address
+    old = {k: os.environ.get(k) for k in (*LOOPBACK_ENV, "RAY_ADDRESS")}
+    os.environ.update(LOOPBACK_ENV)
+    c, nodes = start_cluster(["n1", "n2", "n3"], head_resources={"frenzy_node:head": 1})
     yield c, nodes
     ray.shutdown()
     c.shutdown()
     for k, v in old.items():
         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    os.environ.pop("RAY_ADDRESS", None)
 
 
 def test_inventory_comes_from_the_ray_nodes_and_the_ledger_syncs_it(cluster, tmp_path):
@@ -160,7 +144,7 @@ def test_the_node_check_runs_on_the_ray_nodes_and_finds_the_faulty_one(cluster, 
     from cluster.ray_exec import ray_probe
 
     c, nodes = cluster
-    nodes["n4"] = c.add_node(**_node_args("n4"))
+    nodes["n4"] = c.add_node(**node_args("n4"))
     c.wait_for_nodes()
     a, b = (n for n, _ in _two_alive(cluster))
     monkeypatch.setenv("FRENZY_NODECHECK_FAIL", b)  # b's probe process dies before the collective
