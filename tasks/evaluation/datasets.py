@@ -27,7 +27,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -113,18 +113,24 @@ class EvalDataset(ABC):
 
 # ---------------------------------------------------------------------------------------------- held-out text
 
+@lru_cache(maxsize=4)
+def _held_out(data_json: str, tokenizer: str | None) -> np.ndarray:
+    """Once per process and corpus: every chunk's dataset (trials and metric jobs resolve one per chunk) reads the same
+    held-out text, and under a BPE tokenizer making it means decoding the held-out tokens."""
+    from tasks.jobspec import DataSpec
+    from tasks.training.data import held_out_text
+    from tasks.training.tokenizer import load_tokenizer
+
+    return held_out_text(DataSpec.model_validate(json.loads(data_json)), load_tokenizer(tokenizer))
+
+
 class _Heldout(EvalDataset):
     default_examples = 4096  # generated on demand: a suite takes the first N
 
     @cached_property
     def text(self) -> np.ndarray:
         """The held-out text as UTF-8 bytes (the decoded held-out tokens under a non-byte tokenizer)."""
-        from tasks.jobspec import DataSpec
-        from tasks.training.data import held_out_text
-        from tasks.training.tokenizer import load_tokenizer
-
-        spec = DataSpec.model_validate(self.ctx.data or {})
-        return held_out_text(spec, load_tokenizer(self.ctx.tokenizer))
+        return _held_out(json.dumps(self.ctx.data or {}, sort_keys=True), self.ctx.tokenizer)
 
     def __len__(self) -> int:
         return int(self.options.get("examples", self.default_examples))

@@ -255,11 +255,11 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     D.check_vocab(tokens, job.model.vocab, f"the corpus at {t.data.path or t.data.source}")
     train_tokens, _ = D.split(tokens)
     corpus_sha = D.fingerprint(train_tokens)
-    tok_key = None
-    if tok.to_json() is not None:  # the tokenizer travels with the checkpoints (evaluation and export read it)
+    tok_key, tok_json = None, tok.to_json()
+    if tok_json is not None:  # the tokenizer travels with the checkpoints (evaluation and export read it)
         tok_key = f"tokenizer-{tok.sha256[:16]}.json"
         if d.rank == 0 and not storage.exists(tok_key):
-            storage.put(tok_key, tok.to_json().encode())
+            storage.put(tok_key, tok_json.encode())
     noise = [((s - 1) * t.global_batch, s * t.global_batch) for s in t.data.inject_spike_steps]
     loader = D.BatchLoader(train_tokens, t.seq_len, t.global_batch, t.seed, noise)
 
