@@ -456,8 +456,7 @@ class Simulator:
                 index += [jrow[i], trow[t]]
                 value += [1.0, float(c)]
                 starts.append(len(index))
-            h = highspy.Highs()
-            h.setOptionValue("output_flag", False)
+            h = _silent_highs(highspy)
             h.setOptionValue("time_limit", self.cfg.ilp_time_limit_s)
             lp = highspy.HighsLp()
             lp.num_col_, lp.num_row_ = len(cols), len(jobs) + len(types)
@@ -552,3 +551,22 @@ def lower_bounds(cluster: Cluster, trace: Sequence[TraceJob], config: SimConfig 
     avg = max(sum(d_star) / len(d_star), _srpt_flow(rel, work, g_total) / len(d_star))
     mk = max(max(a + d for a, d in zip(rel, d_star, strict=True)), min(rel) + sum(work) / g_total) - min(rel)
     return {"avg_jct_s": avg, "makespan_s": mk}
+
+
+def _silent_highs(highspy: Any) -> Any:
+    """A HiGHS instance that prints nothing on stdout. HiGHS 1.16 writes its banner from C in the constructor, before
+    any option can be set (output_flag and log_to_console do not stop it: ERGO-Code/HiGHS#2749), so fd 1 points at
+    stderr for that call: a `--json` document on stdout stays one document."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    h.setOptionValue("output_flag", False)
+    return h
