@@ -202,7 +202,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                  "jobs": ",".join(n["jobs"]) or "-"} for n in nodes]
         free = sum(len(n["free_indices"]) for n in nodes if n["state"] == "up")
         return (f"ledger {ledger.url}: {len(nodes)} nodes, {free} of {sum(n['gpus'] for n in nodes)} GPUs free, "
-                f"{len(allocs)} allocations, {len(doc['queue'])} waiting\n" + table(rows))
+                f"{len(allocs)} allocations, {len(doc['queue'])} waiting\n" + table(rows) +
+                "".join(f"\n{a['job']}: {a['decision']}" for a in allocs if a.get("decision")))
 
     _emit(args, doc, human)
     return 0
