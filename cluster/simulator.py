@@ -55,7 +55,7 @@ from cluster.inventory import Cluster
 from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_exact, reference_step_time, step_time, user_layout
 from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, ordered, reserve, walk
 from cluster.sizing import MIN_SCALING, PACK_SLACK, Sizer, exact_type_requests
-from cluster.traces import POLICIES, REFERENCE_GPU, PolicyName, TraceJob
+from cluster.traces import ALL_POLICIES, REFERENCE_GPU, PolicyName, TraceJob
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
 
@@ -196,8 +196,8 @@ class Simulator:
     def __init__(self, cluster: Cluster, trace: Sequence[TraceJob], policy: PolicyName,
                  config: SimConfig | None = None, catalog: Catalog | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
-        if policy not in (*POLICIES, "has-sjf"):
-            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        if policy not in ALL_POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ALL_POLICIES)}")
         self.cfg = config or SimConfig()
         self.name = policy
         if policy == "has-sjf":  # the old name of the default

@@ -1,5 +1,7 @@
 """Work conservation and load-adaptive sizing (cluster/sizing.py), in the simulator and the live ledger."""
 
+import csv
+import json
 import math
 import random
 
@@ -146,3 +148,26 @@ def test_the_ledger_queue_sizes_by_load_and_records_why(tmp_path):
     assert all("runs now rather than wait 1000 s" in a.decision for a in spilled)
     assert {a.id: a.decision for a in ledger.allocations()} == {a.id: a.decision for a in placed}
     assert len(ledger.queue()) == 4
+
+
+def test_cli_shows_the_decision_record(capsys, tmp_path):
+    from flows.cli import main
+
+    out_csv = tmp_path / "jobs.csv"
+    code = main(["simulate", "--trace", "production:12:4", "--policy", "has", "--policy", "fcfs",
+                 "--jobs-csv", str(out_csv), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["jobs_csv"]["rows"] == 24 and doc["policies"]["has"]["idle_violations"] == 0
+    rows = list(csv.DictReader(out_csv.open()))
+    has = [r for r in rows if r["policy"] == "has"]
+    assert len(has) == 12 and all(r["decision"].split(":")[0] in ("pack", "widen") for r in has)
+    led = str(tmp_path / "l.db")
+    ledger = Ledger(led)
+    ledger.sync(load_cluster("phoebe"))
+    ledger.submit("a", _reqs(), predicted_s=1000.0)
+    assert len(ledger.schedule()) == 1
+    code = main(["cluster", "show", "--ledger", led])
+    text = capsys.readouterr().out
+    assert code == 0 and "a: widen: 2 GPU(s) of A100-40GB-SXM" in text
+    code = main(["cluster", "show", "--ledger", led, "--json"])
+    assert json.loads(capsys.readouterr().out)["allocations"][0]["decision"].startswith("widen: 2 GPU(s)")
