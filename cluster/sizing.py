@@ -25,6 +25,7 @@ fit in rank order, the paper's Algorithm 1.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -37,11 +38,14 @@ from cluster.queue import Admit, Reservation, Running, Waiting, reserve
 if TYPE_CHECKING:
     from tasks.planning.plans import ResourcePlan
 
-PACK_SLACK = 0.10
-"""Under load, a plan may cost up to 10% more GPU-seconds than the job's most efficient one if it is faster
-(tuned on the tuning families of benchmarks/placement_load.py)."""
-MIN_SCALING = 0.5
-"""Widening stops where a plan's throughput per GPU falls below half the job's best."""
+PACK_SLACK = 0.25
+"""Under load, a plan may cost up to 25% more GPU-seconds than the job's most efficient one if it is faster."""
+MIN_SCALING = 0.3
+"""Widening stops where a plan's throughput per GPU falls below 0.3 of the job's best.
+
+Both were chosen on the tuning families of benchmarks/placement_load.py only (Philly, Sia Philly and Saturn,
+NewWorkload; loads 0.5-1.1; mean has/fcfs average-JCT ratio): slack 0.1/0.25/0.5 with scaling 0.5 gave
+0.475/0.473/0.475, slack 0.25 with scaling 0.3 gave 0.445 (worst row 0.742)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class Backlog:
         self.running = sorted((r for r in running if not math.isinf(r.end_s)), key=lambda r: r.end_s)  # by end
         self._claims: dict[tuple[frozenset[str] | None, float], list[float]] = {}  # key -> [gpus, gpu-seconds]
         self._nodes: dict[tuple[frozenset[str] | None, float], frozenset[str]] = {}
+        self._tl: dict[tuple[frozenset[str] | None, float], tuple[list[float], list[int]]] = {}
 
     def _admitted(self, req: GpuRequest) -> frozenset[str]:
         key = (req.types, req.min_mem_gib)
@@ -106,31 +111,43 @@ class Backlog:
             self._nodes[key] = frozenset(n for n, i in self.pool.info.items() if req.admits(i.mem_gib, i.gpu_type))
         return self._nodes[key]
 
-    def start_s(self, req: GpuRequest) -> float:
+    def _timeline(self, req: GpuRequest) -> tuple[list[float], list[int]]:
+        """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by each (cumulative)."""
+        key = (req.types, req.min_mem_gib)
+        if key not in self._tl:
+            mine, ends, cum, acc = self._admitted(req), [], [], 0
+            for r in self.running:
+                got = sum(k for n, k in r.nodes if n in mine)
+                if got:
+                    acc += got
+                    ends.append(r.end_s)
+                    cum.append(acc)
+            self._tl[key] = (ends, cum)
+        return self._tl[key]
+
+    def start_s(self, req: GpuRequest, usable: int | None = None) -> float:
         mine = self._admitted(req)
         need, work = req.gpus, 0.0
-        for (types, mem), (g, w) in self._claims.items():
-            if self._nodes[(types, mem)] & mine:
+        for key, (g, w) in self._claims.items():
+            if self._nodes[key] & mine:
                 need, work = need + int(g), work + w
-        have = self.pool.usable(req)
-        t = self.now_s
-        for r in self.running:
-            if have >= need:
-                return t
-            got = sum(k for n, k in r.nodes if n in mine)
-            if got:
-                have, t = have + got, max(t, r.end_s)
+        have = self.pool.usable(req) if usable is None else usable
         if have >= need:
-            return t
-        cap = sum(self.pool.info[n].capacity for n in mine)
-        if have < req.gpus:  # the rest are held by allocations with no predicted end: no estimate
+            return self.now_s
+        ends, cum = self._timeline(req)
+        i = bisect.bisect_left(cum, need - have)
+        if i < len(ends):
+            return max(self.now_s, ends[i])
+        if not cum or have + cum[-1] < req.gpus:  # the rest are held by allocations with no predicted end
             return math.inf
-        return t + work / cap  # past the known releases: the claimed GPU-seconds drain at the rate of `cap` GPUs
+        cap = sum(self.pool.info[n].capacity for n in mine)
+        return max(self.now_s, ends[-1]) + work / cap  # past the known releases: the claims drain at `cap` GPUs' rate
 
     def started(self, nodes: Sequence[tuple[str, int]], run_s: float | None) -> None:
         """A job of this pass took `nodes`: they free up at its predicted end."""
         if run_s is not None:
             bisect.insort(self.running, Running(end_s=self.now_s + run_s, nodes=tuple(nodes)), key=lambda r: r.end_s)
+            self._tl.clear()
 
     def claim(self, req: GpuRequest) -> None:
         """A job ahead chose to wait for `req`: later jobs that want the same GPUs queue behind it."""
@@ -144,10 +161,62 @@ def _gpu_s(r: GpuRequest) -> float:
     return r.gpus * (r.run_s or math.inf)
 
 
-def _candidate(pool: FreePool, backlog: Backlog, requests: Sequence[GpuRequest], k: int) -> Candidate:
+class _Free:
+    """`pool.usable` per (types, memory, unit), memoised for one `choose` (the pool does not change meanwhile)."""
+
+    def __init__(self, pool: FreePool) -> None:
+        self.pool, self._memo = pool, {}
+
+    def usable(self, r: GpuRequest) -> int:
+        key = (r.types, r.min_mem_gib, r.unit)
+        if key not in self._memo:
+            self._memo[key] = self.pool.usable(r)
+        return self._memo[key]
+
+    def fits(self, r: GpuRequest) -> bool:
+        return self.usable(r) >= r.gpus
+
+
+@dataclass
+class _Profile:
+    """What `choose` needs of a job's requests that does not depend on the pool."""
+
+    gpu_s: list[float]
+    best: float
+    min_gpus: int
+    groups: list[tuple[list[int], float, list[int]]]
+    """Per GPU type set: request indices, the fewest GPU-seconds, the indices within `pack_slack` of it."""
+    by_gpu_s: list[int]
+
+
+_PROFILES: dict[tuple[int, float], tuple[Sequence[GpuRequest], _Profile]] = {}
+
+
+def _profile(requests: Sequence[GpuRequest], pack_slack: float) -> _Profile:
+    """Cached per request list (by identity, checked: the cache holds the list, so its id cannot be reused)."""
+    key = (id(requests), pack_slack)
+    hit = _PROFILES.get(key)
+    if hit is not None and hit[0] is requests:
+        return hit[1]
+    gs = [_gpu_s(r) for r in requests]
+    idx_of: dict[frozenset[str] | None, list[int]] = {}
+    for k, r in enumerate(requests):
+        idx_of.setdefault(r.types, []).append(k)
+    groups = []
+    for idx in idx_of.values():
+        eff = min(gs[k] for k in idx)
+        groups.append((idx, eff, [k for k in idx if gs[k] <= eff * (1 + pack_slack)]))
+    prof = _Profile(gs, min(gs), min_gpus(requests), groups, sorted(range(len(gs)), key=lambda k: (gs[k], k)))
+    if len(_PROFILES) > 50_000:
+        _PROFILES.clear()
+    _PROFILES[key] = (requests, prof)
+    return prof
+
+
+def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int) -> Candidate:
     r = requests[k]
-    nodes = place(pool, r) if pool.fits(r) else None
-    start = backlog.now_s if nodes is not None else backlog.start_s(r)
+    nodes = place(free.pool, r) if free.fits(r) else None
+    start = backlog.now_s if nodes is not None else backlog.start_s(r, free.usable(r))
     return Candidate(k, r, start, start + (r.run_s or 0.0), nodes)
 
 
@@ -163,22 +232,17 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
         if d is None:
             return Choice("first-fit", [Candidate(0, requests[0], math.inf, math.inf, None)])
         return Choice("first-fit", [Candidate(d.plan_index, d.request, now, math.inf, d.nodes)])
-    groups: dict[frozenset[str] | None, list[int]] = {}
-    for k, r in enumerate(requests):
-        groups.setdefault(r.types, []).append(k)
-    best_all = min(_gpu_s(r) for r in requests)
-    widen = spare > min_gpus(requests)
+    free = _Free(pool)
+    prof = _profile(requests, pack_slack)
+    gs = prof.gpu_s
+    widen = spare > prof.min_gpus
     prefs = []
-    for idx in groups.values():
-        eff = min(_gpu_s(requests[k]) for k in idx)
-        if widen:
-            ok = [k for k in idx if requests[k].gpus <= spare and _gpu_s(requests[k]) * min_scaling <= best_all]
-        else:
-            ok = [k for k in idx if _gpu_s(requests[k]) <= eff * (1 + pack_slack)]
-        ok = ok or [k for k in idx if _gpu_s(requests[k]) == eff]
-        now_ok = [k for k in ok if pool.fits(requests[k])]
+    for idx, eff, pack_ok in prof.groups:
+        ok = [k for k in idx if requests[k].gpus <= spare and gs[k] * min_scaling <= prof.best] if widen else pack_ok
+        ok = ok or [k for k in idx if gs[k] == eff]
+        now_ok = [k for k in ok if free.fits(requests[k])]
         if now_ok:
-            prefs.append(_candidate(pool, backlog, requests,
+            prefs.append(_candidate(free, backlog, requests,
                                     min(now_ok, key=lambda k: (requests[k].run_s or math.inf, requests[k].gpus, k))))
             continue
         fastest: dict[int, int] = {}  # none fits now: per GPU count the fastest, each with its own predicted start
@@ -186,7 +250,7 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
             g = requests[k].gpus
             if g not in fastest or (requests[k].run_s or math.inf) < (requests[fastest[g]].run_s or math.inf):
                 fastest[g] = k
-        prefs.append(min((_candidate(pool, backlog, requests, k) for k in fastest.values()),
+        prefs.append(min((_candidate(free, backlog, requests, k) for k in fastest.values()),
                          key=lambda c: (c.finish_s, c.request.gpus, c.index)))
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.finish_s, default=None)
     wait_finish = waiting.finish_s if waiting is not None else math.inf
@@ -196,9 +260,9 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
         # the load's plans that fit now finish later than waiting; any other plan that fits and finishes sooner
         # than waiting still beats leaving GPUs idle (the most efficient of them first)
         seen = {c.index for c in prefs}
-        beat = sorted((k for k, r in enumerate(requests) if k not in seen and pool.fits(r)
-                       and now + (r.run_s or 0.0) < wait_finish), key=lambda k: (_gpu_s(requests[k]), k))
-        ranked = [c for k in beat[:4] if (c := _candidate(pool, backlog, requests, k)).nodes is not None]
+        beat = itertools.islice((k for k in prof.by_gpu_s if now + (requests[k].run_s or 0.0) < wait_finish
+                                 and k not in seen and free.fits(requests[k])), 4)
+        ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k)).nodes is not None]
     ranked += [waiting] if waiting is not None else []
     ranked += sorted((c for c in prefs if c.nodes is not None and c.finish_s > wait_finish), key=lambda c: c.finish_s)
     return Choice("widen" if widen else "pack", ranked)
