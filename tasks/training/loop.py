@@ -27,12 +27,13 @@ import torch.distributed as dist
 from tasks.jobspec import JobSpec
 from tasks.training import checkpoint as ck
 from tasks.training import data as D
+from tasks.training import reshard
 from tasks.training.model import GPT
 from tasks.training.optrace import OpTracer, merge_traces
 from tasks.training.spikes import SpikeDetector
 from tasks.training.state import restore, training_tensors
 from tasks.training.storage import Storage
-from tasks.training.writer import DEFAULT_TTL_S, WriterLease, WriterLeaseError
+from tasks.training.writer import WriterLease, WriterLeaseError, trainer_lease
 
 log = logging.getLogger("frenzy.train")
 
@@ -226,7 +227,8 @@ def train(opts: TrainOptions) -> dict:
     checkpoint root's writer lease (tasks/training/writer.py) from before it reads the root until it exits."""
     d, dev = _setup(opts)
     storage = Storage(opts.job.training.checkpoint.uri)
-    lease = WriterLease(storage, opts.job.name, float(os.environ.get("FRENZY_WRITER_LEASE_S", DEFAULT_TTL_S))) \
+    # [elastic hook] a --resume waits for an orphan of a killed launcher that is committing (writer.trainer_lease)
+    lease = trainer_lease(storage, opts.job.name, opts.resume, opts.run_dir / "progress.jsonl") \
         if d.rank == 0 else None
     with lease or contextlib.nullcontext():
         return _train(opts, d, dev, storage, lease)
@@ -287,14 +289,23 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     owns_model = d.rank == 0 or job.training.zero_stage == 3 or d.tp > 1  # DDP: rank 0 holds the one replica
 
     def load(m: ck.Manifest) -> None:
-        if m.fingerprint != fp:
-            diff = sorted(k for k in fp if m.fingerprint.get(k) != fp[k])
+        diff = reshard.mismatch(m.fingerprint, fp)
+        if diff:
             raise ck.CheckpointMismatch(f"checkpoint step {m.step} at {storage.uri} was written by a different job "
                                      f"({', '.join(diff)} differ); use another checkpoint.uri or the same job")
-        by_rank = {s.rank: s for s in m.shards}
-        tensors = ck.read_shard(storage, by_rank[d.rank])
-        if not owns_model:  # DDP: rank 0 wrote the one replica of model and optimizer; every rank loads it
-            tensors = {**ck.read_shard(storage, by_rank[0]), **tensors}
+        # [elastic hook] another layout (world size, tp, zero stage, global batch): reshard on load (reshard.py)
+        changes = reshard.layout_changes(m.fingerprint, fp)
+        if changes:
+            if d.rank == 0:
+                msg = reshard.describe(changes, int(m.cursor.get("samples", 0)), t.seq_len)
+                log.warning("%s", msg)
+                prog.emit("resharded", step=m.step, changes={k: list(v) for k, v in changes.items()}, message=msg)
+            tensors = reshard.read_resharded(storage, m, core, d.rank)
+        else:
+            by_rank = {s.rank: s for s in m.shards}
+            tensors = ck.read_shard(storage, by_rank[d.rank])
+            if not owns_model:  # DDP: rank 0 wrote the one replica of model and optimizer; every rank loads it
+                tensors = {**ck.read_shard(storage, by_rank[0]), **tensors}
         restore(core, optimizer, tensors, with_model=True)
         saved = D.Cursor.from_dict(m.cursor)
         cursor.samples, cursor.skips = saved.samples, saved.skips
@@ -406,6 +417,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         traced = tracer.begin_step(step + 1)
         indices = loader.next_indices(cursor)
         mine = indices[d.dp_rank * local:(d.dp_rank + 1) * local]
+        D.record_samples(opts.run_dir, d.rank, step + 1, mine)  # [elastic hook] FRENZY_SAMPLE_LOG=1 audit
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step + 1, job)
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
