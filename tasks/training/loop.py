@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from tasks.jobspec import JobSpec
 from tasks.training import checkpoint as ck
 from tasks.training import data as D
 from tasks.training import reshard
+from tasks.training.interval import Cadence, agree_max
 from tasks.training.model import GPT
 from tasks.training.optrace import OpTracer, merge_traces
 from tasks.training.spikes import SpikeDetector
@@ -373,6 +374,10 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         # SIGTERM (a preemption, a cancelled flow, torchrun shutting down): finish the step, checkpoint, exit
         signal.signal(signal.SIGTERM, lambda *_: preempt.set())
     last_saved = step
+    # [elastic hook] when to checkpoint: every N steps or `auto` (Young/Daly, re-tuned at each save; interval.py)
+    cadence = Cadence(t.checkpoint.every_steps, t.steps, d.world, t.checkpoint.mtbf_s, agree_max,
+                      lambda i: (log.info("checkpoint interval: %s", i), prog.emit("checkpoint_interval", **asdict(i))))
+    cadence.start(step)
     due_at: int | None = None  # the step a checkpoint came due at, while it waits for a free snapshot buffer
     failed_reported: list[int] = []
     warned_interval = False
@@ -397,6 +402,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
             return False
         blocked_total += blocked
         last_saved = step
+        cadence.saved(step, blocked, ckpt.last_persist_s)  # [elastic hook]
         while len(ckpt.failed) > len(failed_reported):  # a persist that failed cost its checkpoint, not the run
             f_step, f_err = ckpt.failed[len(failed_reported)]
             failed_reported.append(f_step)
@@ -482,6 +488,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         step += 1
         steps_run += 1
         t_last_update = time.perf_counter()  # intermediate snapshots count (they happen between updates)
+        cadence.step_done(t_last_update, ckpt.persisting.is_set())  # [elastic hook]
         if traced:
             tracer.record("optimizer", t0, _sync_time(dev, traced))
         if d.rank == 0 and (step % t.log_every_steps == 0 or step == t.steps):
@@ -494,7 +501,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
                      tps, eta)
         if steps_run == 1 and optimizer.state:
             ckpt.prepare(*training_tensors(core, optimizer, with_model=owns_model))
-        if step % t.checkpoint.every_steps == 0 or step == t.steps:
+        if cadence.due(step) or step == t.steps:  # [elastic hook]
             due_at = step if due_at is None else due_at
         if due_at is not None:
             # every rank must take the same decision, or the ranks would snapshot different steps
@@ -510,11 +517,11 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
                     warned_interval = True
                     step_s = (time.perf_counter() - t_start) / steps_run
                     persist_s = ckpt.last_persist_s or 0.0
-                    fit = max(t.checkpoint.every_steps + 1, int(persist_s / max(step_s, 1e-9)) + 1)
+                    fit = max(cadence.every + 1, int(persist_s / max(step_s, 1e-9)) + 1)
                     log.warning("checkpoint of step %d deferred: the previous persist (%.1f s) outlasts %d steps of "
                                 "%.2f s; checkpoint.every_steps >= %d would fit", step, persist_s,
-                                t.checkpoint.every_steps, step_s, fit)
-                    prog.emit("warning", message=f"checkpoint.every_steps={t.checkpoint.every_steps} is shorter "
+                                cadence.every, step_s, fit)
+                    prog.emit("warning", message=f"checkpoint.every_steps={cadence.every} is shorter "
                                                  f"than a persist ({persist_s:.1f} s); >= {fit} would fit")
     if stopped and last_saved != step:
         log.warning("stopping at step %d: taking a final checkpoint first", step)
@@ -532,6 +539,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         trace_path = merge_traces(opts.run_dir / "trace", job.name, d.dp, d.tp, d.world)
     result = {"job": job.name, "final_step": step, "resumed_from_step": resumed_from, "stopped_early": stopped,
               "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": spikes,
+              "checkpoint_interval": cadence.describe(),  # [elastic hook] the interval and its inputs
               "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in ckpt.failed],
               "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,
               "tokens_per_s": steps_run * tokens_per_step / loop_s if steps_run else 0.0,
