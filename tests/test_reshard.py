@@ -61,3 +61,17 @@ def test_layout_and_batch_may_change_but_not_the_corpus():
     assert reshard.layout_changes(saved, now) == {"world_size": (2, 4), "tp": (1, 2), "global_batch": (8, 16)}
     assert "token 5120" in reshard.describe(reshard.layout_changes(saved, now), 80, 64)
     assert reshard.mismatch(saved, {**now, "corpus_sha256": "b"}) == ["corpus_sha256"]
+
+
+def test_a_bf16_checkpoint_resumes_at_fp32(tmp_path):
+    """Precision is not part of the fingerprint: the weights and the optimizer moments take the new dtype."""
+    from tasks.training.launch import launch
+    from tests.trainer_util import tiny_job
+
+    uri = f"file://{tmp_path}/ck"
+    launch(tiny_job(uri, 10, every=5, precision="bf16"), tmp_path / "a", device="cpu", threads=1, stop_after_steps=5)
+    res = launch(tiny_job(uri, 10, every=5, precision="fp32"), tmp_path / "b", device="cpu", threads=1, resume=True)
+    assert res["resumed_from_step"] == 5 and res["final_step"] == 10
+    m = ck.read_manifest(Storage(uri), 10)
+    dtypes = {e.dtype for s in m.shards for e in s.tensors if e.name.startswith(("model.", "optim.")) and e.shape}
+    assert dtypes == {"float32"}
