@@ -2,7 +2,9 @@
 
 C, the cost of one checkpoint, is what the training loop loses to it: the time the loop was blocked (the snapshot
 copy) plus the drag, the extra step time while the background persist competes for cores, memory bandwidth and
-PCIe (steps that overlap a persist, against steps that do not). M is the job's mean time between failures.
+PCIe. Both are measured together: the seconds of the steps from one save to the next, beyond the same number of
+steps at the no-checkpoint pace (the median of recent steps with no persist running and no save just before).
+M is the job's mean time between failures.
 
 M comes from `checkpoint.mtbf_s` when it is set: `frenzy submit` fills it in from the ledger's failure history for
 the GPU pool the job is placed on (`mtbf_from_ledger`), and again after a recovery moves the job. Without history
@@ -76,9 +78,10 @@ class Cadence:
         self.last_saved = 0
         self.inputs: IntervalInputs | None = None
         self._t: float | None = None
-        self._blocked_pending = 0.0
-        self._idle = [0.0, 0]  # step seconds, steps, with no persist running
-        self._busy = [0.0, 0]  # the same while a persist runs
+        self._steps_seen = 0
+        self._base: list[float] = []  # recent step seconds away from any checkpoint work: the no-checkpoint pace
+        self._open: list[float] | None = None  # [seconds, steps] since the newest save
+        self._costs: list[float] = []  # per save: its interval's seconds beyond the no-checkpoint pace
         self._blocked: list[float] = []
         self._persist_s = 0.0  # the newest completed persist
 
@@ -87,12 +90,19 @@ class Cadence:
         self.last_saved = step
 
     def step_done(self, now: float, persisting: bool) -> None:
+        """After each optimizer step. A step's seconds include the snapshot of a save just before it and the wait
+        for a staged copy, so an interval's excess over the no-checkpoint pace is everything its save cost."""
         if self._t is not None:
-            dt = max(now - self._t - self._blocked_pending, 0.0)  # a snapshot's blocked time is counted apart
-            acc = self._busy if persisting else self._idle
-            acc[0] += dt
-            acc[1] += 1
-        self._t, self._blocked_pending = now, 0.0
+            dt = now - self._t
+            self._steps_seen += 1
+            if self._open is not None:
+                self._open[0] += dt
+                self._open[1] += 1
+            # warm-up steps (allocation, first kernels) are no pace; nor is a step beside a persist or just after a save
+            quiet = not persisting and (self._open is None or self._open[1] > 2)
+            if self._steps_seen > 2 and quiet:
+                self._base = (self._base + [dt])[-64:]
+        self._t = now
 
     def due(self, step: int) -> bool:
         if not self.auto:
@@ -101,32 +111,31 @@ class Cadence:
 
     def saved(self, step: int, blocked_s: float, persist_s: float | None) -> None:
         self.last_saved = step
-        self._blocked_pending += blocked_s
-        self._blocked.append(blocked_s)
+        if self._open is not None and self._open[1] and self._base:
+            self._costs = (self._costs + [max(self._open[0] - self._open[1] * _median(self._base), 0.0)])[-16:]
+        self._open = [0.0, 0]
+        self._blocked = (self._blocked + [blocked_s])[-16:]
         if persist_s is not None:
             self._persist_s = persist_s
         if self.auto and step < self.steps:  # the final save needs no next interval
             self._retune(step)
 
     def _retune(self, step: int) -> None:
-        idle = self._idle[0] / self._idle[1] if self._idle[1] else None
-        busy = self._busy[0] / self._busy[1] if self._busy[1] else None
-        step_s = idle or busy or 0.0
-        if step_s <= 0:
+        if not self._base:
             return
+        step_s = _median(self._base)
         blocked = sum(self._blocked) / len(self._blocked)
+        # until one interval after a save has been measured, the blocked time is all that is known of the cost
+        cost = max(_median(self._costs), blocked) if self._costs else blocked
         persist = self._persist_s
-        # the drag of one checkpoint: its persist's span of steps, each slower by (busy - idle)
-        drag = (busy - idle) / busy * persist if idle and busy and busy > idle else 0.0
-        cost = blocked + drag
         interval = min(young_daly_s(cost, self.mtbf_s), MAX_INTERVAL_S)
         # never shorter than a persist (a save would find its buffer still persisting and be deferred)
         every = max(round(interval / step_s), math.ceil(persist / step_s) + 1, 1)
         every = self.agree(min(every, max(self.steps - step, 1)))
         changed = every != self.every or self.inputs is None
         self.every = every
-        self.inputs = IntervalInputs(every, interval, cost, blocked, drag, self.mtbf_s, self.mtbf_source, step_s,
-                                     persist)
+        self.inputs = IntervalInputs(every, interval, cost, blocked, cost - blocked, self.mtbf_s, self.mtbf_source,
+                                     step_s, persist)
         if changed and self.report is not None:
             self.report(self.inputs)
 
@@ -144,3 +153,9 @@ def agree_max(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
