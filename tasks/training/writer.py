@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -53,6 +54,24 @@ class Holder:
         return f"pid {self.pid} on {self.host} (run {self.run}; lease until {until})"
 
 
+#: A lease is renewed every ttl/3 for ttl seconds; one expiring further ahead than this was not written by a trainer
+#: (a hand edit, a clock years off) and would block the root for ever, so it protects nobody and is ignored.
+_MAX_AHEAD_S = 24 * 3600.0
+
+
+def _valid(h: Holder, now: float, ttl_s: float) -> Holder:
+    """The holder, its fields type-checked (ValueError/TypeError when not: `current` treats that as unheld)."""
+    if not isinstance(h.expires, int | float) or isinstance(h.expires, bool) or not math.isfinite(h.expires):
+        raise ValueError(f"expires is {h.expires!r}, not a finite time")
+    if not isinstance(h.pid, int) or isinstance(h.pid, bool) or h.pid <= 0:
+        raise ValueError(f"pid is {h.pid!r}")
+    if not all(isinstance(x, str) for x in (h.owner, h.host, h.run)):
+        raise TypeError("owner, host and run must be strings")
+    if h.expires > now + max(ttl_s, _MAX_AHEAD_S):
+        raise ValueError(f"it expires {h.expires - now:.0f} s from now, beyond any lease a trainer writes")
+    return h
+
+
 class WriterLease:
     """The writer lease of `storage`'s root for `run` (module docstring). Use as a context manager."""
 
@@ -71,7 +90,7 @@ class WriterLease:
         """The lease as stored; None when there is none (an unreadable one counts as none: it protects nobody)."""
         try:
             d = json.loads(self.storage.read(LEASE_KEY))
-            return Holder(**{k: d[k] for k in Holder.__dataclass_fields__})
+            return _valid(Holder(**{k: d[k] for k in Holder.__dataclass_fields__}), self.clock(), self.ttl_s)
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as err:
