@@ -112,7 +112,8 @@ def _local_shards(spec: DataSpec) -> list[Path]:
     import fsspec
 
     files = S.list_files(spec.path or "", (".bin",))
-    if len(files) > 1 and not all(u.endswith(".bin") for u, _ in files):
+    single = len(files) == 1 and files[0][0].rstrip("/").endswith((spec.path or "").removeprefix("file://").rstrip("/"))
+    if not single and not all(u.endswith(".bin") for u, _ in files):
         odd = [u for u, _ in files if not u.endswith(".bin")]
         raise DataError(f"data.path {spec.path} names files that are not token shards ({', '.join(odd[:3])}); "
                         "shards end in .bin: point data.path at them (a glob such as DIR/*.bin), or run "

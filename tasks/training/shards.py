@@ -50,6 +50,8 @@ def read_shard(path: Path) -> np.ndarray:
     """A shard's tokens, memory-mapped: llm.c's header (magic and version matched exactly, the token count equal to
     the file's), or nanoGPT's headerless uint16 when the first ints are no header at all."""
     size = path.stat().st_size
+    if size == 0:
+        return np.zeros(0, dtype=np.uint16)  # holds no tokens (`open_shards` names the files when none do)
     if size >= HEADER_INTS * 4:
         header = np.fromfile(path, dtype="<i4", count=3)
         magic, version, n = (int(x) for x in header)
@@ -159,10 +161,15 @@ def _text_value(url: str, n: int, value: object, text_field: str, unit: str) -> 
 def _jsonl(url: str, text_field: str) -> Iterator[str]:
     import fsspec
 
-    with fsspec.open(url, "rt", encoding="utf-8", compression="infer") as fh:
-        n = 0
+    with fsspec.open(url, "rb", compression="infer") as fh:
         try:
-            for n, line in enumerate(fh, 1):  # noqa: B007 - n names the line of a decode error below
+            # bytes, decoded line by line, so an encoding error names its line
+            for n, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ShardError(f"{url}: line {n} is not UTF-8 ({err.reason} at column {err.start}); re-encode "
+                                     "the file as UTF-8") from None
                 if not line.strip():
                     continue
                 try:
@@ -178,9 +185,6 @@ def _jsonl(url: str, text_field: str) -> Iterator[str]:
                 text = _text_value(url, n, row[text_field], text_field, "line")
                 if text is not None:
                     yield text
-        except UnicodeDecodeError as err:
-            raise ShardError(f"{url}: line {n + 1} is not UTF-8 ({err.reason} at byte {err.start}); re-encode the "
-                             "file as UTF-8") from None
         except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
             raise ShardError(f"{url}: cannot be read ({err}); a .gz file must be complete gzip") from None
 
