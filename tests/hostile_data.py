@@ -31,8 +31,8 @@ def _rows(*rows: object) -> str:
 def _docs(*texts: str) -> Callable[[Path, Run], bool]:
     """The prepared shards decode to exactly `texts`, each followed by the byte tokenizer's newline."""
     def check(root: Path, run: Run) -> bool:
-        from tasks.training.data import load_corpus
         from tasks.jobspec import DataSpec
+        from tasks.training.data import load_corpus
 
         toks = np.asarray(load_corpus(DataSpec(source="tokens", path=str(root / "out"))))
         return bytes(toks.astype(np.uint8)).decode() == "".join(t + "\n" for t in texts)
