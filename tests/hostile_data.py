@@ -87,11 +87,23 @@ def _tokens_equal(n: int) -> Callable[[Path, Run], bool]:
 
 def _restamped(root: Path) -> Run:
     """The tokenization cache after a file is rewritten with the same size and mtime (`cp -p`, `rsync -t`)."""
+
+    old = os.environ.get("FRENZY_CACHE")
+    os.environ["FRENZY_CACHE"] = str(root / "cache")
+    try:
+        return _restamped_in(root)
+    finally:
+        if old is None:
+            os.environ.pop("FRENZY_CACHE", None)
+        else:
+            os.environ["FRENZY_CACHE"] = old
+
+
+def _restamped_in(root: Path) -> Run:
     from tasks.jobspec import DataSpec
     from tasks.training.data import load_corpus
     from tasks.training.tokenizer import load_tokenizer
 
-    os.environ["FRENZY_CACHE"] = str(root / "cache")
     tok = load_tokenizer(str(bpe_json(root / "tok.json")))
     f = root / "c.jsonl"
     f.write_text(_rows({"text": "aaaa bbbb"}))

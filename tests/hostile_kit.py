@@ -6,6 +6,7 @@ wrong or data lost. `tests/test_hostile_inputs.py` asserts every case is clear; 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
@@ -40,6 +41,8 @@ class Case:
     keep: tuple[str, ...] = ()
     """Files under the case directory that must be byte-identical afterwards (an existing model, an export)."""
     timeout_s: int = 120
+    setup: Callable[[Path], object] | None = None
+    """Builds what must survive (`keep`) before the act."""
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +85,8 @@ def _alarm(*_: object) -> None:
 
 def classify(case: Case, root: Path) -> tuple[str, str]:
     """(outcome, detail) of one case run in `root`."""
+    if case.setup is not None:
+        case.setup(root)
     before = _digest(root, case.keep)
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(case.timeout_s)
@@ -120,9 +125,9 @@ def run_case(case: Case) -> tuple[str, str]:
 
 
 def all_cases() -> list[Case]:
-    from tests import hostile_data, hostile_hf, hostile_writers
+    from tests import hostile_data, hostile_hf, hostile_state, hostile_writers
 
-    return [*hostile_hf.CASES, *hostile_data.CASES, *hostile_writers.CASES]
+    return [*hostile_hf.CASES, *hostile_data.CASES, *hostile_writers.CASES, *hostile_state.CASES]
 
 
 # ------------------------------------------------------------------------------------------- shared inputs
@@ -132,6 +137,7 @@ _BUILT: dict[str, Path] = {}
 def _base() -> Path:
     if "base" not in _BUILT:
         _BUILT["base"] = Path(tempfile.mkdtemp(prefix="frenzy-hostile-inputs-"))
+        atexit.register(shutil.rmtree, _BUILT["base"], True)
     return _BUILT["base"]
 
 

@@ -119,7 +119,11 @@ class WriterLease:
             try:
                 self.storage.create(LEASE_KEY, data)  # only-if-absent: of two starters, one wins
             except AlreadyExists:
-                return self.acquire()  # someone was faster: judge their lease
+                if self.current() is not None:
+                    return self.acquire()  # someone was faster: judge their lease
+                # the object is there but unreadable (damaged, hand-edited): it protects nobody, so it is replaced
+                # (retrying the create would recurse for ever); of two such starters `holds` below keeps one
+                self.storage.put(LEASE_KEY, data)
         else:
             if cur.owner != self.me.owner:
                 log.warning("taking over the writer lease of %s from %s (%s)", self.storage.uri, cur.describe(),
