@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import select
 import socket
@@ -79,6 +80,24 @@ def _exited(pid: int, started: int | None, timeout: float) -> bool:
         os.close(fd)
 
 
+#: A lease is renewed every ttl/3 for ttl seconds; one expiring further ahead than this was not written by a trainer
+#: (a hand edit, a clock years off) and would block the root for ever, so it protects nobody and is ignored.
+_MAX_AHEAD_S = 24 * 3600.0
+
+
+def _valid(h: Holder, now: float, ttl_s: float) -> Holder:
+    """The holder, its fields type-checked (ValueError/TypeError when not: `current` treats that as unheld)."""
+    if not isinstance(h.expires, int | float) or isinstance(h.expires, bool) or not math.isfinite(h.expires):
+        raise ValueError(f"expires is {h.expires!r}, not a finite time")
+    if not isinstance(h.pid, int) or isinstance(h.pid, bool) or h.pid <= 0:
+        raise ValueError(f"pid is {h.pid!r}")
+    if not all(isinstance(x, str) for x in (h.owner, h.host, h.run)):
+        raise TypeError("owner, host and run must be strings")
+    if h.expires > now + max(ttl_s, _MAX_AHEAD_S):
+        raise ValueError(f"it expires {h.expires - now:.0f} s from now, beyond any lease a trainer writes")
+    return h
+
+
 class WriterLease:
     """The writer lease of `storage`'s root for `run` (module docstring). Use as a context manager."""
 
@@ -104,7 +123,8 @@ class WriterLease:
         try:
             d = json.loads(self.storage.read(LEASE_KEY))
             optional = ("launcher_pid", "launcher_started")  # absent from leases of older versions
-            return Holder(**{k: d.get(k) if k in optional else d[k] for k in Holder.__dataclass_fields__})
+            holder = Holder(**{k: d.get(k) if k in optional else d[k] for k in Holder.__dataclass_fields__})
+            return _valid(holder, self.clock(), self.ttl_s)
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as err:
@@ -135,7 +155,11 @@ class WriterLease:
             try:
                 self.storage.create(LEASE_KEY, data)  # only-if-absent: of two starters, one wins
             except AlreadyExists:
-                return self.acquire()  # someone was faster: judge their lease
+                if self.current() is not None:
+                    return self.acquire()  # someone was faster: judge their lease
+                # the object is there but unreadable (damaged, hand-edited): it protects nobody, so it is replaced
+                # (retrying the create would recurse for ever); of two such starters `holds` below keeps one
+                self.storage.put(LEASE_KEY, data)
         else:
             if cur.owner != self.me.owner:
                 log.warning("taking over the writer lease of %s from %s (%s)", self.storage.uri, cur.describe(),
