@@ -11,7 +11,7 @@ from typing import Any, get_args
 from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, progress, table
 from cluster.inventory import load_cluster
-from cluster.traces import POLICIES, REFERENCE_GPU
+from cluster.traces import ALL_POLICIES, POLICIES, REFERENCE_GPU
 from tasks.planning.plans import RankBy
 
 
@@ -72,7 +72,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                  "jobs": ",".join(n["jobs"]) or "-"} for n in nodes]
         free = sum(len(n["free_indices"]) for n in nodes if n["state"] == "up")
         return (f"ledger {ledger.url}: {len(nodes)} nodes, {free} of {sum(n['gpus'] for n in nodes)} GPUs free, "
-                f"{len(allocs)} allocations, {len(doc['queue'])} waiting\n" + table(rows))
+                f"{len(allocs)} allocations, {len(doc['queue'])} waiting\n" + table(rows) +
+                "".join(f"\n{a['job']}: {a['decision']}" for a in allocs if a.get("decision")))
 
     emit(args, doc, human)
     return 0
@@ -91,6 +92,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         plot_jct_cdf(results, args.plot, title=f"{args.trace} on {cluster_name}")
         doc["plot"] = args.plot
+    if args.jobs_csv:
+        from cluster.report import write_jobs_csv
+
+        doc["jobs_csv"] = {"path": args.jobs_csv, "rows": write_jobs_csv(results, args.jobs_csv)}
 
     def human() -> str:
         from cluster.report import summary_rows
@@ -126,12 +131,13 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("simulate", cmd_simulate, "Replay a job trace on a cluster under several placement policies.")
     sp.add_argument("--cluster", default="phoebe", help="cluster preset or YAML (default phoebe)")
     sp.add_argument("--trace", required=True,
-                    help="trace CSV, or newworkload:N[:SEED] for the Frenzy NewWorkload generator")
+                    help="trace CSV, or newworkload:N[:SEED] (the Frenzy NewWorkload), production:N[:SEED] or "
+                    "mixed:N[:SEED] (cluster/synth_traces.py)")
     sp.add_argument("--format", choices=["generic", "philly", "sia"], help="trace format (default: from the header)")
-    sp.add_argument("--policy", action="append", choices=[*POLICIES, "has-sjf"],
-                    help="policy to run (repeat; default all: has has-arrival fcfs fifo ilp). has is Frenzy's default "
-                         "(MARP + HAS, shortest predicted run time first with aging); has-arrival the same placement "
-                         "in arrival order; has-sjf the old name of has")
+    sp.add_argument("--policy", action="append", choices=list(ALL_POLICIES),
+                    help="policy to run (repeat; default: has fcfs fifo ilp). has is Frenzy's default "
+                         "(MARP + HAS, shortest predicted run time first with aging, load-adaptive sizing); "
+                         "has-arrival the same placement in arrival order; has-sjf the old name of has")
     sp.add_argument("--rank-by", choices=list(get_args(RankBy)), default="balanced",
                     help="MARP plan ranking for has (default balanced)")
     sp.add_argument("--queue-order", choices=["shortest", "backfill", "strict"], default="shortest",
@@ -140,3 +146,4 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--reference-gpu", default=REFERENCE_GPU, help=f"GPU the trace durations refer to ({REFERENCE_GPU})")
     sp.add_argument("--max-jobs", type=bounded_int(1, 100000), default=160, help="philly: jobs to take (default 160)")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
+    sp.add_argument("--jobs-csv", help="write one row per policy and job here (has: the plan chosen and why)")

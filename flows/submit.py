@@ -45,6 +45,7 @@ from tasks.planning.calibration import OomObservation, load_observations, model_
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
+from tasks.training.elastic import Placed, note_placement, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -391,6 +392,8 @@ class _Attempt:
 
     alloc: Allocation
     chosen: ResourcePlan
+    placed: Placed
+    """This attempt's resources, for the elastic hook's record of a recovery that moved the job."""
     log: tuple[Path, int]
     """The training log and its size before this attempt: the diagnosis reads only what this attempt wrote."""
     result: TrainResult | None = None
@@ -414,7 +417,8 @@ def _runnable_plans(request: SubmitRequest, cluster: Cluster) -> list[ResourcePl
 
 
 def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePlan], runnable: list[ResourcePlan],
-             run_dir: Path, suite: str, timings: dict[str, float], logger: object) -> _Attempt:
+             recoveries: list[dict], placed_before: Placed | None, run_dir: Path, suite: str,
+             timings: dict[str, float], logger: object) -> _Attempt:
     """Place on the first candidate that fits, train and evaluate under a kept lease, and release the GPUs whatever
     happens; a training failure is returned (for diagnosis), anything else raises."""
     t = time.monotonic()
@@ -422,16 +426,19 @@ def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePl
                   lease_s=request.lease_s, precision=request.job.training.precision, steps=request.job.training.steps)
     timings["queue"] += time.monotonic() - t
     chosen = candidates[alloc.plan_index]
+    placed = note_placement(recoveries, placed_before, chosen, alloc, request.job, logger)  # [elastic hook]
     logger.info("placed on %s: plan %d (%d x %s, %s)",  # type: ignore[attr-defined]
                 ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
                 runnable.index(chosen) + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
     log_path = run_dir / "train.log"
-    at = _Attempt(alloc=alloc, chosen=chosen, log=(log_path, log_path.stat().st_size if log_path.exists() else 0))
+    log_offset = log_path.stat().st_size if log_path.exists() else 0
+    at = _Attempt(alloc=alloc, chosen=chosen, placed=placed, log=(log_path, log_offset))
     try:
         keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
         with keeper:
             t = time.monotonic()
             treq = training_request(request, alloc, chosen, run_dir, suite)
+            tune_auto(treq.job, ledger, chosen, alloc, len(recoveries), logger)  # [elastic hook]
             mode = _eval_mode(request)
             logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")  # type: ignore[attr-defined]
             try:
@@ -464,9 +471,11 @@ def submit(request: SubmitRequest) -> SubmitResult:
     ledger.sync(cluster)
     run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
     candidates, recoveries = runnable, []
+    placed: Placed | None = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
     timings["queue"] = timings["train+evaluate"] = 0.0
     while True:  # one pass per attempt: place, train, and on a training failure diagnose and recover
-        at = _attempt(request, ledger, candidates, runnable, run_dir, suite, timings, logger)
+        at = _attempt(request, ledger, candidates, runnable, recoveries, placed, run_dir, suite, timings, logger)
+        placed = at.placed
         if at.failure is None:
             break
         candidates = _recover(request, ledger, cluster, at.alloc, at.chosen, candidates, recoveries, at.log,

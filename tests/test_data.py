@@ -147,7 +147,7 @@ def test_frenzy_data_prepare_cli(tmp_path, bpe):
     assert doc["documents"] == 300 and doc["format"] == "jsonl" and (tmp_path / "out" / "prepared.json").exists()
     again = subprocess.run([sys.executable, "-m", "cli", "data", "prepare", str(tmp_path / "c.jsonl"),
                             "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
-    assert again.returncode == 2 and "already holds shards" in again.stderr
+    assert again.returncode == 2 and "--overwrite" in again.stderr
 
 
 moto_server = pytest.importorskip("moto.server")
