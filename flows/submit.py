@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -44,7 +45,7 @@ from tasks.planning.calibration import OomObservation, load_observations, model_
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
-from tasks.training.elastic import note_placement, tune_auto
+from tasks.training.elastic import Placed, note_placement, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -335,6 +336,43 @@ def _record_oom(job: JobSpec, plan: ResourcePlan, d: Diagnosis, cluster: Cluster
                               predicted_device_gib=plan.predicted_device_gib, job=job.name, line=d.root_cause_line))
 
 
+def _recover(request: SubmitRequest, ledger: Ledger, cluster: Cluster, alloc: Allocation, chosen: ResourcePlan,
+             candidates: list[ResourcePlan], recoveries: list[dict], log: tuple[Path, int], failure: TrainFailed,
+             logger: object) -> list[ResourcePlan]:
+    """After a training failure: diagnose the log, record the recovery, check nodes; the plans to place next (only
+    plans with more memory per GPU after an out-of-memory). Raises PipelineError when the run should stop."""
+    job, (log_path, log_offset) = request.job, log
+    rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
+    recoveries.append(rec.model_dump())
+    if rec.action.kind == "stop":
+        raise PipelineError(f"{job.name}: training failed, {rec.action.reason} (diagnosis: "
+                            f"{rec.diagnosis.root_cause_line or 'no matching line'}; log {log_path})") from failure
+    if rec.action.node_check:
+        _check_allocation_nodes(ledger, alloc, logger, request.executor)
+    if rec.action.kind == "replan":
+        _record_oom(job, chosen, rec.diagnosis, cluster)
+        bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
+        if not bigger:
+            raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
+                                "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
+                                "recompute or zero_stage 3, or add GPUs with more memory") from failure
+        candidates = bigger
+    logger.warning("recovery %d/%d: %s -> %s", len(recoveries), request.max_restarts, rec.diagnosis.type,
+                   rec.action.kind)
+    return candidates
+
+
+def _analyse_stragglers(trace: str | None, logger: object) -> StragglerReport | None:
+    """The straggler analysis of the run's op trace; the job trained, so a trace it cannot use is logged, not raised."""
+    if not trace:
+        return None
+    try:
+        return stragglers_task(StragglerRequest(trace=trace))
+    except Exception as err:  # noqa: BLE001
+        logger.warning("straggler analysis of %s failed: %s", trace, err)  # type: ignore[attr-defined]
+        return None
+
+
 @task(name="report")
 def report_task(report: RunReport, path: str) -> str:
     """The run report: HTML with plots on disk, the same as a markdown artifact."""
@@ -348,15 +386,25 @@ def _key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
-@flow(name="submit", flow_run_name="submit-{request.job.name}", log_prints=True)
-def submit(request: SubmitRequest) -> SubmitResult:
-    """Plan, place, train (evaluating checkpoints as they commit), evaluate, release, analyse, report."""
-    logger = get_run_logger()
-    job, t0, timings = request.job, time.monotonic(), {}
-    suite = load_suite(request.suite or (job.evaluation.suite if job.evaluation else "core")).name \
-        if request.evaluation != "off" else ""
-    cluster = load_cluster(request.cluster_spec)  # an unknown cluster or suite fails before anything starts
+@dataclass
+class _Attempt:
+    """One pass of the submit loop: where it was placed, and how training ended."""
 
+    alloc: Allocation
+    chosen: ResourcePlan
+    placed: Placed
+    """This attempt's resources, for the elastic hook's record of a recovery that moved the job."""
+    log: tuple[Path, int]
+    """The training log and its size before this attempt: the diagnosis reads only what this attempt wrote."""
+    result: TrainResult | None = None
+    evals: list[EvalSummary] = field(default_factory=list)
+    failure: TrainFailed | None = None
+    released: bool = False
+
+
+def _runnable_plans(request: SubmitRequest, cluster: Cluster) -> list[ResourcePlan]:
+    """MARP's plans the trainer can run (data x tensor parallel), best first, published as an artifact."""
+    job = request.job
     plans = plan_resources(PlanRequest(job=job, cluster=request.cluster_spec, rank_by=request.rank_by, top=1000),
                            load_observations(), cluster)
     runnable = [p for p in plans if p.layout.pp == 1]  # the trainer runs data x tensor parallel layouts
@@ -365,73 +413,78 @@ def submit(request: SubmitRequest) -> SubmitResult:
                             "run yet; add GPUs with more memory or enable recompute / zero_stage 3")
     create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=request.cluster_spec), runnable[:10]),
                              key=_key(f"plans-{job.name}"), description="MARP resource plans, best first")
+    return runnable
+
+
+def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePlan], runnable: list[ResourcePlan],
+             recoveries: list[dict], placed_before: Placed | None, run_dir: Path, suite: str,
+             timings: dict[str, float], logger: object) -> _Attempt:
+    """Place on the first candidate that fits, train and evaluate under a kept lease, and release the GPUs whatever
+    happens; a training failure is returned (for diagnosis), anything else raises."""
+    t = time.monotonic()
+    alloc = place(request.job.name, candidates, ledger_url=request.ledger, timeout_s=request.max_wait_s,
+                  lease_s=request.lease_s, precision=request.job.training.precision, steps=request.job.training.steps)
+    timings["queue"] += time.monotonic() - t
+    chosen = candidates[alloc.plan_index]
+    placed = note_placement(recoveries, placed_before, chosen, alloc, request.job, logger)  # [elastic hook]
+    logger.info("placed on %s: plan %d (%d x %s, %s)",  # type: ignore[attr-defined]
+                ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
+                runnable.index(chosen) + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
+    log_path = run_dir / "train.log"
+    log_offset = log_path.stat().st_size if log_path.exists() else 0
+    at = _Attempt(alloc=alloc, chosen=chosen, placed=placed, log=(log_path, log_offset))
+    try:
+        keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
+        with keeper:
+            t = time.monotonic()
+            treq = training_request(request, alloc, chosen, run_dir, suite)
+            tune_auto(treq.job, ledger, chosen, alloc, len(recoveries), logger)  # [elastic hook]
+            mode = _eval_mode(request)
+            logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")  # type: ignore[attr-defined]
+            try:
+                at.result, at.evals = _train_and_evaluate(request, treq, suite, mode, keeper)
+            except TrainFailed as err:
+                at.failure = err
+            timings["train+evaluate"] += time.monotonic() - t
+    finally:
+        try:
+            release(alloc.id, request.ledger)
+            at.released = True
+        except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
+            logger.error("could not release allocation %s (%s); its lease expires in %.0f s",  # type: ignore[attr-defined]
+                         alloc.id, err, request.lease_s)
+    return at
+
+
+@flow(name="submit", flow_run_name="submit-{request.job.name}", log_prints=True)
+def submit(request: SubmitRequest) -> SubmitResult:
+    """Plan, place, train (evaluating checkpoints as they commit), evaluate, release, analyse, report."""
+    logger = get_run_logger()
+    job, t0, timings = request.job, time.monotonic(), {}
+    suite = load_suite(request.suite or (job.evaluation.suite if job.evaluation else "core")).name \
+        if request.evaluation != "off" else ""
+    cluster = load_cluster(request.cluster_spec)  # an unknown cluster or suite fails before anything starts
+    runnable = _runnable_plans(request, cluster)
     timings["plan"] = time.monotonic() - t0
 
     ledger = Ledger(request.ledger)
     ledger.sync(cluster)
     run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
     candidates, recoveries = runnable, []
-    placed_before = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
+    placed: Placed | None = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
     timings["queue"] = timings["train+evaluate"] = 0.0
     while True:  # one pass per attempt: place, train, and on a training failure diagnose and recover
-        t = time.monotonic()
-        alloc = place(job.name, candidates, ledger_url=request.ledger, timeout_s=request.max_wait_s,
-                      lease_s=request.lease_s, precision=job.training.precision, steps=job.training.steps)
-        timings["queue"] += time.monotonic() - t
-        chosen = candidates[alloc.plan_index]
-        placed_before = note_placement(recoveries, placed_before, chosen, alloc, job, logger)  # [elastic hook]
-        logger.info("placed on %s: plan %d (%d x %s, %s)", ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
-                    runnable.index(chosen) + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
-        log_path = run_dir / "train.log"
-        log_offset = log_path.stat().st_size if log_path.exists() else 0
-        released, failure = False, None
-        try:
-            keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
-            with keeper:
-                t = time.monotonic()
-                treq = training_request(request, alloc, chosen, run_dir, suite)
-                tune_auto(treq.job, ledger, chosen, alloc, len(recoveries), logger)  # [elastic hook]
-                mode = _eval_mode(request)
-                logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")
-                try:
-                    result, evals = _train_and_evaluate(request, treq, suite, mode, keeper)
-                except TrainFailed as err:
-                    failure = err
-                timings["train+evaluate"] += time.monotonic() - t
-        finally:
-            try:
-                release(alloc.id, request.ledger)
-                released = True
-            except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
-                logger.error("could not release allocation %s (%s); its lease expires in %.0f s", alloc.id, err,
-                             request.lease_s)
-        if failure is None:
+        at = _attempt(request, ledger, candidates, runnable, recoveries, placed, run_dir, suite, timings, logger)
+        placed = at.placed
+        if at.failure is None:
             break
-        rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
-        recoveries.append(rec.model_dump())
-        if rec.action.kind == "stop":
-            raise PipelineError(f"{job.name}: training failed, {rec.action.reason} (diagnosis: "
-                                f"{rec.diagnosis.root_cause_line or 'no matching line'}; log {log_path})") from failure
-        if rec.action.node_check:
-            _check_allocation_nodes(ledger, alloc, logger, request.executor)
-        if rec.action.kind == "replan":
-            _record_oom(job, chosen, rec.diagnosis, cluster)
-            bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
-            if not bigger:
-                raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
-                                    "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
-                                    "recompute or zero_stage 3, or add GPUs with more memory") from failure
-            candidates = bigger
-        logger.warning("recovery %d/%d: %s -> %s", len(recoveries), request.max_restarts, rec.diagnosis.type,
-                       rec.action.kind)
+        candidates = _recover(request, ledger, cluster, at.alloc, at.chosen, candidates, recoveries, at.log,
+                              at.failure, logger)
+    result, evals, chosen, alloc = at.result, at.evals, at.chosen, at.alloc
+    assert result is not None  # an attempt without a failure trained
 
     t = time.monotonic()
-    strag: StragglerReport | None = None
-    if result.trace:
-        try:  # the job trained; a trace the analysis cannot use is reported, not a failed job
-            strag = stragglers_task(StragglerRequest(trace=result.trace))
-        except Exception as err:  # noqa: BLE001
-            logger.warning("straggler analysis of %s failed: %s", result.trace, err)
+    strag = _analyse_stragglers(result.trace, logger)
     timings["stragglers"] = time.monotonic() - t
     timings["total"] = time.monotonic() - t0
     rep = RunReport(job=job.name, model=job.model.display_name, cluster=cluster.name, plans=runnable[:10],
@@ -444,5 +497,5 @@ def submit(request: SubmitRequest) -> SubmitResult:
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))
     logger.info("report: %s", path)
     return SubmitResult(job=job.name, plan=chosen, plans=runnable, allocation=alloc, train=result,
-                        evaluations=evals, stragglers=strag, report=path, released=released, timings_s=timings,
+                        evaluations=evals, stragglers=strag, report=path, released=at.released, timings_s=timings,
                         recoveries=recoveries)
