@@ -37,7 +37,8 @@ def _human(res: object, wall_s: float) -> str:
             for e in res.evaluations]
     lines = [f"{res.job}: {t.final_step} steps on {p.gpus} x {p.gpu_type} ({p.layout.label()}), placed on "
              + ", ".join(f"{n.node}{n.gpu_indices}" for n in a.nodes)
-             + f"; last loss {t.last_loss:.3f}, {t.tokens_per_s:,.0f} tok/s; {len(t.checkpoints)} checkpoints",
+             + f"; last loss {t.last_loss:.3f}, {t.tokens_per_s:,.0f} tok/s; {len(t.checkpoints)} checkpoints"
+             + (f"; {t.spike_counts.summary()}" if t.spike_counts.summary() else ""),
              "", "scores by checkpoint:", table(rows), ""]
     for r in res.recoveries:
         d, act = r["diagnosis"], r["action"]

@@ -12,6 +12,14 @@ from cli.output import emit, table
 from tasks.jobspec import load_job
 
 
+def _spikes(result: dict) -> str:
+    """The spike guard's counts as a line of the summary (skipped data changes what the model learned)."""
+    from tasks.training.guard import SpikeCounts
+
+    text = SpikeCounts.model_validate(result.get("spike_counts", {})).summary()
+    return f"{text}\n" if text else ""
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -42,7 +50,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         start = result["resumed_from_step"]
         return (f"{job.name}: trained to step {result['final_step']}"
                 f"{f' (resumed from {start})' if start is not None else ''}, last loss {result['last_loss']:.4f}, "
-                f"{result['tokens_per_s']:,.0f} tok/s\n" + table(rows))
+                f"{result['tokens_per_s']:,.0f} tok/s\n" + _spikes(result) + table(rows))
 
     emit(args, result, human)
     return 0

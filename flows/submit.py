@@ -491,7 +491,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
                     chosen=min(runnable.index(chosen), 9), allocation=alloc, final_step=result.final_step,
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
-                    evaluations=evals, timings_s=timings,
+                    evaluations=evals, timings_s=timings, spikes=result.spike_counts,
                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                     if strag else None)
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
 from tasks.jobspec import JobSpec
 from tasks.training.checkpoint import CheckpointRecord
+from tasks.training.guard import SpikeCounts
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import WARNING_EVENTS, describe
 
@@ -41,6 +42,8 @@ class TrainResult(BaseModel):
     """Ranks that trained (across every node of the allocation)."""
     data_fraction: float = 0.0
     """Share of the loop's time spent reading batches (the loader keeping up)."""
+    spike_counts: SpikeCounts = Field(default_factory=SpikeCounts)
+    """What the spike guard did: spikes seen, rollbacks, updates and samples skipped (this invocation)."""
     stragglers: StragglerReport | None = None
     """The straggler analysis of the run's traces (a StragglerReport) when train_flow ran it."""
 

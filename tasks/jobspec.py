@@ -193,7 +193,11 @@ class SpikeSpec(_Strict):
     skip_batches: int = Field(4, ge=1)
     """Batches skipped from the spike's batch on (PaLM skipped 200-500 at scale)."""
     rollback: bool = True
-    """Roll back to the newest healthy checkpoint before the spike; False only skips the update and batches."""
+    """Roll back to the newest healthy checkpoint before the spike and skip `skip_batches` batches; False (or no
+    healthy checkpoint yet) skips only the spike's update and its batch."""
+    max_consecutive: int = Field(3, ge=1)
+    """Spikes in a row (no healthy update past them) the guard handles before it gives up: a finite one is then
+    trained through and the detector's history restarts at the new level; a non-finite one stops the run."""
 
 
 class TrainingSpec(_Strict):

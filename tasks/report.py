@@ -19,6 +19,7 @@ from cluster.ledger import Allocation
 from tasks.evaluation.record import EvalSummary
 from tasks.planning.plans import ResourcePlan
 from tasks.training.checkpoint import CheckpointRecord
+from tasks.training.guard import SpikeCounts
 
 
 class StragglerSummary(BaseModel):
@@ -52,6 +53,8 @@ class RunReport(BaseModel):
     stragglers: StragglerSummary | None
     timings_s: dict[str, float]
     """Wall seconds of each stage."""
+    spikes: SpikeCounts | None = None
+    """What the trainer's spike guard did (skipped data changes what the model was trained on)."""
 
 
 def loss_curve(progress: str | Path) -> list[tuple[int, float]]:
@@ -170,7 +173,8 @@ def markdown(r: RunReport, html_path: str | None = None) -> str:
              f"per GPU. **Placement:** {_placement(r)}.",
              f"**Training:** step {r.final_step}" + (f" (resumed from {r.resumed_from_step})"
                                                      if r.resumed_from_step is not None else "") +
-             f", {r.tokens_per_s:,.0f} tokens/s, {len(r.checkpoints)} checkpoints.", ""]
+             f", {r.tokens_per_s:,.0f} tokens/s, {len(r.checkpoints)} checkpoints.",
+             f"**Spikes:** {r.spikes.summary()}." if r.spikes and r.spikes.summary() else "", ""]
     if r.stragglers:
         s = r.stragglers
         lines += [f"**Stragglers:** slowdown S = {s.slowdown:.3f} ({100 * max(0.0, s.waste):.1f}% of the time wasted); worst op "
@@ -203,7 +207,8 @@ def render_html(r: RunReport, out: str | Path) -> Path:
              f"Placed on {html.escape(_placement(r))} (allocation {r.allocation.id[:8]}).</p>",
              "<h2>Plans (MARP), chosen beside the alternatives</h2>", _html_table(_plan_rows(r)),
              f"<h2>Training</h2><p class='kv'>Step {r.final_step}, {r.tokens_per_s:,.0f} tokens/s, "
-             f"{len(r.checkpoints)} checkpoints committed.</p>"]
+             f"{len(r.checkpoints)} checkpoints committed."
+             + (f" {html.escape(r.spikes.summary())}." if r.spikes and r.spikes.summary() else "") + "</p>"]
     if loss:
         parts.append(f"<img alt='loss curve' src='data:image/png;base64,{loss}'>")
     parts += ["<h2>Evaluation: scores by checkpoint</h2>", _html_table(_score_rows(r))]
