@@ -71,23 +71,18 @@ def loss_curve(progress: str | Path) -> list[tuple[int, float]]:
 
 
 def _png(fig: object) -> str:
-    import matplotlib.pyplot as plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def _loss_png(curve: list[tuple[int, float]], ckpt_steps: list[int]) -> str | None:
     if not curve:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.subplots()
     ax.plot([s for s, _ in curve], [v for _, v in curve], color="#1f77b4", lw=1.5, label="training loss")
     for s in ckpt_steps:
         ax.axvline(s, color="#999", lw=0.7, ls=":")
@@ -105,15 +100,13 @@ def _scores_png(evals: list[EvalSummary]) -> str | None:
                 series.setdefault(f"{ds} {m}", []).append((e.step, v))
     if not series:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
     n = len(series)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    fig = Figure(figsize=(3.2 * cols, 2.4 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, pts) in zip(axes.flat, sorted(series.items()), strict=False):
         ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", ms=3)
         ax.set_title(name, fontsize=9)
