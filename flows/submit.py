@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -212,14 +213,18 @@ class _Evaluator:
             self._evaluate(m)
 
 
-def _collect_triggered(request: SubmitRequest, run: str, suite: str, steps: list[int]) -> dict[int, EvalSummary]:
-    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting for the last."""
-    deadline = time.monotonic() + request.eval_timeout_s
+def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> dict[int, EvalSummary]:
+    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting (at most
+    `timeout_s`) until every committed step in `steps` has one. The runs finish in any order: the final step's
+    score can land before an earlier step's."""
+    deadline = clock() + timeout_s
     while True:
-        found = _from_history(request, run, suite)
-        if not steps or max(steps) in found or time.monotonic() > deadline:
+        found = read()
+        if set(steps) <= set(found) or clock() > deadline:
             return found
-        time.sleep(2.0)
+        sleep(2.0)
 
 
 def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, mode: str,
@@ -262,10 +267,11 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
         evals = ev.done
     elif mode == "deployment":
         logger.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        evals = _collect_triggered(request, result.job, suite, steps)
+        evals = collect_scores(lambda: _from_history(request, result.job, suite), steps, request.eval_timeout_s)
+        if missing := sorted(set(steps) - set(evals)):
+            logger.warning("no score for step(s) %s within %.0f s of training's end%s", missing,
+                           request.eval_timeout_s, "; evaluating the final step here" if max(steps) in missing else "")
         if steps and max(steps) not in evals:
-            logger.warning("the final step's evaluation did not arrive within %.0f s; evaluating it here",
-                           request.eval_timeout_s)
             evals[max(steps)] = evaluate_task(EvaluateRequest(uri=result.checkpoints[-1].uri,
                                                               suite=_suite_spec(request), device=device,
                                                               history_dir=request.history_dir))

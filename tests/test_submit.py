@@ -168,3 +168,29 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
     res = json.loads(out)
     assert res["train"]["resumed_from_step"] == newest and res["train"]["final_step"] == newest + 10
     assert res["released"] is True
+
+
+def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one():
+    from flows.submit import collect_scores
+
+    # the triggered runs finish out of order: step 100 first, step 50 one poll later
+    arrivals = [{100: "s100"}, {100: "s100", 50: "s50"}]
+    now = [0.0]
+    polls = []
+
+    def read() -> dict:
+        polls.append(now[0])
+        return arrivals[min(len(polls), len(arrivals)) - 1]
+
+    def sleep(dt: float) -> None:
+        now[0] += dt
+
+    got = collect_scores(read, [50, 100], timeout_s=60, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100", 50: "s50"} and len(polls) == 2
+
+    # bounded: a score that never comes ends the wait at eval_timeout_s with what arrived
+    polls.clear()
+    now[0] = 0.0
+    arrivals[:] = [{100: "s100"}]
+    got = collect_scores(read, [50, 100], timeout_s=10, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100"} and 10 <= now[0] <= 12
