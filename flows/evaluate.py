@@ -40,6 +40,9 @@ class EvaluateRequest(BaseModel):
     executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
     """`local`: trial processes on this worker; `ray` / `ray://HOST:PORT`: each node a Ray node (precursor, trials
     and metric jobs run there)."""
+    reevaluate: bool = True
+    """Evaluate even when the history already scores this step on this suite (off: return the recorded scores;
+    the commit-triggered deployment runs with it off, so a step evaluated in-flow is not evaluated twice)."""
 
 
 def _key(text: str) -> str:
@@ -59,7 +62,7 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
     opts = EvalOptions(schedule=request.schedule, gpus_per_node=request.gpus_per_node,
                        cpu_workers_per_node=request.cpu_workers_per_node, device=request.device, nodes=request.nodes,
                        executor=request.executor)
-    _, summary = evaluate_and_record(request.uri, suite, opts, request.history_dir, progress)
+    _, summary = evaluate_and_record(request.uri, suite, opts, request.history_dir, progress, request.reevaluate)
     logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
                 summary.predicted_makespan_s)
     return summary

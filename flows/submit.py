@@ -244,6 +244,8 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
             elif time.monotonic() - last_change > request.hang_s:
                 logger.error("no progress record for %.0f s: killing the trainer (a hang)", request.hang_s)
                 request_kill(Path(treq.run_dir or "."), f"no progress record for {request.hang_s:.0f} s")
+    # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
+    treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
                 last_change = time.monotonic()
             if keeper.lost.is_set():
                 request_stop(Path(treq.run_dir or "."))

@@ -82,6 +82,9 @@ class TrainRequest(BaseModel):
     `ray://HOST:PORT`: Ray actors on the nodes of `placement`."""
     placement: list[NodeRanks] | None = None
     """Ray executor: ranks per node (an allocation's nodes and GPU counts)."""
+    announce_commits: bool = True
+    """Emit `frenzy.checkpoint.committed` per commit (what triggers the evaluate-on-checkpoint deployment); `submit`
+    turns it off when it evaluates the checkpoints itself, so that no step is evaluated twice."""
 
 
 def checkpoint_event(record: dict, run: str, suite: str = "core") -> None:
@@ -110,7 +113,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                                      description=f"{job.name}: step {rec['step']}/{rec['steps']}, loss "
                                                  f"{rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
                                                  f"ETA {rec['eta_s']:.0f}s")
-        elif ev == "checkpoint":
+        elif ev == "checkpoint" and request.announce_commits:
             checkpoint_event(rec, job.name, suite)
         (logger.warning if ev in WARNING_EVENTS else logger.info)(describe(rec))
 

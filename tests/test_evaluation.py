@@ -151,6 +151,56 @@ def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
     assert doc["naive_makespan_s"] > doc["elastic_makespan_s"] >= doc["lower_bound_s"] and doc["trials"]
     suite_file = tmp_path / "s.yaml"
     suite_file.write_text(json.dumps(small_suite().model_dump()))
+def test_an_evaluation_directory_has_one_writer(tmp_path):
+    import threading
+
+    from tasks.evaluation.record import sole_writer
+
+    order: list[str] = []
+    held, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with sole_writer(tmp_path / "out"):
+            order.append("first in")
+            held.set()
+            release.wait()
+            order.append("first out")
+
+    def second() -> None:
+        with sole_writer(tmp_path / "out"):
+            order.append("second in")
+
+    a = threading.Thread(target=first)
+    a.start()
+    held.wait()
+    b = threading.Thread(target=second)
+    b.start()
+    b.join(timeout=1.0)  # bounded: without the lock, the second writer gets in at once
+    release.set()
+    a.join()
+    b.join()
+    assert order == ["first in", "first out", "second in"]
+
+
+def test_a_step_scored_twice_at_once_is_evaluated_once(ckpt, tmp_path):
+    """An in-flow evaluation and the commit-triggered deployment run on the same step: the second waits for the
+    first and returns its scores (before: two writers, `humaneval: 32 of 16 examples scored`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tasks.evaluation.record import evaluate_and_record
+
+    hist = str(tmp_path / "evals")
+
+    def one(_: int):
+        return evaluate_and_record(f"{ckpt}/step_00000010", small_suite(), EvalOptions(), hist, reevaluate=False)[1]
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(one, range(2))
+    assert a.scores == b.scores and a.step == b.step == 10
+    assert len(history.read(hist, a.run, "small")) == 1
+    assert len(history.history_file(hist, a.run).read_text().splitlines()) == 1  # one evaluation, not two
+
+
     assert main(["evaluate", ckpt, "--suite", str(suite_file), "--out-dir", str(tmp_path / "o"), "--history-dir",
                  str(tmp_path / "h"), "--no-learn", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
