@@ -95,26 +95,56 @@ def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
 
 
 class PendingRequest(BaseModel):
-    """Evaluate every committed checkpoint under a root that the history does not have yet."""
+    """Evaluate every committed checkpoint that the history does not have yet, under the roots named here or, with
+    none named, under every checkpoint root the allocation ledger knows (each job `submit` ran)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    root: str = Field(json_schema_extra={"position": 0})
-    """Checkpoint root (the job's checkpoint.uri)."""
-    suite: str = "core"
+    roots: list[str] = Field(default_factory=list, json_schema_extra={"position": 0})
+    """Checkpoint roots (jobs' checkpoint.uri); empty: every root in the ledger."""
+    ledger: str = ""
+    """Allocation ledger whose roots to cover: a SQLite path or SQLAlchemy URL; empty: $FRENZY_LEDGER or
+    ~/.frenzy/ledger.db."""
+    suite: str = ""
+    """Suite (core, quick or a suite YAML on the worker); empty: the one each job was submitted with, else core."""
     schedule: Literal["elastic", "naive"] = "elastic"
     gpus_per_node: int = Field(1, ge=1)
     history_dir: str = "evals"
 
 
+def pending_roots(request: PendingRequest) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (root, suite) pairs to cover, and the roots that do not exist (a typo, or a job that has not committed
+    yet)."""
+    from cluster.ledger import Ledger
+    from tasks.training.storage import Storage
+
+    known = Ledger(request.ledger or None).checkpoint_roots().values() if not request.roots else []
+    roots = sorted({(r, request.suite or s or "core") for r, s in known}
+                   | {(r, request.suite or "core") for r in request.roots})
+    missing = []
+    for root, _ in roots:
+        st = Storage(root)
+        if not (st.local.is_dir() if st.local is not None else st.fs.exists(st.root)):
+            missing.append(root)
+    return roots, missing
+
+
 @flow(name="evaluate-pending", log_prints=True)
 def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
     """Evaluate, oldest first, each committed checkpoint not yet evaluated on the suite (for a schedule)."""
-    todo = history.pending(request.root, request.history_dir, load_suite(request.suite).name)
-    get_run_logger().info("%d checkpoint(s) to evaluate under %s", len(todo), request.root)
+    logger = get_run_logger()
+    roots, missing = pending_roots(request)
+    if not roots:
+        logger.warning("no checkpoint roots: the ledger knows no submitted job yet and none were named")
+    for root in missing:
+        logger.warning("checkpoint root %s does not exist: nothing there to evaluate (a typo, or a job that has "
+                       "not committed a checkpoint yet)", root)
     out = []
-    for uri in todo:
-        out.append(evaluate_checkpoint(EvaluateRequest(uri=uri, suite=request.suite, schedule=request.schedule,
-                                                       gpus_per_node=request.gpus_per_node,
-                                                       history_dir=request.history_dir)))
+    for root, suite in [(r, s) for r, s in roots if r not in missing]:
+        todo = history.pending(root, request.history_dir, load_suite(suite).name)
+        logger.info("%d checkpoint(s) to evaluate under %s on %s", len(todo), root, suite)
+        for uri in todo:
+            out.append(evaluate_checkpoint(EvaluateRequest(uri=uri, suite=suite, schedule=request.schedule,
+                                                           gpus_per_node=request.gpus_per_node,
+                                                           history_dir=request.history_dir, reevaluate=False)))
     return out

@@ -246,6 +246,8 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
                 request_kill(Path(treq.run_dir or "."), f"no progress record for {request.hang_s:.0f} s")
     # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
     treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
+    # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
+    treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
                 last_change = time.monotonic()
             if keeper.lost.is_set():
                 request_stop(Path(treq.run_dir or "."))

@@ -126,7 +126,8 @@ def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):
 def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_path, prefect_server):
     from prefect.artifacts import Artifact
 
-    from flows.evaluate import EvaluateRequest, PendingRequest, evaluate_checkpoint, evaluate_pending
+    from cluster.ledger import Ledger
+    from flows.evaluate import EvaluateRequest, PendingRequest, evaluate_checkpoint, evaluate_pending, pending_roots
 
     suite_file = tmp_path / "small.yaml"
     suite_file.write_text(json.dumps(small_suite().model_dump()))
@@ -134,7 +135,14 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     s = evaluate_checkpoint(EvaluateRequest(uri=f"{ckpt}/step_00000010", suite=str(suite_file), history_dir=hist))
     assert s.step == 10 and Path(s.result).exists()
     assert history.pending(ckpt, hist, "small") == [f"{ckpt}/step_00000020"]
-    done = evaluate_pending(PendingRequest(root=ckpt, suite=str(suite_file), history_dir=hist))
+    ledger = str(tmp_path / "ledger.db")
+    Ledger(ledger).note_checkpoints("t", ckpt, str(suite_file))
+    Ledger(ledger).note_checkpoints("gone", f"file://{tmp_path}/never-written", str(suite_file))
+    # no root named: the ledger's roots are covered, and the one that does not exist is named, not skipped silently
+    assert pending_roots(PendingRequest(ledger=ledger)) == ([(ckpt, str(suite_file)),
+                                                             (f"file://{tmp_path}/never-written", str(suite_file))],
+                                                            [f"file://{tmp_path}/never-written"])
+    done = evaluate_pending(PendingRequest(ledger=ledger, history_dir=hist))
     assert [d.step for d in done] == [20]
     assert history.pending(ckpt, hist, "small") == []
     assert [e["step"] for e in history.read(hist, s.run, "small")] == [10, 20]
@@ -143,14 +151,6 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     assert art is not None and "pass@1" in str(art.data)
 
 
-def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
-    from flows.cli import main
-
-    assert main(["eval-plan", "--suite", "acme63", "--nodes", "4", "--gpus-per-node", "8", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["naive_makespan_s"] > doc["elastic_makespan_s"] >= doc["lower_bound_s"] and doc["trials"]
-    suite_file = tmp_path / "s.yaml"
-    suite_file.write_text(json.dumps(small_suite().model_dump()))
 def test_an_evaluation_directory_has_one_writer(tmp_path):
     import threading
 
@@ -201,6 +201,14 @@ def test_a_step_scored_twice_at_once_is_evaluated_once(ckpt, tmp_path):
     assert len(history.history_file(hist, a.run).read_text().splitlines()) == 1  # one evaluation, not two
 
 
+def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
+    from flows.cli import main
+
+    assert main(["eval-plan", "--suite", "acme63", "--nodes", "4", "--gpus-per-node", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["naive_makespan_s"] > doc["elastic_makespan_s"] >= doc["lower_bound_s"] and doc["trials"]
+    suite_file = tmp_path / "s.yaml"
+    suite_file.write_text(json.dumps(small_suite().model_dump()))
     assert main(["evaluate", ckpt, "--suite", str(suite_file), "--out-dir", str(tmp_path / "o"), "--history-dir",
                  str(tmp_path / "h"), "--no-learn", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

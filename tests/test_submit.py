@@ -34,12 +34,19 @@ def _request(tmp: Path, **job_kw: object):
                          evaluation="in-flow", device="cpu", run_dir=str(tmp / "run"), history_dir=str(tmp / "evals"))
 
 
-def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, tmp_path):
+def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, tmp_path, monkeypatch):
     from prefect.artifacts import Artifact
 
+    import flows.train
     from flows.submit import submit
 
+    announced: list[dict] = []
+    monkeypatch.setattr(flows.train, "checkpoint_event", lambda rec, *a: announced.append(rec))
     res = submit(_request(tmp_path))
+    # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
+    assert announced == []
+    # the scheduled evaluate-pending finds this job's checkpoints through the ledger
+    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {"sub": (f"file://{tmp_path}/ckpt", "quick")}
     doc = res.model_dump(mode="json")
     for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
         assert key in doc, key
