@@ -122,6 +122,17 @@ class PipelineError(RuntimeError):
     """The pipeline cannot go on; the message names the fix."""
 
 
+def failure_message(job: str, failure: BaseException, root_cause_line: str | None, reason: str, log: Path) -> str:
+    """Why training stopped, in one paragraph, the cause first: the trainer's own message when it named the problem
+    (a missing data.path, storage it cannot reach: a restart fails the same way), else the root-cause line the
+    diagnosis found in the log; then the action decided and where the log is. The tracebacks stay in the log."""
+    said = str(failure).splitlines()[0].strip() if str(failure) else ""
+    if said and not said.startswith(("trainer exited with code", "trainer killed")):
+        return f"{job}: {said} (the trainer stopped on it; fix it and rerun; log {log})"
+    cause = (root_cause_line or "").strip() or said or "the trainer failed without an error line"
+    return f"{job}: training failed: {cause}. {reason}; log {log}"
+
+
 def _host_node(alloc: Allocation) -> str:
     """The allocation's node, which must be this worker's host: training runs as local processes."""
     host = socket.gethostname()
@@ -233,6 +244,8 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
     root = treq.job.training.checkpoint.uri
     device = "cuda" if treq.gpu_indices else "cpu"
     ev = _Evaluator(request, root, treq.job.name, suite, device) if mode == "in-flow" else None
+    # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
+    treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
     fut: PrefectFuture = train_task.submit(treq)
     progress = Path(treq.run_dir or ".") / "progress.jsonl"
     last_size, last_change = -1, time.monotonic()
@@ -244,10 +257,6 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
             elif time.monotonic() - last_change > request.hang_s:
                 logger.error("no progress record for %.0f s: killing the trainer (a hang)", request.hang_s)
                 request_kill(Path(treq.run_dir or "."), f"no progress record for {request.hang_s:.0f} s")
-    # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
-    treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
-    # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
-    treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
                 last_change = time.monotonic()
             if keeper.lost.is_set():
                 request_stop(Path(treq.run_dir or "."))
@@ -378,6 +387,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
 
     ledger = Ledger(request.ledger)
     ledger.sync(cluster)
+    if suite:  # the scheduled evaluate-pending covers the roots the ledger knows
+        ledger.note_checkpoints(job.name, Storage(job.training.checkpoint.uri).uri, _suite_spec(request))
     run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
     candidates, recoveries = runnable, []
     timings["queue"] = timings["train+evaluate"] = 0.0
@@ -416,8 +427,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
         rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
         recoveries.append(rec.model_dump())
         if rec.action.kind == "stop":
-            raise PipelineError(f"{job.name}: training failed, {rec.action.reason} (diagnosis: "
-                                f"{rec.diagnosis.root_cause_line or 'no matching line'}; log {log_path})") from failure
+            raise PipelineError(failure_message(job.name, failure, rec.diagnosis.root_cause_line, rec.action.reason,
+                                                log_path)) from failure
         if rec.action.node_check:
             _check_allocation_nodes(ledger, alloc, logger, request.executor)
         if rec.action.kind == "replan":

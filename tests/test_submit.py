@@ -151,6 +151,22 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
     assert _trainers_of(tmp_path / "run") == []
 
 
+def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="ctrlc", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground process group
+    proc.wait(timeout=120)
+    err = (tmp_path / "cli.err").read_text()
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
+                                            f"file://{tmp_path}/ckpt; rerun the same command to resume")
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+
+
 def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, tmp_path):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="killme", steps=100000, every=50)))
     args = ["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
