@@ -202,7 +202,7 @@ def test_a_step_scored_twice_at_once_is_evaluated_once(ckpt, tmp_path):
 
 
 def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
-    from flows.cli import main
+    from cli.main import main
 
     assert main(["eval-plan", "--suite", "acme63", "--nodes", "4", "--gpus-per-node", "8", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -45,8 +45,22 @@ def hf_info(folder: str) -> ModelInfo:
     p = Path(folder.removeprefix("file://")).expanduser().resolve()
     spec = ModelSpec(hf=str(p))
     tok = str(p) if (p / "tokenizer.json").is_file() else None
+    _check_hf_tokenizer(p, tok, spec.vocab)
     return ModelInfo(model=spec.shape_dump(), seq_len=min(max_positions(p), HF_EVAL_SEQ_LEN), data=None, step=0,
                      run=p.name, tokenizer_root=None, tokenizer=tok, source=str(p))
+
+
+def _check_hf_tokenizer(folder: Path, tok: str | None, vocab: int) -> None:
+    """A model directory's tokenizer must fit its embedding: without one the ids are bytes (vocab 256)."""
+    from tasks.hf.config import HFError
+
+    n = load_tokenizer(tok).vocab_size if tok else 256
+    if tok is None and vocab != 256:
+        raise HFError(f"{folder} has no tokenizer.json, so its text would be read as bytes, but its vocab is {vocab}; "
+                      "copy the model's tokenizer.json into the directory")
+    if n > vocab:
+        raise HFError(f"{folder}/tokenizer.json has {n} tokens but the model's vocab_size is {vocab}; its ids would "
+                      "index past the embedding: use the tokenizer the model was trained with")
 
 
 def tokenizer_path(info: ModelInfo) -> str | None:

@@ -23,9 +23,27 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     if not (p / "config.json").is_file():
         raise HFError(f"{p} is not a Hugging Face model directory (no config.json)")
     try:
-        return json.loads((p / "config.json").read_text())
+        doc = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise HFError(f"{p / 'config.json'} is not UTF-8 ({err.reason} at byte {err.start}); re-save it as UTF-8 "
+                      "JSON") from None
     except json.JSONDecodeError as err:
-        raise HFError(f"{p / 'config.json'} is not JSON: {err}") from None
+        raise HFError(f"{p / 'config.json'} is not JSON: {err}; fix the file or download it again") from None
+    if not isinstance(doc, dict):
+        raise HFError(f"{p / 'config.json'} holds a JSON {type(doc).__name__}, not an object of model settings; "
+                      "download the model's config.json again")
+    return doc
+
+
+def _positive(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A count the model shape needs: a positive integer (heads of 0 would divide by zero later)."""
+    v = cfg.get(key)
+    v = default if v is None else v
+    if v is None:
+        raise KeyError(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or int(v) <= 0:
+        raise HFError(f"config.json key {key!r} is {v!r}; it must be a positive integer: fix the file")
+    return int(v)
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -35,6 +53,9 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     scaling = cfg.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
     if not scaling:
         return theta, None
+    if not isinstance(scaling, dict):
+        raise HFError(f"rope_scaling is {scaling!r}; transformers writes an object such as "
+                      '{"rope_type": "llama3", "factor": 8.0, ...}: fix config.json')
     kind = scaling.get("rope_type") or scaling.get("type")
     if kind in (None, "default"):
         return theta, None
@@ -46,14 +67,30 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 
 
 def spec_fields_from_hf(folder: str | Path) -> dict[str, Any]:
-    """ModelSpec fields from a model directory's config.json."""
+    """ModelSpec fields from a model directory's config.json; a missing or mistyped key is refused by name."""
     cfg = read_config(folder)
+    try:
+        return _fields(folder, cfg)
+    except KeyError as err:
+        raise HFError(f"{Path(folder) / 'config.json'}: no {err.args[0]!r} key, which the "
+                      f"{cfg.get('model_type')} shape needs; add it (transformers' config for the model has it)") \
+            from None
+    except HFError as err:
+        if str(folder) in str(err):
+            raise
+        raise HFError(f"{Path(folder) / 'config.json'}: {err}") from None
+    except (TypeError, ValueError, ZeroDivisionError) as err:
+        raise HFError(f"{Path(folder) / 'config.json'} holds a value of the wrong type ({err}); fix the file") \
+            from None
+
+
+def _fields(folder: str | Path, cfg: dict[str, Any]) -> dict[str, Any]:
     kind = cfg.get("model_type")
     if kind in LLAMA_LIKE:
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise HFError(f"{folder}: hidden_act {act!r}; Frenzy's SwiGLU is silu-gated")
-        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        heads, hidden = _positive(cfg, "num_attention_heads"), _positive(cfg, "hidden_size")
         if cfg.get("head_dim") not in (None, hidden // heads):
             raise HFError(f"{folder}: head_dim {cfg['head_dim']} differs from hidden_size / num_attention_heads "
                           f"({hidden // heads}); Frenzy's attention derives it")
@@ -63,9 +100,10 @@ def spec_fields_from_hf(folder: str | Path) -> dict[str, Any]:
         attn_bias = kind == "qwen2" or bool(cfg.get("attention_bias"))
         if kind == "llama" and cfg.get("attention_bias"):
             raise HFError(f"{folder}: Llama attention_bias (biases on q/k/v and o) is not supported")
-        return dict(layers=int(cfg["num_hidden_layers"]), hidden=hidden, heads=heads,
-                    kv_heads=int(cfg.get("num_key_value_heads") or heads), ffn_hidden=int(cfg["intermediate_size"]),
-                    vocab=int(cfg["vocab_size"]), mlp="swiglu", norm="rmsnorm", position="rope", bias=False,
+        return dict(layers=_positive(cfg, "num_hidden_layers"), hidden=hidden, heads=heads,
+                    kv_heads=_positive(cfg, "num_key_value_heads", heads),
+                    ffn_hidden=_positive(cfg, "intermediate_size"), vocab=_positive(cfg, "vocab_size"),
+                    mlp="swiglu", norm="rmsnorm", position="rope", bias=False,
                     qkv_bias=attn_bias, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                     rope_theta=theta, rope_scaling=scaling, norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                     hf=str(folder))
@@ -75,9 +113,9 @@ def spec_fields_from_hf(folder: str | Path) -> dict[str, Any]:
             raise HFError(f"{folder}: activation {act!r}; Frenzy's GPT-2 MLP is the tanh GELU (gelu_new)")
         if cfg.get("scale_attn_by_inverse_layer_idx") or cfg.get("reorder_and_upcast_attn"):
             raise HFError(f"{folder}: scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported")
-        hidden = int(cfg["n_embd"])
-        return dict(layers=int(cfg["n_layer"]), hidden=hidden, heads=int(cfg["n_head"]),
-                    ffn_hidden=int(cfg.get("n_inner") or 4 * hidden), vocab=int(cfg["vocab_size"]), mlp="gelu",
+        hidden = _positive(cfg, "n_embd")
+        return dict(layers=_positive(cfg, "n_layer"), hidden=hidden, heads=_positive(cfg, "n_head"),
+                    ffn_hidden=_positive(cfg, "n_inner", 4 * hidden), vocab=_positive(cfg, "vocab_size"), mlp="gelu",
                     norm="layernorm", position="learned", bias=True, tied_embeddings=True,
                     norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), hf=str(folder))
     raise HFError(f"{folder}: model_type {kind!r} is not supported; Frenzy reads {', '.join(SUPPORTED)}")

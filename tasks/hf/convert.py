@@ -6,7 +6,6 @@ its fused q/k/v split, every shape checked. `load_hf_state` reads safetensors (o
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 
 from tasks.hf.config import LLAMA_LIKE, HFError, read_config
 from tasks.jobspec import ModelSpec
+from tasks.outdir import atomic_dir
 
 _LLAMA_BLOCK = {"input_layernorm.weight": "norm1.weight", "post_attention_layernorm.weight": "norm2.weight",
                 "self_attn.q_proj.weight": "q.weight", "self_attn.k_proj.weight": "k.weight",
@@ -32,12 +32,54 @@ _GPT2_TOP = {"wte.weight": "wte.weight", "wpe.weight": "wpe.weight", "ln_f.weigh
 _GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+#: dtypes read as they are (then cast to the training dtype); quantised or integer weights need their scales, which
+#: a plain cast would drop, so they are refused instead of trained on as garbage
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _index_files(folder: Path, index: Path) -> list[str]:
+    """The shard files a `model.safetensors.index.json` names, each confined to `folder`."""
+    try:
+        doc = json.loads(index.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise HFError(f"{index} is not UTF-8 JSON ({err}); download the model's index again") from None
+    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wmap, dict) or not wmap or not all(isinstance(v, str) for v in wmap.values()):
+        raise HFError(f"{index} has no \"weight_map\" object of tensor name -> shard file; download the index again")
+    root = folder.resolve()
+    files = sorted(set(wmap.values()))
+    for f in files:
+        target = (folder / f).resolve()
+        if Path(f).is_absolute() or target.parent != root or not f or f in (".", ".."):
+            raise HFError(f"{index}: weight_map names {f!r}, which is not a file in {folder}; shards must be plain "
+                          "file names beside the index: fix the index")
+        if not target.is_file():
+            raise HFError(f"{index}: weight_map names {f}, which is missing from {folder}; download that shard")
+    return files
+
+
+def _load_file(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    if path.stat().st_size < 8:
+        raise HFError(f"{path} is {path.stat().st_size} bytes, not a safetensors file; download it again")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise HFError(f"{path} is not a readable safetensors file ({err}); it is truncated or damaged: download it "
+                      "again") from None
+    bad = sorted({f"{k} ({t.dtype})" for k, t in tensors.items() if t.dtype not in _FLOAT_DTYPES})
+    if bad:
+        raise HFError(f"{path}: tensors of a dtype Frenzy does not train from ({', '.join(bad[:3])}); quantised or "
+                      "integer weights need their scales: give the unquantised (fp16/bf16/fp32) checkpoint")
+    return tensors
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = _index_files(folder, index)
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -46,7 +88,7 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
         raise HFError(f"{folder} has no model.safetensors or model.safetensors.index.json{hint}")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(str(folder / f)))
+        out.update(_load_file(folder / f))
     return out
 
 
@@ -160,14 +202,39 @@ def _hf_config(spec: ModelSpec, seq_len: int, arch: str, eos_id: int | None) -> 
     return cfg
 
 
+def check_state_shapes(state: dict[str, torch.Tensor], spec: ModelSpec, seq_len: int, what: str) -> None:
+    """Refuse a state dict that is not exactly the parameters of `spec` (names and shapes), before anything is
+    written: an export of it would load in transformers with random or misplaced weights."""
+    from tasks.training.model import GPT
+
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in GPT(spec, seq_len).state_dict().items()}
+    if spec.tied_embeddings:
+        want.pop("lm_head.weight", None)
+    have = {k: tuple(v.shape) for k, v in state.items() if not (k == "lm_head.weight" and spec.tied_embeddings)}
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    bad = [f"{k} {have[k]} (model: {want[k]})" for k in sorted(set(want) & set(have)) if have[k] != want[k]]
+    if missing or extra or bad:
+        raise HFError(f"{what} does not match its model shape: missing {missing[:3]}, unexpected {extra[:3]}, "
+                      f"wrong shapes {bad[:3]}; the checkpoint is damaged or its manifest names another model")
+
+
 def export_hf(state: dict[str, torch.Tensor], spec: ModelSpec, seq_len: int, out: str | Path,
-              tokenizer_json: str | None = None, eos_id: int | None = None) -> Path:
-    """Write a Frenzy model (full state dict) as a Hugging Face directory; returns it."""
+              tokenizer_json: str | None = None, eos_id: int | None = None, overwrite: bool = False) -> Path:
+    """Write a Frenzy model (full state dict) as a Hugging Face directory, whole or not at all (tasks/outdir.py:
+    a non-empty `out` only with `overwrite`, which replaces every file in it); returns it."""
+    arch = hf_architecture(spec)
+    check_state_shapes(state, spec, seq_len, "the checkpoint")
+    dest = Path(out).expanduser().absolute()
+    with atomic_dir(dest, "export", overwrite=overwrite) as tmp:
+        _write_hf(tmp, state, spec, seq_len, arch, tokenizer_json, eos_id)
+    return dest
+
+
+def _write_hf(dest: Path, state: dict[str, torch.Tensor], spec: ModelSpec, seq_len: int, arch: str,
+              tokenizer_json: str | None, eos_id: int | None) -> None:
     from safetensors.torch import save_file
 
-    arch = hf_architecture(spec)
-    dest = Path(out).expanduser()
-    dest.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         t = t.detach().to("cpu").contiguous()
@@ -195,13 +262,10 @@ def export_hf(state: dict[str, torch.Tensor], spec: ModelSpec, seq_len: int, out
             tensors[f"transformer.h.{i}.attn.c_attn.weight"] = w.detach().cpu().t().contiguous()
             tensors[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
                 [state[f"blocks.{i}.{p}.bias"] for p in "qkv"]).detach().cpu().contiguous()
-    tmp = dest / f"model.safetensors.tmp{os.getpid()}"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, dest / "model.safetensors")
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
     (dest / "config.json").write_text(json.dumps(_hf_config(spec, seq_len, arch, eos_id), indent=1))
     if tokenizer_json is not None:
         (dest / "tokenizer.json").write_text(tokenizer_json)
-    return dest
 
 
 __all__ = ["HFError", "LLAMA_LIKE", "export_hf", "hf_architecture", "load_hf_state", "load_into"]

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tasks.jobspec import JobSpec
+
+log = logging.getLogger(__name__)
 
 
 class OomObservation(BaseModel):
@@ -25,10 +28,11 @@ class OomObservation(BaseModel):
     model: str
     seq_len: int
     gpu_type: str
-    gpu_memory_gib: float
+    gpu_memory_gib: float = Field(gt=0, allow_inf_nan=False)
     layout: str
     """Layout.label() of the plan that ran out of memory."""
-    predicted_device_gib: float
+    predicted_device_gib: float = Field(gt=0, allow_inf_nan=False)
+    """Positive and finite: the calibration divides by it (a zero or NaN one is skipped as unreadable)."""
     job: str = ""
     line: str = ""
     """The log line the diagnosis took as the root cause."""
@@ -51,16 +55,18 @@ def record_oom(obs: OomObservation, path: Path | None = None) -> None:
 
 
 def load_observations(path: Path | None = None) -> list[OomObservation]:
-    """The recorded observations; unreadable lines are skipped (a torn last line after a crash)."""
+    """The recorded observations; unreadable lines (a torn last line after a crash, bytes that are not UTF-8, a
+    prediction of zero or NaN) are skipped with a warning naming the file and line."""
     path = path or observations_path()
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:
-            out.append(OomObservation.model_validate_json(line))
-        except ValueError:
-            continue
+            out.append(OomObservation.model_validate_json(raw))
+        except ValueError as err:
+            log.warning("%s:%d: skipped an unreadable OOM observation (%s); delete the line to silence this", path,
+                        n, str(err).splitlines()[0])
     return out
 
 

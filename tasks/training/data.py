@@ -21,6 +21,7 @@ import torch
 
 from tasks.jobspec import DataSpec
 from tasks.training import shards as S
+from tasks.training.prepared import check_prepared
 from tasks.training.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 #: Stdlib packages whose source text makes the built-in corpus (code and English docstrings, all offline).
@@ -111,6 +112,15 @@ def _local_shards(spec: DataSpec) -> list[Path]:
     import fsspec
 
     files = S.list_files(spec.path or "", (".bin",))
+    single = len(files) == 1 and files[0][0].rstrip("/").endswith((spec.path or "").removeprefix("file://").rstrip("/"))
+    if not single and not all(u.endswith(".bin") for u, _ in files):
+        odd = [u for u, _ in files if not u.endswith(".bin")]
+        raise DataError(f"data.path {spec.path} names files that are not token shards ({', '.join(odd[:3])}); "
+                        "shards end in .bin: point data.path at them (a glob such as DIR/*.bin), or run "
+                        "`frenzy data prepare` on the text")
+    local = Path((spec.path or "").removeprefix("file://")).expanduser()
+    if "://" not in (spec.path or "").removeprefix("file://") and local.is_dir():
+        check_prepared(local.absolute(), [Path(u).absolute() for u, _ in files])
     out = []
     for url, state in files:
         if "://" not in url or url.startswith("file://"):
@@ -172,9 +182,14 @@ def load_corpus(spec: DataSpec, tok: Tokenizer | None = None) -> np.ndarray | S.
 
 
 def check_vocab(tokens: np.ndarray | S.ShardedTokens, vocab: int, what: str) -> None:
-    """Refuse a corpus whose token ids do not fit the model's embedding (checked on a prefix, and on the dtype)."""
-    probe = np.asarray(tokens[: min(len(tokens), 1 << 22)])
-    top = int(probe.max()) if len(probe) else 0
+    """Refuse a corpus whose token ids do not fit the model's embedding: every token, streamed in 16M-token chunks
+    (about 1 GB/s; an id past the vocab anywhere would crash the embedding mid-run), unless the dtype already
+    bounds the ids below the vocab."""
+    if np.iinfo(tokens.dtype).max < vocab:
+        return
+    top = 0
+    for i in range(0, len(tokens), 1 << 24):
+        top = max(top, int(np.asarray(tokens[i:i + (1 << 24)]).max()))
     if top >= vocab:
         raise DataError(f"{what} holds token id {top} but the model's vocab is {vocab}: set model.vocab >= {top + 1} "
                         "or use the tokenizer the shards were made with")
@@ -261,3 +276,13 @@ class BatchLoader:
         """(inputs, targets) of shape [len(indices), seq_len] as int64."""
         w = torch.from_numpy(np.stack([self._window(i) for i in indices]).astype(np.int64))
         return w[:, :-1], w[:, 1:]
+
+
+def record_samples(run_dir: Path, rank: int, step: int, indices: list[int]) -> None:
+    """With `FRENZY_SAMPLE_LOG=1`, append the global sample ids this rank trains on at `step` to
+    `<run_dir>/samples-rankNNNNN.jsonl` (an audit of data continuation across resumes and layout changes: the
+    union over ranks of one step is that step's global batch)."""
+    if os.environ.get("FRENZY_SAMPLE_LOG") != "1":
+        return
+    with open(run_dir / f"samples-rank{rank:05d}.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "samples": [int(i) for i in indices]}) + "\n")

@@ -47,20 +47,29 @@ def write_shard(path: Path, tokens: np.ndarray, dtype: np.dtype) -> None:
 
 
 def read_shard(path: Path) -> np.ndarray:
-    """A shard's tokens, memory-mapped (llm.c header, or nanoGPT's headerless uint16)."""
+    """A shard's tokens, memory-mapped: llm.c's header (magic and version matched exactly, the token count equal to
+    the file's), or nanoGPT's headerless uint16 when the first ints are no header at all."""
     size = path.stat().st_size
+    if size == 0:
+        return np.zeros(0, dtype=np.uint16)  # holds no tokens (`open_shards` names the files when none do)
     if size >= HEADER_INTS * 4:
         header = np.fromfile(path, dtype="<i4", count=3)
-        dtype = _BY_MAGIC.get((int(header[0]), int(header[1])))
+        magic, version, n = (int(x) for x in header)
+        dtype = _BY_MAGIC.get((magic, version))
         if dtype is not None:
-            n = int(header[2])
-            if HEADER_INTS * 4 + n * dtype.itemsize > size:
-                raise ShardError(f"{path}: the header says {n} tokens but the file is {size} bytes (truncated?)")
+            if n < 0 or HEADER_INTS * 4 + n * dtype.itemsize != size:
+                raise ShardError(f"{path}: the llm.c header says {n} {dtype} tokens ({HEADER_INTS * 4 + n * dtype.itemsize}"
+                                 f" bytes with the header) but the file is {size} bytes: it is truncated or was "
+                                 "appended to; write it again (`frenzy data prepare`)")
             if n == 0:
                 return np.zeros(0, dtype=dtype)
             return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_INTS * 4, shape=(n,))
-        if int(header[0]) in (20240520, 20240801):
-            raise ShardError(f"{path}: llm.c magic {header[0]} with unknown version {header[1]}")
+        # an llm.c-like header we do not know: refuse rather than read its header and tokens as uint16 tokens
+        looks_sized = n > 0 and size - HEADER_INTS * 4 in (2 * n, 4 * n)
+        if 20_000_000 <= magic < 30_000_000 or looks_sized:
+            raise ShardError(f"{path}: an llm.c-style header with magic {magic} version {version}, which is neither "
+                             "uint16 (20240520, 1) nor uint32 (20240801, 7); rewrite the shard with `frenzy data "
+                             "prepare` or llm.c's current writer")
     if size % 2:
         raise ShardError(f"{path} has no llm.c header and an odd size: not a token shard")
     return np.memmap(path, dtype="<u2", mode="r")  # nanoGPT: raw uint16
@@ -128,45 +137,100 @@ def list_files(path: str, suffixes: tuple[str, ...] | None = None) -> list[tuple
         names = [n for n in names if n.endswith(suffixes)] or names
     out = []
     for n in names:
-        info = fs.info(n)
-        state = f"{info.get('size')}:{info.get('ETag') or info.get('mtime') or info.get('LastModified')}"
+        if not proto or proto == "file://":
+            # ctime and inode too: `cp -p` and `rsync -t` restore size and mtime, never ctime
+            st = os.stat(n)
+            state = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+        else:
+            info = fs.info(n)
+            state = f"{info.get('size')}:{info.get('ETag') or info.get('mtime') or info.get('LastModified')}"
         out.append((proto + n if proto and not n.startswith(proto) else n, state))
     if not out:
         raise ShardError(f"data.path {path} names no files")
     return out
 
 
+def _text_value(url: str, n: int, value: object, text_field: str, unit: str) -> str | None:
+    """A row's text: a string, None for a null (no document), else refused naming the row."""
+    if value is None or isinstance(value, str):
+        return value
+    raise ShardError(f"{url}: {unit} {n}: {text_field!r} is a {type(value).__name__}, not a string; fix the data or "
+                     "set --text-field / data.text_field to the text column")
+
+
+def _jsonl(url: str, text_field: str) -> Iterator[str]:
+    import fsspec
+
+    with fsspec.open(url, "rb", compression="infer") as fh:
+        try:
+            # bytes, decoded line by line, so an encoding error names its line
+            for n, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ShardError(f"{url}: line {n} is not UTF-8 ({err.reason} at column {err.start}); re-encode "
+                                     "the file as UTF-8") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ShardError(f"{url}:{n}: not JSON ({err}); fix the line or remove it") from None
+                if not isinstance(row, dict):
+                    raise ShardError(f"{url}:{n}: a JSON {type(row).__name__}, not an object with a {text_field!r} "
+                                     "field; each jsonl line must be one object")
+                if text_field not in row:
+                    raise ShardError(f"{url}:{n}: no {text_field!r} field (fields: {', '.join(row)}); "
+                                     "set data.text_field")
+                text = _text_value(url, n, row[text_field], text_field, "line")
+                if text is not None:
+                    yield text
+        except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
+            raise ShardError(f"{url}: cannot be read ({err}); a .gz file must be complete gzip") from None
+
+
+def _parquet(url: str, text_field: str) -> Iterator[str]:
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with fsspec.open(url, "rb") as fh:
+        try:
+            pf = pq.ParquetFile(fh)
+        except (pa.ArrowException, OSError) as err:
+            raise ShardError(f"{url} is not a parquet file ({err}); give --format for its real format") from None
+        schema = pf.schema_arrow
+        if text_field not in schema.names:
+            raise ShardError(f"{url}: no {text_field!r} column (columns: {', '.join(schema.names)}); "
+                             "set data.text_field")
+        kind = schema.field(text_field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ShardError(f"{url}: column {text_field!r} is {kind}, not a string column; set data.text_field "
+                             "to the text column")
+        row = 0
+        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+            for x in batch.column(0).to_pylist():
+                row += 1
+                if _text_value(url, row, x, text_field, "row") is not None:
+                    yield x
+
+
 def iter_documents(source: str, urls: list[str], text_field: str = "text") -> Iterator[str]:
-    """The documents of a corpus: each text file is one, each jsonl row's `text_field`, each parquet row's."""
+    """The documents of a corpus: each text file is one, each jsonl row's `text_field`, each parquet row's (a
+    null is no document; any other non-string is refused with its row). `.gz` files are decompressed."""
     import fsspec
 
     for url in urls:
         if source == "text":
-            with fsspec.open(url, "rt", encoding="utf-8", errors="replace") as fh:
-                yield fh.read()
+            with fsspec.open(url, "rt", encoding="utf-8", errors="replace", compression="infer") as fh:
+                try:
+                    yield fh.read()
+                except (OSError, EOFError) as err:
+                    raise ShardError(f"{url}: cannot be read ({err}); a .gz file must be complete gzip") from None
         elif source == "jsonl":
-            with fsspec.open(url, "rt", encoding="utf-8") as fh:
-                for n, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise ShardError(f"{url}:{n}: not JSON ({err})") from None
-                    if text_field not in row:
-                        raise ShardError(f"{url}:{n}: no {text_field!r} field (fields: {', '.join(row)}); "
-                                         "set data.text_field")
-                    yield str(row[text_field])
+            yield from _jsonl(url, text_field)
         elif source == "parquet":
-            import pyarrow.parquet as pq
-
-            with fsspec.open(url, "rb") as fh:
-                pf = pq.ParquetFile(fh)
-                if text_field not in pf.schema_arrow.names:
-                    raise ShardError(f"{url}: no {text_field!r} column (columns: {', '.join(pf.schema_arrow.names)}); "
-                                     "set data.text_field")
-                for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-                    yield from (str(x) for x in batch.column(0).to_pylist() if x is not None)
+            yield from _parquet(url, text_field)
         else:
             raise ShardError(f"unknown corpus kind {source!r}")
 

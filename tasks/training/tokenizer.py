@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.outdir import atomic_file
+
 #: Names models use for their end-of-text token, in the order they are tried when the directory does not say.
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>", "<|eot_id|>")
 
@@ -65,7 +67,13 @@ class HFTokenizer:
     def _eos(self, folder: Path) -> int | None:
         cfg = folder / "tokenizer_config.json"
         if cfg.is_file():
-            eos = json.loads(cfg.read_text()).get("eos_token")
+            try:
+                doc = json.loads(cfg.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as err:
+                raise TokenizerError(f"{cfg} is not UTF-8 JSON ({err}); fix or remove it") from None
+            if not isinstance(doc, dict):
+                raise TokenizerError(f"{cfg} holds a {type(doc).__name__}, not a JSON object; fix or remove it")
+            eos = doc.get("eos_token")
             if isinstance(eos, dict):
                 eos = eos.get("content")
             if isinstance(eos, str) and self.tok.token_to_id(eos) is not None:
@@ -155,8 +163,19 @@ def _lines(files: list[Path], progress: Callable[[int, int], None] | None) -> It
             progress(done, total)
 
 
+def _tokenizer_dest(out: str | Path) -> Path:
+    """Where `train_bpe` writes: `out` itself (a file path) or `out/tokenizer.json`; never a model's own file."""
+    dest = Path(out).expanduser()
+    if dest.is_dir() or not dest.suffix:
+        dest = dest / "tokenizer.json"
+    if (dest.parent / "config.json").is_file() or any(dest.parent.glob("*.safetensors")):
+        raise TokenizerError(f"{dest.parent} is a model directory; its tokenizer.json belongs to the model's "
+                             "weights and is never replaced: give another --out")
+    return dest
+
+
 def train_bpe(inputs: list[str], out: str | Path, vocab_size: int = 8192, min_frequency: int = 2,
-              progress: Callable[[int, int], None] | None = None) -> TrainedTokenizer:
+              progress: Callable[[int, int], None] | None = None, overwrite: bool = False) -> TrainedTokenizer:
     """A byte-level BPE (GPT-2 style: every byte representable, no unknown token) trained on local UTF-8 text,
     with `<|endoftext|>` as its end-of-text token; written to `out` (a tokenizer.json, or a directory for one)."""
     import time
@@ -167,6 +186,9 @@ def train_bpe(inputs: list[str], out: str | Path, vocab_size: int = 8192, min_fr
         raise TokenizerError(f"vocab_size {vocab_size} leaves no room for merges; byte-level BPE needs > 256 "
                              "(or use the `byte` tokenizer)")
     files = _text_files(inputs)
+    dest = _tokenizer_dest(out)
+    if dest.exists() and not overwrite:  # checked before the training, again under the lock when writing
+        raise TokenizerError(f"{dest} exists; give --overwrite to replace it, or another --out")
     t0 = time.perf_counter()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -175,13 +197,6 @@ def train_bpe(inputs: list[str], out: str | Path, vocab_size: int = 8192, min_fr
                                   special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_lines(files, progress), trainer=trainer)
-    dest = Path(out).expanduser()
-    if dest.is_dir() or not dest.suffix:
-        dest.mkdir(parents=True, exist_ok=True)
-        dest = dest / "tokenizer.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".json.tmp")
-    tok.save(str(tmp))
-    tmp.replace(dest)
+    atomic_file(dest, tok.to_str().encode(), "tokenizer train", overwrite=overwrite)
     return TrainedTokenizer(path=str(dest), vocab_size=tok.get_vocab_size(with_added_tokens=True), files=len(files),
                             bytes=sum(f.stat().st_size for f in files), seconds=time.perf_counter() - t0)

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.cli_types import bounded_float, bounded_int
+from cli.argtypes import bounded_float, bounded_int
+from cli.output import emit, table
 
 DEMO_JOB = {
     "name": "demo",
@@ -28,7 +29,6 @@ def _result_doc(res: object) -> dict:
 
 
 def _human(res: object, wall_s: float) -> str:
-    from flows.cli import table
     from flows.submit import SubmitResult
 
     assert isinstance(res, SubmitResult)
@@ -51,8 +51,7 @@ def _human(res: object, wall_s: float) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from flows.cli import _emit
-    from flows.console import run_submit
+    from cli.console import run_submit
     from flows.submit import SubmitRequest
     from tasks.jobspec import load_job
 
@@ -65,7 +64,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     res = run_submit("submit", req)
     if res is None:
         return 130
-    _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
+    emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 
 
@@ -84,8 +83,7 @@ def demo_request(base: Path) -> object:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows.cli import _emit
-    from flows.console import run_submit
+    from cli.console import run_submit
 
     base = Path(args.dir)
     for old in (base / "runs" / "demo", base / "evals" / "demo"):  # the demo's own previous run, nothing else
@@ -98,7 +96,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     res = run_submit("demo", demo_request(base))
     if res is None:
         return 130
-    _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
+    emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 
 

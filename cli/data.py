@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.cli_types import bounded_int
+from cli.argtypes import bounded_int
+from cli.output import emit
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
@@ -33,7 +34,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
         if not args.inputs:
             raise ValueError("frenzy tokenizer train needs text files or directories to learn from")
         res = train_bpe(args.inputs, args.out, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
-                        progress=_progress(lambda a, b: f"read {a / 1e6:,.1f} / {b / 1e6:,.1f} MB"))
+                        progress=_progress(lambda a, b: f"read {a / 1e6:,.1f} / {b / 1e6:,.1f} MB"),
+                        overwrite=args.overwrite)
         print(file=sys.stderr)
         doc = res.__dict__
         human = f"wrote {res.path}: byte-level BPE, {res.vocab_size} tokens, from {res.files} files " \
@@ -46,12 +48,13 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
                "bytes_per_token": len(text.encode()) / max(len(ids), 1)}
         human = (f"{tok.name}: vocab {tok.vocab_size}, end-of-text id {tok.eos_id}\n{len(ids)} tokens "
                  f"({doc['bytes_per_token']:.2f} bytes each): {ids[:32]}")
-    print(json.dumps(doc, indent=2) if args.json else human)
+    emit(args, doc, lambda: human)
     return 0
 
 
 def cmd_data(args: argparse.Namespace) -> int:
     from tasks.training import shards as S
+    from tasks.training.prepared import prepare_dir
     from tasks.training.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
@@ -60,20 +63,18 @@ def cmd_data(args: argparse.Namespace) -> int:
         urls += [u for u, _ in S.list_files(inp)]
     kind = args.format or S.guess_source(urls)
     out = Path(args.out).expanduser()
-    if out.exists() and any(out.glob("shard_*.bin")):
-        raise ValueError(f"{out} already holds shards; give an empty or new directory")
     t0 = time.perf_counter()
-    res = S.prepare(S.iter_documents(kind, urls, args.text_field), tok, out, shard_tokens=args.shard_tokens,
-                    progress=_progress(lambda d, n: f"{d:,} documents, {n:,} tokens, "
-                                                    f"{n / max(time.perf_counter() - t0, 1e-9):,.0f} tokens/s"))
+    res = prepare_dir(S.iter_documents(kind, urls, args.text_field), tok, out, {
+        "tokenizer": tok.name, "vocab_size": tok.vocab_size, "inputs": args.inputs, "format": kind},
+        shard_tokens=args.shard_tokens, overwrite=args.overwrite,
+        progress=_progress(lambda d, n: f"{d:,} documents, {n:,} tokens, "
+                                        f"{n / max(time.perf_counter() - t0, 1e-9):,.0f} tokens/s"))
     print(file=sys.stderr)
-    (out / "prepared.json").write_text(json.dumps({**res.__dict__, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
-                                                   "inputs": args.inputs, "format": kind}, indent=1))
     doc = {**res.__dict__, "tokens_per_s": res.tokens_per_s, "tokenizer": tok.name, "format": kind}
     human = (f"wrote {len(res.shards)} shard(s) to {out}: {res.tokens:,} {res.dtype} tokens from {res.documents:,} "
              f"{kind} documents ({res.bytes / 1e6:,.1f} MB) in {res.seconds:.1f}s ({res.tokens_per_s:,.0f} tokens/s)\n"
              f"train on them with data: {{source: tokens, path: {out}}}")
-    print(json.dumps(doc, indent=2) if args.json else human)
+    emit(args, doc, lambda: human)
     return 0
 
 
@@ -88,13 +89,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     tpath = tokenizer_path(info)
     tok = load_tokenizer(tpath) if tpath else None
     out = export_hf(state, spec, int(info["seq_len"]), args.out, tok.to_json() if tok else None,
-                    tok.eos_id if tok else None)
+                    tok.eos_id if tok else None, overwrite=args.overwrite)
     doc = {"checkpoint": args.checkpoint, "step": info["step"], "out": str(out),
            "architecture": json.loads((out / "config.json").read_text())["architectures"][0],
            "tokenizer": bool(tok), "parameters": int(sum(t.numel() for k, t in state.items()))}
     note = "" if tok else " (byte-level model: no tokenizer.json; its token ids are UTF-8 bytes)"
     human = f"exported step {info['step']} as {doc['architecture']} to {out}{note}"
-    print(json.dumps(doc, indent=2) if args.json else human)
+    emit(args, doc, lambda: human)
     return 0
 
 
@@ -108,6 +109,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--vocab-size", type=bounded_int(257, 1 << 20), default=8192, help="train: tokens (default 8192)")
     sp.add_argument("--min-frequency", type=bounded_int(1, 1 << 20), default=2,
                     help="train: a merge needs at least this many occurrences (default 2)")
+    sp.add_argument("--overwrite", action="store_true", help="train: replace an existing tokenizer file")
 
     sp = add("data", cmd_data, "Tokenize a corpus (text, jsonl, parquet; local or s3://) into token shards.")
     sp.add_argument("action", choices=["prepare"])
@@ -118,7 +120,9 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--text-field", default="text", help="jsonl field / parquet column with the text (default text)")
     sp.add_argument("--shard-tokens", type=bounded_int(1024, (1 << 31) - 1), default=100_000_000,
                     help="tokens per shard (default 100M)")
+    sp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out directory")
 
     sp = add("export", cmd_export, "Export a checkpoint as a Hugging Face model directory (transformers loads it).")
     sp.add_argument("checkpoint", help="checkpoint root (its newest commit) or a step_NNNNNNNN URI")
     sp.add_argument("out", help="directory to write config.json, model.safetensors and tokenizer.json into")
+    sp.add_argument("--overwrite", action="store_true", help="replace a non-empty directory (all its files)")

@@ -1,0 +1,97 @@
+"""Output directories that are written whole or not at all, by one writer at a time (what `frenzy data prepare`,
+`frenzy export` and `frenzy tokenizer train` write through).
+
+The content goes to a hidden temp directory beside the target and is renamed over it only when complete, so a
+SIGKILL leaves the target as it was (and a `.NAME.tmp-PID` directory the next run removes). An advisory lock
+(`.NAME.lock`, flock) beside the target makes a second writer fail at once instead of interleaving files. A target
+that already holds files is refused unless the caller passes `overwrite`; a checkpoint root, a `step_*` directory
+or anything inside one is never a target, whatever the flag: writing there corrupts training state.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class OutputError(ValueError):
+    """An output target Frenzy will not write; the message names the fix."""
+
+
+def _checkpoint_dir(p: Path) -> Path | None:
+    """`p` or its nearest ancestor that is a checkpoint root or a step directory, else None."""
+    for q in (p, *p.parents):
+        if re.fullmatch(r"step_\d+", q.name) or (q / "writer.json").is_file():
+            return q
+        if q.is_dir() and any(re.fullmatch(r"step_\d+", c.name) for c in q.iterdir() if c.is_dir()):
+            return q
+    return None
+
+
+def refuse_protected(out: Path, what: str) -> None:
+    """Refuse a checkpoint root, a step directory or a path inside one as `what`'s output."""
+    ck = _checkpoint_dir(out.expanduser().absolute())
+    if ck is not None:
+        raise OutputError(f"{out} is {'inside ' if ck != out.absolute() else ''}a checkpoint directory ({ck}); "
+                          f"{what} never writes there (it would corrupt the checkpoints): give another directory")
+
+
+@contextmanager
+def _lock(out: Path, what: str) -> Iterator[None]:
+    lock = out.parent / f".{out.name}.lock"
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(f"another {what} is writing {out} right now; wait for it or give another "
+                              "directory") from None
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock; the lock file stays (removing it would race a waiting writer)
+
+
+@contextmanager
+def atomic_dir(out: str | Path, what: str, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temp directory to fill; on success it replaces `out` in one rename (module docstring)."""
+    out = Path(out).expanduser().absolute()
+    refuse_protected(out, what)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out} exists and is not a directory; give a directory for {what}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(out, what):
+        if out.is_dir() and any(out.iterdir()) and not overwrite:
+            raise OutputError(f"{out} is not empty; {what} replaces a directory only with --overwrite "
+                              "(or give a new one)")
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed writer (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False) -> None:
+    """Write one file by temp + rename under the same lock and overwrite rules as `atomic_dir`."""
+    dest = dest.expanduser().absolute()
+    refuse_protected(dest.parent, what)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(dest, what):
+        if dest.exists() and not overwrite:
+            raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
+        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
