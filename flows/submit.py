@@ -134,6 +134,14 @@ def failure_message(job: str, failure: BaseException, root_cause_line: str | Non
     return f"{job}: training failed: {cause}. {reason}; log {log}"
 
 
+def _committed_steps(root: str) -> list[int]:
+    """Every step committed under `root`, earlier attempts' included (what the report counts)."""
+    try:
+        return sorted(m.step for m in ck.committed(Storage(root)))
+    except Exception:  # noqa: BLE001 - the report falls back to this run's own checkpoints
+        return []
+
+
 def _host_node(alloc: Allocation) -> str:
     """The allocation's node, which must be this worker's host: training runs as local processes."""
     host = socket.gethostname()
@@ -459,7 +467,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
                     chosen=min(runnable.index(chosen), 9), allocation=alloc, final_step=result.final_step,
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
-                    evaluations=evals, timings_s=timings,
+                    evaluations=evals, timings_s=timings, committed_steps=_committed_steps(job.training.checkpoint.uri),
                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                     if strag else None)
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))
