@@ -11,16 +11,19 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.naming import run_name
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary, evaluate_and_record
 from tasks.evaluation.runner import EvalOptions
 from tasks.evaluation.suite import load_suite
+from tasks.formschema import drop_null_branches
 
 
 class EvaluateRequest(BaseModel):
     """Which checkpoint, which suite, and how to schedule it."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     uri: str = Field(json_schema_extra={"position": 0})
     """A committed checkpoint (`.../step_00000400`, file:// or s3://) or a checkpoint root (its newest commit)."""
@@ -86,7 +89,7 @@ def _publish(summary: EvalSummary, history_dir: str) -> None:
                              description="score history of the run")
 
 
-@flow(name="evaluate-checkpoint", flow_run_name="evaluate-{request.uri}", log_prints=True)
+@flow(name="evaluate-checkpoint", flow_run_name=run_name("evaluate-{request.uri}"), log_prints=True)
 def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
     """Evaluate one committed checkpoint on a suite: scores table, score history and its plot."""
     summary = evaluate_task(request)
@@ -98,7 +101,8 @@ class PendingRequest(BaseModel):
     """Evaluate every committed checkpoint that the history does not have yet, under the roots named here or, with
     none named, under every checkpoint root the allocation ledger knows (each job `submit` ran)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     roots: list[str] = Field(default_factory=list, json_schema_extra={"position": 0})
     """Checkpoint roots (jobs' checkpoint.uri); empty: every root in the ledger."""

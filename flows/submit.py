@@ -24,12 +24,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from cluster.catalog import default_catalog
 from cluster.inventory import Cluster, load_cluster
 from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError
 from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
 from flows.evaluate import EvaluateRequest, evaluate_task
+from flows.naming import run_name
 from flows.place import LeaseLost, place, release
 from flows.plan import PlanRequest, plan_resources, plans_markdown
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
@@ -40,6 +42,7 @@ from tasks.diagnosis.recovery import Action, decide
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.suite import load_suite
+from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.planning.calibration import OomObservation, load_observations, model_key, record_oom
 from tasks.planning.plans import RankBy, ResourcePlan
@@ -55,14 +58,16 @@ EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
 class SubmitRequest(BaseModel):
     """A job to run end to end: the model and batch size are the user's, the GPUs are Frenzy's choice."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job (the job YAML as a form): model, batch, steps, checkpointing."""
     cluster: str = Field("local", json_schema_extra={"position": 1})
     """Where it may run: `local` (this worker's GPUs, or its CPU), a preset, or a cluster YAML on the worker."""
-    suite: str | None = Field(None, json_schema_extra={"position": 2})
-    """Evaluation suite (core, quick, or a suite YAML); empty: the job's `evaluation.suite`, else core."""
+    suite: SkipJsonSchema[str | None] = None
+    """Evaluation suite (core, quick, or a suite YAML) overriding the job's `evaluation.suite` (`frenzy submit
+    --suite`); empty: the job's, else core. Not on the form, which has the job's: one field per concept."""
     ledger: str | None = None
     """Allocation ledger: a SQLite path or SQLAlchemy URL; empty: $FRENZY_LEDGER or ~/.frenzy/ledger.db."""
     rank_by: RankBy = "balanced"
@@ -71,7 +76,7 @@ class SubmitRequest(BaseModel):
     """Give up (cleanly, leaving the queue) when no plan fits within this many seconds."""
     lease_s: float = Field(DEFAULT_LEASE_S, ge=5)
     """Allocation lease; a crashed flow's GPUs come back this long after its last heartbeat."""
-    evaluation: Literal["auto", "in-flow", "deployment", "off"] = "auto"
+    evaluation: Literal["auto", "in-flow", "deployment", "off"] = Field("auto", title="Evaluation mode")
     """in-flow: evaluate each checkpoint inside this run while training continues; deployment: the
     `evaluate-on-checkpoint` deployment does it on the commit events; auto: deployment when the server has it."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -375,7 +380,7 @@ def _key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
-@flow(name="submit", flow_run_name="submit-{request.job.name}", log_prints=True)
+@flow(name="submit", flow_run_name=run_name("submit-{request.job.name}"), log_prints=True)
 def submit(request: SubmitRequest) -> SubmitResult:
     """Plan, place, train (evaluating checkpoints as they commit), evaluate, release, analyse, report."""
     logger = get_run_logger()

@@ -16,7 +16,9 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.events import emit_event
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.naming import run_name
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
+from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.training.checkpoint import CheckpointRecord
 from tasks.training.launch import default_run_dir, launch
@@ -57,7 +59,8 @@ class NodeRanks(BaseModel):
 class TrainRequest(BaseModel):
     """A training job and where it runs."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job: model, batch, steps, checkpointing (the job YAML as a form)."""
@@ -135,7 +138,7 @@ def train_task(request: TrainRequest) -> TrainResult:
     return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields if k in result})
 
 
-@flow(name="train", flow_run_name="train-{request.job.name}", log_prints=True)
+@flow(name="train", flow_run_name=run_name("train-{request.job.name}"), log_prints=True)
 def train_flow(request: TrainRequest) -> TrainResult:
     """Train a job with asynchronous checkpoints; a table artifact lists the committed checkpoints."""
     result = train_task(request)

@@ -12,11 +12,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.formschema import drop_null_branches
 from tasks.presets import MODEL_PRESETS
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches, validate_assignment=True)
 
 
 PresetName = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]

@@ -1,0 +1,28 @@
+"""The JSON schema the Prefect UI builds a deployment's form from, without the noise of optional fields.
+
+Pydantic gives a field `X | None = None` the schema `anyOf: [X, null], default: null`; Prefect's form draws the
+`null` branch as a second input reading "Property is type None" (about 20 of them on the `submit` form). The form
+needs only X: a field left empty is left out of the parameters, and the model then takes its default (None). This
+changes the schema only; validation of what a run receives is pydantic's as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def drop_null_branches(schema: dict[str, Any]) -> None:
+    """`json_schema_extra` for a model: each optional property's schema becomes its non-null branch, with no
+    `default: null` (which the form would send back as a null value)."""
+    for prop in schema.get("properties", {}).values():
+        branches = prop.get("anyOf")
+        if not branches or not any(b.get("type") == "null" for b in branches):
+            continue
+        rest = [b for b in branches if b.get("type") != "null"]
+        del prop["anyOf"]
+        if len(rest) == 1:
+            prop.update({k: v for k, v in rest[0].items() if k not in prop})
+        else:
+            prop["anyOf"] = rest
+        if prop.get("default", 0) is None:
+            del prop["default"]
