@@ -149,7 +149,7 @@ def test_a_job_error_the_trainer_names_is_the_submit_error_without_tracebacks(pr
     """A missing data.path: `frenzy submit` ends with the trainer's own message, first and in one paragraph (before:
     "no rule explains the failure; a person must look" after three tracebacks)."""
     job = _job(tmp_path, name="rec", steps=20, every=10)
-    job["data"] = {"source": "text", "path": str(tmp_path / "no-such-corpus")}
+    job["training"]["data"] = {"source": "text", "path": str(tmp_path / "no-such-corpus")}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
            "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run")]
