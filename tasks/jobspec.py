@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tasks.formschema import drop_null_branches
+from tasks.formschema import drop_null_branches, optional_section
 from tasks.presets import MODEL_PRESETS
 
 
@@ -30,6 +30,8 @@ _STYLE_DEFAULTS: dict[str, Any] = dict(mlp="gelu", norm="layernorm", tied_embedd
 
 class RopeScalingSpec(_Strict):
     """Llama 3.1's frequency-dependent RoPE scaling (`rope_scaling: {rope_type: llama3, ...}` in config.json)."""
+
+    model_config = ConfigDict(json_schema_extra=optional_section)  # optional in ModelSpec / JobSpec: see it
 
     factor: float = Field(8.0, gt=0)
     """Low frequencies are divided by this."""
@@ -255,6 +257,8 @@ class TrainingSpec(_Strict):
 
 class EvaluationSpec(_Strict):
     """Evaluation of committed checkpoints."""
+
+    model_config = ConfigDict(json_schema_extra=optional_section)  # optional in ModelSpec / JobSpec: see it
 
     suite: str = "core"
     """Benchmark suite name or file."""

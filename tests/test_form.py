@@ -50,7 +50,6 @@ def test_the_submit_form_has_one_field_per_label():
 def test_the_forms_defaults_still_validate():
     """What the UI sends for the default form (the deployment's parameters) passes the schema Prefect enforces."""
     import yaml
-
     from prefect.utilities.schema_tools.validation import validate
 
     deployments = yaml.safe_load(open("deployments/prefect.yaml"))["deployments"]
@@ -96,3 +95,19 @@ def test_a_direct_call_gets_the_flows_template_name(prefect_server):
         return FlowRunContext.get().flow_run.name
 
     assert hello("you") == "hello-you"
+
+
+def test_an_api_caller_may_still_send_the_nulls_of_a_model_dump():
+    """`run_deployment` with `job.model_dump()` sends `evaluation: None`, `rope_scaling: None`, `layers: None` ...:
+    Prefect's server validates them against this schema (the notebook's deployment cell did, and got 409)."""
+    from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+    from tasks.jobspec import JobSpec
+
+    schema = _schema(_flows()[0])
+    job = JobSpec(name="nb", model={"preset": "gpt-tiny"}, training={"steps": 10})
+    assert job.evaluation is None and job.model.rope_scaling is None
+    validate({"request": {"job": job.model_dump(mode="json"), "cluster": "local"}}, schema, raise_on_error=True)
+    with pytest.raises(ValidationError, match="evaluation"):  # still typed: a section is an object or nothing
+        validate({"request": {"job": {**job.model_dump(mode="json"), "evaluation": "quick"}}}, schema,
+                 raise_on_error=True)
