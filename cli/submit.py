@@ -91,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"removing the previous demo run {old}", file=sys.stderr)
             shutil.rmtree(old)
     print(f"frenzy demo: plan -> place -> train -> evaluate -> analyse -> release, everything under {base}/ "
-          "(about 3 minutes on 2 cores)", file=sys.stderr, flush=True)
+          "(about 1.5 minutes on 2 cores)", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     res = run_submit("demo", demo_request(base))
     if res is None:

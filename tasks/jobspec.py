@@ -292,7 +292,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {loc}: unknown key {str(e['loc'][-1])!r} (check spelling; see README 'Job YAML')")
+            lines.append(f"  {loc}: unknown key {str(e['loc'][-1])!r} (check spelling; see docs/job-yaml.md)")
         elif e["type"] == "missing" and loc == "model":
             lines.append("  model: missing; give `model: {preset: NAME}` (see `frenzy presets`) or the explicit "
                          "shape (layers, hidden, heads, vocab)")
