@@ -527,6 +527,24 @@ class Ledger:
         return [{"job": r.job, "owner": r.owner, "submitted_at": r.submitted_at, "predicted_s": r.predicted_s,
                  "requests": json.loads(r.requests)} for r in rows]
 
+    # -- checkpoint roots ------------------------------------------------------------------------------------
+    def note_checkpoints(self, job: str, root: str, suite: str = "") -> None:
+        """Remember that `job` commits its checkpoints under `root`, to be evaluated on `suite` (what the scheduled
+        evaluate-pending covers)."""
+        with self._tx() as conn:
+            if self.checkpoint_roots(conn).get(job) != (root, suite):
+                self._log(conn, "checkpoints", job, root=root, suite=suite)
+
+    def checkpoint_roots(self, conn: Connection | None = None) -> dict[str, tuple[str, str]]:
+        """Each job's checkpoint root and evaluation suite as `submit` recorded them (the newest per job)."""
+        query = select(events_t.c.subject, events_t.c.detail).where(events_t.c.kind == "checkpoints")
+        if conn is None:
+            with self.engine.connect() as c:
+                rows = c.execute(query.order_by(events_t.c.id)).all()
+        else:
+            rows = conn.execute(query.order_by(events_t.c.id)).all()
+        return {r.subject: (d["root"], d.get("suite", "")) for r in rows for d in [json.loads(r.detail)]}
+
     def allocation(self, allocation_id: str) -> Allocation:
         found = self._allocations(allocations_t.c.id == allocation_id)
         if not found:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -24,12 +25,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from cluster.catalog import default_catalog
 from cluster.inventory import Cluster, load_cluster
 from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError
 from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
 from flows.evaluate import EvaluateRequest, evaluate_task
+from flows.naming import run_name
 from flows.place import LeaseLost, place, release
 from flows.plan import PlanRequest, plan_resources, plans_markdown
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
@@ -40,6 +43,7 @@ from tasks.diagnosis.recovery import Action, decide
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.suite import load_suite
+from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.planning.calibration import OomObservation, load_observations, model_key, record_oom
 from tasks.planning.plans import RankBy, ResourcePlan
@@ -55,14 +59,16 @@ EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
 class SubmitRequest(BaseModel):
     """A job to run end to end: the model and batch size are the user's, the GPUs are Frenzy's choice."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job (the job YAML as a form): model, batch, steps, checkpointing."""
     cluster: str = Field("local", json_schema_extra={"position": 1})
     """Where it may run: `local` (this worker's GPUs, or its CPU), a preset, or a cluster YAML on the worker."""
-    suite: str | None = Field(None, json_schema_extra={"position": 2})
-    """Evaluation suite (core, quick, or a suite YAML); empty: the job's `evaluation.suite`, else core."""
+    suite: SkipJsonSchema[str | None] = None
+    """Evaluation suite (core, quick, or a suite YAML) overriding the job's `evaluation.suite` (`frenzy submit
+    --suite`); empty: the job's, else core. Not on the form, which has the job's: one field per concept."""
     ledger: str | None = None
     """Allocation ledger: a SQLite path or SQLAlchemy URL; empty: $FRENZY_LEDGER or ~/.frenzy/ledger.db."""
     rank_by: RankBy = "balanced"
@@ -71,7 +77,7 @@ class SubmitRequest(BaseModel):
     """Give up (cleanly, leaving the queue) when no plan fits within this many seconds."""
     lease_s: float = Field(DEFAULT_LEASE_S, ge=5)
     """Allocation lease; a crashed flow's GPUs come back this long after its last heartbeat."""
-    evaluation: Literal["auto", "in-flow", "deployment", "off"] = "auto"
+    evaluation: Literal["auto", "in-flow", "deployment", "off"] = Field("auto", title="Evaluation mode")
     """in-flow: evaluate each checkpoint inside this run while training continues; deployment: the
     `evaluate-on-checkpoint` deployment does it on the commit events; auto: deployment when the server has it."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -121,6 +127,25 @@ class SubmitResult(BaseModel):
 
 class PipelineError(RuntimeError):
     """The pipeline cannot go on; the message names the fix."""
+
+
+def failure_message(job: str, failure: BaseException, root_cause_line: str | None, reason: str, log: Path) -> str:
+    """Why training stopped, in one paragraph, the cause first: the trainer's own message when it named the problem
+    (a missing data.path, storage it cannot reach: a restart fails the same way), else the root-cause line the
+    diagnosis found in the log; then the action decided and where the log is. The tracebacks stay in the log."""
+    said = str(failure).splitlines()[0].strip() if str(failure) else ""
+    if said and not said.startswith(("trainer exited with code", "trainer killed")):
+        return f"{job}: {said} (the trainer stopped on it; fix it and rerun; log {log})"
+    cause = (root_cause_line or "").strip() or said or "the trainer failed without an error line"
+    return f"{job}: training failed: {cause}. {reason}; log {log}"
+
+
+def _committed_steps(root: str) -> list[int]:
+    """Every step committed under `root`, earlier attempts' included (what the report counts)."""
+    try:
+        return sorted(m.step for m in ck.committed(Storage(root)))
+    except Exception:  # noqa: BLE001 - the report falls back to this run's own checkpoints
+        return []
 
 
 def _host_node(alloc: Allocation) -> str:
@@ -214,14 +239,18 @@ class _Evaluator:
             self._evaluate(m)
 
 
-def _collect_triggered(request: SubmitRequest, run: str, suite: str, steps: list[int]) -> dict[int, EvalSummary]:
-    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting for the last."""
-    deadline = time.monotonic() + request.eval_timeout_s
+def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> dict[int, EvalSummary]:
+    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting (at most
+    `timeout_s`) until every committed step in `steps` has one. The runs finish in any order: the final step's
+    score can land before an earlier step's."""
+    deadline = clock() + timeout_s
     while True:
-        found = _from_history(request, run, suite)
-        if not steps or max(steps) in found or time.monotonic() > deadline:
+        found = read()
+        if set(steps) <= set(found) or clock() > deadline:
             return found
-        time.sleep(2.0)
+        sleep(2.0)
 
 
 def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, mode: str,
@@ -230,6 +259,8 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
     root = treq.job.training.checkpoint.uri
     device = "cuda" if treq.gpu_indices else "cpu"
     ev = _Evaluator(request, root, treq.job.name, suite, device) if mode == "in-flow" else None
+    # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
+    treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
     fut: PrefectFuture = train_task.submit(treq)
     progress = Path(treq.run_dir or ".") / "progress.jsonl"
     last_size, last_change = -1, time.monotonic()
@@ -264,10 +295,11 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
         evals = ev.done
     elif mode == "deployment":
         logger.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        evals = _collect_triggered(request, result.job, suite, steps)
+        evals = collect_scores(lambda: _from_history(request, result.job, suite), steps, request.eval_timeout_s)
+        if missing := sorted(set(steps) - set(evals)):
+            logger.warning("no score for step(s) %s within %.0f s of training's end%s", missing,
+                           request.eval_timeout_s, "; evaluating the final step here" if max(steps) in missing else "")
         if steps and max(steps) not in evals:
-            logger.warning("the final step's evaluation did not arrive within %.0f s; evaluating it here",
-                           request.eval_timeout_s)
             evals[max(steps)] = evaluate_task(EvaluateRequest(uri=result.checkpoints[-1].uri,
                                                               suite=_suite_spec(request), device=device,
                                                               history_dir=request.history_dir))
@@ -345,8 +377,8 @@ def _recover(request: SubmitRequest, ledger: Ledger, cluster: Cluster, alloc: Al
     rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
     recoveries.append(rec.model_dump())
     if rec.action.kind == "stop":
-        raise PipelineError(f"{job.name}: training failed, {rec.action.reason} (diagnosis: "
-                            f"{rec.diagnosis.root_cause_line or 'no matching line'}; log {log_path})") from failure
+        raise PipelineError(failure_message(job.name, failure, rec.diagnosis.root_cause_line, rec.action.reason,
+                                            log_path)) from failure
     if rec.action.node_check:
         _check_allocation_nodes(ledger, alloc, logger, request.executor)
     if rec.action.kind == "replan":
@@ -456,7 +488,7 @@ def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePl
     return at
 
 
-@flow(name="submit", flow_run_name="submit-{request.job.name}", log_prints=True)
+@flow(name="submit", flow_run_name=run_name("submit-{request.job.name}"), log_prints=True)
 def submit(request: SubmitRequest) -> SubmitResult:
     """Plan, place, train (evaluating checkpoints as they commit), evaluate, release, analyse, report."""
     logger = get_run_logger()
@@ -469,6 +501,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
 
     ledger = Ledger(request.ledger)
     ledger.sync(cluster)
+    if suite:  # the scheduled evaluate-pending covers the roots the ledger knows
+        ledger.note_checkpoints(job.name, Storage(job.training.checkpoint.uri).uri, _suite_spec(request))
     run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
     candidates, recoveries = runnable, []
     placed: Placed | None = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
@@ -492,6 +526,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
                     evaluations=evals, timings_s=timings, spikes=result.spike_counts,
+                    committed_steps=_committed_steps(job.training.checkpoint.uri),
                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                     if strag else None)
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))

@@ -3,7 +3,7 @@
 The step is walked in phases on the most loaded pipeline stage: the start of backward (all activations
 saved, loss gradients live), the end of backward (all gradients), and the optimizer step (moments plus
 foreach temporaries). Tensor bytes follow what Frenzy's GPT (`tasks/training/model.py`) saves; the
-conventions of the other implementations a layout implies are documented in README "Memory model".
+conventions of the other implementations a layout implies are documented in docs/memory-model.md.
 Three totals: `allocated` (tensor bytes), `reserved` (caching allocator), `device` (nvidia-smi).
 """
 
