@@ -26,6 +26,14 @@ _NODE = [re.compile(p) for p in (
     r"^([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] ",  # NCCL's host:pid:tid [device] prefix
     r"\bon (?:node|host) ([A-Za-z0-9_.-]+)", r"\bnode[= ]([A-Za-z0-9_.-]+)")]
 _SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
+_STAMP = re.compile(r"\[[EWFI](\d{4}) (\d\d:\d\d:\d\d\.\d+)")  # glog/c10d: [E0626 05:06:30.929...
+_FRAME = re.compile(r'File "([^"]+)", line \d+')
+_GENERIC = {"KeyError", "TypeError", "ValueError", "AttributeError", "IndexError", "NameError", "AssertionError"}
+_LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d")
+_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \")")
+"""A traceback's source and frame lines: the `raise` statement above an exception is not the exception."""
+MAX_EVIDENCE = 100
+"""Evidence entries kept in a diagnosis: a million identical error lines are one cause, not a million."""
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 
 
@@ -75,6 +83,23 @@ def _match(text: str, rules: list[Rule]) -> Rule | None:
     return None
 
 
+def _blame(kept: list, i: int, category: str) -> str:
+    """A generic Python exception (KeyError, ValueError, ...) belongs to the code that raised it: the script's own
+    file (script) or a library under site-packages (framework), read off the nearest traceback frame above it."""
+    for k in reversed(kept[max(0, i - 3):i]):
+        m = _FRAME.search(k.text)
+        if m:
+            return "framework" if _LIBRARY.search(m.group(1)) else "script"
+    return category
+
+
+def _order(rule: Rule, f: Finding) -> tuple:
+    """Highest priority first; among equals the earliest by the log's own timestamps (ranks interleave out of
+    order in merged logs), then by position."""
+    m = _STAMP.search(f.line)
+    return (rule.priority, -int(bool(m)), tuple(-ord(ch) for ch in "".join(m.groups())) if m else (), -f.line_no)
+
+
 def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None) -> Diagnosis:
     """The diagnosis of a compressed log; with `agent`, a log no rule explains goes to the LLM agent."""
     rules = RULES + learned_rules()
@@ -91,7 +116,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
     block_rank: int | None = None
     block_host: str | None = None
     root_block_at: int | None = None  # torchrun names the first observed failure after "Root Cause"
-    for k in c.kept:
+    for i, k in enumerate(c.kept):
         if "Root Cause" in k.text:
             root_block_at = k.line_no
         h = _SUMMARY_HOST.search(k.text)
@@ -100,7 +125,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
         sr = _SUMMARY_RANK.search(k.text)
         if sr:
             block_rank = int(sr.group(1))
-        if not k.error:
+        if not k.error or _SOURCE.match(k.text):
             continue
         rule = _match(k.text, rules)
         if rule is None:
@@ -110,7 +135,8 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
         rk = int(rank) if rank is not None else None
         if rule.type == "ChildFailed" and rk is None:  # an exitcode line of the summary: its block's rank and host
             rk, node = block_rank, node or block_host
-        findings.append((rule, Finding(type=rule.type, category=rule.category, line_no=k.line_no, line=k.text.strip(),
+        category = _blame(c.kept, i, rule.category) if rule.type in _GENERIC else rule.category
+        findings.append((rule, Finding(type=rule.type, category=category, line_no=k.line_no, line=k.text.strip(),
                                        rank=rk, node=node or (rank_host.get(rk) if rk is not None else None))))
     base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
             "templates": c.templates}
@@ -128,15 +154,15 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                          restartable=False, evidence=[], **base,
                          mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`); a person "
                                     "decides, and a rule for it can be added to tasks/diagnosis/rules.py")
-    best_rule, best = max(findings, key=lambda rf: (rf[0].priority, -rf[1].line_no))
+    best_rule, best = max(findings, key=lambda rf: _order(*rf))
     if best_rule.type == "ChildFailed" and root_block_at is not None:
         best_rule, best = next(((r, f) for r, f in findings if r.type == "ChildFailed" and f.line_no > root_block_at),
                                (best_rule, best))
     if best.node is None:  # the node of the root rank, from any other line that names both
         best.node = next((f.node for _, f in findings if f.rank == best.rank and f.node), None) \
             if best.rank is not None else None
-    evidence = [f for _, f in findings if f is not best]
-    return Diagnosis(category=best_rule.category, type=best_rule.type, root_cause_line=best.line,
+    evidence = [f for _, f in findings if f is not best][:MAX_EVIDENCE]
+    return Diagnosis(category=best.category, type=best_rule.type, root_cause_line=best.line,
                      line_no=best.line_no, rank=best.rank, node=best.node, restartable=best_rule.restartable,
                      mitigation=best_rule.mitigation, evidence=evidence, **base)
 
