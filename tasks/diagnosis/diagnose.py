@@ -168,16 +168,35 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
 
 
 def check_log(path: Path | str) -> Path:
-    """The log file at `path`, or an error that says what to give instead."""
+    """The log file at `path`, or an error that says what to give instead: a directory, a FIFO or device (reading
+    one could block forever) and a binary file (a library, an executable: any rule would be a guess) are refused.
+    Text in any encoding is read (bytes that are not UTF-8 are replaced)."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
     if p.is_dir():
         raise IsADirectoryError(None, f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)", str(p))
+    if not p.is_file():
+        raise ValueError(f"{p} is not a regular file (a FIFO, socket or device); copy the log into a file first")
+    with open(p, "rb") as f:
+        head = f.read(1 << 16)
+    if looks_binary(head):
+        raise ValueError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
+                         "wrote (e.g. RUN_DIR/train.log)")
     return p
+
+
+def looks_binary(head: bytes) -> bool:
+    """NUL bytes, or more than 10% control bytes other than tab/newline/carriage return/escape."""
+    if b"\0" in head:
+        return True
+    ctrl = sum(head.count(bytes([b])) for b in (*range(1, 9), 11, 12, *range(14, 27), *range(28, 32)))
+    return bool(head) and ctrl > len(head) // 10
 
 
 def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None) -> Diagnosis:
     """Diagnose a log file (or its bytes); `agent` (see tasks/diagnosis/agent.py) for logs no rule explains."""
+    if isinstance(source, bytes) and looks_binary(source[:1 << 16]):
+        raise ValueError("the log looks binary (NUL or control bytes), not a training log")
     c = compress(source if isinstance(source, bytes) else check_log(source), context=context)
     return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent)

@@ -163,23 +163,54 @@ RULES: list[Rule] = [
          "a rank exited; the root cause is in the lines before"),
 ]
 
+LEARNED_PRIORITY = 5
+"""Learned rules rank below every built-in rule (the lowest built-in, ChildFailed, is 10), and a built-in rule
+names a line before any learned one is tried, so a learned rule can only name lines nothing built-in explains."""
+MAX_LEARNED_PATTERN = 512
+_NUMBER = r"(?:0x[0-9a-fA-F]+|\d+)"
+_LITERAL = re.compile(r"(?:\\.|[^\\.^$*+?{}\[\]|()])*")
+
+
+def safe_pattern(pattern: str) -> bool:
+    """A learned pattern is an escaped literal with number wildcards (what the agent writes) and nothing else:
+    matching it is linear in the line, so a poisoned rules file cannot hang the diagnosis with a pattern such as
+    `(a+)+$`, and at least 20 literal characters so it cannot match everything."""
+    if not isinstance(pattern, str) or len(pattern) > MAX_LEARNED_PATTERN:
+        return False
+    rest = pattern.replace(_NUMBER, "")
+    return bool(_LITERAL.fullmatch(rest)) and len(re.sub(r"\\(.)", r"\1", rest).strip()) >= 20
+
+
 def learned_rules() -> list[Rule]:
-    """Rules the LLM agent taught (tasks/diagnosis/agent.py), from `$FRENZY_HOME/diagnosis-rules.jsonl`; a line
-    that does not parse is skipped."""
+    """Rules the LLM agent taught (tasks/diagnosis/agent.py), from `$FRENZY_HOME/diagnosis-rules.jsonl`, confined:
+    only a built-in failure type, its category, a safe literal pattern (`safe_pattern`), the lowest priority, and
+    an infrastructure type stays restartable. An entry that breaks any of these is skipped with a warning naming
+    the file and line."""
     import json
+    import logging
     import os
     from pathlib import Path
 
     path = Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "diagnosis-rules.jsonl"
+    base = {r.type: r for r in RULES}
     out = []
-    if path.is_file():
-        for ln in path.read_text(errors="replace").splitlines():
-            try:
-                d = json.loads(ln)
-                out.append(Rule(d["type"], d["category"], d["pattern"], int(d["priority"]), bool(d["restartable"]),
-                                d["mitigation"]))
-            except (ValueError, KeyError, TypeError, re.error):
-                continue
+    try:
+        text = path.read_text(errors="replace") if path.is_file() else ""
+    except OSError as e:
+        logging.getLogger(__name__).warning("learned diagnosis rules %s unreadable (%s); skipped", path, e)
+        return out
+    for no, ln in enumerate(text.splitlines(), 1):
+        try:
+            d = json.loads(ln)
+            b = base[d["type"]]
+            if not safe_pattern(d["pattern"]):
+                raise ValueError("the pattern is not an escaped literal of 20+ characters")
+            restartable = b.restartable if b.category == "infrastructure" else bool(d["restartable"])
+            out.append(Rule(b.type, b.category, d["pattern"], LEARNED_PRIORITY, restartable,
+                            str(d.get("mitigation") or b.mitigation)[:500]))
+        except (ValueError, KeyError, TypeError, re.error) as e:
+            logging.getLogger(__name__).warning("%s line %d: learned rule skipped (%s); delete the line or the file",
+                                                path, no, e)
     return out
 
 
