@@ -22,7 +22,7 @@ STEPS = 30
 
 
 def _cli(args: list[str], cwd: Path, env: dict[str, str], err: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env={**os.environ, **env},
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=open(cwd / err, "wb"), text=True, start_new_session=True)
 
 

@@ -151,7 +151,7 @@ def test_the_ledger_queue_sizes_by_load_and_records_why(tmp_path):
 
 
 def test_cli_shows_the_decision_record(capsys, tmp_path):
-    from flows.cli import main
+    from cli.main import main
 
     out_csv = tmp_path / "jobs.csv"
     code = main(["simulate", "--trace", "production:12:4", "--policy", "has", "--policy", "fcfs",
