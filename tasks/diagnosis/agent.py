@@ -124,7 +124,8 @@ def ask(cfg: AgentConfig, lines: list[str]) -> AgentVerdict | None:
     a = next(x for x in answers if x["type"] == kind)
     base = _TYPES[kind]
     return AgentVerdict(type=kind, category=base.category, line=a["line"],
-                        restartable=base.restartable if base.category == "infrastructure" else bool(a.get("restartable", base.restartable)),
+                        restartable=base.restartable if base.category == "infrastructure"
+                        else bool(a.get("restartable", base.restartable)),
                         mitigation=str(a.get("mitigation") or base.mitigation), votes=votes, samples=cfg.samples)
 
 
