@@ -65,7 +65,11 @@ class Diagnosis(BaseModel):
     compression_ratio: float
     templates: list[tuple[str, int]]
     source: str = "rules"
-    """rules, or agent (the LLM agent diagnosed it; its rule is learned)."""
+    """rules; learned (no rule matched: the nearest labelled log, above the calibrated similarity); or agent (the
+    LLM agent diagnosed it; its rule is learned)."""
+    confidence: float | None = None
+    """For a learned answer: the cosine similarity to the nearest labelled log (the threshold is calibrated on
+    held-out projects)."""
 
 
 def _first(patterns: list[re.Pattern], text: str) -> str | None:
@@ -100,8 +104,27 @@ def _order(rule: Rule, f: Finding) -> tuple:
     return (rule.priority, -int(bool(m)), tuple(-ord(ch) for ch in "".join(m.groups())) if m else (), -f.line_no)
 
 
-def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None) -> Diagnosis:
-    """The diagnosis of a compressed log; with `agent`, a log no rule explains goes to the LLM agent."""
+def _learned(c: Compressed, base: dict) -> Diagnosis | None:
+    """The learned fallback's answer for a log no rule explains, or None (below its threshold, or no model)."""
+    from tasks.diagnosis.fallback import Fallback
+
+    model = Fallback.load()
+    lines = [(k.line_no, k.text) for k in c.kept if k.error]
+    v = model.predict(lines) if model is not None and lines else None
+    if v is None:
+        return None
+    return Diagnosis(category=v.category, type=v.type, root_cause_line=v.line, line_no=v.line_no,
+                     rank=int(r) if v.line and (r := _first(_RANK, v.line)) else None,
+                     node=_first(_NODE, v.line) if v.line else None, restartable=v.restartable,
+                     mitigation=f"no rule matched; this log is most like the labelled {v.neighbour} "
+                                f"(similarity {v.confidence:.2f}): check the line, and add a rule if it holds",
+                     evidence=[], source="learned", confidence=v.confidence, **base)
+
+
+def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None,
+                        use_fallback: bool = True) -> Diagnosis:
+    """The diagnosis of a compressed log: the rules; for a log no rule explains, the learned fallback (when it is
+    confident enough), then the LLM agent when `agent` is given; else `unknown`."""
     rules = RULES + learned_rules()
     findings: list[tuple[Rule, Finding]] = []
     rank_host: dict[int, str] = {}
@@ -140,6 +163,10 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                                        rank=rk, node=node or (rank_host.get(rk) if rk is not None else None))))
     base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
             "templates": c.templates}
+    if not findings and use_fallback:
+        d = _learned(c, base)
+        if d is not None:
+            return d
     if not findings and agent is not None:
         verdict = ask(agent, [k.text for k in c.kept])
         if verdict is not None:
@@ -194,9 +221,11 @@ def looks_binary(head: bytes) -> bool:
     return bool(head) and ctrl > len(head) // 10
 
 
-def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None) -> Diagnosis:
+def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None,
+             use_fallback: bool = True) -> Diagnosis:
     """Diagnose a log file (or its bytes); `agent` (see tasks/diagnosis/agent.py) for logs no rule explains."""
     if isinstance(source, bytes) and looks_binary(source[:1 << 16]):
         raise ValueError("the log looks binary (NUL or control bytes), not a training log")
     c = compress(source if isinstance(source, bytes) else check_log(source), context=context)
-    return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent)
+    return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent,
+                               use_fallback=use_fallback)

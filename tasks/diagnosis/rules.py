@@ -52,6 +52,11 @@ RULES: list[Rule] = [
          r"kernel panic|node\b[^\n]*\b(?:failed|down|unreachable|NotReady|lost)\b|"
          r"\bNodeFailure\b|heartbeat (?:timeout|lost)", 92, True,
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
+    Rule("DriverError", "script",
+         r"(?i)driver version is insufficient for CUDA runtime|NVIDIA driver on your system is too old|"
+         r"CUDA driver initialization failed|no CUDA-capable device is detected", 93, False,
+         "the environment: the NVIDIA driver is older than the CUDA this build needs (or there is no GPU); "
+         "install a matching driver or a build for this driver"),
     Rule("CUDAError", "infrastructure",
          r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
          r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)|CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
@@ -76,7 +81,8 @@ RULES: list[Rule] = [
          r"HIP out of memory|Tried to allocate [\d.]+ [KMG]iB", 80, True,
          "restart with the next resource plan with more memory per GPU (or a smaller micro-batch)"),
     Rule("DataloaderKilled", "framework",
-         r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal", 75,
+         r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal|"
+         r"Unexpected (?:segmentation fault|bus error) encountered in worker", 75,
          True, "host memory ran out in the data loader: fewer workers or a smaller prefetch, then resume"),
     Rule("NumericalError", "framework",
          r"(?i)loss became infinite or nan|loss scale already at minimum|non-finite loss|loss is nan|"
@@ -84,8 +90,9 @@ RULES: list[Rule] = [
          "the loss diverged (NaN/inf, or fp16 loss scale at its floor): lower the learning rate, use bf16 or "
          "gradient clipping, and resume from a checkpoint before the divergence"),
     Rule("ModelLoadingError", "script",
-         r"Error\(s\) in loading state_dict|size mismatch for [\w.]+|SafetensorError|Can't load (?:the )?"
-         r"(?:weights|model|config|tokenizer)|Unable to load weights|CheckpointMismatch", 72, False,
+         r"Error\(s\) in loading state_dict|size mismatch for\b|SafetensorError|Can't load (?:the )?"
+         r"(?:weights|model|config|tokenizer)|Unable to load weights|CheckpointMismatch|LocalEntryNotFoundError|"
+         r"couldn't connect to 'https://huggingface.co'|is not the path to a directory containing", 72, False,
          "the checkpoint does not match the model: fix the model config or the checkpoint path"),
     Rule("DatasetLoadingError", "framework",
          r"DatasetNotFoundError|Couldn't find (?:a )?dataset|ArrowInvalid|DataError|corpus[^\n]*(?:not found|"
@@ -111,8 +118,17 @@ RULES: list[Rule] = [
     Rule("NameError", "script", _PY + r"NameError\b", 62, False, "fix the script: an undefined name"),
     Rule("KeyError", "script", _PY + r"KeyError\b", 61, False, "fix the script or config: a missing key"),
     Rule("TypeError", "script", _PY + r"TypeError\b", 61, False, "fix the script: a wrong type"),
-    Rule("IndexError", "script", _PY + r"IndexError\b|device-side assert triggered", 61, False,
+    Rule("IndexError", "script", _PY + r"IndexError\b|device-side assert triggered|Assertion `[^`]*` failed", 61,
+         False,
          "fix the script or data: an index out of range (a device-side assert is usually one)"),
+    Rule("BuildError", "script",
+         r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped", 61,
+         False, "the environment: a compiled extension does not build (compiler or CUDA toolkit against this "
+                "torch); install a prebuilt wheel or fix the toolchain"),
+    Rule("SegFault", "framework",
+         r"Signals\.SIGSEGV|exitcode\s*:\s*-11\b|Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault|"
+         r"Segmentation fault", 14, True,
+         "a process crashed in native code (SIGSEGV): one restart; if it recurs, a library/driver mismatch"),
     Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 60, False,
          "a subprocess the script runs failed: see its output above"),
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
@@ -221,6 +237,7 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"abort", b"machine check", b"frenzy-hang", b"reset by peer", b"broken pipe", b"unreachable",
     b"exited with signal", b"no space left", b"quota", b"input/output", b"stale", b"undefined symbol",
     b"shared object", b"misconfiguration", b"kv cache", b"oom", b"time limit", b"died", b"loss scale",
-    b"infinite or nan", b"cuda failure", b"unable to determine", b"sigkill")
+    b"infinite or nan", b"cuda failure", b"unable to determine", b"sigkill", b"size mismatch", b"assertion",
+    b"sigsegv", b"segmentation", b"driver", b"couldn't connect", b"huggingface.co", b"building extension")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match."""
