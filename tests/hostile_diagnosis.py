@@ -127,6 +127,7 @@ CASES = [
          timeout_s=20),
     Case(D, "a single 100 MB line", _log(_one_huge_line), _says("CUDAError"), timeout_s=120),
     Case(D, "a million identical error lines", _log(_many_identical), _says("CUDAError"), timeout_s=120),
+    Case(D, "a zero-filled tail (a node crash)", _log(CUDA + b"\0" * 70000), _says("CUDAError")),
     Case(D, "non-UTF-8 bytes", _log(b"caf\xe9 \xff\xfe\n" + CUDA), _says("CUDAError")),
     Case(D, "terminal escape sequences", _log(b"\x1b[31m" + CUDA.rstrip() + b"\x1b[0m\x1b]0;title\x07\n"),
          _says("CUDAError")),

@@ -213,19 +213,23 @@ def check_log(path: Path | str) -> Path:
     return p
 
 
+_MAGIC = (b"\x7fELF", b"\x1f\x8b", b"PK\x03\x04", b"\x89PNG", b"%PDF", b"\xfe\xed\xfa", b"\xcf\xfa\xed\xfe",
+          b"MZ\x90\x00")
+
+
 def looks_binary(head: bytes) -> bool:
-    """NUL bytes, or more than 10% control bytes other than tab/newline/carriage return/escape."""
-    if b"\0" in head:
+    """An executable, archive or image (by magic), or more than 1% NUL / 10% other control bytes. A zero-filled
+    tail, which a node crash can leave in a log, does not count."""
+    body = head.rstrip(b"\0")
+    if body.startswith(_MAGIC):
         return True
-    ctrl = sum(head.count(bytes([b])) for b in (*range(1, 9), 11, 12, *range(14, 27), *range(28, 32)))
-    return bool(head) and ctrl > len(head) // 10
+    ctrl = sum(body.count(bytes([b])) for b in (*range(1, 9), 11, 12, *range(14, 27), *range(28, 32)))
+    return bool(body) and (body.count(b"\0") > len(body) // 100 or ctrl > len(body) // 10)
 
 
 def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None,
              use_fallback: bool = True) -> Diagnosis:
     """Diagnose a log file (or its bytes); `agent` (see tasks/diagnosis/agent.py) for logs no rule explains."""
-    if isinstance(source, bytes) and looks_binary(source[:1 << 16]):
-        raise ValueError("the log looks binary (NUL or control bytes), not a training log")
     c = compress(source if isinstance(source, bytes) else check_log(source), context=context)
     return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent,
                                use_fallback=use_fallback)
