@@ -125,3 +125,24 @@ def test_a_log_only_the_fallback_explains_says_so(tmp_path):
 def test_families_without_a_tune_log(line, type_, category):
     d = diagnose(line + b"\n", use_fallback=False)
     assert (d.type, d.category) == (type_, category)
+
+
+def test_learned_rules_are_confined(tmp_path, monkeypatch):
+    from tasks.diagnosis.agent import AgentVerdict, learn
+    from tasks.diagnosis.rules import LEARNED_PRIORITY, learned_rules
+
+    monkeypatch.setenv("FRENZY_HOME", str(tmp_path))
+
+    def verdict(type_: str, line: str, restartable: bool = False) -> AgentVerdict:
+        return AgentVerdict(type=type_, category="x", line=line, restartable=restartable, mitigation="\x1b[2Jstop",
+                            votes=3, samples=3)
+
+    # a benign start-up warning every healthy run prints: the rule would fire on every log
+    assert learn(verdict("NodeFailure", "The client socket has failed to connect to [localhost]:29500 (errno: 99 "
+                                        "- Cannot assign requested address).")) is None
+    # a labelled real log says this line is infrastructure (a full disk): a script rule for it contradicts the label
+    assert learn(verdict("KeyError", "OSError: [Errno 28] No space left on device")) is None
+    ok = learn(verdict("ECCError", "gpu-b12-1: thermal slowdown engaged, clocks fell to 300 MHz (error 77)"))
+    assert ok is not None and ok.priority == LEARNED_PRIORITY and ok.restartable  # infrastructure stays restartable
+    (rule,) = learned_rules()
+    assert rule.pattern == ok.pattern and "\x1b" not in rule.mitigation and rule.priority < 10

@@ -126,7 +126,8 @@ def ask(cfg: AgentConfig, lines: list[str]) -> AgentVerdict | None:
     return AgentVerdict(type=kind, category=base.category, line=a["line"],
                         restartable=base.restartable if base.category == "infrastructure"
                         else bool(a.get("restartable", base.restartable)),
-                        mitigation=str(a.get("mitigation") or base.mitigation), votes=votes, samples=cfg.samples)
+                        mitigation=re.sub(r"[\x00-\x1f\x7f]", " ", str(a.get("mitigation") or base.mitigation))[:500],
+                        votes=votes, samples=cfg.samples)
 
 
 def _generalise(line: str) -> str:
@@ -134,6 +135,19 @@ def _generalise(line: str) -> str:
     text = re.sub(r"^\s*\[(?:rank|default)\d+\]:\s*", "", line.strip())
     out = re.escape(text)
     return re.sub(r"(?:0x[0-9a-fA-F]+|\d+)", lambda m: r"(?:0x[0-9a-fA-F]+|\d+)", out)
+
+
+def matches_healthy_lines(pattern: str) -> bool:
+    """Whether the pattern matches a line of a healthy run (start-up chatter, metrics, evals, benign warnings, as
+    the generated corpus writes them): such a rule would fire on every log."""
+    import random
+
+    from tasks.diagnosis.corpus import _noise, _startup
+
+    rng = random.Random(32)
+    rx = re.compile(pattern)
+    lines = _startup(rng, 8, ["node-a", "node-b"], 4) + _noise(rng, 8, 0, 400)
+    return any(rx.search(ln) for ln in lines)
 
 
 def contradicts_real_logs(pattern: str, category: str) -> str | None:
@@ -154,7 +168,7 @@ def learn(v: AgentVerdict) -> Rule | None:
 
     base = _TYPES[v.type]
     pattern = _generalise(v.line)
-    if not safe_pattern(pattern) or contradicts_real_logs(pattern, base.category):
+    if not safe_pattern(pattern) or matches_healthy_lines(pattern) or contradicts_real_logs(pattern, base.category):
         return None
     restartable = base.restartable if base.category == "infrastructure" else v.restartable
     rule = Rule(v.type, base.category, pattern, LEARNED_PRIORITY, restartable, v.mitigation)

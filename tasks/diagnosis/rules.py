@@ -222,8 +222,8 @@ def learned_rules() -> list[Rule]:
             if not safe_pattern(d["pattern"]):
                 raise ValueError("the pattern is not an escaped literal of 20+ characters")
             restartable = b.restartable if b.category == "infrastructure" else bool(d["restartable"])
-            out.append(Rule(b.type, b.category, d["pattern"], LEARNED_PRIORITY, restartable,
-                            str(d.get("mitigation") or b.mitigation)[:500]))
+            mitigation = re.sub(r"[\x00-\x1f\x7f]", " ", str(d.get("mitigation") or b.mitigation))[:500]
+            out.append(Rule(b.type, b.category, d["pattern"], LEARNED_PRIORITY, restartable, mitigation))
         except (ValueError, KeyError, TypeError, re.error) as e:
             logging.getLogger(__name__).warning("%s line %d: learned rule skipped (%s); delete the line or the file",
                                                 path, no, e)
