@@ -169,10 +169,9 @@ RULES: list[Rule] = [
          "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
-    Rule("HostOOM", "framework",
-         r"exitcode\s*:\s*-9\b|signal 9 \(SIGKILL\)|\d+ Killed\s+\S*python|^Killed$", 12, False,
-         "a rank was SIGKILLed with no error of its own: most often the host OOM killer (check dmesg); fewer "
-         "data-loader workers or less CPU offload"),
+    Rule("Killed", "framework", r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$", 12, True,
+         "a rank was SIGKILLed with no error of its own: the host OOM killer or a lost node; resumed once, and if it "
+         "recurs, check dmesg for the OOM killer (fewer data-loader workers, less CPU offload)"),
     Rule("ChildFailed", "framework",
          r"ChildFailedError|exitcode\s*:\s*-?\d+|failed \(exitcode: -?\d+\)|signal \d+ \(SIG\w+\) received|"
          r"trainer exited with signal \d+", 10, True,
