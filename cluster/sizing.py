@@ -277,15 +277,18 @@ def min_gpus(requests: Iterable[GpuRequest]) -> int:
 
 def idle_violations(pool: FreePool, left: Sequence[tuple[Sequence[GpuRequest], float]],
                     reservation: Reservation | None, now_s: float) -> int:
-    """After a pass: how many waiting jobs could start on free GPUs now with a plan predicted to finish before the
-    finish they wait for (math.inf: none), where the queue head's reservation does not need those GPUs. `left`:
-    each waiting job's requests and the predicted finish it waits for. 0 is the invariant."""
+    """After a pass: how many waiting jobs could start on free GPUs now with a plan that the head's reservation does
+    not need and that either finishes before the finish they wait for (math.inf: none) or is the job's fastest plan
+    (no plan can finish sooner by waiting, whatever the predictions of the wait). `left`: each waiting job's
+    requests and the predicted finish it waits for. 0 is the invariant."""
     bad = 0
     if pool.total_free() == 0:
         return 0
     for reqs, wait_finish in left:
+        fastest = min((r.run_s for r in reqs if r.run_s is not None), default=None)
         for r in reqs:
-            if (r.run_s is not None and now_s + r.run_s >= wait_finish) or not pool.fits(r):
+            sooner = r.run_s is None or now_s + r.run_s < wait_finish or r.run_s <= (fastest or 0.0)
+            if not sooner or not pool.fits(r):
                 continue
             nodes = place(pool, r)
             if nodes is None:
@@ -366,5 +369,6 @@ class Sizer:
 
     def violations(self, left: Sequence[Waiting], reservation: Reservation | None) -> int:
         """`idle_violations` over the jobs left waiting after the walk."""
-        return idle_violations(self.pool, [self.waits[w.job] for w in left if w.job in self.waits], reservation,
-                               self.now_s)
+        # a job the walk never tried (strict order behind a blocked head) waits for nothing: any plan that fits counts
+        return idle_violations(self.pool, [self.waits.get(w.job, (self.reqs_of.get(w.job, ()), math.inf))
+                                           for w in left], reservation, self.now_s)
