@@ -64,6 +64,8 @@ class Choice:
     """`pack` (jobs wait: best throughput per GPU) or `widen` (spare GPUs: fastest plan that scales)."""
     candidates: list[Candidate]
     reason: str = ""
+    load: str = ""
+    """The load that chose the mode, e.g. `12 jobs wait behind it` (ends the record)."""
 
     def record(self, chosen: Candidate | None, now_s: float) -> str:
         """One line for the decision record: what was chosen (or waited for) and why."""
@@ -79,13 +81,14 @@ class Choice:
                 fast = min(slower, key=lambda c: c.request.run_s or math.inf)
                 why += (f"; runs now rather than wait {fast.start_s - now_s:.0f} s for {_types(fast.request)} "
                         f"(finish {chosen.finish_s - now_s:.0f} s vs {fast.finish_s - now_s:.0f} s from now)")
-            return why
+            return why + (f"; load: {self.load}" if self.load else "")
         r = best.request
         now = [c for c in self.candidates if c.nodes is not None]
         tail = (f"; waiting beats {_types(now[0].request)} now (finish {now[0].finish_s - now_s:.0f} s from now)"
                 if now else "")
         return (f"{self.mode}: waits for {r.gpus} GPU(s) of {_types(r)}, predicted start in "
-                f"{best.start_s - now_s:.0f} s, finish in {best.finish_s - now_s:.0f} s{tail}")
+                f"{best.start_s - now_s:.0f} s, finish in {best.finish_s - now_s:.0f} s{tail}"
+                + (f"; load: {self.load}" if self.load else ""))
 
 
 def _types(r: GpuRequest) -> str:
@@ -268,7 +271,9 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
         ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k)).nodes is not None]
     ranked += [waiting] if waiting is not None else []
     ranked += sorted((c for c in prefs if c.nodes is not None and c.finish_s > wait_finish), key=lambda c: c.finish_s)
-    return Choice("widen" if widen else "pack", ranked)
+    load = (f"{spare} free GPUs left after the smallest plans of the {behind} jobs behind it" if widen else
+            f"{behind} jobs wait behind it, their smallest plans leave {max(spare, 0)} free GPUs")
+    return Choice("widen" if widen else "pack", ranked, load=load)
 
 
 def min_gpus(requests: Iterable[GpuRequest]) -> int:

@@ -149,6 +149,7 @@ def test_the_ledger_queue_sizes_by_load_and_records_why(tmp_path):
     assert len(placed) == 16 and all(a.gpus == 1 for a in placed)
     assert sorted(a.nodes[0].gpu_type for a in placed) == ["A100-40GB-SXM"] * 8 + ["RTX-2080Ti"] * 8
     assert all(a.decision.startswith("pack:") for a in placed)
+    assert "load: 19 jobs wait behind it" in placed[0].decision  # the record names the load that chose the mode
     spilled = [a for a in placed if a.nodes[0].gpu_type == "RTX-2080Ti"]
     assert all("runs now rather than wait 1000 s" in a.decision for a in spilled)
     assert {a.id: a.decision for a in ledger.allocations()} == {a.id: a.decision for a in placed}
@@ -174,5 +175,6 @@ def test_cli_shows_the_decision_record(capsys, tmp_path):
     code = main(["cluster", "show", "--ledger", led])
     text = capsys.readouterr().out
     assert code == 0 and "a: widen: 2 GPU(s) of A100-40GB-SXM" in text
+    assert "load: 44 free GPUs left after the smallest plans of the 0 jobs behind it" in text  # phoebe: 44 GPUs, none busy
     code = main(["cluster", "show", "--ledger", led, "--json"])
     assert json.loads(capsys.readouterr().out)["allocations"][0]["decision"].startswith("widen: 2 GPU(s)")
