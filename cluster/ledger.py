@@ -190,6 +190,8 @@ class Ledger:
         `$FRENZY_QUEUE_ORDER` or `shortest` (cluster/queue.py). `clock`: wall-clock seconds (leases, queue
         times); every process sharing a ledger must agree on it (tests inject one to expire leases)."""
         self.clock = clock
+        self.idle_violations = 0
+        """Scheduling passes of this process that left a job waiting beside GPUs it could use (should stay 0)."""
         self.url = ledger_url(url)
         self.order: QueueOrder = order or os.environ.get("FRENZY_QUEUE_ORDER") or DEFAULT_ORDER  # type: ignore[assignment]
         if self.order not in get_args(QueueOrder):
@@ -498,7 +500,8 @@ class Ledger:
             placed.append(alloc)
             return True
 
-        walk(waiting, order, now, try_place, reserve_for=queue.reserve_for)
+        _, left, res = walk(waiting, order, now, try_place, reserve_for=queue.reserve_for)
+        self.idle_violations += queue.violations(left, res)  # the work-conservation invariant (cluster/sizing.py)
         return placed
 
     def schedule(self, order: QueueOrder | None = None) -> list[Allocation]:
