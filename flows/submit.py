@@ -44,7 +44,7 @@ from tasks.planning.calibration import OomObservation, load_observations, model_
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
-from tasks.training.elastic import note_placement, tune_auto
+from tasks.training.elastic import note_placement, recovery_lines, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -438,7 +438,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
                     chosen=min(runnable.index(chosen), 9), allocation=alloc, final_step=result.final_step,
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
-                    evaluations=evals, timings_s=timings,
+                    evaluations=evals, timings_s=timings, recoveries=recovery_lines(recoveries),  # [elastic hook]
                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                     if strag else None)
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))

@@ -52,6 +52,8 @@ class RunReport(BaseModel):
     stragglers: StragglerSummary | None
     timings_s: dict[str, float]
     """Wall seconds of each stage."""
+    recoveries: list[str] = []
+    """One sentence per automatic recovery: the failure, the action, where the job went (elastic.recovery_lines)."""
 
 
 def loss_curve(progress: str | Path) -> list[tuple[int, float]]:
@@ -175,6 +177,8 @@ def markdown(r: RunReport, html_path: str | None = None) -> str:
         s = r.stragglers
         lines += [f"**Stragglers:** slowdown S = {s.slowdown:.3f} ({100 * max(0.0, s.waste):.1f}% of the time wasted); worst op "
                   f"type {s.worst_optype}, stage {s.worst_stage}, DP rank {s.worst_dp_rank}.", ""]
+    if r.recoveries:
+        lines += ["## Recoveries", "", *(f"{i}. {x}" for i, x in enumerate(r.recoveries, 1)), ""]
     lines += ["## Plans", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "", _md_table(_score_rows(r)),
               "", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in r.timings_s.items())]
     if html_path:
@@ -204,6 +208,8 @@ def render_html(r: RunReport, out: str | Path) -> Path:
              "<h2>Plans (MARP), chosen beside the alternatives</h2>", _html_table(_plan_rows(r)),
              f"<h2>Training</h2><p class='kv'>Step {r.final_step}, {r.tokens_per_s:,.0f} tokens/s, "
              f"{len(r.checkpoints)} checkpoints committed.</p>"]
+    if r.recoveries:
+        parts.append("<h3>Recoveries</h3><ol>" + "".join(f"<li>{html.escape(x)}</li>" for x in r.recoveries) + "</ol>")
     if loss:
         parts.append(f"<img alt='loss curve' src='data:image/png;base64,{loss}'>")
     parts += ["<h2>Evaluation: scores by checkpoint</h2>", _html_table(_score_rows(r))]

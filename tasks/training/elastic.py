@@ -113,3 +113,13 @@ def tune_auto(job: Any, ledger: Any, plan: Any, alloc: Any, failures: int, logge
     ck.mtbf_s, source = pool_mtbf(ledger.events(limit=100_000), ledger.nodes(), plan.gpu_type, alloc.gpus, failures)
     logger.info("checkpoint.every_steps auto: MTBF %.0f s for %d x %s (%s)", ck.mtbf_s, alloc.gpus, plan.gpu_type,
                 source)
+
+
+def recovery_lines(recoveries: list[dict]) -> list[str]:
+    """The run report's sentence per recovery: the diagnosis, the action, and the relayout when one was recorded."""
+    out = []
+    for rec in recoveries:
+        d, act = rec["diagnosis"], rec["action"]
+        line = f"{d['type']} ({d['category']}): {act['kind']}, {act['reason']}"
+        out.append(f"{line}. {rec['relayout']['why']}" if rec.get("relayout") else line)
+    return out
