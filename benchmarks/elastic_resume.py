@@ -2,7 +2,7 @@
 `frenzy train job.yaml --nproc N' --tp T' --resume` on another layout.
 
 For each case a gpt-tiny (llama-style, fp32) job trains on one data x tensor parallel layout (gloo, CPU ranks) and is
-killed with SIGKILL (the CLI's and the trainer's process groups: a lost node, no chance to commit) right after the
+killed with SIGKILL (the CLI and every process under it: a lost node, no chance to commit) right after the
 commit of step 10; then `frenzy train --resume` on another layout trains it to step 30. Measured: steps lost (the
 newest commit before the kill against the step the resume starts from), the final loss against an uninterrupted
 one-process run and against a resume on the same layout (relative differences), whether every step's global batch
@@ -32,12 +32,13 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.checkpoint_interval import kill_job  # noqa: E402
 from tasks.training import checkpoint as ck  # noqa: E402
+from tasks.training.data import sample_order  # noqa: E402
 from tasks.training.storage import Storage  # noqa: E402
 
 STEPS, KILL_AFTER = 30, 10
 MODEL = {"preset": "gpt-tiny", "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False, "kv_heads": 2}
 CASES = {"DP2 -> DP2 (same layout)": ((2, 1), (2, 1)), "DP2 -> DP1": ((2, 1), (1, 1)),
-         "DP1 -> DP2": ((1, 1), (2, 1)), "TP2 -> TP1": ((2, 2), (1, 1)), "DP2 -> DP1 x TP2": ((2, 1), (4, 2)),
+         "DP1 -> DP2": ((1, 1), (2, 1)), "TP2 -> TP1": ((2, 2), (1, 1)), "DP2 -> DP2 x TP2": ((2, 1), (4, 2)),
          "DP1 x TP2 -> DP2": ((2, 2), (2, 1))}
 ENV = {**os.environ, "FRENZY_SAMPLE_LOG": "1", "OMP_NUM_THREADS": "1"}
 
@@ -57,18 +58,6 @@ def _train(job: Path, run: Path, layout: tuple[int, int], *extra: str) -> subpro
            "--device", "cpu", "--threads", "1", "--run-dir", str(run), *extra]
     return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=open(f"{run}.log", "wb"),
                             start_new_session=True)
-
-
-def _order(run_dir: Path, tp: int) -> dict[int, list[int]]:
-    """step -> the global batch's sample ids in data-parallel rank order (one tensor-parallel rank per group)."""
-    per: dict[int, dict[int, list[int]]] = {}
-    for f in sorted(run_dir.glob("samples-rank*.jsonl")):
-        rank = int(f.stem.removeprefix("samples-rank"))
-        if rank % tp == 0:
-            for line in f.read_text().splitlines():
-                r = json.loads(line)
-                per.setdefault(r["step"], {})[rank // tp] = r["samples"]
-    return {s: [i for dp in sorted(v) for i in v[dp]] for s, v in per.items()}
 
 
 def _records(run: Path) -> list[dict]:
@@ -97,7 +86,7 @@ def one(tmp: Path, name: str, before: tuple[int, int], after: tuple[int, int], r
         raise RuntimeError(Path(f"{tmp / slug / 'b'}.log").read_text()[-2000:])
     res = json.loads((tmp / slug / "b" / "result.json").read_text())
     first = next(r["time"] for r in _records(tmp / slug / "b") if r["event"] == "step")
-    order = {**_order(tmp / slug / "a", before[1]), **_order(tmp / slug / "b", after[1])}  # b's steps override a's
+    order = {**sample_order(tmp / slug / "a", before[1]), **sample_order(tmp / slug / "b", after[1])}  # b's steps override a's
     seen = [i for s in sorted(order) for i in order[s]]
     return {"case": name, "before": before, "after": after, "resumed_from": res["resumed_from_step"],
             "newest_commit_at_kill": newest, "steps_lost": newest - res["resumed_from_step"],
@@ -113,7 +102,7 @@ def main() -> None:
     if _train(_job(tmp, "ref"), tmp / "ref" / "run", (1, 1)).wait() != 0:
         raise RuntimeError((tmp / "ref" / "run.log").read_text()[-2000:])
     ref_res = json.loads((tmp / "ref" / "run" / "result.json").read_text())
-    ref = {"loss": ref_res["last_loss"], "order": _order(tmp / "ref" / "run", 1)}
+    ref = {"loss": ref_res["last_loss"], "order": sample_order(tmp / "ref" / "run", 1)}
     rows = []
     for n, (b, a) in CASES.items():
         rows.append(one(tmp, n, b, a, ref))
@@ -127,8 +116,8 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     lines = [f"# Resume across layouts ({doc['date']})", "", f"Machine: {doc['machine']}. gpt-tiny (llama-style: "
              "swiglu, rmsnorm, rope, 2 kv heads), seq 64, global batch 8, micro-batch 4, fp32, gloo CPU ranks, "
-             f"checkpoint every 5 steps. `frenzy train --nproc N --tp T` SIGKILLed (CLI and rank process groups) "
-             f"once step {KILL_AFTER} is committed, then `frenzy train --resume` on the new layout to step {STEPS}. "
+             "checkpoint every 5 steps. `frenzy train --nproc N --tp T` SIGKILLed (the CLI and every process under it, "
+             f"frozen first) once step {KILL_AFTER} is committed, then `frenzy train --resume` on the new layout to step {STEPS}. "
              f"Reference: one uninterrupted `frenzy train` process (final loss {ref['loss']:.6f}). "
              "Command: `python benchmarks/elastic_resume.py`.", "",
              "| case | newest commit at kill | resumed from | steps lost | final loss | rel. diff vs uninterrupted | "

@@ -88,3 +88,15 @@ def test_the_report_says_where_each_recovery_moved_the_job():
     first, second = E.recovery_lines(recs)
     assert first.startswith("ChildFailed (infrastructure): resume, restartable.") and "without n0" in first
     assert second == "Hang (infrastructure): resume, hung"
+
+
+def test_the_sample_audit_reads_back_in_data_parallel_order_with_the_resumed_run_winning(tmp_path, monkeypatch):
+    from tasks.training import data as D
+
+    monkeypatch.setenv("FRENZY_SAMPLE_LOG", "1")
+    for rank, ids in [(0, [0, 1]), (1, [0, 1]), (2, [2, 3]), (3, [2, 3])]:  # dp 2 x tp 2: ranks 0-1 are dp rank 0
+        D.record_samples(tmp_path, rank, 1, ids)
+    D.record_samples(tmp_path, 0, 2, [4, 5])
+    D.record_samples(tmp_path, 2, 2, [6, 7])
+    D.record_samples(tmp_path, 0, 2, [40, 50])  # a resumed run on the same layout trains step 2 again
+    assert D.sample_order(tmp_path, tp=2) == {1: [0, 1, 2, 3], 2: [40, 50, 6, 7]}

@@ -24,7 +24,7 @@ for _k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED"):  # r
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a Ray cluster and a whole submit flow with a recovery (a few minutes)
 
-STEPS, GLOBAL_BATCH = 60, 8
+STEPS, GLOBAL_BATCH = 40, 16  # seq 128 x 16: MARP's fastest runnable plan on two GPUs is then dp 2
 
 
 @pytest.fixture()
@@ -64,7 +64,7 @@ def test_a_lost_node_is_recovered_onto_the_gpus_that_are_left(cluster, prefect_s
     c, nodes = cluster
     uri = f"file://{tmp_path}/ckpt"
     req = SubmitRequest(job=parse_job(_job(tmp_path, name="shrink", steps=STEPS, every=10, trace_every_steps=0,
-                                           global_batch=GLOBAL_BATCH, micro_batch=4)),
+                                           seq_len=128, global_batch=GLOBAL_BATCH)),
                         ledger=str(tmp_path / "l.db"), evaluation="off", device="cpu", run_dir=str(tmp_path / "run"),
                         executor="ray", rank_by="time")
     out: list = []
@@ -72,7 +72,7 @@ def test_a_lost_node_is_recovered_onto_the_gpus_that_are_left(cluster, prefect_s
     th.start()
     ledger = Ledger(str(tmp_path / "l.db"))
     deadline = time.monotonic() + 300
-    while not any(m.step >= 20 for m in ck.committed(Storage(uri))):
+    while not any(m.step >= 10 for m in ck.committed(Storage(uri))):
         assert th.is_alive() and time.monotonic() < deadline, out
         time.sleep(0.3)
     [alloc] = ledger.allocations()
@@ -89,7 +89,7 @@ def test_a_lost_node_is_recovered_onto_the_gpus_that_are_left(cluster, prefect_s
     assert "n2" not in {n.node for n in res.allocation.nodes} and res.train.world_size == 1
     assert next(n for n in ledger.nodes() if n["name"] == "n2")["state"] == "cordoned"
     assert "without n2" in Path(res.report).read_text()  # the report says where the recovery moved the job
-    assert res.train.resumed_from_step >= committed_at_loss >= 20  # no committed step lost
+    assert res.train.resumed_from_step >= committed_at_loss >= 10  # no committed step lost
     assert res.train.final_step == STEPS
     order = _sample_order(tmp_path / "run", res.train.resumed_from_step, 2, 1)
     assert sorted(order) == list(range(1, STEPS + 1))
