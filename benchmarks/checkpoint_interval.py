@@ -1,10 +1,12 @@
 """Goodput of `checkpoint.every_steps: auto` against fixed intervals of 5, 20 and 100 steps, under injected failures.
 
 What runs is what a user runs: `frenzy train job.yaml --resume` (one CPU rank), restarted after every failure until
-the job reaches its steps. A failure is a SIGKILL of the trainer's and the CLI's process groups (a lost node) after a number of
-steps drawn from an exponential distribution with mean `--mtbf-steps` (one seeded draw sequence, the same for every
+the job reaches its steps. A failure is a SIGKILL of the CLI and every process under it (a lost node) after a number
+of steps drawn from an exponential distribution with mean `--mtbf-steps` (one seeded draw sequence, the same for every
 interval, so each interval meets the same failures). Each restart resumes from the newest commit; the steps after it
-are done again. Goodput = the job's steps / the wall time from the first start to the end, restarts included.
+are done again. Goodput = useful steps (the newest commit) / the wall time from the first start, restarts included;
+a run not done after `--budget-s` is stopped there (100 steps between commits with a failure every 40 steps on
+average may never finish).
 
 `auto` is told the failure rate as `checkpoint.mtbf_s` = mean steps between failures x the step time measured in a
 failure-free warm-up run (what `frenzy submit` derives from the ledger's failure history); its checkpoint cost it
@@ -80,8 +82,15 @@ def kill_job(proc: subprocess.Popen) -> None:
             time.sleep(0.01)
 
 
-def run_one(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | None, draws: list[int]) -> dict:
-    """Train to `steps`, killing the trainer after draws[i] steps of attempt i; the wall time and failures."""
+def _committed(ck_dir: Path) -> int:
+    return max((int(p.name[5:]) for p in ck_dir.glob("step_*") if (p / "manifest.json").exists()), default=0)
+
+
+def run_one(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | None, draws: list[int],
+            budget_s: float) -> dict:
+    """Train to `steps`, killing the trainer after draws[i] steps of attempt i; the wall time, failures and the
+    useful steps (the newest commit). A run still short of `steps` after `budget_s` is stopped there (an interval
+    longer than the failures allow may never finish): its goodput counts the steps it committed."""
     job = _job(tmp, name, steps, every, mtbf_s)
     run_dir = tmp / name / "run"
     progress = run_dir / "progress.jsonl"
@@ -90,7 +99,7 @@ def run_one(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | 
         proc = subprocess.Popen([sys.executable, "-m", "cli", "train", str(job), "--resume", "--device", "cpu",
                                  "--threads", "1", "--run-dir", str(run_dir)], cwd=REPO, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        start, top, killed = None, 0, False
+        start, top, killed, out_of_time = None, 0, False, False
         while proc.poll() is None:
             recs, offset = _steps(progress, offset)
             for r in recs:
@@ -101,34 +110,35 @@ def run_one(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | 
                     top = max(top, r["step"])
                 elif r["event"] == "checkpoint_interval":
                     interval = r
-            if start is not None and top - start >= draws[attempt] and top < steps:
+            out_of_time = time.monotonic() - t0 > budget_s
+            if (start is not None and top - start >= draws[attempt] and top < steps) or out_of_time:
                 kill_job(proc)
                 killed = True
                 break
             time.sleep(0.01)
-        if not killed:
-            if proc.returncode != 0:
-                raise RuntimeError(f"{name}: frenzy train exited {proc.returncode}")
-            return {"wall_s": time.monotonic() - t0, "failures": failures, "redone_steps": redone,
-                    "auto_every_steps": interval and interval["every_steps"], "auto_inputs": interval,
-                    "completed": True}
-        failures += 1
-        ck_dir = tmp / name / "ckpt"
-        committed = [int(p.name[5:]) for p in ck_dir.glob("step_*") if (p / "manifest.json").exists()]
-        redone += top - max(committed, default=0)
-    return {"wall_s": time.monotonic() - t0, "failures": failures, "redone_steps": redone,
-            "auto_every_steps": interval and interval["every_steps"], "auto_inputs": interval, "completed": False}
+        if not killed and proc.returncode != 0:
+            raise RuntimeError(f"{name}: frenzy train exited {proc.returncode}")
+        if killed:
+            failures += not out_of_time
+            redone += top - _committed(tmp / name / "ckpt")
+        if not killed or out_of_time:
+            break
+    useful = steps if not killed else _committed(tmp / name / "ckpt")
+    return {"wall_s": time.monotonic() - t0, "failures": failures, "redone_steps": redone, "useful_steps": useful,
+            "auto_every_steps": interval and interval["every_steps"], "auto_inputs": interval,
+            "completed": not killed}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--mtbf-steps", type=int, nargs="+", default=[40, 150])
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop a run after this many seconds")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "checkpoint_interval"))
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="frenzy-interval-"))
-    warm = run_one(tmp, "warmup", a.steps, 1000, None, [10**9])
+    warm = run_one(tmp, "warmup", a.steps, 1000, None, [10**9], 10**9)
     step_s = warm["wall_s"] / a.steps  # includes the start-up: an upper bound, so auto's MTBF errs long
     rows = []
     for mtbf in a.mtbf_steps:
@@ -138,9 +148,9 @@ def main() -> None:
             order = INTERVALS[rep % len(INTERVALS):] + INTERVALS[:rep % len(INTERVALS)]
             for every in order:
                 name = f"m{mtbf}-e{every}-r{rep}"
-                r = run_one(tmp, name, a.steps, every, mtbf * step_s if every == "auto" else None, draws)
+                r = run_one(tmp, name, a.steps, every, mtbf * step_s if every == "auto" else None, draws, a.budget_s)
                 r.update(mtbf_steps=mtbf, every=str(every), rep=rep,
-                         goodput_steps_per_s=a.steps / r["wall_s"] if r["completed"] else 0.0)
+                         goodput_steps_per_s=r["useful_steps"] / r["wall_s"])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
     doc = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {platform.machine()}, "
@@ -149,14 +159,16 @@ def main() -> None:
     Path(a.out + ".json").write_text(json.dumps(doc, indent=1))
     lines = [f"# Goodput of checkpoint.every_steps: auto vs fixed intervals ({doc['date']})", "",
              f"Machine: {doc['machine']}. `frenzy train --resume` of gpt-tiny (seq 128, batch 8, fp32, 1 CPU rank), "
-             f"{a.steps} steps, restarted after each SIGKILL of the trainer's process group; failures after an "
-             "exponential number of steps (same seeded draws for every interval). Goodput = steps / wall time "
-             "(restarts included). Produced by `python benchmarks/checkpoint_interval.py`.", "",
-             "| mean steps between failures | every_steps | goodput (steps/s) | failures | steps re-done | wall s | "
-             "auto's interval |", "|---|---|---|---|---|---|---|"]
+             f"{a.steps} steps, restarted after each SIGKILL of the CLI and every process under it; failures after "
+             "an exponential number of steps (same seeded draws for every interval). Goodput = useful steps (the "
+             f"newest commit) / wall time (restarts included); a run not done after {a.budget_s:.0f} s is stopped "
+             f"there. Command: `python benchmarks/checkpoint_interval.py {' '.join(sys.argv[1:])}`.", "",
+             "| mean steps between failures | every_steps | goodput (steps/s) | useful steps | failures | steps re-done "
+             "| wall s | auto's interval |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['mtbf_steps']} | {r['every']} | {r['goodput_steps_per_s']:.2f} | {r['failures']} | "
-                     f"{r['redone_steps']} | {r['wall_s']:.1f} | {r['auto_every_steps'] or ''} |")
+        lines.append(f"| {r['mtbf_steps']} | {r['every']} | {r['goodput_steps_per_s']:.2f} | {r['useful_steps']}"
+                     f"{'' if r['completed'] else ' (stopped)'} | {r['failures']} | {r['redone_steps']} | "
+                     f"{r['wall_s']:.1f} | {r['auto_every_steps'] or ''} |")
     lines += _model_table(rows)
     Path(a.out + ".md").write_text("\n".join(lines) + "\n")
 

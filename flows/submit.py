@@ -44,7 +44,7 @@ from tasks.planning.calibration import OomObservation, load_observations, model_
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
-from tasks.training.elastic import note_placement, recovery_lines, tune_auto
+from tasks.training.elastic import note_placement, recovery_lines, replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -416,12 +416,12 @@ def submit(request: SubmitRequest) -> SubmitResult:
             _check_allocation_nodes(ledger, alloc, logger, request.executor)
         if rec.action.kind == "replan":
             _record_oom(job, chosen, rec.diagnosis, cluster)
-            bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
+            bigger = replan_after_oom(job, cluster, request.rank_by, load_observations())  # [elastic hook]
             if not bigger:
                 raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
                                     "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
                                     "recompute or zero_stage 3, or add GPUs with more memory") from failure
-            candidates = bigger
+            candidates = runnable = bigger
         logger.warning("recovery %d/%d: %s -> %s", len(recoveries), request.max_restarts, rec.diagnosis.type,
                        rec.action.kind)
 
