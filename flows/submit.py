@@ -49,7 +49,7 @@ from tasks.planning.calibration import OomObservation, load_observations, model_
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
-from tasks.training.elastic import Placed, note_placement, tune_auto
+from tasks.training.elastic import Placed, note_placement, recovery_lines, replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -383,7 +383,7 @@ def _recover(request: SubmitRequest, ledger: Ledger, cluster: Cluster, alloc: Al
         _check_allocation_nodes(ledger, alloc, logger, request.executor)
     if rec.action.kind == "replan":
         _record_oom(job, chosen, rec.diagnosis, cluster)
-        bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
+        bigger = replan_after_oom(job, cluster, request.rank_by, load_observations())  # [elastic hook]
         if not bigger:
             raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
                                 "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
@@ -514,6 +514,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
             break
         candidates = _recover(request, ledger, cluster, at.alloc, at.chosen, candidates, recoveries, at.log,
                               at.failure, logger)
+        if any(c not in runnable for c in candidates):  # a replan after an OOM brings fresh plans
+            runnable = candidates
     result, evals, chosen, alloc = at.result, at.evals, at.chosen, at.alloc
     assert result is not None  # an attempt without a failure trained
 
@@ -526,7 +528,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
                     evaluations=evals, timings_s=timings, spikes=result.spike_counts,
-                    committed_steps=_committed_steps(job.training.checkpoint.uri),
+                    committed_steps=_committed_steps(job.training.checkpoint.uri), recoveries=recovery_lines(recoveries),
                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                     if strag else None)
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))
