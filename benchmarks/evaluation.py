@@ -65,7 +65,7 @@ training:
   trace_every_steps: 0
   checkpoint: {{every_steps: {steps}, uri: "file://{work}/ckpt", keep: 1}}
 """)
-    subprocess.run([sys.executable, "-m", "flows.cli", "train", str(job), "--run-dir", str(work / "run"), "--json"],
+    subprocess.run([sys.executable, "-m", "cli", "train", str(job), "--run-dir", str(work / "run"), "--json"],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return f"file://{work}/ckpt"
 

@@ -44,7 +44,7 @@ def demo_wall(runs: int) -> list[float]:
     for i in range(runs):
         d = Path(tempfile.mkdtemp(prefix="frenzy-bench-demo-"))
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "flows.cli", "demo", "--dir", str(d), "--json"], cwd=REPO,
+        r = subprocess.run([sys.executable, "-m", "cli", "demo", "--dir", str(d), "--json"], cwd=REPO,
                            capture_output=True, text=True)
         out.append(time.monotonic() - t0)
         if r.returncode != 0:

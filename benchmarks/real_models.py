@@ -89,7 +89,7 @@ def logit_agreement(tmp: Path) -> list[dict]:
 
 
 def _frenzy(*args: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "flows.cli", *args, "--json"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run([sys.executable, "-m", "cli", *args, "--json"], capture_output=True, text=True, cwd=REPO)
     if r.returncode:
         raise SystemExit(f"frenzy {' '.join(args)} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout)

@@ -43,7 +43,7 @@ def one(tmp: Path) -> dict:
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
     env = {**os.environ, "FRENZY_HOME": str(tmp / "home")}
     env.pop("PREFECT_API_URL", None)
-    p = subprocess.Popen([sys.executable, "-m", "flows.cli", "submit", "job.yaml", "--ledger", str(tmp / "l.db"),
+    p = subprocess.Popen([sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp / "l.db"),
                           "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp / "run"), "--json"],
                          cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run, storage = tmp / "run", Storage(f"file://{tmp}/ckpt")

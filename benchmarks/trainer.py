@@ -53,7 +53,7 @@ def frenzy_train(tmp: Path, job: dict, tag: str) -> dict:
     job = json.loads(json.dumps(job))
     job["training"]["checkpoint"]["uri"] = f"file://{d}/ckpt"
     (d / "job.yaml").write_text(yaml.safe_dump(job))
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "train", str(d / "job.yaml"), "--run-dir", str(d / "run"),
+    r = subprocess.run([sys.executable, "-m", "cli", "train", str(d / "job.yaml"), "--run-dir", str(d / "run"),
                         "--device", "cpu", "--json"], cwd=REPO, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(r.stderr[-3000:])

@@ -8,16 +8,20 @@ from typing import Any
 
 from cluster.inventory import load_cluster
 from cluster.simulator import SimConfig, SimResult, lower_bounds, simulate
+from cluster.synth_traces import FAMILIES, parse_synthetic
 from cluster.traces import load_trace, new_workload, parse_newworkload
 
 
 def compare_policies(cluster_spec: str, trace_spec: str, policies: Sequence[str], cfg: SimConfig, *,
                      fmt: str | None = None, max_jobs: int | None = None,
                      progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, SimResult]]:
-    """Simulate `trace_spec` (a CSV path or `newworkload:N[:SEED]`) on `cluster_spec` under each policy.
+    """Simulate `trace_spec` (a CSV path, `newworkload:N[:SEED]`, `production:N[:SEED]` or
+    `mixed:N[:SEED]`) on `cluster_spec` under each policy.
     Returns the summary document (cluster, trace, jobs, policies, lower_bounds) and the full results."""
     cluster = load_cluster(cluster_spec)
-    if trace_spec.startswith("newworkload:"):
+    if trace_spec.split(":")[0] in FAMILIES:
+        trace = parse_synthetic(trace_spec)
+    elif trace_spec.startswith("newworkload:"):
         n, seed = parse_newworkload(trace_spec)
         trace = new_workload(n, seed=seed, reference_gpu=cfg.reference_gpu)
     else:

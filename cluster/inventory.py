@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cluster.catalog import Catalog, GPUType, default_catalog
+from cluster.ray_nodes import GPU_PREFIX, connect, node_name
 
 PRESETS = ("phoebe", "frenzy-testbed")
 
@@ -85,8 +86,6 @@ def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> Cluster:
     if str(spec) == "local":
         return discover_local(cat)
     if str(spec) == "ray" or str(spec).startswith("ray://"):
-        from cluster.ray_exec import ray_inventory
-
         return ray_inventory(None if str(spec) == "ray" else str(spec), cat)
     if str(spec) in PRESETS:
         text = resources.files("cluster").joinpath(f"presets/{spec}.yaml").read_text()
@@ -158,3 +157,37 @@ def discover_local(catalog: Catalog | None = None) -> Cluster:
         else:
             nodes[key] = Node(name=f"{host}" if not nodes else f"{host}-{key}", gpu=key, count=1)
     return Cluster(name="local", nodes=list(nodes.values()))
+
+
+def ray_inventory(address: str | None = None, catalog: Catalog | None = None) -> Cluster:
+    """The alive nodes of the Ray cluster as a Frenzy cluster (what `--cluster ray` loads and the ledger syncs)."""
+    ray = connect(address)
+    cat = catalog or default_catalog()
+    nodes = []
+    for info in ray.nodes():
+        if not info.get("Alive"):
+            continue
+        res = info.get("Resources", {})
+        name = node_name(info)
+        typed = [(k[len(GPU_PREFIX):], v) for k, v in res.items() if k.startswith(GPU_PREFIX)]
+        acc = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
+        count = int(res.get("GPU", 0))
+        if typed:
+            gpu, count = typed[0][0], int(typed[0][1])
+        elif count and acc:
+            gpu = next((g.name for g in cat.gpus.values() if acc[0].lower() in g.name.lower()), acc[0])
+        elif count:
+            raise InventoryError(f"Ray node {name} has {count} GPUs of no known type; start it with --resources "
+                                 f"'{{\"{GPU_PREFIX}TYPE\": {count}}}' (TYPE from `frenzy gpus`)")
+        else:
+            if "cpu" not in cat:
+                cat.add(cpu_device_type())
+            gpu, count = "cpu", 1
+        try:
+            cat.get(gpu)
+        except ValueError as err:
+            raise InventoryError(f"Ray node {name}: {err}") from None
+        nodes.append(Node(name=name, gpu=gpu, count=count, interconnect="none" if gpu == "cpu" else None))
+    if not nodes:
+        raise InventoryError("the Ray cluster has no alive node")
+    return Cluster(name="ray", nodes=nodes)

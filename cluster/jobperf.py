@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cluster.catalog import default_catalog
 from tasks.jobspec import JobSpec, parse_job
@@ -18,10 +18,17 @@ from tasks.planning.memory import GiB, predict_peak_memory
 from tasks.planning.plans import _pow2_upto as _pow2
 from tasks.planning.plans import estimate_step_time
 
-if TYPE_CHECKING:
-    from cluster.traces import TraceJob
-
 INTER_NODE_GBS = 12.5
+
+
+class _SizedJob(Protocol):
+    """What JobKey reads from a job: a trace job (cluster/traces.py) or anything shaped like one. A protocol, not an
+    import, so that traces (which prices its generated workloads with `reference_step_time`) stays above this module."""
+
+    model: str
+    global_batch: int
+    seq_len: int
+    precision: str
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class JobKey:
     precision: str = "fp16-mixed"
 
     @classmethod
-    def of(cls, job: TraceJob) -> JobKey:
+    def of(cls, job: _SizedJob) -> JobKey:
         return cls(job.model, job.global_batch, job.seq_len, job.precision)
 
     def spec(self) -> JobSpec:

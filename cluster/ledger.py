@@ -59,9 +59,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from cluster.catalog import Catalog, default_catalog
-from cluster.has import FreePool, GpuRequest, NodeInfo, decide
+from cluster.has import Decision, FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
-from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, ordered, reserve, walk
+from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk
+from cluster.sizing import Sizer
 
 DEFAULT_LEASE_S = 60.0
 
@@ -93,6 +94,7 @@ allocations_t = Table(
     Column("state", String(16), nullable=False),  # active | released | expired
     Column("ended_at", Float),
     Column("predicted_end", Float),  # created_at + predicted run time, for the head's reservation; added 2026-11-23
+    Column("decision", Text),  # why this plan (cluster/sizing.py's record); added 2026-11-24
 )
 held_t = Table(
     "held_gpus", _meta,
@@ -149,6 +151,8 @@ class Allocation(BaseModel):
     nodes: list[NodeAllocation]
     lease_expiry: float
     state: str = "active"
+    decision: str = ""
+    """Which plan the queue chose and why (cluster/sizing.py), e.g. `pack: 1 GPU(s) of A100-40GB-SXM, ...`."""
 
 
 def ledger_url(spec: str | None = None) -> str:
@@ -242,10 +246,11 @@ class Ledger:
     def _migrate(self) -> None:
         """Add the columns later versions introduced to a ledger created by an earlier one."""
         kind = "REAL" if self.sqlite else "DOUBLE PRECISION"
-        for table, column in (("queue", "predicted_s"), ("allocations", "predicted_end")):
+        for table, column, typ in (("queue", "predicted_s", kind), ("allocations", "predicted_end", kind),
+                                   ("allocations", "decision", "TEXT")):
             if column not in {c["name"] for c in inspect(self.engine).get_columns(table)}:
                 with self.engine.begin() as conn:
-                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {typ}")
 
     # -- transactions --------------------------------------------------------------------------------------
     @contextmanager
@@ -360,8 +365,8 @@ class Ledger:
     def _allocate_in(self, conn: Connection, job: str, requests: Sequence[GpuRequest], lease_s: float,
                      owner: str, pool: FreePool, free_idx: dict[str, list[int]], types: dict[str, str],
                      *, fail_after_first_node: bool = False, predicted_s: float | None = None,
-                     admit: Admit | None = None) -> Allocation | None:
-        d = decide(pool, requests)
+                     admit: Admit | None = None, chosen: Decision | None = None, why: str = "") -> Allocation | None:
+        d = chosen or decide(pool, requests)
         if d is not None and d.request.run_s is not None:
             predicted_s = d.request.run_s  # the chosen plan's prediction, not the first plan's
         if d is None or (admit is not None and not admit(d.nodes, predicted_s)):
@@ -372,7 +377,7 @@ class Ledger:
             id=aid, job=job, owner=owner, plan_index=d.plan_index, request=json.dumps(_req_json(d.request)),
             placement=json.dumps([p.model_dump() for p in placement]), created_at=now, lease_s=lease_s,
             lease_expiry=now + lease_s, state="active",
-            predicted_end=None if predicted_s is None else now + predicted_s))
+            predicted_end=None if predicted_s is None else now + predicted_s, decision=why))
         for i, p in enumerate(placement):
             conn.execute(insert(held_t), [{"node": p.node, "gpu_index": g, "allocation_id": aid} for g in p.gpu_indices])
             if fail_after_first_node and i == 0:
@@ -381,9 +386,9 @@ class Ledger:
         for p in placement:
             free_idx[p.node] = [g for g in free_idx[p.node] if g not in p.gpu_indices]
         self._log(conn, "allocated", job, allocation=aid, plan_index=d.plan_index,
-                  nodes={p.node: p.gpu_indices for p in placement})
+                  nodes={p.node: p.gpu_indices for p in placement}, **({"decision": why} if why else {}))
         return Allocation(id=aid, job=job, plan_index=d.plan_index, gpus=d.gpus, min_mem_gib=d.request.min_mem_gib,
-                          nodes=placement, lease_expiry=now + lease_s)
+                          nodes=placement, lease_expiry=now + lease_s, decision=why)
 
     def allocate(self, job: str, requests: Sequence[GpuRequest], *, lease_s: float = DEFAULT_LEASE_S,
                  owner: str | None = None, predicted_s: float | None = None,
@@ -433,7 +438,7 @@ class Ledger:
             out.append(Allocation(id=r.id, job=r.job, plan_index=r.plan_index, gpus=req["gpus"],
                                   min_mem_gib=req["min_mem_gib"],
                                   nodes=[NodeAllocation(**p) for p in json.loads(r.placement)],
-                                  lease_expiry=r.lease_expiry, state=r.state))
+                                  lease_expiry=r.lease_expiry, state=r.state, decision=r.decision or ""))
         return out
 
     def events(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -471,29 +476,29 @@ class Ledger:
             return []
         pool, free_idx, types = self._pool(conn)
         placed: list[Allocation] = []
+        now = self.clock()
+        active = conn.execute(select(allocations_t.c.placement, allocations_t.c.predicted_end)
+                              .where(allocations_t.c.state == "active")).all()
+        running = [Running(end_s=math.inf if a.predicted_end is None else a.predicted_end,
+                           nodes=[(p["node"], len(p["gpu_indices"])) for p in json.loads(a.placement)]) for a in active]
+        reqs_of = {job: [_req_from(r) for r in json.loads(q.requests)] for job, q in rows.items()}
+        waiting = [_waiting(q) for q in rows.values()]
+        queue = Sizer(pool, running, now, ordered(waiting, order, now), reqs_of)
 
         def try_place(w: Waiting, admit: Admit) -> bool:  # the discipline is cluster/queue.py's, as in the simulator
             q = rows[w.job]
-            reqs = [_req_from(r) for r in json.loads(q.requests)]
-            alloc = self._allocate_in(conn, q.job, reqs, q.lease_s, q.owner, pool, free_idx, types,
-                                      predicted_s=q.predicted_s, admit=admit)
+            picked = queue.pick(w, admit)
+            if picked is None:
+                return False
+            alloc = self._allocate_in(conn, q.job, reqs_of[q.job], q.lease_s, q.owner, pool, free_idx, types,
+                                      predicted_s=q.predicted_s, chosen=picked[0], why=picked[1])
             if alloc is None:
                 return False
             conn.execute(update(queue_t).where(queue_t.c.seq == q.seq).values(state="placed", allocation_id=alloc.id))
             placed.append(alloc)
             return True
 
-        def reserve_for(w: Waiting) -> Reservation | None:
-            reqs = [_req_from(r) for r in json.loads(rows[w.job].requests)]
-            active = conn.execute(select(allocations_t.c.placement, allocations_t.c.predicted_end)
-                                  .where(allocations_t.c.state == "active")).all()
-            running = [Running(end_s=math.inf if a.predicted_end is None else a.predicted_end,
-                               nodes=[(p["node"], len(p["gpu_indices"])) for p in json.loads(a.placement)])
-                       for a in active]
-            return reserve(w.job, pool, running, now, lambda at: decide(at, reqs) is not None)
-
-        now = self.clock()
-        walk([_waiting(q) for q in rows.values()], order, now, try_place, reserve_for=reserve_for)
+        walk(waiting, order, now, try_place, reserve_for=queue.reserve_for)
         return placed
 
     def schedule(self, order: QueueOrder | None = None) -> list[Allocation]:

@@ -92,6 +92,13 @@ class Reservation:
         self.at_start.give(nodes)
         return False
 
+    def would_admit(self, nodes: Nodes, run_s: float | None, now_s: float) -> bool:
+        """`admits` without taking the GPUs (for checks)."""
+        ok = self.admits(nodes, run_s, now_s)
+        if ok and not (run_s is not None and now_s + run_s <= self.start_s):
+            self.at_start.give(nodes)
+        return ok
+
 
 def reserve(job: Hashable, pool: FreePool, running: Iterable[Running], now_s: float,
             head_fits: Callable[[FreePool], bool]) -> Reservation | None:

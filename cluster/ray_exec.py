@@ -27,86 +27,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.catalog import Catalog, GPUType, default_catalog
-from cluster.inventory import Cluster, InventoryError, Node, cpu_device_type
+from cluster.catalog import GPUType
 
-_CONNECT_LOCK = threading.Lock()
-NODE_PREFIX = "frenzy_node:"
-GPU_PREFIX = "frenzy_gpu:"
-
-
-class RayExecutorError(RuntimeError):
-    """Ray is missing, unreachable, or cannot place what was asked; the message names the fix."""
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise RayExecutorError("the Ray executor needs Ray: pip install 'frenzy[ray]' (or ray>=2.40)") from None
-    return ray
-
-
-def connect(address: str | None = None) -> Any:
-    """Join the Ray cluster at `address` (`ray://HOST:10001` through Ray Client, `HOST:6379`, or `auto`/None: the
-    cluster this machine belongs to, or $RAY_ADDRESS) as a driver; returns the `ray` module."""
-    ray = _ray()
-    with _CONNECT_LOCK:  # the evaluation's node threads may all ask at once
-        if ray.is_initialized():
-            return ray
-        addr = address or os.environ.get("RAY_ADDRESS") or "auto"
-        try:
-            ray.init(address=addr, namespace="frenzy", log_to_driver=False, ignore_reinit_error=True,
-                     configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise RayExecutorError(f"cannot reach a Ray cluster at {addr!r} ({err}); start one with `ray start "
-                                   "--head` or set RAY_ADDRESS / the executor's address") from None
-    return ray
-
-
-def node_name(info: dict[str, Any]) -> str:
-    for key in info.get("Resources", {}):
-        if key.startswith(NODE_PREFIX):
-            return key[len(NODE_PREFIX):]
-    return f"{info.get('NodeManagerHostname', 'node')}-{info['NodeID'][:8]}"
-
-
-def ray_inventory(address: str | None = None, catalog: Catalog | None = None) -> Cluster:
-    """The alive nodes of the Ray cluster as a Frenzy cluster (what `--cluster ray` loads and the ledger syncs)."""
-    ray = connect(address)
-    cat = catalog or default_catalog()
-    nodes = []
-    for info in ray.nodes():
-        if not info.get("Alive"):
-            continue
-        res = info.get("Resources", {})
-        name = node_name(info)
-        typed = [(k[len(GPU_PREFIX):], v) for k, v in res.items() if k.startswith(GPU_PREFIX)]
-        acc = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
-        count = int(res.get("GPU", 0))
-        if typed:
-            gpu, count = typed[0][0], int(typed[0][1])
-        elif count and acc:
-            gpu = next((g.name for g in cat.gpus.values() if acc[0].lower() in g.name.lower()), acc[0])
-        elif count:
-            raise InventoryError(f"Ray node {name} has {count} GPUs of no known type; start it with --resources "
-                                 f"'{{\"{GPU_PREFIX}TYPE\": {count}}}' (TYPE from `frenzy gpus`)")
-        else:
-            if "cpu" not in cat:
-                cat.add(cpu_device_type())
-            gpu, count = "cpu", 1
-        try:
-            cat.get(gpu)
-        except ValueError as err:
-            raise InventoryError(f"Ray node {name}: {err}") from None
-        nodes.append(Node(name=name, gpu=gpu, count=count, interconnect="none" if gpu == "cpu" else None))
-    if not nodes:
-        raise InventoryError("the Ray cluster has no alive node")
-    return Cluster(name="ray", nodes=nodes)
-
-
-def _node_resource(name: str) -> dict[str, float]:
-    return {f"{NODE_PREFIX}{name}": 0.001}
+# the inventory from Ray (re-exported: callers load `--cluster ray` through either) and the node naming live below
+from cluster.inventory import ray_inventory
+from cluster.ray_nodes import RayExecutorError, alive_nodes, connect, node_name
+from cluster.ray_nodes import node_resource as _node_resource
 
 
 def _free_port() -> int:
@@ -391,7 +317,6 @@ def node_process(node: str, module: str, spec: dict, env: dict[str, str], addres
     def run(module: str, spec: dict, env: dict[str, str]):  # noqa: ANN202 - a Ray streaming generator
         import subprocess
         import tempfile
-        import threading
 
         with tempfile.TemporaryDirectory(prefix="frenzy-node-") as d:
             path = Path(d) / "spec.json"
@@ -431,12 +356,6 @@ def node_call(node: str, fn: Callable[..., Any], *args: Any, address: str | None
     ray = connect(address)
     return ray.get(ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(resources=_node_resource(node))
                    .remote(*args))
-
-
-def alive_nodes(address: str | None = None) -> list[str]:
-    """Names of the alive Ray nodes, sorted."""
-    ray = connect(address)
-    return sorted(node_name(n) for n in ray.nodes() if n.get("Alive"))
 
 
 __all__ = ["GPUType", "RayExecutorError", "alive_nodes", "connect", "launch_ray", "node_call", "node_name",

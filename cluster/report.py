@@ -50,3 +50,22 @@ def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def write_jobs_csv(results: Mapping[str, Any], path: str) -> int:
+    """One row per policy and job: times, where it ran and, for `has`, which plan it chose and why (the decision
+    record of cluster/sizing.py). Returns the rows written."""
+    import csv
+
+    n = 0
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "job", "submit_s", "start_s", "finish_s", "gpus", "gpu_type", "layout", "ooms",
+                    "unschedulable", "decision"])
+        for pol, res in results.items():
+            for j in res.jobs:
+                w.writerow([pol, j.trace.name, f"{j.trace.submit_s:.0f}", "" if j.start is None else f"{j.start:.0f}",
+                            "" if j.finish is None else f"{j.finish:.0f}", sum(c for _, c in j.nodes), j.gpu_type,
+                            j.layout, j.ooms, j.unschedulable, j.decision])
+                n += 1
+    return n

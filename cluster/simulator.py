@@ -53,8 +53,9 @@ from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide, place, requests_from_plans
 from cluster.inventory import Cluster
 from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_exact, reference_step_time, step_time, user_layout
-from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, reserve, walk
-from cluster.traces import POLICIES, REFERENCE_GPU, PolicyName, TraceJob
+from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, ordered, reserve, walk
+from cluster.sizing import MIN_SCALING, PACK_SLACK, Sizer, exact_type_requests
+from cluster.traces import ALL_POLICIES, REFERENCE_GPU, PolicyName, TraceJob
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
 
@@ -76,6 +77,10 @@ class SimConfig:
     rank_by: RankBy = "balanced"
     user_lowers_micro_batch: bool = True
     baseline_order: Literal["arrival", "shortest"] = "arrival"
+    sizing: bool = True
+    """HAS sizes each job by load and keeps GPUs busy (cluster/sizing.py); False: the paper's first plan that fits."""
+    pack_slack: float = PACK_SLACK
+    min_scaling: float = MIN_SCALING
 
 
 @dataclass
@@ -96,6 +101,8 @@ class SimJob:
     unschedulable: str = ""
     user_mb: int | None = None
     """The micro-batch the user lowered to after OOMs (fcfs/fifo); None = global batch / GPUs."""
+    decision: str = ""
+    """has: which plan it ran and why (cluster/sizing.py's record)."""
 
 
 @dataclass
@@ -108,6 +115,9 @@ class SimResult:
     gpus_by_type: dict[str, int]
     backfills_refused: int = 0
     """Placements refused because they would have delayed the queue head past its reservation."""
+    idle_violations: int = 0
+    """Work-conservation violations (has): after a pass, a waiting job that could have started on idle GPUs and
+    finished sooner than by waiting, where no reservation needed those GPUs (cluster/sizing.py)."""
 
     def summary(self) -> dict[str, Any]:
         done = [j for j in self.jobs if j.finish is not None]
@@ -128,6 +138,7 @@ class SimResult:
             "round_p50_ms": float(np.percentile(rnd, 50)), "round_p99_ms": float(np.percentile(rnd, 99)),
             "oom_failures": sum(j.ooms for j in self.jobs),
             "backfills_refused": self.backfills_refused,
+            "idle_violations": self.idle_violations,
             "unschedulable": sum(1 for j in self.jobs if j.unschedulable),
             "utilisation": {t: round(self.busy_gpu_s.get(t, 0.0) / (n * makespan), 4) if makespan > 0 else 0.0
                             for t, n in self.gpus_by_type.items()},
@@ -185,8 +196,8 @@ class Simulator:
     def __init__(self, cluster: Cluster, trace: Sequence[TraceJob], policy: PolicyName,
                  config: SimConfig | None = None, catalog: Catalog | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
-        if policy not in (*POLICIES, "has-sjf"):
-            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        if policy not in ALL_POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ALL_POLICIES)}")
         self.cfg = config or SimConfig()
         self.name = policy
         if policy == "has-sjf":  # the old name of the default
@@ -216,6 +227,7 @@ class Simulator:
         self._ilp_cfgs: dict[int, list[tuple[str, int, Layout, float]]] = {}
         self._running: dict[int, Running] = {}
         self.backfills_refused = 0  # HAS's running jobs with their predicted end, for the reservation
+        self.idle_violations = 0
 
     # -- events --------------------------------------------------------------------------------------------
     def _push(self, t: float, kind: str, j: int) -> None:
@@ -257,7 +269,7 @@ class Simulator:
                 else:
                     self._schedule(now)
         return SimResult(self.name, self.jobs, self.decisions_ms, self.rounds_ms, self.busy, dict(self.perf.total),
-                         self.backfills_refused)
+                         self.backfills_refused, self.idle_violations)
 
     def _start(self, i: int, now: float, nodes: list[tuple[str, int]], layout: Layout | None,
                predicted_s: float | None = None) -> None:
@@ -320,7 +332,10 @@ class Simulator:
                 self._reqs[i] = None
             else:
                 plans = plans[: self.cfg.max_plans] if self.cfg.max_plans else plans
-                reqs, idx = requests_from_plans(plans, self.cat, job.key.precision, job.steps)
+                if self.cfg.sizing:
+                    reqs, idx = exact_type_requests(plans, job.steps)
+                else:
+                    reqs, idx = requests_from_plans(plans, self.cat, job.key.precision, job.steps)
                 self._reqs[i] = (reqs, idx, plans)
         return self._reqs[i]
 
@@ -399,9 +414,43 @@ class Simulator:
             return reserve(w.job, self.pool, self._running.values(), now, lambda at: decide(at, reqs[0]) is not None)
 
         use_res = self.policy == "has" and self.cfg.reservation
-        _, left, _ = walk(waiting, order, now, try_place, aging, reserve_for=reserve_for if use_res else None)
+        if self.policy == "has" and self.cfg.sizing:
+            left = self._walk_sized(waiting, order, aging, now)
+        else:
+            _, left, _ = walk(waiting, order, now, try_place, aging, reserve_for=reserve_for if use_res else None)
         self.queue = [int(w.job) for w in left if not self.jobs[int(w.job)].unschedulable]  # type: ignore[call-overload]
         self.rounds_ms.append((time.perf_counter() - t0) * 1e3)
+
+    def _walk_sized(self, waiting: list[Waiting], order: QueueOrder, aging: float, now: float) -> list[Waiting]:
+        """HAS with cluster/sizing.py's choice per job (the ledger's code path); counts idle-GPU violations."""
+        reqs_of = {w.job: r[0] for w in waiting if (r := self._has_requests(int(w.job))) is not None}  # type: ignore[call-overload]
+        for w in waiting:
+            if w.job not in reqs_of:
+                self.jobs[int(w.job)].unschedulable = "MARP: no layout fits any GPU of the cluster"  # type: ignore[call-overload]
+        sizer = Sizer(self.pool, list(self._running.values()), now, ordered(waiting, order, now, aging), reqs_of,
+                      self.cfg.pack_slack, self.cfg.min_scaling)
+
+        def try_place(w: Waiting, admit: Admit) -> bool:
+            i = int(w.job)  # type: ignore[call-overload]
+            picked = sizer.pick(w, admit)
+            if picked is None:
+                return False
+            d, why = picked
+            entry = self._reqs[i]
+            assert entry is not None
+            self._start(i, now, d.nodes, entry[2][entry[1][d.plan_index]].layout, d.request.run_s)
+            self.jobs[i].decision = why
+            return True
+
+        _, left, res = walk(waiting, order, now, try_place, aging,
+                            reserve_for=sizer.reserve_for if self.cfg.reservation else None)
+        self.decisions_ms += sizer.decision_ms
+        self.backfills_refused += sizer.refused
+        self.idle_violations += sizer.violations(left, res)
+        for w in left:
+            if w.job in sizer.records:
+                self.jobs[int(w.job)].decision = sizer.records[w.job]  # type: ignore[call-overload]
+        return left
 
     # -- ilp -----------------------------------------------------------------------------------------------
     def _configs(self, i: int) -> list[tuple[str, int, Layout, float]]:
@@ -456,8 +505,7 @@ class Simulator:
                 index += [jrow[i], trow[t]]
                 value += [1.0, float(c)]
                 starts.append(len(index))
-            h = highspy.Highs()
-            h.setOptionValue("output_flag", False)
+            h = _silent_highs(highspy)
             h.setOptionValue("time_limit", self.cfg.ilp_time_limit_s)
             lp = highspy.HighsLp()
             lp.num_col_, lp.num_row_ = len(cols), len(jobs) + len(types)
@@ -552,3 +600,22 @@ def lower_bounds(cluster: Cluster, trace: Sequence[TraceJob], config: SimConfig 
     avg = max(sum(d_star) / len(d_star), _srpt_flow(rel, work, g_total) / len(d_star))
     mk = max(max(a + d for a, d in zip(rel, d_star, strict=True)), min(rel) + sum(work) / g_total) - min(rel)
     return {"avg_jct_s": avg, "makespan_s": mk}
+
+
+def _silent_highs(highspy: Any) -> Any:
+    """A HiGHS instance that prints nothing on stdout. HiGHS 1.16 writes its banner from C in the constructor, before
+    any option can be set (output_flag and log_to_console do not stop it: ERGO-Code/HiGHS#2749), so fd 1 points at
+    stderr for that call: a `--json` document on stdout stays one document."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    h.setOptionValue("output_flag", False)
+    return h

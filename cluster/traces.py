@@ -33,9 +33,11 @@ from typing import Literal
 TraceFormat = Literal["generic", "philly", "sia"]
 REFERENCE_GPU = "A100-40GB-SXM"
 PolicyName = Literal["has", "has-arrival", "has-sjf", "fcfs", "fifo", "ilp"]
-POLICIES: tuple[str, ...] = ("has", "has-arrival", "fcfs", "fifo", "ilp")
-"""Policies compared by default; `has-sjf` is accepted as the name `has` had for the same policy before it became
-the default."""
+POLICIES: tuple[str, ...] = ("has", "fcfs", "fifo", "ilp")
+"""Policies compared by default. Also accepted: `has-sjf` (the name `has` had before it became the default) and
+`has-arrival` (the default's placement in arrival order: dropped from the defaults, it lost to `has` on every
+trace family, benchmarks/results/placement_load.md)."""
+ALL_POLICIES: tuple[str, ...] = (*POLICIES, "has-arrival", "has-sjf")
 """The simulator's policies (cluster/simulator.py); here so the CLI can list them without importing the simulator.
 `has-sjf` is `has` with the queue ordered by predicted run time (`queue_order="shortest"`)."""
 

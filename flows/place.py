@@ -20,6 +20,7 @@ from prefect.exceptions import MissingContextError
 from cluster.catalog import default_catalog
 from cluster.has import GpuRequest, requests_from_plans
 from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError, QueueOrder
+from cluster.sizing import exact_type_requests
 from tasks.planning.plans import ResourcePlan
 
 
@@ -36,7 +37,11 @@ def _log(msg: str) -> None:
 
 def requests_for(plans: Sequence[ResourcePlan], precision: str = "bf16-mixed", steps: int | None = None
                  ) -> list[GpuRequest]:
-    """HAS requests for `plans`; with `steps`, each carries its plan's predicted run time (for reservations)."""
+    """HAS requests for `plans`. With `steps`, one request per plan for exactly its GPU type, carrying its predicted
+    run time: the queue then sizes the job by load and keeps GPUs busy (cluster/sizing.py). Without, the paper's
+    ranked requests (first fit)."""
+    if steps:
+        return exact_type_requests(plans, steps)[0]
     return requests_from_plans(plans, default_catalog(), precision, steps)[0]
 
 

@@ -27,8 +27,8 @@ class SimulateRequest(BaseModel):
     format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
     """Trace format; None guesses from the header."""
     policies: list[Literal["has", "has-arrival", "fcfs", "fifo", "ilp"]] = Field(
-        ["has", "has-arrival", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
-    """Policies to compare (has: Frenzy's default, shortest predicted first with aging; has-arrival: arrival order)."""
+        ["has", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
+    """Policies to compare (has: Frenzy's default; has-arrival: its placement in arrival order, not a default)."""
     queue_order: Literal["shortest", "backfill", "strict"] = "shortest"
     """HAS queue order."""
     rank_by: RankBy = "balanced"

@@ -44,6 +44,7 @@ from tasks.planning.calibration import OomObservation, load_observations, model_
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
+from tasks.training.elastic import note_placement, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -370,6 +371,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     ledger.sync(cluster)
     run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
     candidates, recoveries = runnable, []
+    placed_before = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
     timings["queue"] = timings["train+evaluate"] = 0.0
     while True:  # one pass per attempt: place, train, and on a training failure diagnose and recover
         t = time.monotonic()
@@ -377,6 +379,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
                       lease_s=request.lease_s, precision=job.training.precision, steps=job.training.steps)
         timings["queue"] += time.monotonic() - t
         chosen = candidates[alloc.plan_index]
+        placed_before = note_placement(recoveries, placed_before, chosen, alloc, job, logger)  # [elastic hook]
         logger.info("placed on %s: plan %d (%d x %s, %s)", ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
                     runnable.index(chosen) + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
         log_path = run_dir / "train.log"
@@ -387,6 +390,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
             with keeper:
                 t = time.monotonic()
                 treq = training_request(request, alloc, chosen, run_dir, suite)
+                tune_auto(treq.job, ledger, chosen, alloc, len(recoveries), logger)  # [elastic hook]
                 mode = _eval_mode(request)
                 logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")
                 try:

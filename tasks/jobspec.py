@@ -7,7 +7,7 @@ error that names the key. Load a file with `load_job(path)`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -151,8 +151,12 @@ class ModelSpec(_Strict):
 class CheckpointSpec(_Strict):
     """Asynchronous checkpointing."""
 
-    every_steps: int = Field(100, ge=1)
-    """Checkpoint every N optimizer steps."""
+    every_steps: Annotated[int, Field(ge=1)] | Literal["auto"] = 100
+    """Checkpoint every N optimizer steps, or `auto`: the Young/Daly interval sqrt(2 x cost x MTBF) from the measured
+    checkpoint cost and the pool's failure rate (tasks/training/interval.py), re-tuned at every save."""
+    mtbf_s: float | None = Field(None, gt=0)
+    """The job's mean time between failures in seconds, for `auto`; unset: `frenzy submit` estimates it from the
+    ledger's failures on the GPU pool, else a prior from Llama 3's failure rate divided by the GPU count."""
     uri: str = "file://./checkpoints"
     """Where checkpoints go: a `file://` directory or an `s3://bucket/prefix`."""
     keep: int = Field(3, ge=1)

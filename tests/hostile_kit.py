@@ -51,7 +51,7 @@ class Case:
 
 def cli(*argv: str) -> Run:
     """`frenzy ARGV` in-process; an exception escaping `main` is what a user would see as a traceback."""
-    from flows.cli import main
+    from cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.main import main
 
 TINY = "examples/jobs/tiny.yaml"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.main import main
 
 
 def run(capsys, *argv):

@@ -139,13 +139,13 @@ def test_token_source_needs_a_path_and_missing_paths_are_named(tmp_path):
 
 def test_frenzy_data_prepare_cli(tmp_path, bpe):
     _write_corpora(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "data", "prepare", str(tmp_path / "c.jsonl"), "--tokenizer",
+    r = subprocess.run([sys.executable, "-m", "cli", "data", "prepare", str(tmp_path / "c.jsonl"), "--tokenizer",
                         str(bpe), "--text-field", "body", "--out", str(tmp_path / "out"), "--json"],
                        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["documents"] == 300 and doc["format"] == "jsonl" and (tmp_path / "out" / "prepared.json").exists()
-    again = subprocess.run([sys.executable, "-m", "flows.cli", "data", "prepare", str(tmp_path / "c.jsonl"),
+    again = subprocess.run([sys.executable, "-m", "cli", "data", "prepare", str(tmp_path / "c.jsonl"),
                             "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
     assert again.returncode == 2 and "--overwrite" in again.stderr
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.main import main
 from tasks.diagnosis.compress import compress
 from tasks.diagnosis.corpus import ROOTS, corpus, make_log
 from tasks.diagnosis.diagnose import diagnose

@@ -144,7 +144,7 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
 
 
 def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
-    from flows.cli import main
+    from cli.main import main
 
     assert main(["eval-plan", "--suite", "acme63", "--nodes", "4", "--gpus-per-node", "8", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

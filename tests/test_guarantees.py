@@ -62,7 +62,7 @@ def test_a_tampered_tensor_shape_is_a_corrupt_checkpoint(tmp_path):
 
 
 def test_frenzy_checkpoints_lists_a_bad_manifest_and_refuses_a_missing_root(tmp_path, capsys):
-    from flows.cli import main
+    from cli.main import main
 
     _two_commits(tmp_path)
     (tmp_path / "step_00000030").mkdir()

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from cli.main import main
 from cluster.inventory import Cluster, Node
 from cluster.ledger import Ledger
 from cluster.nodecheck import GroupRun, _pairs, check_nodes, local_probe
-from flows.cli import main
 
 
 def test_pairs_and_an_odd_count_makes_one_world_of_three():

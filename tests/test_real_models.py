@@ -110,7 +110,7 @@ def test_exported_checkpoint_loads_in_transformers_with_its_logits(world, tmp_pa
     from tasks.evaluation.engine import LM, load_remote
 
     out = tmp_path / "export"
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "export", world["job"].training.checkpoint.uri, str(out),
+    r = subprocess.run([sys.executable, "-m", "cli", "export", world["job"].training.checkpoint.uri, str(out),
                         "--json"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -126,7 +126,7 @@ def test_exported_checkpoint_loads_in_transformers_with_its_logits(world, tmp_pa
 
 
 def test_plan_takes_a_model_directory(world):
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "plan", str(world["model_dir"]), "--global-batch", "16",
+    r = subprocess.run([sys.executable, "-m", "cli", "plan", str(world["model_dir"]), "--global-batch", "16",
                         "--seq-len", "128", "--json", "--top", "3"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)

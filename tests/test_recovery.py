@@ -28,7 +28,7 @@ def _submit(tmp: Path, env: dict[str, str], *extra: str, steps: int = 60, wait: 
     from prefect.settings import PREFECT_API_URL
 
     (tmp / "job.yaml").write_text(yaml.safe_dump(_job(tmp, name="rec", steps=steps, every=10)))
-    cmd = [sys.executable, "-m", "flows.cli", "submit", "job.yaml", "--ledger", str(tmp / "l.db"), "--evaluation",
+    cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp / "l.db"), "--evaluation",
            "off", "--device", "cpu", "--run-dir", str(tmp / "run"), "--json", *extra]
     full_env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "", "FRENZY_HOME": str(tmp / "home"), **env}
     p = subprocess.Popen(cmd, cwd=tmp, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

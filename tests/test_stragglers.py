@@ -218,7 +218,7 @@ def test_trainer_traces_are_in_the_format(tmp_path):
 
 
 def test_cli_generate_then_analyze_json_heatmap_timeline(tmp_path, capsys):
-    from flows.cli import main
+    from cli.main import main
 
     trace = tmp_path / "gen" / "trace.parquet"
     assert main(["stragglers", "generate", str(trace), "--schedule", "interleaved", "--slow-worker", "2,1,1.5",
@@ -244,7 +244,7 @@ def test_cli_generate_then_analyze_json_heatmap_timeline(tmp_path, capsys):
 
 
 def test_cli_analyze_reports_a_missing_trace(tmp_path, capsys):
-    from flows.cli import main
+    from cli.main import main
 
     assert main(["stragglers", "analyze", str(tmp_path / "none.parquet")]) == 2
     assert "no trace at" in capsys.readouterr().err

@@ -106,7 +106,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""}
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True)
 
 

@@ -84,3 +84,68 @@ def test_a_second_trainer_on_a_running_trainers_root_is_refused_then_resumes_aft
     res = run(tiny_job(uri, steps=newest + 5, every=20), tmp_path / "b", resume=True)  # the dead holder is stale
     assert res["resumed_from_step"] == newest and res["final_step"] == newest + 5
     assert final_state(uri, newest + 5)
+
+
+_HOLDER = """import os, sys
+sys.path.insert(0, '.')
+from tasks.training.storage import Storage
+from tasks.training.writer import WriterLease
+WriterLease(Storage('file://{root}'), 'orphan', ttl_s=3600).acquire()
+print('ready', flush=True)
+sys.stdin.read()  # 'committing' until the test closes stdin
+os._exit(0)
+"""
+
+
+def _holder(root, launcher: int) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER.format(root=root)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, env={**__import__("os").environ, "FRENZY_LAUNCHER_PID": str(launcher)})
+    assert p.stdout.readline() == b"ready\n"
+    return p
+
+
+def test_a_resume_waits_for_an_orphan_of_a_dead_launcher_then_takes_over(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    holder = _holder(tmp_path / "root", dead.pid)
+    lines: list[str] = []
+
+    def on_wait(line: str) -> None:  # the orphan finishes its commit while we wait
+        lines.append(line)
+        holder.stdin.close()
+
+    lease = WriterLease(Storage(f"file://{tmp_path}/root"), "resume", orphan_wait_s=60, on_wait=on_wait)
+    lease.acquire()
+    assert lease.holds() and holder.wait(timeout=30) == 0
+    assert "an orphan of launcher" in lines[0] and f"launcher {dead.pid} (dead)" in lines[0]
+    assert "taking over" in lines[-1]
+
+
+def test_a_holder_whose_launcher_lives_is_refused_at_once_even_when_resuming(tmp_path):
+    import os
+
+    holder = _holder(tmp_path / "root", os.getpid())  # this test process plays the live launcher
+    try:
+        lines: list[str] = []
+        lease = WriterLease(Storage(f"file://{tmp_path}/root"), "resume", orphan_wait_s=60, on_wait=lines.append)
+        with pytest.raises(WriterLeaseError, match="being written by pid"):
+            lease.acquire()
+        assert lines == []  # no wait: refused on the spot
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_an_orphan_that_outlasts_the_wait_is_refused_by_name(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    holder = _holder(tmp_path / "root", dead.pid)
+    try:
+        lines: list[str] = []
+        lease = WriterLease(Storage(f"file://{tmp_path}/root"), "resume", orphan_wait_s=0.01, on_wait=lines.append)
+        with pytest.raises(WriterLeaseError, match=f"pid {holder.pid}"):
+            lease.acquire()
+        assert "orphan" in lines[0]
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)

@@ -276,3 +276,13 @@ class BatchLoader:
         """(inputs, targets) of shape [len(indices), seq_len] as int64."""
         w = torch.from_numpy(np.stack([self._window(i) for i in indices]).astype(np.int64))
         return w[:, :-1], w[:, 1:]
+
+
+def record_samples(run_dir: Path, rank: int, step: int, indices: list[int]) -> None:
+    """With `FRENZY_SAMPLE_LOG=1`, append the global sample ids this rank trains on at `step` to
+    `<run_dir>/samples-rankNNNNN.jsonl` (an audit of data continuation across resumes and layout changes: the
+    union over ranks of one step is that step's global batch)."""
+    if os.environ.get("FRENZY_SAMPLE_LOG") != "1":
+        return
+    with open(run_dir / f"samples-rank{rank:05d}.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "samples": [int(i) for i in indices]}) + "\n")

@@ -139,7 +139,8 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
         cmd = [sys.executable, "-m", "tasks.training.launch", *args]
     log_path = run_dir / "train.log"
     # the ranks also watch their parent (a second guard beside PDEATHSIG): reparented means orphaned, so stop
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FRENZY_WATCH_PARENT": "1"}
+    # FRENZY_LAUNCHER_PID: the writer lease records it, so a --resume can tell an orphan of this launcher
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FRENZY_WATCH_PARENT": "1", "FRENZY_LAUNCHER_PID": str(os.getpid())}
     if gpu_indices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
     env.setdefault("OMP_NUM_THREADS", str(threads or default_threads(nproc)))

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,14 @@ import torch.distributed as dist
 from tasks.jobspec import JobSpec
 from tasks.training import checkpoint as ck
 from tasks.training import data as D
+from tasks.training import reshard
+from tasks.training.interval import Cadence, agree_max
 from tasks.training.model import GPT
 from tasks.training.optrace import OpTracer, merge_traces
 from tasks.training.spikes import SpikeDetector
 from tasks.training.state import restore, training_tensors
 from tasks.training.storage import Storage
-from tasks.training.writer import DEFAULT_TTL_S, WriterLease, WriterLeaseError
+from tasks.training.writer import WriterLease, WriterLeaseError, trainer_lease
 
 log = logging.getLogger("frenzy.train")
 
@@ -226,7 +228,8 @@ def train(opts: TrainOptions) -> dict:
     checkpoint root's writer lease (tasks/training/writer.py) from before it reads the root until it exits."""
     d, dev = _setup(opts)
     storage = Storage(opts.job.training.checkpoint.uri)
-    lease = WriterLease(storage, opts.job.name, float(os.environ.get("FRENZY_WRITER_LEASE_S", DEFAULT_TTL_S))) \
+    # [elastic hook] a --resume waits for an orphan of a killed launcher that is committing (writer.trainer_lease)
+    lease = trainer_lease(storage, opts.job.name, opts.resume, opts.run_dir / "progress.jsonl") \
         if d.rank == 0 else None
     with lease or contextlib.nullcontext():
         return _train(opts, d, dev, storage, lease)
@@ -287,14 +290,23 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     owns_model = d.rank == 0 or job.training.zero_stage == 3 or d.tp > 1  # DDP: rank 0 holds the one replica
 
     def load(m: ck.Manifest) -> None:
-        if m.fingerprint != fp:
-            diff = sorted(k for k in fp if m.fingerprint.get(k) != fp[k])
+        diff = reshard.mismatch(m.fingerprint, fp)
+        if diff:
             raise ck.CheckpointMismatch(f"checkpoint step {m.step} at {storage.uri} was written by a different job "
                                      f"({', '.join(diff)} differ); use another checkpoint.uri or the same job")
-        by_rank = {s.rank: s for s in m.shards}
-        tensors = ck.read_shard(storage, by_rank[d.rank])
-        if not owns_model:  # DDP: rank 0 wrote the one replica of model and optimizer; every rank loads it
-            tensors = {**ck.read_shard(storage, by_rank[0]), **tensors}
+        # [elastic hook] another layout (world size, tp, zero stage, global batch): reshard on load (reshard.py)
+        changes = reshard.layout_changes(m.fingerprint, fp)
+        if changes:
+            if d.rank == 0:
+                msg = reshard.describe(changes, int(m.cursor.get("samples", 0)), t.seq_len)
+                log.warning("%s", msg)
+                prog.emit("resharded", step=m.step, changes={k: list(v) for k, v in changes.items()}, message=msg)
+            tensors = reshard.read_resharded(storage, m, core, d.rank)
+        else:
+            by_rank = {s.rank: s for s in m.shards}
+            tensors = ck.read_shard(storage, by_rank[d.rank])
+            if not owns_model:  # DDP: rank 0 wrote the one replica of model and optimizer; every rank loads it
+                tensors = {**ck.read_shard(storage, by_rank[0]), **tensors}
         restore(core, optimizer, tensors, with_model=True)
         saved = D.Cursor.from_dict(m.cursor)
         cursor.samples, cursor.skips = saved.samples, saved.skips
@@ -362,6 +374,10 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         # SIGTERM (a preemption, a cancelled flow, torchrun shutting down): finish the step, checkpoint, exit
         signal.signal(signal.SIGTERM, lambda *_: preempt.set())
     last_saved = step
+    # [elastic hook] when to checkpoint: every N steps or `auto` (Young/Daly, re-tuned at each save; interval.py)
+    cadence = Cadence(t.checkpoint.every_steps, t.steps, d.world, t.checkpoint.mtbf_s, agree_max,
+                      lambda i: (log.info("checkpoint interval: %s", i), prog.emit("checkpoint_interval", **asdict(i))))
+    cadence.start(step)
     due_at: int | None = None  # the step a checkpoint came due at, while it waits for a free snapshot buffer
     failed_reported: list[int] = []
     warned_interval = False
@@ -386,6 +402,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
             return False
         blocked_total += blocked
         last_saved = step
+        cadence.saved(step, blocked, ckpt.last_persist_s)  # [elastic hook]
         while len(ckpt.failed) > len(failed_reported):  # a persist that failed cost its checkpoint, not the run
             f_step, f_err = ckpt.failed[len(failed_reported)]
             failed_reported.append(f_step)
@@ -406,6 +423,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         traced = tracer.begin_step(step + 1)
         indices = loader.next_indices(cursor)
         mine = indices[d.dp_rank * local:(d.dp_rank + 1) * local]
+        D.record_samples(opts.run_dir, d.rank, step + 1, mine)  # [elastic hook] FRENZY_SAMPLE_LOG=1 audit
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step + 1, job)
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
@@ -470,6 +488,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         step += 1
         steps_run += 1
         t_last_update = time.perf_counter()  # intermediate snapshots count (they happen between updates)
+        cadence.step_done(t_last_update, ckpt.persisting.is_set())  # [elastic hook]
         if traced:
             tracer.record("optimizer", t0, _sync_time(dev, traced))
         if d.rank == 0 and (step % t.log_every_steps == 0 or step == t.steps):
@@ -482,7 +501,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
                      tps, eta)
         if steps_run == 1 and optimizer.state:
             ckpt.prepare(*training_tensors(core, optimizer, with_model=owns_model))
-        if step % t.checkpoint.every_steps == 0 or step == t.steps:
+        if cadence.due(step) or step == t.steps:  # [elastic hook]
             due_at = step if due_at is None else due_at
         if due_at is not None:
             # every rank must take the same decision, or the ranks would snapshot different steps
@@ -498,11 +517,11 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
                     warned_interval = True
                     step_s = (time.perf_counter() - t_start) / steps_run
                     persist_s = ckpt.last_persist_s or 0.0
-                    fit = max(t.checkpoint.every_steps + 1, int(persist_s / max(step_s, 1e-9)) + 1)
+                    fit = max(cadence.every + 1, int(persist_s / max(step_s, 1e-9)) + 1)
                     log.warning("checkpoint of step %d deferred: the previous persist (%.1f s) outlasts %d steps of "
                                 "%.2f s; checkpoint.every_steps >= %d would fit", step, persist_s,
-                                t.checkpoint.every_steps, step_s, fit)
-                    prog.emit("warning", message=f"checkpoint.every_steps={t.checkpoint.every_steps} is shorter "
+                                cadence.every, step_s, fit)
+                    prog.emit("warning", message=f"checkpoint.every_steps={cadence.every} is shorter "
                                                  f"than a persist ({persist_s:.1f} s); >= {fit} would fit")
     if stopped and last_saved != step:
         log.warning("stopping at step %d: taking a final checkpoint first", step)
@@ -520,6 +539,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         trace_path = merge_traces(opts.run_dir / "trace", job.name, d.dp, d.tp, d.world)
     result = {"job": job.name, "final_step": step, "resumed_from_step": resumed_from, "stopped_early": stopped,
               "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": spikes,
+              "checkpoint_interval": cadence.describe(),  # [elastic hook] the interval and its inputs
               "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in ckpt.failed],
               "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,
               "tokens_per_s": steps_run * tokens_per_step / loop_s if steps_run else 0.0,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-WARNING_EVENTS = frozenset({"spike", "resume", "checkpoint_rejected"})
+WARNING_EVENTS = frozenset({"spike", "resume", "checkpoint_rejected", "resharded", "lease_wait"})
 """Records a front-end should show as warnings rather than progress."""
 
 
@@ -23,4 +23,6 @@ def describe(rec: dict[str, Any]) -> str:
     if ev == "spike":
         return (f"loss spike at step {rec['step']} ({rec['reason']}); rolled back to "
                 f"{rec['rolled_back_to']}, skipping samples {rec['skipped_samples']}")
+    if ev in ("lease_wait", "resharded"):
+        return rec["message"]
     return f"{ev}: " + ", ".join(f"{k}={v}" for k, v in rec.items() if k not in ("event", "time"))

@@ -79,7 +79,8 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[st
 
 def _as_like(v: torch.Tensor, p: torch.Tensor, dev: torch.device) -> torch.Tensor:
     """An optimizer moment on the parameter's device, as a DTensor again when the parameter is one."""
-    local = v.to(dev, copy=True)
+    # a checkpoint of another precision (bf16 -> fp32): the moments take the live parameter's dtype
+    local = v.to(dev, dtype=p.dtype if v.is_floating_point() else v.dtype, copy=True)
     if hasattr(p, "device_mesh"):
         from torch.distributed.tensor import DTensor
 

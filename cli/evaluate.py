@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from flows.cli_types import bounded_int
+from cli.argtypes import bounded_int
+from cli.output import emit, table
 
 
 def cmd_eval_plan(args: argparse.Namespace) -> int:
-    from flows.cli import _emit, table
     from tasks.evaluation.schedule import plan
     from tasks.evaluation.suite import load_suite
 
@@ -31,12 +31,11 @@ def cmd_eval_plan(args: argparse.Namespace) -> int:
                 f"lower bound      {p.lower_bound_s:10.0f} s  (elastic is {100 * p.gap_to_bound:.1f}% above)\n\n"
                 + table(rows))
 
-    _emit(args, doc, human)
+    emit(args, doc, human)
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from flows.cli import _emit, table
     from tasks.evaluation.record import evaluate_and_record
     from tasks.evaluation.runner import EvalOptions
     from tasks.evaluation.suite import load_suite
@@ -59,17 +58,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return (f"{res.run} step {res.step} on {suite.name} ({res.schedule}): makespan {res.makespan_s:.1f}s "
                 f"(predicted {res.predicted_makespan_s:.1f}s)\n" + table(rows) + f"\n\nresults: {res.out_dir}")
 
-    _emit(args, doc, human)
+    emit(args, doc, human)
     return 0
 
 
 def cmd_eval_datasets(args: argparse.Namespace) -> int:
-    from flows.cli import _emit, table
     from tasks.evaluation.datasets import describe
     from tasks.evaluation.suite import builtin_suites
 
     doc = {"datasets": describe(), "suites": builtin_suites()}
-    _emit(args, doc, lambda: table(doc["datasets"]) + f"\n\nsuites: {', '.join(doc['suites'])}")
+    emit(args, doc, lambda: table(doc["datasets"]) + f"\n\nsuites: {', '.join(doc['suites'])}")
     return 0
 
 

@@ -5,20 +5,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from flows.cli_types import bounded_int
+from cli.argtypes import bounded_int
+from cli.output import emit
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    import json
-
     from tasks.diagnosis.compress import compress
     from tasks.diagnosis.diagnose import check_log, diagnose_compressed
 
     p = check_log(args.log)
     if args.show:
         c = compress(p, context=args.context)
-        for k in c.kept:
-            print(f"{k.line_no:>9} {'!' if k.error else ' '} {k.text}")
+        emit(args, {"log": str(p), "kept": [{"line_no": k.line_no, "error": k.error, "text": k.text} for k in c.kept]},
+             lambda: "\n".join(f"{k.line_no:>9} {'!' if k.error else ' '} {k.text}" for k in c.kept))
         return 0
     agent = None
     if args.agent:
@@ -29,22 +28,25 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             raise ValueError("--agent: set FRENZY_DIAGNOSIS_LLM_URL (an OpenAI-compatible API, e.g. "
                              "http://localhost:8000/v1) and FRENZY_DIAGNOSIS_LLM_MODEL")
     d = diagnose_compressed(compress(p, context=args.context), log=str(p), agent=agent)
-    if args.json:
-        print(json.dumps(d.model_dump(), indent=2))
-        return 0
-    where = ", ".join(x for x in (f"rank {d.rank}" if d.rank is not None else "", f"node {d.node}" if d.node else "")
-                      if x)
-    print(f"{d.type} ({d.category}){' on ' + where if where else ''}: "
-          f"{'restartable' if d.restartable else 'not restartable'}")
-    if d.root_cause_line:
-        print(f"  root cause, line {d.line_no}: {d.root_cause_line}")
-    print(f"  do: {d.mitigation}")
-    if d.evidence:
-        kinds: dict[str, int] = {}
-        for e in d.evidence:
-            kinds[e.type] = kinds.get(e.type, 0) + 1
-        print("  symptoms: " + ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1])))
-    print(f"  log: {d.lines:,} lines, {d.kept_lines:,} kept ({d.compression_ratio:.0f}x smaller); --show prints them")
+
+    def human() -> str:
+        where = ", ".join(x for x in (f"rank {d.rank}" if d.rank is not None else "",
+                                      f"node {d.node}" if d.node else "") if x)
+        lines = [f"{d.type} ({d.category}){' on ' + where if where else ''}: "
+                 f"{'restartable' if d.restartable else 'not restartable'}"]
+        if d.root_cause_line:
+            lines.append(f"  root cause, line {d.line_no}: {d.root_cause_line}")
+        lines.append(f"  do: {d.mitigation}")
+        if d.evidence:
+            kinds: dict[str, int] = {}
+            for e in d.evidence:
+                kinds[e.type] = kinds.get(e.type, 0) + 1
+            lines.append("  symptoms: " + ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1])))
+        lines.append(f"  log: {d.lines:,} lines, {d.kept_lines:,} kept ({d.compression_ratio:.0f}x smaller); "
+                     "--show prints them")
+        return "\n".join(lines)
+
+    emit(args, d.model_dump(), human)
     return 0
 
 

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.cli_types import bounded_int
+from cli.argtypes import bounded_int
+from cli.output import emit
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
@@ -47,7 +48,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
                "bytes_per_token": len(text.encode()) / max(len(ids), 1)}
         human = (f"{tok.name}: vocab {tok.vocab_size}, end-of-text id {tok.eos_id}\n{len(ids)} tokens "
                  f"({doc['bytes_per_token']:.2f} bytes each): {ids[:32]}")
-    print(json.dumps(doc, indent=2) if args.json else human)
+    emit(args, doc, lambda: human)
     return 0
 
 
@@ -73,7 +74,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     human = (f"wrote {len(res.shards)} shard(s) to {out}: {res.tokens:,} {res.dtype} tokens from {res.documents:,} "
              f"{kind} documents ({res.bytes / 1e6:,.1f} MB) in {res.seconds:.1f}s ({res.tokens_per_s:,.0f} tokens/s)\n"
              f"train on them with data: {{source: tokens, path: {out}}}")
-    print(json.dumps(doc, indent=2) if args.json else human)
+    emit(args, doc, lambda: human)
     return 0
 
 
@@ -94,7 +95,7 @@ def cmd_export(args: argparse.Namespace) -> int:
            "tokenizer": bool(tok), "parameters": int(sum(t.numel() for k, t in state.items()))}
     note = "" if tok else " (byte-level model: no tokenizer.json; its token ids are UTF-8 bytes)"
     human = f"exported step {info['step']} as {doc['architecture']} to {out}{note}"
-    print(json.dumps(doc, indent=2) if args.json else human)
+    emit(args, doc, lambda: human)
     return 0
 
 

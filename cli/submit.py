@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flows.cli_types import bounded_float, bounded_int
+from cli.argtypes import bounded_float, bounded_int
+from cli.output import emit, table
 
 DEMO_JOB = {
     "name": "demo",
@@ -28,7 +29,6 @@ def _result_doc(res: object) -> dict:
 
 
 def _human(res: object, wall_s: float) -> str:
-    from flows.cli import table
     from flows.submit import SubmitResult
 
     assert isinstance(res, SubmitResult)
@@ -51,7 +51,6 @@ def _human(res: object, wall_s: float) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from flows.cli import _emit
     from flows.submit import SubmitRequest, submit
     from tasks.jobspec import load_job
 
@@ -62,7 +61,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                         hang_s=args.hang, executor=args.executor)
     t0 = time.monotonic()
     res = submit(req)
-    _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
+    emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 
 
@@ -81,7 +80,6 @@ def demo_request(base: Path) -> object:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows.cli import _emit
     from flows.submit import submit
 
     base = Path(args.dir)
@@ -93,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
           "(about 3 minutes on 2 cores)", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     res = submit(demo_request(base))
-    _emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
+    emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 
 

@@ -1,0 +1,125 @@
+"""`frenzy plan` and `frenzy memory`: MARP's ranked resource plans and one layout's predicted peak memory."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import get_args
+
+from cli.argtypes import bounded_float, bounded_int
+from cli.output import emit, table
+from cluster.catalog import default_catalog
+from cluster.inventory import PRESETS, load_cluster
+from tasks.jobspec import JobSpec, JobSpecError, load_job, parse_job
+from tasks.planning.layout import Layout, check_layout
+from tasks.planning.memory import GiB
+from tasks.planning.plans import RankBy
+
+EXAMPLE_CLUSTER = "frenzy-testbed"
+
+def _job_or_model_dir(args: argparse.Namespace) -> JobSpec:
+    """A job YAML, or a Hugging Face model directory planned as a job (with --seq-len / --global-batch)."""
+    from pathlib import Path
+
+    p = Path(args.job).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        from tasks.hf.config import max_positions
+
+        job = parse_job({"name": p.resolve().name[:128] or "model", "model": {"hf": str(p)},
+                         "training": {"seq_len": args.seq_len or min(max_positions(p), 4096),
+                                      "global_batch": args.global_batch or 8}}, str(p))
+    else:
+        job = load_job(args.job)
+        if args.seq_len:
+            job.training.seq_len = args.seq_len
+        if args.global_batch:
+            job.training.global_batch = args.global_batch
+    return job
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tasks.planning.plans import plan_resources
+
+    job = _job_or_model_dir(args)
+    cluster = load_cluster(args.cluster)
+    from tasks.planning.calibration import load_observations
+
+    plans = plan_resources(job, cluster, rank_by=args.rank_by, margin=args.margin, top=args.top or None,
+                           observations=load_observations())
+    doc = {"job": job.name, "model": job.model.display_name, "cluster": cluster.name, "rank_by": args.rank_by,
+           "plans": [p.model_dump(mode="json") for p in plans]}
+
+    def human() -> str:
+        rows = [{"rank": p.rank, "gpu": p.gpu_type, "gpus": p.gpus, "layout": p.layout.label(),
+                 "peak GiB": f"{p.predicted_device_gib:.1f}", "min GiB": f"{p.min_gpu_memory_gib:.1f}",
+                 "step s": f"{p.est_step_time_s:.3f}", "GPU-s/step": f"{p.gpu_seconds_per_step:.3f}",
+                 "tok/s": f"{p.tokens_per_s:,.0f}"} for p in plans]
+        cal = plans[0].memory_calibration if plans else 1.0
+        note = (f"\npredicted peaks include x{cal:.3f} learned from recorded out-of-memory failures of this model "
+                "($FRENZY_HOME/oom-observations.jsonl)") if cal > 1.0 else ""
+        return (f"{job.name}: {job.model.display_name}, global batch {job.training.global_batch} x "
+                f"{job.training.seq_len} tokens on {cluster.name} (ranked by {args.rank_by})\n" + table(rows) + note)
+
+    emit(args, doc, human)
+    return 0
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    from tasks.planning.baselines import frenzy_formula_bytes, megatron_formula_bytes
+    from tasks.planning.memory import predict_peak_memory
+
+    job = load_job(args.job)
+    lay = Layout(dp=args.dp, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, vpp=args.vpp,
+                 sequence_parallel=args.sequence_parallel)
+    problem = check_layout(job, lay)
+    if problem:
+        raise JobSpecError(f"layout {lay.label()} cannot run {args.job}: {problem}")
+    gpu = default_catalog().get(args.gpu) if args.gpu else None
+    est = predict_peak_memory(job, lay, gpu)
+    doc = {"model": job.model.display_name, "layout": lay.model_dump(), "gpu": gpu.name if gpu else None,
+           **est.model_dump(),
+           "baselines": {"frenzy_paper_bytes": int(frenzy_formula_bytes(job, lay)),
+                         "megatron_theory_bytes": int(megatron_formula_bytes(job, lay))}}
+    if gpu:
+        doc["fits"] = est.device_bytes <= gpu.memory_gib * GiB
+
+    def human() -> str:
+        rows = [{"term": k, "GiB": f"{v / GiB:.3f}"} for k, v in est.breakdown.items() if v]
+        tot = [{"total": "allocated", "GiB": f"{est.allocated_bytes / GiB:.2f}"},
+               {"total": "reserved", "GiB": f"{est.reserved_bytes / GiB:.2f}"},
+               {"total": "device (nvidia-smi)", "GiB": f"{est.device_bytes / GiB:.2f}"},
+               {"total": "Frenzy paper formula", "GiB": f"{doc['baselines']['frenzy_paper_bytes'] / GiB:.2f}"},
+               {"total": "Megatron theory", "GiB": f"{doc['baselines']['megatron_theory_bytes'] / GiB:.2f}"}]
+        head = f"{job.model.display_name} at {lay.label()}: peak at {est.peak_phase} (stage {est.stage})"
+        return head + "\n" + table(rows) + "\n\n" + table(tot)
+
+    emit(args, doc, human)
+    return 0
+
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    sp = add("plan", cmd_plan, "Rank the GPU types and counts that can train a job (MARP).")
+    sp.add_argument("job", help="job YAML file, or a Hugging Face model directory (config.json)")
+    sp.add_argument("--seq-len", type=bounded_int(1, 1 << 22), help="override training.seq_len (a model directory: "
+                    "default its context, at most 4096)")
+    sp.add_argument("--global-batch", type=bounded_int(1, 1 << 22),
+                    help="override training.global_batch (a model directory: default 8)")
+    sp.add_argument("--cluster", default=EXAMPLE_CLUSTER,
+                    help=f"cluster YAML file or preset ({', '.join(PRESETS)}, local); default {EXAMPLE_CLUSTER}")
+    sp.add_argument("--rank-by", choices=list(get_args(RankBy)), default="gpu_seconds",
+                    help="gpu_seconds: GPU-seconds per step (efficiency, default); time: step time; compute: "
+                         "GPU-seconds weighted by each GPU's peak TFLOPS; balanced: fastest first among plans "
+                         "within 25%% of the cheapest compute")
+    sp.add_argument("--margin", type=bounded_float(0.0, 0.5), default=0.05,
+                    help="fraction of GPU memory kept free, 0 to 0.5 (default 0.05)")
+    sp.add_argument("--top", type=bounded_int(0, 100000), default=10, help="show the best N plans (default 10; 0 = all)")
+
+    sp = add("memory", cmd_memory, "Predict peak GPU memory of a job under one parallel layout.")
+    sp.add_argument("job", help="job YAML file")
+    for flag, default, what in (("--dp", 1, "data-parallel degree"), ("--tp", 1, "tensor-parallel degree"),
+                                ("--pp", 1, "pipeline-parallel degree"), ("--micro-batch", 1, "sequences per GPU"),
+                                ("--vpp", 1, "virtual pipeline stages (interleaved 1F1B)")):
+        sp.add_argument(flag, type=bounded_int(1, 1 << 20), default=default, help=f"{what} (default {default})")
+    sp.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (tp > 1)")
+    sp.add_argument("--gpu", help="GPU catalog name: calibrates overheads and reports whether it fits")

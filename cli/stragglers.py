@@ -1,0 +1,91 @@
+"""`frenzy stragglers analyze|generate`: the what-if analysis of a training op trace, or a synthetic trace."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from cli.output import emit, progress
+
+
+def _numbers(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError as err:
+        raise ValueError(f"{what} takes numbers separated by commas, got {text!r}") from err
+
+
+def cmd_stragglers(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if args.action == "generate":
+        if Path(args.path).is_dir():
+            raise ValueError(f"{args.path} is a directory; give the .parquet file to write (its meta YAML goes beside)")
+        from tasks.stragglers.synth import SynthSpec, generate
+        from tasks.stragglers.trace import write_trace
+
+        spec: dict[str, Any] = {"schedule": args.schedule, "dp": args.dp, "pp": args.pp, "vpp": args.vpp,
+                                "microbatches": args.microbatches, "steps": args.steps, "dp_mode": args.dp_mode,
+                                "seq_imbalance": args.seq_imbalance, "seed": args.seed, "noise": args.noise}
+        if args.slow_worker:
+            d, st, f = _numbers(args.slow_worker, "--slow-worker DP,STAGE,FACTOR")
+            spec["slow_worker"] = {"dp": int(d), "stage": int(st), "factor": f}
+        for flag, key in ((args.slow_stage, "slow_stage"), (args.slow_link, "slow_link")):
+            if flag:
+                st, f = _numbers(flag, f"--{key.replace('_', '-')} STAGE,FACTOR")
+                spec[key] = {"stage": int(st), "factor": f}
+        from pydantic import ValidationError
+
+        try:
+            sp = SynthSpec.model_validate(spec)
+        except ValidationError as err:
+            raise ValueError(str(err)) from err
+        run = generate(sp)
+        path = write_trace(Path(args.path), run.columns(), sp.meta)
+        doc = {"trace": str(path), "meta": sp.meta.model_dump(), "ops": int(sum(d.size for d in run.durs)),
+               "true_slowdown": run.truth(), "spec": sp.model_dump()}
+        emit(args, doc, lambda: f"wrote {doc['ops']:,} ops to {path} (true slowdown {doc['true_slowdown']:.3f})")
+        return 0
+
+    from tasks.stragglers.analyze import analyze_path
+    from tasks.stragglers.report import heatmap, markdown, timeline
+
+    res, prep = analyze_path(args.path, args.meta, progress=progress)
+    doc = res.model_dump()
+    if args.heatmap:
+        doc["heatmap"] = str(heatmap(res, args.heatmap))
+    if args.timeline:
+        ranks = [int(x) for x in _numbers(args.timeline_dp_ranks, "--timeline-dp-ranks")] if args.timeline_dp_ranks \
+            else None
+        doc["timeline"] = str(timeline(prep, args.timeline, first_step=args.timeline_step,
+                                       n_steps=args.timeline_steps, dp_ranks=ranks))
+    emit(args, doc, lambda: markdown(res) + "".join(f"\n{k}: {doc[k]}" for k in ("heatmap", "timeline") if k in doc))
+    return 0
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    sp = add("stragglers", cmd_stragglers, "What-if analysis of a training op trace: the slowdown stragglers cost, "
+             "attributed to op types, stages, DP ranks and workers; or generate a synthetic trace.")
+    sp.add_argument("action", choices=["analyze", "generate"])
+    sp.add_argument("path", help="analyze: trace parquet (or its directory); generate: the parquet file to write")
+    sp.add_argument("--meta", help="analyze: the job's meta YAML (default: the one meta*.yaml beside the trace)")
+    sp.add_argument("--heatmap", help="analyze: write the DP x PP slowdown heatmap (PNG) here")
+    sp.add_argument("--timeline", help="analyze: write a Perfetto/Chrome trace of original vs ideal (.json.gz) here")
+    sp.add_argument("--timeline-step", type=int, help="first step of the timeline window (default: the first)")
+    sp.add_argument("--timeline-steps", type=int, default=3, help="steps in the timeline window (default 3)")
+    sp.add_argument("--timeline-dp-ranks", help="DP ranks in the timeline, e.g. 0,5 (default: the first 8)")
+    sp.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b", help="generate: schedule")
+    for flag, default, what in (("--dp", 4, "DP ranks"), ("--pp", 4, "pipeline stages"),
+                                ("--vpp", 1, "chunks per stage (interleaved; default 2 there)"),
+                                ("--microbatches", 8, "micro-batches per step"), ("--steps", 10, "steps"),
+                                ("--seed", 0, "random seed")):
+        sp.add_argument(flag, type=int, default=default, help=f"generate: {what} (default {default})")
+    sp.add_argument("--dp-mode", choices=["allreduce", "zero"], default="allreduce",
+                    help="generate: gradient all-reduce at the end of the step, or per-chunk all-gather/reduce-scatter")
+    sp.add_argument("--noise", type=float, default=0.02, help="generate: relative s.d. of op durations (0.02)")
+    sp.add_argument("--slow-worker", help="generate: DP,STAGE,FACTOR, e.g. 1,2,1.3")
+    sp.add_argument("--slow-stage", help="generate: STAGE,FACTOR")
+    sp.add_argument("--slow-link", help="generate: STAGE,FACTOR (the link from STAGE to STAGE+1)")
+    sp.add_argument("--seq-imbalance", type=float, default=0.0,
+                    help="generate: s.d. of log compute time per (step, DP rank), e.g. 0.1")

@@ -1,0 +1,102 @@
+"""`frenzy train` (one job on this machine, asynchronous verified checkpoints) and `frenzy checkpoints` (what a
+checkpoint directory holds, verified on request)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from cli.argtypes import bounded_int
+from cli.output import emit, table
+from tasks.jobspec import load_job
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tasks.training.launch import TrainFailed, launch
+    from tasks.training.progress import describe
+
+    job = load_job(args.job)
+    if args.steps:
+        job.training.steps = args.steps
+    if args.checkpoint_uri:
+        job.training.checkpoint.uri = args.checkpoint_uri
+
+    def show(rec: dict) -> None:
+        print(describe(rec), file=sys.stderr, flush=True)
+
+    try:
+        result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc,
+                        resume=args.resume or args.from_scratch, from_scratch=args.from_scratch,
+                        device=args.device, threads=args.threads, tp=args.tp, on_record=show)
+    except TrainFailed as err:
+        print(f"frenzy train: error: {err}", file=sys.stderr)
+        return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
+
+    def human() -> str:
+        rows = [{"step": c["step"], "uri": c["uri"], "MB": f"{c['bytes'] / 1e6:.1f}",
+                 "blocked ms": f"{c['blocked_s'] * 1e3:.1f}", "persist s": f"{c['persist_s']:.2f}"}
+                for c in result["checkpoints"]]
+        start = result["resumed_from_step"]
+        return (f"{job.name}: trained to step {result['final_step']}"
+                f"{f' (resumed from {start})' if start is not None else ''}, last loss {result['last_loss']:.4f}, "
+                f"{result['tokens_per_s']:,.0f} tok/s\n" + table(rows))
+
+    emit(args, result, human)
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from tasks.training import checkpoint as ck
+    from tasks.training.storage import Storage
+
+    storage = Storage(args.uri)
+    rows = []
+    if storage.local is not None and not storage.local.is_dir():
+        raise ValueError(f"{storage.uri}: no such checkpoint directory" if not storage.local.exists() else
+                         f"{storage.uri} is a file; give the checkpoint root (the directory of step_* folders)")
+    for s in ck.list_steps(storage):
+        try:
+            m, bad = ck.read_manifest(storage, s), None
+        except ck.CheckpointError as err:
+            m, bad = None, str(err)
+        row = {"step": s, "committed": m is not None, "healthy": m.healthy if m else None,
+               "bytes": m.total_bytes if m else None, "loss": m.loss.get("last") if m else None,
+               "verified": None, "problem": bad or (None if m else "no manifest (never committed)")}
+        if m is not None and args.verify:
+            try:
+                ck.verify(storage, m)
+                row["verified"] = True
+            except ck.CheckpointError as err:
+                row["verified"], row["problem"] = False, str(err)
+        rows.append(row)
+    doc = {"uri": storage.uri, "steps": rows}
+    emit(args, doc, lambda: f"{storage.uri}\n" + table(rows))
+    return 0
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    sp = add("train", cmd_train, "Train a job on this machine with asynchronous, verified checkpoints.")
+    sp.add_argument("job", help="job YAML file")
+    sp.add_argument("--resume", action="store_true",
+                    help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
+    sp.add_argument("--from-scratch", action="store_true",
+                    help="with checkpoints none of which verifies: discard them and train from step 0 (without "
+                         "it, such a resume is refused)")
+    sp.add_argument("--nproc", type=bounded_int(1, 1024), default=1,
+                    help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
+    sp.add_argument("--tp", type=bounded_int(1, 1024), default=1,
+                    help="tensor-parallel degree (DTensor); data parallel = nproc / tp")
+    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when present")
+    sp.add_argument("--threads", type=bounded_int(1, 1024),
+                    help="torch threads per rank (default: (cores - 1) / ranks, one core left for "
+                         "the checkpoint persist and the loader)")
+    sp.add_argument("--run-dir", help="progress, log, op traces and result (default runs/<job name>)")
+    sp.add_argument("--steps", type=bounded_int(1, 10**9), help="override training.steps")
+    sp.add_argument("--checkpoint-uri", help="override training.checkpoint.uri (file://DIR or s3://BUCKET/PREFIX)")
+
+    sp = add("checkpoints", cmd_checkpoints, "List a checkpoint directory: committed steps, health, checksums.")
+    sp.add_argument("uri", help="checkpoint root (file://DIR, DIR or s3://BUCKET/PREFIX)")
+    sp.add_argument("--verify", action="store_true", help="re-read every shard and check its sha256")

@@ -1,0 +1,368 @@
+"""Which of a job's plans to run, and when not to run any: work-conserving, load-adaptive sizing.
+
+The live ledger (`cluster/ledger.py`) and the simulator (`cluster/simulator.py`) call `choose` for each job the
+queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
+
+- **Sizing by load (goodput, as in Sia and Pollux).** `spare` is the free GPUs left once every job behind this one
+  has its smallest plan. With no spare GPUs (jobs are waiting) each GPU type offers its plan with the best
+  throughput per GPU (fewest GPU-seconds; a plan within `pack_slack` of that and faster is taken instead). With
+  spare GPUs the job is widened: the fastest plan that fits in the spare GPUs, as long as MARP's step-time model
+  says it still scales (its GPU-seconds at most `1 / min_scaling` of the best).
+- **Work conservation.** Among those plans the one with the earliest predicted finish wins: `now + run_s` for a
+  plan that fits the free GPUs now, `predicted start + run_s` for one that does not. A slower plan on an older
+  type that fits now therefore beats waiting exactly when the predicted wait for the faster plan is longer than
+  the slowdown. A job waits with GPUs it could use idle only for that reason, or because the queue head's
+  reservation needs exactly those GPUs; `idle_violations` checks this after every scheduling pass.
+- **Predicted start** (`Backlog`): the free GPUs a plan's types can use, plus those released by running
+  allocations in order of predicted end, less what the jobs ahead of it in this pass that chose to wait for the
+  same types claimed. Past the last known release, the claimed work drains at the rate of those types' GPUs.
+  Per-node fragmentation is ignored (an estimate, as every prediction here).
+
+Requests without a predicted run time (`run_s` None: a ledger job submitted without one) fall back to HAS's first
+fit in rank order, the paper's Algorithm 1.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import time
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cluster.has import Decision, FreePool, GpuRequest, decide, place
+from cluster.queue import Admit, Reservation, Running, Waiting, reserve
+
+if TYPE_CHECKING:
+    from tasks.planning.plans import ResourcePlan
+
+PACK_SLACK = 0.25
+"""Under load, a plan may cost up to 25% more GPU-seconds than the job's most efficient one if it is faster."""
+MIN_SCALING = 0.3
+"""Widening stops where a plan's throughput per GPU falls below 0.3 of the job's best.
+
+Both were chosen on the tuning families of benchmarks/placement_load.py only (Philly, Sia Philly and Saturn,
+NewWorkload; loads 0.5-1.1; mean has/fcfs average-JCT ratio): slack 0.1/0.25/0.5 with scaling 0.5 gave
+0.475/0.473/0.475, slack 0.25 with scaling 0.3 gave 0.445 (worst row 0.742)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    index: int
+    """Index into the job's requests."""
+    request: GpuRequest
+    start_s: float
+    finish_s: float
+    nodes: list[tuple[str, int]] | None
+    """Where it goes now (best fit), or None when it does not fit the free GPUs now."""
+
+
+@dataclass
+class Choice:
+    """The ranked candidates of one job (earliest predicted finish first) and the record of why."""
+
+    mode: str
+    """`pack` (jobs wait: best throughput per GPU) or `widen` (spare GPUs: fastest plan that scales)."""
+    candidates: list[Candidate]
+    reason: str = ""
+
+    def record(self, chosen: Candidate | None, now_s: float) -> str:
+        """One line for the decision record: what was chosen (or waited for) and why."""
+        best = self.candidates[0]
+        if chosen is not None:
+            r = chosen.request
+            why = (f"{self.mode}: {r.gpus} GPU(s) of {_types(r)}, predicted run {r.run_s or 0:.0f} s, "
+                   f"{r.gpus * (r.run_s or 0) / 3600:.2f} GPU-h")
+            if chosen is not best:
+                why += f" (its earlier-finishing plan on {_types(best.request)} was refused: reservation)"
+            slower = [c for c in self.candidates if c.nodes is None and c.finish_s > chosen.finish_s]
+            if slower and any(c.request.run_s and r.run_s and c.request.run_s < r.run_s for c in slower):
+                fast = min(slower, key=lambda c: c.request.run_s or math.inf)
+                why += (f"; runs now rather than wait {fast.start_s - now_s:.0f} s for {_types(fast.request)} "
+                        f"(finish {chosen.finish_s - now_s:.0f} s vs {fast.finish_s - now_s:.0f} s from now)")
+            return why
+        r = best.request
+        now = [c for c in self.candidates if c.nodes is not None]
+        tail = (f"; waiting beats {_types(now[0].request)} now (finish {now[0].finish_s - now_s:.0f} s from now)"
+                if now else "")
+        return (f"{self.mode}: waits for {r.gpus} GPU(s) of {_types(r)}, predicted start in "
+                f"{best.start_s - now_s:.0f} s, finish in {best.finish_s - now_s:.0f} s{tail}")
+
+
+def _types(r: GpuRequest) -> str:
+    return "/".join(sorted(r.types)) if r.types else f">= {r.min_mem_gib:.0f} GiB"
+
+
+class Backlog:
+    """Predicted start times for plans that do not fit now (module docstring)."""
+
+    def __init__(self, pool: FreePool, running: Iterable[Running], now_s: float) -> None:
+        self.pool, self.now_s = pool, now_s
+        self.running = sorted((r for r in running if not math.isinf(r.end_s)), key=lambda r: r.end_s)  # by end
+        self._claims: dict[tuple[frozenset[str] | None, float], list[float]] = {}  # key -> [gpus, gpu-seconds]
+        self._nodes: dict[tuple[frozenset[str] | None, float], frozenset[str]] = {}
+        self._tl: dict[tuple[frozenset[str] | None, float], tuple[list[float], list[int]]] = {}
+
+    def _admitted(self, req: GpuRequest) -> frozenset[str]:
+        key = (req.types, req.min_mem_gib)
+        if key not in self._nodes:
+            self._nodes[key] = frozenset(n for n, i in self.pool.info.items() if req.admits(i.mem_gib, i.gpu_type))
+        return self._nodes[key]
+
+    def _timeline(self, req: GpuRequest) -> tuple[list[float], list[int]]:
+        """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by each (cumulative)."""
+        key = (req.types, req.min_mem_gib)
+        if key not in self._tl:
+            mine, ends, cum, acc = self._admitted(req), [], [], 0
+            for r in self.running:
+                got = sum(k for n, k in r.nodes if n in mine)
+                if got:
+                    acc += got
+                    ends.append(r.end_s)
+                    cum.append(acc)
+            self._tl[key] = (ends, cum)
+        return self._tl[key]
+
+    def start_s(self, req: GpuRequest, usable: int | None = None) -> float:
+        mine = self._admitted(req)
+        need, work = req.gpus, 0.0
+        for key, (g, w) in self._claims.items():
+            if self._nodes[key] & mine:
+                need, work = need + int(g), work + w
+        have = self.pool.usable(req) if usable is None else usable
+        if have >= need:
+            return self.now_s
+        ends, cum = self._timeline(req)
+        i = bisect.bisect_left(cum, need - have)
+        if i < len(ends):
+            return max(self.now_s, ends[i])
+        if not cum or have + cum[-1] < req.gpus:  # the rest are held by allocations with no predicted end
+            return math.inf
+        cap = sum(self.pool.info[n].capacity for n in mine)
+        return max(self.now_s, ends[-1]) + work / cap  # past the known releases: the claims drain at `cap` GPUs' rate
+
+    def started(self, nodes: Sequence[tuple[str, int]], run_s: float | None) -> None:
+        """A job of this pass took `nodes`: they free up at its predicted end."""
+        if run_s is not None:
+            bisect.insort(self.running, Running(end_s=self.now_s + run_s, nodes=tuple(nodes)), key=lambda r: r.end_s)
+            self._tl.clear()
+
+    def claim(self, req: GpuRequest) -> None:
+        """A job ahead chose to wait for `req`: later jobs that want the same GPUs queue behind it."""
+        self._admitted(req)
+        c = self._claims.setdefault((req.types, req.min_mem_gib), [0.0, 0.0])
+        c[0] += req.gpus
+        c[1] += req.gpus * (req.run_s or 0.0)
+
+
+def _gpu_s(r: GpuRequest) -> float:
+    return r.gpus * (r.run_s or math.inf)
+
+
+class _Free:
+    """`pool.usable` per (types, memory, unit), memoised for one `choose` (the pool does not change meanwhile)."""
+
+    def __init__(self, pool: FreePool) -> None:
+        self.pool, self._memo = pool, {}
+
+    def usable(self, r: GpuRequest) -> int:
+        key = (r.types, r.min_mem_gib, r.unit)
+        if key not in self._memo:
+            self._memo[key] = self.pool.usable(r)
+        return self._memo[key]
+
+    def fits(self, r: GpuRequest) -> bool:
+        return self.usable(r) >= r.gpus
+
+
+@dataclass
+class _Profile:
+    """What `choose` needs of a job's requests that does not depend on the pool."""
+
+    gpu_s: list[float]
+    best: float
+    min_gpus: int
+    groups: list[tuple[list[int], float, list[int]]]
+    """Per GPU type set: request indices, the fewest GPU-seconds, the indices within `pack_slack` of it."""
+    by_gpu_s: list[int]
+
+
+_PROFILES: dict[tuple[int, float], tuple[Sequence[GpuRequest], _Profile]] = {}
+
+
+def _profile(requests: Sequence[GpuRequest], pack_slack: float) -> _Profile:
+    """Cached per request list (by identity, checked: the cache holds the list, so its id cannot be reused)."""
+    key = (id(requests), pack_slack)
+    hit = _PROFILES.get(key)
+    if hit is not None and hit[0] is requests:
+        return hit[1]
+    gs = [_gpu_s(r) for r in requests]
+    idx_of: dict[frozenset[str] | None, list[int]] = {}
+    for k, r in enumerate(requests):
+        idx_of.setdefault(r.types, []).append(k)
+    groups = []
+    for idx in idx_of.values():
+        eff = min(gs[k] for k in idx)
+        groups.append((idx, eff, [k for k in idx if gs[k] <= eff * (1 + pack_slack)]))
+    prof = _Profile(gs, min(gs), min_gpus(requests), groups, sorted(range(len(gs)), key=lambda k: (gs[k], k)))
+    if len(_PROFILES) > 50_000:
+        _PROFILES.clear()
+    _PROFILES[key] = (requests, prof)
+    return prof
+
+
+def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int) -> Candidate:
+    r = requests[k]
+    nodes = place(free.pool, r) if free.fits(r) else None
+    start = backlog.now_s if nodes is not None else backlog.start_s(r, free.usable(r))
+    return Candidate(k, r, start, start + (r.run_s or 0.0), nodes)
+
+
+def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int,
+           pack_slack: float = PACK_SLACK, min_scaling: float = MIN_SCALING) -> Choice:
+    """The job's candidate plans, earliest predicted finish first (ties: the one that starts now, fewer GPUs).
+
+    Per GPU type set: the plan the load calls for (module docstring); when it does not fit now, also the most
+    efficient and the fastest plan of that type that do, so that waiting is chosen only when it finishes sooner."""
+    now = backlog.now_s
+    if any(r.run_s is None for r in requests):  # no predictions: HAS's first fit in rank order
+        d = decide(pool, requests)
+        if d is None:
+            return Choice("first-fit", [Candidate(0, requests[0], math.inf, math.inf, None)])
+        return Choice("first-fit", [Candidate(d.plan_index, d.request, now, math.inf, d.nodes)])
+    free = _Free(pool)
+    prof = _profile(requests, pack_slack)
+    gs = prof.gpu_s
+    widen = spare > prof.min_gpus
+    prefs = []
+    for idx, eff, pack_ok in prof.groups:
+        ok = [k for k in idx if requests[k].gpus <= spare and gs[k] * min_scaling <= prof.best] if widen else pack_ok
+        ok = ok or [k for k in idx if gs[k] == eff]
+        now_ok = [k for k in ok if free.fits(requests[k])]
+        if now_ok:
+            prefs.append(_candidate(free, backlog, requests,
+                                    min(now_ok, key=lambda k: (requests[k].run_s or math.inf, requests[k].gpus, k))))
+            continue
+        fastest: dict[int, int] = {}  # none fits now: per GPU count the fastest, each with its own predicted start
+        for k in ok:
+            g = requests[k].gpus
+            if g not in fastest or (requests[k].run_s or math.inf) < (requests[fastest[g]].run_s or math.inf):
+                fastest[g] = k
+        prefs.append(min((_candidate(free, backlog, requests, k) for k in fastest.values()),
+                         key=lambda c: (c.finish_s, c.request.gpus, c.index)))
+    waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.finish_s, default=None)
+    wait_finish = waiting.finish_s if waiting is not None else math.inf
+    ranked = sorted((c for c in prefs if c.nodes is not None and c.finish_s <= wait_finish),
+                    key=lambda c: (c.finish_s, c.request.gpus, c.index))
+    if not ranked and waiting is not None:
+        # the load's plans that fit now finish later than waiting; any other plan that fits and finishes sooner
+        # than waiting still beats leaving GPUs idle (the most efficient of them first)
+        seen = {c.index for c in prefs}
+        beat = itertools.islice((k for k in prof.by_gpu_s if now + (requests[k].run_s or 0.0) < wait_finish
+                                 and k not in seen and free.fits(requests[k])), 4)
+        ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k)).nodes is not None]
+    ranked += [waiting] if waiting is not None else []
+    ranked += sorted((c for c in prefs if c.nodes is not None and c.finish_s > wait_finish), key=lambda c: c.finish_s)
+    return Choice("widen" if widen else "pack", ranked)
+
+
+def min_gpus(requests: Iterable[GpuRequest]) -> int:
+    return min((r.gpus for r in requests), default=0)
+
+
+def idle_violations(pool: FreePool, left: Sequence[tuple[Sequence[GpuRequest], float]],
+                    reservation: Reservation | None, now_s: float) -> int:
+    """After a pass: how many waiting jobs could start on free GPUs now with a plan predicted to finish before the
+    finish they wait for (math.inf: none), where the queue head's reservation does not need those GPUs. `left`:
+    each waiting job's requests and the predicted finish it waits for. 0 is the invariant."""
+    bad = 0
+    if pool.total_free() == 0:
+        return 0
+    for reqs, wait_finish in left:
+        for r in reqs:
+            if (r.run_s is not None and now_s + r.run_s >= wait_finish) or not pool.fits(r):
+                continue
+            nodes = place(pool, r)
+            if nodes is None:
+                continue
+            if reservation is not None and not reservation.would_admit(nodes, r.run_s, now_s):
+                continue
+            bad += 1
+            break
+    return bad
+
+
+def exact_type_requests(plans: Sequence[ResourcePlan], steps: float) -> tuple[list[GpuRequest], list[int]]:
+    """MARP plans as requests for exactly their own GPU type, with the predicted run time of `steps` steps; per
+    (type, count, memory, unit) the fastest plan. `choose` compares types itself, so no plan is stretched onto a
+    type it was not timed for."""
+    best: dict[tuple[str, int, float, int], int] = {}
+    for k, p in enumerate(plans):
+        key = (p.gpu_type, p.gpus, p.min_gpu_memory_gib, p.layout.tp)
+        if key not in best or p.est_step_time_s < plans[best[key]].est_step_time_s:
+            best[key] = k
+    idx = sorted(best.values())
+    return [GpuRequest(plans[k].gpus, plans[k].min_gpu_memory_gib, plans[k].layout.tp, frozenset({plans[k].gpu_type}),
+                       run_s=steps * plans[k].est_step_time_s) for k in idx], idx
+
+
+class Sizer:
+    """One scheduling pass of `cluster/queue.py`'s walk with `choose` per job: the code the live ledger and the
+    simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests."""
+
+    def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
+                 reqs_of: Mapping[Hashable, Sequence[GpuRequest]], pack_slack: float = PACK_SLACK,
+                 min_scaling: float = MIN_SCALING) -> None:
+        self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
+        self.pack_slack, self.min_scaling = pack_slack, min_scaling
+        self.behind: dict[Hashable, int] = {}  # the smallest demand of the jobs behind each one
+        acc = 0
+        for w in reversed(seq):
+            self.behind[w.job] = acc
+            acc += min_gpus(reqs_of.get(w.job, ()))
+        self.backlog = Backlog(pool, running, now_s)
+        self.waits: dict[Hashable, tuple[Sequence[GpuRequest], float]] = {}
+        self.target: dict[Hashable, GpuRequest] = {}
+        self.records: dict[Hashable, str] = {}
+        self.refused = 0
+        self.decision_ms: list[float] = []
+
+    def pick(self, w: Waiting, admit: Admit) -> tuple[Decision, str] | None:
+        """The plan `w` starts on now and the record of why, or None (it waits; the record says why)."""
+        reqs = self.reqs_of.get(w.job)
+        if not reqs or self.pool.total_free() == 0:
+            return None
+        t0 = time.perf_counter()
+        ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - self.behind.get(w.job, 0),
+                    self.pack_slack, self.min_scaling)
+        self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+        for c in ch.candidates:
+            if c.nodes is None:  # waiting for this plan is predicted to finish sooner than the rest
+                self.backlog.claim(c.request)
+                self.target[w.job] = c.request
+                self.waits[w.job] = (reqs, c.finish_s)
+                self.records[w.job] = ch.record(None, self.now_s)
+                return None
+            if admit(c.nodes, c.request.run_s):
+                self.backlog.started(c.nodes, c.request.run_s)
+                self.records[w.job] = ch.record(c, self.now_s)
+                return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
+            self.refused += 1
+        self.waits[w.job] = (reqs, math.inf)
+        self.records[w.job] = f"{ch.mode}: every plan that fits now would delay the queue head's reservation"
+        return None
+
+    def reserve_for(self, w: Waiting) -> Reservation | None:
+        """The head's reservation, for the plan it chose to wait for (else any of its plans)."""
+        reqs = self.reqs_of.get(w.job)
+        if not reqs:
+            return None
+        want = [self.target[w.job]] if w.job in self.target else list(reqs)
+        return reserve(w.job, self.pool, self.running, self.now_s, lambda at: decide(at, want) is not None)
+
+    def violations(self, left: Sequence[Waiting], reservation: Reservation | None) -> int:
+        """`idle_violations` over the jobs left waiting after the walk."""
+        return idle_violations(self.pool, [self.waits[w.job] for w in left if w.job in self.waits], reservation,
+                               self.now_s)

@@ -1,0 +1,66 @@
+"""Seeded synthetic trace families for held-out checks of the placement policy (benchmarks/placement_load.py).
+
+- `production`: the shape of a production fleet of long single-GPU jobs (issue 26): 99% 1-GPU and 1% 8-GPU jobs;
+  run times heavy at the top: ~20% short (5-50 min), ~79% of 4.2-4.7 h, ~1% of 5-24 h (p10 ~27 min, p50 ~4.4 h,
+  p99 ~4.7 h, max up to 24 h). Poisson arrivals (the benchmark rescales them to an offered load).
+- `mixed`: a wider fleet: 60% 1-GPU, 25% 2-4 GPUs, 15% 8-16 GPUs; log-normal run times (median 1 h, sigma 1.5,
+  clipped to 2 min-48 h), Poisson arrivals.
+
+The model and batch come from the trace rule of `cluster/traces.py` (Pollux GPU-hour buckets, 16 sequences per
+GPU), as for any trace without them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from cluster.traces import BATCH_PER_GPU, TraceError, TraceJob, model_for_gpu_hours
+
+FAMILIES = ("production", "mixed")
+MAX_JOBS = 100_000
+
+
+def _job(name: str, t: float, d: float, g: int) -> TraceJob:
+    return TraceJob(name=name, submit_s=t, duration_s=d, num_gpus=g, model=model_for_gpu_hours(d * g / 3600),
+                    global_batch=BATCH_PER_GPU * g)
+
+
+def production(n_jobs: int = 400, seed: int = 0, mean_interarrival_s: float = 600.0) -> list[TraceJob]:
+    """The production-shaped family (module docstring)."""
+    r = random.Random(f"production-{seed}")
+    out, t = [], 0.0
+    for k in range(n_jobs):
+        g = 8 if r.random() < 0.01 else 1
+        u = r.random()
+        d = r.uniform(300, 3000) if u < 0.2 else r.uniform(4.2 * 3600, 4.7 * 3600) if u < 0.99 else \
+            r.uniform(5 * 3600, 24 * 3600)
+        t += r.expovariate(1 / mean_interarrival_s)
+        out.append(_job(f"prod-{seed}-{k}", t, d, g))
+    return out
+
+
+def mixed(n_jobs: int = 200, seed: int = 0, mean_interarrival_s: float = 600.0) -> list[TraceJob]:
+    """The mixed-width family (module docstring)."""
+    r = random.Random(f"mixed-{seed}")
+    out, t = [], 0.0
+    for k in range(n_jobs):
+        u = r.random()
+        g = 1 if u < 0.6 else r.choice((2, 4)) if u < 0.85 else r.choice((8, 16))
+        d = min(48 * 3600.0, max(120.0, math.exp(r.gauss(math.log(3600), 1.5))))
+        t += r.expovariate(1 / mean_interarrival_s)
+        out.append(_job(f"mixed-{seed}-{k}", t, d, g))
+    return out
+
+
+def parse_synthetic(spec: str) -> list[TraceJob]:
+    """`production:N[:SEED]` or `mixed:N[:SEED]` -> the trace."""
+    parts = spec.split(":")
+    try:
+        if parts[0] not in FAMILIES or not 2 <= len(parts) <= 3 or not 1 <= int(parts[1]) <= MAX_JOBS:
+            raise ValueError
+        seed = int(parts[2]) if len(parts) == 3 else 0
+    except ValueError:
+        raise TraceError(f"{spec!r}: write production:N[:SEED] or mixed:N[:SEED] with 1 <= N <= {MAX_JOBS:,}, "
+                         "e.g. production:400:1") from None
+    return (production if parts[0] == "production" else mixed)(int(parts[1]), seed)

@@ -1,0 +1,115 @@
+"""What a recovery moved, and the failure rate `checkpoint.every_steps: auto` is tuned for, from the ledger.
+
+After a failure the submit flow re-places the job on the plans MARP ranked for the whole cluster (other GPU types,
+smaller counts): HAS takes the best that fits what is free now (a node the node check cordoned is not free). Since
+checkpoints reshard on load (reshard.py) and the trainer keeps the global batch with gradient accumulation on fewer
+ranks, any of those plans resumes the same run. `relayout()` records the move (old layout, new layout, why) in the
+recovery record; `pool_mtbf()` gives the MTBF of the pool the job now runs on, so `auto` is re-tuned after a move.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks.training.interval import PRIOR_GPU_MTBF_S, pooled_mtbf_s
+
+
+class Placed(BaseModel):
+    """One attempt's resources and layout."""
+
+    gpus: int
+    gpu_type: str
+    nodes: list[str]
+    dp: int
+    tp: int
+    micro_batch: int
+    grad_accumulation: int
+    """Micro-batches per rank per step: global_batch / (dp x micro_batch)."""
+
+
+class Relayout(BaseModel):
+    """The recovery's decision, recorded in its `recoveries` entry."""
+
+    old: Placed
+    new: Placed
+    changed: bool
+    why: str
+
+
+def placed(plan: Any, alloc: Any, global_batch: int, micro_batch: int | None = None) -> Placed:
+    """`plan`: a planning ResourcePlan; `alloc`: the ledger's Allocation. `micro_batch`: the job's, else the plan's."""
+    dp, tp = plan.layout.dp, plan.layout.tp
+    mb = min(micro_batch or plan.layout.micro_batch, max(global_batch // dp, 1))
+    return Placed(gpus=alloc.gpus, gpu_type=plan.gpu_type, nodes=[n.node for n in alloc.nodes], dp=dp, tp=tp,
+                  micro_batch=mb, grad_accumulation=max(global_batch // (dp * mb), 1))
+
+
+def relayout(old: Placed, new: Placed, failure: str, action: str) -> Relayout:
+    """Why the job runs where it now runs, in words a user reads in the flow log and the result."""
+    changed = (old.gpus, old.gpu_type, old.dp, old.tp) != (new.gpus, new.gpu_type, new.dp, new.tp)
+    cause = {"replan": "out of memory: re-planned to the plans with more memory per GPU",
+             "resume": "resumed on what is free now"}.get(action, action)
+    if not changed:
+        why = f"{failure}; {cause}: the same layout ({new.gpus} x {new.gpu_type}, dp {new.dp} x tp {new.tp}) fit again"
+    else:
+        lost = sorted(set(old.nodes) - set(new.nodes))
+        why = (f"{failure}; {cause}: {old.gpus} x {old.gpu_type} (dp {old.dp} x tp {old.tp}) -> {new.gpus} x "
+               f"{new.gpu_type} (dp {new.dp} x tp {new.tp}), the best MARP plan HAS could place now"
+               + (f" without {', '.join(lost)}" if lost else "")
+               + f"; the global batch is kept with {new.grad_accumulation} micro-batch(es) of {new.micro_batch} per "
+               "rank, and the checkpoint is resharded onto the new layout")
+    return Relayout(old=old, new=new, changed=changed, why=why)
+
+
+def pool_mtbf(events: list[dict], nodes: list[dict], gpu_type: str, gpus: int, extra_failures: int = 0,
+              now: float | None = None) -> tuple[float, str]:
+    """(job MTBF in seconds, where it came from) for `gpus` GPUs of `gpu_type`, from the ledger's `events()` and
+    `nodes()`: failures are nodes of that type cordoned (the node check) and allocations on it whose lease expired
+    (a holder that died), plus `extra_failures` (this flow's recoveries not in the ledger); exposure is the
+    GPU-seconds of every allocation on that type. Pooled with the prior (interval.py)."""
+    now = time.time() if now is None else now
+    kind = {n["name"]: n["gpu_type"] for n in nodes}
+    starts: dict[str, tuple[float, int]] = {}
+    ends: dict[str, float] = {}
+    failures = extra_failures
+    for e in events:
+        if e["kind"] == "allocated":
+            n = sum(len(ix) for node, ix in e.get("nodes", {}).items() if kind.get(node) == gpu_type)
+            if n:
+                starts[e["allocation"]] = (e["ts"], n)
+        elif e["kind"] in ("released", "lease-expired") and e.get("allocation"):
+            ends[e["allocation"]] = e["ts"]
+            failures += e["kind"] == "lease-expired" and e["allocation"] in starts
+        elif e["kind"] == "cordoned" and kind.get(e["subject"]) == gpu_type:
+            failures += 1
+    exposure = sum((ends.get(a, now) - t0) * n for a, (t0, n) in starts.items())
+    mtbf = pooled_mtbf_s(gpus, failures, exposure)
+    return mtbf, (f"ledger: {failures} failure(s) in {exposure / 3600:.1f} GPU-hours on {gpu_type}, pooled with the "
+                  f"prior of one per {PRIOR_GPU_MTBF_S / 3600 / 8766:.1f} GPU-years")
+
+
+def note_placement(recoveries: list[dict], prev: Placed | None, plan: Any, alloc: Any, job: Any,
+                   logger: Any) -> Placed:
+    """The submit flow's hook after each placement: after a recovery, record the move in the newest recovery
+    record (`relayout`) and log it. Returns this attempt's `Placed` (the next call's `prev`)."""
+    now = placed(plan, alloc, job.training.global_batch, job.training.micro_batch)
+    if recoveries and prev is not None and "relayout" not in recoveries[-1]:
+        rec = recoveries[-1]
+        rl = relayout(prev, now, f"{rec['diagnosis']['type']} on {', '.join(prev.nodes)}", rec["action"]["kind"])
+        rec["relayout"] = rl.model_dump()
+        logger.warning("recovery placement: %s", rl.why)
+    return now
+
+
+def tune_auto(job: Any, ledger: Any, plan: Any, alloc: Any, failures: int, logger: Any) -> None:
+    """For `checkpoint.every_steps: auto` without a user `mtbf_s`: the MTBF of the pool this attempt runs on (set
+    on the attempt's copy of the job, so a recovery that moves the job re-tunes it)."""
+    ck = job.training.checkpoint
+    if ck.every_steps != "auto" or ck.mtbf_s is not None:
+        return
+    ck.mtbf_s, source = pool_mtbf(ledger.events(limit=100_000), ledger.nodes(), plan.gpu_type, alloc.gpus, failures)
+    logger.info("checkpoint.every_steps auto: MTBF %.0f s for %d x %s (%s)", ck.mtbf_s, alloc.gpus, plan.gpu_type,
+                source)

@@ -1,0 +1,161 @@
+"""`checkpoint.every_steps: auto`: the Young/Daly interval sqrt(2 x C x M), re-measured as the job runs.
+
+C, the cost of one checkpoint, is what the training loop loses to it: the time the loop was blocked (the snapshot
+copy) plus the drag, the extra step time while the background persist competes for cores, memory bandwidth and
+PCIe. Both are measured together: the seconds of the steps from one save to the next, beyond the same number of
+steps at the no-checkpoint pace (the median of recent steps with no persist running and no save just before).
+M is the job's mean time between failures.
+
+M comes from `checkpoint.mtbf_s` when it is set: `frenzy submit` fills it in from the ledger's failure history for
+the GPU pool the job is placed on (`mtbf_from_ledger`), and again after a recovery moves the job. Without history
+the prior is Llama 3's pretraining record (Dubey et al. 2024, section 3.3.4): 419 unexpected interruptions in 54
+days on 16,384 GPUs, i.e. one failure per 1.82e8 GPU-seconds (5.8 GPU-years), divided by the job's GPU count; a
+ledger's own failures and GPU-seconds are added to that prior (one pseudo-failure's worth), so a few observed
+failures dominate it quickly. The interval is capped at `MAX_INTERVAL_S` (30 min: failures the ledger never sees,
+such as a SIGKILL of the whole job, still cost at most that) and at the job's remaining steps.
+
+Every rank measures its own figures; the interval is agreed (the largest) at each save, so every rank checkpoints
+at the same step. Each change is logged with its inputs (a `checkpoint_interval` progress record).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+PRIOR_GPU_MTBF_S = 16384 * 54 * 86400 / 419
+"""GPU-seconds per failure in Llama 3's 54-day pretraining (419 unexpected interruptions on 16,384 H100s)."""
+MAX_INTERVAL_S = 1800.0
+FIRST_SAVE_STEPS = 10
+"""The first checkpoint comes after this many steps (or the prior's interval, if shorter): it measures the cost."""
+
+
+def young_daly_s(cost_s: float, mtbf_s: float) -> float:
+    """Young's first-order optimum interval between checkpoints (Daly's refinement agrees while cost << MTBF)."""
+    return math.sqrt(2.0 * max(cost_s, 0.0) * max(mtbf_s, 0.0))
+
+
+def prior_mtbf_s(gpus: int) -> float:
+    return PRIOR_GPU_MTBF_S / max(gpus, 1)
+
+
+def pooled_mtbf_s(gpus: int, failures: int, gpu_seconds: float) -> float:
+    """The job's MTBF from a pool's observed failures and GPU-seconds of exposure, with the prior as one
+    pseudo-failure over `PRIOR_GPU_MTBF_S` GPU-seconds."""
+    return (PRIOR_GPU_MTBF_S + max(gpu_seconds, 0.0)) / (1 + max(failures, 0)) / max(gpus, 1)
+
+
+@dataclass
+class IntervalInputs:
+    """What the chosen interval came from (logged with it)."""
+
+    every_steps: int
+    interval_s: float
+    cost_s: float
+    blocked_s: float
+    drag_s: float
+    mtbf_s: float
+    mtbf_source: str
+    step_s: float
+    persist_s: float
+
+
+class Cadence:
+    """When the loop checkpoints: every N steps (fixed), or the Young/Daly interval (auto) re-measured at each save.
+
+    The loop calls `step_done(now, persisting)` after each optimizer step, `due(step)` to ask, and `saved(step,
+    blocked_s, persist_s)` after each save (collectively, on every rank)."""
+
+    def __init__(self, every: int | str, steps: int, gpus: int, mtbf_s: float | None = None,
+                 agree: Callable[[int], int] = lambda v: v,
+                 report: Callable[[IntervalInputs], None] | None = None) -> None:
+        self.auto = every == "auto"
+        self.steps, self.agree, self.report = steps, agree, report
+        self.mtbf_s = mtbf_s if mtbf_s else prior_mtbf_s(gpus)
+        self.mtbf_source = "checkpoint.mtbf_s" if mtbf_s else f"prior (Llama 3 failure rate, {gpus} GPU(s))"
+        self.every = FIRST_SAVE_STEPS if self.auto else int(every)
+        self.last_saved = 0
+        self.inputs: IntervalInputs | None = None
+        self._t: float | None = None
+        self._steps_seen = 0
+        self._base: list[float] = []  # recent step seconds away from any checkpoint work: the no-checkpoint pace
+        self._open: list[float] | None = None  # [seconds, steps] since the newest save
+        self._costs: list[float] = []  # per save: its interval's seconds beyond the no-checkpoint pace
+        self._blocked: list[float] = []
+        self._persist_s = 0.0  # the newest completed persist
+
+    def start(self, step: int) -> None:
+        """The step training starts (or resumes) from."""
+        self.last_saved = step
+
+    def step_done(self, now: float, persisting: bool) -> None:
+        """After each optimizer step. A step's seconds include the snapshot of a save just before it and the wait
+        for a staged copy, so an interval's excess over the no-checkpoint pace is everything its save cost."""
+        if self._t is not None:
+            dt = now - self._t
+            self._steps_seen += 1
+            if self._open is not None:
+                self._open[0] += dt
+                self._open[1] += 1
+            # warm-up steps (allocation, first kernels) are no pace; nor is a step beside a persist or just after a save
+            quiet = not persisting and (self._open is None or self._open[1] > 2)
+            if self._steps_seen > 2 and quiet:
+                self._base = (self._base + [dt])[-64:]
+        self._t = now
+
+    def due(self, step: int) -> bool:
+        if not self.auto:
+            return step % self.every == 0
+        return step - self.last_saved >= self.every
+
+    def saved(self, step: int, blocked_s: float, persist_s: float | None) -> None:
+        self.last_saved = step
+        if self._open is not None and self._open[1] and self._base:
+            self._costs = (self._costs + [max(self._open[0] - self._open[1] * _median(self._base), 0.0)])[-16:]
+        self._open = [0.0, 0]
+        self._blocked = (self._blocked + [blocked_s])[-16:]
+        if persist_s is not None:
+            self._persist_s = persist_s
+        if self.auto and step < self.steps:  # the final save needs no next interval
+            self._retune(step)
+
+    def _retune(self, step: int) -> None:
+        if not self._base:
+            return
+        step_s = _median(self._base)
+        blocked = sum(self._blocked) / len(self._blocked)
+        # until one interval after a save has been measured, the blocked time is all that is known of the cost
+        cost = max(_median(self._costs), blocked) if self._costs else blocked
+        persist = self._persist_s
+        interval = min(young_daly_s(cost, self.mtbf_s), MAX_INTERVAL_S)
+        # never shorter than a persist (a save would find its buffer still persisting and be deferred)
+        every = max(round(interval / step_s), math.ceil(persist / step_s) + 1, 1)
+        every = self.agree(min(every, max(self.steps - step, 1)))
+        changed = every != self.every or self.inputs is None
+        self.every = every
+        self.inputs = IntervalInputs(every, interval, cost, blocked, cost - blocked, self.mtbf_s, self.mtbf_source,
+                                     step_s, persist)
+        if changed and self.report is not None:
+            self.report(self.inputs)
+
+    def describe(self) -> dict:
+        return asdict(self.inputs) if self.inputs else {"every_steps": self.every}
+
+
+def agree_max(value: int) -> int:
+    """The largest `value` over the ranks (every rank must checkpoint at the same steps)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2

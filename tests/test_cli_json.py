@@ -1,0 +1,104 @@
+"""Every `frenzy` command that computes something, run as a user runs it (a subprocess) with `--json`: the whole of
+stdout is one JSON document. Library chatter (the HiGHS banner of the ILP baseline, torchrun's children, Ray)
+must go to stderr or nowhere (cli/output.py, issue 26)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cli.main import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+LOG = REPO / "tests" / "data" / "diagnosis" / "maddog-11-oom-old-format.log"
+
+# commands whose --json is parsed by another test, because running them needs a Prefect server and minutes
+ELSEWHERE = {"submit": "tests/test_submit.py::test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes",
+             "demo": "benchmarks/pipeline.py (the whole pipeline, minutes on 2 cores)"}
+
+
+def frenzy(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli", *argv], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """Inputs the commands read: a text corpus, a ledger with the phoebe nodes, a straggler trace."""
+    d = tmp_path_factory.mktemp("cli_json")
+    (d / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
+    assert frenzy("cluster", "init", "--cluster", "phoebe", "--ledger", str(d / "l.db"), cwd=d).returncode == 0
+    r = frenzy("stragglers", "generate", str(d / "t" / "trace.parquet"), "--dp", "2", "--pp", "2", "--steps", "3",
+               "--slow-worker", "1,1,1.5", cwd=d)
+    assert r.returncode == 0, r.stderr
+    return {"dir": d}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(world) -> Path:
+    """A committed checkpoint of the tiny model (10 steps), for evaluate and export."""
+    d = world["dir"]
+    r = frenzy("train", str(REPO / "examples/jobs/tiny.yaml"), "--steps", "10", "--run-dir", str(d / "run"),
+               "--checkpoint-uri", f"file://{d}/ckpt", cwd=d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d / "ckpt"
+
+
+def _cases() -> list:
+    job, ex = str(REPO / "examples/jobs/gpt2-7b.yaml"), str(REPO / "examples/jobs/tiny.yaml")
+    slow = pytest.mark.slow
+    c: list[tuple[str, Callable[[Path], list[str]]] | object] = [
+        ("plan", lambda d: ["plan", job, "--cluster", "phoebe", "--top", "3"]),
+        ("memory", lambda d: ["memory", job, "--tp", "4", "--dp", "2", "--gpu", "A100-40GB-SXM"]),
+        ("gpus", lambda d: ["gpus"]),
+        ("presets", lambda d: ["presets"]),
+        ("cluster", lambda d: ["cluster", "show", "--ledger", str(d / "l.db")]),
+        # the ILP baseline: HiGHS prints its banner from C on fd 1 (issue 26)
+        ("simulate", lambda d: ["simulate", "--trace", "newworkload:12", "--policy", "ilp", "--policy", "has"]),
+        ("train", lambda d: ["train", ex, "--steps", "4", "--run-dir", str(d / "run4"), "--checkpoint-uri",
+                             f"file://{d}/ckpt4"]),
+        ("checkpoints", lambda d: ["checkpoints", str(d)]),
+        ("stragglers", lambda d: ["stragglers", "analyze", str(d / "t" / "trace.parquet")]),
+        ("diagnose", lambda d: ["diagnose", str(LOG)]),
+        ("eval-plan", lambda d: ["eval-plan", "--suite", "core", "--nodes", "2"]),
+        ("eval-datasets", lambda d: ["eval-datasets"]),
+        ("tokenizer", lambda d: ["tokenizer", "train", str(d / "corpus.txt"), "--out", str(d / "tok.json"),
+                                 "--vocab-size", "300"]),
+        ("data", lambda d: ["data", "prepare", str(d / "corpus.txt"), "--out", str(d / "shards")]),
+        pytest.param("cluster check", lambda d: ["cluster", "check", "--ledger", str(d / "l.db"), "--nodes",
+                                                 "ampere-0,ampere-1"], marks=slow),
+        pytest.param("evaluate", lambda d: ["evaluate", str(d / "ckpt"), "--suite", "quick", "--out-dir", str(d / "ev"),
+                                            "--history-dir", str(d / "hist"), "--no-learn"], marks=slow),
+        pytest.param("export", lambda d: ["export", str(d / "ckpt"), str(d / "hf")], marks=slow),
+    ]
+    return c
+
+
+NEEDS_CHECKPOINT = {"evaluate", "export"}
+
+
+@pytest.mark.parametrize(("name", "argv"), _cases())
+def test_json_stdout_is_exactly_one_document(name, argv, world, request):
+    if name in NEEDS_CHECKPOINT:
+        request.getfixturevalue("checkpoint")
+    d = world["dir"]
+    r = frenzy(*argv(d), "--json", cwd=d)
+    assert r.returncode == 0, f"frenzy {name}: {r.stderr[-2000:]}"
+    doc = json.loads(r.stdout)  # the whole of stdout: a banner or a progress line before it fails here
+    assert isinstance(doc, dict) and doc, f"frenzy {name} --json printed {r.stdout[:200]!r}"
+
+
+def test_every_command_is_checked_for_one_json_document():
+    """A new command lands in the cases above (or says which test parses its --json)."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    covered = {str(p.values[0]).split()[0] if hasattr(p, "values") else p[0] for p in _cases()} | set(ELSEWHERE)
+    assert set(sub.choices) - covered == set()
+
+
+def test_an_error_under_json_prints_nothing_on_stdout_and_exits_2(tmp_path):
+    r = frenzy("plan", str(tmp_path / "missing.yaml"), "--json", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "" and "frenzy plan: error:" in r.stderr

@@ -1,0 +1,78 @@
+"""tasks/training/elastic.py: the recovery's relayout record and the pool MTBF `auto` is tuned for, from a real
+(SQLite) ledger's allocations, cordons and expired leases."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from cluster.has import GpuRequest
+from cluster.inventory import Cluster, Node
+from cluster.ledger import Ledger
+from tasks.planning.layout import Layout
+from tasks.training import elastic as E
+from tasks.training.interval import PRIOR_GPU_MTBF_S
+
+CLUSTER = Cluster(name="t", nodes=[Node(name="n0", gpu="A100-40GB-PCIE", count=4),
+                                   Node(name="n1", gpu="A100-40GB-PCIE", count=4),
+                                   Node(name="n2", gpu="A100-80GB-PCIE", count=2)])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_pool_mtbf_counts_failures_and_gpu_hours_of_that_gpu_type(tmp_path):
+    clock = Clock()
+    led = Ledger(f"sqlite:///{tmp_path}/l.db", clock=clock)
+    led.sync(CLUSTER)
+    a = led.allocate("a", [GpuRequest(8, 40, types=frozenset({"A100-40GB-PCIE"}))], lease_s=10**6)
+    b = led.allocate("b", [GpuRequest(2, 80)], lease_s=50)
+    clock.t += 3600  # a: 8 GPUs for an hour; b's lease runs out after 50 s (its holder died)
+    led.release(a.id)
+    led.cordon("n1", "node check failed")
+    mtbf, source = E.pool_mtbf(led.events(limit=1000), led.nodes(), "A100-40GB-PCIE", gpus=4, now=clock.t)
+    assert math.isclose(mtbf, (PRIOR_GPU_MTBF_S + 8 * 3600) / (1 + 1) / 4)  # one cordon in 8 GPU-hours
+    assert "1 failure(s) in 8.0 GPU-hours" in source
+    mtbf80, _ = E.pool_mtbf(led.events(limit=1000), led.nodes(), "A100-80GB-PCIE", gpus=2, now=clock.t)
+    # the expired lease is that pool's failure; its exposure ends when the ledger reclaimed it (the next
+    # transaction, an hour later here)
+    assert math.isclose(mtbf80, (PRIOR_GPU_MTBF_S + 2 * 3600) / 2 / 2)
+    assert b.gpus == 2
+
+
+def _plan(gpus: int, gpu_type: str, dp: int, tp: int, mb: int) -> SimpleNamespace:
+    return SimpleNamespace(gpu_type=gpu_type, layout=Layout(dp=dp, tp=tp, micro_batch=mb))
+
+
+def _alloc(gpus: int, nodes: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(gpus=gpus, nodes=[SimpleNamespace(node=n) for n in nodes])
+
+
+def test_a_move_to_fewer_gpus_keeps_the_global_batch_and_says_why():
+    old = E.placed(_plan(8, "A100-40GB-PCIE", 8, 1, 4), _alloc(8, ["n0", "n1"]), global_batch=64)
+    new = E.placed(_plan(2, "A100-80GB-PCIE", 2, 1, 4), _alloc(2, ["n2"]), global_batch=64)
+    assert old.grad_accumulation == 2 and new.grad_accumulation == 8  # 8 x 4 x 2 = 2 x 4 x 8 = 64
+    rl = E.relayout(old, new, "NodeFailure on n0, n1", "resume")
+    assert rl.changed and rl.old.dp == 8 and rl.new.gpu_type == "A100-80GB-PCIE"
+    assert "8 x A100-40GB-PCIE (dp 8 x tp 1) -> 2 x A100-80GB-PCIE (dp 2 x tp 1)" in rl.why
+    assert "without n0, n1" in rl.why and "8 micro-batch(es) of 4" in rl.why
+    same = E.relayout(old, old, "CUDAError on n0", "resume")
+    assert not same.changed and "the same layout" in same.why
+
+
+def test_note_placement_records_the_move_in_the_newest_recovery():
+    logged: list[str] = []
+    logger = SimpleNamespace(warning=lambda fmt, *a: logged.append(fmt % a))
+    job = SimpleNamespace(training=SimpleNamespace(global_batch=16, micro_batch=None))
+    recoveries: list[dict] = []
+    first = E.note_placement(recoveries, None, _plan(4, "A100-40GB-PCIE", 4, 1, 2), _alloc(4, ["n0"]), job, logger)
+    recoveries.append({"diagnosis": {"type": "NodeFailure"}, "action": {"kind": "resume"}})
+    E.note_placement(recoveries, first, _plan(2, "A100-80GB-PCIE", 1, 2, 2), _alloc(2, ["n2"]), job, logger)
+    rl = recoveries[0]["relayout"]
+    assert rl["old"]["gpus"] == 4 and rl["new"]["tp"] == 2 and rl["new"]["grad_accumulation"] == 8
+    assert "NodeFailure on n0" in rl["why"] and logged and "recovery placement" in logged[0]
