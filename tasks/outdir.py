@@ -137,3 +137,36 @@ def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False) -> 
     """Write one file by temp + rename under the same lock and overwrite rules as `atomic_dir`."""
     with atomic_path(dest, what, overwrite=overwrite) as tmp:
         tmp.write_bytes(data)
+
+
+_HELD: dict[Path, int] = {}
+"""Run directories this process holds (the lock is re-entrant within a process: flock is not)."""
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path, what: str = "frenzy train") -> Iterator[None]:
+    """Hold `run_dir` for one trainer: a second process launching into it (its job.json, progress.jsonl, stop and
+    kill files) would make the first train the second's job and read its progress. Fails at once, naming the
+    holder's pid and the fix."""
+    run_dir = run_dir.absolute()
+    if run_dir in _HELD:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / ".run.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise OutputError(f"run directory {run_dir} is in use by another trainer (pid {holder}); wait for it, "
+                              "stop it, or give this run another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _HELD[run_dir] = fd
+        try:
+            yield
+        finally:
+            del _HELD[run_dir]
+    finally:
+        os.close(fd)

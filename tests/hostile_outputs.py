@@ -78,3 +78,32 @@ CASES = [
         lambda r: ["tokenizer", "train", _text(r), "--out", str(r / "mine.json"), "--vocab-size", "300",
                    "--overwrite"], "os:replace", -1), _same_tokenizer, keep=("mine.json",), setup=_old_tokenizer),
 ]
+
+
+def _two_trainers(root: Path) -> Run:
+    """A real `frenzy train` holds a run directory; a second one with another job and checkpoint is pointed at it.
+    Before the run-directory lock, the second rewrote job.json and the first trained the second's job."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    common = ["examples/jobs/tiny.yaml", "--run-dir", str(root / "run"), "--device", "cpu", "--json"]
+    first = subprocess.Popen([sys.executable, "-m", "cli", "train", *common, "--steps", "12",
+                              "--checkpoint-uri", f"file://{root}/ckA"], cwd=_REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    lock, deadline = root / "run" / ".run.lock", time.monotonic() + 60
+    while time.monotonic() < deadline and first.poll() is None and \
+            not (lock.is_file() and lock.read_text().strip() == str(first.pid)):
+        time.sleep(0.05)  # waits for the other process's lock record, not for time
+    second = cli("train", *common, "--steps", "4", "--checkpoint-uri", f"file://{root}/ckB")
+    out, _ = first.communicate(timeout=300)
+    doc = json.loads(out) if first.returncode == 0 else {}
+    if doc.get("final_step") != 12 or any("ckA" not in c["uri"] for c in doc.get("checkpoints", [{"uri": ""}])):
+        return Run(0, out=f"the first trainer ended with {first.returncode}: {out[:300]}")
+    return second
+
+
+_REPO = Path(__file__).resolve().parents[1]
+CASES.append(Case(OUT, "two trainers on one run directory", _two_trainers, ("in use by another trainer", "--run-dir"),
+                  timeout_s=400))
