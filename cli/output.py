@@ -102,6 +102,15 @@ USER_ERRORS = (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, V
                IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError)
 
 
+def _leave_ray() -> None:
+    """Disconnect from Ray while stdout still points at stderr: its shutdown and dead-raylet banners (several KB
+    after a node was lost) would otherwise land after the JSON document."""
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the parsed command `args.fn`: its exit status; under --json exactly one document on stdout."""
     if not getattr(args, "json", False):
@@ -113,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
     token = _document.set(holder)
     try:
         with _stdout_to_stderr():
-            rc = args.fn(args)
+            try:
+                rc = args.fn(args)
+            finally:
+                _leave_ray()
     except USER_ERRORS as err:
         return _error(args.command, err)
     finally:
