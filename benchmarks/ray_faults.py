@@ -5,7 +5,7 @@ the group) and training again (the first step record of the resumed run); and wh
 node's ledger state, the step resumed from against the last commit, evaluations present. SIGKILL and SIGSTOP
 alternate, so both see the same machine load; a faulted worker is replaced by a fresh node of the same name.
 
-    python benchmarks/ray_faults.py              # writes benchmarks/results/ray_faults.{json,md}; BENCH_REPS=3
+    python benchmarks/ray_faults.py              # writes benchmarks/results/ray_faults.{json,md}; BENCH_REPS=2, BENCH_EVALUATION=off
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def _markdown(rows: list[dict], meta: dict) -> str:
     out = ["# Hard faults under `frenzy submit --executor ray`\n", f"Command: `{COMMAND}` (BENCH_REPS="
            f"{meta['reps']}), {meta['date']}. Machine: {meta['machine']}, shared with other work while it ran, no "
            "GPU; Ray {ray}, default health check. Cluster: a head and two workers on loopback, one fake A100-40GB "
-           "and one CPU each; job gpt-tiny, seq 256, global batch 16 (plan dp=2 on two nodes), 60 steps, a "
-           "checkpoint every 10, fault once step 20 committed; in-flow evaluation (suite of 8 held-out "
-           "examples).\n".format(ray=meta["ray"]), "Detection: fault to the `frenzy: node X lost` line; training "
+           "and one CPU each; job gpt-tiny, seq 256, global batch 16 (plan dp=2 on two nodes), 40 steps, a "
+           "checkpoint every 20, fault once step 20 committed; evaluation {ev} (BENCH_EVALUATION).\n"
+           .format(ray=meta["ray"], ev=meta["evaluation"]), "Detection: fault to the `frenzy: node X lost` line; training "
            "again: fault to the first step record of the resumed run (both polled every 0.2 s).\n",
            "| # | signal | exit | detected (s) | training again (s) | committed at fault | resumed from | final | "
            "resumed on | evals | victim in ledger |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -84,7 +84,7 @@ def main() -> int:
     import ray
     from prefect.testing.utilities import prefect_test_harness
 
-    reps = int(os.environ.get("BENCH_REPS", "3"))
+    reps = int(os.environ.get("BENCH_REPS", "2"))
     c, nodes = start_cluster(["w1", "w2"], cpus=1, head_resources={"frenzy_node:head": 1,
                                                                   "frenzy_gpu:A100-40GB": 1}, head_gpus=1)
     rows: list[dict] = []
@@ -94,7 +94,7 @@ def main() -> int:
                 for sig in (signal.SIGKILL, signal.SIGSTOP):
                     tmp = Path(d) / f"{sig.name}-{i}"
                     tmp.mkdir()
-                    run = submit_with_fault(tmp, nodes, sig)
+                    run = submit_with_fault(tmp, nodes, sig, evaluation=os.environ.get("BENCH_EVALUATION", "off"))
                     rows.append(_row(run))
                     print(json.dumps({k: v for k, v in rows[-1].items() if k != "stderr_tail"}), flush=True)
                     if run.victim:
@@ -109,7 +109,8 @@ def main() -> int:
                 except ProcessLookupError:
                     pass
         c.shutdown()
-    meta = {"reps": reps, "date": datetime.now(UTC).strftime("%Y-%m-%d"), "ray": ray.__version__,
+    meta = {"reps": reps, "evaluation": os.environ.get("BENCH_EVALUATION", "off"),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d"), "ray": ray.__version__,
             "machine": f"{os.cpu_count()}-core {platform.machine()}"}
     out = REPO / "benchmarks" / "results"
     (out / "ray_faults.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=1))

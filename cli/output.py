@@ -97,9 +97,10 @@ def _error(command: str, err: BaseException) -> int:
 _OS_WHAT = {IsADirectoryError: "is a directory; give a file", NotADirectoryError: "is a file; give a directory",
             FileExistsError: "exists and is not a directory", PermissionError: "is not accessible"}
 
-# ValueError covers LedgerError and TraceError; RuntimeError covers checkpoint and storage errors
+# ValueError covers LedgerError and TraceError; RuntimeError covers checkpoint and storage errors (and Ray's executor
+# errors); TimeoutError is the queue's "no plan fitted within --max-wait", whose message names the fix
 USER_ERRORS = (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError, RuntimeError,
-               IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError)
+               IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError, TimeoutError)
 
 
 def _leave_ray() -> None:

@@ -69,8 +69,9 @@ def _steps_after(progress: Path, offset: int) -> bool:
         return any(b'"event": "step"' in line or b'"event":"step"' in line for line in f)
 
 
-def submit_with_fault(tmp: Path, nodes: dict[str, Any], sig: int, *, at_step: int = 20, steps: int = 60,
-                      every: int = 10, timeout_s: float = 900.0, env: dict[str, str] | None = None) -> FaultRun:
+def submit_with_fault(tmp: Path, nodes: dict[str, Any], sig: int, *, at_step: int = 20, steps: int = 40,
+                      every: int = 20, evaluation: str = "in-flow", timeout_s: float = 900.0,
+                      env: dict[str, str] | None = None) -> FaultRun:
     """Run `frenzy submit --executor ray --json` in `tmp` (relative run and history dirs: the submitting side must
     resolve them), fault the allocation's first non-head node with `sig` once step `at_step` has committed, and
     wait for the command to finish."""
@@ -78,7 +79,7 @@ def submit_with_fault(tmp: Path, nodes: dict[str, Any], sig: int, *, at_step: in
 
     job_yaml(tmp, steps, every)
     cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--executor", "ray", "--ledger", str(tmp / "l.db"),
-           "--evaluation", "in-flow", "--suite", "small.yaml", "--device", "cpu", "--run-dir", "run",
+           "--evaluation", evaluation, "--suite", "small.yaml", "--device", "cpu", "--run-dir", "run",
            "--history-dir", "evals", "--max-wait", "120", "--json"]
     full_env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "", "FRENZY_HOME": str(tmp / "home"),
                 "PYTHONPATH": str(REPO), **(env or {})}

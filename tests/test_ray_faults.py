@@ -62,7 +62,7 @@ def _check_recovered(run, tmp: Path) -> None:
     assert run.victim_state[0] in ("down", "cordoned"), run.victim_state  # out of the ledger, with the reason
     committed = [m.step for m in ck.committed(Storage(f"file://{tmp}/ckpt"))]
     assert doc["train"]["resumed_from_step"] >= run.committed_at_fault  # no committed step lost
-    assert doc["train"]["final_step"] == max(committed) == 60
+    assert doc["train"]["final_step"] == max(committed) == 40
     assert doc["evaluations"] and all(Path(e["result"]).is_file() for e in doc["evaluations"])
     assert all(Path(e["result"]).is_relative_to(tmp / "evals") for e in doc["evaluations"])  # the submitter's dir
     assert Ledger(str(tmp / "l.db")).allocations() == []  # nothing left allocated, nothing double-allocated

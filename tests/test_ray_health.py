@@ -86,3 +86,17 @@ def test_nodes_without_a_frenzy_name_are_left_out_and_none_at_all_is_refused(mon
     with pytest.raises(InventoryError, match="frenzy_node:NAME") as err:
         inventory.ray_inventory()
     assert "1 alive without" in str(err.value) and "bbbbbbbb" in str(err.value)
+
+
+def test_a_queue_timeout_exits_2_with_its_message_and_no_traceback(capsys):
+    import argparse
+
+    from cli.output import run
+
+    def waited(args: argparse.Namespace) -> int:  # what flows/place.py raises after --max-wait
+        raise TimeoutError("j: no plan fitted within 1 s (queue position 1); free GPUs, uncordon nodes or raise the "
+                           "timeout")
+
+    assert run(argparse.Namespace(fn=waited, json=True, command="submit")) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "frenzy submit: error: j: no plan fitted" in out.err and "Traceback" not in out.err
