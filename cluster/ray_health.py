@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from cluster.ray_nodes import alive_nodes, connect, frenzy_name, node_resource
+from cluster.ray_nodes import connect, frenzy_name, node_resource
 
 Verdict = Literal["alive", "dead", "unreachable"]
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ class NodeVerdict(BaseModel):
     """`ray` (Ray's health check declared it dead), `port` (its raylet refused a connection), `task` (a pinned task
     answered), `gone` (no alive Ray node has that name: dead before the check, or never there), or `timeout`."""
     seconds: float
+    ray_id: str = ""
+    """The first 8 hex digits of the Ray node id it had, when Ray still listed it alive (a node that rejoins gets a new
+    one)."""
 
 
 def _raylet_refuses(info: dict[str, Any]) -> bool:
@@ -73,10 +76,13 @@ def node_verdicts(nodes: Sequence[str], address: str | None = None, probe_s: flo
     t0 = time.monotonic()
     out: dict[str, NodeVerdict] = {}
 
-    def settle(n: str, verdict: Verdict, how: str) -> None:
-        out[n] = NodeVerdict(node=n, verdict=verdict, how=how, seconds=round(time.monotonic() - t0, 2))
-
     known = _alive(ray)
+    ids = {n: known[n]["NodeID"][:8] for n in nodes if n in known}
+
+    def settle(n: str, verdict: Verdict, how: str) -> None:
+        out[n] = NodeVerdict(node=n, verdict=verdict, how=how, seconds=round(time.monotonic() - t0, 2),
+                             ray_id=ids.get(n, ""))
+
     for n in nodes:
         if n not in known:
             settle(n, "dead", "gone")
@@ -113,10 +119,15 @@ def sync_ledger(ledger: Any, address: str | None = None) -> list[str]:
     """Bring the ledger's node states in line with Ray's (nodes not alive in Ray `down`, rejoined ones `up`); the
     changed nodes. Run before every placement, so nothing is placed on a node Ray already knows is gone."""
     when = time.strftime("%Y-%m-%d %H:%M")
-    alive = set(alive_nodes(address))
-    # every ledger node counts: with the Ray executor, a node that is not an alive named Ray node can run nothing
-    changed = ledger.set_liveness({n["name"]: n["name"] in alive for n in ledger.nodes()},
-                                  f"not alive in Ray at {when} (its raylet is gone or was never started)")
+    ray = connect(address)
+    alive = {name: info["NodeID"][:8] for name, info in _alive(ray).items()}
+    # Every ledger node counts: with the Ray executor, a node that is not an alive named Ray node can run nothing.
+    # A node found dead by a direct probe before Ray's health check caught up is still listed alive under the id it
+    # died with (kept in its reason): it stays down until Ray lists that name under a new id (the node rejoined).
+    states = {n["name"]: n["name"] in alive and not (n["state"] == "down" and
+                                                     f"Ray node {alive[n['name']]}" in n["reason"])
+              for n in ledger.nodes()}
+    changed = ledger.set_liveness(states, f"not alive in Ray at {when} (its raylet is gone or was never started)")
     for n in changed:
         log.warning("ledger: Ray node %s is now %s", n, next(x["state"] for x in ledger.nodes() if x["name"] == n))
     return changed
@@ -128,9 +139,10 @@ def settle_suspects(ledger: Any, nodes: Sequence[str], address: str | None = Non
     alive nodes and every verdict."""
     verdicts = node_verdicts(nodes, address, probe_s)
     when = time.strftime("%Y-%m-%d %H:%M")
-    dead = {n: False for n, v in verdicts.items() if v.verdict == "dead"}
-    if dead:
-        ledger.set_liveness(dead, f"dead at {when}: lost during training ({', '.join(verdicts[n].how for n in dead)})")
+    for n, v in verdicts.items():
+        if v.verdict == "dead":  # one at a time: the reason names the Ray node id it died with (see sync_ledger)
+            ledger.set_liveness({n: False}, f"dead at {when}: lost during training ({v.how}"
+                                            f"{f'; Ray node {v.ray_id}' if v.ray_id else ''})")
     for n, v in verdicts.items():
         if v.verdict == "unreachable":
             ledger.cordon(n, f"unreachable at {when}: no answer within {probe_s:.0f} s (hung raylet or partition); "

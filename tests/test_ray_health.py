@@ -100,3 +100,19 @@ def test_a_queue_timeout_exits_2_with_its_message_and_no_traceback(capsys):
     assert run(argparse.Namespace(fn=waited, json=True, command="submit")) == 2
     out = capsys.readouterr()
     assert out.out == "" and "frenzy submit: error: j: no plan fitted" in out.err and "Traceback" not in out.err
+
+
+def test_a_node_found_dead_before_ray_noticed_stays_down_until_it_rejoins(tmp_path, monkeypatch):
+    from cluster import ray_health
+
+    led = _ledger(tmp_path)
+    led.set_liveness({"w1": False}, "dead at 12:00: lost during training (port; Ray node aaaaaaaa)")
+    head = _info("h", {"frenzy_node:head": 1})
+    old_w1 = _info("a", {"frenzy_node:w1": 1})  # Ray's health check has not caught up: still listed alive
+    monkeypatch.setattr(ray_health, "connect", lambda address=None: _FakeRay([head, old_w1]))
+    assert ray_health.sync_ledger(led) == ["w2"]  # w2 is not in Ray at all: down
+    assert {n["name"]: n["state"] for n in led.nodes()} == {"head": "up", "w1": "down", "w2": "down"}
+    new_w1 = _info("b", {"frenzy_node:w1": 1})  # the node rejoined: a new Ray node id
+    monkeypatch.setattr(ray_health, "connect", lambda address=None: _FakeRay([head, new_w1]))
+    assert ray_health.sync_ledger(led) == ["w1"]
+    assert {n["name"]: n["state"] for n in led.nodes()} == {"head": "up", "w1": "up", "w2": "down"}
