@@ -52,7 +52,8 @@ def _human(res: object, wall_s: float) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from flows.submit import SubmitRequest, submit
+    from cli.console import run_submit
+    from flows.submit import SubmitRequest
     from tasks.jobspec import load_job
 
     job = load_job(args.job)
@@ -61,7 +62,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
                         run_dir=args.run_dir, lease_s=args.lease, max_restarts=args.max_restarts,
                         hang_s=args.hang, executor=args.executor)
     t0 = time.monotonic()
-    res = submit(req)
+    res = run_submit("submit", req)
+    if res is None:
+        return 130
     emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 
@@ -81,7 +84,7 @@ def demo_request(base: Path) -> object:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows.submit import submit
+    from cli.console import run_submit
 
     base = Path(args.dir)
     for old in (base / "runs" / "demo", base / "evals" / "demo"):  # the demo's own previous run, nothing else
@@ -89,9 +92,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"removing the previous demo run {old}", file=sys.stderr)
             shutil.rmtree(old)
     print(f"frenzy demo: plan -> place -> train -> evaluate -> analyse -> release, everything under {base}/ "
-          "(about 3 minutes on 2 cores)", file=sys.stderr, flush=True)
+          "(about 1.5 minutes on 2 cores)", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    res = submit(demo_request(base))
+    res = run_submit("demo", demo_request(base))
+    if res is None:
+        return 130
     emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 

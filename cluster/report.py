@@ -30,13 +30,11 @@ def markdown_table(rows: list[dict[str, str]]) -> str:
 
 def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None:
     """CDF of job completion times, one line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for name, res in results.items():
         jct = np.sort([j.finish - j.trace.submit_s for j in res.jobs if j.finish is not None])
         if len(jct):
@@ -49,7 +47,6 @@ def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_jobs_csv(results: Mapping[str, Any], path: str) -> int:

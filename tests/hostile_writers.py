@@ -104,7 +104,7 @@ def patched(*a, **k):
         os.kill(os.getpid(), signal.SIGKILL)
     return out
 setattr(m, fn, patched)
-from flows.cli import main
+from cli.main import main
 sys.exit(main(sys.argv[4:]))
 """
 

@@ -142,3 +142,24 @@ def test_restarts_are_bounded():
     (b"[rank2]: RuntimeError: DataLoader worker (pid 9) is killed by signal: Killed.", "resume")])
 def test_the_action_follows_the_category(line, kind):
     assert decide(diagnose(line), 0, 2).kind == kind
+
+
+@pytest.mark.slow  # a submit flow up to the trainer's start
+def test_a_job_error_the_trainer_names_is_the_submit_error_without_tracebacks(prefect_server, tmp_path):
+    """A missing data.path: `frenzy submit` ends with the trainer's own message, first and in one paragraph (before:
+    "no rule explains the failure; a person must look" after three tracebacks)."""
+    job = _job(tmp_path, name="rec", steps=20, every=10)
+    job["training"]["data"] = {"source": "text", "path": str(tmp_path / "no-such-corpus")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
+           "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run")]
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "", "FRENZY_HOME": str(tmp_path / "home")}
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("frenzy submit: error: rec: ") and "no-such-corpus" in last, p.stderr[-3000:]
+    assert "no rule explains" not in p.stderr
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []

@@ -16,15 +16,13 @@ STREAMS = ["compute", *PP_COMM, "dp-comm"]
 
 def heatmap(res: Slowdowns, path: str | Path) -> Path:
     """PNG: one cell per worker (x = DP rank, y = stage), its slowdown; Reds from 1 to max(1.5, worst)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
     data = np.array(res.workers)
     P, D = data.shape
     # wide enough for the title even for a 1 x 1 map (the title was clipped on small jobs)
-    fig, ax = plt.subplots(figsize=(min(max(4.5, 2 + 0.45 * D), 24), min(max(2.5, 1.5 + 0.45 * P), 12)))
+    fig = Figure(figsize=(min(max(4.5, 2 + 0.45 * D), 24), min(max(2.5, 1.5 + 0.45 * P), 12)))
+    ax = fig.subplots()
     im = ax.imshow(data, cmap="Reds", vmin=1.0, vmax=max(1.5, float(data.max())), aspect="auto", origin="upper")
     if P * D <= 400:
         for s in range(P):
@@ -41,7 +39,6 @@ def heatmap(res: Slowdowns, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return out
 
 
