@@ -22,18 +22,27 @@ def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
     known = {n["name"] for n in ledger.nodes()}
     if args.cordon and (unknown := [n for n in names if n not in known]):
         raise ValueError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
+    verdicts: dict[str, Any] = {}
     if args.executor == "local":
         where, probe = "each probe a local process here", local_probe(timeout_s=args.timeout, backend=args.backend)
+        print(f"checking {len(names)} nodes in pairs ({where})...", file=sys.stderr, flush=True)
+        res = check_nodes(names, probe=probe)
+        if args.cordon:
+            res.cordoned = cordon_faulty(ledger, res)
     else:
-        from cluster.ray_exec import ray_probe
+        from cluster.ray_health import check_ray_nodes, cordon_gone
 
-        where = "each probe on its Ray node"
-        probe = ray_probe(timeout_s=args.timeout, backend=args.backend,
-                          address=None if args.executor == "ray" else args.executor)
-    print(f"checking {len(names)} nodes in pairs ({where})...", file=sys.stderr, flush=True)
-    res = check_nodes(names, probe=probe)
-    if args.cordon:
-        res.cordoned = cordon_faulty(ledger, res)
+        print(f"checking {len(names)} Ray nodes: alive?, then in pairs (each probe on its node)...", file=sys.stderr,
+              flush=True)
+        res, verdicts = check_ray_nodes(names, None if args.executor == "ray" else args.executor,
+                                        timeout_s=args.timeout, backend=args.backend)
+        if args.cordon:
+            gone = cordon_gone(ledger, verdicts)
+            res.cordoned = gone + cordon_faulty(ledger, res.model_copy(update={
+                "faulty": [n for n in res.faulty if n not in gone]}))
+            for n in res.unverified:  # on a cluster, a node no peer could clear is not a pass
+                ledger.cordon(n, "node check: unverified (no healthy peer to test it against)")
+                res.cordoned.append(n)
 
     def human() -> str:
         lines = [f"{len(res.nodes)} nodes checked in {len(res.rounds)} round(s), {res.seconds:.1f} s"]
@@ -45,7 +54,10 @@ def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
             lines.append("  every node passed")
         return "\n".join(lines)
 
-    emit(args, res.model_dump(), human)
+    doc = res.model_dump()
+    if verdicts:
+        doc["verdicts"] = {n: v.model_dump() for n, v in verdicts.items()}
+    emit(args, doc, human)
     return 0
 
 
@@ -61,6 +73,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         ledger.cordon(args.node, args.reason) if args.action == "cordon" else ledger.uncordon(args.node)
     elif args.action == "init" or not ledger.nodes():
         ledger.sync(load_cluster(args.cluster))
+        if args.cluster == "ray" or args.cluster.startswith("ray://"):  # nodes Ray knows dead go down
+            from cluster.ray_health import sync_ledger
+
+            sync_ledger(ledger, None if args.cluster == "ray" else args.cluster)
     nodes = ledger.nodes()
     allocs = [a.model_dump() for a in ledger.allocations()]
     doc = {"ledger": ledger.url, "nodes": nodes, "allocations": allocs, "queue": ledger.queue()}
@@ -82,7 +98,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from cluster.compare import compare_policies
     from cluster.simulator import SimConfig
+    from tasks.outdir import check_file_target
 
+    for flag, out in (("--plot", args.plot), ("--jobs-csv", args.jobs_csv)):
+        if out:  # before the simulation: a wrong path should not cost its minutes
+            check_file_target(out, f"cluster simulate {flag}", (args.trace,))
     cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order)
     doc, results = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
                                     max_jobs=args.max_jobs, progress=progress)

@@ -97,9 +97,19 @@ def _error(command: str, err: BaseException) -> int:
 _OS_WHAT = {IsADirectoryError: "is a directory; give a file", NotADirectoryError: "is a file; give a directory",
             FileExistsError: "exists and is not a directory", PermissionError: "is not accessible"}
 
-# ValueError covers LedgerError and TraceError; RuntimeError covers checkpoint and storage errors
+# ValueError covers LedgerError and TraceError; RuntimeError covers checkpoint and storage errors (and Ray's executor
+# errors); TimeoutError is the queue's "no plan fitted within --max-wait", whose message names the fix
 USER_ERRORS = (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError, RuntimeError,
-               IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError)
+               IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError, TimeoutError)
+
+
+def _leave_ray() -> None:
+    """Disconnect from Ray while stdout still points at stderr: its shutdown and dead-raylet banners (several KB
+    after a node was lost) would otherwise land after the JSON document."""
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     token = _document.set(holder)
     try:
         with _stdout_to_stderr():
-            rc = args.fn(args)
+            try:
+                rc = args.fn(args)
+            finally:
+                _leave_ray()
     except USER_ERRORS as err:
         return _error(args.command, err)
     finally:

@@ -59,8 +59,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job = load_job(args.job)
     req = SubmitRequest(job=job, cluster=args.cluster, ledger=args.ledger, suite=args.suite,
                         max_wait_s=args.max_wait, evaluation=args.evaluation, device=args.device,
-                        run_dir=args.run_dir, lease_s=args.lease, max_restarts=args.max_restarts,
-                        hang_s=args.hang, executor=args.executor)
+                        run_dir=str(Path(args.run_dir).absolute()) if args.run_dir else None, lease_s=args.lease,
+                        max_restarts=args.max_restarts, hang_s=args.hang, executor=args.executor,
+                        # absolute here, on the submitting side: Ray nodes write where their `ray start` ran
+                        history_dir=str(Path(args.history_dir).absolute()))
     t0 = time.monotonic()
     res = run_submit("submit", req)
     if res is None:
@@ -118,6 +120,9 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when allocated")
     sp.add_argument("--max-wait", type=float, default=3600.0, help="seconds to wait in the queue (default 3600)")
     sp.add_argument("--run-dir", help="progress, log, traces and report (default runs/<job name>)")
+    sp.add_argument("--history-dir", default="evals",
+                    help="evaluation results and the per-run score history (default ./evals; on Ray, a directory "
+                         "every node sees)")
     sp.add_argument("--lease", type=float, default=60.0,
                     help="allocation lease in seconds: a crashed run's GPUs come back this long after it died (60)")
     sp.add_argument("--max-restarts", type=bounded_int(0, 20), default=2,

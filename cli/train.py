@@ -23,7 +23,8 @@ def _spikes(result: dict) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tasks.training.launch import TrainFailed, launch
+    from tasks.outdir import run_dir_lock
+    from tasks.training.launch import TrainFailed, default_run_dir, launch
     from tasks.training.progress import describe
 
     job = load_job(args.job)
@@ -35,10 +36,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     def show(rec: dict) -> None:
         print(describe(rec), file=sys.stderr, flush=True)
 
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     try:
-        result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc,
-                        resume=args.resume or args.from_scratch, from_scratch=args.from_scratch,
-                        device=args.device, threads=args.threads, tp=args.tp, on_record=show)
+        with run_dir_lock(run_dir):  # one trainer per run directory (tasks/outdir.py)
+            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume or args.from_scratch,
+                            from_scratch=args.from_scratch, device=args.device, threads=args.threads, tp=args.tp,
+                            on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
         return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix

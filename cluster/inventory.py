@@ -5,6 +5,7 @@ With no GPU the local host's CPU becomes a device (memory = system RAM) so the p
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from importlib import resources
@@ -15,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cluster.catalog import Catalog, GPUType, default_catalog
-from cluster.ray_nodes import GPU_PREFIX, connect, node_name
+from cluster.ray_nodes import GPU_PREFIX, NODE_PREFIX, connect, frenzy_name
 
 PRESETS = ("phoebe", "frenzy-testbed")
 
@@ -163,12 +164,15 @@ def ray_inventory(address: str | None = None, catalog: Catalog | None = None) ->
     """The alive nodes of the Ray cluster as a Frenzy cluster (what `--cluster ray` loads and the ledger syncs)."""
     ray = connect(address)
     cat = catalog or default_catalog()
-    nodes = []
+    nodes, unnamed = [], []
     for info in ray.nodes():
         if not info.get("Alive"):
             continue
         res = info.get("Resources", {})
-        name = node_name(info)
+        name = frenzy_name(info)
+        if name is None:  # nothing can be pinned to it: Frenzy places ranks by the node's `frenzy_node:` resource
+            unnamed.append(f"{info.get('NodeManagerAddress', '?')} ({info['NodeID'][:8]})")
+            continue
         typed = [(k[len(GPU_PREFIX):], v) for k, v in res.items() if k.startswith(GPU_PREFIX)]
         acc = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
         count = int(res.get("GPU", 0))
@@ -189,5 +193,13 @@ def ray_inventory(address: str | None = None, catalog: Catalog | None = None) ->
             raise InventoryError(f"Ray node {name}: {err}") from None
         nodes.append(Node(name=name, gpu=gpu, count=count, interconnect="none" if gpu == "cpu" else None))
     if not nodes:
-        raise InventoryError("the Ray cluster has no alive node")
+        raise InventoryError(
+            f"the Ray cluster has no alive node Frenzy can place work on ({len(unnamed)} alive without a "
+            f"`{NODE_PREFIX}` resource: {', '.join(unnamed) or 'none'}); start each node with --resources "
+            f"'{{\"{NODE_PREFIX}NAME\": 1, \"{GPU_PREFIX}TYPE\": GPUS}}' (TYPE from `frenzy gpus`; a node "
+            "without GPUs: just the frenzy_node resource)")
+    if unnamed:
+        logging.getLogger(__name__).warning(
+            "Ray nodes %s have no `%s` resource and are left out of the inventory (add --resources '{\"%sNAME\": 1}' "
+            "at `ray start` to use them)", ", ".join(unnamed), NODE_PREFIX, NODE_PREFIX)
     return Cluster(name="ray", nodes=nodes)

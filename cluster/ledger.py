@@ -76,7 +76,7 @@ nodes_t = Table(
     Column("mem_gib", Float, nullable=False),
     Column("link", String(16), nullable=False),
     Column("link_gbs", Float, nullable=False),
-    Column("state", String(16), nullable=False, default="up"),  # up | cordoned
+    Column("state", String(16), nullable=False, default="up"),  # up | cordoned | down
     Column("reason", Text, nullable=False, default=""),
     Column("updated_at", Float, nullable=False),
 )
@@ -326,6 +326,22 @@ class Ledger:
 
     def uncordon(self, node: str) -> None:
         self._set_state(node, "up", "")
+
+    def set_liveness(self, alive: dict[str, bool], reason: str) -> list[str]:
+        """Follow the executor's view of its nodes (Ray's): an `up` node reported dead goes `down` (nothing is placed
+        on it) with `reason`, a `down` node reported alive again comes back `up`; cordoned nodes stay cordoned (an
+        operator's or the node check's decision). Returns the nodes whose state changed."""
+        changed = []
+        with self._tx() as conn:
+            for r in conn.execute(select(nodes_t.c.name, nodes_t.c.state)).all():
+                if r.name not in alive or (r.state, alive[r.name]) not in (("up", False), ("down", True)):
+                    continue
+                state, why = ("up", "") if alive[r.name] else ("down", reason)
+                conn.execute(update(nodes_t).where(nodes_t.c.name == r.name)
+                             .values(state=state, reason=why, updated_at=self.clock()))
+                self._log(conn, state, r.name, reason=why)
+                changed.append(r.name)
+        return changed
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node with its free and held GPU indices."""

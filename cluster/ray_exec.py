@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +105,110 @@ def _absolute(job: Any) -> Any:
     if job.model.hf and Path(job.model.hf).expanduser().exists():
         job.model.hf = str(Path(job.model.hf).expanduser().absolute())
     d = job.training.data
-    for field in ("path", "tokenizer"):
-        v = getattr(d, field)
+    for key in ("path", "tokenizer"):
+        v = getattr(d, key)
         if v and "://" not in v and v != "byte" and Path(v).expanduser().exists():
-            setattr(d, field, str(Path(v).expanduser().absolute()))
+            setattr(d, key, str(Path(v).expanduser().absolute()))
     return job
+
+
+@dataclass
+class _Ranks:
+    """A launch in progress: the placement groups, the rank actors [(actor, node, rank, local rank, node's ranks)]
+    and the running trainers {ref: (actor, node, rank)}."""
+
+    pgs: list[Any] = field(default_factory=list)
+    actors: list[tuple[Any, str, int, int, int]] = field(default_factory=list)
+    refs: dict[Any, tuple[Any, str, int]] = field(default_factory=dict)
+
+
+def _fail(log_path: Path, msg: str, rc: int = 1, said: str | None = None) -> Exception:
+    """TrainFailed (saying `said`, else `msg`) after writing `msg` to the run's log, where the diagnosis reads it."""
+    from tasks.training.launch import TrainFailed
+
+    with open(log_path, "a") as lf:
+        lf.write(msg + "\n")
+    return TrainFailed(f"{said or msg}; log: {log_path}", rc, log_path.read_text(errors="replace")[-4000:])
+
+
+def _reserve(ray: Any, ranks: _Ranks, name: str, placement: Sequence[tuple[str, int]], gpus: bool, timeout_s: float,
+             log_path: Path) -> None:
+    """One STRICT_PACK placement group per node (a bundle per rank, pinned by the node's resource), all ready within
+    `timeout_s`, else a node fault naming the nodes Ray could not reserve."""
+    from ray.util.placement_group import placement_group
+
+    for node, n in placement:
+        bundle = {"CPU": 1.0, **_node_resource(node), **({"GPU": 1.0} if gpus else {})}
+        ranks.pgs.append(placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
+                                         name=f"frenzy-{name}-{node}"))
+    waits = [pg.ready() for pg in ranks.pgs]  # one reference each: pg.ready() makes a new one on every call
+    ready, _ = ray.wait(waits, num_returns=len(waits), timeout=timeout_s)
+    if len(ready) < len(waits):
+        missing = [node for (node, _), ref in zip(placement, waits, strict=True) if ref not in ready]
+        raise _fail(log_path, f"frenzy: node {', '.join(missing)} unreachable: Ray could not reserve the allocation "
+                              f"on {', '.join(missing)} within {timeout_s:.0f} s (the node is gone, hung or busy; "
+                              "see `ray status`)")
+
+
+def _start(ray: Any, ranks: _Ranks, placement: Sequence[tuple[str, int]], gpus: bool, timeout_s: float,
+           trainer_args: tuple, threads: int | None, log_path: Path) -> None:
+    """A rank actor in each bundle, rank 0's node the rendezvous, every trainer started."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    rank_actor = ray.remote(max_restarts=0)(_Rank)
+    for (node, n), pg in zip(placement, ranks.pgs, strict=True):
+        for i in range(n):
+            strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+            a = rank_actor.options(num_cpus=1, num_gpus=1 if gpus else 0, scheduling_strategy=strategy).remote()
+            ranks.actors.append((a, node, len(ranks.actors), i, n))
+    try:
+        master, port = ray.get(ranks.actors[0][0].address.remote(), timeout=timeout_s)
+    except Exception as err:  # noqa: BLE001 - GetTimeoutError or the actor died: rank 0's node is the suspect
+        raise _fail(log_path, f"frenzy: node {placement[0][0]} unreachable: rank 0 did not start within "
+                              f"{timeout_s:.0f} s ({type(err).__name__})") from None
+    world = len(ranks.actors)
+    for a, node, r, local, n in ranks.actors:
+        env = {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(n),
+               "MASTER_ADDR": master, "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads or 1),
+               "PYTHONUNBUFFERED": "1", "FRENZY_NODE": node}
+        ranks.refs[a.run.remote(env, *trainer_args)] = (a, node, r)
+
+
+def _outcome(ray: Any, ranks: _Ranks, ref: Any, log_path: Path, loss_grace_s: float) -> dict:
+    """A finished trainer's result, or the TrainFailed it stands for: a dead actor is its node lost (suspect at
+    once), a collective error names the peer that died when there is one, a user error keeps exit status 2."""
+    from tasks.training.launch import TrainFailed
+
+    a, node, r = ranks.refs[ref]
+    try:
+        out = ray.get(ref)
+    except Exception as err:  # noqa: BLE001 - RayActorError & co: the rank's process or node is gone
+        raise _fail(log_path, f"frenzy: node {node} lost: rank {r}'s actor died ({type(err).__name__})") from None
+    if not out["ok"] and not out["user_error"]:
+        # a collective error is most often a peer that died: name its node, once Ray knows it is gone
+        lost = _dead_peer(ray, [(x, n_, r_) for x, n_, r_ in ranks.refs.values() if r_ != r], loss_grace_s)
+        if lost is not None:
+            raise _fail(log_path, f"frenzy: node {lost[0]} lost: rank {lost[1]}'s actor died; rank {r} on {node} "
+                                  f"saw {out['error'].splitlines()[0][:200]}")
+    if not out["ok"]:
+        text = log_path.read_text(errors="replace")
+        raise TrainFailed(out["error"] if out["user_error"] else
+                          f"rank {r} on {node} failed: {out['error']}; log: {log_path}", 2 if
+                          out["user_error"] else 1, text[-4000:])
+    return out["result"]
+
+
+def _prepare(job: Any, run_dir: Path) -> tuple[Any, Path]:
+    """The job with absolute paths, recorded in a fresh run directory (stale result, stop and kill files gone)."""
+    from tasks.training.launch import KILL_FILE, STOP_FILE
+
+    job = _absolute(job)
+    run_dir = run_dir.absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("result.json", STOP_FILE, KILL_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    (run_dir / "job.json").write_text(job.model_dump_json(indent=1))
+    return job, run_dir
 
 
 def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *, resume: bool = False,
@@ -118,100 +218,49 @@ def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *,
     """Train `job` with `placement` [(node, ranks)] as Ray actors, one placement group (STRICT_PACK, one bundle per
     rank) pinned to each node; returns rank 0's result record like `launch()`. A rank that dies (its node lost)
     fails the whole group at once (every actor is killed, `frenzy: node X lost` goes to the log) with TrainFailed,
-    so the recovery policy can diagnose, cordon and resume. `request_stop(run_dir)` stops it as it stops `launch()`:
-    the ranks see the stop file at the next step boundary, commit that step and return."""
-    from tasks.training.launch import KILL_FILE, STOP_FILE, TrainFailed, _tail
+    so the recovery policy can diagnose, settle the node's fate (cluster/ray_health.py) and resume. A node that
+    cannot be reserved is a node fault too (`frenzy: node X unreachable`). `request_stop(run_dir)` stops it as it
+    stops `launch()`: the ranks see the stop file at the next step boundary, commit that step and return."""
+    from tasks.training.launch import KILL_FILE, _tail
 
-    ray = connect(address)
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    job = _absolute(job)
-    run_dir = run_dir.absolute()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("result.json", STOP_FILE, KILL_FILE):
-        (run_dir / name).unlink(missing_ok=True)
-    (run_dir / "job.json").write_text(job.model_dump_json(indent=1))
-    progress = run_dir / "progress.jsonl"
-    offset = progress.stat().st_size if progress.exists() else 0
-    log_path = run_dir / "train.log"
     world = sum(n for _, n in placement)
     if world < 1 or world % tp:
         raise ValueError(f"{world} ranks and tp={tp}: tp must divide the ranks")
-    pgs, actors = [], []
-    rank_actor = ray.remote(max_restarts=0)(_Rank)
+    ray = connect(address)
+    job, run_dir = _prepare(job, run_dir)
+    progress, log_path = run_dir / "progress.jsonl", run_dir / "train.log"
+    offset = progress.stat().st_size if progress.exists() else 0
+    ranks = _Ranks()
     try:
-        for node, n in placement:
-            bundle = {"CPU": 1.0, **_node_resource(node), **({"GPU": 1.0} if gpus else {})}
-            pgs.append(placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
-                                       name=f"frenzy-{job.name}-{node}"))
-        ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=place_timeout_s)
-        if len(ready) < len(pgs):
-            missing = [node for (node, _), pg in zip(placement, pgs, strict=True) if pg.ready() not in ready]
-            raise TrainFailed(f"Ray could not reserve the allocation on {', '.join(map(str, missing))} within "
-                              f"{place_timeout_s:.0f} s: the node is gone or busy (see `ray status`)", 1, "")
-        rank = 0
-        for (node, n), pg in zip(placement, pgs, strict=True):
-            for i in range(n):
-                a = rank_actor.options(num_cpus=1, num_gpus=1 if gpus else 0, scheduling_strategy=
-                                       PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                        placement_group_bundle_index=i)).remote()
-                actors.append((a, node, rank, i, n))
-                rank += 1
-        master, port = ray.get(actors[0][0].address.remote())
-        threads_env = str(threads or 1)
-        refs = {}
-        for a, node, r, local, n in actors:
-            env = {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(n),
-                   "MASTER_ADDR": master, "MASTER_PORT": str(port), "OMP_NUM_THREADS": threads_env,
-                   "PYTHONUNBUFFERED": "1", "FRENZY_NODE": node}
-            refs[a.run.remote(env, job.model_dump(mode="json"), str(run_dir), resume, from_scratch, device, threads,
-                              tp)] = (a, node, r)
+        _reserve(ray, ranks, job.name, placement, gpus, place_timeout_s, log_path)
+        _start(ray, ranks, placement, gpus, place_timeout_s,
+               (job.model_dump(mode="json"), str(run_dir), resume, from_scratch, device, threads, tp), threads,
+               log_path)
         results: dict[int, dict] = {}
-        pending = list(refs)
+        pending = list(ranks.refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
             offset = _tail(progress, offset, on_record)
             for ref in done:
-                a, node, r = refs[ref]
-                try:
-                    out = ray.get(ref)
-                except Exception as err:  # noqa: BLE001 - RayActorError & co: the rank's process or node is gone
-                    msg = f"frenzy: node {node} lost: rank {r}'s actor died ({type(err).__name__})"
-                    with open(log_path, "a") as lf:
-                        lf.write(msg + "\n")
-                    raise TrainFailed(f"{msg}; log: {log_path}", 1, log_path.read_text(errors="replace")[-4000:]) \
-                        from None
-                if not out["ok"] and not out["user_error"]:
-                    # a collective error is most often a peer that died: name its node, once Ray knows it is gone
-                    lost = _dead_peer(ray, [(x, n_, r_) for x, n_, r_ in refs.values() if r_ != r], loss_grace_s)
-                    if lost is not None:
-                        msg = f"frenzy: node {lost[0]} lost: rank {lost[1]}'s actor died; rank {r} on {node} saw " \
-                              f"{out['error'].splitlines()[0][:200]}"
-                        with open(log_path, "a") as lf:
-                            lf.write(msg + "\n")
-                        raise TrainFailed(f"{msg}; log: {log_path}", 1, log_path.read_text(errors="replace")[-4000:])
-                if not out["ok"]:
-                    text = log_path.read_text(errors="replace")
-                    raise TrainFailed(out["error"] if out["user_error"] else
-                                      f"rank {r} on {node} failed: {out['error']}; log: {log_path}", 2 if
-                                      out["user_error"] else 1, text[-4000:])
-                results[r] = out["result"]
+                results[ranks.refs[ref][2]] = _outcome(ray, ranks, ref, log_path, loss_grace_s)
             if (run_dir / KILL_FILE).exists():
                 reason = (run_dir / KILL_FILE).read_text(errors="replace").strip()
-                with open(log_path, "a") as lf:
-                    lf.write(f"frenzy-hang: {reason}\n")
-                raise TrainFailed(f"trainer killed: {reason}; log: {log_path}", -9,
-                                  log_path.read_text(errors="replace")[-4000:])
+                raise _fail(log_path, f"frenzy-hang: {reason}", -9, f"trainer killed: {reason}")
         _tail(progress, offset, on_record)
         return results[0]
     finally:
-        for a, *_ in actors:
-            with contextlib.suppress(Exception):
-                ray.kill(a, no_restart=True)
-        for pg in pgs:
-            with contextlib.suppress(Exception):
-                remove_placement_group(pg)
+        _teardown(ray, ranks)
+
+
+def _teardown(ray: Any, ranks: _Ranks) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for a, *_ in ranks.actors:
+        with contextlib.suppress(Exception):
+            ray.kill(a, no_restart=True)
+    for pg in ranks.pgs:
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
 
 
 def _dead_peer(ray: Any, peers: list[tuple[Any, str, int]], grace_s: float) -> tuple[str, int] | None:
@@ -306,13 +355,23 @@ def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 12
 
 # ------------------------------------------------------------------------------------------------ node processes
 
+def _on_alive(node: str, address: str | None) -> Any:
+    """Ray, once `node` is known alive: a task pinned to a node that is not there would wait for ever."""
+    ray = connect(address)
+    if node not in (alive := alive_nodes(address)):
+        raise RayExecutorError(f"Ray node {node!r} is not alive in the cluster (alive: {', '.join(alive) or 'none'}); "
+                               "pick another with --ray-nodes, or start it with --resources "
+                               f"'{{\"frenzy_node:{node}\": 1}}'")
+    return ray
+
+
 def node_process(node: str, module: str, spec: dict, env: dict[str, str], address: str | None = None
                  ) -> tuple[Any, Callable[[], None]]:
     """Run `python -m module SPEC.json` on the Ray node `node` (a streaming Ray task pinned by its `frenzy_node:`
     resource): returns (an iterator of its stdout lines, then one final `{"rc", "stderr"}` dict; a cancel function).
     The spec travels with the task, so the node needs no shared directory for it. Evaluation trials, precursors and
     their preloads run this way, so each node's shared memory is its own."""
-    ray = connect(address)
+    ray = _on_alive(node, address)
 
     def run(module: str, spec: dict, env: dict[str, str]):  # noqa: ANN202 - a Ray streaming generator
         import subprocess
@@ -353,7 +412,7 @@ def node_process(node: str, module: str, spec: dict, env: dict[str, str], addres
 def node_call(node: str, fn: Callable[..., Any], *args: Any, address: str | None = None, num_cpus: float = 1.0
               ) -> Any:
     """`fn(*args)` as a Ray task on `node` taking `num_cpus` of its CPUs (an evaluation's metric job)."""
-    ray = connect(address)
+    ray = _on_alive(node, address)
     return ray.get(ray.remote(num_cpus=num_cpus, max_retries=0)(fn).options(resources=_node_resource(node))
                    .remote(*args))
 

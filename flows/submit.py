@@ -49,7 +49,7 @@ from tasks.planning.calibration import OomObservation, load_observations, model_
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
-from tasks.training.elastic import Placed, note_placement, tune_auto
+from tasks.training.elastic import Placed, note_placement, recovery_lines, replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -336,19 +336,21 @@ def recover_task(job: str, log: str, offset: int, restarts_done: int, max_restar
 
 
 def _check_allocation_nodes(ledger: Ledger, alloc: Allocation, logger: object, executor: str = "local") -> None:
-    """The recovery's node check on the allocation's nodes: on Ray, nodes that left the cluster are cordoned at once
-    and the rest run the two-round collective test on the nodes themselves."""
+    """The recovery's node check on the allocation's nodes: on Ray, each is first asked whether it is alive at all
+    (cluster/ray_health.py: dead nodes go `down`, unreachable ones are cordoned), then the rest run the two-round
+    collective test on the nodes themselves; a node the test cannot clear (unverified) is cordoned too."""
     nodes = [n.node for n in alloc.nodes]
     probe = local_probe()
     if executor != "local":
-        from cluster.ray_exec import ray_inventory, ray_probe
+        from cluster.ray_exec import ray_probe
+        from cluster.ray_health import settle_suspects
 
         address = None if executor == "ray" else executor
-        alive = {n.name for n in ray_inventory(address).nodes}
-        for n in [n for n in nodes if n not in alive]:
-            ledger.cordon(n, "left the Ray cluster during training")
-            logger.warning("node check: %s left the Ray cluster; cordoned", n)  # type: ignore[attr-defined]
-        nodes = [n for n in nodes if n in alive]
+        nodes, verdicts = settle_suspects(ledger, nodes, address)
+        for v in verdicts.values():
+            if v.verdict != "alive":
+                logger.warning("node check: %s is %s (%s after %.1f s); %s", v.node, v.verdict, v.how,  # type: ignore[attr-defined]
+                               v.seconds, "down" if v.verdict == "dead" else "cordoned")
         probe = ray_probe(address=address)
     if len(nodes) < 2:
         logger.info("node check skipped: %s healthy node(s) left in the allocation (%s) and the pairwise test needs "  # type: ignore[attr-defined]
@@ -357,6 +359,9 @@ def _check_allocation_nodes(ledger: Ledger, alloc: Allocation, logger: object, e
     res = check_nodes(nodes, probe=probe)
     for n in cordon_faulty(ledger, res):
         logger.warning("node check: %s failed its collective twice; cordoned", n)  # type: ignore[attr-defined]
+    for n in res.unverified if executor != "local" else []:  # no node cleared it: not a pass on a cluster
+        ledger.cordon(n, "unverified by the node check after a lost rank")
+        logger.warning("node check: %s could not be verified; cordoned", n)  # type: ignore[attr-defined]
 
 
 def _record_oom(job: JobSpec, plan: ResourcePlan, d: Diagnosis, cluster: Cluster) -> None:
@@ -383,7 +388,7 @@ def _recover(request: SubmitRequest, ledger: Ledger, cluster: Cluster, alloc: Al
         _check_allocation_nodes(ledger, alloc, logger, request.executor)
     if rec.action.kind == "replan":
         _record_oom(job, chosen, rec.diagnosis, cluster)
-        bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
+        bigger = replan_after_oom(job, cluster, request.rank_by, load_observations())  # [elastic hook]
         if not bigger:
             raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
                                 "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
@@ -454,6 +459,10 @@ def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePl
     """Place on the first candidate that fits, train and evaluate under a kept lease, and release the GPUs whatever
     happens; a training failure is returned (for diagnosis), anything else raises."""
     t = time.monotonic()
+    if request.executor != "local":  # nothing is placed on a node Ray already knows is gone
+        from cluster.ray_health import sync_ledger
+
+        sync_ledger(ledger, None if request.executor == "ray" else request.executor)
     alloc = place(request.job.name, candidates, ledger_url=request.ledger, timeout_s=request.max_wait_s,
                   lease_s=request.lease_s, precision=request.job.training.precision, steps=request.job.training.steps)
     timings["queue"] += time.monotonic() - t
@@ -492,6 +501,9 @@ def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePl
 def submit(request: SubmitRequest) -> SubmitResult:
     """Plan, place, train (evaluating checkpoints as they commit), evaluate, release, analyse, report."""
     logger = get_run_logger()
+    # every file the run writes, as absolute paths resolved here: Ray's nodes run in the directory of `ray start`
+    request = request.model_copy(update={"history_dir": str(Path(request.history_dir).absolute()),
+                                         "run_dir": str(Path(request.run_dir).absolute()) if request.run_dir else None})
     job, t0, timings = request.job, time.monotonic(), {}
     suite = load_suite(request.suite or (job.evaluation.suite if job.evaluation else "core")).name \
         if request.evaluation != "off" else ""
@@ -503,7 +515,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     ledger.sync(cluster)
     if suite:  # the scheduled evaluate-pending covers the roots the ledger knows
         ledger.note_checkpoints(job.name, Storage(job.training.checkpoint.uri).uri, _suite_spec(request))
-    run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(job)
+    run_dir = (Path(request.run_dir) if request.run_dir else default_run_dir(job)).absolute()
     candidates, recoveries = runnable, []
     placed: Placed | None = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
     timings["queue"] = timings["train+evaluate"] = 0.0
@@ -514,6 +526,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
             break
         candidates = _recover(request, ledger, cluster, at.alloc, at.chosen, candidates, recoveries, at.log,
                               at.failure, logger)
+        if any(c not in runnable for c in candidates):  # a replan after an OOM brings fresh plans
+            runnable = candidates
     result, evals, chosen, alloc = at.result, at.evals, at.chosen, at.alloc
     assert result is not None  # an attempt without a failure trained
 
@@ -526,7 +540,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
                     evaluations=evals, timings_s=timings, spikes=result.spike_counts,
-                    committed_steps=_committed_steps(job.training.checkpoint.uri),
+                    committed_steps=_committed_steps(job.training.checkpoint.uri), recoveries=recovery_lines(recoveries),
                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                     if strag else None)
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))

@@ -58,6 +58,8 @@ class RunReport(BaseModel):
     committed_steps: list[int] = []
     """Every step committed under the job's checkpoint root, earlier attempts' too (a resumed run's own
     `checkpoints` are only the ones it wrote); empty: those of `checkpoints`."""
+    recoveries: list[str] = []
+    """One sentence per automatic recovery: the failure, the action, where the job went (elastic.recovery_lines)."""
 
 
 NOT_SCORES = frozenset({"isolated"})
@@ -230,6 +232,8 @@ def markdown(r: RunReport, html_path: str | None = None) -> str:
              f"**Spikes:** {r.spikes.summary()}." if r.spikes and r.spikes.summary() else "", ""]
     if r.stragglers:
         lines += [f"**Stragglers:** {straggler_line(r.stragglers)}.", ""]
+    if r.recoveries:
+        lines += ["## Recoveries", "", *(f"{i}. {x}" for i, x in enumerate(r.recoveries, 1)), ""]
     lines += [f"## {_plans_heading(r)}", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "",
               _md_table(_score_rows(r))]
     if cond := conditions(r.evaluations):
@@ -262,6 +266,8 @@ def render_html(r: RunReport, out: str | Path) -> Path:
              f"<h2>{_plans_heading(r)}</h2>", _html_table(_plan_rows(r)),
              f"<h2>Training</h2><p class='kv'>{html.escape(_sentence(training_line(r)))}."
              + (f" {html.escape(r.spikes.summary())}." if r.spikes and r.spikes.summary() else "") + "</p>"]
+    if r.recoveries:
+        parts.append("<h3>Recoveries</h3><ol>" + "".join(f"<li>{html.escape(x)}</li>" for x in r.recoveries) + "</ol>")
     if loss:
         parts.append(f"<img alt='loss curve' src='data:image/png;base64,{loss}'>")
     parts += ["<h2>Evaluation: scores by checkpoint</h2>", _html_table(_score_rows(r))]

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.outdir import atomic_path
 from tasks.stragglers.analyze import Prepared, Slowdowns, simulate
 from tasks.stragglers.trace import OPTYPES, PP_COMM
 
 STREAMS = ["compute", *PP_COMM, "dp-comm"]
 
 
-def heatmap(res: Slowdowns, path: str | Path) -> Path:
+def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = ()) -> Path:
     """PNG: one cell per worker (x = DP rank, y = stage), its slowdown; Reds from 1 to max(1.5, worst)."""
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
@@ -37,13 +38,13 @@ def heatmap(res: Slowdowns, path: str | Path) -> Path:
     fig.colorbar(im, ax=ax, label="slowdown")
     fig.tight_layout()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
+    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     return out
 
 
 def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_steps: int = 3,
-             dp_ranks: list[int] | None = None) -> Path:
+             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = ()) -> Path:
     """Chrome/Perfetto trace (gzipped JSON) of the original and the ideal timelines for a window of steps.
 
     One process per (timeline, DP rank), one track per (stage, stream); steps are laid end to end. A
@@ -95,8 +96,7 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
                     events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                                    "args": {"sort_index": tid}})
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(out, "wt") as f:
+    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs) as tmp, gzip.open(tmp, "wt") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     return out
 
