@@ -100,6 +100,40 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0.
 
     `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
+    nproc = _check(job, run_dir, nproc, tp, device, gpu_indices)
+    run_dir = (run_dir or default_run_dir(job)).absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_path = run_dir / "job.json"
+    job_path.write_text(job.model_dump_json(indent=1))
+    for stale in ("result.json", STOP_FILE, KILL_FILE):
+        (run_dir / stale).unlink(missing_ok=True)
+    progress = run_dir / "progress.jsonl"
+    offset = progress.stat().st_size if progress.exists() else 0
+    args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
+    args += [flag for flag, on in (("--resume", resume), ("--from-scratch", from_scratch)) if on]
+    if threads:
+        args += ["--threads", str(threads)]
+    if stop_after_steps is not None:
+        args += ["--stop-after-steps", str(stop_after_steps)]
+    rank_cmd = ["-m", "tasks.training.launch", *args]
+    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+                             if nproc > 1 else []), *rank_cmd]
+    log_path = run_dir / "train.log"
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_rank_env(nproc, threads, gpu_indices),
+                                preexec_fn=_die_with(_libc(), os.getpid()))  # noqa: PLW1509
+        try:
+            _follow(proc, run_dir, offset, on_record, poll_s)
+        except BaseException:
+            _stop_tree(proc)
+            raise
+    if proc.returncode != 0:
+        raise _failure(proc.returncode, log_path)
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def _check(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str, gpu_indices: list[int] | None) -> int:
+    """The launch's arguments, checked before anything starts; returns the rank count (one per GPU given)."""
     if gpu_indices:
         if nproc not in (1, len(gpu_indices)):
             raise ValueError(f"nproc={nproc} but the allocation holds {len(gpu_indices)} GPUs; one rank per GPU")
@@ -115,68 +149,49 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
                              "use --device cpu, or auto to take a GPU when there is one")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job_path = run_dir / "job.json"
-    job_path.write_text(job.model_dump_json(indent=1))
-    (run_dir / "result.json").unlink(missing_ok=True)
-    (run_dir / STOP_FILE).unlink(missing_ok=True)
-    (run_dir / KILL_FILE).unlink(missing_ok=True)
-    progress = run_dir / "progress.jsonl"
-    offset = progress.stat().st_size if progress.exists() else 0
-    args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
-    if resume:
-        args.append("--resume")
-    if from_scratch:
-        args.append("--from-scratch")
-    if threads:
-        args += ["--threads", str(threads)]
-    if stop_after_steps is not None:
-        args += ["--stop-after-steps", str(stop_after_steps)]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "tasks.training.launch", *args]
-    else:
-        cmd = [sys.executable, "-m", "tasks.training.launch", *args]
-    log_path = run_dir / "train.log"
+    return nproc
+
+
+def _rank_env(nproc: int, threads: int | None, gpu_indices: list[int] | None) -> dict[str, str]:
     # the ranks also watch their parent (a second guard beside PDEATHSIG): reparented means orphaned, so stop
     # FRENZY_LAUNCHER_PID: the writer lease records it, so a --resume can tell an orphan of this launcher
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "FRENZY_WATCH_PARENT": "1", "FRENZY_LAUNCHER_PID": str(os.getpid())}
     if gpu_indices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
     env.setdefault("OMP_NUM_THREADS", str(threads or default_threads(nproc)))
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,  # noqa: PLW1509
-                                preexec_fn=_die_with(_libc(), os.getpid()))
-        try:
-            while True:
-                done = proc.poll() is not None
-                offset = _tail(progress, offset, on_record)
-                if done:
-                    break
-                if (run_dir / KILL_FILE).exists():
-                    reason = (run_dir / KILL_FILE).read_text(errors="replace").strip()
-                    _stop_tree(proc, grace_s=5.0)
-                    with open(log_path, "a") as lf:
-                        lf.write(f"frenzy-hang: {reason}\n")
-                    raise TrainFailed(f"trainer killed: {reason}; log: {log_path}", proc.returncode or -9,
-                                      log_path.read_text(errors="replace")[-4000:])
-                time.sleep(poll_s)
-        except BaseException:
-            _stop_tree(proc)
-            raise
-    if proc.returncode != 0:
-        if proc.returncode < 0:  # killed by a signal: say so in the log, where the diagnosis reads it
+    return env
+
+
+def _follow(proc: subprocess.Popen, run_dir: Path, offset: int, on_record: Callable[[dict], None] | None,
+            poll_s: float) -> None:
+    """Hand every progress record to `on_record` until the trainer exits; a kill file (a hang) kills it."""
+    progress, log_path = run_dir / "progress.jsonl", run_dir / "train.log"
+    while True:
+        done = proc.poll() is not None
+        offset = _tail(progress, offset, on_record)
+        if done:
+            return
+        if (run_dir / KILL_FILE).exists():
+            reason = (run_dir / KILL_FILE).read_text(errors="replace").strip()
+            _stop_tree(proc, grace_s=5.0)
             with open(log_path, "a") as lf:
-                lf.write(f"frenzy: trainer exited with signal {-proc.returncode} "
-                         f"({signal.Signals(-proc.returncode).name})\n")
-        text = log_path.read_text(errors="replace")
-        marked = [ln[len(_ERROR_MARK):] for ln in text.splitlines() if ln.startswith(_ERROR_MARK)]
-        if marked:
-            raise TrainFailed(marked[-1], proc.returncode, text[-4000:])
-        tail = log_path.read_text(errors="replace")[-4000:]
-        raise TrainFailed(f"trainer exited with code {proc.returncode}; log: {log_path}\n{tail[-1500:]}",
-                          proc.returncode, tail)
-    return json.loads((run_dir / "result.json").read_text())
+                lf.write(f"frenzy-hang: {reason}\n")
+            raise TrainFailed(f"trainer killed: {reason}; log: {log_path}", proc.returncode or -9,
+                              log_path.read_text(errors="replace")[-4000:])
+        time.sleep(poll_s)
+
+
+def _failure(returncode: int, log_path: Path) -> TrainFailed:
+    """The error of a trainer that exited non-zero: its marked one-line message when it printed one."""
+    if returncode < 0:  # killed by a signal: say so in the log, where the diagnosis reads it
+        with open(log_path, "a") as lf:
+            lf.write(f"frenzy: trainer exited with signal {-returncode} ({signal.Signals(-returncode).name})\n")
+    text = log_path.read_text(errors="replace")
+    marked = [ln[len(_ERROR_MARK):] for ln in text.splitlines() if ln.startswith(_ERROR_MARK)]
+    if marked:
+        return TrainFailed(marked[-1], returncode, text[-4000:])
+    tail = text[-4000:]
+    return TrainFailed(f"trainer exited with code {returncode}; log: {log_path}\n{tail[-1500:]}", returncode, tail)
 
 
 def _stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

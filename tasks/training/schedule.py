@@ -1,0 +1,132 @@
+"""The checkpoint schedule of one rank: when to checkpoint (the interval), the engine that does it, retention.
+
+It owns the AsyncCheckpointer (snapshot copy, background persist, commit, retention of `checkpoint.keep`) and the
+Cadence (`checkpoint.every_steps`, a number or `auto`: Young/Daly from the measured cost, interval.py). A due
+checkpoint that finds every snapshot buffer still persisting is deferred to a later step rather than waited for,
+and one warning names an interval that would fit. Every rank takes the same decision at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict
+
+import torch
+
+from tasks.jobspec import JobSpec
+from tasks.training import checkpoint as ck
+from tasks.training.interval import Cadence, agree_max
+from tasks.training.metrics import Meter, Progress
+from tasks.training.setup import Dist, agree
+from tasks.training.storage import Storage
+from tasks.training.writer import WriterLease
+
+log = logging.getLogger("frenzy.train")
+
+Tensors = tuple[list[tuple[str, torch.Tensor]], dict]
+"""What a snapshot copies: (name, tensor) pairs and the shard's global layout."""
+
+
+class CheckpointSchedule:
+    def __init__(self, storage: Storage, d: Dist, job: JobSpec, prog: Progress, lease: WriterLease | None,
+                 tensors: Callable[[], Tensors], fields: Callable[[int], dict], start: int) -> None:
+        t = job.training
+        self.d, self.job, self.prog, self.tensors, self.fields = d, job, prog, tensors, fields
+        self.engine = ck.AsyncCheckpointer(storage, d.rank, d.world, run=job.name, keep=t.checkpoint.keep,
+                                           on_commit=lambda r, m: prog.emit("checkpoint", **r.model_dump()),
+                                           ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                           fence=lease.holds if lease is not None else None)
+        # [elastic hook] when to checkpoint: every N steps or `auto` (Young/Daly, re-tuned at each save; interval.py)
+        self.cadence = Cadence(t.checkpoint.every_steps, t.steps, d.world, t.checkpoint.mtbf_s, agree_max,
+                               lambda i: (log.info("checkpoint interval: %s", i),
+                                          prog.emit("checkpoint_interval", **asdict(i))))
+        self.cadence.start(start)
+        self.last_saved = start
+        self.blocked_s = 0.0
+        self.due_at: int | None = None
+        """The step a checkpoint came due at, while it waits for a free snapshot buffer."""
+        self._failed_reported = 0
+        self._warned_interval = False
+
+    def prepare(self) -> None:
+        """Make the snapshot buffers now, in the background (the optimizer state exists once a step ran)."""
+        self.engine.prepare(*self.tensors())
+
+    def save(self, step: int, block: bool = True, stage: bool = False) -> bool:
+        """Snapshot step `step` and queue its persist; False when every buffer is still persisting (try again)."""
+        tensors, glob = self.tensors()
+        blocked = self.engine.save(step, tensors, self.fields(step), shard_meta=glob, block=block, stage=stage,
+                                   deferred_steps=step - (self.due_at if self.due_at is not None else step))
+        if blocked is None:
+            return False
+        self.blocked_s += blocked
+        self.last_saved = step
+        self.cadence.saved(step, blocked, self.engine.last_persist_s)  # [elastic hook]
+        failed = self.engine.failed
+        while len(failed) > self._failed_reported:  # a persist that failed cost its checkpoint, not the run
+            f_step, f_err = failed[self._failed_reported]
+            self._failed_reported += 1
+            self.prog.emit("checkpoint_failed", step=f_step, error=f_err)
+        return True
+
+    def step_done(self, now: float) -> None:
+        """An optimizer update ended at `now` (the interval's step time; a persist running beside it counts)."""
+        self.cadence.step_done(now, self.engine.persisting.is_set())  # [elastic hook]
+
+    def barrier(self) -> None:
+        """Before an optimizer update: a staged snapshot must be copied before the update changes the tensors."""
+        self.blocked_s += self.engine.barrier()
+
+    def wait(self) -> None:
+        """Every queued persist committed (before a rollback reads the checkpoints)."""
+        self.engine.wait()
+
+    def after_update(self, step: int, meter: Meter, prepare: bool) -> None:
+        """An update made step `step`: checkpoint it when due and a buffer is free, else defer. `prepare`: the
+        first update made the optimizer state, so the snapshot buffers can be made now."""
+        last = step == self.job.training.steps
+        if prepare:
+            self.prepare()
+        if self.cadence.due(step) or last:  # [elastic hook]
+            self.due_at = step if self.due_at is None else self.due_at
+        if self.due_at is None:
+            return
+        # every rank must take the same decision, or the ranks would snapshot different steps
+        if agree(self.d, not self.engine.busy()) or last:
+            # staged: the copy runs beside the next forward/backward and is waited for before the next
+            # optimizer step (the only thing that changes the saved tensors); the last save copies at once
+            self.save(step, block=True, stage=not last)
+            self.due_at = None
+            return
+        if step == self.due_at:
+            self.prog.emit("checkpoint_deferred", step=step, reason="the previous persist is still running")
+        if not self._warned_interval and self.d.rank == 0:
+            self._warned_interval = True
+            self._warn_interval(step, meter.step_s())
+
+    def _warn_interval(self, step: int, step_s: float) -> None:
+        persist_s = self.engine.last_persist_s or 0.0
+        every = self.cadence.every
+        fit = max(every + 1, int(persist_s / max(step_s, 1e-9)) + 1)
+        log.warning("checkpoint of step %d deferred: the previous persist (%.1f s) outlasts %d steps of "
+                    "%.2f s; checkpoint.every_steps >= %d would fit", step, persist_s, every, step_s, fit)
+        self.prog.emit("warning", message=f"checkpoint.every_steps={every} is shorter "
+                                          f"than a persist ({persist_s:.1f} s); >= {fit} would fit")
+
+    def finish(self, step: int, stopped: bool) -> None:
+        """Stopped early: commit the step first; then wait for every persist and end the engine."""
+        if stopped and self.last_saved != step:
+            log.warning("stopping at step %d: taking a final checkpoint first", step)
+            self.save(step, block=True)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def describe(self) -> dict:
+        """The result's record of it: commits, failures, the interval and its inputs."""
+        e = self.engine
+        return {"checkpoints": [r.model_dump() for r in e.records],
+                "checkpoint_interval": self.cadence.describe(),  # [elastic hook] the interval and its inputs
+                "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in e.failed]}

@@ -1,0 +1,164 @@
+"""The Trainer's parts, each alone (no training run): set-up, the step, metrics, shutdown, schedule and restore."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.jobspec import parse_job
+from tasks.training import checkpoint as ck
+from tasks.training import data as D
+from tasks.training.guard import SpikeGuard
+from tasks.training.metrics import Meter, Progress
+from tasks.training.optrace import OpTracer
+from tasks.training.restore import Restorer
+from tasks.training.schedule import CheckpointSchedule
+from tasks.training.setup import Dist, TrainOptions, _batch_shares, build_model, fingerprint, load_data
+from tasks.training.shutdown import Shutdown
+from tasks.training.state import training_tensors
+from tasks.training.step import StepRunner, lr_at
+from tasks.training.storage import Storage
+from tasks.training.writer import WriterLeaseError
+
+
+def _job(tmp_path: Path, **training: object):
+    t = {"seq_len": 32, "global_batch": 4, "micro_batch": 2, "precision": "fp32", "steps": 10, "lr": 3e-3,
+         "warmup_steps": 2, "log_every_steps": 5, "trace_every_steps": 0,
+         "checkpoint": {"every_steps": 4, "uri": f"file://{tmp_path}/ckpt", "keep": 3}, **training}
+    return parse_job({"name": "parts", "model": {"preset": "gpt-tiny"}, "training": t})
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_set_up_checks_the_batch_against_the_world_and_names_the_fix(tmp_path):
+    job = _job(tmp_path, global_batch=12, micro_batch=4)
+    with pytest.raises(ValueError, match="not divisible by 8 data-parallel"):
+        _batch_shares(job, Dist(rank=0, world=8))
+    with pytest.raises(ValueError, match="per-rank batch 6 is not divisible by micro_batch=4"):
+        _batch_shares(job, Dist(world=2))
+    assert _batch_shares(_job(tmp_path, global_batch=8, micro_batch=2), Dist(world=2)) == (4, 2)
+    assert Dist(rank=5, world=8, tp=2).dp == 4 and Dist(rank=5, world=8, tp=2).dp_rank == 2
+
+
+def test_lr_warms_up_linearly_then_decays_to_a_tenth(tmp_path):
+    job = _job(tmp_path, steps=102, warmup_steps=2)
+    assert lr_at(1, job) == pytest.approx(1.5e-3) and lr_at(2, job) == pytest.approx(3e-3)
+    assert lr_at(102, job) == pytest.approx(3e-4)
+    assert lr_at(52, job) == pytest.approx(3e-3 * (0.1 + 0.45))
+
+
+def test_the_step_computes_loss_and_norm_and_only_apply_changes_the_weights(tmp_path):
+    job = _job(tmp_path)
+    storage = Storage(job.training.checkpoint.uri)
+    data, m = load_data(job, Dist(), storage), build_model(job, Dist(), torch.device("cpu"))
+    runner = StepRunner(m, data, job, Dist(), torch.device("cpu"), OpTracer(0, 0, 0))
+    cursor = D.Cursor()
+    before = [p.detach().clone() for p in m.params]
+    loss, gnorm = runner.compute(1, data.loader.next_indices(cursor), traced=False)
+    assert 4.0 < loss < 7.0 and math.isfinite(gnorm) and gnorm > 0  # ln(256) = 5.5 at init
+    runner.discard(1)
+    assert all(p.grad is None for p in m.params)
+    assert all(torch.equal(a, p) for a, p in zip(before, m.params, strict=True))
+    runner.compute(2, data.loader.next_indices(cursor), traced=False)
+    runner.apply(traced=False)
+    assert m.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2, job))
+    assert not all(torch.equal(a, p) for a, p in zip(before, m.params, strict=True))
+    assert cursor.samples == 8 and runner.data_s > 0
+
+
+def test_the_meter_emits_step_records_on_its_interval_with_tokens_per_second(tmp_path):
+    job = _job(tmp_path)
+    prog, clock = Progress(tmp_path / "progress.jsonl", 0), _Clock()
+    meter = Meter(job, prog, clock)
+    for step in range(1, 11):
+        clock.now += 0.5
+        meter.updated()
+        meter.log_step(step, 3.0, 1.0)
+    steps = [r for r in prog.records if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [5, 10]
+    assert steps[0]["tokens_per_s"] == pytest.approx(4 * 32 / 0.5) and steps[1]["eta_s"] == 0
+    clock.now += 3.0  # after the last update (the final checkpoint): not in tokens/s, in elapsed
+    f = meter.figures(data_s=1.0, blocked_s=0.2)
+    assert f["tokens_per_s"] == pytest.approx(10 * 4 * 32 / 5.0) and f["elapsed_s"] == pytest.approx(8.0)
+    assert f["data_fraction"] == pytest.approx(0.2) and f["steps_run"] == 10
+    Progress(tmp_path / "other.jsonl", 1).emit("step")
+    assert not (tmp_path / "other.jsonl").exists()  # only rank 0 writes
+
+
+class _Lease:
+    def __init__(self) -> None:
+        self.lost = threading.Event()
+
+
+def test_shutdown_stops_on_the_stop_file_the_budget_and_refuses_a_lost_lease(tmp_path):
+    opts = TrainOptions(job=_job(tmp_path), run_dir=tmp_path, stop_after_steps=3)
+    lease = _Lease()
+    s = Shutdown(opts, Dist(), lease, "file:///x")  # type: ignore[arg-type]
+    assert not s.should_stop(0, 2) and not s.stopped
+    assert s.should_stop(3, 3) and s.stopped
+    s2 = Shutdown(TrainOptions(job=opts.job, run_dir=tmp_path), Dist(), None, "file:///x")
+    assert not s2.should_stop(0, 0)
+    (tmp_path / "stop").write_text("1")
+    assert s2.should_stop(1, 1)
+    s2.preempt.set()
+    (tmp_path / "stop").unlink()
+    assert s2.should_stop(1, 1)
+    lease.lost.set()
+    with pytest.raises(WriterLeaseError, match="lost the writer lease"):
+        s.should_stop(0, 0)
+
+
+def _parts(tmp_path: Path, job):
+    storage = Storage(job.training.checkpoint.uri)
+    data, m = load_data(job, Dist(), storage), build_model(job, Dist(), torch.device("cpu"))
+    guard, cursor = SpikeGuard(job.training.spike, job.training.global_batch), D.Cursor()
+    fp = fingerprint(job, data.corpus_sha, 1, 1, data.tok.sha256)
+    prog = Progress(tmp_path / "progress.jsonl", 0)
+    return storage, data, m, guard, cursor, fp, prog
+
+
+def _fields(cursor: D.Cursor, guard: SpikeGuard, fp: dict):
+    return lambda step: {"layout": {}, "cursor": cursor.to_dict(), "loss": {}, "healthy": True, "fingerprint": fp,
+                         "trainer": {"spike": guard.detector.state(), "scaler": None}}
+
+
+def test_the_schedule_checkpoints_on_its_interval_and_the_restorer_loads_it_back(tmp_path):
+    job = _job(tmp_path)
+    storage, data, m, guard, cursor, fp, prog = _parts(tmp_path, job)
+    runner = StepRunner(m, data, job, Dist(), torch.device("cpu"), OpTracer(0, 0, 0))
+    sched = CheckpointSchedule(storage, Dist(), job, prog, None,
+                               lambda: training_tensors(m.core, m.optimizer, with_model=True),
+                               _fields(cursor, guard, fp), start=0)
+    meter = Meter(job, prog)
+    for step in range(1, 7):
+        runner.compute(step, data.loader.next_indices(cursor), traced=False)
+        sched.barrier()
+        runner.apply(traced=False)
+        sched.step_done(meter.updated())
+        sched.after_update(step, meter, prepare=step == 1)
+    sched.finish(6, stopped=True)  # stopped at 6: the step is committed before the engine closes
+    sched.close()
+    assert [c["step"] for c in sched.describe()["checkpoints"]] == [4, 6]
+    assert [r["step"] for r in prog.records if r["event"] == "checkpoint"] == [4, 6]
+    # a fresh rank restores step 6: weights, cursor, detector history
+    saved = {n: p.detach().clone() for n, p in m.core.named_parameters()}
+    _, _, m2, guard2, cursor2, _, _ = _parts(tmp_path, job)
+    r = Restorer(storage, Dist(), m2, cursor2, guard2.detector, fp, job.training.seq_len, prog)
+    assert r.resume(TrainOptions(job=job, run_dir=tmp_path, resume=True)) == 6
+    assert cursor2.samples == 24 and all(torch.equal(saved[n], p) for n, p in m2.core.named_parameters())
+    with pytest.raises(ck.CheckpointError, match="pass --resume"):
+        r.resume(TrainOptions(job=job, run_dir=tmp_path))
+    other = Restorer(storage, Dist(), m2, cursor2, guard2.detector, {**fp, "seed": 1}, 32, prog)
+    with pytest.raises(ck.CheckpointMismatch, match="seed"):
+        other.newest_valid()
+    assert r.newest_valid(before=6).step == 4
