@@ -1,6 +1,6 @@
 """Issue 32's hostile-input sweep, counted: every case of tests/hostile_*.py run as a user meets it and classified
 (clear / unclear / traceback / hang / silent wrong / data lost). Writes benchmarks/results/hostile.md and the
-README's Guarantees table between its markers, so the figures there are measured, never typed.
+Guarantees table (docs/guarantees.md) between its markers, so the figures there are measured, never typed.
 
     .venv/bin/python -m benchmarks.hostile
 """
@@ -53,11 +53,11 @@ def main() -> int:
         "`tests/hostile_*.py`, run in a fresh directory as a user or an attacker would, classified by what they "
         f"see.\nRan in {seconds:.0f} s on {machine} (shared 2-core machine, no GPU).\n\n{tab}\n"
         + ("Cases not clear:\n" + "\n".join(notes) + "\n" if notes else "Every case ends clear.\n"))
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{tab}{END}", text, flags=re.S)
-        readme.write_text(text)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:  # the Guarantees page holds the markers
+        text = page.read_text()
+        if BEGIN in text:
+            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{tab}{END}", text, flags=re.S)
+            page.write_text(text)
     print(tab)
     return 0 if not notes else 1
 

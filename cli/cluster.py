@@ -98,7 +98,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from cluster.compare import compare_policies
     from cluster.simulator import SimConfig
+    from tasks.outdir import check_file_target
 
+    for flag, out in (("--plot", args.plot), ("--jobs-csv", args.jobs_csv)):
+        if out:  # before the simulation: a wrong path should not cost its minutes
+            check_file_target(out, f"cluster simulate {flag}", (args.trace,))
     cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order)
     doc, results = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
                                     max_jobs=args.max_jobs, progress=progress)

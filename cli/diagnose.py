@@ -13,6 +13,16 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from tasks.diagnosis.compress import compress
     from tasks.diagnosis.diagnose import check_log, diagnose_compressed
 
+    if args.retrain_fallback:
+        from tasks.diagnosis.fallback import train
+
+        out = train()
+        emit(args, out, lambda: f"learned fallback retrained on {out['examples']} labelled logs: threshold "
+             f"{out['threshold']}, held-out projects answered {out['held_out_answered']}, right "
+             f"{out['held_out_right']}; written to {out['path']}")
+        return 0
+    if args.log is None:
+        raise ValueError("give the run's log (e.g. frenzy diagnose RUN_DIR/train.log), or --retrain-fallback")
     p = check_log(args.log)
     if args.show:
         c = compress(p, context=args.context)
@@ -32,8 +42,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     def human() -> str:
         where = ", ".join(x for x in (f"rank {d.rank}" if d.rank is not None else "",
                                       f"node {d.node}" if d.node else "") if x)
+        how = f" [learned, similarity {d.confidence:.2f}]" if d.source == "learned" else ""
         lines = [f"{d.type} ({d.category}){' on ' + where if where else ''}: "
-                 f"{'restartable' if d.restartable else 'not restartable'}"]
+                 f"{'restartable' if d.restartable else 'not restartable'}{how}"]
         if d.root_cause_line:
             lines.append(f"  root cause, line {d.line_no}: {d.root_cause_line}")
         lines.append(f"  do: {d.mitigation}")
@@ -53,8 +64,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("diagnose", cmd_diagnose, "The root cause of a failed training run from its log: failure type, "
              "category, rank and node, whether a restart helps, what to do.")
-    sp.add_argument("log", help="the run's log (e.g. RUN_DIR/train.log, a torchrun or Slurm output file)")
+    sp.add_argument("log", nargs="?",
+                    help="the run's log (e.g. RUN_DIR/train.log, a torchrun or Slurm output file)")
     sp.add_argument("--context", type=bounded_int(0, 100), default=2, help="lines kept before each error line (2)")
     sp.add_argument("--show", action="store_true", help="print the compressed log (error lines marked !) instead")
     sp.add_argument("--agent", action="store_true",
                     help="ask the LLM agent (FRENZY_DIAGNOSIS_LLM_URL) when no rule matches; it learns a rule")
+    sp.add_argument("--retrain-fallback", action="store_true",
+                    help="rebuild the learned fallback (tasks/diagnosis/fallback_model.json) from the labelled "
+                         "real logs' tune half and the generated corpus, and recalibrate its threshold")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cli.output import emit, progress
@@ -16,9 +17,17 @@ def _numbers(text: str, what: str) -> list[float]:
         raise ValueError(f"{what} takes numbers separated by commas, got {text!r}") from err
 
 
-def cmd_stragglers(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _implicit_meta(trace: Path) -> Path | None:
+    """The meta YAML `analyze` reads when --meta is not given (an input an output must not overwrite)."""
+    from tasks.stragglers.trace import TraceError, find_meta
 
+    try:
+        return find_meta(trace / "trace.parquet" if trace.is_dir() else trace)
+    except TraceError:
+        return None
+
+
+def cmd_stragglers(args: argparse.Namespace) -> int:
     if args.action == "generate":
         if Path(args.path).is_dir():
             raise ValueError(f"{args.path} is a directory; give the .parquet file to write (its meta YAML goes beside)")
@@ -42,24 +51,30 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
         except ValidationError as err:
             raise ValueError(str(err)) from err
         run = generate(sp)
-        path = write_trace(Path(args.path), run.columns(), sp.meta)
+        path = write_trace(Path(args.path), run.columns(), sp.meta, overwrite=args.overwrite)
         doc = {"trace": str(path), "meta": sp.meta.model_dump(), "ops": int(sum(d.size for d in run.durs)),
                "true_slowdown": run.truth(), "spec": sp.model_dump()}
         emit(args, doc, lambda: f"wrote {doc['ops']:,} ops to {path} (true slowdown {doc['true_slowdown']:.3f})")
         return 0
 
+    from tasks.outdir import check_file_target
     from tasks.stragglers.analyze import analyze_path
     from tasks.stragglers.report import heatmap, markdown, timeline
 
+    inputs = (args.path, args.meta or _implicit_meta(Path(args.path)))
+    for flag, out in (("--heatmap", args.heatmap), ("--timeline", args.timeline)):
+        if out:  # before the analysis: a wrong path should not cost its minutes
+            check_file_target(out, f"stragglers analyze {flag}", inputs)
     res, prep = analyze_path(args.path, args.meta, progress=progress)
     doc = res.model_dump()
     if args.heatmap:
-        doc["heatmap"] = str(heatmap(res, args.heatmap))
+        doc["heatmap"] = str(heatmap(res, args.heatmap, inputs=inputs))
     if args.timeline:
         ranks = [int(x) for x in _numbers(args.timeline_dp_ranks, "--timeline-dp-ranks")] if args.timeline_dp_ranks \
             else None
         doc["timeline"] = str(timeline(prep, args.timeline, first_step=args.timeline_step,
-                                       n_steps=args.timeline_steps, dp_ranks=ranks))
+                                       n_steps=args.timeline_steps, dp_ranks=ranks,
+                                       inputs=inputs))
     emit(args, doc, lambda: markdown(res) + "".join(f"\n{k}: {doc[k]}" for k in ("heatmap", "timeline") if k in doc))
     return 0
 
@@ -75,6 +90,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--timeline-step", type=int, help="first step of the timeline window (default: the first)")
     sp.add_argument("--timeline-steps", type=int, default=3, help="steps in the timeline window (default 3)")
     sp.add_argument("--timeline-dp-ranks", help="DP ranks in the timeline, e.g. 0,5 (default: the first 8)")
+    sp.add_argument("--overwrite", action="store_true", help="generate: replace an existing trace file")
     sp.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b", help="generate: schedule")
     for flag, default, what in (("--dp", 4, "DP ranks"), ("--pp", 4, "pipeline stages"),
                                 ("--vpp", 1, "chunks per stage (interleaved; default 2 there)"),

@@ -37,7 +37,8 @@ def _human(res: object, wall_s: float) -> str:
             for e in res.evaluations]
     lines = [f"{res.job}: {t.final_step} steps on {p.gpus} x {p.gpu_type} ({p.layout.label()}), placed on "
              + ", ".join(f"{n.node}{n.gpu_indices}" for n in a.nodes)
-             + f"; last loss {t.last_loss:.3f}, {t.tokens_per_s:,.0f} tok/s; {len(t.checkpoints)} checkpoints",
+             + f"; last loss {t.last_loss:.3f}, {t.tokens_per_s:,.0f} tok/s; {len(t.checkpoints)} checkpoints"
+             + (f"; {t.spike_counts.summary()}" if t.spike_counts.summary() else ""),
              "", "scores by checkpoint:", table(rows), ""]
     for r in res.recoveries:
         d, act = r["diagnosis"], r["action"]
@@ -51,7 +52,8 @@ def _human(res: object, wall_s: float) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from flows.submit import SubmitRequest, submit
+    from cli.console import run_submit
+    from flows.submit import SubmitRequest
     from tasks.jobspec import load_job
 
     job = load_job(args.job)
@@ -62,7 +64,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
                         # absolute here, on the submitting side: Ray nodes write where their `ray start` ran
                         history_dir=str(Path(args.history_dir).absolute()))
     t0 = time.monotonic()
-    res = submit(req)
+    res = run_submit("submit", req)
+    if res is None:
+        return 130
     emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 
@@ -82,7 +86,7 @@ def demo_request(base: Path) -> object:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows.submit import submit
+    from cli.console import run_submit
 
     base = Path(args.dir)
     for old in (base / "runs" / "demo", base / "evals" / "demo"):  # the demo's own previous run, nothing else
@@ -90,9 +94,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"removing the previous demo run {old}", file=sys.stderr)
             shutil.rmtree(old)
     print(f"frenzy demo: plan -> place -> train -> evaluate -> analyse -> release, everything under {base}/ "
-          "(about 3 minutes on 2 cores)", file=sys.stderr, flush=True)
+          "(about 1.5 minutes on 2 cores)", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    res = submit(demo_request(base))
+    res = run_submit("demo", demo_request(base))
+    if res is None:
+        return 130
     emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
     return 0
 

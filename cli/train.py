@@ -12,10 +12,19 @@ from cli.output import emit, table
 from tasks.jobspec import load_job
 
 
+def _spikes(result: dict) -> str:
+    """The spike guard's counts as a line of the summary (skipped data changes what the model learned)."""
+    from tasks.training.guard import SpikeCounts
+
+    text = SpikeCounts.model_validate(result.get("spike_counts", {})).summary()
+    return f"{text}\n" if text else ""
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tasks.training.launch import TrainFailed, launch
+    from tasks.outdir import run_dir_lock
+    from tasks.training.launch import TrainFailed, default_run_dir, launch
     from tasks.training.progress import describe
 
     job = load_job(args.job)
@@ -27,10 +36,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     def show(rec: dict) -> None:
         print(describe(rec), file=sys.stderr, flush=True)
 
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     try:
-        result = launch(job, Path(args.run_dir) if args.run_dir else None, nproc=args.nproc,
-                        resume=args.resume or args.from_scratch, from_scratch=args.from_scratch,
-                        device=args.device, threads=args.threads, tp=args.tp, on_record=show)
+        with run_dir_lock(run_dir):  # one trainer per run directory (tasks/outdir.py)
+            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume or args.from_scratch,
+                            from_scratch=args.from_scratch, device=args.device, threads=args.threads, tp=args.tp,
+                            on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
         return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
@@ -42,7 +55,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         start = result["resumed_from_step"]
         return (f"{job.name}: trained to step {result['final_step']}"
                 f"{f' (resumed from {start})' if start is not None else ''}, last loss {result['last_loss']:.4f}, "
-                f"{result['tokens_per_s']:,.0f} tok/s\n" + table(rows))
+                f"{result['tokens_per_s']:,.0f} tok/s\n" + _spikes(result) + table(rows))
 
     emit(args, result, human)
     return 0

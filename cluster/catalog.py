@@ -2,7 +2,7 @@
 
 Figures are vendor datasheet numbers (dense, no sparsity; GeForce cards at fp32 accumulate). Memory is what
 the driver reports (MiB / 1024). `context_gib` and `alloc_frag` are the non-tensor overheads of the memory
-model; without a measurement on that GPU they are the defaults documented in README ("Memory model").
+model; without a measurement on that GPU they are the defaults documented in docs/memory-model.md.
 Extend or override with a YAML file: `load_catalog("my_gpus.yaml")` or `FRENZY_GPU_CATALOG=path`.
 """
 
@@ -104,7 +104,7 @@ class Catalog:
         if key is None:
             raise CatalogError(
                 f"unknown GPU type {name!r}; known: {', '.join(sorted(self.gpus))}. "
-                "Add it with a catalog YAML (FRENZY_GPU_CATALOG=path, see README 'GPU catalog')."
+                "Add it with a catalog YAML (FRENZY_GPU_CATALOG=path, see docs/clusters.md)."
             )
         return self.gpus[key]
 

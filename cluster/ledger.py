@@ -190,6 +190,8 @@ class Ledger:
         `$FRENZY_QUEUE_ORDER` or `shortest` (cluster/queue.py). `clock`: wall-clock seconds (leases, queue
         times); every process sharing a ledger must agree on it (tests inject one to expire leases)."""
         self.clock = clock
+        self.idle_violations = 0
+        """Scheduling passes of this process that left a job waiting beside GPUs it could use (should stay 0)."""
         self.url = ledger_url(url)
         self.order: QueueOrder = order or os.environ.get("FRENZY_QUEUE_ORDER") or DEFAULT_ORDER  # type: ignore[assignment]
         if self.order not in get_args(QueueOrder):
@@ -514,7 +516,8 @@ class Ledger:
             placed.append(alloc)
             return True
 
-        walk(waiting, order, now, try_place, reserve_for=queue.reserve_for)
+        _, left, res = walk(waiting, order, now, try_place, reserve_for=queue.reserve_for)
+        self.idle_violations += queue.violations(left, res)  # the work-conservation invariant (cluster/sizing.py)
         return placed
 
     def schedule(self, order: QueueOrder | None = None) -> list[Allocation]:
@@ -542,6 +545,24 @@ class Ledger:
             rows = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
         return [{"job": r.job, "owner": r.owner, "submitted_at": r.submitted_at, "predicted_s": r.predicted_s,
                  "requests": json.loads(r.requests)} for r in rows]
+
+    # -- checkpoint roots ------------------------------------------------------------------------------------
+    def note_checkpoints(self, job: str, root: str, suite: str = "") -> None:
+        """Remember that `job` commits its checkpoints under `root`, to be evaluated on `suite` (what the scheduled
+        evaluate-pending covers)."""
+        with self._tx() as conn:
+            if self.checkpoint_roots(conn).get(job) != (root, suite):
+                self._log(conn, "checkpoints", job, root=root, suite=suite)
+
+    def checkpoint_roots(self, conn: Connection | None = None) -> dict[str, tuple[str, str]]:
+        """Each job's checkpoint root and evaluation suite as `submit` recorded them (the newest per job)."""
+        query = select(events_t.c.subject, events_t.c.detail).where(events_t.c.kind == "checkpoints")
+        if conn is None:
+            with self.engine.connect() as c:
+                rows = c.execute(query.order_by(events_t.c.id)).all()
+        else:
+            rows = conn.execute(query.order_by(events_t.c.id)).all()
+        return {r.subject: (d["root"], d.get("suite", "")) for r in rows for d in [json.loads(r.detail)]}
 
     def allocation(self, allocation_id: str) -> Allocation:
         found = self._allocations(allocations_t.c.id == allocation_id)

@@ -30,13 +30,11 @@ def markdown_table(rows: list[dict[str, str]]) -> str:
 
 def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None:
     """CDF of job completion times, one line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for name, res in results.items():
         jct = np.sort([j.finish - j.trace.submit_s for j in res.jobs if j.finish is not None])
         if len(jct):
@@ -48,8 +46,10 @@ def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from tasks.outdir import atomic_path
+
+    with atomic_path(path, "cluster simulate --plot") as tmp:
+        fig.savefig(tmp, dpi=120)
 
 
 def write_jobs_csv(results: Mapping[str, Any], path: str) -> int:
@@ -57,8 +57,10 @@ def write_jobs_csv(results: Mapping[str, Any], path: str) -> int:
     record of cluster/sizing.py). Returns the rows written."""
     import csv
 
+    from tasks.outdir import atomic_path
+
     n = 0
-    with open(path, "w", newline="") as f:
+    with atomic_path(path, "cluster simulate --jobs-csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["policy", "job", "submit_s", "start_s", "finish_s", "gpus", "gpu_type", "layout", "ooms",
                     "unschedulable", "decision"])

@@ -54,7 +54,7 @@ from cluster.has import FreePool, GpuRequest, NodeInfo, decide, place, requests_
 from cluster.inventory import Cluster
 from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_exact, reference_step_time, step_time, user_layout
 from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, ordered, reserve, walk
-from cluster.sizing import MIN_SCALING, PACK_SLACK, Sizer, exact_type_requests
+from cluster.sizing import MIN_SCALING, Sizer, exact_type_requests
 from cluster.traces import ALL_POLICIES, REFERENCE_GPU, PolicyName, TraceJob
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
@@ -79,7 +79,6 @@ class SimConfig:
     baseline_order: Literal["arrival", "shortest"] = "arrival"
     sizing: bool = True
     """HAS sizes each job by load and keeps GPUs busy (cluster/sizing.py); False: the paper's first plan that fits."""
-    pack_slack: float = PACK_SLACK
     min_scaling: float = MIN_SCALING
 
 
@@ -428,7 +427,7 @@ class Simulator:
             if w.job not in reqs_of:
                 self.jobs[int(w.job)].unschedulable = "MARP: no layout fits any GPU of the cluster"  # type: ignore[call-overload]
         sizer = Sizer(self.pool, list(self._running.values()), now, ordered(waiting, order, now, aging), reqs_of,
-                      self.cfg.pack_slack, self.cfg.min_scaling)
+                      self.cfg.min_scaling)
 
         def try_place(w: Waiting, admit: Admit) -> bool:
             i = int(w.job)  # type: ignore[call-overload]

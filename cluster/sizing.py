@@ -4,10 +4,12 @@ The live ledger (`cluster/ledger.py`) and the simulator (`cluster/simulator.py`)
 queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
 
 - **Sizing by load (goodput, as in Sia and Pollux).** `spare` is the free GPUs left once every job behind this one
-  has its smallest plan. With no spare GPUs (jobs are waiting) each GPU type offers its plan with the best
-  throughput per GPU (fewest GPU-seconds; a plan within `pack_slack` of that and faster is taken instead). With
-  spare GPUs the job is widened: the fastest plan that fits in the spare GPUs, as long as MARP's step-time model
-  says it still scales (its GPU-seconds at most `1 / min_scaling` of the best).
+  has its smallest plan. With no spare GPUs (jobs are waiting) each GPU type offers the plan with the lowest
+  `run_s + behind x (GPU-seconds - the type's fewest) / the type's GPUs`: a plan's extra GPU-seconds delay each of
+  the `behind` jobs waiting after it by that much (to first order), so the deeper the queue, the more the choice
+  tends to the best throughput per GPU; with a short queue a faster, wider plan wins. With spare GPUs the job is
+  widened: the fastest plan that fits in the spare GPUs while MARP's step-time model says it still scales (its
+  throughput per GPU at least `MIN_SCALING` of the job's best).
 - **Work conservation.** Among those plans the one with the earliest predicted finish wins: `now + run_s` for a
   plan that fits the free GPUs now, `predicted start + run_s` for one that does not. A slower plan on an older
   type that fits now therefore beats waiting exactly when the predicted wait for the faster plan is longer than
@@ -38,14 +40,9 @@ from cluster.queue import Admit, Reservation, Running, Waiting, reserve
 if TYPE_CHECKING:
     from tasks.planning.plans import ResourcePlan
 
-PACK_SLACK = 0.25
-"""Under load, a plan may cost up to 25% more GPU-seconds than the job's most efficient one if it is faster."""
 MIN_SCALING = 0.3
-"""Widening stops where a plan's throughput per GPU falls below 0.3 of the job's best.
-
-Both were chosen on the tuning families of benchmarks/placement_load.py only (Philly, Sia Philly and Saturn,
-NewWorkload; loads 0.5-1.1; mean has/fcfs average-JCT ratio): slack 0.1/0.25/0.5 with scaling 0.5 gave
-0.475/0.473/0.475, slack 0.25 with scaling 0.3 gave 0.445 (worst row 0.742)."""
+"""Widening stops where a plan's throughput per GPU falls below 0.3 of the job's best (chosen on the tuning
+families of benchmarks/placement_load.py only: 0.5 gave a mean has/fcfs average-JCT ratio of 0.473, 0.3 gave 0.445)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +64,8 @@ class Choice:
     """`pack` (jobs wait: best throughput per GPU) or `widen` (spare GPUs: fastest plan that scales)."""
     candidates: list[Candidate]
     reason: str = ""
+    load: str = ""
+    """The load that chose the mode, e.g. `12 jobs wait behind it` (ends the record)."""
 
     def record(self, chosen: Candidate | None, now_s: float) -> str:
         """One line for the decision record: what was chosen (or waited for) and why."""
@@ -82,13 +81,14 @@ class Choice:
                 fast = min(slower, key=lambda c: c.request.run_s or math.inf)
                 why += (f"; runs now rather than wait {fast.start_s - now_s:.0f} s for {_types(fast.request)} "
                         f"(finish {chosen.finish_s - now_s:.0f} s vs {fast.finish_s - now_s:.0f} s from now)")
-            return why
+            return why + (f"; load: {self.load}" if self.load else "")
         r = best.request
         now = [c for c in self.candidates if c.nodes is not None]
         tail = (f"; waiting beats {_types(now[0].request)} now (finish {now[0].finish_s - now_s:.0f} s from now)"
                 if now else "")
         return (f"{self.mode}: waits for {r.gpus} GPU(s) of {_types(r)}, predicted start in "
-                f"{best.start_s - now_s:.0f} s, finish in {best.finish_s - now_s:.0f} s{tail}")
+                f"{best.start_s - now_s:.0f} s, finish in {best.finish_s - now_s:.0f} s{tail}"
+                + (f"; load: {self.load}" if self.load else ""))
 
 
 def _types(r: GpuRequest) -> str:
@@ -110,6 +110,10 @@ class Backlog:
         if key not in self._nodes:
             self._nodes[key] = frozenset(n for n, i in self.pool.info.items() if req.admits(i.mem_gib, i.gpu_type))
         return self._nodes[key]
+
+    def capacity(self, req: GpuRequest) -> int:
+        """GPUs of the cluster that `req` admits, free or not."""
+        return sum(self.pool.info[n].capacity for n in self._admitted(req))
 
     def _timeline(self, req: GpuRequest) -> tuple[list[float], list[int]]:
         """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by each (cumulative)."""
@@ -140,8 +144,7 @@ class Backlog:
             return max(self.now_s, ends[i])
         if not cum or have + cum[-1] < req.gpus:  # the rest are held by allocations with no predicted end
             return math.inf
-        cap = sum(self.pool.info[n].capacity for n in mine)
-        return max(self.now_s, ends[-1]) + work / cap  # past the known releases: the claims drain at `cap` GPUs' rate
+        return max(self.now_s, ends[-1]) + work / self.capacity(req)  # past the known releases: the claims drain at `cap` GPUs' rate
 
     def started(self, nodes: Sequence[tuple[str, int]], run_s: float | None) -> None:
         """A job of this pass took `nodes`: they free up at its predicted end."""
@@ -184,32 +187,28 @@ class _Profile:
     gpu_s: list[float]
     best: float
     min_gpus: int
-    groups: list[tuple[list[int], float, list[int]]]
-    """Per GPU type set: request indices, the fewest GPU-seconds, the indices within `pack_slack` of it."""
+    groups: list[tuple[list[int], float]]
+    """Per GPU type set: request indices and the fewest GPU-seconds among them."""
     by_gpu_s: list[int]
 
 
-_PROFILES: dict[tuple[int, float], tuple[Sequence[GpuRequest], _Profile]] = {}
+_PROFILES: dict[int, tuple[Sequence[GpuRequest], _Profile]] = {}
 
 
-def _profile(requests: Sequence[GpuRequest], pack_slack: float) -> _Profile:
+def _profile(requests: Sequence[GpuRequest]) -> _Profile:
     """Cached per request list (by identity, checked: the cache holds the list, so its id cannot be reused)."""
-    key = (id(requests), pack_slack)
-    hit = _PROFILES.get(key)
+    hit = _PROFILES.get(id(requests))
     if hit is not None and hit[0] is requests:
         return hit[1]
     gs = [_gpu_s(r) for r in requests]
     idx_of: dict[frozenset[str] | None, list[int]] = {}
     for k, r in enumerate(requests):
         idx_of.setdefault(r.types, []).append(k)
-    groups = []
-    for idx in idx_of.values():
-        eff = min(gs[k] for k in idx)
-        groups.append((idx, eff, [k for k in idx if gs[k] <= eff * (1 + pack_slack)]))
+    groups = [(idx, min(gs[k] for k in idx)) for idx in idx_of.values()]
     prof = _Profile(gs, min(gs), min_gpus(requests), groups, sorted(range(len(gs)), key=lambda k: (gs[k], k)))
     if len(_PROFILES) > 50_000:
         _PROFILES.clear()
-    _PROFILES[key] = (requests, prof)
+    _PROFILES[id(requests)] = (requests, prof)
     return prof
 
 
@@ -220,12 +219,13 @@ def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k:
     return Candidate(k, r, start, start + (r.run_s or 0.0), nodes)
 
 
-def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int,
-           pack_slack: float = PACK_SLACK, min_scaling: float = MIN_SCALING) -> Choice:
+def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int, behind: int = 0,
+           min_scaling: float = MIN_SCALING) -> Choice:
     """The job's candidate plans, earliest predicted finish first (ties: the one that starts now, fewer GPUs).
 
-    Per GPU type set: the plan the load calls for (module docstring); when it does not fit now, also the most
-    efficient and the fastest plan of that type that do, so that waiting is chosen only when it finishes sooner."""
+    Per GPU type set, the plan the load calls for (module docstring), preferring one that fits now; `behind` is the
+    number of jobs waiting behind this one. Waiting is chosen only when it is predicted to finish sooner than every
+    plan that fits now."""
     now = backlog.now_s
     if any(r.run_s is None for r in requests):  # no predictions: HAS's first fit in rank order
         d = decide(pool, requests)
@@ -233,25 +233,31 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
             return Choice("first-fit", [Candidate(0, requests[0], math.inf, math.inf, None)])
         return Choice("first-fit", [Candidate(d.plan_index, d.request, now, math.inf, d.nodes)])
     free = _Free(pool)
-    prof = _profile(requests, pack_slack)
+    prof = _profile(requests)
     gs = prof.gpu_s
     widen = spare > prof.min_gpus
     prefs = []
-    for idx, eff, pack_ok in prof.groups:
-        ok = [k for k in idx if requests[k].gpus <= spare and gs[k] * min_scaling <= prof.best] if widen else pack_ok
-        ok = ok or [k for k in idx if gs[k] == eff]
+    for idx, eff in prof.groups:
+        if widen:
+            ok = [k for k in idx if requests[k].gpus <= spare and gs[k] * min_scaling <= prof.best]
+            ok = ok or [k for k in idx if gs[k] == eff]
+            penalty = 0.0
+        else:  # each extra GPU-second delays every job waiting behind by 1/cap of it (first order)
+            ok, penalty = idx, behind / max(backlog.capacity(requests[idx[0]]), 1)
+
+        def score(k: int, eff: float = eff, penalty: float = penalty) -> float:
+            return (requests[k].run_s or math.inf) + penalty * (gs[k] - eff)
         now_ok = [k for k in ok if free.fits(requests[k])]
         if now_ok:
-            prefs.append(_candidate(free, backlog, requests,
-                                    min(now_ok, key=lambda k: (requests[k].run_s or math.inf, requests[k].gpus, k))))
+            prefs.append(_candidate(free, backlog, requests, min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))))
             continue
-        fastest: dict[int, int] = {}  # none fits now: per GPU count the fastest, each with its own predicted start
+        best: dict[int, int] = {}  # none fits now: per GPU count the best-scoring, each with its own predicted start
         for k in ok:
             g = requests[k].gpus
-            if g not in fastest or (requests[k].run_s or math.inf) < (requests[fastest[g]].run_s or math.inf):
-                fastest[g] = k
-        prefs.append(min((_candidate(free, backlog, requests, k) for k in fastest.values()),
-                         key=lambda c: (c.finish_s, c.request.gpus, c.index)))
+            if g not in best or score(k) < score(best[g]):
+                best[g] = k
+        prefs.append(min((_candidate(free, backlog, requests, k) for k in best.values()),
+                         key=lambda c: (c.start_s + score(c.index), c.request.gpus, c.index)))
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.finish_s, default=None)
     wait_finish = waiting.finish_s if waiting is not None else math.inf
     ranked = sorted((c for c in prefs if c.nodes is not None and c.finish_s <= wait_finish),
@@ -265,7 +271,9 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
         ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k)).nodes is not None]
     ranked += [waiting] if waiting is not None else []
     ranked += sorted((c for c in prefs if c.nodes is not None and c.finish_s > wait_finish), key=lambda c: c.finish_s)
-    return Choice("widen" if widen else "pack", ranked)
+    load = (f"{spare} free GPUs left after the smallest plans of the {behind} jobs behind it" if widen else
+            f"{behind} jobs wait behind it, their smallest plans leave {max(spare, 0)} free GPUs")
+    return Choice("widen" if widen else "pack", ranked, load=load)
 
 
 def min_gpus(requests: Iterable[GpuRequest]) -> int:
@@ -274,15 +282,18 @@ def min_gpus(requests: Iterable[GpuRequest]) -> int:
 
 def idle_violations(pool: FreePool, left: Sequence[tuple[Sequence[GpuRequest], float]],
                     reservation: Reservation | None, now_s: float) -> int:
-    """After a pass: how many waiting jobs could start on free GPUs now with a plan predicted to finish before the
-    finish they wait for (math.inf: none), where the queue head's reservation does not need those GPUs. `left`:
-    each waiting job's requests and the predicted finish it waits for. 0 is the invariant."""
+    """After a pass: how many waiting jobs could start on free GPUs now with a plan that the head's reservation does
+    not need and that either finishes before the finish they wait for (math.inf: none) or is the job's fastest plan
+    (no plan can finish sooner by waiting, whatever the predictions of the wait). `left`: each waiting job's
+    requests and the predicted finish it waits for. 0 is the invariant."""
     bad = 0
     if pool.total_free() == 0:
         return 0
     for reqs, wait_finish in left:
+        fastest = min((r.run_s for r in reqs if r.run_s is not None), default=None)
         for r in reqs:
-            if (r.run_s is not None and now_s + r.run_s >= wait_finish) or not pool.fits(r):
+            sooner = r.run_s is None or now_s + r.run_s < wait_finish or r.run_s <= (fastest or 0.0)
+            if not sooner or not pool.fits(r):
                 continue
             nodes = place(pool, r)
             if nodes is None:
@@ -313,14 +324,13 @@ class Sizer:
     simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests."""
 
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
-                 reqs_of: Mapping[Hashable, Sequence[GpuRequest]], pack_slack: float = PACK_SLACK,
-                 min_scaling: float = MIN_SCALING) -> None:
+                 reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
-        self.pack_slack, self.min_scaling = pack_slack, min_scaling
-        self.behind: dict[Hashable, int] = {}  # the smallest demand of the jobs behind each one
+        self.min_scaling = min_scaling
+        self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
         acc = 0
-        for w in reversed(seq):
-            self.behind[w.job] = acc
+        for n, w in enumerate(reversed(seq)):
+            self.behind[w.job] = (n, acc)
             acc += min_gpus(reqs_of.get(w.job, ()))
         self.backlog = Backlog(pool, running, now_s)
         self.waits: dict[Hashable, tuple[Sequence[GpuRequest], float]] = {}
@@ -335,8 +345,8 @@ class Sizer:
         if not reqs or self.pool.total_free() == 0:
             return None
         t0 = time.perf_counter()
-        ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - self.behind.get(w.job, 0),
-                    self.pack_slack, self.min_scaling)
+        n, demand = self.behind.get(w.job, (0, 0))
+        ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
         for c in ch.candidates:
             if c.nodes is None:  # waiting for this plan is predicted to finish sooner than the rest
@@ -364,5 +374,6 @@ class Sizer:
 
     def violations(self, left: Sequence[Waiting], reservation: Reservation | None) -> int:
         """`idle_violations` over the jobs left waiting after the walk."""
-        return idle_violations(self.pool, [self.waits[w.job] for w in left if w.job in self.waits], reservation,
-                               self.now_s)
+        # a job the walk never tried (strict order behind a blocked head) waits for nothing: any plan that fits counts
+        return idle_violations(self.pool, [self.waits.get(w.job, (self.reqs_of.get(w.job, ()), math.inf))
+                                           for w in left], reservation, self.now_s)

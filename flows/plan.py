@@ -14,6 +14,8 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.inventory import Cluster, load_cluster
+from flows.naming import run_name
+from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.planning.calibration import OomObservation, load_observations
 from tasks.planning.plans import RankBy, ResourcePlan
@@ -23,7 +25,8 @@ from tasks.planning.plans import plan_resources as _plan_resources
 class PlanRequest(BaseModel):
     """What the planner needs: the job (model + batch size), where it may run, and how to rank plans."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job as in a job YAML file."""
@@ -56,7 +59,7 @@ def plans_markdown(request: PlanRequest, plans: list[ResourcePlan]) -> str:
         f"{p.est_step_time_s:.3f} | {p.gpu_seconds_per_step:.3f} |" for p in plans)
 
 
-@flow(name="plan", flow_run_name="plan-{request.job.name}", log_prints=True)
+@flow(name="plan", flow_run_name=run_name("plan-{request.job.name}"), log_prints=True)
 def plan(request: PlanRequest) -> list[ResourcePlan]:
     """MARP: which GPU types and counts can train this job, best first."""
     plans = plan_resources(request, load_observations(), load_cluster(request.cluster))

@@ -12,13 +12,16 @@ from cluster.compare import compare_policies
 from cluster.report import markdown_table, summary_rows
 from cluster.simulator import SimConfig
 from cluster.traces import REFERENCE_GPU
+from flows.naming import run_name
+from tasks.formschema import drop_null_branches
 from tasks.planning.plans import RankBy
 
 
 class SimulateRequest(BaseModel):
     """Which cluster, which trace, which policies."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     cluster: str = Field("phoebe", json_schema_extra={"position": 0})
     """Cluster preset (phoebe, frenzy-testbed) or a cluster YAML path on the worker."""
@@ -37,7 +40,7 @@ class SimulateRequest(BaseModel):
     """GPU type the trace durations refer to."""
 
 
-@flow(name="simulate", flow_run_name="simulate-{request.cluster}", log_prints=True)
+@flow(name="simulate", flow_run_name=run_name("simulate-{request.cluster}"), log_prints=True)
 def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
     cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by)

@@ -14,6 +14,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.naming import run_name
+from tasks.formschema import drop_null_branches
 from tasks.stragglers.analyze import analyze
 from tasks.stragglers.report import heatmap, markdown, timeline
 from tasks.stragglers.trace import load_trace
@@ -22,7 +24,8 @@ from tasks.stragglers.trace import load_trace
 class StragglerRequest(BaseModel):
     """Which trace to analyse and what to draw."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     trace: str = Field(json_schema_extra={"position": 0})
     """Trace parquet file (or its directory) on the worker, in the straggler format."""
@@ -83,7 +86,7 @@ def stragglers_task(request: StragglerRequest) -> StragglerReport:
                            report=str(out / "slowdowns.json"), heatmap=hm, timeline=tl)
 
 
-@flow(name="stragglers", flow_run_name="stragglers", log_prints=True)
+@flow(name="stragglers", flow_run_name=run_name("stragglers"), log_prints=True)
 def stragglers_flow(request: StragglerRequest) -> StragglerReport:
     """Straggler what-if analysis of a training trace (S, per op type / stage / DP rank, heatmap, timeline)."""
     return stragglers_task(request)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -23,12 +25,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from cluster.catalog import default_catalog
 from cluster.inventory import Cluster, load_cluster
 from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError
 from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
 from flows.evaluate import EvaluateRequest, evaluate_task
+from flows.naming import run_name
 from flows.place import LeaseLost, place, release
 from flows.plan import PlanRequest, plan_resources, plans_markdown
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
@@ -39,12 +43,13 @@ from tasks.diagnosis.recovery import Action, decide
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.suite import load_suite
+from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.planning.calibration import OomObservation, load_observations, model_key, record_oom
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.report import RunReport, StragglerSummary, markdown, render_html
 from tasks.training import checkpoint as ck
-from tasks.training.elastic import note_placement, tune_auto
+from tasks.training.elastic import Placed, note_placement, recovery_lines, replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, default_run_dir, request_kill, request_stop
 from tasks.training.storage import Storage
 
@@ -54,14 +59,16 @@ EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
 class SubmitRequest(BaseModel):
     """A job to run end to end: the model and batch size are the user's, the GPUs are Frenzy's choice."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job (the job YAML as a form): model, batch, steps, checkpointing."""
     cluster: str = Field("local", json_schema_extra={"position": 1})
     """Where it may run: `local` (this worker's GPUs, or its CPU), a preset, or a cluster YAML on the worker."""
-    suite: str | None = Field(None, json_schema_extra={"position": 2})
-    """Evaluation suite (core, quick, or a suite YAML); empty: the job's `evaluation.suite`, else core."""
+    suite: SkipJsonSchema[str | None] = None
+    """Evaluation suite (core, quick, or a suite YAML) overriding the job's `evaluation.suite` (`frenzy submit
+    --suite`); empty: the job's, else core. Not on the form, which has the job's: one field per concept."""
     ledger: str | None = None
     """Allocation ledger: a SQLite path or SQLAlchemy URL; empty: $FRENZY_LEDGER or ~/.frenzy/ledger.db."""
     rank_by: RankBy = "balanced"
@@ -70,7 +77,7 @@ class SubmitRequest(BaseModel):
     """Give up (cleanly, leaving the queue) when no plan fits within this many seconds."""
     lease_s: float = Field(DEFAULT_LEASE_S, ge=5)
     """Allocation lease; a crashed flow's GPUs come back this long after its last heartbeat."""
-    evaluation: Literal["auto", "in-flow", "deployment", "off"] = "auto"
+    evaluation: Literal["auto", "in-flow", "deployment", "off"] = Field("auto", title="Evaluation mode")
     """in-flow: evaluate each checkpoint inside this run while training continues; deployment: the
     `evaluate-on-checkpoint` deployment does it on the commit events; auto: deployment when the server has it."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -120,6 +127,25 @@ class SubmitResult(BaseModel):
 
 class PipelineError(RuntimeError):
     """The pipeline cannot go on; the message names the fix."""
+
+
+def failure_message(job: str, failure: BaseException, root_cause_line: str | None, reason: str, log: Path) -> str:
+    """Why training stopped, in one paragraph, the cause first: the trainer's own message when it named the problem
+    (a missing data.path, storage it cannot reach: a restart fails the same way), else the root-cause line the
+    diagnosis found in the log; then the action decided and where the log is. The tracebacks stay in the log."""
+    said = str(failure).splitlines()[0].strip() if str(failure) else ""
+    if said and not said.startswith(("trainer exited with code", "trainer killed")):
+        return f"{job}: {said} (the trainer stopped on it; fix it and rerun; log {log})"
+    cause = (root_cause_line or "").strip() or said or "the trainer failed without an error line"
+    return f"{job}: training failed: {cause}. {reason}; log {log}"
+
+
+def _committed_steps(root: str) -> list[int]:
+    """Every step committed under `root`, earlier attempts' included (what the report counts)."""
+    try:
+        return sorted(m.step for m in ck.committed(Storage(root)))
+    except Exception:  # noqa: BLE001 - the report falls back to this run's own checkpoints
+        return []
 
 
 def _host_node(alloc: Allocation) -> str:
@@ -213,14 +239,18 @@ class _Evaluator:
             self._evaluate(m)
 
 
-def _collect_triggered(request: SubmitRequest, run: str, suite: str, steps: list[int]) -> dict[int, EvalSummary]:
-    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting for the last."""
-    deadline = time.monotonic() + request.eval_timeout_s
+def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> dict[int, EvalSummary]:
+    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting (at most
+    `timeout_s`) until every committed step in `steps` has one. The runs finish in any order: the final step's
+    score can land before an earlier step's."""
+    deadline = clock() + timeout_s
     while True:
-        found = _from_history(request, run, suite)
-        if not steps or max(steps) in found or time.monotonic() > deadline:
+        found = read()
+        if set(steps) <= set(found) or clock() > deadline:
             return found
-        time.sleep(2.0)
+        sleep(2.0)
 
 
 def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, mode: str,
@@ -229,6 +259,8 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
     root = treq.job.training.checkpoint.uri
     device = "cuda" if treq.gpu_indices else "cpu"
     ev = _Evaluator(request, root, treq.job.name, suite, device) if mode == "in-flow" else None
+    # only the deployment mode needs the commit events; in-flow, they would have each step evaluated twice
+    treq = treq.model_copy(update={"announce_commits": mode == "deployment"})
     fut: PrefectFuture = train_task.submit(treq)
     progress = Path(treq.run_dir or ".") / "progress.jsonl"
     last_size, last_change = -1, time.monotonic()
@@ -263,10 +295,11 @@ def _train_and_evaluate(request: SubmitRequest, treq: TrainRequest, suite: str, 
         evals = ev.done
     elif mode == "deployment":
         logger.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        evals = _collect_triggered(request, result.job, suite, steps)
+        evals = collect_scores(lambda: _from_history(request, result.job, suite), steps, request.eval_timeout_s)
+        if missing := sorted(set(steps) - set(evals)):
+            logger.warning("no score for step(s) %s within %.0f s of training's end%s", missing,
+                           request.eval_timeout_s, "; evaluating the final step here" if max(steps) in missing else "")
         if steps and max(steps) not in evals:
-            logger.warning("the final step's evaluation did not arrive within %.0f s; evaluating it here",
-                           request.eval_timeout_s)
             evals[max(steps)] = evaluate_task(EvaluateRequest(uri=result.checkpoints[-1].uri,
                                                               suite=_suite_spec(request), device=device,
                                                               history_dir=request.history_dir))
@@ -340,6 +373,43 @@ def _record_oom(job: JobSpec, plan: ResourcePlan, d: Diagnosis, cluster: Cluster
                               predicted_device_gib=plan.predicted_device_gib, job=job.name, line=d.root_cause_line))
 
 
+def _recover(request: SubmitRequest, ledger: Ledger, cluster: Cluster, alloc: Allocation, chosen: ResourcePlan,
+             candidates: list[ResourcePlan], recoveries: list[dict], log: tuple[Path, int], failure: TrainFailed,
+             logger: object) -> list[ResourcePlan]:
+    """After a training failure: diagnose the log, record the recovery, check nodes; the plans to place next (only
+    plans with more memory per GPU after an out-of-memory). Raises PipelineError when the run should stop."""
+    job, (log_path, log_offset) = request.job, log
+    rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
+    recoveries.append(rec.model_dump())
+    if rec.action.kind == "stop":
+        raise PipelineError(failure_message(job.name, failure, rec.diagnosis.root_cause_line, rec.action.reason,
+                                            log_path)) from failure
+    if rec.action.node_check:
+        _check_allocation_nodes(ledger, alloc, logger, request.executor)
+    if rec.action.kind == "replan":
+        _record_oom(job, chosen, rec.diagnosis, cluster)
+        bigger = replan_after_oom(job, cluster, request.rank_by, load_observations())  # [elastic hook]
+        if not bigger:
+            raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
+                                "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
+                                "recompute or zero_stage 3, or add GPUs with more memory") from failure
+        candidates = bigger
+    logger.warning("recovery %d/%d: %s -> %s", len(recoveries), request.max_restarts, rec.diagnosis.type,
+                   rec.action.kind)
+    return candidates
+
+
+def _analyse_stragglers(trace: str | None, logger: object) -> StragglerReport | None:
+    """The straggler analysis of the run's op trace; the job trained, so a trace it cannot use is logged, not raised."""
+    if not trace:
+        return None
+    try:
+        return stragglers_task(StragglerRequest(trace=trace))
+    except Exception as err:  # noqa: BLE001
+        logger.warning("straggler analysis of %s failed: %s", trace, err)  # type: ignore[attr-defined]
+        return None
+
+
 @task(name="report")
 def report_task(report: RunReport, path: str) -> str:
     """The run report: HTML with plots on disk, the same as a markdown artifact."""
@@ -353,7 +423,81 @@ def _key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
-@flow(name="submit", flow_run_name="submit-{request.job.name}", log_prints=True)
+@dataclass
+class _Attempt:
+    """One pass of the submit loop: where it was placed, and how training ended."""
+
+    alloc: Allocation
+    chosen: ResourcePlan
+    placed: Placed
+    """This attempt's resources, for the elastic hook's record of a recovery that moved the job."""
+    log: tuple[Path, int]
+    """The training log and its size before this attempt: the diagnosis reads only what this attempt wrote."""
+    result: TrainResult | None = None
+    evals: list[EvalSummary] = field(default_factory=list)
+    failure: TrainFailed | None = None
+    released: bool = False
+
+
+def _runnable_plans(request: SubmitRequest, cluster: Cluster) -> list[ResourcePlan]:
+    """MARP's plans the trainer can run (data x tensor parallel), best first, published as an artifact."""
+    job = request.job
+    plans = plan_resources(PlanRequest(job=job, cluster=request.cluster_spec, rank_by=request.rank_by, top=1000),
+                           load_observations(), cluster)
+    runnable = [p for p in plans if p.layout.pp == 1]  # the trainer runs data x tensor parallel layouts
+    if not runnable:
+        raise PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer does not "
+                            "run yet; add GPUs with more memory or enable recompute / zero_stage 3")
+    create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=request.cluster_spec), runnable[:10]),
+                             key=_key(f"plans-{job.name}"), description="MARP resource plans, best first")
+    return runnable
+
+
+def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePlan], runnable: list[ResourcePlan],
+             recoveries: list[dict], placed_before: Placed | None, run_dir: Path, suite: str,
+             timings: dict[str, float], logger: object) -> _Attempt:
+    """Place on the first candidate that fits, train and evaluate under a kept lease, and release the GPUs whatever
+    happens; a training failure is returned (for diagnosis), anything else raises."""
+    t = time.monotonic()
+    if request.executor != "local":  # nothing is placed on a node Ray already knows is gone
+        from cluster.ray_health import sync_ledger
+
+        sync_ledger(ledger, None if request.executor == "ray" else request.executor)
+    alloc = place(request.job.name, candidates, ledger_url=request.ledger, timeout_s=request.max_wait_s,
+                  lease_s=request.lease_s, precision=request.job.training.precision, steps=request.job.training.steps)
+    timings["queue"] += time.monotonic() - t
+    chosen = candidates[alloc.plan_index]
+    placed = note_placement(recoveries, placed_before, chosen, alloc, request.job, logger)  # [elastic hook]
+    logger.info("placed on %s: plan %d (%d x %s, %s)",  # type: ignore[attr-defined]
+                ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
+                runnable.index(chosen) + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
+    log_path = run_dir / "train.log"
+    log_offset = log_path.stat().st_size if log_path.exists() else 0
+    at = _Attempt(alloc=alloc, chosen=chosen, placed=placed, log=(log_path, log_offset))
+    try:
+        keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
+        with keeper:
+            t = time.monotonic()
+            treq = training_request(request, alloc, chosen, run_dir, suite)
+            tune_auto(treq.job, ledger, chosen, alloc, len(recoveries), logger)  # [elastic hook]
+            mode = _eval_mode(request)
+            logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")  # type: ignore[attr-defined]
+            try:
+                at.result, at.evals = _train_and_evaluate(request, treq, suite, mode, keeper)
+            except TrainFailed as err:
+                at.failure = err
+            timings["train+evaluate"] += time.monotonic() - t
+    finally:
+        try:
+            release(alloc.id, request.ledger)
+            at.released = True
+        except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
+            logger.error("could not release allocation %s (%s); its lease expires in %.0f s",  # type: ignore[attr-defined]
+                         alloc.id, err, request.lease_s)
+    return at
+
+
+@flow(name="submit", flow_run_name=run_name("submit-{request.job.name}"), log_prints=True)
 def submit(request: SubmitRequest) -> SubmitResult:
     """Plan, place, train (evaluating checkpoints as they commit), evaluate, release, analyse, report."""
     logger = get_run_logger()
@@ -364,97 +508,43 @@ def submit(request: SubmitRequest) -> SubmitResult:
     suite = load_suite(request.suite or (job.evaluation.suite if job.evaluation else "core")).name \
         if request.evaluation != "off" else ""
     cluster = load_cluster(request.cluster_spec)  # an unknown cluster or suite fails before anything starts
-
-    plans = plan_resources(PlanRequest(job=job, cluster=request.cluster_spec, rank_by=request.rank_by, top=1000),
-                           load_observations(), cluster)
-    runnable = [p for p in plans if p.layout.pp == 1]  # the trainer runs data x tensor parallel layouts
-    if not runnable:
-        raise PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer does not "
-                            "run yet; add GPUs with more memory or enable recompute / zero_stage 3")
-    create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=request.cluster_spec), runnable[:10]),
-                             key=_key(f"plans-{job.name}"), description="MARP resource plans, best first")
+    runnable = _runnable_plans(request, cluster)
     timings["plan"] = time.monotonic() - t0
 
     ledger = Ledger(request.ledger)
     ledger.sync(cluster)
+    if suite:  # the scheduled evaluate-pending covers the roots the ledger knows
+        ledger.note_checkpoints(job.name, Storage(job.training.checkpoint.uri).uri, _suite_spec(request))
     run_dir = (Path(request.run_dir) if request.run_dir else default_run_dir(job)).absolute()
     candidates, recoveries = runnable, []
-    placed_before = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
+    placed: Placed | None = None  # [elastic hook] the previous attempt's resources (tasks/training/elastic.py)
     timings["queue"] = timings["train+evaluate"] = 0.0
     while True:  # one pass per attempt: place, train, and on a training failure diagnose and recover
-        t = time.monotonic()
-        if request.executor != "local":  # nothing is placed on a node Ray already knows is gone
-            from cluster.ray_health import sync_ledger
-
-            sync_ledger(ledger, None if request.executor == "ray" else request.executor)
-        alloc = place(job.name, candidates, ledger_url=request.ledger, timeout_s=request.max_wait_s,
-                      lease_s=request.lease_s, precision=job.training.precision, steps=job.training.steps)
-        timings["queue"] += time.monotonic() - t
-        chosen = candidates[alloc.plan_index]
-        placed_before = note_placement(recoveries, placed_before, chosen, alloc, job, logger)  # [elastic hook]
-        logger.info("placed on %s: plan %d (%d x %s, %s)", ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
-                    runnable.index(chosen) + 1, chosen.gpus, chosen.gpu_type, chosen.layout.label())
-        log_path = run_dir / "train.log"
-        log_offset = log_path.stat().st_size if log_path.exists() else 0
-        released, failure = False, None
-        try:
-            keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
-            with keeper:
-                t = time.monotonic()
-                treq = training_request(request, alloc, chosen, run_dir, suite)
-                tune_auto(treq.job, ledger, chosen, alloc, len(recoveries), logger)  # [elastic hook]
-                mode = _eval_mode(request)
-                logger.info("evaluation: %s%s", mode, f" on suite {suite}" if suite else "")
-                try:
-                    result, evals = _train_and_evaluate(request, treq, suite, mode, keeper)
-                except TrainFailed as err:
-                    failure = err
-                timings["train+evaluate"] += time.monotonic() - t
-        finally:
-            try:
-                release(alloc.id, request.ledger)
-                released = True
-            except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
-                logger.error("could not release allocation %s (%s); its lease expires in %.0f s", alloc.id, err,
-                             request.lease_s)
-        if failure is None:
+        at = _attempt(request, ledger, candidates, runnable, recoveries, placed, run_dir, suite, timings, logger)
+        placed = at.placed
+        if at.failure is None:
             break
-        rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
-        recoveries.append(rec.model_dump())
-        if rec.action.kind == "stop":
-            raise PipelineError(f"{job.name}: training failed, {rec.action.reason} (diagnosis: "
-                                f"{rec.diagnosis.root_cause_line or 'no matching line'}; log {log_path})") from failure
-        if rec.action.node_check:
-            _check_allocation_nodes(ledger, alloc, logger, request.executor)
-        if rec.action.kind == "replan":
-            _record_oom(job, chosen, rec.diagnosis, cluster)
-            bigger = [p for p in candidates if p.min_gpu_memory_gib > chosen.min_gpu_memory_gib]
-            if not bigger:
-                raise PipelineError(f"{job.name}: out of memory on {chosen.gpu_type} ({chosen.layout.label()}), and "
-                                    "no plan has more memory per GPU on this cluster; lower micro_batch, enable "
-                                    "recompute or zero_stage 3, or add GPUs with more memory") from failure
-            candidates = bigger
-        logger.warning("recovery %d/%d: %s -> %s", len(recoveries), request.max_restarts, rec.diagnosis.type,
-                       rec.action.kind)
+        candidates = _recover(request, ledger, cluster, at.alloc, at.chosen, candidates, recoveries, at.log,
+                              at.failure, logger)
+        if any(c not in runnable for c in candidates):  # a replan after an OOM brings fresh plans
+            runnable = candidates
+    result, evals, chosen, alloc = at.result, at.evals, at.chosen, at.alloc
+    assert result is not None  # an attempt without a failure trained
 
     t = time.monotonic()
-    strag: StragglerReport | None = None
-    if result.trace:
-        try:  # the job trained; a trace the analysis cannot use is reported, not a failed job
-            strag = stragglers_task(StragglerRequest(trace=result.trace))
-        except Exception as err:  # noqa: BLE001
-            logger.warning("straggler analysis of %s failed: %s", result.trace, err)
+    strag = _analyse_stragglers(result.trace, logger)
     timings["stragglers"] = time.monotonic() - t
     timings["total"] = time.monotonic() - t0
     rep = RunReport(job=job.name, model=job.model.display_name, cluster=cluster.name, plans=runnable[:10],
                     chosen=min(runnable.index(chosen), 9), allocation=alloc, final_step=result.final_step,
                     resumed_from_step=result.resumed_from_step, tokens_per_s=result.tokens_per_s,
                     checkpoints=result.checkpoints, progress=str(Path(result.run_dir) / "progress.jsonl"),
-                    evaluations=evals, timings_s=timings,
+                    evaluations=evals, timings_s=timings, spikes=result.spike_counts,
+                    committed_steps=_committed_steps(job.training.checkpoint.uri), recoveries=recovery_lines(recoveries),
                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                     if strag else None)
     path = report_task(rep, str(Path(result.run_dir) / "report.html"))
     logger.info("report: %s", path)
     return SubmitResult(job=job.name, plan=chosen, plans=runnable, allocation=alloc, train=result,
-                        evaluations=evals, stragglers=strag, report=path, released=released, timings_s=timings,
+                        evaluations=evals, stragglers=strag, report=path, released=at.released, timings_s=timings,
                         recoveries=recoveries)

@@ -16,9 +16,12 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.events import emit_event
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.naming import run_name
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
+from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.training.checkpoint import CheckpointRecord
+from tasks.training.guard import SpikeCounts
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import WARNING_EVENTS, describe
 
@@ -41,6 +44,8 @@ class TrainResult(BaseModel):
     """Ranks that trained (across every node of the allocation)."""
     data_fraction: float = 0.0
     """Share of the loop's time spent reading batches (the loader keeping up)."""
+    spike_counts: SpikeCounts = Field(default_factory=SpikeCounts)
+    """What the spike guard did: spikes seen, rollbacks, updates and samples skipped (this invocation)."""
     stragglers: StragglerReport | None = None
     """The straggler analysis of the run's traces (a StragglerReport) when train_flow ran it."""
 
@@ -57,7 +62,8 @@ class NodeRanks(BaseModel):
 class TrainRequest(BaseModel):
     """A training job and where it runs."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches)
 
     job: JobSpec = Field(json_schema_extra={"position": 0})
     """The job: model, batch, steps, checkpointing (the job YAML as a form)."""
@@ -82,6 +88,9 @@ class TrainRequest(BaseModel):
     `ray://HOST:PORT`: Ray actors on the nodes of `placement`."""
     placement: list[NodeRanks] | None = None
     """Ray executor: ranks per node (an allocation's nodes and GPU counts)."""
+    announce_commits: bool = True
+    """Emit `frenzy.checkpoint.committed` per commit (what triggers the evaluate-on-checkpoint deployment); `submit`
+    turns it off when it evaluates the checkpoints itself, so that no step is evaluated twice."""
 
 
 def checkpoint_event(record: dict, run: str, suite: str = "core") -> None:
@@ -110,7 +119,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                                      description=f"{job.name}: step {rec['step']}/{rec['steps']}, loss "
                                                  f"{rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
                                                  f"ETA {rec['eta_s']:.0f}s")
-        elif ev == "checkpoint":
+        elif ev == "checkpoint" and request.announce_commits:
             checkpoint_event(rec, job.name, suite)
         (logger.warning if ev in WARNING_EVENTS else logger.info)(describe(rec))
 
@@ -132,7 +141,7 @@ def train_task(request: TrainRequest) -> TrainResult:
     return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields if k in result})
 
 
-@flow(name="train", flow_run_name="train-{request.job.name}", log_prints=True)
+@flow(name="train", flow_run_name=run_name("train-{request.job.name}"), log_prints=True)
 def train_flow(request: TrainRequest) -> TrainResult:
     """Train a job with asynchronous checkpoints; a table artifact lists the committed checkpoints."""
     result = train_task(request)

@@ -12,11 +12,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.formschema import drop_null_branches, optional_section
 from tasks.presets import MODEL_PRESETS
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+                              json_schema_extra=drop_null_branches, validate_assignment=True)
 
 
 PresetName = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
@@ -28,6 +30,8 @@ _STYLE_DEFAULTS: dict[str, Any] = dict(mlp="gelu", norm="layernorm", tied_embedd
 
 class RopeScalingSpec(_Strict):
     """Llama 3.1's frequency-dependent RoPE scaling (`rope_scaling: {rope_type: llama3, ...}` in config.json)."""
+
+    model_config = ConfigDict(json_schema_extra=optional_section)  # optional in ModelSpec / JobSpec: see it
 
     factor: float = Field(8.0, gt=0)
     """Low frequencies are divided by this."""
@@ -193,7 +197,11 @@ class SpikeSpec(_Strict):
     skip_batches: int = Field(4, ge=1)
     """Batches skipped from the spike's batch on (PaLM skipped 200-500 at scale)."""
     rollback: bool = True
-    """Roll back to the newest healthy checkpoint before the spike; False only skips the update and batches."""
+    """Roll back to the newest healthy checkpoint before the spike and skip `skip_batches` batches; False (or no
+    healthy checkpoint yet) skips only the spike's update and its batch."""
+    max_consecutive: int = Field(3, ge=1)
+    """Spikes in a row (no healthy update past them) the guard handles before it gives up: a finite one is then
+    trained through and the detector's history restarts at the new level; a non-finite one stops the run."""
 
 
 class TrainingSpec(_Strict):
@@ -254,6 +262,8 @@ class TrainingSpec(_Strict):
 class EvaluationSpec(_Strict):
     """Evaluation of committed checkpoints."""
 
+    model_config = ConfigDict(json_schema_extra=optional_section)  # optional in ModelSpec / JobSpec: see it
+
     suite: str = "core"
     """Benchmark suite name or file."""
     on_checkpoint: bool = True
@@ -286,7 +296,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {loc}: unknown key {str(e['loc'][-1])!r} (check spelling; see README 'Job YAML')")
+            lines.append(f"  {loc}: unknown key {str(e['loc'][-1])!r} (check spelling; see docs/job-yaml.md)")
         elif e["type"] == "missing" and loc == "model":
             lines.append("  model: missing; give `model: {preset: NAME}` (see `frenzy presets`) or the explicit "
                          "shape (layers, hidden, heads, vocab)")

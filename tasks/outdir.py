@@ -1,5 +1,5 @@
-"""Output directories that are written whole or not at all, by one writer at a time (what `frenzy data prepare`,
-`frenzy export` and `frenzy tokenizer train` write through).
+"""Outputs that are written whole or not at all, by one writer at a time: the directories of `frenzy data prepare`
+and `frenzy export`, and the files of `frenzy tokenizer train`, `stragglers generate|analyze` and `cluster simulate`.
 
 The content goes to a hidden temp directory beside the target and is renamed over it only when complete, so a
 SIGKILL leaves the target as it was (and a `.NAME.tmp-PID` directory the next run removes). An advisory lock
@@ -84,14 +84,89 @@ def atomic_dir(out: str | Path, what: str, overwrite: bool = False) -> Iterator[
         shutil.rmtree(old, ignore_errors=True)
 
 
-def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False) -> None:
-    """Write one file by temp + rename under the same lock and overwrite rules as `atomic_dir`."""
-    dest = dest.expanduser().absolute()
+def _same_as_input(dest: Path, inputs: tuple[str | Path, ...]) -> Path | None:
+    """The input `dest` would overwrite: the same file, or a trace/meta file of an input directory."""
+    for i in inputs:
+        q = Path(i).expanduser()
+        if not q.exists():
+            continue
+        if dest.exists() and os.path.samefile(dest, q):
+            return q
+        if q.is_dir() and dest.parent.exists() and os.path.samefile(dest.parent, q) and \
+                dest.suffix in (".parquet", ".yaml", ".yml"):
+            return q
+    return None
+
+
+def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...] = ()) -> Path:
+    """Refuse, before any work, a file output that is a directory, inside a checkpoint or one of `inputs`."""
+    dest = Path(dest).expanduser().absolute()
+    if dest.is_dir():
+        raise OutputError(f"{dest} is a directory; give a file path for {what}")
     refuse_protected(dest.parent, what)
+    same = _same_as_input(dest, tuple(i for i in inputs if i))
+    if same is not None:
+        raise OutputError(f"{dest} is {what}'s own input ({same}); writing it would destroy what is being read: "
+                          "give another path")
+    return dest
+
+
+@contextmanager
+def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True,
+                inputs: tuple[str | Path, ...] = ()) -> Iterator[Path]:
+    """Yield a temp path beside `dest` for a writer that takes a path (savefig, to_parquet, gzip.open); it is
+    renamed over `dest` only when the writer returns, so a SIGKILL leaves `dest` as it was. `dest` may not be one
+    of `inputs` (an output pointed at the file being read would destroy it) nor inside a checkpoint directory."""
+    dest = check_file_target(dest, what, inputs)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _lock(dest, what):
         if dest.exists() and not overwrite:
             raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
-        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(data)
+        for stale in dest.parent.glob(f".{dest.name}.tmp-*"):  # left by a killed writer (we hold the lock)
+            stale.unlink(missing_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}{dest.suffix}")  # savefig infers its format
+        try:
+            yield tmp
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, dest)
+
+
+def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False) -> None:
+    """Write one file by temp + rename under the same lock and overwrite rules as `atomic_dir`."""
+    with atomic_path(dest, what, overwrite=overwrite) as tmp:
+        tmp.write_bytes(data)
+
+
+_HELD: dict[Path, int] = {}
+"""Run directories this process holds (the lock is re-entrant within a process: flock is not)."""
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path, what: str = "frenzy train") -> Iterator[None]:
+    """Hold `run_dir` for one trainer: a second process launching into it (its job.json, progress.jsonl, stop and
+    kill files) would make the first train the second's job and read its progress. Fails at once, naming the
+    holder's pid and the fix."""
+    run_dir = run_dir.absolute()
+    if run_dir in _HELD:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / ".run.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise OutputError(f"run directory {run_dir} is in use by another trainer (pid {holder}); wait for it, "
+                              "stop it, or give this run another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _HELD[run_dir] = fd
+        try:
+            yield
+        finally:
+            del _HELD[run_dir]
+    finally:
+        os.close(fd)

@@ -19,6 +19,7 @@ from cluster.ledger import Allocation
 from tasks.evaluation.record import EvalSummary
 from tasks.planning.plans import ResourcePlan
 from tasks.training.checkpoint import CheckpointRecord
+from tasks.training.guard import SpikeCounts
 
 
 class StragglerSummary(BaseModel):
@@ -52,6 +53,52 @@ class RunReport(BaseModel):
     stragglers: StragglerSummary | None
     timings_s: dict[str, float]
     """Wall seconds of each stage."""
+    spikes: SpikeCounts | None = None
+    """What the trainer's spike guard did (skipped data changes what the model was trained on)."""
+    committed_steps: list[int] = []
+    """Every step committed under the job's checkpoint root, earlier attempts' too (a resumed run's own
+    `checkpoints` are only the ones it wrote); empty: those of `checkpoints`."""
+    recoveries: list[str] = []
+    """One sentence per automatic recovery: the failure, the action, where the job went (elastic.recovery_lines)."""
+
+
+NOT_SCORES = frozenset({"isolated"})
+"""Per-example values the evaluation records that describe how it ran, not how good the model is (`isolated`: the
+generated code ran in the sandbox's full isolation). The report states them; it does not plot them as scores."""
+
+NO_STRAGGLER_S = 1.005
+"""Below this slowdown (0.5% of the step time) no worker held the others up: naming a "worst" op type, stage or
+rank there would name noise, and it changed between identical runs."""
+
+
+def committed(r: RunReport) -> list[int]:
+    """The committed steps the report counts, oldest first: the same set its text, loss plot and scores use."""
+    return sorted(set(r.committed_steps) or {c.step for c in r.checkpoints})
+
+
+def training_line(r: RunReport) -> str:
+    """Steps, the measured throughput beside the chosen plan's prediction, and the committed checkpoints."""
+    planned = r.plans[r.chosen].tokens_per_s
+    vs = f" (plan predicted {planned:,.0f}: measured is {r.tokens_per_s / planned:.0%} of it)" if planned > 0 else ""
+    steps = committed(r)
+    return (f"step {r.final_step}" + (f" (resumed from {r.resumed_from_step})" if r.resumed_from_step is not None
+                                      else "") + f", {r.tokens_per_s:,.0f} tokens/s measured{vs}, {len(steps)} "
+            f"checkpoint{'s' * (len(steps) != 1)} committed" + (f" (steps {', '.join(map(str, steps))})" if steps else ""))
+
+
+def straggler_line(s: StragglerSummary) -> str:
+    """The slowdown and, only when some worker did hold the others up, where."""
+    head = f"slowdown S = {s.slowdown:.3f} ({100 * max(0.0, s.waste):.1f}% of the step time lost to stragglers)"
+    if s.slowdown < NO_STRAGGLER_S:
+        return head + "; no worker held the others up"
+    return head + f"; worst op type {s.worst_optype}, stage {s.worst_stage}, DP rank {s.worst_dp_rank}"
+
+
+def conditions(evals: list[EvalSummary]) -> list[str]:
+    """How the evaluation ran, per dataset (the NOT_SCORES values of the newest evaluation)."""
+    newest = max(evals, key=lambda e: e.step, default=None)
+    return [f"{ds} {m} = {v:.3g}" for ds, ms in sorted(newest.scores.items()) for m, v in sorted(ms.items())
+            if m in NOT_SCORES] if newest else []
 
 
 def loss_curve(progress: str | Path) -> list[tuple[int, float]]:
@@ -71,23 +118,18 @@ def loss_curve(progress: str | Path) -> list[tuple[int, float]]:
 
 
 def _png(fig: object) -> str:
-    import matplotlib.pyplot as plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def _loss_png(curve: list[tuple[int, float]], ckpt_steps: list[int]) -> str | None:
     if not curve:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.subplots()
     ax.plot([s for s, _ in curve], [v for _, v in curve], color="#1f77b4", lw=1.5, label="training loss")
     for s in ckpt_steps:
         ax.axvline(s, color="#999", lw=0.7, ls=":")
@@ -97,26 +139,36 @@ def _loss_png(curve: list[tuple[int, float]], ckpt_steps: list[int]) -> str | No
     return _png(fig)
 
 
+def flat_limits(values: list[float]) -> tuple[float, float] | None:
+    """y limits for a series that never changes (all zeros, say): from 0 to at least 1, so that it reads as the
+    value it is; matplotlib's own +-0.04 around it made 0.0 look like noise. None when the series moves."""
+    if not values or len(set(values)) > 1:
+        return None
+    v = values[0]
+    return min(0.0, v) - 0.05 * max(1.0, abs(v)), max(1.0, v) * 1.05
+
+
 def _scores_png(evals: list[EvalSummary]) -> str | None:
     series: dict[str, list[tuple[int, float]]] = {}
     for e in sorted(evals, key=lambda e: e.step):
         for ds, ms in e.scores.items():
             for m, v in ms.items():
-                series.setdefault(f"{ds} {m}", []).append((e.step, v))
+                if m not in NOT_SCORES:
+                    series.setdefault(f"{ds} {m}", []).append((e.step, v))
     if not series:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
     n = len(series)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    fig = Figure(figsize=(3.2 * cols, 2.4 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, pts) in zip(axes.flat, sorted(series.items()), strict=False):
         ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", ms=3)
         ax.set_title(name, fontsize=9)
+        if (lim := flat_limits([v for _, v in pts])) is not None:
+            ax.set_ylim(*lim)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
@@ -136,7 +188,7 @@ def _plan_rows(r: RunReport) -> list[dict[str, str]]:
 def _score_rows(r: RunReport) -> list[dict[str, str]]:
     """One row per metric, one column per evaluated step (reads left to right as training goes on)."""
     evals = sorted(r.evaluations, key=lambda e: e.step)
-    metrics = sorted({(ds, m) for e in evals for ds, ms in e.scores.items() for m in ms})
+    metrics = sorted({(ds, m) for e in evals for ds, ms in e.scores.items() for m in ms if m not in NOT_SCORES})
     return [{"metric": f"{ds} {m}", **{f"step {e.step}": f"{e.scores[ds][m]:.4g}" if m in e.scores.get(ds, {}) else ""
                                       for e in evals}} for ds, m in metrics]
 
@@ -162,21 +214,31 @@ def _placement(r: RunReport) -> str:
     return ", ".join(f"{n.node}: {n.gpu_type} GPUs [{', '.join(map(str, n.gpu_indices))}]" for n in r.allocation.nodes)
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _plans_heading(r: RunReport) -> str:
+    return "Plans (MARP), chosen beside the alternatives" if len(r.plans) > 1 else "Plan (MARP): the only one that fits"
+
+
 def markdown(r: RunReport, html_path: str | None = None) -> str:
     """The report as markdown (the Prefect artifact), without pictures."""
     p = r.plans[r.chosen]
     lines = [f"# {r.job}: {r.model} on {r.cluster}", "",
              f"**Plan:** {p.gpus} x {p.gpu_type}, {p.layout.label()}, predicted peak {p.predicted_device_gib:.1f} GiB "
              f"per GPU. **Placement:** {_placement(r)}.",
-             f"**Training:** step {r.final_step}" + (f" (resumed from {r.resumed_from_step})"
-                                                     if r.resumed_from_step is not None else "") +
-             f", {r.tokens_per_s:,.0f} tokens/s, {len(r.checkpoints)} checkpoints.", ""]
+             f"**Training:** {training_line(r)}.",
+             f"**Spikes:** {r.spikes.summary()}." if r.spikes and r.spikes.summary() else "", ""]
     if r.stragglers:
-        s = r.stragglers
-        lines += [f"**Stragglers:** slowdown S = {s.slowdown:.3f} ({100 * max(0.0, s.waste):.1f}% of the time wasted); worst op "
-                  f"type {s.worst_optype}, stage {s.worst_stage}, DP rank {s.worst_dp_rank}.", ""]
-    lines += ["## Plans", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "", _md_table(_score_rows(r)),
-              "", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in r.timings_s.items())]
+        lines += [f"**Stragglers:** {straggler_line(r.stragglers)}.", ""]
+    if r.recoveries:
+        lines += ["## Recoveries", "", *(f"{i}. {x}" for i, x in enumerate(r.recoveries, 1)), ""]
+    lines += [f"## {_plans_heading(r)}", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "",
+              _md_table(_score_rows(r))]
+    if cond := conditions(r.evaluations):
+        lines += ["", "Evaluated with: " + ", ".join(cond) + "."]
+    lines += ["", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in r.timings_s.items())]
     if html_path:
         lines += ["", f"Full report with plots: `{html_path}`"]
     return "\n".join(lines)
@@ -193,7 +255,7 @@ def render_html(r: RunReport, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     p = r.plans[r.chosen]
-    loss = _loss_png(loss_curve(r.progress), [c.step for c in r.checkpoints])
+    loss = _loss_png(loss_curve(r.progress), committed(r))
     scores = _scores_png(r.evaluations)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Frenzy run report: {html.escape(r.job)}</title>"
              f"<style>{_CSS}</style></head><body>",
@@ -201,19 +263,21 @@ def render_html(r: RunReport, out: str | Path) -> Path:
              f"<p class='kv'>Chosen plan: <b>{p.gpus} x {html.escape(p.gpu_type)}</b>, {html.escape(p.layout.label())}, "
              f"predicted peak {p.predicted_device_gib:.1f} GiB per GPU, {p.est_step_time_s:.3g} s per step. "
              f"Placed on {html.escape(_placement(r))} (allocation {r.allocation.id[:8]}).</p>",
-             "<h2>Plans (MARP), chosen beside the alternatives</h2>", _html_table(_plan_rows(r)),
-             f"<h2>Training</h2><p class='kv'>Step {r.final_step}, {r.tokens_per_s:,.0f} tokens/s, "
-             f"{len(r.checkpoints)} checkpoints committed.</p>"]
+             f"<h2>{_plans_heading(r)}</h2>", _html_table(_plan_rows(r)),
+             f"<h2>Training</h2><p class='kv'>{html.escape(_sentence(training_line(r)))}."
+             + (f" {html.escape(r.spikes.summary())}." if r.spikes and r.spikes.summary() else "") + "</p>"]
+    if r.recoveries:
+        parts.append("<h3>Recoveries</h3><ol>" + "".join(f"<li>{html.escape(x)}</li>" for x in r.recoveries) + "</ol>")
     if loss:
         parts.append(f"<img alt='loss curve' src='data:image/png;base64,{loss}'>")
     parts += ["<h2>Evaluation: scores by checkpoint</h2>", _html_table(_score_rows(r))]
+    if cond := conditions(r.evaluations):
+        parts.append(f"<p class='kv'>Evaluated with: {html.escape(', '.join(cond))}.</p>")
     if scores:
         parts.append(f"<img alt='scores by step' src='data:image/png;base64,{scores}'>")
     if r.stragglers:
         s = r.stragglers
-        parts.append(f"<h2>Stragglers</h2><p class='kv'>Slowdown S = {s.slowdown:.3f} ({100 * max(0.0, s.waste):.1f}% of the "
-                     f"step time lost to stragglers); worst op type {html.escape(s.worst_optype)}, stage "
-                     f"{html.escape(s.worst_stage)}, DP rank {html.escape(s.worst_dp_rank)}.</p>")
+        parts.append(f"<h2>Stragglers</h2><p class='kv'>{html.escape(_sentence(straggler_line(s)))}.</p>")
         if s.heatmap and Path(s.heatmap).exists():
             img = base64.b64encode(Path(s.heatmap).read_bytes()).decode()
             parts.append(f"<img alt='straggler heatmap' src='data:image/png;base64,{img}'>")

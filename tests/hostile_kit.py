@@ -51,7 +51,7 @@ class Case:
 
 def cli(*argv: str) -> Run:
     """`frenzy ARGV` in-process; an exception escaping `main` is what a user would see as a traceback."""
-    from flows.cli import main
+    from cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -125,9 +125,10 @@ def run_case(case: Case) -> tuple[str, str]:
 
 
 def all_cases() -> list[Case]:
-    from tests import hostile_data, hostile_hf, hostile_state, hostile_writers
+    from tests import hostile_data, hostile_diagnosis, hostile_hf, hostile_outputs, hostile_state, hostile_writers
 
-    return [*hostile_hf.CASES, *hostile_data.CASES, *hostile_writers.CASES, *hostile_state.CASES]
+    return [*hostile_hf.CASES, *hostile_data.CASES, *hostile_writers.CASES, *hostile_outputs.CASES,
+            *hostile_state.CASES, *hostile_diagnosis.CASES]
 
 
 # ------------------------------------------------------------------------------------------- shared inputs

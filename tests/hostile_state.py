@@ -125,3 +125,22 @@ CASES = [
     Case(X, "non-UTF-8 output is read", _sandbox("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe ok')"),
          _status("passed")),
 ]
+
+
+def _forbidding(root: Path) -> Run:
+    """Observations that exclude the only layouts a small cluster offers: the refusal must say they are why."""
+    from cluster.inventory import load_cluster
+    from tasks.jobspec import parse_job
+    from tasks.planning.calibration import load_observations, model_key
+    from tasks.planning.plans import plan_resources
+
+    job = parse_job({"name": "j", "model": {"preset": "gpt2-350m"}, "training": {"seq_len": 1024, "global_batch": 32}})
+    cluster = load_cluster("phoebe")
+    path = root / "oom.jsonl"
+    lines = [_obs(model_key(job), 0.5, memory=500.0).replace(b'"seq_len": 64', b'"seq_len": 1024')]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return lib(lambda: plan_resources(job, cluster, observations=load_observations(path)))
+
+
+CASES.append(Case(OOM, "observations that forbid every layout name themselves", _forbidding,
+                  ("recorded out-of-memory", "delete their lines")))

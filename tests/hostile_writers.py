@@ -98,19 +98,22 @@ mod, fn, after = sys.argv[1], sys.argv[2], int(sys.argv[3])
 m = importlib.import_module(mod)
 real, calls = getattr(m, fn), [0]
 def patched(*a, **k):
-    out = real(*a, **k)
     calls[0] += 1
-    if calls[0] >= after:  # the worst moment: the write done, the rename not yet
+    if after < 0 and calls[0] >= -after:  # before the call: e.g. os.replace, every byte written, nothing renamed
+        os.kill(os.getpid(), signal.SIGKILL)
+    out = real(*a, **k)
+    if calls[0] >= after > 0:  # the worst moment: the write done, the rename not yet
         os.kill(os.getpid(), signal.SIGKILL)
     return out
 setattr(m, fn, patched)
-from flows.cli import main
+from cli.main import main
 sys.exit(main(sys.argv[4:]))
 """
 
 
 def _killed(argv: Callable[[Path], list[str]], where: str, after: int = 1) -> Callable[[Path], Run]:
-    """A real `frenzy` process SIGKILLed right after `where` (module:function) ran `after` times."""
+    """A real `frenzy` process SIGKILLed right after `where` (module:function) ran `after` times, or right before
+    its `-after`-th call when `after` is negative."""
     def act(root: Path) -> Run:
         mod, fn = where.split(":")
         p = subprocess.run([sys.executable, "-c", _KILL_AFTER, mod, fn, str(after), *argv(root)], cwd=REPO,

@@ -56,7 +56,7 @@ def test_the_root_cause_outranks_the_symptoms_it_causes():
 
 @pytest.mark.parametrize(("kind", "category", "restartable"), [
     ("SyntaxError", "script", False), ("OutOfMemoryError", "framework", True), ("ECCError", "infrastructure", True),
-    ("S3StorageError", "infrastructure", True), ("ModelLoadingError", "framework", False)])
+    ("S3StorageError", "infrastructure", True), ("ModelLoadingError", "script", False)])  # loading: configuration (issue 29)
 def test_categories_and_restartability(kind, category, restartable):
     d = diagnose(make_log(kind, random.Random(3), noise_lines=50).text.encode())
     assert (d.type, d.category, d.restartable) == (kind, category, restartable) and d.mitigation

@@ -76,3 +76,60 @@ def test_note_placement_records_the_move_in_the_newest_recovery():
     rl = recoveries[0]["relayout"]
     assert rl["old"]["gpus"] == 4 and rl["new"]["tp"] == 2 and rl["new"]["grad_accumulation"] == 8
     assert "NodeFailure on n0" in rl["why"] and logged and "recovery placement" in logged[0]
+
+
+def test_the_report_says_where_each_recovery_moved_the_job():
+    old = E.placed(_plan(4, "A100-40GB-PCIE", 4, 1, 2), _alloc(4, ["n0"]), global_batch=16)
+    new = E.placed(_plan(2, "A100-80GB-PCIE", 2, 1, 2), _alloc(2, ["n2"]), global_batch=16)
+    recs = [{"diagnosis": {"type": "ChildFailed", "category": "infrastructure"},
+             "action": {"kind": "resume", "reason": "restartable"},
+             "relayout": E.relayout(old, new, "ChildFailed on n0", "resume").model_dump()},
+            {"diagnosis": {"type": "Hang", "category": "infrastructure"}, "action": {"kind": "resume", "reason": "hung"}}]
+    first, second = E.recovery_lines(recs)
+    assert first.startswith("ChildFailed (infrastructure): resume, restartable.") and "without n0" in first
+    assert second == "Hang (infrastructure): resume, hung"
+
+
+def test_the_sample_audit_reads_back_in_data_parallel_order_with_the_resumed_run_winning(tmp_path, monkeypatch):
+    from tasks.training import data as D
+
+    monkeypatch.setenv("FRENZY_SAMPLE_LOG", "1")
+    for rank, ids in [(0, [0, 1]), (1, [0, 1]), (2, [2, 3]), (3, [2, 3])]:  # dp 2 x tp 2: ranks 0-1 are dp rank 0
+        D.record_samples(tmp_path, rank, 1, ids)
+    D.record_samples(tmp_path, 0, 2, [4, 5])
+    D.record_samples(tmp_path, 2, 2, [6, 7])
+    D.record_samples(tmp_path, 0, 2, [40, 50])  # a resumed run on the same layout trains step 2 again
+    assert D.sample_order(tmp_path, tp=2) == {1: [0, 1, 2, 3], 2: [40, 50, 6, 7]}
+
+
+def test_an_oom_replans_with_marp_calibrated_and_never_offers_the_layout_that_ran_out():
+    from tasks.jobspec import parse_job
+    from tasks.planning.calibration import OomObservation, model_key
+    from tasks.planning.plans import plan_resources
+
+    job = parse_job({"name": "big", "model": {"preset": "gpt2-1.5b"},
+                     "training": {"seq_len": 2048, "global_batch": 64, "precision": "bf16-mixed", "steps": 100}})
+    cluster = Cluster(name="t", nodes=[Node(name="a", gpu="A100-40GB-PCIE", count=4),
+                                       Node(name="b", gpu="A100-80GB-PCIE", count=4)])
+    before = [p for p in plan_resources(job, cluster) if p.layout.pp == 1]
+    ran_out = before[0]
+    obs = OomObservation(model_key=model_key(job), model="gpt2-1.5b", seq_len=2048, gpu_type=ran_out.gpu_type,
+                         gpu_memory_gib=40.0 if "40GB" in ran_out.gpu_type else 80.0, layout=ran_out.layout.label(),
+                         predicted_device_gib=ran_out.predicted_device_gib)
+    after = E.replan_after_oom(job, cluster, "gpu_seconds", [obs])
+    assert after and all(p.layout.pp == 1 for p in after)
+    assert (ran_out.gpu_type, ran_out.layout.label()) not in {(p.gpu_type, p.layout.label()) for p in after}
+    scale = after[0].memory_calibration
+    assert scale > 1 and ran_out.predicted_device_gib * scale >= obs.gpu_memory_gib  # the calibration explains the OOM
+    assert all(p.memory_calibration == scale for p in after)  # every prediction is scaled, not only the failed one
+    # when the calibrated peaks fit nowhere, the flow stops and names the fixes
+    tiny = Cluster(name="s", nodes=[Node(name="a", gpu=ran_out.gpu_type, count=ran_out.gpus)])
+    hopeless = obs.model_copy(update={"predicted_device_gib": ran_out.predicted_device_gib / 50})
+    assert E.replan_after_oom(job, tiny, "gpu_seconds", [hopeless]) == []
+
+
+def test_a_smaller_micro_batch_on_the_same_gpus_is_a_relayout_too():
+    old = E.placed(_plan(1, "A100-40GB-PCIE", 1, 1, 8), _alloc(1, ["n0"]), global_batch=16)
+    new = E.placed(_plan(1, "A100-40GB-PCIE", 1, 1, 4), _alloc(1, ["n0"]), global_batch=16)
+    rl = E.relayout(old, new, "OutOfMemoryError on n0", "replan")
+    assert rl.changed and "micro-batches of 4 instead of 8 (4 per rank per step" in rl.why and "MARP" in rl.why

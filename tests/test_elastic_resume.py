@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.training import checkpoint as ck
+from tasks.training.data import sample_order
 from tasks.training.launch import launch
 from tasks.training.storage import Storage
 from tests.trainer_util import tiny_job
@@ -25,19 +26,6 @@ def _job(uri: str):
     job = tiny_job(uri, STEPS, every=5)
     job.model = job.model.model_validate(MODEL)
     return job
-
-
-def _order(run_dir: Path, tp: int) -> dict[int, list[int]]:
-    """step -> the global batch's sample ids in data-parallel rank order (one tensor-parallel rank per group)."""
-    per: dict[int, dict[int, list[int]]] = {}
-    for f in sorted(run_dir.glob("samples-rank*.jsonl")):
-        rank = int(f.stem.removeprefix("samples-rank"))
-        if rank % tp:
-            continue
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
-            per.setdefault(r["step"], {})[rank // tp] = r["samples"]
-    return {s: [i for dp in sorted(v) for i in v[dp]] for s, v in per.items()}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +43,7 @@ def _sample_log():
 @pytest.fixture(scope="module")
 def reference(root) -> tuple[dict, dict[int, list[int]]]:
     res = launch(_job(f"file://{root}/ref"), root / "ref", nproc=1, device="cpu", threads=1)
-    return res, _order(root / "ref", 1)
+    return res, sample_order(root / "ref", 1)
 
 
 def _resume_on_other_layout(root: Path, name: str, before: tuple[int, int], after: tuple[int, int]
@@ -66,7 +54,7 @@ def _resume_on_other_layout(root: Path, name: str, before: tuple[int, int], afte
                    stop_after_steps=STOP)
     assert first["final_step"] == STOP
     res = launch(job, root / f"{name}-b", nproc=after[0], tp=after[1], device="cpu", threads=1, resume=True)
-    order = {**_order(root / f"{name}-a", before[1]), **_order(root / f"{name}-b", after[1])}
+    order = {**sample_order(root / f"{name}-a", before[1]), **sample_order(root / f"{name}-b", after[1])}
     return res, order
 
 

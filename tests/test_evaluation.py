@@ -126,7 +126,8 @@ def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):
 def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_path, prefect_server):
     from prefect.artifacts import Artifact
 
-    from flows.evaluate import EvaluateRequest, PendingRequest, evaluate_checkpoint, evaluate_pending
+    from cluster.ledger import Ledger
+    from flows.evaluate import EvaluateRequest, PendingRequest, evaluate_checkpoint, evaluate_pending, pending_roots
 
     suite_file = tmp_path / "small.yaml"
     suite_file.write_text(json.dumps(small_suite().model_dump()))
@@ -134,13 +135,70 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     s = evaluate_checkpoint(EvaluateRequest(uri=f"{ckpt}/step_00000010", suite=str(suite_file), history_dir=hist))
     assert s.step == 10 and Path(s.result).exists()
     assert history.pending(ckpt, hist, "small") == [f"{ckpt}/step_00000020"]
-    done = evaluate_pending(PendingRequest(root=ckpt, suite=str(suite_file), history_dir=hist))
+    ledger = str(tmp_path / "ledger.db")
+    Ledger(ledger).note_checkpoints("t", ckpt, str(suite_file))
+    Ledger(ledger).note_checkpoints("gone", f"file://{tmp_path}/never-written", str(suite_file))
+    # no root named: the ledger's roots are covered, and the one that does not exist is named, not skipped silently
+    assert pending_roots(PendingRequest(ledger=ledger)) == ([(ckpt, str(suite_file)),
+                                                             (f"file://{tmp_path}/never-written", str(suite_file))],
+                                                            [f"file://{tmp_path}/never-written"])
+    done = evaluate_pending(PendingRequest(ledger=ledger, history_dir=hist))
     assert [d.step for d in done] == [20]
     assert history.pending(ckpt, hist, "small") == []
     assert [e["step"] for e in history.read(hist, s.run, "small")] == [10, 20]
     assert done[0].history_plot and Path(done[0].history_plot).stat().st_size > 1000
     art = Artifact.get(f"eval-{s.run}-small")
     assert art is not None and "pass@1" in str(art.data)
+
+
+def test_an_evaluation_directory_has_one_writer(tmp_path):
+    import threading
+
+    from tasks.evaluation.record import sole_writer
+
+    order: list[str] = []
+    held, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with sole_writer(tmp_path / "out"):
+            order.append("first in")
+            held.set()
+            release.wait()
+            order.append("first out")
+
+    def second() -> None:
+        with sole_writer(tmp_path / "out"):
+            order.append("second in")
+
+    a = threading.Thread(target=first)
+    a.start()
+    held.wait()
+    b = threading.Thread(target=second)
+    b.start()
+    b.join(timeout=1.0)  # bounded: without the lock, the second writer gets in at once
+    release.set()
+    a.join()
+    b.join()
+    assert order == ["first in", "first out", "second in"]
+
+
+def test_a_step_scored_twice_at_once_is_evaluated_once(ckpt, tmp_path):
+    """An in-flow evaluation and the commit-triggered deployment run on the same step: the second waits for the
+    first and returns its scores (before: two writers, `humaneval: 32 of 16 examples scored`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tasks.evaluation.record import evaluate_and_record
+
+    hist = str(tmp_path / "evals")
+
+    def one(_: int):
+        return evaluate_and_record(f"{ckpt}/step_00000010", small_suite(), EvalOptions(), hist, reevaluate=False)[1]
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(one, range(2))
+    assert a.scores == b.scores and a.step == b.step == 10
+    assert len(history.read(hist, a.run, "small")) == 1
+    assert len(history.history_file(hist, a.run).read_text().splitlines()) == 1  # one evaluation, not two
 
 
 def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):

@@ -45,7 +45,9 @@ def test_every_deployment_entrypoint_loads_and_its_parameters_validate():
             assert t.expect == {CHECKPOINT_EVENT}  # the event the trainer emits
             payload = {"uri": "file:///x/ckpt/step_00000010", "suite": "quick"}
             rendered = {k: {kk: vv.replace("{{ event.payload.uri }}", payload["uri"])
-                            .replace("{{ event.payload.suite }}", payload["suite"]) for kk, vv in v.items()}
+                            .replace("{{ event.payload.suite }}", payload["suite"]) if isinstance(vv, str) else vv
+                            for kk, vv in v.items()}
                         for k, v in trig["parameters"].items()}
-            fl.validate_parameters(rendered)
+            # a step already scored (in-flow, or by an earlier trigger) is not evaluated again
+            assert fl.validate_parameters(rendered)["request"].reevaluate is False
     assert {"submit", "plan", "simulate", "train", "stragglers", "evaluate-on-checkpoint", "evaluate-pending"} <= names

@@ -32,5 +32,5 @@ def test_hostile_input(case, request):
 
 def test_the_sweep_covers_every_surface_of_the_issue():
     surfaces = {c.surface for c in CASES}
-    assert {"hf", "tokenizers", "data", "export", "lease", "oom", "sandbox"} <= surfaces
-    assert len(CASES) >= 95 and len({c.id for c in CASES}) == len(CASES)
+    assert {"hf", "tokenizers", "data", "export", "lease", "oom", "sandbox", "diagnose"} <= surfaces
+    assert len(CASES) >= 112 and len({c.id for c in CASES}) == len(CASES)

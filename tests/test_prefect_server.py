@@ -5,8 +5,10 @@ with SQLAlchemy 2.1, fails this test)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,6 +44,27 @@ def _wait_final(client, run_id, timeout_s: float, stack) -> object:
             raise AssertionError(f"flow run {run.name} still {run.state_name} after {timeout_s:.0f} s; worker log:\n"
                                  + (stack.logs / "worker.log").read_text()[-4000:])
         time.sleep(1.0)
+
+
+def _evaluated_steps(history: Path) -> list[int]:
+    return sorted(json.loads(line)["step"] for line in history.read_text().splitlines())
+
+
+def _artifact_text(client, key: str) -> str:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert arts, f"no artifact {key}"
+    return str(max(arts, key=lambda a: a.created).data)
+
+
+def _warnings_of(client, run_id) -> list[str]:
+    """The WARNING-and-above log lines of a flow run (its tasks' included)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterLevel
+
+    logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]),
+                                                 level=LogFilterLevel(ge_=30)), limit=200)
+    return [log.message for log in logs]
 
 
 def _runs_of(client, deployment_name: str) -> list:
@@ -94,12 +117,15 @@ def test_submit_from_the_deployment_form_trains_and_each_commit_is_evaluated(sta
 def test_the_hourly_schedule_fires_and_evaluates_a_checkpoint_without_scores(stack, client):
     from prefect.states import Scheduled
 
+    from cluster.ledger import Ledger
     from tests.trainer_util import run as train_run
     from tests.trainer_util import tiny_job
 
-    # a checkpoint that nobody evaluated, where the deployment's default parameters point (runs/tiny/ckpt)
+    # a checkpoint that nobody evaluated, of a job the ledger knows (submit records each job's root there): the
+    # deployment's default parameters (roots: []) cover every root in the ledger
     root = stack.workdir / "runs" / "tiny" / "ckpt"
     train_run(tiny_job(f"file://{root}", steps=10, every=10), stack.workdir / "runs" / "tiny-train")
+    Ledger(stack.env["FRENZY_LEDGER"]).note_checkpoints("t", f"file://{root}", "core")
     # the scheduler service itself must create the hourly runs (it failed every minute under SQLAlchemy 2.1)
     deadline = time.monotonic() + 60
     while not (scheduled := [r for r in _runs_of(client, "evaluate-pending/evaluate-pending")
@@ -141,6 +167,11 @@ def test_a_user_runs_submit_from_the_prefect_ui_and_finds_its_artifacts(stack, c
         form.wait_for(timeout=60_000)
         for label in ("Preset (Optional)", "Global Batch (Optional)", "Seq Len (Optional)", "Cluster (Optional)"):
             assert page.get_by_text(label, exact=True).count() >= 1, label
+        # one field per concept (there were two "Suite" and two "Evaluation"), and no null-branch inputs
+        labels = [t.strip() for t in page.locator("label").all_inner_texts() if t.strip()]
+        assert len(labels) > 20, labels
+        assert [t for t, c in Counter(labels).items() if c > 1] == [], labels
+        assert page.get_by_text("Property is type None").count() == 0
         page.screenshot(path=str(shots / "1-submit-form.png"), full_page=True)
         before = {r.id for r in _runs_of(client, "submit/submit")}
         page.wait_for_load_state("networkidle")  # the form's handlers are attached once its requests settle
@@ -162,6 +193,12 @@ def test_a_user_runs_submit_from_the_prefect_ui_and_finds_its_artifacts(stack, c
         run_id = new[0].id
         run = _wait_final(client, run_id, 420, stack)
         assert run.state.is_completed(), run.state.message
+        steps = _evaluated_steps(stack.workdir / "evals" / "tiny-submit" / "history.jsonl")
+        assert steps == [50, 100]  # each commit of the default run, evaluated once
+        report = _artifact_text(client, "report-tiny-submit")
+        assert all(f"step {s} " in report for s in steps), report
+        warnings = _warnings_of(client, run_id)
+        assert len(warnings) < 50, warnings[:20]
         page.goto(f"{stack.ui_url}/runs/flow-run/{run_id}")
         page.get_by_text("Artifacts", exact=True).first.click()
         page.get_by_text("report-tiny-submit", exact=True).first.wait_for(timeout=60_000)
@@ -169,6 +206,8 @@ def test_a_user_runs_submit_from_the_prefect_ui_and_finds_its_artifacts(stack, c
         page.screenshot(path=str(shots / "2-flow-run-artifacts.png"), full_page=True)
         page.get_by_text("report-tiny-submit", exact=True).first.click()  # the report itself, rendered
         page.get_by_text("Scores by checkpoint").first.wait_for(timeout=30_000)
+        for s in steps:  # the report the user sees lists every evaluated step
+            assert page.get_by_text(f"step {s}", exact=True).count() >= 1, s
         page.screenshot(path=str(shots / "3-run-report.png"), full_page=True)
         browser.close()
     assert (shots / "2-flow-run-artifacts.png").stat().st_size > 10_000

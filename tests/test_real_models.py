@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from tasks.training import shards as S
+    from tasks.training.prepared import prepare_dir
     from tasks.training.tokenizer import load_tokenizer, train_bpe
 
     root = tmp_path_factory.mktemp("real")
@@ -41,7 +41,8 @@ def world(tmp_path_factory):
     hf_model.save_pretrained(model_dir)
     tok = load_tokenizer(str(model_dir))
     files = sorted((REPO / "tasks").rglob("*.py"))
-    S.prepare(iter([f.read_text() for f in files]), tok, root / "shards", shard_tokens=40_000)
+    prepare_dir(iter([f.read_text() for f in files]), tok, root / "shards", {"tokenizer": tok.name},
+                shard_tokens=40_000)
     job = parse_job({"name": "real", "model": {"hf": str(model_dir)}, "training": {
         "seq_len": 64, "global_batch": 4, "precision": "fp32", "steps": 6, "lr": 1e-3, "warmup_steps": 1,
         "log_every_steps": 1, "trace_every_steps": 0, "spike": {"min_steps": 100},

@@ -80,13 +80,21 @@ def test_a_script_error_stops_at_once_with_the_diagnosis(prefect_server, tmp_pat
 
 
 @pytest.mark.slow  # a whole submit flow each (about a minute)
-def test_out_of_memory_with_no_bigger_plan_says_what_to_change(prefect_server, tmp_path):
-    code, _, err = _submit(tmp_path, {"FRENZY_FAULT_RAISE": "12:torch.OutOfMemoryError: CUDA out of memory. Tried "
+def test_out_of_memory_replans_with_marp_and_resumes_on_the_new_layout(prefect_server, tmp_path):
+    code, res, err = _submit(tmp_path, {"FRENZY_FAULT_RAISE": "12:torch.OutOfMemoryError: CUDA out of memory. Tried "
                                                                "to allocate 2.00 GiB. GPU 0 has a total capacity of "
                                                                "79.10 GiB of which 1.21 GiB is free."})
-    assert code == 2 and "no plan has more memory per GPU" in err and "micro_batch" in err
+    assert code == 0, err[-3000:]
     obs = (tmp_path / "home" / "oom-observations.jsonl").read_text().splitlines()
     assert json.loads(obs[0])["gpu_type"] == "cpu"  # recorded for the memory model
+    [rec] = res["recoveries"]
+    assert rec["diagnosis"]["type"] == "OutOfMemoryError" and rec["action"]["kind"] == "replan"
+    rl = rec["relayout"]  # MARP, calibrated by the OOM, no longer offers the layout that ran out: a smaller micro-batch
+    assert rl["changed"] and rl["new"]["micro_batch"] < rl["old"]["micro_batch"]
+    assert rl["new"]["grad_accumulation"] * rl["new"]["micro_batch"] == 8  # the same global batch
+    assert res["plan"]["memory_calibration"] > 1
+    assert res["train"]["resumed_from_step"] == 10 and res["train"]["final_step"] == 60  # the commit before it
+    _no_step_lost(tmp_path, res)
 
 
 @pytest.mark.slow  # a whole submit flow each (about a minute)
@@ -142,3 +150,24 @@ def test_restarts_are_bounded():
     (b"[rank2]: RuntimeError: DataLoader worker (pid 9) is killed by signal: Killed.", "resume")])
 def test_the_action_follows_the_category(line, kind):
     assert decide(diagnose(line), 0, 2).kind == kind
+
+
+@pytest.mark.slow  # a submit flow up to the trainer's start
+def test_a_job_error_the_trainer_names_is_the_submit_error_without_tracebacks(prefect_server, tmp_path):
+    """A missing data.path: `frenzy submit` ends with the trainer's own message, first and in one paragraph (before:
+    "no rule explains the failure; a person must look" after three tracebacks)."""
+    job = _job(tmp_path, name="rec", steps=20, every=10)
+    job["training"]["data"] = {"source": "text", "path": str(tmp_path / "no-such-corpus")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
+           "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run")]
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "", "FRENZY_HOME": str(tmp_path / "home")}
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("frenzy submit: error: rec: ") and "no-such-corpus" in last, p.stderr[-3000:]
+    assert "no rule explains" not in p.stderr
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []

@@ -217,6 +217,24 @@ def test_trainer_traces_are_in_the_format(tmp_path):
     assert g.anchor[ar] >= 0 and g.frac[ar] == pytest.approx(0.5, abs=0.01)
 
 
+def test_a_step_run_again_after_a_resume_is_traced_once(tmp_path):
+    """A resumed (or rolled back) run re-runs a step number it had traced: its rows replace the earlier ones (before:
+    `TraceError: step 141 of DP rank 0 has duplicate rows`, and no straggler section in the report)."""
+    from tasks.training.optrace import OpTracer, merge_traces
+
+    tr = OpTracer(0, 0, every=1)
+    for step in (1, 2, 2, 3):  # step 2 runs twice
+        tr.begin_step(step)
+        tr.record("forward-compute", tr._t0, tr._t0 + 0.01, mb_id=0)
+        tr.record("backward-compute", tr._t0 + 0.01, tr._t0 + 0.03, mb_id=0)
+        tr.record("optimizer", tr._t0 + 0.03, tr._t0 + 0.035)
+    tr.write(tmp_path)
+    df = pd.read_parquet(merge_traces(tmp_path, "job", dp=1, tp=1, world=1))
+    assert df.groupby("step").size().to_dict() == {1: 3, 2: 3, 3: 3}
+    res, _ = analyze(load_trace(tmp_path / "trace.parquet"))
+    assert res.steps == 3
+
+
 def test_cli_generate_then_analyze_json_heatmap_timeline(tmp_path, capsys):
     from cli.main import main
 

@@ -34,12 +34,19 @@ def _request(tmp: Path, **job_kw: object):
                          evaluation="in-flow", device="cpu", run_dir=str(tmp / "run"), history_dir=str(tmp / "evals"))
 
 
-def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, tmp_path):
+def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, tmp_path, monkeypatch):
     from prefect.artifacts import Artifact
 
+    import flows.train
     from flows.submit import submit
 
+    announced: list[dict] = []
+    monkeypatch.setattr(flows.train, "checkpoint_event", lambda rec, *a: announced.append(rec))
     res = submit(_request(tmp_path))
+    # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
+    assert announced == []
+    # the scheduled evaluate-pending finds this job's checkpoints through the ledger
+    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {"sub": (f"file://{tmp_path}/ckpt", "quick")}
     doc = res.model_dump(mode="json")
     for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
         assert key in doc, key
@@ -144,6 +151,22 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
     assert _trainers_of(tmp_path / "run") == []
 
 
+def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="ctrlc", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground process group
+    proc.wait(timeout=120)
+    err = (tmp_path / "cli.err").read_text()
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
+                                            f"file://{tmp_path}/ckpt; rerun the same command to resume")
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+
+
 def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, tmp_path):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="killme", steps=100000, every=50)))
     args = ["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
@@ -168,3 +191,29 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
     res = json.loads(out)
     assert res["train"]["resumed_from_step"] == newest and res["train"]["final_step"] == newest + 10
     assert res["released"] is True
+
+
+def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one():
+    from flows.submit import collect_scores
+
+    # the triggered runs finish out of order: step 100 first, step 50 one poll later
+    arrivals = [{100: "s100"}, {100: "s100", 50: "s50"}]
+    now = [0.0]
+    polls = []
+
+    def read() -> dict:
+        polls.append(now[0])
+        return arrivals[min(len(polls), len(arrivals)) - 1]
+
+    def sleep(dt: float) -> None:
+        now[0] += dt
+
+    got = collect_scores(read, [50, 100], timeout_s=60, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100", 50: "s50"} and len(polls) == 2
+
+    # bounded: a score that never comes ends the wait at eval_timeout_s with what arrived
+    polls.clear()
+    now[0] = 0.0
+    arrivals[:] = [{100: "s100"}]
+    got = collect_scores(read, [50, 100], timeout_s=10, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100"} and 10 <= now[0] <= 12

@@ -239,8 +239,12 @@ def test_snapshot_padding_is_zero_so_identical_state_gives_identical_checksums(t
 
 def test_snapshot_buffers_follow_host_memory_and_the_override(monkeypatch):
     monkeypatch.delenv("FRENZY_SNAPSHOT_BUFFERS", raising=False)
-    assert ck.snapshot_buffers(1 << 20) == 2  # 1 MiB twice fits on any host that runs the tests
-    assert ck.snapshot_buffers(1 << 50) == 1  # a petabyte does not
+    gib = 1 << 30
+    assert ck.snapshot_buffers(1 << 20, memory=(16 * gib, 24 * gib)) == 2  # 1 MiB twice leaves plenty
+    assert ck.snapshot_buffers(1 << 20, memory=(4 * gib, 24 * gib)) == 1  # would dip under the 4 GiB floor
+    assert ck.snapshot_buffers(4 * gib, ranks_on_host=4, memory=(40 * gib, 64 * gib)) == 1  # 4 ranks x 2 copies
+    assert ck.snapshot_buffers(4 * gib, ranks_on_host=2, memory=(40 * gib, 64 * gib)) == 2
+    assert ck.snapshot_buffers(1 << 50) == 1  # a petabyte fits on no host
     monkeypatch.setenv("FRENZY_SNAPSHOT_BUFFERS", "1")
     assert ck.snapshot_buffers(1 << 20) == 1
 

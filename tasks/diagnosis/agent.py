@@ -31,6 +31,8 @@ class AgentConfig(BaseModel):
     api_key: str | None = None
     samples: int = 3
     timeout_s: float = 60.0
+    total_timeout_s: float = 90.0
+    """All samples together: an endpoint that never answers costs at most this, not samples x timeout_s."""
 
 
 class AgentVerdict(BaseModel):
@@ -69,13 +71,27 @@ def _prompt(lines: list[str]) -> list[dict]:
             {"role": "user", "content": "\n".join(lines[-300:])}]
 
 
-def _ask_once(cfg: AgentConfig, lines: list[str]) -> dict | None:
+_NOT_A_CAUSE = re.compile(r"^\s*(?:Traceback \(most recent call last\)|File \"|During handling|The above exception|"
+                          r"raise\b|frame #|\^+$)")
+
+
+def acceptable_line(line: str, lines: list[str]) -> bool:
+    """The agent's quoted line is evidence only when it is a whole error line of the log: at least 20 characters,
+    holding an error keyword, not a traceback's frame or header, and equal to (not a piece of) a kept line."""
+    from tasks.diagnosis.rules import ERROR_KEYWORDS
+
+    low = line.lower().encode()
+    return (len(line) >= 20 and not _NOT_A_CAUSE.match(line) and any(k in low for k in ERROR_KEYWORDS)
+            and any(line == ln.strip() or (len(line) >= 0.6 * len(ln.strip()) and line in ln) for ln in lines))
+
+
+def _ask_once(cfg: AgentConfig, lines: list[str], timeout: float | None = None) -> dict | None:
     body = json.dumps({"model": cfg.model, "messages": _prompt(lines), "temperature": 0.7}).encode()
     req = urllib.request.Request(f"{cfg.url}/chat/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})})
     try:
-        with urllib.request.urlopen(req, timeout=cfg.timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout or cfg.timeout_s) as resp:
             content = json.loads(resp.read())["choices"][0]["message"]["content"]
         m = re.search(r"\{.*\}", content, re.S)
         return json.loads(m.group(0)) if m else None
@@ -85,13 +101,19 @@ def _ask_once(cfg: AgentConfig, lines: list[str]) -> dict | None:
 
 def ask(cfg: AgentConfig, lines: list[str]) -> AgentVerdict | None:
     """Ask `cfg.samples` times; the majority type wins if more than half agree and its line is in the log."""
+    import time
+
     answers = []
+    deadline = time.monotonic() + cfg.total_timeout_s
     for _ in range(max(1, cfg.samples)):
-        a = _ask_once(cfg, lines)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        a = _ask_once(cfg, lines, timeout=min(cfg.timeout_s, left))
         if not a or a.get("type") not in _TYPES:
             continue
         line = str(a.get("line", "")).strip()
-        if not line or not any(line in ln for ln in lines):  # an invented line is no evidence
+        if not acceptable_line(line, lines):  # an invented line, a fragment or a context line is no evidence
             continue
         answers.append({**a, "line": line})
     if not answers:
@@ -102,8 +124,10 @@ def ask(cfg: AgentConfig, lines: list[str]) -> AgentVerdict | None:
     a = next(x for x in answers if x["type"] == kind)
     base = _TYPES[kind]
     return AgentVerdict(type=kind, category=base.category, line=a["line"],
-                        restartable=bool(a.get("restartable", base.restartable)),
-                        mitigation=str(a.get("mitigation") or base.mitigation), votes=votes, samples=cfg.samples)
+                        restartable=base.restartable if base.category == "infrastructure"
+                        else bool(a.get("restartable", base.restartable)),
+                        mitigation=re.sub(r"[\x00-\x1f\x7f]", " ", str(a.get("mitigation") or base.mitigation))[:500],
+                        votes=votes, samples=cfg.samples)
 
 
 def _generalise(line: str) -> str:
@@ -113,14 +137,45 @@ def _generalise(line: str) -> str:
     return re.sub(r"(?:0x[0-9a-fA-F]+|\d+)", lambda m: r"(?:0x[0-9a-fA-F]+|\d+)", out)
 
 
-def learn(v: AgentVerdict) -> Rule:
-    """Save the accepted diagnosis as a rule (priority of its type's base rule) and return it."""
+def matches_healthy_lines(pattern: str) -> bool:
+    """Whether the pattern matches a line of a healthy run (start-up chatter, metrics, evals, benign warnings, as
+    the generated corpus writes them): such a rule would fire on every log."""
+    import random
+
+    from tasks.diagnosis.corpus import _noise, _startup
+
+    rng = random.Random(32)
+    rx = re.compile(pattern)
+    lines = _startup(rng, 8, ["node-a", "node-b"], 4) + _noise(rng, 8, 0, 400)
+    return any(rx.search(ln) for ln in lines)
+
+
+def contradicts_real_logs(pattern: str, category: str) -> str | None:
+    """The id of a labelled real log (issue 29's benchmark, where present) whose root-cause line the pattern
+    matches but whose category differs, else None."""
+    from tasks.diagnosis.realbench import REAL, load
+
+    if not (REAL / "manifest.jsonl").is_file():
+        return None
+    rx = re.compile(pattern)
+    return next((lg.id for lg in load() if lg.category != category and rx.search(lg.root_line)), None)
+
+
+def learn(v: AgentVerdict) -> Rule | None:
+    """Save the accepted diagnosis as a rule and return it; None when the rule would be unsafe (see
+    `rules.safe_pattern`) or contradicts a labelled real log. The rule ranks below every built-in one."""
+    from tasks.diagnosis.rules import LEARNED_PRIORITY, safe_pattern
+
     base = _TYPES[v.type]
-    rule = Rule(v.type, base.category, _generalise(v.line), base.priority, v.restartable, v.mitigation)
+    pattern = _generalise(v.line)
+    if not safe_pattern(pattern) or matches_healthy_lines(pattern) or contradicts_real_logs(pattern, base.category):
+        return None
+    restartable = base.restartable if base.category == "infrastructure" else v.restartable
+    rule = Rule(v.type, base.category, pattern, LEARNED_PRIORITY, restartable, v.mitigation)
     path = learned_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps({"type": v.type, "category": base.category, "pattern": rule.pattern,
-                            "priority": base.priority, "restartable": v.restartable, "mitigation": v.mitigation,
+                            "priority": LEARNED_PRIORITY, "restartable": restartable, "mitigation": v.mitigation,
                             "votes": v.votes, "samples": v.samples}) + "\n")
     return rule

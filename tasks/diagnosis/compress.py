@@ -14,6 +14,7 @@ core, a chunk each (forkserver, so a threaded caller such as a Prefect flow is s
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +25,22 @@ from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES, learned_rules
 _DIGITS = b"0123456789"
 _ZERO = bytes.maketrans(_DIGITS, b"0" * 10)
 CHUNK = 8 << 20
+MAX_LINE = 4096
+"""Characters of a kept line that the rules see: a 100 MB line costs its bytes once, never quadratic regex time."""
+MAX_TAIL = 1 << 20
+"""A chunk ends at the next line end within this many bytes, else mid-line: memory stays bounded on a log with
+no newlines."""
+RULE_REPEATS = 50
+"""Copies of one recurring template that a rule matches, kept per chunk: a million identical error lines are one
+cause."""
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07?|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean(text: str) -> str:
+    """A log line safe to print and match: terminal escape sequences and control characters removed, cut to
+    MAX_LINE characters."""
+    text = _CONTROL.sub("", text)
+    return text if len(text) <= MAX_LINE else text[:MAX_LINE] + f" ...[{len(text) - MAX_LINE} characters cut]"
 
 
 @dataclass
@@ -74,7 +91,7 @@ def _mine(counts: Counter, top: int) -> list[tuple[str, int]]:
 
 
 def _is_rule(line: bytes, rules: list) -> bool:
-    text = line.decode(errors="replace")
+    text = clean(line[:MAX_LINE * 2].decode(errors="replace"))
     return any(r.regex.search(text) for r in rules)
 
 
@@ -115,7 +132,7 @@ def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
         if seen[key] > repeats:  # a recurring line: kept only if the rules know it (decided once per template)
             if key not in ruled:
                 ruled[key] = _is_rule(line, rules)
-            if not ruled[key]:
+            if not ruled[key] or seen[key] > RULE_REPEATS:
                 continue
         marks[start] = True
         s = start
@@ -130,7 +147,8 @@ def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
         end = len(chunk) if end < 0 else end
         newlines += chunk.count(b"\n", at, start)  # lines before this one, counted once over the chunk
         at = start
-        kept.append((newlines + 1, chunk[start:end].decode(errors="replace"), marks[start]))
+        kept.append((newlines + 1, clean(chunk[start:min(end, start + MAX_LINE * 2)].decode(errors="replace")),
+                     marks[start]))
         kept_bytes += end - start + 1
         regular.append(chunk[prev:start])
         prev = end + 1
@@ -152,7 +170,7 @@ def _ranges(path: Path, size: int) -> list[tuple[int, int]]:
     with open(path, "rb") as f:
         while start < size:
             f.seek(min(size, start + CHUNK))
-            tail = f.readline() if start + CHUNK < size else b""
+            tail = f.readline(MAX_TAIL) if start + CHUNK < size else b""
             end = min(size, start + CHUNK + len(tail))
             out.append((start, end))
             start = end

@@ -11,6 +11,7 @@ exception) that must not be taken for the root cause. The label is (type, rank, 
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -135,12 +136,14 @@ def _startup(rng: random.Random, world: int, hosts: list[str], per_node: int) ->
     return out
 
 
+_CLOCK = itertools.count(100000000, 1000)
+"""Timestamps rise in the order lines are made, as on a real cluster (the diagnosis orders candidates by time)."""
+
+
 def _fmt(template: str, rng: random.Random, r: int, host: str) -> str:
     return template.format(r=r, host=host, bus=f"{rng.randint(16, 250):02x}", pid=rng.randint(1000, 99999),
                            pid2=rng.randint(1000, 99999), seq=rng.randint(100, 99999), numel=rng.randint(1, 10 ** 9),
-                           md=f"{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}",
-                           hms=f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}",
-                           us=rng.randint(100000000, 999999999), ms3=f"{rng.randint(0, 999):03d}")
+                           md="0301", hms="20:50:36", us=next(_CLOCK) % 900000000 + 100000000, ms3=f"{rng.randint(0, 999):03d}")
 
 
 def make_log(kind: str, rng: random.Random, noise_lines: int = 400, second_error: bool = False) -> Labelled:

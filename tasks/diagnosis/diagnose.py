@@ -26,6 +26,14 @@ _NODE = [re.compile(p) for p in (
     r"^([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] ",  # NCCL's host:pid:tid [device] prefix
     r"\bon (?:node|host) ([A-Za-z0-9_.-]+)", r"\bnode[= ]([A-Za-z0-9_.-]+)")]
 _SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
+_STAMP = re.compile(r"\[[EWFI](\d{4}) (\d\d:\d\d:\d\d\.\d+)")  # glog/c10d: [E0626 05:06:30.929...
+_FRAME = re.compile(r'File "([^"]+)", line \d+')
+_GENERIC = {"KeyError", "TypeError", "ValueError", "AttributeError", "IndexError", "NameError", "AssertionError"}
+_LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d")
+_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \")")
+"""A traceback's source and frame lines: the `raise` statement above an exception is not the exception."""
+MAX_EVIDENCE = 100
+"""Evidence entries kept in a diagnosis: a million identical error lines are one cause, not a million."""
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 
 
@@ -57,7 +65,11 @@ class Diagnosis(BaseModel):
     compression_ratio: float
     templates: list[tuple[str, int]]
     source: str = "rules"
-    """rules, or agent (the LLM agent diagnosed it; its rule is learned)."""
+    """rules; learned (no rule matched: the nearest labelled log, above the calibrated similarity); or agent (the
+    LLM agent diagnosed it; its rule is learned)."""
+    confidence: float | None = None
+    """For a learned answer: the cosine similarity to the nearest labelled log (the threshold is calibrated on
+    held-out projects)."""
 
 
 def _first(patterns: list[re.Pattern], text: str) -> str | None:
@@ -75,8 +87,44 @@ def _match(text: str, rules: list[Rule]) -> Rule | None:
     return None
 
 
-def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None) -> Diagnosis:
-    """The diagnosis of a compressed log; with `agent`, a log no rule explains goes to the LLM agent."""
+def _blame(kept: list, i: int, category: str) -> str:
+    """A generic Python exception (KeyError, ValueError, ...) belongs to the code that raised it: the script's own
+    file (script) or a library under site-packages (framework), read off the nearest traceback frame above it."""
+    for k in reversed(kept[max(0, i - 3):i]):
+        m = _FRAME.search(k.text)
+        if m:
+            return "framework" if _LIBRARY.search(m.group(1)) else "script"
+    return category
+
+
+def _order(rule: Rule, f: Finding) -> tuple:
+    """Highest priority first; among equals the earliest by the log's own timestamps (ranks interleave out of
+    order in merged logs), then by position."""
+    m = _STAMP.search(f.line)
+    return (rule.priority, -int(bool(m)), tuple(-ord(ch) for ch in "".join(m.groups())) if m else (), -f.line_no)
+
+
+def _learned(c: Compressed, base: dict) -> Diagnosis | None:
+    """The learned fallback's answer for a log no rule explains, or None (below its threshold, or no model)."""
+    from tasks.diagnosis.fallback import Fallback
+
+    model = Fallback.load()
+    lines = [(k.line_no, k.text) for k in c.kept if k.error]
+    v = model.predict(lines) if model is not None and lines else None
+    if v is None:
+        return None
+    return Diagnosis(category=v.category, type=v.type, root_cause_line=v.line, line_no=v.line_no,
+                     rank=int(r) if v.line and (r := _first(_RANK, v.line)) else None,
+                     node=_first(_NODE, v.line) if v.line else None, restartable=v.restartable,
+                     mitigation=f"no rule matched; this log is most like the labelled {v.neighbour} "
+                                f"(similarity {v.confidence:.2f}): check the line, and add a rule if it holds",
+                     evidence=[], source="learned", confidence=v.confidence, **base)
+
+
+def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None,
+                        use_fallback: bool = True) -> Diagnosis:
+    """The diagnosis of a compressed log: the rules; for a log no rule explains, the learned fallback (when it is
+    confident enough), then the LLM agent when `agent` is given; else `unknown`."""
     rules = RULES + learned_rules()
     findings: list[tuple[Rule, Finding]] = []
     rank_host: dict[int, str] = {}
@@ -91,7 +139,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
     block_rank: int | None = None
     block_host: str | None = None
     root_block_at: int | None = None  # torchrun names the first observed failure after "Root Cause"
-    for k in c.kept:
+    for i, k in enumerate(c.kept):
         if "Root Cause" in k.text:
             root_block_at = k.line_no
         h = _SUMMARY_HOST.search(k.text)
@@ -100,7 +148,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
         sr = _SUMMARY_RANK.search(k.text)
         if sr:
             block_rank = int(sr.group(1))
-        if not k.error:
+        if not k.error or _SOURCE.match(k.text):
             continue
         rule = _match(k.text, rules)
         if rule is None:
@@ -110,10 +158,15 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
         rk = int(rank) if rank is not None else None
         if rule.type == "ChildFailed" and rk is None:  # an exitcode line of the summary: its block's rank and host
             rk, node = block_rank, node or block_host
-        findings.append((rule, Finding(type=rule.type, category=rule.category, line_no=k.line_no, line=k.text.strip(),
+        category = _blame(c.kept, i, rule.category) if rule.type in _GENERIC else rule.category
+        findings.append((rule, Finding(type=rule.type, category=category, line_no=k.line_no, line=k.text.strip(),
                                        rank=rk, node=node or (rank_host.get(rk) if rk is not None else None))))
     base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
             "templates": c.templates}
+    if not findings and use_fallback:
+        d = _learned(c, base)
+        if d is not None:
+            return d
     if not findings and agent is not None:
         verdict = ask(agent, [k.text for k in c.kept])
         if verdict is not None:
@@ -128,30 +181,55 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                          restartable=False, evidence=[], **base,
                          mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`); a person "
                                     "decides, and a rule for it can be added to tasks/diagnosis/rules.py")
-    best_rule, best = max(findings, key=lambda rf: (rf[0].priority, -rf[1].line_no))
+    best_rule, best = max(findings, key=lambda rf: _order(*rf))
     if best_rule.type == "ChildFailed" and root_block_at is not None:
         best_rule, best = next(((r, f) for r, f in findings if r.type == "ChildFailed" and f.line_no > root_block_at),
                                (best_rule, best))
     if best.node is None:  # the node of the root rank, from any other line that names both
         best.node = next((f.node for _, f in findings if f.rank == best.rank and f.node), None) \
             if best.rank is not None else None
-    evidence = [f for _, f in findings if f is not best]
-    return Diagnosis(category=best_rule.category, type=best_rule.type, root_cause_line=best.line,
+    evidence = [f for _, f in findings if f is not best][:MAX_EVIDENCE]
+    return Diagnosis(category=best.category, type=best_rule.type, root_cause_line=best.line,
                      line_no=best.line_no, rank=best.rank, node=best.node, restartable=best_rule.restartable,
                      mitigation=best_rule.mitigation, evidence=evidence, **base)
 
 
 def check_log(path: Path | str) -> Path:
-    """The log file at `path`, or an error that says what to give instead."""
+    """The log file at `path`, or an error that says what to give instead: a directory, a FIFO or device (reading
+    one could block forever) and a binary file (a library, an executable: any rule would be a guess) are refused.
+    Text in any encoding is read (bytes that are not UTF-8 are replaced)."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
     if p.is_dir():
         raise IsADirectoryError(None, f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)", str(p))
+    if not p.is_file():
+        raise ValueError(f"{p} is not a regular file (a FIFO, socket or device); copy the log into a file first")
+    with open(p, "rb") as f:
+        head = f.read(1 << 16)
+    if looks_binary(head):
+        raise ValueError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
+                         "wrote (e.g. RUN_DIR/train.log)")
     return p
 
 
-def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None) -> Diagnosis:
+_MAGIC = (b"\x7fELF", b"\x1f\x8b", b"PK\x03\x04", b"\x89PNG", b"%PDF", b"\xfe\xed\xfa", b"\xcf\xfa\xed\xfe",
+          b"MZ\x90\x00")
+
+
+def looks_binary(head: bytes) -> bool:
+    """An executable, archive or image (by magic), or more than 1% NUL / 10% other control bytes. A zero-filled
+    tail, which a node crash can leave in a log, does not count."""
+    body = head.rstrip(b"\0")
+    if body.startswith(_MAGIC):
+        return True
+    ctrl = sum(body.count(bytes([b])) for b in (*range(1, 9), 11, 12, *range(14, 27), *range(28, 32)))
+    return bool(body) and (body.count(b"\0") > len(body) // 100 or ctrl > len(body) // 10)
+
+
+def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None,
+             use_fallback: bool = True) -> Diagnosis:
     """Diagnose a log file (or its bytes); `agent` (see tasks/diagnosis/agent.py) for logs no rule explains."""
     c = compress(source if isinstance(source, bytes) else check_log(source), context=context)
-    return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent)
+    return diagnose_compressed(c, log="<bytes>" if isinstance(source, bytes) else str(source), agent=agent,
+                               use_fallback=use_fallback)

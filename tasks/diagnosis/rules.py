@@ -47,26 +47,52 @@ RULES: list[Rule] = [
          r"(?i)nvlink[^\n]*(?:error|fault|down|inactive)|Xid \([^)]*\):\s*74\b", 95, True,
          "cordon the node (NVLink fault) and resume on healthy GPUs"),
     Rule("NodeFailure", "infrastructure",
-         r"(?i)GPU has fallen off the bus|Xid \([^)]*\):\s*(?:79|119|120)\b|machine check|Hardware Error|"
+         r"(?i)fallen off the bus|Unable to determine the device handle for GPU|Xid \([^)]*\):\s*(?:79|119|120)\b|"
+         r"machine check|Hardware Error|"
          r"kernel panic|node\b[^\n]*\b(?:failed|down|unreachable|NotReady|lost)\b|"
          r"\bNodeFailure\b|heartbeat (?:timeout|lost)", 92, True,
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
+    Rule("DriverError", "script",
+         r"(?i)driver version is insufficient for CUDA runtime|NVIDIA driver on your system is too old|"
+         r"CUDA driver initialization failed|no CUDA-capable device is detected", 93, False,
+         "the environment: the NVIDIA driver is older than the CUDA this build needs (or there is no GPU); "
+         "install a matching driver or a build for this driver"),
     Rule("CUDAError", "infrastructure",
-         r"CUDA error: (?!out of memory)(?!device-side assert)|CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
+         r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
+         r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)|CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
          r"cudaErrorIllegalAddress|unspecified launch failure|an illegal memory access was encountered|"
-         r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b", 90, True,
+         r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b)", 90, True,
          "run the node check on this rank's node, cordon it if it fails, and resume"),
+    # -- infrastructure: storage (errno families; a full disk fails again until space is freed) -----------------
+    Rule("DiskFull", "infrastructure",
+         r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|Disk quota exceeded|StorageFull",
+         86, False, "the disk or quota is full: free space (old checkpoints) or point the output elsewhere, then resume"),
+    Rule("StorageError", "infrastructure",
+         r"Input/output error|\bEIO\b|Stale (?:NFS )?file handle|\bESTALE\b|Remote I/O error", 84, True,
+         "the filesystem failed an I/O: check the mount on this node, then resume from the newest checkpoint"),
     # -- framework: resources and loading ---------------------------------------------------------------
+    Rule("HostOOM", "framework",
+         r"oom[-_]kill event|Some of the step tasks have been OOM Killed|task \d+: Out Of Memory|"
+         r"Out of memory: Killed process|invoked oom-killer", 81, False,
+         "the host (or the job's cgroup) ran out of memory: fewer data-loader workers, less CPU offload or a "
+         "larger memory request"),
     Rule("OutOfMemoryError", "framework",
-         r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|"
+         r"Cuda failure '?out of memory|OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|"
          r"HIP out of memory|Tried to allocate [\d.]+ [KMG]iB", 80, True,
          "restart with the next resource plan with more memory per GPU (or a smaller micro-batch)"),
     Rule("DataloaderKilled", "framework",
-         r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal", 75,
+         r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal|"
+         r"Unexpected (?:segmentation fault|bus error) encountered in worker", 75,
          True, "host memory ran out in the data loader: fewer workers or a smaller prefetch, then resume"),
-    Rule("ModelLoadingError", "framework",
-         r"Error\(s\) in loading state_dict|size mismatch for [\w.]+|SafetensorError|Can't load (?:the )?"
-         r"(?:weights|model|config)|Unable to load weights|CheckpointMismatch", 72, False,
+    Rule("NumericalError", "framework",
+         r"(?i)loss became infinite or nan|loss scale already at minimum|non-finite loss|loss is nan|"
+         r"detected (?:nan|inf) (?:loss|in)|nan or inf found in input", 78, False,
+         "the loss diverged (NaN/inf, or fp16 loss scale at its floor): lower the learning rate, use bf16 or "
+         "gradient clipping, and resume from a checkpoint before the divergence"),
+    Rule("ModelLoadingError", "script",
+         r"Error\(s\) in loading state_dict|size mismatch for\b|SafetensorError|Can't load (?:the )?"
+         r"(?:weights|model|config|tokenizer)|Unable to load weights|CheckpointMismatch|LocalEntryNotFoundError|"
+         r"couldn't connect to 'https://huggingface.co'|is not the path to a directory containing", 72, False,
          "the checkpoint does not match the model: fix the model config or the checkpoint path"),
     Rule("DatasetLoadingError", "framework",
          r"DatasetNotFoundError|Couldn't find (?:a )?dataset|ArrowInvalid|DataError|corpus[^\n]*(?:not found|"
@@ -74,8 +100,14 @@ RULES: list[Rule] = [
     # -- script / configuration ---------------------------------------------------------------------------
     Rule("SyntaxError", "script", _PY + r"(?:SyntaxError|IndentationError)\b", 66, False,
          "fix the syntax error in the training script"),
-    Rule("ImportError", "script", _PY + r"(?:ImportError|ModuleNotFoundError)\b", 65, False,
-         "install the missing package or fix the import"),
+    Rule("ImportError", "script",
+         _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file", 65,
+         False, "the environment: install the missing package, or the build of a compiled extension that matches "
+                "this torch (an undefined symbol is an ABI mismatch)"),
+    Rule("ConfigError", "script",
+         r"MisconfigurationException|larger than the maximum number of tokens that can be stored in KV cache|"
+         r"\b(?:Config|Configuration)Error\b", 64, False,
+         "fix the configuration named in the message (a restart fails the same way)"),
     Rule("ArgumentError", "script",
          r"ArgumentError|error: unrecognized arguments|error: argument -|the following arguments are required",
          64, False, "fix the command line"),
@@ -86,8 +118,17 @@ RULES: list[Rule] = [
     Rule("NameError", "script", _PY + r"NameError\b", 62, False, "fix the script: an undefined name"),
     Rule("KeyError", "script", _PY + r"KeyError\b", 61, False, "fix the script or config: a missing key"),
     Rule("TypeError", "script", _PY + r"TypeError\b", 61, False, "fix the script: a wrong type"),
-    Rule("IndexError", "script", _PY + r"IndexError\b|device-side assert triggered", 61, False,
+    Rule("IndexError", "script", _PY + r"IndexError\b|device-side assert triggered|Assertion `[^`]*` failed", 61,
+         False,
          "fix the script or data: an index out of range (a device-side assert is usually one)"),
+    Rule("BuildError", "script",
+         r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped", 61,
+         False, "the environment: a compiled extension does not build (compiler or CUDA toolkit against this "
+                "torch); install a prebuilt wheel or fix the toolchain"),
+    Rule("SegFault", "framework",
+         r"Signals\.SIGSEGV|exitcode\s*:\s*-11\b|Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault|"
+         r"Segmentation fault", 14, True,
+         "a process crashed in native code (SIGSEGV): one restart; if it recurs, a library/driver mismatch"),
     Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 60, False,
          "a subprocess the script runs failed: see its output above"),
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
@@ -102,9 +143,14 @@ RULES: list[Rule] = [
          r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|ncclSystemError|NCCL WARN NET|No route to host|"
          r"Network is unreachable|ncclInternalError", 50, True,
          "a network fault: run the node check on the job's nodes and resume"),
+    Rule("RayError", "infrastructure",
+         r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed|RaySystemError|"
+         r"ObjectLostError|NodeDiedError", 33, True,
+         "a Ray worker process died (often the host OOM killer or a lost node): check its node, then resume"),
     Rule("ConnectionError", "infrastructure",
          r"ConnectionError|Connection (?:reset by peer|refused|timed out)|DistNetworkError|Broken pipe|"
-         r"TCPStore[^\n]*(?:failed|timed out)|RendezvousTimeoutError|RendezvousConnectionError", 30, True,
+         r"TCPStore[^\n]*(?:failed|timed out)|RendezvousTimeoutError|RendezvousConnectionError|connect\(\) timed out|"
+         r"socket has timed out|errno: 113", 30, True,
          "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
     # -- framework: generic --------------------------------------------------------------------------------
     Rule("AssertionError", "framework", _PY + r"AssertionError\b", 45, False,
@@ -116,33 +162,70 @@ RULES: list[Rule] = [
     # -- symptoms ----------------------------------------------------------------------------------------------
     Rule("NCCLTimeoutError", "infrastructure",
          r"Watchdog caught collective operation timeout|NCCL timeout|ProcessGroupNCCL[^\n]*Timeout|"
-         r"collective operation timeout|Timed out waiting \d+ms for", 20, True,
+         r"collective operation timeout|Timed out waiting \d+ms for|watchdog got stuck|Timeout at NCCL work|"
+         r"watchdog hang", 20, True,
          "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
+    Rule("TimeLimit", "infrastructure", r"DUE TO TIME LIMIT", 19, True,
+         "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
+    Rule("Killed", "framework", r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$", 12, True,
+         "a rank was SIGKILLed with no error of its own: the host OOM killer or a lost node; resumed once, and if it "
+         "recurs, check dmesg for the OOM killer (fewer data-loader workers, less CPU offload)"),
     Rule("ChildFailed", "framework",
          r"ChildFailedError|exitcode\s*:\s*-?\d+|failed \(exitcode: -?\d+\)|signal \d+ \(SIG\w+\) received|"
          r"trainer exited with signal \d+", 10, True,
          "a rank exited; the root cause is in the lines before"),
 ]
 
+LEARNED_PRIORITY = 5
+"""Learned rules rank below every built-in rule (the lowest built-in, ChildFailed, is 10), and a built-in rule
+names a line before any learned one is tried, so a learned rule can only name lines nothing built-in explains."""
+MAX_LEARNED_PATTERN = 512
+_NUMBER = r"(?:0x[0-9a-fA-F]+|\d+)"
+_LITERAL = re.compile(r"(?:\\.|[^\\.^$*+?{}\[\]|()])*")
+
+
+def safe_pattern(pattern: str) -> bool:
+    """A learned pattern is an escaped literal with number wildcards (what the agent writes) and nothing else:
+    matching it is linear in the line, so a poisoned rules file cannot hang the diagnosis with a pattern such as
+    `(a+)+$`, and at least 20 literal characters so it cannot match everything."""
+    if not isinstance(pattern, str) or len(pattern) > MAX_LEARNED_PATTERN:
+        return False
+    rest = pattern.replace(_NUMBER, "")
+    return bool(_LITERAL.fullmatch(rest)) and len(re.sub(r"\\(.)", r"\1", rest).strip()) >= 20
+
+
 def learned_rules() -> list[Rule]:
-    """Rules the LLM agent taught (tasks/diagnosis/agent.py), from `$FRENZY_HOME/diagnosis-rules.jsonl`; a line
-    that does not parse is skipped."""
+    """Rules the LLM agent taught (tasks/diagnosis/agent.py), from `$FRENZY_HOME/diagnosis-rules.jsonl`, confined:
+    only a built-in failure type, its category, a safe literal pattern (`safe_pattern`), the lowest priority, and
+    an infrastructure type stays restartable. An entry that breaks any of these is skipped with a warning naming
+    the file and line."""
     import json
+    import logging
     import os
     from pathlib import Path
 
     path = Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "diagnosis-rules.jsonl"
+    base = {r.type: r for r in RULES}
     out = []
-    if path.is_file():
-        for ln in path.read_text(errors="replace").splitlines():
-            try:
-                d = json.loads(ln)
-                out.append(Rule(d["type"], d["category"], d["pattern"], int(d["priority"]), bool(d["restartable"]),
-                                d["mitigation"]))
-            except (ValueError, KeyError, TypeError, re.error):
-                continue
+    try:
+        text = path.read_text(errors="replace") if path.is_file() else ""
+    except OSError as e:
+        logging.getLogger(__name__).warning("learned diagnosis rules %s unreadable (%s); skipped", path, e)
+        return out
+    for no, ln in enumerate(text.splitlines(), 1):
+        try:
+            d = json.loads(ln)
+            b = base[d["type"]]
+            if not safe_pattern(d["pattern"]):
+                raise ValueError("the pattern is not an escaped literal of 20+ characters")
+            restartable = b.restartable if b.category == "infrastructure" else bool(d["restartable"])
+            mitigation = re.sub(r"[\x00-\x1f\x7f]", " ", str(d.get("mitigation") or b.mitigation))[:500]
+            out.append(Rule(b.type, b.category, d["pattern"], LEARNED_PRIORITY, restartable, mitigation))
+        except (ValueError, KeyError, TypeError, re.error) as e:
+            logging.getLogger(__name__).warning("%s line %d: learned rule skipped (%s); delete the line or the file",
+                                                path, no, e)
     return out
 
 
@@ -151,6 +234,9 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"timed out", b"refused", b"panic", b"out of memory", b"ecc", b"nvlink", b"fallen off", b"exitcode",
     b"root cause", b"invalid", b"denied", b"no such file", b"not found", b"segmentation fault", b"core dumped",
     b"abort", b"machine check", b"frenzy-hang", b"reset by peer", b"broken pipe", b"unreachable",
-    b"exited with signal")
+    b"exited with signal", b"no space left", b"quota", b"input/output", b"stale", b"undefined symbol",
+    b"shared object", b"misconfiguration", b"kv cache", b"oom", b"time limit", b"died", b"loss scale",
+    b"infinite or nan", b"cuda failure", b"unable to determine", b"sigkill", b"size mismatch", b"assertion",
+    b"sigsegv", b"segmentation", b"driver", b"couldn't connect", b"huggingface.co", b"building extension")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match."""

@@ -50,10 +50,7 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     entries = read(history_dir, run, suite)
     if not entries:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
     series: dict[str, list[tuple[int, float]]] = {}
     for e in entries:
@@ -63,7 +60,8 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     n = len(series)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    fig = Figure(figsize=(4.2 * cols, 2.8 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, pts) in zip(axes.flat, sorted(series.items()), strict=False):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
         ax.set_title(name, fontsize=9)
@@ -75,7 +73,6 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     fig.tight_layout()
     out = out or history_file(history_dir, run).with_name(f"history-{suite}.png")
     fig.savefig(out, dpi=90)
-    plt.close(fig)
     return out
 
 

@@ -6,7 +6,11 @@ cannot drift apart: results go to `<history_dir>/<run>/step_<N>/<suite>/` unless
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import fcntl
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -30,16 +34,55 @@ class EvalSummary(BaseModel):
     history_plot: str | None
 
 
+WRITER_LOCK = ".writer.lock"
+"""In an evaluation directory: held (flock) by the one process evaluating into it. The kernel drops it when that
+process dies, so a SIGKILLed evaluation never leaves the directory locked."""
+
+
+@contextlib.contextmanager
+def sole_writer(out_dir: str | Path) -> Iterator[None]:
+    """Hold the evaluation directory `out_dir` alone: a second evaluation of the same step and suite (an in-flow
+    evaluation and an event-triggered deployment run, say) waits here until the first is done. Two writers would mix
+    their chunk files (`humaneval: 32 of 16 examples scored`)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / WRITER_LOCK, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def recorded(history_dir: str, run: str, step: int, suite: str) -> EvalSummary | None:
+    """The history's summary of `step` of `run` on `suite`, None when it has no score for it."""
+    for e in history.read(history_dir, run, suite):
+        if e["step"] == step:
+            res = Path(history_dir) / run / f"step_{step:08d}" / suite / "result.json"
+            return EvalSummary(uri=e["uri"], run=run, step=step, suite=suite, scores=e["scores"], makespan_s=0.0,
+                               predicted_makespan_s=0.0, result=str(res), history_plot=None)
+    return None
+
+
 def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: str = "evals",
-                        progress: Callable[[str, float], None] | None = None) -> tuple[EvalResult, EvalSummary]:
+                        progress: Callable[[str, float], None] | None = None,
+                        reevaluate: bool = True) -> tuple[EvalResult, EvalSummary]:
     """Evaluate `uri` (a committed step or a root's newest) on `suite`, append the score to the run's history
-    and redraw its plot; returns the full result and the summary."""
+    and redraw its plot; returns the full result and the summary. With `reevaluate` False, a step the history
+    already scores on `suite` (or that another process is scoring now: this waits for it) is not evaluated again;
+    its recorded result comes back."""
+    _, m = resolve_manifest(uri)
     if opts.out_dir is None:
-        _, m = resolve_manifest(uri)
         opts = opts.model_copy(update={"out_dir": f"{history_dir}/{m.run}/step_{m.step:08d}/{suite.name}"})
-    res = evaluate(uri, suite, opts, progress)
-    history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores)
-    plot = history.plot(history_dir, res.run, suite.name)
+    with sole_writer(opts.out_dir):
+        done = None if reevaluate else recorded(history_dir, m.run, m.step, suite.name)
+        if done is not None and Path(done.result).exists():
+            return EvalResult.model_validate_json(Path(done.result).read_text()), done
+        for part in ("predictions", "scores"):  # a previous evaluation's chunks may be split differently
+            shutil.rmtree(Path(opts.out_dir) / part, ignore_errors=True)
+        res = evaluate(uri, suite, opts, progress)
+        history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores)
+        plot = history.plot(history_dir, res.run, suite.name)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                           result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None)

@@ -3,11 +3,13 @@
 The step is walked in phases on the most loaded pipeline stage: the start of backward (all activations
 saved, loss gradients live), the end of backward (all gradients), and the optimizer step (moments plus
 foreach temporaries). Tensor bytes follow what Frenzy's GPT (`tasks/training/model.py`) saves; the
-conventions of the other implementations a layout implies are documented in README "Memory model".
+conventions of the other implementations a layout implies are documented in docs/memory-model.md.
 Three totals: `allocated` (tensor bytes), `reserved` (caching allocator), `device` (nvidia-smi).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
@@ -152,10 +154,25 @@ def predict_peak_memory(job: JobSpec, layout: Layout, gpu: GPUType | None = None
     return best
 
 
-def _stage_estimate(job: JobSpec, layout: Layout, stage: int, gpu: GPUType | None) -> MemoryEstimate:
+@dataclass(frozen=True)
+class _Weights:
+    """Bytes of the weight-sized tensors on one stage's GPU, after tensor parallelism and ZeRO sharding."""
+
+    params: float
+    """Parameters of the stage on this GPU (before ZeRO-3 sharding)."""
+    p_bytes: float
+    master_bytes: float
+    state_bytes: float
+    grad_bytes: float
+    temp_bytes: float
+    copies: float
+    """Autocast's half-precision weight copies saved for backward."""
+    fsdp: float
+    """ZeRO-3: unsharded blocks and collective buffers."""
+
+
+def _weights(job: JobSpec, layout: Layout, stage: int, cv: _Conv, pc: ParamCounts) -> _Weights:
     m, t = job.model, job.training
-    cv = conventions(job)
-    pc: ParamCounts = count_params(m, t.seq_len)
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     first, last = stage == 0, stage == pp - 1
     n_layers = m.layers // pp
@@ -168,21 +185,24 @@ def _stage_estimate(job: JobSpec, layout: Layout, stage: int, gpu: GPUType | Non
     opt_div = dp if (z >= 1 or t.distributed_optimizer) else 1
     grad_div = dp if z >= 2 else 1
     param_div = dp if z == 3 else 1
-
-    p_bytes = params * cv.param / param_div
-    master_bytes = params * cv.master / opt_div
-    state_bytes = params * cv.state / opt_div
-    grad_bytes = params * cv.grad / grad_div
-    temp_bytes = params * cv.temp / opt_div
     # autocast casts every linear weight (and the tied/untied head) to half precision, saved for backward
     head_copy = (pc.embedding if m.tied_embeddings else pc.head) / tp if last else 0
     copies = (n_layers * pc.per_layer_linear / tp + head_copy) * 2 if cv.autocast_copies else 0
+    # two unsharded half-precision blocks (current + prefetch), all-gather and reduce-scatter
+    fsdp = pc.per_layer_linear / tp * (2 * 2 + 2 + 4) if z == 3 else 0.0
+    return _Weights(params=params, p_bytes=params * cv.param / param_div, master_bytes=params * cv.master / opt_div,
+                    state_bytes=params * cv.state / opt_div, grad_bytes=params * cv.grad / grad_div,
+                    temp_bytes=params * cv.temp / opt_div, copies=copies, fsdp=fsdp)
 
-    micro = grad_accum_steps(job, layout)
+
+def _activations(job: JobSpec, layout: Layout, stage: int, cv: _Conv, micro: int) -> tuple[float, float, float, float]:
+    """Saved activations of the in-flight micro-batches, the saved logits, the loss gradient, and one layer's
+    backward working set."""
+    m, t = job.model, job.training
+    tp, last = layout.tp, stage == layout.pp - 1
     tokens = layout.micro_batch * t.seq_len
     layer_saved, layer_work = layer_activation_bytes(job, layout, tokens)
-    inflight = _inflight(layout, stage, micro)
-    acts = n_layers * layer_saved * inflight
+    acts = m.layers // layout.pp * layer_saved * _inflight(layout, stage, micro)
     logits = 0.0
     loss_grad = 0.0
     if last:
@@ -191,45 +211,57 @@ def _stage_estimate(job: JobSpec, layout: Layout, stage: int, gpu: GPUType | Non
                  + cv.compute * m.hidden) * tokens
         logits = 4 * m.vocab / tp * tokens  # fp32 log-softmax output saved by the loss
         loss_grad = 2 * 4 * m.vocab / tp * tokens  # its gradient in and out at the start of backward
-    fsdp = 0.0
-    if z == 3:  # two unsharded half-precision blocks (current + prefetch), all-gather and reduce-scatter
-        fsdp = pc.per_layer_linear / tp * (2 * 2 + 2 + 4)
+    return acts, logits, loss_grad, layer_work
 
-    # gradients already live when backward starts: persistent DDP/Megatron buffers, or accumulation
-    grads_live = grad_bytes if (dp > 1 and z < 3) or micro > 1 else 0.0
-    static = p_bytes + master_bytes + state_bytes
+
+def _peak_terms(w: _Weights, grads_live: float, acts: float, logits: float, loss_grad: float,
+                layer_work: float) -> tuple[dict[str, float], str, dict[str, float]]:
+    """Allocated bytes at each phase of the step, the peak phase, and the tensor terms at that peak."""
+    static = w.p_bytes + w.master_bytes + w.state_bytes
     phases = {
-        "backward_start": static + grads_live + copies + acts + logits + max(loss_grad, layer_work) + fsdp,
-        "backward_end": static + grad_bytes + layer_work + fsdp,
-        "optimizer_step": static + grad_bytes + temp_bytes,
+        "backward_start": static + grads_live + w.copies + acts + logits + max(loss_grad, layer_work) + w.fsdp,
+        "backward_end": static + w.grad_bytes + layer_work + w.fsdp,
+        "optimizer_step": static + w.grad_bytes + w.temp_bytes,
     }
     peak_phase = max(phases, key=lambda k: phases[k])
     terms = {
-        "parameters": p_bytes, "master_weights": master_bytes, "optimizer_states": state_bytes,
+        "parameters": w.p_bytes, "master_weights": w.master_bytes, "optimizer_states": w.state_bytes,
         "gradients": 0.0, "weight_copies": 0.0, "activations": 0.0, "logits_loss": 0.0,
         "backward_transient": 0.0, "optimizer_temporaries": 0.0, "fsdp_buffers": 0.0,
     }
     if peak_phase == "backward_start":
-        terms.update(gradients=grads_live, weight_copies=copies, activations=acts,
+        terms.update(gradients=grads_live, weight_copies=w.copies, activations=acts,
                      logits_loss=logits + loss_grad if loss_grad >= layer_work else logits,
-                     backward_transient=0.0 if loss_grad >= layer_work else layer_work, fsdp_buffers=fsdp)
+                     backward_transient=0.0 if loss_grad >= layer_work else layer_work, fsdp_buffers=w.fsdp)
     elif peak_phase == "backward_end":
-        terms.update(gradients=grad_bytes, backward_transient=layer_work, fsdp_buffers=fsdp)
+        terms.update(gradients=w.grad_bytes, backward_transient=layer_work, fsdp_buffers=w.fsdp)
     else:
-        terms.update(gradients=grad_bytes, optimizer_temporaries=temp_bytes)
+        terms.update(gradients=w.grad_bytes, optimizer_temporaries=w.temp_bytes)
+    return phases, peak_phase, terms
+
+
+def _stage_estimate(job: JobSpec, layout: Layout, stage: int, gpu: GPUType | None) -> MemoryEstimate:
+    cv = conventions(job)
+    w = _weights(job, layout, stage, cv, count_params(job.model, job.training.seq_len))
+    micro = grad_accum_steps(job, layout)
+    acts, logits, loss_grad, layer_work = _activations(job, layout, stage, cv, micro)
+    # gradients already live when backward starts: persistent DDP/Megatron buffers, or accumulation
+    dp = layout.dp
+    grads_live = w.grad_bytes if (dp > 1 and job.training.zero_stage < 3) or micro > 1 else 0.0
+    phases, peak_phase, terms = _peak_terms(w, grads_live, acts, logits, loss_grad, layer_work)
     breakdown = {k: int(round(v)) for k, v in terms.items()}
     allocated = sum(breakdown.values())
     frag = gpu.alloc_frag if gpu else 0.06
     # caching allocator: fragmentation plus rounding of large blocks to 2 MiB (~1 MiB per live block)
-    breakdown["allocator"] = int(allocated * frag + (n_layers * 12 + 16) * 2**20)
+    breakdown["allocator"] = int(allocated * frag + (job.model.layers // layout.pp * 12 + 16) * 2**20)
     reserved = allocated + breakdown["allocator"]
     breakdown["cuda_context"] = int((gpu.context_gib if gpu else 0.5) * GiB)
-    breakdown["nccl"] = int(GiB * sum(NCCL_GIB_PER_COMM[min(g, 3)] for g in (dp, tp, pp) if g > 1))
+    breakdown["nccl"] = int(GiB * sum(NCCL_GIB_PER_COMM[min(g, 3)] for g in (dp, layout.tp, layout.pp) if g > 1))
     device = reserved + breakdown["cuda_context"] + breakdown["nccl"]
     return MemoryEstimate(
         allocated_bytes=allocated, reserved_bytes=reserved, device_bytes=device, breakdown=breakdown,
         # the peak phase reports the sum of the (per-term rounded) breakdown, so the two always agree
         peak_phase=peak_phase, phases={k: allocated if k == peak_phase else int(v) for k, v in phases.items()},
         stage=stage,
-        params_per_gpu=int(params),
+        params_per_gpu=int(w.params),
     )

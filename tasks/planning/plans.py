@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.inventory import Cluster
 from tasks.jobspec import JobSpec
-from tasks.planning.calibration import OomObservation, calibrate
+from tasks.planning.calibration import Calibration, OomObservation, calibrate, observations_path
 from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
 from tasks.planning.memory import GiB, predict_peak_memory
 
@@ -168,7 +168,7 @@ def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_sec
                 best[key] = plan
         plans.extend(best.values())
     if not plans:
-        raise InfeasibleJobError(infeasible_message(job, cluster, cat, margin))
+        raise InfeasibleJobError(infeasible_message(job, cluster, cat, margin) + calibration_note(cal))
     mem = {g.name: g.memory_gib for g in types}
     # ties: fewer GPUs, smaller tp, then the smallest GPU that fits (best fit leaves big GPUs for big jobs)
     floor = min(p.compute_pflop_per_step for p in plans) * (1 + BALANCED_SLACK)
@@ -186,6 +186,15 @@ def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_sec
     for i, p in enumerate(plans):
         p.rank = i + 1
     return plans[:top] if top else plans
+
+
+def calibration_note(cal: Calibration) -> str:
+    """Why recorded OOMs may be what forbids every layout, and how to drop them if they were wrong."""
+    if not cal.observations:
+        return ""
+    return (f" Also, {cal.observations} recorded out-of-memory failure(s) of this model ({observations_path()}) "
+            f"scale its predicted peak by {cal.factor:.2f} and exclude {len(cal.excluded)} layout(s); if they were "
+            "wrong, delete their lines from that file.")
 
 
 def infeasible_message(job: JobSpec, cluster: Cluster, cat: Catalog, margin: float) -> str:

@@ -8,23 +8,22 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.outdir import atomic_path
 from tasks.stragglers.analyze import Prepared, Slowdowns, simulate
 from tasks.stragglers.trace import OPTYPES, PP_COMM
 
 STREAMS = ["compute", *PP_COMM, "dp-comm"]
 
 
-def heatmap(res: Slowdowns, path: str | Path) -> Path:
+def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = ()) -> Path:
     """PNG: one cell per worker (x = DP rank, y = stage), its slowdown; Reds from 1 to max(1.5, worst)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
     data = np.array(res.workers)
     P, D = data.shape
     # wide enough for the title even for a 1 x 1 map (the title was clipped on small jobs)
-    fig, ax = plt.subplots(figsize=(min(max(4.5, 2 + 0.45 * D), 24), min(max(2.5, 1.5 + 0.45 * P), 12)))
+    fig = Figure(figsize=(min(max(4.5, 2 + 0.45 * D), 24), min(max(2.5, 1.5 + 0.45 * P), 12)))
+    ax = fig.subplots()
     im = ax.imshow(data, cmap="Reds", vmin=1.0, vmax=max(1.5, float(data.max())), aspect="auto", origin="upper")
     if P * D <= 400:
         for s in range(P):
@@ -39,14 +38,13 @@ def heatmap(res: Slowdowns, path: str | Path) -> Path:
     fig.colorbar(im, ax=ax, label="slowdown")
     fig.tight_layout()
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     return out
 
 
 def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_steps: int = 3,
-             dp_ranks: list[int] | None = None) -> Path:
+             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = ()) -> Path:
     """Chrome/Perfetto trace (gzipped JSON) of the original and the ideal timelines for a window of steps.
 
     One process per (timeline, DP rank), one track per (stage, stream); steps are laid end to end. A
@@ -98,8 +96,7 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
                     events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                                    "args": {"sort_index": tid}})
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(out, "wt") as f:
+    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs) as tmp, gzip.open(tmp, "wt") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     return out
 

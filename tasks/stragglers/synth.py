@@ -111,122 +111,154 @@ class Program:
     code: list[list[tuple[str, list[int]]]] = field(default_factory=list)  # per stage: (instr, op ids)
 
 
+class _StageCode:
+    """One pipeline stage's instruction list while it is built; op ids index the shared `prog.ops`."""
+
+    def __init__(self, prog: Program, r: int) -> None:
+        self.prog, self.spec, self.r = prog, prog.spec, r
+        self.seq: dict[str, int] = {}
+        self.code: list[tuple[str, list[int]]] = []
+        self.pending: list[int] = []  # non-blocking sends and reduce-scatters, waited for at the end of the step
+
+    def new(self, optype: str, **kw: object) -> int:
+        s = self.seq.get(optype, 0)
+        self.seq[optype] = s + 1
+        self.prog.ops.append(Op(self.r, optype, s, **kw))
+        return len(self.prog.ops) - 1
+
+    def p2p(self, direction: str, send: bool, mb: int, c: int) -> list[int]:
+        """The send or receive of micro-batch `mb`'s chunk `c` (none at the ends of the global pipeline)."""
+        P, V = self.spec.pp, self.spec.vpp
+        g = c * P + self.r
+        if direction == "f":
+            dest = g + 1 if send else g
+            ok = g + 1 < P * V if send else g > 0
+        else:
+            dest = g - 1 if send else g
+            ok = g > 0 if send else g + 1 < P * V
+        if not ok:
+            return []
+        name = ("forward" if direction == "f" else "backward") + ("-send" if send else "-recv")
+        return [self.new(name, mc=c, kind="p2p", key=(direction, mb, dest), base=self.spec.p2p_s)]
+
+    def compute(self, fwd: bool, mb: int, c: int) -> None:
+        base = (self.spec.fwd_s if fwd else self.spec.bwd_s) / self.spec.vpp
+        self.code.append(("compute", [self.new("forward-compute" if fwd else "backward-compute", mc=c, mb_id=mb,
+                                               base=base)]))
+
+    def blocking(self, ops: list[int]) -> None:
+        if ops:
+            self.code.extend([("post", ops), ("wait", ops)])
+
+
+def _one_f_one_b(sc: _StageCode) -> None:
+    """Megatron's 1F1B: warm-up forwards, steady one-forward-one-backward with batched p2p, cool-down backwards."""
+    P, M = sc.spec.pp, sc.spec.microbatches
+    W = min(P - sc.r - 1, M)
+    R = M - W
+    for i in range(W):
+        sc.blocking(sc.p2p("f", False, i, 0))
+        sc.compute(True, i, 0)
+        sc.blocking(sc.p2p("f", True, i, 0))
+    if R > 0:
+        sc.blocking(sc.p2p("f", False, W, 0))
+    for i in range(R):
+        sc.compute(True, W + i, 0)
+        sc.blocking(sc.p2p("f", True, W + i, 0) + sc.p2p("b", False, i, 0))
+        sc.compute(False, i, 0)
+        nxt = [] if i == R - 1 else sc.p2p("f", False, W + i + 1, 0)
+        sc.blocking(sc.p2p("b", True, i, 0) + nxt)
+    for i in range(W):
+        sc.blocking(sc.p2p("b", False, R + i, 0))
+        sc.compute(False, R + i, 0)
+        sc.blocking(sc.p2p("b", True, R + i, 0))
+
+
+def _nonblocking_schedule(sc: _StageCode) -> None:
+    """GPipe (all forwards, then all backwards) or Megatron's interleaved 1F1B: blocking receives, sends posted
+    and left pending."""
+    P, V, M = sc.spec.pp, sc.spec.vpp, sc.spec.microbatches
+    if sc.spec.schedule == "gpipe":
+        fwd = [(i, 0) for i in range(M)]
+        order = [("F", k) for k in range(M)] + [("B", k) for k in range(M)]
+        bwd = fwd
+    else:
+        table = [(mb, c) for g0 in range(0, M, P) for c in range(V) for mb in range(g0, g0 + P)]
+        fwd = table
+        bwd = [(mb, V - 1 - c) for mb, c in table]
+        T = len(table)
+        W = min(2 * (P - sc.r - 1) + (V - 1) * P, T)
+        R = T - W
+        order = ([("F", k) for k in range(W)]
+                 + [x for i in range(R) for x in (("F", W + i), ("B", i))]
+                 + [("B", k) for k in range(R, T)])
+    for what, k in order:
+        mb, c = fwd[k] if what == "F" else bwd[k]
+        d = "f" if what == "F" else "b"
+        sc.blocking(sc.p2p(d, False, mb, c))
+        sc.compute(what == "F", mb, c)
+        sends = sc.p2p(d, True, mb, c)
+        if sends:
+            sc.code.append(("post", sends))
+            sc.pending += sends
+
+
+def _zero_collectives(sc: _StageCode) -> None:
+    """ZeRO: every chunk's parameter all-gather posted at the start of the step and waited for before its first
+    forward; its gradient reduce-scatter posted after its last backward."""
+    V, dp_comm_s = sc.spec.vpp, sc.spec.dp_comm_s
+    ags = [sc.new("params-all-gather", mc=c, kind="dp", base=dp_comm_s / V) for c in range(V)]
+    first_f: dict[int, int] = {}
+    last_b: dict[int, int] = {}
+    for i, (ins, ops) in enumerate(sc.code):
+        if ins == "compute":
+            op = sc.prog.ops[ops[0]]
+            if op.optype == "forward-compute":
+                first_f.setdefault(op.mc, i)
+            else:
+                last_b[op.mc] = i
+    new_code: list[tuple[str, list[int]]] = [("post", ags)]
+    for i, ins in enumerate(sc.code):
+        new_code += [("wait", [ags[c]]) for c, j in first_f.items() if j == i]
+        new_code.append(ins)
+        for c, j in last_b.items():
+            if j == i:
+                rs = sc.new("grads-reduce-scatter", mc=c, kind="dp", base=dp_comm_s / V)
+                new_code.append(("post", [rs]))
+                sc.pending.append(rs)
+    sc.code = new_code
+
+
+def _step_end(sc: _StageCode) -> None:
+    """After the schedule: wait for pending sends, then the gradient collectives and the optimizer step."""
+    spec, P, r, code = sc.spec, sc.spec.pp, sc.r, sc.code
+    if sc.pending:
+        code.append(("waitall", list(sc.pending)))
+    if P > 1 and spec.embedding_s > 0 and r in (0, P - 1):
+        code.append(("coll", [sc.new("embedding-grads-all-reduce", kind="stagecoll", key=("emb", 0),
+                                     base=spec.embedding_s)]))
+    if spec.dp_mode == "allreduce" and spec.dp > 1:
+        code.append(("coll", [sc.new("separate-grads-all-reduce", kind="dp", base=spec.dp_comm_s)]))
+    if P > 1 and spec.clip_s > 0:
+        code.append(("coll", [sc.new("optimizer-clip-main-grad", kind="stagecoll", key=("clip", 0),
+                                     base=spec.clip_s)]))
+    if spec.optimizer_s > 0:
+        code.append(("compute", [sc.new("optimizer", base=spec.optimizer_s)]))
+
+
 def build_program(spec: SynthSpec) -> Program:
     """The per-stage instruction lists of the spec's schedule."""
-    P, V, M = spec.pp, spec.vpp, spec.microbatches
     prog = Program(spec)
-    for r in range(P):
-        seq: dict[str, int] = {}
-        code: list[tuple[str, list[int]]] = []
-
-        def new(optype: str, seq: dict[str, int] = seq, r: int = r, **kw: object) -> int:
-            s = seq.get(optype, 0)
-            seq[optype] = s + 1
-            prog.ops.append(Op(r, optype, s, **kw))
-            return len(prog.ops) - 1
-
-        def p2p(direction: str, send: bool, mb: int, c: int, r: int = r) -> list[int]:
-            g = c * P + r
-            if direction == "f":
-                dest = g + 1 if send else g
-                ok = g + 1 < P * V if send else g > 0
-            else:
-                dest = g - 1 if send else g
-                ok = g > 0 if send else g + 1 < P * V
-            if not ok:
-                return []
-            name = ("forward" if direction == "f" else "backward") + ("-send" if send else "-recv")
-            return [new(name, mc=c, kind="p2p", key=(direction, mb, dest), base=spec.p2p_s)]
-
-        def compute(fwd: bool, mb: int, c: int, code: list = code) -> None:
-            base = (spec.fwd_s if fwd else spec.bwd_s) / V
-            code.append(("compute", [new("forward-compute" if fwd else "backward-compute", mc=c, mb_id=mb,
-                                         base=base)]))
-
-        def blocking(ops: list[int], code: list = code) -> None:
-            if ops:
-                code.extend([("post", ops), ("wait", ops)])
-
-        pending: list[int] = []
+    for r in range(spec.pp):
+        sc = _StageCode(prog, r)
         if spec.schedule == "1f1b":
-            W = min(P - r - 1, M)
-            R = M - W
-            for i in range(W):
-                blocking(p2p("f", False, i, 0))
-                compute(True, i, 0)
-                blocking(p2p("f", True, i, 0))
-            if R > 0:
-                blocking(p2p("f", False, W, 0))
-            for i in range(R):
-                compute(True, W + i, 0)
-                blocking(p2p("f", True, W + i, 0) + p2p("b", False, i, 0))
-                compute(False, i, 0)
-                nxt = [] if i == R - 1 else p2p("f", False, W + i + 1, 0)
-                blocking(p2p("b", True, i, 0) + nxt)
-            for i in range(W):
-                blocking(p2p("b", False, R + i, 0))
-                compute(False, R + i, 0)
-                blocking(p2p("b", True, R + i, 0))
+            _one_f_one_b(sc)
         else:
-            if spec.schedule == "gpipe":
-                fwd = [(i, 0) for i in range(M)]
-                order = [("F", k) for k in range(M)] + [("B", k) for k in range(M)]
-                bwd = fwd
-            else:
-                table = [(mb, c) for g0 in range(0, M, P) for c in range(V) for mb in range(g0, g0 + P)]
-                fwd = table
-                bwd = [(mb, V - 1 - c) for mb, c in table]
-                T = len(table)
-                W = min(2 * (P - r - 1) + (V - 1) * P, T)
-                R = T - W
-                order = ([("F", k) for k in range(W)]
-                         + [x for i in range(R) for x in (("F", W + i), ("B", i))]
-                         + [("B", k) for k in range(R, T)])
-            for what, k in order:
-                mb, c = fwd[k] if what == "F" else bwd[k]
-                d = "f" if what == "F" else "b"
-                blocking(p2p(d, False, mb, c))
-                compute(what == "F", mb, c)
-                sends = p2p(d, True, mb, c)
-                if sends:
-                    code.append(("post", sends))
-                    pending += sends
+            _nonblocking_schedule(sc)
         if spec.dp_mode == "zero":
-            ags = [new("params-all-gather", mc=c, kind="dp", base=spec.dp_comm_s / V) for c in range(V)]
-            computes = [i for i, (ins, _) in enumerate(code) if ins == "compute"]
-            first_f = {}
-            last_b = {}
-            for i in computes:
-                op = prog.ops[code[i][1][0]]
-                if op.optype == "forward-compute":
-                    first_f.setdefault(op.mc, i)
-                else:
-                    last_b[op.mc] = i
-            new_code: list[tuple[str, list[int]]] = [("post", ags)]
-            for i, ins in enumerate(code):
-                for c, j in first_f.items():
-                    if j == i:
-                        new_code.append(("wait", [ags[c]]))
-                new_code.append(ins)
-                for c, j in last_b.items():
-                    if j == i:
-                        rs = new("grads-reduce-scatter", mc=c, kind="dp", base=spec.dp_comm_s / V)
-                        new_code.append(("post", [rs]))
-                        pending.append(rs)
-            code[:] = new_code
-        if pending:
-            code.append(("waitall", list(pending)))
-        if P > 1 and spec.embedding_s > 0 and r in (0, P - 1):
-            code.append(("coll", [new("embedding-grads-all-reduce", kind="stagecoll", key=("emb", 0),
-                                      base=spec.embedding_s)]))
-        if spec.dp_mode == "allreduce" and spec.dp > 1:
-            code.append(("coll", [new("separate-grads-all-reduce", kind="dp", base=spec.dp_comm_s)]))
-        if P > 1 and spec.clip_s > 0:
-            code.append(("coll", [new("optimizer-clip-main-grad", kind="stagecoll", key=("clip", 0),
-                                      base=spec.clip_s)]))
-        if spec.optimizer_s > 0:
-            code.append(("compute", [new("optimizer", base=spec.optimizer_s)]))
-        prog.code.append(code)
+            _zero_collectives(sc)
+        _step_end(sc)
+        prog.code.append(sc.code)
     return prog
 
 
@@ -264,15 +296,8 @@ def _dest_stage(op: Op, spec: SynthSpec) -> int:
     return op.key[2] % spec.pp
 
 
-def execute(prog: Program, durs: list[np.ndarray], delays: list[list[np.ndarray | float]] | None = None
-            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Run every stage's program; returns (start, recorded end) per op, each (steps, dp), step-relative."""
-    spec = prog.spec
-    P, n = spec.pp, len(prog.ops)
-    zeros = np.zeros((spec.steps, spec.dp))
-    post: list[np.ndarray | None] = [None] * n
-    end: list[np.ndarray | None] = [None] * n
-    rec_end: list[np.ndarray | None] = [None] * n
+def _partners(prog: Program) -> tuple[dict[int, int], dict[tuple, list[int]]]:
+    """Each p2p op's other end, and the members of every p2p pair and stage collective by (kind, key)."""
     partner: dict[int, int] = {}
     by_key: dict[tuple, list[int]] = {}
     for o, op in enumerate(prog.ops):
@@ -283,100 +308,128 @@ def execute(prog: Program, durs: list[np.ndarray], delays: list[list[np.ndarray 
             if len(members) != 2:
                 raise Deadlock(f"p2p {members} has no partner")
             partner[members[0]], partner[members[1]] = members[1], members[0]
-    t = [zeros.copy() for _ in range(P)]
-    dp_free = [zeros.copy() for _ in range(P)]
-    prev_on_stream: dict[int, int] = {}  # a PP stream runs its ops one at a time, in posting order
-    last_posted: dict[tuple[int, str], int] = {}
-    eff: list[np.ndarray | None] = [None] * n
-    pc = [0] * P
+    return partner, by_key
 
-    def complete(o: int) -> None:
-        op = prog.ops[o]
+
+class _Interpreter:
+    """The state of one execution: per op its post time, end, recorded end and start on its stream, each
+    (steps, dp); per stage its clock, DP-stream free time and program counter."""
+
+    def __init__(self, prog: Program, durs: list[np.ndarray], delays: list[list[np.ndarray | float]] | None) -> None:
+        spec, n = prog.spec, len(prog.ops)
+        self.prog, self.durs, self.delays = prog, durs, delays
+        zeros = np.zeros((spec.steps, spec.dp))
+        self.post: list[np.ndarray | None] = [None] * n
+        self.end: list[np.ndarray | None] = [None] * n
+        self.rec_end: list[np.ndarray | None] = [None] * n
+        self.eff: list[np.ndarray | None] = [None] * n
+        self.partner, self.by_key = _partners(prog)
+        self.t = [zeros.copy() for _ in range(spec.pp)]
+        self.dp_free = [zeros.copy() for _ in range(spec.pp)]
+        self.prev_on_stream: dict[int, int] = {}  # a PP stream runs its ops one at a time, in posting order
+        self.last_posted: dict[tuple[int, str], int] = {}
+        self.pc = [0] * spec.pp
+
+    def complete(self, o: int) -> None:
+        """Set the op's end once everything it waits for is known."""
+        op, post, end = self.prog.ops[o], self.post, self.end
         if end[o] is not None or post[o] is None:
             return
         if op.kind == "p2p":
-            q = partner[o]
-            if post[q] is None or not (ready(o) and ready(q)):
+            q = self.partner[o]
+            if post[q] is None or not (self.ready(o) and self.ready(q)):
                 return
             send = o if op.optype.endswith("send") else q
-            end[o] = end[q] = np.maximum(eff[o], eff[q]) + durs[send]
+            end[o] = end[q] = np.maximum(self.eff[o], self.eff[q]) + self.durs[send]
         elif op.kind == "stagecoll":
-            members = by_key[("stagecoll", op.key)]
+            members = self.by_key[("stagecoll", op.key)]
             if any(post[m] is None for m in members):
                 return
             start = np.max([post[m] for m in members], axis=0)
             for m in members:
-                end[m] = start + durs[m]
+                end[m] = start + self.durs[m]
 
-    def ready(o: int) -> bool:
+    def ready(self, o: int) -> bool:
         """Whether the op's stream has reached it (its start on the stream is then known)."""
-        if eff[o] is not None:
+        if self.eff[o] is not None:
             return True
-        prev = prev_on_stream.get(o)
+        prev = self.prev_on_stream.get(o)
         if prev is not None:
-            if end[prev] is None:
-                complete(prev)
-            if end[prev] is None:
+            if self.end[prev] is None:
+                self.complete(prev)
+            if self.end[prev] is None:
                 return False
-            eff[o] = np.maximum(post[o], end[prev])
+            self.eff[o] = np.maximum(self.post[o], self.end[prev])
         else:
-            eff[o] = post[o]
+            self.eff[o] = self.post[o]
         return True
 
-    def do_post(o: int, at: np.ndarray) -> None:
-        op = prog.ops[o]
+    def do_post(self, o: int, at: np.ndarray) -> None:
+        op = self.prog.ops[o]
         if op.kind == "p2p":
             stream = (op.stage, op.optype)
-            if stream in last_posted:
-                prev_on_stream[o] = last_posted[stream]
-            last_posted[stream] = o
+            if stream in self.last_posted:
+                self.prev_on_stream[o] = self.last_posted[stream]
+            self.last_posted[stream] = o
         if op.kind == "dp":  # a DP stream runs its collectives one at a time
-            at = np.maximum(at, dp_free[op.stage])
-            end[o] = at.max(axis=1, keepdims=True) + durs[o]
-            dp_free[op.stage] = end[o]
-        post[o] = at
-        complete(o)
+            at = np.maximum(at, self.dp_free[op.stage])
+            self.end[o] = at.max(axis=1, keepdims=True) + self.durs[o]
+            self.dp_free[op.stage] = self.end[o]
+        self.post[o] = at
+        self.complete(o)
 
-    def delay(r: int) -> np.ndarray | float:
-        return 0.0 if delays is None else delays[r][pc[r]]
+    def delay(self, r: int) -> np.ndarray | float:
+        return 0.0 if self.delays is None else self.delays[r][self.pc[r]]
 
+    def run_stage(self, r: int) -> bool:
+        """Run stage r's program until it blocks or ends; whether it made progress."""
+        code, t, end, progress = self.prog.code[r], self.t, self.end, False
+        while self.pc[r] < len(code):
+            ins, ops = code[self.pc[r]]
+            if ins == "compute":
+                o = ops[0]
+                self.post[o] = t[r] + self.delay(r)
+                end[o] = self.rec_end[o] = self.post[o] + self.durs[o]
+                t[r] = end[o]
+            elif ins == "post":
+                for o in ops:
+                    self.do_post(o, t[r] + self.delay(r))
+            elif ins in ("wait", "waitall", "coll"):
+                if ins == "coll" and self.post[ops[0]] is None:
+                    self.do_post(ops[0], t[r] + self.delay(r))
+                for o in ops:
+                    self.complete(o)
+                if any(end[o] is None for o in ops):
+                    break
+                done = np.max([end[o] for o in ops], axis=0)
+                for o in ops:  # a batched p2p call's rows share the batch's timing
+                    self.rec_end[o] = done if ins == "wait" else end[o]
+                t[r] = np.maximum(t[r], done)
+            self.pc[r] += 1
+            progress = True
+        return progress
+
+
+def execute(prog: Program, durs: list[np.ndarray], delays: list[list[np.ndarray | float]] | None = None
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Run every stage's program; returns (start, recorded end) per op, each (steps, dp), step-relative."""
+    P = prog.spec.pp
+    it = _Interpreter(prog, durs, delays)
     while True:
         progress = False
         for r in range(P):
-            code = prog.code[r]
-            while pc[r] < len(code):
-                ins, ops = code[pc[r]]
-                if ins == "compute":
-                    o = ops[0]
-                    post[o] = t[r] + delay(r)
-                    end[o] = rec_end[o] = post[o] + durs[o]
-                    t[r] = end[o]
-                elif ins == "post":
-                    for o in ops:
-                        do_post(o, t[r] + delay(r))
-                elif ins in ("wait", "waitall", "coll"):
-                    if ins == "coll" and post[ops[0]] is None:
-                        do_post(ops[0], t[r] + delay(r))
-                    for o in ops:
-                        complete(o)
-                    if any(end[o] is None for o in ops):
-                        break
-                    done = np.max([end[o] for o in ops], axis=0)
-                    for o in ops:  # a batched p2p call's rows share the batch's timing
-                        rec_end[o] = done if ins == "wait" else end[o]
-                    t[r] = np.maximum(t[r], done)
-                pc[r] += 1
-                progress = True
-        if all(pc[r] == len(prog.code[r]) for r in range(P)):
+            progress = it.run_stage(r) or progress
+        if all(it.pc[r] == len(prog.code[r]) for r in range(P)):
             break
         if not progress:
-            stuck = {r: prog.code[r][pc[r]] for r in range(P) if pc[r] < len(prog.code[r])}
+            stuck = {r: prog.code[r][it.pc[r]] for r in range(P) if it.pc[r] < len(prog.code[r])}
             raise Deadlock(f"schedule deadlocks at {stuck}")
-    for o in range(n):
+    post, rec_end = it.post, it.rec_end
+    for o in range(len(prog.ops)):
         if rec_end[o] is None:  # a non-blocking op never waited for individually
-            rec_end[o] = end[o]
-        if eff[o] is not None:  # a p2p op starts (as a trace records it) when its stream reaches it
-            post[o] = eff[o]
+            rec_end[o] = it.end[o]
+        if it.eff[o] is not None:  # a p2p op starts (as a trace records it) when its stream reaches it
+            post[o] = it.eff[o]
     return post, rec_end  # type: ignore[return-value]
 
 

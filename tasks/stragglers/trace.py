@@ -150,12 +150,20 @@ def _optype_codes(col: object, p: Path) -> np.ndarray:
     return lut[idx]
 
 
-def write_trace(path: str | Path, cols: dict[str, np.ndarray], meta: JobMeta) -> Path:
-    """Write columns (optype as indices into OPTYPES or as strings) as a trace parquet plus `meta-<run>.yaml`."""
+def write_trace(path: str | Path, cols: dict[str, np.ndarray], meta: JobMeta, *, overwrite: bool = True) -> Path:
+    """Write columns (optype as indices into OPTYPES or as strings) as a trace parquet plus `meta-<run>.yaml`, each
+    whole (tasks/outdir.py). Without `overwrite`, an existing parquet, or a meta file of that name describing another
+    job, is refused: `analyze` would read the other trace against the wrong meta."""
     import pandas as pd
 
+    from tasks.outdir import OutputError, atomic_path
+
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    run = meta.run_id or meta.trial_name or "trace"
+    meta_path, meta_text = p.parent / f"meta-{run}.yaml", yaml.safe_dump(meta.model_dump(), sort_keys=False)
+    if not overwrite and meta_path.is_file() and meta_path.read_text(errors="replace") != meta_text:
+        raise OutputError(f"{meta_path} already describes another trace in {p.parent}; give another directory "
+                          "(or --overwrite to replace it)")
     data = {}
     for name, dtype in COLUMNS.items():
         arr = np.asarray(cols[name])
@@ -172,7 +180,8 @@ def write_trace(path: str | Path, cols: dict[str, np.ndarray], meta: JobMeta) ->
             data[name] = arr.astype(np.int16 if np.dtype(dtype).itemsize == 1 else np.int32)  # a job past 127 DP ranks
         else:
             data[name] = arr.astype(dtype)
-    pd.DataFrame(data).to_parquet(p, index=False)
-    run = meta.run_id or meta.trial_name or "trace"
-    (p.parent / f"meta-{run}.yaml").write_text(yaml.safe_dump(meta.model_dump(), sort_keys=False))
+    with atomic_path(p, "stragglers generate", overwrite=overwrite) as tmp:
+        pd.DataFrame(data).to_parquet(tmp, index=False)
+        with atomic_path(meta_path, "stragglers generate") as tmp_meta:
+            tmp_meta.write_text(meta_text)
     return p

@@ -158,18 +158,21 @@ class SnapshotBuffer:
             yield mv[i:i + size]
 
 
-def snapshot_buffers(nbytes: int, ranks_on_host: int = 1) -> int:
+def snapshot_buffers(nbytes: int, ranks_on_host: int = 1, memory: tuple[int, int] | None = None) -> int:
     """How many snapshot buffers to use: 2 (a save never waits for the previous persist) when every rank on this
     host can hold a second copy and still leave max(4 GiB, 15%) of RAM available, else 1 (a save that comes due
-    during a persist is deferred). `FRENZY_SNAPSHOT_BUFFERS=1|2` decides instead."""
+    during a persist is deferred). `FRENZY_SNAPSHOT_BUFFERS=1|2` decides instead. `memory` is (available, total)
+    bytes; None reads this host's."""
     forced = os.environ.get("FRENZY_SNAPSHOT_BUFFERS")
     if forced:
         return max(1, min(2, int(forced)))
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        avail, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
-    except (ValueError, OSError):
-        return 1
+    if memory is None:
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            memory = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+        except (ValueError, OSError):
+            return 1
+    avail, total = memory
     # the first buffer is part of what is "available" now too: count both copies of every rank
     return 2 if avail - 2 * nbytes * ranks_on_host > max(4 << 30, 0.15 * total) else 1
 

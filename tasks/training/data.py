@@ -286,3 +286,19 @@ def record_samples(run_dir: Path, rank: int, step: int, indices: list[int]) -> N
         return
     with open(run_dir / f"samples-rank{rank:05d}.jsonl", "a") as f:
         f.write(json.dumps({"step": step, "samples": [int(i) for i in indices]}) + "\n")
+
+
+def sample_order(run_dir: Path, tp: int = 1) -> dict[int, list[int]]:
+    """Read `record_samples`' audit back: step -> the global batch's sample ids in data-parallel rank order (one
+    tensor-parallel rank per group, as ranks are numbered dp-major). A step a rank logged twice (a resumed run
+    training again the steps after its commit) keeps the later record; give each layout its own run directory
+    (a rank the later layout lacks would keep its stale record)."""
+    per: dict[int, dict[int, list[int]]] = {}
+    for f in sorted(run_dir.glob("samples-rank*.jsonl")):
+        rank = int(f.stem.removeprefix("samples-rank"))
+        if rank % tp:
+            continue
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            per.setdefault(r["step"], {})[rank // tp] = r["samples"]
+    return {s: [i for dp in sorted(v) for i in v[dp]] for s, v in per.items()}

@@ -49,11 +49,16 @@ def placed(plan: Any, alloc: Any, global_batch: int, micro_batch: int | None = N
 
 def relayout(old: Placed, new: Placed, failure: str, action: str) -> Relayout:
     """Why the job runs where it now runs, in words a user reads in the flow log and the result."""
-    changed = (old.gpus, old.gpu_type, old.dp, old.tp) != (new.gpus, new.gpu_type, new.dp, new.tp)
-    cause = {"replan": "out of memory: re-planned to the plans with more memory per GPU",
+    changed = (old.gpus, old.gpu_type, old.dp, old.tp, old.micro_batch) != \
+        (new.gpus, new.gpu_type, new.dp, new.tp, new.micro_batch)
+    cause = {"replan": "out of memory: re-planned with MARP calibrated by the OOM, without the layout that ran out",
              "resume": "resumed on what is free now"}.get(action, action)
     if not changed:
         why = f"{failure}; {cause}: the same layout ({new.gpus} x {new.gpu_type}, dp {new.dp} x tp {new.tp}) fit again"
+    elif (old.gpus, old.gpu_type, old.dp, old.tp) == (new.gpus, new.gpu_type, new.dp, new.tp):
+        why = (f"{failure}; {cause}: {new.gpus} x {new.gpu_type} (dp {new.dp} x tp {new.tp}) with micro-batches of "
+               f"{new.micro_batch} instead of {old.micro_batch} ({new.grad_accumulation} per rank per step, the same "
+               "global batch)")
     else:
         lost = sorted(set(old.nodes) - set(new.nodes))
         why = (f"{failure}; {cause}: {old.gpus} x {old.gpu_type} (dp {old.dp} x tp {old.tp}) -> {new.gpus} x "
@@ -113,3 +118,30 @@ def tune_auto(job: Any, ledger: Any, plan: Any, alloc: Any, failures: int, logge
     ck.mtbf_s, source = pool_mtbf(ledger.events(limit=100_000), ledger.nodes(), plan.gpu_type, alloc.gpus, failures)
     logger.info("checkpoint.every_steps auto: MTBF %.0f s for %d x %s (%s)", ck.mtbf_s, alloc.gpus, plan.gpu_type,
                 source)
+
+
+def recovery_lines(recoveries: list[dict]) -> list[str]:
+    """The run report's sentence per recovery: the diagnosis, the action, and the relayout when one was recorded."""
+    out = []
+    for rec in recoveries:
+        d, act = rec["diagnosis"], rec["action"]
+        line = f"{d['type']} ({d['category']}): {act['kind']}, {act['reason']}"
+        out.append(f"{line}. {rec['relayout']['why']}" if rec.get("relayout") else line)
+    return out
+
+
+def replan_after_oom(job: Any, cluster: Any, rank_by: str, observations: list) -> list:
+    """After an out-of-memory failure (already recorded in `observations`): MARP again on the whole cluster, with
+    the peaks scaled by the calibration that explains every recorded OOM and the layout that ran out excluded on its
+    GPU type (tasks/planning/calibration.py). The runnable plans (pp 1), best first; empty when none fits any more
+    (the caller names the fixes). Any of them resumes the run: checkpoints reshard on load.
+
+    (It used to keep the old plans whose *predicted* need was above the failed one's, which are the layouts that
+    shard memory least, and left MARP's uncalibrated predictions in place.)"""
+    from tasks.planning.plans import InfeasibleJobError, plan_resources
+
+    try:
+        plans = plan_resources(job, cluster, rank_by=rank_by, observations=observations)
+    except InfeasibleJobError:
+        return []
+    return [p for p in plans if p.layout.pp == 1]

@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     from tasks.training.checkpoint import CheckpointError
     from tasks.training.data import DataError
+    from tasks.training.guard import SpikeError
     from tasks.training.loop import TrainOptions, train
     from tasks.training.storage import StorageError
     from tasks.training.writer import WriterLeaseError
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, from_scratch=a.from_scratch,
                            device=a.device, threads=a.threads,
                            stop_after_steps=a.stop_after_steps, tp=a.tp))
-    except (CheckpointError, DataError, StorageError, WriterLeaseError, ValueError) as err:
+    except (CheckpointError, DataError, SpikeError, StorageError, WriterLeaseError, ValueError) as err:
         # a problem the user can fix: one line, no traceback, recognised by launch()
         print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
         return 2

@@ -28,10 +28,10 @@ from tasks.jobspec import JobSpec
 from tasks.training import checkpoint as ck
 from tasks.training import data as D
 from tasks.training import reshard
+from tasks.training.guard import SpikeGuard
 from tasks.training.interval import Cadence, agree_max
 from tasks.training.model import GPT
 from tasks.training.optrace import OpTracer, merge_traces
-from tasks.training.spikes import SpikeDetector
 from tasks.training.state import restore, training_tensors
 from tasks.training.storage import Storage
 from tasks.training.writer import WriterLease, WriterLeaseError, trainer_lease
@@ -284,7 +284,8 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     optimizer = _optimizer(params, t, plain=d.tp == 1 and t.zero_stage != 3)
     amp_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(t.precision)
     scaler = torch.amp.GradScaler(dev.type, enabled=t.precision == "fp16-mixed")
-    detector = SpikeDetector(t.spike.zscore, t.spike.window, t.spike.min_steps)
+    guard = SpikeGuard(t.spike, t.global_batch, scaler_enabled=scaler.is_enabled())
+    detector = guard.detector
     cursor = D.Cursor()
     fp = _fingerprint(job, corpus_sha, d.world, d.tp, tok.sha256)
     owns_model = d.rank == 0 or job.training.zero_stage == 3 or d.tp > 1  # DDP: rank 0 holds the one replica
@@ -362,7 +363,6 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     # the straggler format traces one tensor-parallel rank per data-parallel rank
     tracer = OpTracer(d.rank, d.dp_rank, t.trace_every_steps if d.rank % d.tp == 0 else 0)
     dp_hook(model, tracer)
-    spikes: list[dict] = []
     last_loss, last_gnorm = float("nan"), float("nan")
     tokens_per_step = t.global_batch * t.seq_len
     t_start, steps_run, blocked_total, data_s = time.perf_counter(), 0, 0.0, 0.0
@@ -453,32 +453,28 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         g = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
         # the step's one host sync: the spike check needs loss and grad norm before the update
         last_loss, last_gnorm = torch.stack([loss_sum.float(), g.float().to(loss_sum.device)]).tolist()
-        verdict = detector.check(last_loss, last_gnorm)
-        if verdict.spike:
+        decision = guard.judge(step + 1, last_loss, last_gnorm)
+        if decision.record is not None:
+            prog.emit("spike", **decision.record)
+        if decision.action != "apply":
             tracer.drop(step + 1)
             optimizer.zero_grad(set_to_none=True)
-            scaler.update()
-            window = (indices[0], indices[0] + t.spike.skip_batches * t.global_batch)
-            rec = {"step": step + 1, "loss": last_loss, "grad_norm": last_gnorm, "reason": verdict.reason,
-                   "skipped_samples": list(window)}
+            scaler.update()  # an fp16 overflow lowers the loss scale here
+            if decision.action == "overflow":
+                continue
             ckpt.wait()
-            cursor.skips.append(window)
-            skips = list(cursor.skips)
-            target = newest_valid(before=step + 1, healthy_only=True) if t.spike.rollback else None
+            spike_step, skips = step + 1, list(cursor.skips)
+            target = newest_valid(before=step + 1, healthy_only=True) if guard.may_roll_back() else None
+            window = guard.window(indices[0], rolled_back=target is not None)
+            cursor.skips = sorted(set(cursor.skips) | set(skips) | {window})
             if target is not None:
                 step = target.step
-                cursor.skips = sorted(set(cursor.skips) | set(skips))
                 if d.rank == 0:
                     ck.discard_after(storage, step)
                 if d.on:
                     dist.barrier()
-            rec["rolled_back_to"] = target.step if target is not None else None
-            # after a rollback the spike lies in an abandoned timeline (its batches are skipped): commits of the new
-            # timeline are healthy, so a later spike rolls back to them, not again past them
-            detector.last_spike_step = rec["step"] if target is None else None
-            spikes.append(rec)
-            log.warning("loss spike at step %d (%s): %s, skipping samples %s", rec["step"], verdict.reason,
-                        f"rolled back to step {rec['rolled_back_to']}" if target else "update skipped", window)
+            rec = guard.skipped(spike_step, last_loss, last_gnorm,
+                                decision.verdict, window, target.step if target is not None else None)
             prog.emit("spike", **rec)
             continue
         blocked_total += ckpt.barrier()  # a staged snapshot must be copied before the update changes the tensors
@@ -487,6 +483,7 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
         optimizer.zero_grad(set_to_none=True)
         step += 1
         steps_run += 1
+        guard.passed(step)
         t_last_update = time.perf_counter()  # intermediate snapshots count (they happen between updates)
         cadence.step_done(t_last_update, ckpt.persisting.is_set())  # [elastic hook]
         if traced:
@@ -538,7 +535,8 @@ def _train(opts: TrainOptions, d: _Dist, dev: torch.device, storage: Storage, le
     if d.rank == 0:
         trace_path = merge_traces(opts.run_dir / "trace", job.name, d.dp, d.tp, d.world)
     result = {"job": job.name, "final_step": step, "resumed_from_step": resumed_from, "stopped_early": stopped,
-              "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": spikes,
+              "checkpoints": [r.model_dump() for r in ckpt.records], "spikes": guard.records,
+              "spike_counts": guard.counts.model_dump(),
               "checkpoint_interval": cadence.describe(),  # [elastic hook] the interval and its inputs
               "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in ckpt.failed],
               "last_loss": last_loss, "steps_run": steps_run, "elapsed_s": elapsed,

@@ -28,7 +28,11 @@ class OpTracer:
         return self.every > 0 and step >= self.first and (step - self.first) % self.every == 0
 
     def begin_step(self, step: int) -> bool:
+        """Start tracing `step` if sampled. A step number run again (a resume or a rollback re-runs it) replaces
+        its earlier rows: the straggler analysis refuses a step with duplicate rows."""
         self.step = step if self.active(step) else -1
+        if self.step >= 0 and self.rows and any(r["step"] == step for r in self.rows):
+            self.drop(step)
         self._t0 = time.perf_counter()
         self._seq.clear()
         return self.step >= 0
@@ -65,6 +69,9 @@ def merge_traces(out_dir: Path, run: str, dp: int, tp: int, world: int) -> Path 
     if not parts:
         return None
     df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    # one row per op: a step traced twice (files left by an interrupted attempt beside a resumed one's) keeps the
+    # newest file's rows
+    df = df.drop_duplicates(subset=["rank", "step", "optype", "seq_id"], keep="last")
     df = df.sort_values(["step", "rank", "start_ts"], kind="stable").reset_index(drop=True)
     from tasks.stragglers.trace import JobMeta, write_trace
 

@@ -21,8 +21,11 @@ def describe(rec: dict[str, Any]) -> str:
         return (f"checkpoint step {rec['step']} committed: {rec['uri']} ({rec['bytes'] / 1e6:.1f} MB, "
                 f"blocked {rec['blocked_s'] * 1e3:.1f} ms, persisted in {rec['persist_s']:.2f}s)")
     if ev == "spike":
-        return (f"loss spike at step {rec['step']} ({rec['reason']}); rolled back to "
-                f"{rec['rolled_back_to']}, skipping samples {rec['skipped_samples']}")
+        if rec.get("action") == "trained_through":
+            return f"loss spike at step {rec['step']} ({rec['reason']}) after several in a row: trained through it"
+        done = (f"rolled back to step {rec['rolled_back_to']}" if rec.get("rolled_back_to") is not None
+                else "update skipped (nothing to roll back to)")
+        return f"loss spike at step {rec['step']} ({rec['reason']}): {done}, skipping samples {rec['skipped_samples']}"
     if ev in ("lease_wait", "resharded"):
         return rec["message"]
     return f"{ev}: " + ", ".join(f"{k}={v}" for k, v in rec.items() if k not in ("event", "time"))

@@ -2,8 +2,8 @@
 
 A step whose loss or gradient norm sits more than `zscore` standard deviations above the mean of the
 previous `window` healthy steps (after `min_steps` of history) is a spike; so is a non-finite value. The
-trainer then rolls back to the newest healthy checkpoint before the spike and skips the batches of the spike
-window. The detector's state is small and goes into every manifest, so a resume sees the same history.
+trainer's spike guard (guard.py) decides what to do with it. The detector's state is small and goes into every
+manifest, so a resume sees the same history.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class SpikeDetector:
         self.loss.append(loss)
         self.grad.append(grad_norm)
         return Verdict(False, lz, gz)
+
+    def restart(self, loss: float, grad_norm: float) -> None:
+        """Start the history again from this step (the run changed level; spikes are judged after `min_steps`)."""
+        self.loss = deque([loss], maxlen=self.window)
+        self.grad = deque([grad_norm], maxlen=self.window)
 
     def stats(self) -> dict:
         n = len(self.loss)

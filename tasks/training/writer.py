@@ -94,7 +94,7 @@ def _valid(h: Holder, now: float, ttl_s: float) -> Holder:
     if not all(isinstance(x, str) for x in (h.owner, h.host, h.run)):
         raise TypeError("owner, host and run must be strings")
     if h.expires > now + max(ttl_s, _MAX_AHEAD_S):
-        raise ValueError(f"it expires {h.expires - now:.0f} s from now, beyond any lease a trainer writes")
+        raise ValueError(f"it expires {h.expires - now:.3g} s from now, beyond any lease a trainer writes")
     return h
 
 

@@ -1,0 +1,202 @@
+"""Goodput of `checkpoint.every_steps: auto` against fixed intervals of 5, 20 and 100 steps, under injected failures.
+
+What runs is what a user runs: `frenzy train job.yaml --resume` (one CPU rank), restarted after every failure until
+the job reaches its steps. A failure is a SIGKILL of the CLI and every process under it (a lost node) after a number
+of steps drawn from an exponential distribution with mean `--mtbf-steps` (one seeded draw sequence, the same for every
+interval, so each interval meets the same failures). Each restart resumes from the newest commit; the steps after it
+are done again. Goodput = useful steps (the newest commit) / the wall time from the first start, restarts included;
+a run not done after `--budget-s` is stopped there (100 steps between commits with a failure every 40 steps on
+average may never finish).
+
+`auto` is told the failure rate as `checkpoint.mtbf_s` = mean steps between failures x the step time measured in a
+failure-free warm-up run (what `frenzy submit` derives from the ledger's failure history); its checkpoint cost it
+measures itself. Two failure rates, all intervals in one run, the order of the intervals rotated per repetition.
+
+    python benchmarks/checkpoint_interval.py      # writes benchmarks/results/checkpoint_interval.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tasks.procs import alive  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+INTERVALS: list[int | str] = [5, 20, 100, "auto"]
+
+
+def _job(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | None) -> Path:
+    ck = {"every_steps": every, "uri": f"file://{tmp}/{name}/ckpt", "keep": 2}
+    if mtbf_s:
+        ck["mtbf_s"] = mtbf_s
+    job = {"name": name, "model": {"preset": "gpt-tiny"},
+           "training": {"seq_len": 128, "global_batch": 8, "precision": "fp32", "steps": steps, "warmup_steps": 5,
+                        "log_every_steps": 1, "trace_every_steps": 0, "checkpoint": ck}}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def _steps(progress: Path, offset: int) -> tuple[list[dict], int]:
+    if not progress.exists():
+        return [], offset
+    with open(progress, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    return [json.loads(x) for x in data[:end].splitlines() if x.strip()], offset + end
+
+
+def _tree(pid: int) -> list[int]:
+    kids = [int(k) for k in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    return kids + [g for k in kids for g in _tree(k)]
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """A lost node: SIGKILL the CLI and every process under it (torchrun starts each rank in a session of its own,
+    so killing process groups is not enough), frozen first so that none reacts to another's death (an orphaned
+    rank would commit its step and exit)."""
+    procs = [proc.pid, *_tree(proc.pid)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    proc.wait()
+    for pid in procs[1:]:  # wait until the ranks are gone, so the next attempt finds their lease stale
+        while alive(pid):
+            time.sleep(0.01)
+
+
+def _committed(ck_dir: Path) -> int:
+    return max((int(p.name[5:]) for p in ck_dir.glob("step_*") if (p / "manifest.json").exists()), default=0)
+
+
+def run_one(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | None, draws: list[int],
+            budget_s: float) -> dict:
+    """Train to `steps`, killing the trainer after draws[i] steps of attempt i; the wall time, failures and the
+    useful steps (the newest commit). A run still short of `steps` after `budget_s` is stopped there (an interval
+    longer than the failures allow may never finish): its goodput counts the steps it committed."""
+    job = _job(tmp, name, steps, every, mtbf_s)
+    run_dir = tmp / name / "run"
+    progress = run_dir / "progress.jsonl"
+    t0, failures, redone, offset, interval = time.monotonic(), 0, 0, 0, None
+    for attempt in range(len(draws)):
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "train", str(job), "--resume", "--device", "cpu",
+                                 "--threads", "1", "--run-dir", str(run_dir)], cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        start, top, killed, out_of_time = None, 0, False, False
+        while proc.poll() is None:
+            recs, offset = _steps(progress, offset)
+            for r in recs:
+                if r["event"] == "resume":
+                    start = r["step"]
+                elif r["event"] == "step":
+                    start = r["step"] - 1 if start is None else start
+                    top = max(top, r["step"])
+                elif r["event"] == "checkpoint_interval":
+                    interval = r
+            out_of_time = time.monotonic() - t0 > budget_s
+            if (start is not None and top - start >= draws[attempt] and top < steps) or out_of_time:
+                kill_job(proc)
+                killed = True
+                break
+            time.sleep(0.01)
+        if not killed and proc.returncode != 0:
+            raise RuntimeError(f"{name}: frenzy train exited {proc.returncode}")
+        if killed:
+            failures += not out_of_time
+            redone += top - _committed(tmp / name / "ckpt")
+        if not killed or out_of_time:
+            break
+    useful = steps if not killed else _committed(tmp / name / "ckpt")
+    return {"wall_s": time.monotonic() - t0, "failures": failures, "redone_steps": redone, "useful_steps": useful,
+            "auto_every_steps": interval and interval["every_steps"], "auto_inputs": interval,
+            "completed": not killed}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--mtbf-steps", type=int, nargs="+", default=[40, 150])
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop a run after this many seconds")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "checkpoint_interval"))
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="frenzy-interval-"))
+    warm = run_one(tmp, "warmup", a.steps, 1000, None, [10**9], 10**9)
+    step_s = warm["wall_s"] / a.steps  # includes the start-up: an upper bound, so auto's MTBF errs long
+    rows = []
+    for mtbf in a.mtbf_steps:
+        rng = random.Random(mtbf)
+        draws = [max(1, round(rng.expovariate(1 / mtbf))) for _ in range(400)]
+        for rep in range(a.reps):
+            order = INTERVALS[rep % len(INTERVALS):] + INTERVALS[:rep % len(INTERVALS)]
+            for every in order:
+                name = f"m{mtbf}-e{every}-r{rep}"
+                r = run_one(tmp, name, a.steps, every, mtbf * step_s if every == "auto" else None, draws, a.budget_s)
+                r.update(mtbf_steps=mtbf, every=str(every), rep=rep,
+                         goodput_steps_per_s=r["useful_steps"] / r["wall_s"])
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    doc = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {platform.machine()}, "
+           "shared with other sessions, no GPU", "steps": a.steps, "warmup_wall_s": warm["wall_s"],
+           "step_s_upper": step_s, "rows": rows}
+    Path(a.out + ".json").write_text(json.dumps(doc, indent=1))
+    lines = [f"# Goodput of checkpoint.every_steps: auto vs fixed intervals ({doc['date']})", "",
+             f"Machine: {doc['machine']}. `frenzy train --resume` of gpt-tiny (seq 128, batch 8, fp32, 1 CPU rank), "
+             f"{a.steps} steps, restarted after each SIGKILL of the CLI and every process under it; failures after "
+             "an exponential number of steps (same seeded draws for every interval). Goodput = useful steps (the "
+             f"newest commit) / wall time (restarts included); a run not done after {a.budget_s:.0f} s is stopped "
+             f"there. Command: `python benchmarks/checkpoint_interval.py {' '.join(sys.argv[1:])}`.", "",
+             "| mean steps between failures | every_steps | goodput (steps/s) | useful steps | failures | steps re-done "
+             "| wall s | auto's interval |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mtbf_steps']} | {r['every']} | {r['goodput_steps_per_s']:.2f} | {r['useful_steps']}"
+                     f"{'' if r['completed'] else ' (stopped)'} | {r['failures']} | {r['redone_steps']} | "
+                     f"{r['wall_s']:.1f} | {r['auto_every_steps'] or ''} |")
+    lines += _model_table(rows)
+    Path(a.out + ".md").write_text("\n".join(lines) + "\n")
+
+
+def expected_loss(every: int, step_s: float, cost_s: float, mtbf_s: float) -> float:
+    """Young's first-order fraction of wall time lost to checkpoints and re-done work at an interval of `every`
+    steps: the checkpoint cost per interval plus half an interval re-done per failure (restarts not counted)."""
+    tau = every * step_s
+    return cost_s / tau + tau / (2 * mtbf_s)
+
+
+def _model_table(rows: list[dict]) -> list[str]:
+    """What auto measured (C, step time) and was told (M), and the expected lost work of each interval under
+    Young's model with those inputs: is auto's choice the model's optimum, and how far off are the fixed ones?"""
+    out = ["", "Auto's inputs (its last `checkpoint_interval` record) and the expected fraction of wall time lost "
+           "(checkpoint cost + re-done work, Young's model, restarts excluded) at each interval with those inputs:",
+           "", "| mean steps between failures | measured C (s) | blocked (s) | drag (s) | step (s) | M (s) | "
+           "auto every_steps | lost @5 | lost @20 | lost @100 | lost @auto |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        i = r.get("auto_inputs")
+        if r["every"] != "auto" or not i or "cost_s" not in i:
+            continue
+        lost = [expected_loss(e, i["step_s"], i["cost_s"], i["mtbf_s"]) for e in (5, 20, 100, i["every_steps"])]
+        out.append(f"| {r['mtbf_steps']} | {i['cost_s']:.3f} | {i['blocked_s']:.3f} | {i['drag_s']:.3f} | "
+                   f"{i['step_s']:.3f} | {i['mtbf_s']:.0f} | {i['every_steps']} | "
+                   + " | ".join(f"{x:.1%}" for x in lost) + " |")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Issue 29's real-log benchmark: `frenzy diagnose` (the rules, then the learned fallback) on failure logs posted in
+public issue threads, labelled from their threads, split by project (tasks/diagnosis/realbench.py).
+
+Reports both halves, the test half first: category accuracy, root-cause line accuracy, `unknown` rate, restart
+decision accuracy, per-category precision and recall, per project and per labelled cause.
+
+    python benchmarks/diagnosis_real.py      # writes benchmarks/results/diagnosis_real.{json,md}
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from functools import partial  # noqa: E402
+
+from tasks.diagnosis.compress import compress  # noqa: E402
+from tasks.diagnosis.diagnose import diagnose  # noqa: E402
+from tasks.diagnosis.fallback import Fallback  # noqa: E402
+from tasks.diagnosis.realbench import CATEGORIES, Score, load, run, score  # noqa: E402
+
+TARGETS = {"category_accuracy": 0.90, "root_line_accuracy": 0.85, "unknown_rate": 0.05, "precision": 0.85}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _half(name: str, s: Score, n_projects: int) -> list[str]:
+    ok = (s.category_accuracy >= TARGETS["category_accuracy"] and s.root_line_accuracy >= TARGETS["root_line_accuracy"]
+          and s.unknown_rate <= TARGETS["unknown_rate"] and min(s.precision.values()) >= TARGETS["precision"])
+    out = [f"## {name} half: {s.n} logs from {n_projects} projects{' (targets met)' if ok else ''}", "",
+           "| metric | value | target |", "|---|---|---|",
+           f"| category accuracy | {_pct(s.category_accuracy)} | >= 90% |",
+           f"| root-cause line | {_pct(s.root_line_accuracy)} | >= 85% |",
+           f"| `unknown` | {_pct(s.unknown_rate)} | <= 5% |",
+           f"| restart decision right | {_pct(s.restart_accuracy)} | |"]
+    out += [f"| precision / recall, {c} | {s.precision[c]:.2f} / {s.recall[c]:.2f} | precision >= 0.85 |"
+            for c in CATEGORIES]
+    out += ["", "| labelled cause | logs | category right | root line right |", "|---|---|---|---|"]
+    out += [f"| {t} | {n} | {c} | {r} |" for t, (n, c, r) in s.by_type.items()]
+    out += ["", "<details><summary>per project (logs / category right)</summary>", "",
+            "| project | logs | right |", "|---|---|---|"]
+    out += [f"| {p} | {n} | {c} |" for p, (n, c) in s.by_project.items()]
+    return out + ["", "</details>", ""]
+
+
+def fallback_alone(half: str) -> dict:
+    """The learned fallback asked about every log of a half, rules or not: how often it answers, how often right."""
+    model = Fallback.load()
+    answered = right = root = 0
+    logs = load(half)
+    for lg in logs:
+        v = model.predict([(k.line_no, k.text) for k in compress(lg.path).kept if k.error])
+        if v is not None:
+            answered += 1
+            right += v.category == lg.category
+            root += bool(v.line) and lg.root_line in v.line
+    return {"logs": len(logs), "answered": answered, "category_right": right, "root_line_right": root,
+            "threshold": model.threshold}
+
+
+def main() -> int:
+    results, lines = {}, []
+    for half in ("test", "tune"):
+        logs = load(half)
+        rules_only = score(run(logs, partial(diagnose, use_fallback=False)))
+        outcomes = run(logs)
+        s = score(outcomes)
+        alone = fallback_alone(half)
+        results[f"{half}_rules_only"] = asdict(rules_only)
+        results[f"{half}_fallback_alone"] = alone
+        results[half] = {**asdict(s), "misses": [
+            {"id": o.log.id, "label": [o.log.type, o.log.category], "got": [o.type, o.category], "source": o.source,
+             "line": o.root_cause_line} for o in outcomes if not (o.category_ok and o.root_ok)]}
+        lines += _half(half, s, len({lg.project for lg in logs}))[:-1]
+        lines += [f"Rules alone (no learned fallback): category {_pct(rules_only.category_accuracy)}, root line "
+                  f"{_pct(rules_only.root_line_accuracy)}, `unknown` {_pct(rules_only.unknown_rate)}. The learned "
+                  f"fallback asked about every log of this half (threshold {alone['threshold']:.3f}): answers "
+                  f"{alone['answered']}/{alone['logs']}, category right on {alone['category_right']}, root line on "
+                  f"{alone['root_line_right']}.", ""]
+    machine = f"{platform.machine()}, {platform.system()}, Python {platform.python_version()}"
+    head = ["# Diagnosis on real failure logs (issue 29)", "",
+            f"`python benchmarks/diagnosis_real.py` on {machine}, {datetime.now(UTC):%Y-%m-%d} (a shared 2-core "
+            "machine; no timing is reported, so the figures do not depend on it).", "",
+            "Logs posted in public issue threads, labelled from the threads (tests/data/diagnosis/real, "
+            "PROVENANCE.md there). Split by project, fixed before any result was read; the rules and the learned "
+            "fallback were tuned on the tune half only. The test half is the figure to quote.", "",
+            "History, honestly: the first 87 logs (34 tune / 53 test) scored 52.8% category, 50.9% root line, "
+            "39.6% unknown on their test half with main's rules. After rules were written against those 34 tune "
+            "logs, the corpus grew to 150; on the grown test half (84 logs from 63 projects; 31 of the logs new) "
+            "the rules scored 79.8% / 79.8% / 14.3% before the second round of tuning, which again looked only at "
+            "the tune half's misses. The figures below are after that round.", ""]
+    out = REPO / "benchmarks" / "results"
+    (out / "diagnosis_real.md").write_text("\n".join(head + lines))
+    (out / "diagnosis_real.json").write_text(json.dumps(results, indent=1))
+    print("\n".join(head + lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

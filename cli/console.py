@@ -1,0 +1,78 @@
+"""What `frenzy submit` and `frenzy demo` show on the terminal while the flow runs.
+
+Prefect logs each failed task and flow with its traceback; the terminal gets the one line, and the traceback stays
+where a person who needs it looks (the flow run's logs on the server, train.log for the trainer). The error the
+command ends with is the cause, in one paragraph (flows/submit.py names it from the trainer's log).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tasks.training import checkpoint as ck
+from tasks.training.storage import Storage
+
+
+class OneLineFormatter(logging.Formatter):
+    """Formats like `inner`, without the traceback or stack of the record."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not (record.exc_info or record.exc_text or record.stack_info):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:  # the other handlers (Prefect's API log) format the same record with its traceback
+            return self.inner.format(record) + " (traceback in the flow run's logs)"
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+def one_line_console() -> None:
+    """Make every console handler of the process (Prefect's included) print log records without tracebacks."""
+    import prefect.main  # noqa: F401 - Prefect configures its handlers on import; wrap them after
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        for h in lg.handlers:
+            is_console = isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+            if is_console and not isinstance(h.formatter, OneLineFormatter):
+                h.setFormatter(OneLineFormatter(h.formatter or logging.Formatter()))
+
+
+def interrupted_message(command: str, checkpoint_uri: str) -> str:
+    """The one line Ctrl-C ends `command` with: where training stopped and how to go on."""
+    try:
+        newest = ck.committed(Storage(checkpoint_uri))
+    except Exception:  # noqa: BLE001 - the line must be printed whatever the storage says
+        newest = []
+    where = f"stopped at step {newest[0].step}, committed under {checkpoint_uri}" if newest else \
+        "stopped before the first checkpoint was committed"
+    return f"frenzy {command}: {where}; rerun the same command to resume"
+
+
+def run_submit(command: str, request: object) -> object | None:
+    """Run the `submit` flow for `frenzy <command>`: an infeasible job is refused with MARP's message before the
+    flow starts (nothing else printed first), tracebacks stay off the terminal, and Ctrl-C ends in one line (the
+    flow has the trainer commit its step first). None when interrupted."""
+    import sys
+
+    from cluster.inventory import load_cluster
+    from flows.submit import SubmitRequest, submit
+    from tasks.planning.calibration import load_observations
+    from tasks.planning.plans import plan_resources
+
+    assert isinstance(request, SubmitRequest)
+    if request.executor == "local":  # raises InfeasibleJobError, which the CLI prints as the error (exit 2)
+        plan_resources(request.job, load_cluster(request.cluster_spec), rank_by=request.rank_by, top=1,
+                       observations=load_observations())
+    one_line_console()
+    try:
+        return submit(request)
+    except KeyboardInterrupt:
+        print(interrupted_message(command, request.job.training.checkpoint.uri), file=sys.stderr)
+        return None

@@ -1,0 +1,126 @@
+"""The real-log benchmark of issue 29: failure logs posted in public issue threads, labelled from their threads
+(`tests/data/diagnosis/real/manifest.jsonl`, provenance in its PROVENANCE.md), split by project into a tune half
+and a test half, and the scores of a diagnosis on either half.
+
+The split is fixed by a hash of the project (the GitHub repository), decided before any result was looked at: a
+project is in the test half when sha256(owner/name, lower-case) is odd. Rules and the learned fallback are tuned
+on the tune half only; figures are reported on the test half. No Prefect here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REAL = Path(__file__).resolve().parents[2] / "tests" / "data" / "diagnosis" / "real"
+CATEGORIES = ("infrastructure", "framework", "script")
+
+
+@dataclass(frozen=True)
+class RealLog:
+    id: str
+    project: str
+    url: str
+    type: str
+    category: str
+    restartable: bool
+    root_line: str
+    label_source: str
+    trim: str
+
+    @property
+    def path(self) -> Path:
+        return REAL / f"{self.id}.log"
+
+    @property
+    def half(self) -> str:
+        return half_of(self.project)
+
+
+def half_of(project: str) -> str:
+    """`test` or `tune`: the fixed split by project."""
+    return "test" if int(hashlib.sha256(project.lower().encode()).hexdigest(), 16) % 2 else "tune"
+
+
+def load(half: str | None = None, root: Path = REAL) -> list[RealLog]:
+    """The labelled logs of one half (`tune`, `test`) or all of them."""
+    rows = [RealLog(**json.loads(ln)) for ln in (root / "manifest.jsonl").read_text().splitlines() if ln.strip()]
+    return [r for r in rows if half is None or r.half == half]
+
+
+@dataclass
+class Outcome:
+    log: RealLog
+    category: str
+    type: str
+    root_cause_line: str | None
+    restartable: bool
+    source: str
+
+    @property
+    def category_ok(self) -> bool:
+        return self.category == self.log.category
+
+    @property
+    def root_ok(self) -> bool:
+        return bool(self.root_cause_line) and self.log.root_line in self.root_cause_line
+
+    @property
+    def unknown(self) -> bool:
+        return self.category == "unknown"
+
+
+@dataclass
+class Score:
+    n: int
+    category_accuracy: float
+    root_line_accuracy: float
+    unknown_rate: float
+    restart_accuracy: float
+    precision: dict[str, float]
+    recall: dict[str, float]
+    by_project: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """project -> (logs, category right)"""
+    by_type: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """labelled type -> (logs, category right, root line right)"""
+
+
+def score(outcomes: list[Outcome]) -> Score:
+    n = max(1, len(outcomes))
+    precision, recall = {}, {}
+    for c in CATEGORIES:
+        said = [o for o in outcomes if o.category == c]
+        truth = [o for o in outcomes if o.log.category == c]
+        precision[c] = sum(o.category_ok for o in said) / len(said) if said else 1.0
+        recall[c] = sum(o.category_ok for o in truth) / len(truth) if truth else 1.0
+    proj: Counter = Counter()
+    proj_ok: Counter = Counter()
+    types: dict[str, list[int]] = {}
+    for o in outcomes:
+        proj[o.log.project] += 1
+        proj_ok[o.log.project] += o.category_ok
+        t = types.setdefault(o.log.type, [0, 0, 0])
+        t[0] += 1
+        t[1] += o.category_ok
+        t[2] += o.root_ok
+    return Score(n=len(outcomes), category_accuracy=sum(o.category_ok for o in outcomes) / n,
+                 root_line_accuracy=sum(o.root_ok for o in outcomes) / n,
+                 unknown_rate=sum(o.unknown for o in outcomes) / n,
+                 restart_accuracy=sum(o.restartable == o.log.restartable for o in outcomes if not o.unknown) / n,
+                 precision=precision, recall=recall, by_project={p: (proj[p], proj_ok[p]) for p in sorted(proj)},
+                 by_type={t: tuple(v) for t, v in sorted(types.items())})
+
+
+def run(logs: list[RealLog], diagnose_fn: Callable | None = None) -> list[Outcome]:
+    """Diagnose every log (with `tasks.diagnosis.diagnose.diagnose` unless another function is given)."""
+    if diagnose_fn is None:
+        from tasks.diagnosis.diagnose import diagnose as diagnose_fn
+    out = []
+    for lg in logs:
+        d = diagnose_fn(lg.path)
+        out.append(Outcome(lg, d.category, d.type, d.root_cause_line, d.restartable, d.source))
+    return out

@@ -1,0 +1,163 @@
+"""The spike guard: what the trainer does with a step the detector (spikes.py) flags, bounded, and counted.
+
+A spike is handled by skipping its update. With a healthy checkpoint before it (and `spike.rollback`), the trainer
+also rolls back there and skips `skip_batches` batches from the spike's batch on (PaLM's remedy: replaying the same
+data on the same weights would meet the same spike). With nothing to roll back to (a spike before the first
+checkpoint, or `rollback: false`) only the spike's own batch is dropped: the batches after it are unseen data, and
+skipping them would change what the model is trained on for nothing.
+
+Skipping an update leaves the weights as they were, so when the weights rather than a batch caused the spike (the
+loss curve changing level early in training, not a bad batch) every next batch is flagged too: the detector's
+history no longer describes the run. So at most `spike.max_consecutive` spikes in a row (no healthy update past
+them) are skipped; the next one is trained through and the detector's history restarts at the new level, with one
+warning. A non-finite loss is never applied: past the bound the run stops with an error that names the fix.
+fp16 loss-scale overflows (finite loss, non-finite gradients under GradScaler) are the scaler's business, not
+spikes: their update is skipped and the scale lowered, bounded the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel
+
+from tasks.jobspec import SpikeSpec
+from tasks.training.spikes import SpikeDetector, Verdict
+
+log = logging.getLogger("frenzy.train")
+
+MAX_OVERFLOWS = 40
+"""fp16 overflows in a row before the run stops: GradScaler starts at 2**16 and halves on each, so 40 reach
+2**-24, below which no loss scale makes the gradients finite."""
+
+
+class SpikeError(RuntimeError):
+    """The loss or gradients stay non-finite and nothing the guard may do helps; the message names the fix."""
+
+
+class SpikeCounts(BaseModel):
+    """What the spike guard did in one trainer invocation (result `spike_counts`, the summary and the report)."""
+
+    spikes: int = 0
+    """Steps the detector flagged."""
+    rollbacks: int = 0
+    """Spikes rolled back to a healthy checkpoint."""
+    skipped_updates: int = 0
+    """Spikes whose update was not applied."""
+    skipped_samples: int = 0
+    """Samples never trained on because of spikes (the spike batches and the windows skipped after rollbacks)."""
+    trained_through: int = 0
+    """Spikes applied after `max_consecutive` in a row (the guard gave up skipping; the history restarted)."""
+    overflow_skips: int = 0
+    """fp16 loss-scale overflows whose update GradScaler skipped (not spikes)."""
+
+    def summary(self) -> str:
+        """One phrase for summaries and reports; empty when nothing happened."""
+        if not self.spikes and not self.overflow_skips:
+            return ""
+        parts = [f"{self.skipped_updates} updates skipped ({self.skipped_samples:,} samples not trained on)",
+                 f"{self.rollbacks} rollbacks", f"{self.trained_through} trained through"]
+        if self.overflow_skips:
+            parts.append(f"{self.overflow_skips} fp16 overflows")
+        return f"{self.spikes} loss spikes: " + ", ".join(parts)
+
+
+@dataclass
+class Decision:
+    """The guard's answer for one step, before its update."""
+
+    action: Literal["apply", "skip", "overflow"]
+    verdict: Verdict
+    record: dict | None = None
+    """A progress record to emit (a spike trained through)."""
+
+
+@dataclass
+class SpikeGuard:
+    spec: SpikeSpec
+    global_batch: int
+    scaler_enabled: bool = False
+    counts: SpikeCounts = field(default_factory=SpikeCounts)
+    records: list[dict] = field(default_factory=list)
+    _streak: int = 0
+    _top: int = 0
+    _overflows: int = 0
+
+    def __post_init__(self) -> None:
+        self.detector = SpikeDetector(self.spec.zscore, self.spec.window, self.spec.min_steps)
+
+    def judge(self, step: int, loss: float, grad_norm: float) -> Decision:
+        """Step `step`'s loss and gradient norm: apply the update, skip it as a spike, or skip an fp16 overflow."""
+        if self.scaler_enabled and math.isfinite(loss) and not math.isfinite(grad_norm):
+            self._overflows += 1
+            self.counts.overflow_skips += 1
+            if self._overflows > MAX_OVERFLOWS:
+                raise SpikeError(f"gradients non-finite for {self._overflows} steps in a row at step {step} under "
+                                 "fp16 loss scaling: lower training.lr, set training.grad_clip, or use bf16-mixed")
+            return Decision("overflow", Verdict(True, 0.0, math.inf, "fp16 loss-scale overflow"))
+        self._overflows = 0
+        verdict = self.detector.check(loss, grad_norm)
+        if not verdict.spike:
+            return Decision("apply", verdict)
+        self.counts.spikes += 1
+        if self._streak < self.spec.max_consecutive:
+            self._streak += 1
+            self._top = max(self._top, step)
+            return Decision("skip", verdict)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise SpikeError(f"loss or gradient norm non-finite at step {step} after {self._streak} spikes in a "
+                             "row that skipping and rolling back did not cure: lower training.lr, set "
+                             "training.grad_clip, or resume from an earlier checkpoint")
+        return Decision("apply", verdict, self._train_through(step, loss, grad_norm, verdict))
+
+    def _train_through(self, step: int, loss: float, grad_norm: float, verdict: Verdict) -> dict:
+        self.counts.trained_through += 1
+        self.detector.restart(loss, grad_norm)
+        self.detector.last_spike_step = step  # checkpoints right after it are not rollback targets
+        log.warning("loss spike at step %d (%s) after %d in a row: training through it; the spike history "
+                    "restarts at loss %.4f (a change of level, not a bad batch)", step, verdict.reason,
+                    self._streak, loss)
+        self._streak = 0
+        rec = {"step": step, "loss": loss, "grad_norm": grad_norm, "reason": verdict.reason,
+               "action": "trained_through", "rolled_back_to": None, "skipped_samples": None}
+        self.records.append(rec)
+        return rec
+
+    def may_roll_back(self) -> bool:
+        return self.spec.rollback
+
+    def window(self, first_sample: int, rolled_back: bool) -> tuple[int, int]:
+        """The samples a handled spike leaves out: `skip_batches` batches after a rollback, else its own batch."""
+        return first_sample, first_sample + (self.spec.skip_batches if rolled_back else 1) * self.global_batch
+
+    def skipped(self, step: int, loss: float, grad_norm: float, verdict: Verdict, window: tuple[int, int],
+                rolled_back_to: int | None) -> dict:
+        """Count and log a skipped spike; returns its progress record."""
+        self.counts.skipped_updates += 1
+        self.counts.skipped_samples += window[1] - window[0]
+        # after a rollback the spike lies in an abandoned timeline (its batches are skipped): commits of the new
+        # timeline are healthy, so a later spike rolls back to them, not again past them
+        self.detector.last_spike_step = step if rolled_back_to is None else None
+        rec = {"step": step, "loss": loss, "grad_norm": grad_norm, "reason": verdict.reason,
+               "skipped_samples": list(window), "rolled_back_to": rolled_back_to,
+               "action": "rolled_back" if rolled_back_to is not None else "update_skipped"}
+        self.records.append(rec)
+        if rolled_back_to is not None:
+            self.counts.rollbacks += 1
+            log.warning("loss spike at step %d (%s): rolled back to step %d, skipping samples %s", step,
+                        verdict.reason, rolled_back_to, window)
+        elif self._streak == 1:  # one warning per run of spikes; the bound keeps the rest few
+            log.warning("loss spike at step %d (%s): update skipped (no healthy checkpoint to roll back to), "
+                        "skipping samples %s; after %d in a row the run trains through", step, verdict.reason,
+                        window, self.spec.max_consecutive)
+        else:
+            log.info("loss spike at step %d (%s): update skipped, samples %s", step, verdict.reason, window)
+        return rec
+
+    def passed(self, step: int) -> None:
+        """A healthy update made step `step`: at or past every spike of the streak, the streak ends."""
+        if step >= self._top:
+            self._streak = 0

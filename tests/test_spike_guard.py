@@ -1,0 +1,137 @@
+"""The spike guard: bounded, counted handling of loss spikes (issue 30.1), alone and in the default `submit` job."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.jobspec import SpikeSpec, parse_job
+from tasks.training.guard import MAX_OVERFLOWS, SpikeError, SpikeGuard
+from tests.trainer_util import progress, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _warm(g: SpikeGuard, n: int = 8, step0: int = 1) -> int:
+    """Healthy, flat history; returns the next step."""
+    for i in range(n):
+        assert g.judge(step0 + i, 3.0 + 0.01 * (i % 3), 1.0 + 0.01 * (i % 2)).action == "apply"
+        g.passed(step0 + i)
+    return step0 + n
+
+
+def test_a_level_change_with_nothing_to_roll_back_to_is_skipped_at_most_max_consecutive_times():
+    """The default run's case: the same weights meet batch after batch and every one is flagged (skipping an
+    update changes nothing). The guard skips 2, trains through the 3rd, counts all, and judges again later."""
+    g = SpikeGuard(SpikeSpec(window=16, min_steps=8, max_consecutive=2), global_batch=16)
+    step = _warm(g)
+    actions = []
+    for k in range(2):
+        d = g.judge(step, 3.0, 5.0)  # gradient norm up 5x: a spike against the flat history
+        actions.append(d.action)
+        g.skipped(step, 3.0, 5.0, d.verdict, g.window(100 + 16 * k, rolled_back=False), None)
+    d = g.judge(step, 3.0, 5.0)
+    actions.append(d.action)
+    assert actions == ["skip", "skip", "apply"]
+    assert d.record is not None and d.record["action"] == "trained_through"
+    assert g.counts.model_dump() == {"spikes": 3, "rollbacks": 0, "skipped_updates": 2, "skipped_samples": 32,
+                                     "trained_through": 1, "overflow_skips": 0}
+    # the history restarted at the new level: that level is healthy now, and the guard needs history again
+    g.passed(step)
+    for i in range(1, 9):
+        assert g.judge(step + i, 3.0, 5.0 + 0.01 * (i % 2)).action == "apply"
+        g.passed(step + i)
+    assert g.judge(step + 9, 3.0, 30.0).action == "skip"  # a new streak is judged and skipped again
+
+
+def test_without_rollback_only_the_spike_batch_is_left_out_and_after_a_rollback_the_window():
+    g = SpikeGuard(SpikeSpec(skip_batches=4), global_batch=16)
+    assert g.window(320, rolled_back=False) == (320, 336)
+    assert g.window(320, rolled_back=True) == (320, 384)
+
+
+def test_a_rollback_is_counted_and_a_healthy_update_past_the_spike_ends_the_streak():
+    g = SpikeGuard(SpikeSpec(window=16, min_steps=8, max_consecutive=1), global_batch=8)
+    step = _warm(g)
+    d = g.judge(step, 9.0, 1.0)
+    assert d.action == "skip"
+    rec = g.skipped(step, 9.0, 1.0, d.verdict, g.window(80, rolled_back=True), rolled_back_to=step - 5)
+    assert rec["action"] == "rolled_back" and rec["skipped_samples"] == [80, 112]
+    assert g.counts.rollbacks == 1 and g.counts.skipped_samples == 32
+    # the replay below the spike step does not end the streak; passing it does
+    g.passed(step - 1)
+    assert g.judge(step + 1, 9.0, 1.0).action == "apply"  # 2nd in the streak: max_consecutive=1, trained through
+    g2 = SpikeGuard(SpikeSpec(window=16, min_steps=8, max_consecutive=1), global_batch=8)
+    step = _warm(g2)
+    d = g2.judge(step, 9.0, 1.0)
+    g2.skipped(step, 9.0, 1.0, d.verdict, g2.window(80, rolled_back=True), rolled_back_to=step - 5)
+    g2.passed(step)
+    assert g2.judge(step + 1, 9.0, 1.0).action == "skip"  # a new streak
+
+
+def test_a_non_finite_loss_is_never_applied_past_the_bound_the_run_stops_with_the_fix():
+    g = SpikeGuard(SpikeSpec(max_consecutive=2), global_batch=8)
+    for _ in range(2):
+        assert g.judge(5, math.nan, 1.0).action == "skip"
+    with pytest.raises(SpikeError, match="training.lr"):
+        g.judge(5, math.nan, 1.0)
+
+
+def test_fp16_overflows_are_the_scalers_skips_not_spikes_and_are_bounded():
+    g = SpikeGuard(SpikeSpec(), global_batch=8, scaler_enabled=True)
+    for _ in range(MAX_OVERFLOWS):
+        assert g.judge(1, 5.0, math.inf).action == "overflow"
+    assert g.counts.spikes == 0 and g.counts.overflow_skips == MAX_OVERFLOWS
+    with pytest.raises(SpikeError, match="bf16"):
+        g.judge(1, 5.0, math.inf)
+    # without a scaler a non-finite gradient norm is a spike
+    assert SpikeGuard(SpikeSpec(), global_batch=8).judge(1, 5.0, math.inf).action == "skip"
+
+
+def test_the_default_submit_job_trains_through_its_early_spike_at_full_speed(tmp_path):
+    """Issue 30.1: the `submit` deployment's default form (deployments/prefect.yaml) flags step 22 on every batch
+    (the weights, not a batch, cause it); before the fix it skipped 1,244 updates and 79,600 samples silently."""
+    deploy = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    [submit] = [d for d in deploy["deployments"] if d["name"] == "submit"]
+    doc = submit["parameters"]["request"]["job"]
+    doc["training"]["checkpoint"]["uri"] = f"file://{tmp_path}/ckpt"
+    job = parse_job(doc)
+    result = run(job, tmp_path / "run", timeout=240)
+    assert result["final_step"] == job.training.steps
+    c = result["spike_counts"]
+    bound = job.training.spike.max_consecutive
+    assert c["spikes"] >= 1  # the early spike is still seen and reported
+    assert c["skipped_updates"] <= bound * c["trained_through"] + bound
+    assert c["skipped_samples"] == c["skipped_updates"] * job.training.global_batch  # no rollback: its batch only
+    assert c["rollbacks"] == 0
+    warnings = [ln for ln in (tmp_path / "run" / "train.log").read_text().splitlines() if "WARNING" in ln]
+    assert len(warnings) <= 2 * (c["trained_through"] + 1)
+    spikes = [r for r in progress(tmp_path / "run") if r["event"] == "spike"]
+    assert len(spikes) == c["spikes"]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["spike_counts"] == c
+
+
+def test_the_report_and_the_summary_say_what_the_guard_skipped(tmp_path):
+    from cluster.inventory import load_cluster
+    from cluster.ledger import Allocation, NodeAllocation
+    from tasks.planning.plans import plan_resources
+    from tasks.report import RunReport, markdown, render_html
+    from tasks.training.guard import SpikeCounts
+
+    job = parse_job({"name": "r", "model": {"preset": "gpt-tiny"}, "training": {"seq_len": 128, "global_batch": 16}})
+    plans = plan_resources(job, load_cluster("phoebe"))[:2]
+    alloc = Allocation(id="a" * 16, job="r", plan_index=0, gpus=plans[0].gpus, min_mem_gib=1.0, lease_expiry=0.0,
+                       nodes=[NodeAllocation(node="n0", gpu_type=plans[0].gpu_type, gpu_indices=[0])])
+    counts = SpikeCounts(spikes=4, skipped_updates=3, skipped_samples=48, trained_through=1)
+    rep = RunReport(job="r", model="gpt-tiny", cluster="phoebe", plans=plans, chosen=0, allocation=alloc,
+                    final_step=100, resumed_from_step=None, tokens_per_s=1.0, checkpoints=[],
+                    progress=str(tmp_path / "none.jsonl"), evaluations=[], stragglers=None, timings_s={},
+                    spikes=counts)
+    line = "4 loss spikes: 3 updates skipped (48 samples not trained on), 0 rollbacks, 1 trained through"
+    assert counts.summary() == line
+    assert line in markdown(rep) and line in render_html(rep, tmp_path / "r.html").read_text()
+    assert "spikes" not in markdown(rep.model_copy(update={"spikes": SpikeCounts()})).lower()
