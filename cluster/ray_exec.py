@@ -147,7 +147,8 @@ def _reserve(ray: Any, ranks: _Ranks, name: str, placement: Sequence[tuple[str, 
         ready, _ = ray.wait(waits, num_returns=len(waits), timeout=min(2.0, max(0.1, deadline - time.monotonic())))
         alive = set(alive_nodes())
         if gone := [node for node, _ in placement if node not in alive]:  # no use waiting for a node Ray saw die
-            raise _fail(log_path, f"frenzy: node {', '.join(gone)} lost: not alive in Ray when its ranks were placed")
+            # "failed" makes it an error line to the diagnosis (tasks/diagnosis), like Ray's own death messages
+            raise _fail(log_path, f"frenzy: node {', '.join(gone)} lost: not alive in Ray (failed to place its ranks)")
     if len(ready) < len(waits):
         missing = [node for (node, _), ref in zip(placement, waits, strict=True) if ref not in ready]
         raise _fail(log_path, f"frenzy: node {', '.join(missing)} unreachable: Ray could not reserve the allocation "
