@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 from tests.ray_cluster import LOOPBACK_ENV, start_cluster  # noqa: E402
 
 os.environ.update(LOOPBACK_ENV)  # before ray is imported (start_cluster imports it)
+os.environ["FRENZY_SAMPLE_LOG"] = "1"  # the raylets (and the rank actors they start) inherit this process's env
 
 from cluster.ledger import Ledger  # noqa: E402
 from tasks.training import checkpoint as ck  # noqa: E402

@@ -376,8 +376,8 @@ def _record_oom(job: JobSpec, plan: ResourcePlan, d: Diagnosis, cluster: Cluster
 def _recover(request: SubmitRequest, ledger: Ledger, cluster: Cluster, alloc: Allocation, chosen: ResourcePlan,
              candidates: list[ResourcePlan], recoveries: list[dict], log: tuple[Path, int], failure: TrainFailed,
              logger: object) -> list[ResourcePlan]:
-    """After a training failure: diagnose the log, record the recovery, check nodes; the plans to place next (only
-    plans with more memory per GPU after an out-of-memory). Raises PipelineError when the run should stop."""
+    """After a training failure: diagnose the log, record the recovery, check nodes; the plans to place next (the
+    plans MARP gives after an out-of-memory, calibrated by it). Raises PipelineError when the run should stop."""
     job, (log_path, log_offset) = request.job, log
     rec = recover_task(job.name, str(log_path), log_offset, len(recoveries), request.max_restarts)
     recoveries.append(rec.model_dump())
