@@ -142,12 +142,18 @@ def _reserve(ray: Any, ranks: _Ranks, name: str, placement: Sequence[tuple[str, 
         ranks.pgs.append(placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
                                          name=f"frenzy-{name}-{node}"))
     waits = [pg.ready() for pg in ranks.pgs]  # one reference each: pg.ready() makes a new one on every call
-    ready, _ = ray.wait(waits, num_returns=len(waits), timeout=timeout_s)
+    deadline, ready = time.monotonic() + timeout_s, []
+    while len(ready) < len(waits) and time.monotonic() < deadline:
+        ready, _ = ray.wait(waits, num_returns=len(waits), timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+        alive = set(alive_nodes())
+        if gone := [node for node, _ in placement if node not in alive]:  # no use waiting for a node Ray saw die
+            # "failed" makes it an error line to the diagnosis (tasks/diagnosis), like Ray's own death messages
+            raise _fail(log_path, f"frenzy: node {', '.join(gone)} lost: not alive in Ray (failed to place its ranks)")
     if len(ready) < len(waits):
         missing = [node for (node, _), ref in zip(placement, waits, strict=True) if ref not in ready]
         raise _fail(log_path, f"frenzy: node {', '.join(missing)} unreachable: Ray could not reserve the allocation "
-                              f"on {', '.join(missing)} within {timeout_s:.0f} s (the node is gone, hung or busy; "
-                              "see `ray status`)")
+                              f"on {', '.join(missing)} within {timeout_s:.0f} s (the node is hung or busy; see "
+                              "`ray status`)")
 
 
 def _start(ray: Any, ranks: _Ranks, placement: Sequence[tuple[str, int]], gpus: bool, timeout_s: float,

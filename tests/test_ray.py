@@ -157,9 +157,12 @@ def test_the_node_check_runs_on_the_ray_nodes_and_finds_the_faulty_one(cluster, 
 def test_an_allocation_on_a_missing_node_is_refused_by_name(cluster, tmp_path):
     from cluster.ray_exec import launch_ray
 
-    with pytest.raises(TrainFailed, match="could not reserve the allocation on nope"):
-        launch_ray(tiny_job(f"file://{tmp_path}/c", steps=5), [("nope", 1)], Path(tmp_path / "r"), device="cpu",
-                   place_timeout_s=3)
+    with pytest.raises(TrainFailed, match=r"node nope lost: not alive in Ray") as err:  # the missing node only
+        launch_ray(tiny_job(f"file://{tmp_path}/c", steps=5), [("n1", 1), ("nope", 1)], Path(tmp_path / "r"),
+                   device="cpu", place_timeout_s=30)
+    assert "n1" not in str(err.value).split("; log:")[0]
+    d = diagnose(tmp_path / "r" / "train.log")  # a node fault for the recovery, never "no rule explains"
+    assert d.category == "infrastructure" and d.restartable
 
 
 def test_submit_with_the_ray_executor_places_trains_and_gives_the_gpus_back(cluster, prefect_server, tmp_path):
