@@ -72,7 +72,7 @@ def main() -> int:
     for half in ("test", "tune"):
         logs = load(half)
         rules_only = score(run(logs, partial(diagnose, use_fallback=False)))
-        outcomes = run(logs)
+        outcomes = run(logs, diagnose)
         s = score(outcomes)
         alone = fallback_alone(half)
         results[f"{half}_rules_only"] = asdict(rules_only)

@@ -11,6 +11,12 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="frenzy-prefect-")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
+# Prefect binds its console log handler to the sys.stderr of the moment it sets up logging (on import of
+# prefect.main). A test that first imports it under pytest's capture (an in-process `frenzy submit`) leaves the handler
+# on a stream pytest closes after that test, and every later flow's log line fails ("I/O operation on closed file",
+# then a RecursionError in the flow engine). Set it up here, on the real stderr, once per session.
+import prefect.main  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session")
 def prefect_server():

@@ -13,7 +13,7 @@ from tasks.diagnosis.recovery import decide
 
 @pytest.fixture(scope="module")
 def test_half():
-    return score(run(load("test")))
+    return score(run(load("test"), diagnose))
 
 
 def test_the_corpus_is_real_sized_and_split_by_project():

@@ -187,6 +187,140 @@ class _Node:
     remotes: list[_Remote] = field(default_factory=list)
 
 
+class _Sim:
+    """The event model's state: a heap of fixed-time events, per node its remote loads in flight (processor
+    sharing), its CPU metric queue and free CPUs, and the trials not yet dispatched."""
+
+    def __init__(self, trials: list[TrialPlan], suite: Suite, nodes: int, gpus_per_node: int, pre: float, cpus: int,
+                 barrier: bool) -> None:
+        self.ml, self.barrier = suite.model_load_s, barrier
+        self.nd = [_Node(ready_s=pre, free_cpus=cpus) for _ in range(nodes)]
+        self.held: list[tuple[int, ChunkPlan]] = []  # CPU metrics waiting for the barrier
+        self.queue = list(trials)
+        self.heap: list[tuple[float, int, str, object]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.end = pre if trials else 0.0
+        gpus = [_Gpu(n, g) for n in range(nodes) for g in range(gpus_per_node)]
+        for n in range(nodes):
+            for g in gpus[n * gpus_per_node:(n + 1) * gpus_per_node]:
+                self.push(self.nd[n].ready_s, "idle", g)
+
+    def push(self, t: float, kind: str, obj: object) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, obj))
+        self.seq += 1
+
+    def start_cpu(self, node: _Node, n: int, t: float) -> None:
+        while node.free_cpus and node.queue:
+            c = node.queue.pop(0)
+            node.free_cpus -= 1
+            c.metric_end_s = t + c.metric_s
+            self.push(c.metric_end_s, "cpu", n)
+
+    def advance(self, g: _Gpu, t: float) -> None:
+        """Start the next phase of g's trial at t, or the next trial."""
+        tr = g.trial
+        if tr is None:
+            return
+        k = len(tr.chunks)
+        if g.phase <= k - 1:
+            c = tr.chunks[g.phase]
+            g.phase += 1
+            self.push(t + c.infer_s, "chunk", (g, c))
+        elif g.phase == k and tr.metrics_on == "gpu" and tr.metric_s > 0:
+            g.phase += 1
+            self.push(t + tr.metric_s, "gpu-metric", g)
+        else:
+            tr.end_s = t
+            g.trial = None
+            self.dispatch(g, t)
+
+    def dispatch(self, g: _Gpu, t: float) -> None:
+        if not self.queue:
+            return
+        tr = self.queue.pop(0)
+        tr.node, tr.gpu, tr.start_s = g.node, g.index, t
+        g.trial, g.phase = tr, 0
+        if tr.load == "remote":
+            self.nd[g.node].remotes.append(_Remote(g, self.ml.remote))
+        else:
+            self.push(t + self.ml.shm, "loaded", g)
+
+    def release_barrier(self) -> None:
+        """Every inference is done: the held CPU metrics start."""
+        for n, c in self.held:
+            self.nd[n].queue.append(c)
+        self.held.clear()
+        for n, node in enumerate(self.nd):
+            self.start_cpu(node, n, self.now)
+
+    def step_remotes(self) -> _Node | None:
+        """Move the clock to the next event: a fixed-time one or a remote load finishing at the current sharing
+        rate (the node returned, else None); every remote load progresses by the elapsed time at its rate."""
+        now, streams = self.now, self.ml.remote_streams_per_node
+        t_next, which = (self.heap[0][0], None) if self.heap else (math.inf, None)
+        for node in self.nd:
+            if node.remotes:
+                rate = min(1.0, streams / len(node.remotes))
+                r = min(node.remotes, key=lambda x: x.left)
+                if now + r.left / rate < t_next:
+                    t_next, which = now + r.left / rate, node
+        for node in self.nd:
+            if node.remotes:
+                rate = min(1.0, streams / len(node.remotes))
+                for r in node.remotes:
+                    r.left -= (t_next - now) * rate
+        self.now = t_next
+        self.end = max(self.end, t_next)
+        return which
+
+    def on_chunk(self, g: _Gpu, c: ChunkPlan) -> None:
+        """A chunk's predictions landed: its metric goes to the node's CPUs (or waits for the barrier)."""
+        now = self.now
+        c.landed_s = now
+        if g.trial.metrics_on == "cpu" and c.metric_s > 0 and self.barrier:
+            self.held.append((g.node, c))
+        elif g.trial.metrics_on == "cpu" and c.metric_s > 0:
+            self.nd[g.node].queue.append(c)
+            self.start_cpu(self.nd[g.node], g.node, now)
+        elif g.trial.metrics_on == "cpu":
+            c.metric_end_s = now
+        self.advance(g, now)
+
+    def handle(self, kind: str, obj: object) -> None:
+        now = self.now
+        if kind == "idle":
+            if obj.trial is None:
+                self.dispatch(obj, now)
+        elif kind == "loaded":
+            self.advance(obj, now)
+        elif kind == "chunk":
+            self.on_chunk(*obj)
+        elif kind == "gpu-metric":
+            for c in obj.trial.chunks:
+                c.metric_end_s = now
+            self.advance(obj, now)
+        elif kind == "cpu":
+            self.nd[obj].free_cpus += 1
+            self.start_cpu(self.nd[obj], obj, now)
+
+    def run(self) -> float:
+        while self.heap or any(node.remotes for node in self.nd) or self.held:
+            if self.held and not self.heap and not any(node.remotes for node in self.nd):
+                self.release_barrier()
+                continue
+            which = self.step_remotes()
+            if which is not None:
+                done = [r for r in which.remotes if r.left <= 1e-9]
+                which.remotes = [r for r in which.remotes if r.left > 1e-9]
+                for r in done:
+                    self.advance(r.gpu, self.now)
+                continue
+            _, _, kind, obj = heapq.heappop(self.heap)
+            self.handle(kind, obj)
+        return self.end
+
+
 def simulate(trials: list[TrialPlan], suite: Suite, nodes: int, gpus_per_node: int, precursor: bool,
              cpu_workers_per_node: int | None = None, barrier: bool = False) -> float:
     """Predict the timeline of `trials` dispatched in list order to whichever GPU frees first; fills the trials'
@@ -197,118 +331,9 @@ def simulate(trials: list[TrialPlan], suite: Suite, nodes: int, gpus_per_node: i
     precursor (one remote load) when `precursor` is set. With `barrier`, CPU metrics start only after every
     trial's inference ended (OpenCompass's default infer-then-eval).
     """
-    ml = suite.model_load_s
     cpus = cpu_workers_per_node or suite.cpu_workers_per_node
-    pre = ml.remote if precursor else 0.0
-    nd = [_Node(ready_s=pre, free_cpus=cpus) for _ in range(nodes)]
-    held: list[tuple[int, ChunkPlan]] = []
-    gpus = [_Gpu(n, g) for n in range(nodes) for g in range(gpus_per_node)]
-    queue = list(trials)
-    heap: list[tuple[float, int, str, object]] = []
-    seq = 0
-    now = 0.0
-    end = pre if trials else 0.0
-
-    def push(t: float, kind: str, obj: object) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, obj))
-        seq += 1
-
-    def start_cpu(node: _Node, n: int, t: float) -> None:
-        while node.free_cpus and node.queue:
-            c = node.queue.pop(0)
-            node.free_cpus -= 1
-            c.metric_end_s = t + c.metric_s
-            push(c.metric_end_s, "cpu", n)
-
-    def advance(g: _Gpu, t: float) -> None:
-        """Start the next phase of g's trial at t, or the next trial."""
-        tr = g.trial
-        if tr is None:
-            return
-        k = len(tr.chunks)
-        if g.phase <= k - 1:
-            c = tr.chunks[g.phase]
-            g.phase += 1
-            push(t + c.infer_s, "chunk", (g, c))
-        elif g.phase == k and tr.metrics_on == "gpu" and tr.metric_s > 0:
-            g.phase += 1
-            push(t + tr.metric_s, "gpu-metric", g)
-        else:
-            tr.end_s = t
-            g.trial = None
-            dispatch(g, t)
-
-    def dispatch(g: _Gpu, t: float) -> None:
-        if not queue:
-            return
-        tr = queue.pop(0)
-        tr.node, tr.gpu, tr.start_s = g.node, g.index, t
-        g.trial, g.phase = tr, 0
-        if tr.load == "remote":
-            nd[g.node].remotes.append(_Remote(g, ml.remote))
-        else:
-            push(t + ml.shm, "loaded", g)
-
-    for n in range(nodes):
-        for g in gpus[n * gpus_per_node:(n + 1) * gpus_per_node]:
-            push(nd[n].ready_s, "idle", g)
-
-    while heap or any(node.remotes for node in nd) or held:
-        if held and not heap and not any(node.remotes for node in nd):
-            for n, c in held:  # the barrier: every inference is done
-                nd[n].queue.append(c)
-            held.clear()
-            for n, node in enumerate(nd):
-                start_cpu(node, n, now)
-            continue
-        # next event: a fixed-time one or a remote load finishing at the current sharing rate
-        t_next, which = (heap[0][0], None) if heap else (math.inf, None)
-        for node in nd:
-            if node.remotes:
-                rate = min(1.0, ml.remote_streams_per_node / len(node.remotes))
-                r = min(node.remotes, key=lambda x: x.left)
-                if now + r.left / rate < t_next:
-                    t_next, which = now + r.left / rate, node
-        for node in nd:
-            if node.remotes:
-                rate = min(1.0, ml.remote_streams_per_node / len(node.remotes))
-                for r in node.remotes:
-                    r.left -= (t_next - now) * rate
-        now = t_next
-        end = max(end, now)
-        if which is not None:
-            done = [r for r in which.remotes if r.left <= 1e-9]
-            which.remotes = [r for r in which.remotes if r.left > 1e-9]
-            for r in done:
-                advance(r.gpu, now)
-            continue
-        _, _, kind, obj = heapq.heappop(heap)
-        if kind == "idle":
-            g = obj
-            if g.trial is None:
-                dispatch(g, now)
-        elif kind == "loaded":
-            advance(obj, now)
-        elif kind == "chunk":
-            g, c = obj
-            c.landed_s = now
-            if g.trial.metrics_on == "cpu" and c.metric_s > 0 and barrier:
-                held.append((g.node, c))
-            elif g.trial.metrics_on == "cpu" and c.metric_s > 0:
-                nd[g.node].queue.append(c)
-                start_cpu(nd[g.node], g.node, now)
-            elif g.trial.metrics_on == "cpu":
-                c.metric_end_s = now
-            advance(g, now)
-        elif kind == "gpu-metric":
-            for c in obj.trial.chunks:
-                c.metric_end_s = now
-            advance(obj, now)
-        elif kind == "cpu":
-            nd[obj].free_cpus += 1
-            start_cpu(nd[obj], obj, now)
-    return end
+    pre = suite.model_load_s.remote if precursor else 0.0
+    return _Sim(trials, suite, nodes, gpus_per_node, pre, cpus, barrier).run()
 
 
 def lower_bound(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None) -> float:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks.jobspec import JobSpec, parse_job
+from tasks.training.writer import ORPHAN_GRACE_S
 
 _ERROR_MARK = "frenzy-train-error: "
 
@@ -219,8 +220,6 @@ def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> 
     return offset + end
 
 
-ORPHAN_GRACE_S = 60.0
-"""How long an orphaned rank may take to commit its step after its launcher died (`FRENZY_ORPHAN_GRACE_S`)."""
 
 
 def _watch_parent(grace_s: float) -> threading.Thread:

@@ -237,12 +237,14 @@ class WriterLease:
             self.release()
 
 
+ORPHAN_GRACE_S = 60.0
+"""How long an orphaned rank may take to commit its step after its launcher died (`FRENZY_ORPHAN_GRACE_S`)."""
+
+
 def trainer_lease(storage: Storage, run: str, resume: bool, progress: Path) -> WriterLease:
     """Rank 0's lease: TTL from `FRENZY_WRITER_LEASE_S`; a `--resume` waits for an orphan of a dead launcher (up to
     the orphan grace `FRENZY_ORPHAN_GRACE_S` plus 5 s: by then the orphan has exited hard), reporting the wait as
     `lease_wait` records of `progress` (the lines `frenzy train` prints)."""
-    from tasks.training.launch import ORPHAN_GRACE_S
-
     def on_wait(line: str) -> None:
         log.warning("%s", line)
         progress.parent.mkdir(parents=True, exist_ok=True)
