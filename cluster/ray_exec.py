@@ -423,5 +423,66 @@ def node_call(node: str, fn: Callable[..., Any], *args: Any, address: str | None
                    .remote(*args))
 
 
-__all__ = ["GPUType", "RayExecutorError", "alive_nodes", "connect", "launch_ray", "node_call", "node_name",
+# ------------------------------------------------------------------------------------------------ shared paths
+
+SHARED_MARK = ".frenzy-shared-"
+
+
+def sees_marks(marks: list[tuple[str, str, str]]) -> list[str]:
+    """On a node: for each (directory, mark file name, token) whether this node sees the submitting side's mark with
+    its token (the same directory, not a node-local one of the same name) and can create a file there; the problems,
+    one per directory."""
+    import uuid as _uuid
+
+    problems = []
+    for folder, name, token in marks:
+        mark = Path(folder) / name
+        try:
+            if mark.read_text() != token:
+                problems.append(f"{folder}: another directory of that name (the mark file holds another token)")
+                continue
+            probe = Path(folder) / f"{SHARED_MARK}{_uuid.uuid4().hex}.probe"
+            probe.write_text("x")
+            probe.unlink()
+        except FileNotFoundError:
+            problems.append(f"{folder}: not the submitting side's directory (its mark file is not there)")
+        except OSError as err:
+            problems.append(f"{folder}: {err.strerror or err}")
+    return problems
+
+
+def check_shared_paths(nodes: Sequence[str], folders: Sequence[str | Path], address: str | None = None,
+                       timeout_s: float = 60.0) -> None:
+    """Every node of a Ray run must read and write the same run and history directories as the submitting side:
+    each directory gets a mark file with a fresh token, and a task pinned to each node checks it sees that token
+    and can write beside it. Raises RayExecutorError naming every node and directory that fails, and the fix."""
+    import uuid as _uuid
+
+    marks = []
+    for folder in dict.fromkeys(str(Path(f).absolute()) for f in folders):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        name, token = f"{SHARED_MARK}{_uuid.uuid4().hex}", _uuid.uuid4().hex
+        (Path(folder) / name).write_text(token)
+        marks.append((folder, name, token))
+    try:
+        ray = connect(address)
+        alive = alive_nodes(address)
+        task = ray.remote(num_cpus=0, max_retries=0)(sees_marks)
+        refs = {n: task.options(resources=_node_resource(n)).remote(marks) for n in nodes if n in alive}
+        bad = []
+        for n, ref in refs.items():
+            try:
+                bad += [f"{n} cannot use {p}" for p in ray.get(ref, timeout=timeout_s)]
+            except Exception as err:  # noqa: BLE001 - a node that cannot answer cannot be trusted with the run
+                bad.append(f"{n} did not answer the check within {timeout_s:.0f} s ({type(err).__name__})")
+    finally:
+        for folder, name, _ in marks:
+            (Path(folder) / name).unlink(missing_ok=True)
+    if bad:
+        raise RayExecutorError("the nodes of this run do not share its directories: " + "; ".join(bad) + ". Put "
+                               "--run-dir and --history-dir on storage every node mounts at the same path (NFS), "
+                               "and checkpoint to s3:// or such a path")
+
+
+__all__ = ["GPUType", "RayExecutorError", "alive_nodes", "check_shared_paths", "connect", "launch_ray", "node_call", "node_name",
            "node_process", "ray_inventory", "ray_probe"]

@@ -453,6 +453,22 @@ def _runnable_plans(request: SubmitRequest, cluster: Cluster) -> list[ResourcePl
     return runnable
 
 
+def _check_shared_paths(request: SubmitRequest, alloc: Allocation, run_dir: Path) -> None:
+    """On Ray: the run directory, the evaluation history and a local checkpoint root are the same directories on every
+    node of the allocation (cluster/ray_exec.check_shared_paths); a PipelineError naming the fix when not."""
+    from cluster.ray_exec import RayExecutorError, check_shared_paths
+
+    folders: list[str | Path] = [run_dir, request.history_dir]
+    uri = request.job.training.checkpoint.uri
+    if "://" not in uri or uri.startswith("file://"):
+        folders.append(uri.removeprefix("file://"))
+    try:
+        check_shared_paths([n.node for n in alloc.nodes], folders,
+                           None if request.executor == "ray" else request.executor)
+    except RayExecutorError as err:
+        raise PipelineError(f"{request.job.name}: {err}") from None
+
+
 def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePlan], runnable: list[ResourcePlan],
              recoveries: list[dict], placed_before: Placed | None, run_dir: Path, suite: str,
              timings: dict[str, float], logger: object) -> _Attempt:
@@ -478,6 +494,8 @@ def _attempt(request: SubmitRequest, ledger: Ledger, candidates: list[ResourcePl
         keeper = LeaseKeeper(ledger, alloc.id, request.lease_s)
         with keeper:
             t = time.monotonic()
+            if request.executor != "local":  # every node must see the files this run writes, before it trains
+                _check_shared_paths(request, alloc, run_dir)
             treq = training_request(request, alloc, chosen, run_dir, suite)
             tune_auto(treq.job, ledger, chosen, alloc, len(recoveries), logger)  # [elastic hook]
             mode = _eval_mode(request)

@@ -165,6 +165,21 @@ def test_an_allocation_on_a_missing_node_is_refused_by_name(cluster, tmp_path):
     assert d.category == "infrastructure" and d.restartable
 
 
+def test_the_shared_path_check_passes_a_shared_directory_and_names_each_node_that_sees_another(cluster, tmp_path,
+                                                                                               monkeypatch):
+    from cluster.ray_exec import RayExecutorError, check_shared_paths
+
+    check_shared_paths(["n1", "n2"], [tmp_path / "runs"])  # one file system on loopback: shared
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # the marks are removed again
+    # /proc/self/cwd is each process's own working directory: the submitting side's (tmp_path) is not the one the
+    # raylets' workers run in, as a node-local directory of the same name on another machine would not be
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RayExecutorError) as err:
+        check_shared_paths(["n1", "n2"], ["/proc/self/cwd/local-runs"])
+    msg = str(err.value)
+    assert "n1 cannot use /proc/self/cwd/local-runs" in msg and "n2 cannot use" in msg and "NFS" in msg
+
+
 def test_submit_with_the_ray_executor_places_trains_and_gives_the_gpus_back(cluster, prefect_server, tmp_path):
     from flows.submit import SubmitRequest, submit
     from tasks.jobspec import parse_job

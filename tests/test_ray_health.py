@@ -116,3 +116,17 @@ def test_a_node_found_dead_before_ray_noticed_stays_down_until_it_rejoins(tmp_pa
     monkeypatch.setattr(ray_health, "connect", lambda address=None: _FakeRay([head, new_w1]))
     assert ray_health.sync_ledger(led) == ["w1"]
     assert {n["name"]: n["state"] for n in led.nodes()} == {"head": "up", "w1": "up", "w2": "down"}
+
+
+def test_a_node_sees_the_submitting_sides_directory_only_by_its_mark_and_token(tmp_path):
+    from cluster.ray_exec import sees_marks
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / ".frenzy-shared-a").write_text("tok")
+    assert sees_marks([(str(shared), ".frenzy-shared-a", "tok")]) == []
+    assert list(shared.iterdir()) == [shared / ".frenzy-shared-a"]  # the write probe is gone again
+    other = sees_marks([(str(shared), ".frenzy-shared-a", "another")])  # same name, another node's directory
+    assert len(other) == 1 and "another directory of that name" in other[0]
+    missing = sees_marks([(str(tmp_path / "elsewhere"), ".frenzy-shared-a", "tok")])
+    assert len(missing) == 1 and "mark file is not there" in missing[0]
