@@ -44,7 +44,10 @@ def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None
     ax.set_ylabel("fraction of jobs")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:  # no policy finished a job: an empty plot, not a legend of nothing
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no job finished", transform=ax.transAxes, ha="center")
     fig.tight_layout()
     from tasks.outdir import atomic_path
 
