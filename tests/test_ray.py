@@ -169,15 +169,16 @@ def test_the_shared_path_check_passes_a_shared_directory_and_names_each_node_tha
                                                                                                monkeypatch):
     from cluster.ray_exec import RayExecutorError, check_shared_paths
 
-    check_shared_paths(["n1", "n2"], [tmp_path / "runs"])  # one file system on loopback: shared
+    a, b = (n for n, _ in _two_alive(cluster))  # an earlier test of this module removes a node: two alive ones
+    check_shared_paths([a, b], [tmp_path / "runs"])  # one file system on loopback: shared
     assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # the marks are removed again
     # /proc/self/cwd is each process's own working directory: the submitting side's (tmp_path) is not the one the
     # raylets' workers run in, as a node-local directory of the same name on another machine would not be
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RayExecutorError) as err:
-        check_shared_paths(["n1", "n2"], ["/proc/self/cwd/local-runs"])
+        check_shared_paths([a, b], ["/proc/self/cwd/local-runs"])
     msg = str(err.value)
-    assert "n1 cannot use /proc/self/cwd/local-runs" in msg and "n2 cannot use" in msg and "NFS" in msg
+    assert f"{a} cannot use /proc/self/cwd/local-runs" in msg and f"{b} cannot use" in msg and "NFS" in msg
 
 
 def test_submit_with_the_ray_executor_places_trains_and_gives_the_gpus_back(cluster, prefect_server, tmp_path):
