@@ -355,8 +355,9 @@ class Sizer:
                 self.waits[w.job] = (reqs, c.finish_s)
                 self.records[w.job] = ch.record(None, self.now_s)
                 return None
-            if admit(c.nodes, c.request.run_s):
-                self.backlog.started(c.nodes, c.request.run_s)
+            run_s = c.request.run_s if c.request.run_s is not None else w.predicted_s  # the queue entry's prediction
+            if admit(c.nodes, run_s):
+                self.backlog.started(c.nodes, run_s)
                 self.records[w.job] = ch.record(c, self.now_s)
                 return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
             self.refused += 1

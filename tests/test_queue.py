@@ -17,13 +17,22 @@ def _w(job: str, seq: int, submitted: float, predicted: float | None) -> Waiting
 def test_shortest_first_with_aging_bounds_the_wait_of_a_long_job():
     long_ = _w("long", 0, 0.0, 10_000.0)
     early = _w("early", 1, 9_000.0, 1_000.0)
-    late = _w("late", 2, 18_500.0, 1_000.0)
-    # each second waited forgives half a second of predicted run time: a shorter job that came soon after the long
-    # one still goes first, but one that arrives after the long job has waited 2 x (10,000 - 1,000) s does not,
-    # so a stream of short jobs cannot hold a long one back for ever
-    assert [w.job for w in ordered([long_, early, late], "shortest", 18_500.0, aging=0.5)] == ["early", "long", "late"]
-    # without aging the stream always wins
-    assert [w.job for w in ordered([long_, early, late], "shortest", 1e9, aging=0.0)] == ["early", "late", "long"]
+    # priority waited / predicted ** 0.75: the short job's grows (10,000 / 1,000) ** 0.75 = 5.6 times as fast, so
+    # it passes the long one once it has waited 1 / 5.6 of the long one's wait, not before; a fresh job (0) never
+    # passes one that has waited, so a stream of short jobs cannot hold a long one back for ever
+    assert [w.job for w in ordered([early, long_], "shortest", 10_000.0)] == ["long", "early"]  # 10.0 > 5.6
+    assert [w.job for w in ordered([long_, early], "shortest", 12_000.0)] == ["early", "long"]  # 16.9 > 12.0
+    fresh = _w("fresh", 2, 12_000.0, 10.0)
+    assert [w.job for w in ordered([fresh, long_, early], "shortest", 12_000.0)][-1] == "fresh"
+    # a fresh queue is shortest first
+    assert [w.job for w in ordered([long_, _w("s", 3, 0.0, 5.0)], "shortest", 0.0)] == ["s", "long"]
+    # the key is scale-free: every time x 100 leaves the order unchanged
+    for now, want in ((10_000.0, ["long", "early"]), (12_000.0, ["early", "long"])):
+        scaled = [_w(w.job, w.seq, w.submitted_s * 100, w.predicted_s * 100) for w in (early, long_)]
+        assert [w.job for w in ordered(scaled, "shortest", now * 100)] == want
+    # beta 0 is arrival order, beta 1 highest response ratio next
+    assert [w.job for w in ordered([early, long_], "shortest", 11_000.0, aging=0.0)] == ["long", "early"]
+    assert [w.job for w in ordered([long_, early], "shortest", 11_000.0, aging=1.0)] == ["early", "long"]
     # jobs without a prediction go last; arrival order ignores predictions
     none = _w("none", 3, 0.0, None)
     assert [w.job for w in ordered([none, long_, early], "shortest", 0.0)][-1] == "none"
