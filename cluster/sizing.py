@@ -103,7 +103,7 @@ class Backlog:
         self.running = sorted((r for r in running if not math.isinf(r.end_s)), key=lambda r: r.end_s)  # by end
         self._claims: dict[tuple[frozenset[str] | None, float], list[float]] = {}  # key -> [gpus, gpu-seconds]
         self._nodes: dict[tuple[frozenset[str] | None, float], frozenset[str]] = {}
-        self._tl: dict[tuple[frozenset[str] | None, float], tuple[list[float], list[int]]] = {}
+        self._tl: dict[tuple[frozenset[str] | None, float], list] = {}  # key -> [ends, GPUs freed, cumulative or None]
 
     def _admitted(self, req: GpuRequest) -> frozenset[str]:
         key = (req.types, req.min_mem_gib)
@@ -118,16 +118,18 @@ class Backlog:
     def _timeline(self, req: GpuRequest) -> tuple[list[float], list[int]]:
         """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by each (cumulative)."""
         key = (req.types, req.min_mem_gib)
-        if key not in self._tl:
-            mine, ends, cum, acc = self._admitted(req), [], [], 0
+        tl = self._tl.get(key)
+        if tl is None:
+            mine, ends, gots = self._admitted(req), [], []
             for r in self.running:
                 got = sum(k for n, k in r.nodes if n in mine)
                 if got:
-                    acc += got
                     ends.append(r.end_s)
-                    cum.append(acc)
-            self._tl[key] = (ends, cum)
-        return self._tl[key]
+                    gots.append(got)
+            tl = self._tl[key] = [ends, gots, None]
+        if tl[2] is None:
+            tl[2] = list(itertools.accumulate(tl[1]))
+        return tl[0], tl[2]
 
     def start_s(self, req: GpuRequest, usable: int | None = None) -> float:
         mine = self._admitted(req)
@@ -149,8 +151,15 @@ class Backlog:
     def started(self, nodes: Sequence[tuple[str, int]], run_s: float | None) -> None:
         """A job of this pass took `nodes`: they free up at its predicted end."""
         if run_s is not None:
-            bisect.insort(self.running, Running(end_s=self.now_s + run_s, nodes=tuple(nodes)), key=lambda r: r.end_s)
-            self._tl.clear()
+            end = self.now_s + run_s
+            bisect.insort(self.running, Running(end_s=end, nodes=tuple(nodes)), key=lambda r: r.end_s)
+            for key, tl in self._tl.items():  # each cached timeline gains the release, in place (no rebuild)
+                got = sum(k for n, k in nodes if n in self._nodes[key])
+                if got:
+                    i = bisect.bisect_right(tl[0], end)
+                    tl[0].insert(i, end)
+                    tl[1].insert(i, got)
+                    tl[2] = None
 
     def claim(self, req: GpuRequest) -> None:
         """A job ahead chose to wait for `req`: later jobs that want the same GPUs queue behind it."""
