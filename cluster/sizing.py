@@ -26,13 +26,14 @@ fit in rank order, the paper's Algorithm 1.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from cluster.has import Decision, FreePool, GpuRequest, decide, place
 from cluster.queue import Admit, Reservation, Running, Waiting, reserve
@@ -100,35 +101,41 @@ class Backlog:
 
     def __init__(self, pool: FreePool, running: Iterable[Running], now_s: float) -> None:
         self.pool, self.now_s = pool, now_s
-        self.running = sorted((r for r in running if not math.isinf(r.end_s)), key=lambda r: r.end_s)  # by end
+        self._nidx = {n: k for k, n in enumerate(pool.info)}
+        flat = sorted((r.end_s, self._nidx.get(n, -1), k) for r in running if not math.isinf(r.end_s)
+                      for n, k in r.nodes if k)
+        # every running allocation's release, per node, by predicted end (a multi-node one gives a row per node)
+        self._end = np.array([e for e, _, _ in flat], dtype=np.float64)
+        self._node = np.array([n for _, n, _ in flat], dtype=np.int64)
+        self._k = np.array([k for _, _, k in flat], dtype=np.int64)
         self._claims: dict[tuple[frozenset[str] | None, float], list[float]] = {}  # key -> [gpus, gpu-seconds]
         self._nodes: dict[tuple[frozenset[str] | None, float], frozenset[str]] = {}
+        self._mask: dict[tuple[frozenset[str] | None, float], np.ndarray] = {}
         self._tl: dict[tuple[frozenset[str] | None, float], list] = {}  # key -> [ends, GPUs freed, cumulative or None]
 
     def _admitted(self, req: GpuRequest) -> frozenset[str]:
         key = (req.types, req.min_mem_gib)
         if key not in self._nodes:
             self._nodes[key] = frozenset(n for n, i in self.pool.info.items() if req.admits(i.mem_gib, i.gpu_type))
+            mask = np.zeros(len(self._nidx) + 1, dtype=bool)  # the last slot: nodes the pool does not know
+            mask[[self._nidx[n] for n in self._nodes[key]]] = True
+            self._mask[key] = mask
         return self._nodes[key]
 
     def capacity(self, req: GpuRequest) -> int:
         """GPUs of the cluster that `req` admits, free or not."""
         return sum(self.pool.info[n].capacity for n in self._admitted(req))
 
-    def _timeline(self, req: GpuRequest) -> tuple[list[float], list[int]]:
-        """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by each (cumulative)."""
+    def _timeline(self, req: GpuRequest) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by then (cumulative)."""
         key = (req.types, req.min_mem_gib)
         tl = self._tl.get(key)
         if tl is None:
-            mine, ends, gots = self._admitted(req), [], []
-            for r in self.running:
-                got = sum(k for n, k in r.nodes if n in mine)
-                if got:
-                    ends.append(r.end_s)
-                    gots.append(got)
-            tl = self._tl[key] = [ends, gots, None]
+            self._admitted(req)
+            m = self._mask[key][self._node]
+            tl = self._tl[key] = [self._end[m], self._k[m], None]
         if tl[2] is None:
-            tl[2] = list(itertools.accumulate(tl[1]))
+            tl[2] = np.cumsum(tl[1])
         return tl[0], tl[2]
 
     def start_s(self, req: GpuRequest, usable: int | None = None) -> float:
@@ -141,25 +148,28 @@ class Backlog:
         if have >= need:
             return self.now_s
         ends, cum = self._timeline(req)
-        i = bisect.bisect_left(cum, need - have)
+        i = int(np.searchsorted(cum, need - have, side="left"))
         if i < len(ends):
-            return max(self.now_s, ends[i])
-        if not cum or have + cum[-1] < req.gpus:  # the rest are held by allocations with no predicted end
+            return max(self.now_s, float(ends[i]))
+        if not len(cum) or have + int(cum[-1]) < req.gpus:  # the rest are held by allocations with no predicted end
             return math.inf
-        return max(self.now_s, ends[-1]) + work / self.capacity(req)  # past the known releases: the claims drain at `cap` GPUs' rate
+        # past the known releases: the claims drain at the rate of the GPUs `req` admits
+        return max(self.now_s, float(ends[-1])) + work / self.capacity(req)
 
     def started(self, nodes: Sequence[tuple[str, int]], run_s: float | None) -> None:
         """A job of this pass took `nodes`: they free up at its predicted end."""
         if run_s is not None:
             end = self.now_s + run_s
-            bisect.insort(self.running, Running(end_s=end, nodes=tuple(nodes)), key=lambda r: r.end_s)
+            for n, k in nodes:  # future timelines see it
+                i = int(np.searchsorted(self._end, end, side="right"))
+                self._end = np.insert(self._end, i, end)
+                self._node = np.insert(self._node, i, self._nidx.get(n, -1))
+                self._k = np.insert(self._k, i, k)
             for key, tl in self._tl.items():  # each cached timeline gains the release, in place (no rebuild)
                 got = sum(k for n, k in nodes if n in self._nodes[key])
                 if got:
-                    i = bisect.bisect_right(tl[0], end)
-                    tl[0].insert(i, end)
-                    tl[1].insert(i, got)
-                    tl[2] = None
+                    i = int(np.searchsorted(tl[0], end, side="right"))
+                    tl[0], tl[1], tl[2] = np.insert(tl[0], i, end), np.insert(tl[1], i, got), None
 
     def claim(self, req: GpuRequest) -> None:
         """A job ahead chose to wait for `req`: later jobs that want the same GPUs queue behind it."""

@@ -220,21 +220,25 @@ def test_a_fresh_ledger_opened_by_several_processes_at_once(backend, request, tm
 
 
 def test_shortest_order_places_the_shortest_predicted_job_first(url, monkeypatch):
-    led = Ledger(url)
+    now = [1_000.0]  # the queue's priority is waited / predicted ** 0.75: a clock the test moves, not the machine's
+    clock = lambda: now[0]  # noqa: E731
+    led = Ledger(url, clock=clock)
     a = led.allocate("hog", [GpuRequest(10, 10)])
-    led.submit("long", [GpuRequest(4, 10)], predicted_s=3600)
-    led.submit("unknown", [GpuRequest(4, 10)])  # no prediction: last
-    led.submit("short", [GpuRequest(4, 10)], predicted_s=60)
-    led.submit("mid", [GpuRequest(4, 10)], predicted_s=600)
+    for t, (job, pred) in enumerate((("long", 3600), ("unknown", None), ("short", 60), ("mid", 600))):
+        now[0] = 1_000.0 + t
+        led.submit(job, [GpuRequest(4, 10)], predicted_s=pred)  # "unknown": no prediction, last
     assert [q["predicted_s"] for q in led.queue()] == [3600, None, 60, 600]
+    now[0] = 1_010.0
     placed = led.release(a.id, order="shortest")  # 10 GPUs free: two 4-GPU jobs fit (n0, n1)
     assert [p.job for p in placed] == ["short", "mid"]
+    now[0] = 1_011.0
     led.submit("quick", [GpuRequest(8, 10)], predicted_s=5)  # waiting now: long, unknown, quick
+    now[0] = 1_020.0
     assert led.queue_status("quick")["position"] == 1  # the ledger's default order is shortest-first
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "backfill")
-    assert Ledger(url).queue_status("quick")["position"] == 3  # arrival order on request
+    assert Ledger(url, clock=clock).queue_status("quick")["position"] == 3  # arrival order on request
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "shortest")
-    led2 = Ledger(url)
+    led2 = Ledger(url, clock=clock)
     assert led2.order == "shortest" and led2.queue_status("quick")["position"] == 1
     assert led2.queue_status("unknown")["position"] == 3  # no prediction: last
     led2.cancel("quick")

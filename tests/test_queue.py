@@ -50,12 +50,15 @@ def test_strict_blocks_behind_the_first_misfit_and_backfill_does_not():
 
 def test_the_ledger_places_its_queue_in_the_shared_order(tmp_path, monkeypatch):
     monkeypatch.delenv("FRENZY_QUEUE_ORDER", raising=False)
-    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    now = [0.0]  # the priority is waited / predicted ** 0.75: a clock the test moves, not the machine's
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}", clock=lambda: now[0])
     assert led.order == "shortest"  # the default, the same policy as `frenzy simulate --policy has`
     led.sync(Cluster(name="one", nodes=[Node(name="n", gpu="A100-80GB-PCIE", count=1)]))
     blocker = led.allocate("blocker", [GpuRequest(1, 10)])
     led.submit("long", [GpuRequest(1, 10)], predicted_s=5_000.0)
+    now[0] = 1.0
     led.submit("short", [GpuRequest(1, 10)], predicted_s=50.0)
+    now[0] = 10.0  # short: 9 / 50 ** 0.75 = 0.48, long: 10 / 5,000 ** 0.75 = 0.017
     assert led.queue_status("short")["position"] == 1 and led.queue_status("long")["position"] == 2
     placed = led.release(blocker.id)
     assert [a.job for a in placed] == ["short"]
@@ -113,11 +116,14 @@ def test_walk_gives_the_reservation_to_the_first_job_that_does_not_fit_only():
 @pytest.mark.parametrize("with_prediction", [True, False])
 def test_the_ledger_does_not_backfill_past_the_heads_reservation(tmp_path, monkeypatch, with_prediction):
     monkeypatch.delenv("FRENZY_QUEUE_ORDER", raising=False)
-    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    now = [0.0]  # a clock the test moves (the queue's priority and the reservation read it)
+    led = Ledger(f"sqlite:///{tmp_path / 'l.db'}", clock=lambda: now[0])
     led.sync(Cluster(name="two", nodes=[Node(name="n", gpu="A100-80GB-PCIE", count=2)]))
     blocker = led.allocate("blocker", [GpuRequest(1, 10)], predicted_s=100.0 if with_prediction else None)
     led.submit("big", [GpuRequest(2, 10)], predicted_s=10.0)  # the head: shortest, but does not fit now
+    now[0] = 1.0
     led.submit("long", [GpuRequest(1, 10)], predicted_s=1_000.0)  # fits now, would still run when big could start
+    now[0] = 2.0
     placed = led.schedule()
     if with_prediction:
         assert placed == []  # long waits: it would push big past the blocker's predicted end
