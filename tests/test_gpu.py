@@ -52,6 +52,24 @@ def test_cuda_training_checkpoints_asynchronously_and_resumes_bitwise(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def test_a_cpu_checkpoint_resumes_on_cuda_and_back(tmp_path):
+    """Layout-independent checkpoints across devices (issue 28): written on the CPU, resumed on CUDA, ending with the
+    state of an uninterrupted CPU run to float tolerance; then resumed on the CPU again from the CUDA commit."""
+    full, part = f"file://{tmp_path}/full", f"file://{tmp_path}/part"
+    launch(tiny_job(full, 20, every=5), tmp_path / "ref", device="cpu", threads=1)
+    job = tiny_job(part, 20, every=5)
+    first = launch(job, tmp_path / "a", device="cpu", threads=1, stop_after_steps=10)
+    assert first["final_step"] == 10
+    res = launch(job, tmp_path / "b", device="cuda", threads=1, resume=True, stop_after_steps=5)  # 5 more
+    assert res["device"].startswith("cuda") and res["resumed_from_step"] == 10 and res["final_step"] == 15
+    back = launch(job, tmp_path / "c", device="cpu", threads=1, resume=True)
+    assert back["resumed_from_step"] == 15 and back["final_step"] == 20
+    a, b = final_state(part, 20), final_state(full, 20)
+    assert a.keys() == b.keys()
+    for k in a:  # CUDA kernels round differently from the CPU's: float tolerance over 5 steps
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL data parallelism needs two GPUs")
 def test_nccl_ddp_trains_the_same_model_as_one_gpu(tmp_path):
     one = f"file://{tmp_path}/one"
