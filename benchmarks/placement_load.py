@@ -152,6 +152,39 @@ def rate_bound(c: Cluster, trace: list[TraceJob]) -> float:
     return max(statistics.mean(fastest), _srpt_flow(rel, work, rate) / len(work))
 
 
+def efficiency(c: Cluster, traces: list[list[TraceJob]], load: float) -> dict[str, dict[str, list[float]]]:
+    """Per policy (has, fcfs) and GPU type: [busy GPU-hours, the useful fraction of them (each job's fewest
+    GPU-seconds on any type over what it used), the best fraction any job gets on that type (the type's cap)],
+    summed over the traces at `load`. Where both policies sit near every type's cap, throughput is spent as well as
+    the pools allow and only the order is left to change the average JCT."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for tr in traces:
+        t2 = at_load(tr, c, load)
+        sim = Simulator(c, t2, "has")
+        least, cap = {}, {}
+        for i, j in enumerate(sim.jobs):
+            got = sim._has_requests(i)
+            if not got:
+                continue
+            per: dict[str, float] = {}
+            for r in got[0]:
+                (t,) = r.types  # type: ignore[misc]
+                per[t] = min(per.get(t, math.inf), r.gpus * (r.run_s or math.inf))
+            least[j.trace.name] = min(per.values())
+            for t, x in per.items():
+                cap[t] = max(cap.get(t, 0.0), least[j.trace.name] / x)
+        for pol in ("has", "fcfs"):
+            for j in simulate(c, t2, pol, SimConfig()).jobs:  # type: ignore[arg-type]
+                if j.finish is None or j.trace.name not in least:
+                    continue
+                used = sum(k for _, k in j.nodes) * j.run_s
+                acc = out.setdefault(pol, {}).setdefault(j.gpu_type, [0.0, 0.0, 0.0])
+                acc[0] += used / 3600
+                acc[1] += least[j.trace.name] / 3600
+                acc[2] = max(acc[2], cap.get(j.gpu_type, 0.0))
+    return {p: {t: [v[0], v[1] / v[0] if v[0] else 0.0, v[2]] for t, v in by.items()} for p, by in out.items()}
+
+
 def row_for(c: Cluster, fam: Family, load: float, policies: list[str]) -> dict[str, Any]:
     """Every policy on every trace of the family at `load`; per policy the mean of each metric over the traces."""
     acc: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
@@ -294,7 +327,36 @@ def losses(rows: list[dict[str, Any]]) -> list[str]:
     return out or ["- none"]
 
 
-def report(meta: dict[str, Any], rows: list[dict[str, Any]], lat: dict[str, float]) -> list[str]:
+def why_production(rows: list[dict[str, Any]], eff: dict[str, dict[str, list[float]]]) -> list[str]:
+    """Where the production family stands against the 15% target, and the per-type efficiency behind it."""
+    if not eff:
+        return []
+    out = ["How the GPU pools were used on the held-out production seeds at load 0.9 (busy GPU-hours; useful: each "
+           "job's fewest GPU-seconds on any type over what it used; cap: the best useful fraction any job of the "
+           "family gets on that type):", "", "| policy | GPU type | busy GPU-h | useful fraction | the type's cap |",
+           "|---|---|---|---|---|"]
+    for p, by in eff.items():
+        for t, (h, u, cap) in sorted(by.items()):
+            out.append(f"| {p} | {t} | {h:.0f} | {u:.2f} | {cap:.2f} |")
+    total = {p: sum(h * u for h, u, _ in by.values()) / sum(h for h, _, _ in by.values()) for p, by in eff.items()}
+    room = {p: sum(h * cap for h, _, cap in by.values()) / sum(h * u for h, u, _ in by.values()) - 1
+            for p, by in eff.items()}
+    out += ["", "Useful fraction over all GPUs: " + ", ".join(f"{p} {v:.3f}" for p, v in total.items()) + "; every "
+            "type at its cap for the same busy hours would add at most " + ", ".join(f"{room[p] * 100:.0f}% ({p})"
+                                                                                   for p in room) +
+            " useful work. Past load 0.7 this family's offered work exceeds what the pools give back (a 4.4 h job "
+            "needs two RTX-2080Ti, each doing about a sixth of an A100's useful work per hour), the queue grows for "
+            "the whole trace under every policy, and the average JCT is set by throughput, which both policies "
+            "spend about equally well. The lever left is the order: the default's response-ratio order gains 8-10% "
+            "here, and on the tuning seeds pure shortest-first (no aging, unbounded waits) reached only -11%. The "
+            "rate bound still leaves room (fcfs / lower bound above), but it is a preemptive one-machine "
+            "relaxation: it runs each job alone at the whole cluster's rate, which non-preemptive jobs on separate "
+            "GPUs cannot."]
+    return out
+
+
+def report(meta: dict[str, Any], rows: list[dict[str, Any]], lat: dict[str, float],
+           eff: dict[str, dict[str, list[float]]] | None = None) -> list[str]:
     held = [r for r in rows if r["role"] == "held-out"]
     tuned = [r for r in rows if r["role"] == "tuning"]
     arrival_worse = sum(r["has-arrival"]["avg_jct_s"] > r["has"]["avg_jct_s"] for r in rows)
@@ -335,6 +397,7 @@ def report(meta: dict[str, Any], rows: list[dict[str, Any]], lat: dict[str, floa
             f"{lat['p99_ms'] / lat['paper_p99_ms']:.1f}x at the p99. The machine was shared with other work: compare "
             "the two in this run, not across runs.",
             "", "## Where has loses to fcfs", "", *losses(rows),
+            "", "## Why the production family stays short of 15%", "", *why_production(rows, eff or {}),
             "", "## Absolute figures, held-out families", "", *detail(held),
             "", "## Absolute figures, tuning families", "", *detail(tuned)]
 
@@ -348,7 +411,8 @@ def main() -> int:
     out = ROOT / "results"
     if a.report_only:
         doc = json.loads((out / "placement_load.json").read_text())
-        (out / "placement_load.md").write_text("\n".join(report(doc["meta"], doc["rows"], doc["latency"])) + "\n")
+        (out / "placement_load.md").write_text("\n".join(report(doc["meta"], doc["rows"], doc["latency"],
+                                                                doc.get("efficiency", {}))) + "\n")
         return 0
     c = load_cluster("phoebe")
     t_start = time.time()
@@ -361,10 +425,13 @@ def main() -> int:
                   f"fifo {r['fifo']['avg_jct_s']:.0f} ilp {r.get('ilp', {}).get('avg_jct_s', math.nan):.0f}",
                   file=sys.stderr, flush=True)
     lat = latency(2048, 1000)
+    prod = next(f for f in families(a.files) if f.name == "production")
+    eff = efficiency(c, prod.traces, 0.9)
     meta = {"machine": MACHINE, "date": DATE, "cluster": "phoebe", "wall_s": time.time() - t_start,
             "command": "python benchmarks/placement_load.py" + (" --no-ilp" if a.no_ilp else "")}
-    (out / "placement_load.json").write_text(json.dumps({"meta": meta, "rows": rows, "latency": lat}, indent=1))
-    lines = report(meta, rows, lat)
+    (out / "placement_load.json").write_text(json.dumps({"meta": meta, "rows": rows, "latency": lat,
+                                                                 "efficiency": eff}, indent=1))
+    lines = report(meta, rows, lat, eff)
     (out / "placement_load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
