@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, table
+from tasks.report import straggler_line
 
 DEMO_JOB = {
     "name": "demo",
@@ -44,8 +45,7 @@ def _human(res: object, wall_s: float) -> str:
         d, act = r["diagnosis"], r["action"]
         lines.append(f"recovered: {d['type']} ({d['category']}) -> {act['kind']}: {act['reason']}")
     if res.stragglers:
-        lines.append(f"stragglers: slowdown S = {res.stragglers.slowdown:.3f}, worst op type "
-                     f"{res.stragglers.worst_optype}")
+        lines.append(f"stragglers: {straggler_line(res.stragglers)}")  # the report's words: a worst op only if one straggled
     lines += [f"GPUs released: {'yes' if res.released else 'NO'}", f"checkpoints: {t.checkpoint_uri}",
               f"report: {res.report}", f"({wall_s:.0f} s)"]
     return "\n".join(lines)

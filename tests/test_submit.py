@@ -56,6 +56,12 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     assert [e.step for e in res.evaluations] == [20, 40]
     assert all(0 < e.scores["heldout-loss"]["loss"] < 6 for e in res.evaluations)
     assert res.stragglers is not None and res.stragglers.slowdown >= 1.0
+    from cli.submit import _human
+    from tasks.report import NO_STRAGGLER_S
+
+    said = _human(res, 1.0)  # what `frenzy submit` / `frenzy demo` print: the report's straggler words
+    assert ("no worker held the others up" in said) == (res.stragglers.slowdown < NO_STRAGGLER_S)
+    assert ("worst op type" in said) == (res.stragglers.slowdown >= NO_STRAGGLER_S)
     assert res.released and Ledger(str(tmp_path / "ledger.db")).allocations() == []
     html = Path(res.report).read_text()
     assert html.count("data:image/png;base64,") >= 3  # loss curve, scores by step, straggler heatmap
