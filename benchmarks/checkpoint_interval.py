@@ -24,6 +24,7 @@ import os
 import platform
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -169,8 +170,30 @@ def main() -> None:
         lines.append(f"| {r['mtbf_steps']} | {r['every']} | {r['goodput_steps_per_s']:.2f} | {r['useful_steps']}"
                      f"{'' if r['completed'] else ' (stopped)'} | {r['failures']} | {r['redone_steps']} | "
                      f"{r['wall_s']:.1f} | {r['auto_every_steps'] or ''} |")
+    lines += _summary(rows) if a.reps > 1 else []
     lines += _model_table(rows)
     Path(a.out + ".md").write_text("\n".join(lines) + "\n")
+
+
+def _summary(rows: list[dict]) -> list[str]:
+    """Per failure rate and interval, the median goodput over the repetitions (and its range), and whether auto's
+    median reaches the best fixed interval's."""
+    out = ["", "Over the repetitions (each interval meets the same failures in every repetition; the order of the "
+           "intervals rotates):", "", "| mean steps between failures | every_steps | median goodput (steps/s) | "
+           "min - max | runs |", "|---|---|---|---|---|"]
+    verdict = []
+    for mtbf in sorted({r["mtbf_steps"] for r in rows}):
+        med = {}
+        for every in dict.fromkeys(r["every"] for r in rows if r["mtbf_steps"] == mtbf):
+            g = [r["goodput_steps_per_s"] for r in rows if r["mtbf_steps"] == mtbf and r["every"] == every]
+            med[every] = statistics.median(g)
+            out.append(f"| {mtbf} | {every} | {med[every]:.3f} | {min(g):.3f} - {max(g):.3f} | {len(g)} |")
+        fixed = {e: v for e, v in med.items() if e != "auto"}
+        if "auto" in med and fixed:
+            best = max(fixed, key=fixed.get)
+            verdict.append(f"- one failure per {mtbf} steps: auto {med['auto']:.3f} against the best fixed interval "
+                           f"({best} steps) {fixed[best]:.3f}: {med['auto'] / fixed[best] - 1:+.1%}")
+    return out + [""] + verdict
 
 
 def expected_loss(every: int, step_s: float, cost_s: float, mtbf_s: float) -> float:
