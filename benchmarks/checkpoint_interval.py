@@ -137,7 +137,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop a run after this many seconds")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "checkpoint_interval"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json of the last run")
     a = ap.parse_args()
+    if a.report_only:
+        doc = json.loads(Path(a.out + ".json").read_text())
+        Path(a.out + ".md").write_text("\n".join(_report(doc, doc.get("command", ""), a.budget_s)) + "\n")
+        return
     tmp = Path(tempfile.mkdtemp(prefix="frenzy-interval-"))
     warm = run_one(tmp, "warmup", a.steps, 1000, None, [10**9], 10**9)
     step_s = warm["wall_s"] / a.steps  # includes the start-up: an upper bound, so auto's MTBF errs long
@@ -156,23 +161,28 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
     doc = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {platform.machine()}, "
            "shared with other sessions, no GPU", "steps": a.steps, "warmup_wall_s": warm["wall_s"],
-           "step_s_upper": step_s, "rows": rows}
+           "step_s_upper": step_s, "reps": a.reps, "command": " ".join(sys.argv[1:]), "rows": rows}
     Path(a.out + ".json").write_text(json.dumps(doc, indent=1))
+    Path(a.out + ".md").write_text("\n".join(_report(doc, doc["command"], a.budget_s)) + "\n")
+
+
+def _report(doc: dict, command: str, budget_s: float) -> list[str]:
+    rows = doc["rows"]
     lines = [f"# Goodput of checkpoint.every_steps: auto vs fixed intervals ({doc['date']})", "",
              f"Machine: {doc['machine']}. `frenzy train --resume` of gpt-tiny (seq 128, batch 8, fp32, 1 CPU rank), "
-             f"{a.steps} steps, restarted after each SIGKILL of the CLI and every process under it; failures after "
-             "an exponential number of steps (same seeded draws for every interval). Goodput = useful steps (the "
-             f"newest commit) / wall time (restarts included); a run not done after {a.budget_s:.0f} s is stopped "
-             f"there. Command: `python benchmarks/checkpoint_interval.py {' '.join(sys.argv[1:])}`.", "",
+             f"{doc['steps']} steps, restarted after each SIGKILL of the CLI and every process under it; failures "
+             "after an exponential number of steps (same seeded draws for every interval). Goodput = useful steps "
+             f"(the newest commit) / wall time (restarts included); a run not done after {budget_s:.0f} s is stopped "
+             f"there. Command: `python benchmarks/checkpoint_interval.py {command}`.", "",
              "| mean steps between failures | every_steps | goodput (steps/s) | useful steps | failures | steps re-done "
-             "| wall s | auto's interval |", "|---|---|---|---|---|---|---|---|"]
+             "| wall s | auto's last interval |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mtbf_steps']} | {r['every']} | {r['goodput_steps_per_s']:.2f} | {r['useful_steps']}"
                      f"{'' if r['completed'] else ' (stopped)'} | {r['failures']} | {r['redone_steps']} | "
                      f"{r['wall_s']:.1f} | {r['auto_every_steps'] or ''} |")
-    lines += _summary(rows) if a.reps > 1 else []
+    lines += _summary(rows) if doc.get("reps", 1) > 1 else []
     lines += _model_table(rows)
-    Path(a.out + ".md").write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def _summary(rows: list[dict]) -> list[str]:
@@ -209,14 +219,16 @@ def _model_table(rows: list[dict]) -> list[str]:
     out = ["", "Auto's inputs (its last `checkpoint_interval` record) and the expected fraction of wall time lost "
            "(checkpoint cost + re-done work, Young's model, restarts excluded) at each interval with those inputs:",
            "", "| mean steps between failures | measured C (s) | blocked (s) | drag (s) | step (s) | M (s) | "
-           "auto every_steps | lost @5 | lost @20 | lost @100 | lost @auto |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "auto's Young interval (steps) | lost @5 | lost @20 | lost @100 | lost @auto |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         i = r.get("auto_inputs")
         if r["every"] != "auto" or not i or "cost_s" not in i:
             continue
-        lost = [expected_loss(e, i["step_s"], i["cost_s"], i["mtbf_s"]) for e in (5, 20, 100, i["every_steps"])]
+        young = max(round(i["interval_s"] / i["step_s"]), 1)  # the last record may be capped at the steps left
+        lost = [expected_loss(e, i["step_s"], i["cost_s"], i["mtbf_s"]) for e in (5, 20, 100, young)]
         out.append(f"| {r['mtbf_steps']} | {i['cost_s']:.3f} | {i['blocked_s']:.3f} | {i['drag_s']:.3f} | "
-                   f"{i['step_s']:.3f} | {i['mtbf_s']:.0f} | {i['every_steps']} | "
+                   f"{i['step_s']:.3f} | {i['mtbf_s']:.0f} | {young} | "
                    + " | ".join(f"{x:.1%}" for x in lost) + " |")
     return out
 
