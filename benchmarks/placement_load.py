@@ -105,6 +105,16 @@ def utilisation(summary: dict[str, Any], c: Cluster) -> float:
     return sum(per.get(t, 0.0) * k for t, k in by_type.items()) / sum(by_type.values())
 
 
+def least_gpu_s(sim: Simulator, i: int) -> dict[str, float]:
+    """Job `i`'s fewest GPU-seconds per GPU type over MARP's plans (the requests has chooses among)."""
+    got = sim._has_requests(i)
+    per: dict[str, float] = {}
+    for r in got[0] if got else []:
+        (t,) = r.types  # type: ignore[misc]
+        per[t] = min(per.get(t, math.inf), r.gpus * (r.run_s or math.inf))
+    return per
+
+
 def rate_bound(c: Cluster, trace: list[TraceJob]) -> float:
     """A lower bound on average JCT that keeps the cluster's heterogeneity (lower_bounds() makes every GPU the
     fastest type): each job's work is its fewest GPU-seconds over the cluster's types (MARP's plans, as has runs
@@ -116,13 +126,9 @@ def rate_bound(c: Cluster, trace: list[TraceJob]) -> float:
     work, rel, fastest = [], [], []
     by_type = {t: [n for n, i in sim.perf.node.items() if i.gpu_type == t] for t in sim.perf.types}
     for i, j in enumerate(sim.jobs):
+        w = least_gpu_s(sim, i)
         got = sim._has_requests(i)
-        w: dict[str, float] = {}
-        runs = []
-        for r in got[0] if got else []:
-            (t,) = r.types  # type: ignore[misc]
-            w[t] = min(w.get(t, math.inf), r.gpus * (r.run_s or math.inf))
-            runs.append(r.run_s or math.inf)
+        runs = [r.run_s or math.inf for r in (got[0] if got else [])]
         for t, nodes in by_type.items():  # the user's count, micro-batch halved until it fits (fcfs after OOMs)
             node = max(nodes, key=lambda n: sim.perf.node[n].capacity)
             k = min(j.num_gpus, sim.perf.node[node].capacity)
@@ -163,13 +169,9 @@ def efficiency(c: Cluster, traces: list[list[TraceJob]], load: float) -> dict[st
         sim = Simulator(c, t2, "has")
         least, cap = {}, {}
         for i, j in enumerate(sim.jobs):
-            got = sim._has_requests(i)
-            if not got:
+            per = least_gpu_s(sim, i)
+            if not per:
                 continue
-            per: dict[str, float] = {}
-            for r in got[0]:
-                (t,) = r.types  # type: ignore[misc]
-                per[t] = min(per.get(t, math.inf), r.gpus * (r.run_s or math.inf))
             least[j.trace.name] = min(per.values())
             for t, x in per.items():
                 cap[t] = max(cap.get(t, 0.0), least[j.trace.name] / x)
@@ -327,7 +329,7 @@ def losses(rows: list[dict[str, Any]]) -> list[str]:
     return out or ["- none"]
 
 
-def why_production(rows: list[dict[str, Any]], eff: dict[str, dict[str, list[float]]]) -> list[str]:
+def why_production(eff: dict[str, dict[str, list[float]]]) -> list[str]:
     """Where the production family stands against the 15% target, and the per-type efficiency behind it."""
     if not eff:
         return []
@@ -397,7 +399,7 @@ def report(meta: dict[str, Any], rows: list[dict[str, Any]], lat: dict[str, floa
             f"{lat['p99_ms'] / lat['paper_p99_ms']:.1f}x at the p99. The machine was shared with other work: compare "
             "the two in this run, not across runs.",
             "", "## Where has loses to fcfs", "", *losses(rows),
-            "", "## Why the production family stays short of 15%", "", *why_production(rows, eff or {}),
+            "", "## Why the production family stays short of 15%", "", *why_production(eff or {}),
             "", "## Absolute figures, held-out families", "", *detail(held),
             "", "## Absolute figures, tuning families", "", *detail(tuned)]
 
