@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,13 +42,28 @@ REPO = Path(__file__).resolve().parents[1]
 INTERVALS: list[int | str] = [5, 20, 100, "auto"]
 
 
-def _job(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | None) -> Path:
+@dataclass(frozen=True)
+class Regime:
+    """The job every interval trains: the model, its batch and the torch threads of its one rank (None: the CLI's
+    default, cores - 1, which leaves a core to the background persist)."""
+
+    preset: str = "gpt-tiny"
+    seq_len: int = 128
+    batch: int = 8
+    threads: int | None = None
+
+    def describe(self) -> str:
+        th = "the CLI's default threads (cores - 1)" if self.threads is None else f"{self.threads} torch threads"
+        return f"{self.preset} (seq {self.seq_len}, batch {self.batch}, fp32, 1 CPU rank, {th})"
+
+
+def _job(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | None, regime: Regime) -> Path:
     ck = {"every_steps": every, "uri": f"file://{tmp}/{name}/ckpt", "keep": 2}
     if mtbf_s:
         ck["mtbf_s"] = mtbf_s
-    job = {"name": name, "model": {"preset": "gpt-tiny"},
-           "training": {"seq_len": 128, "global_batch": 8, "precision": "fp32", "steps": steps, "warmup_steps": 5,
-                        "log_every_steps": 1, "trace_every_steps": 0, "checkpoint": ck}}
+    job = {"name": name, "model": {"preset": regime.preset},
+           "training": {"seq_len": regime.seq_len, "global_batch": regime.batch, "precision": "fp32", "steps": steps,
+                        "warmup_steps": 5, "log_every_steps": 1, "trace_every_steps": 0, "checkpoint": ck}}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -88,17 +104,18 @@ def _committed(ck_dir: Path) -> int:
 
 
 def run_one(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | None, draws: list[int],
-            budget_s: float) -> dict:
+            budget_s: float, regime: Regime) -> dict:
     """Train to `steps`, killing the trainer after draws[i] steps of attempt i; the wall time, failures and the
     useful steps (the newest commit). A run still short of `steps` after `budget_s` is stopped there (an interval
     longer than the failures allow may never finish): its goodput counts the steps it committed."""
-    job = _job(tmp, name, steps, every, mtbf_s)
+    job = _job(tmp, name, steps, every, mtbf_s, regime)
+    threads = [] if regime.threads is None else ["--threads", str(regime.threads)]
     run_dir = tmp / name / "run"
     progress = run_dir / "progress.jsonl"
     t0, failures, redone, offset, interval = time.monotonic(), 0, 0, 0, None
     for attempt in range(len(draws)):
         proc = subprocess.Popen([sys.executable, "-m", "cli", "train", str(job), "--resume", "--device", "cpu",
-                                 "--threads", "1", "--run-dir", str(run_dir)], cwd=REPO, stdout=subprocess.DEVNULL,
+                                 *threads, "--run-dir", str(run_dir)], cwd=REPO, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         start, top, killed, out_of_time = None, 0, False, False
         while proc.poll() is None:
@@ -138,13 +155,18 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop a run after this many seconds")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "checkpoint_interval"))
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json of the last run")
+    ap.add_argument("--preset", default="gpt-tiny")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, help="torch threads of the rank (default: the CLI's own default)")
     a = ap.parse_args()
+    regime = Regime(a.preset, a.seq_len, a.batch, a.threads)
     if a.report_only:
         doc = json.loads(Path(a.out + ".json").read_text())
         Path(a.out + ".md").write_text("\n".join(_report(doc, doc.get("command", ""), a.budget_s)) + "\n")
         return
     tmp = Path(tempfile.mkdtemp(prefix="frenzy-interval-"))
-    warm = run_one(tmp, "warmup", a.steps, 1000, None, [10**9], 10**9)
+    warm = run_one(tmp, "warmup", a.steps, 1000, None, [10**9], 10**9, regime)
     step_s = warm["wall_s"] / a.steps  # includes the start-up: an upper bound, so auto's MTBF errs long
     rows = []
     for mtbf in a.mtbf_steps:
@@ -154,14 +176,16 @@ def main() -> None:
             order = INTERVALS[rep % len(INTERVALS):] + INTERVALS[:rep % len(INTERVALS)]
             for every in order:
                 name = f"m{mtbf}-e{every}-r{rep}"
-                r = run_one(tmp, name, a.steps, every, mtbf * step_s if every == "auto" else None, draws, a.budget_s)
+                r = run_one(tmp, name, a.steps, every, mtbf * step_s if every == "auto" else None, draws, a.budget_s,
+                            regime)
                 r.update(mtbf_steps=mtbf, every=str(every), rep=rep,
                          goodput_steps_per_s=r["useful_steps"] / r["wall_s"])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
     doc = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {platform.machine()}, "
            "shared with other sessions, no GPU", "steps": a.steps, "warmup_wall_s": warm["wall_s"],
-           "step_s_upper": step_s, "reps": a.reps, "command": " ".join(sys.argv[1:]), "rows": rows}
+           "step_s_upper": step_s, "reps": a.reps,
+           "regime": regime.describe(), "command": " ".join(sys.argv[1:]), "rows": rows}
     Path(a.out + ".json").write_text(json.dumps(doc, indent=1))
     Path(a.out + ".md").write_text("\n".join(_report(doc, doc["command"], a.budget_s)) + "\n")
 
@@ -169,7 +193,8 @@ def main() -> None:
 def _report(doc: dict, command: str, budget_s: float) -> list[str]:
     rows = doc["rows"]
     lines = [f"# Goodput of checkpoint.every_steps: auto vs fixed intervals ({doc['date']})", "",
-             f"Machine: {doc['machine']}. `frenzy train --resume` of gpt-tiny (seq 128, batch 8, fp32, 1 CPU rank), "
+             f"Machine: {doc['machine']}. `frenzy train --resume` of "
+             f"{doc.get('regime', 'gpt-tiny (seq 128, batch 8, fp32, 1 CPU rank, 1 torch thread)')}, "
              f"{doc['steps']} steps, restarted after each SIGKILL of the CLI and every process under it; failures "
              "after an exponential number of steps (same seeded draws for every interval). Goodput = useful steps "
              f"(the newest commit) / wall time (restarts included); a run not done after {budget_s:.0f} s is stopped "

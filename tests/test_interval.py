@@ -59,3 +59,66 @@ def test_pool_history_moves_the_mtbf_from_the_prior():
     got = I.pooled_mtbf_s(8, failures=9, gpu_seconds=1000 * 3600)
     assert math.isclose(got, (I.PRIOR_GPU_MTBF_S + 3.6e6) / 10 / 8)
     assert got < I.prior_mtbf_s(8) / 5
+
+
+def _measured(where: dict) -> tuple[I.Cadence, dict]:
+    c = I.Cadence("auto", 100000, gpus=1, mtbf_s=3600.0)
+    _run(c, 300, step_s=0.5, busy_s=0.6, persist_steps=4, blocked_s=0.2)
+    memo = c.memo(where)
+    assert memo is not None
+    return c, memo
+
+
+def test_a_restart_on_the_same_layout_starts_from_the_measured_cost():
+    where = {"world": 1, "tp": 1, "device": "cpu", "threads": 1}
+    before, memo = _measured(where)
+    assert math.isclose(memo["cost_s"], 0.6, rel_tol=1e-6) and math.isclose(memo["step_s"], 0.5)
+    reports = []
+    after = I.Cadence("auto", 100000, gpus=1, mtbf_s=3600.0, report=reports.append)
+    assert after.seed(memo, dict(where))
+    after.start(40)
+    # the Young interval of the measured cost at once, not FIRST_SAVE_STEPS then the blocked time alone
+    assert after.every == before.every == 131 and not after.due(40 + I.FIRST_SAVE_STEPS)
+    assert after.due(40 + 131) and reports[0].cost_source == "measured before the restart"
+
+
+def test_a_restart_elsewhere_measures_again():
+    _, memo = _measured({"world": 1, "tp": 1, "device": "cpu", "threads": 1})
+    for where in ({"world": 2, "tp": 1, "device": "cpu", "threads": 1},
+                  {"world": 1, "tp": 1, "device": "NVIDIA H100 80GB HBM3", "threads": 1}):
+        c = I.Cadence("auto", 100000, gpus=1, mtbf_s=3600.0)
+        assert not c.seed(memo, where)
+        c.start(0)
+        assert c.every == I.FIRST_SAVE_STEPS and c.due(I.FIRST_SAVE_STEPS)
+    broken = I.Cadence("auto", 100000, gpus=1)
+    assert not broken.seed({**memo, "step_s": "nan"}, memo["where"]) and not broken.seed(None, memo["where"])
+    assert not I.Cadence(5, 100, gpus=1).seed(memo, memo["where"])  # a fixed interval stays fixed
+
+
+def test_before_an_interval_is_measured_auto_never_checkpoints_back_to_back():
+    """The first save knows only its blocked time (a millisecond): Young/Daly of that alone would checkpoint every
+    step; until the cost of one whole interval is measured the interval stays at least FIRST_SAVE_STEPS."""
+    c = I.Cadence("auto", 100000, gpus=1, mtbf_s=4.0)
+    saves = _run(c, 60, step_s=0.07, busy_s=0.12, persist_steps=3, blocked_s=0.001)
+    assert saves[:2] == [I.FIRST_SAVE_STEPS, 2 * I.FIRST_SAVE_STEPS]
+    assert c.inputs.cost_source == "measured" and c.inputs.cost_s > 0.1  # three steps 0.05 s slower, measured
+    assert c.memo({"device": "cpu"})["cost_s"] > 0.1
+
+
+def test_the_trainer_carries_the_measured_cost_across_a_restart(tmp_path):
+    """A real run with `auto`: its checkpoints carry the measured figures, and the resumed process starts from them."""
+    from tasks.training import checkpoint as ck
+    from tasks.training.launch import launch
+    from tasks.training.storage import Storage
+    from tests.trainer_util import progress, tiny_job
+
+    uri = f"file://{tmp_path}/ck"
+    job = tiny_job(uri, 60, checkpoint={"every_steps": "auto", "uri": uri, "keep": 3, "mtbf_s": 2.0})
+    launch(job, tmp_path / "a", device="cpu", threads=1, stop_after_steps=40)
+    newest = ck.committed(Storage(uri))[0]
+    memo = newest.trainer["cadence"]
+    assert memo["where"] == {"world": 1, "tp": 1, "device": "cpu", "threads": 1} and memo["cost_s"] >= 0
+    res = launch(job, tmp_path / "b", device="cpu", threads=1, resume=True)
+    assert res["resumed_from_step"] == newest.step and res["final_step"] == 60
+    first = next(r for r in progress(tmp_path / "b") if r["event"] == "checkpoint_interval")
+    assert first["cost_source"] == "measured before the restart" and first["step_s"] == memo["step_s"]

@@ -16,6 +16,13 @@ such as a SIGKILL of the whole job, still cost at most that) and at the job's re
 
 Every rank measures its own figures; the interval is agreed (the largest) at each save, so every rank checkpoints
 at the same step. Each change is logged with its inputs (a `checkpoint_interval` progress record).
+
+The measured figures outlive the process: each checkpoint's manifest carries them (`memo`), and a resume on the same
+layout (world size, tensor parallel degree, device, threads) starts from them (`seed`) instead of measuring from
+scratch. Without that, every restart began again at the first save's blocked time alone, a gross underestimate that
+made back-to-back checkpoints after each failure (6% of goodput at a failure per 40 steps,
+benchmarks/results/checkpoint_interval_drag.md). Until an interval's cost has been measured, the interval stays at
+least `FIRST_SAVE_STEPS`.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class IntervalInputs:
     mtbf_source: str
     step_s: float
     persist_s: float
+    cost_source: str = "measured"
+    """`measured`, `blocked time only` (no interval measured yet) or `measured before the restart` (seeded)."""
 
 
 class Cadence:
@@ -84,10 +93,39 @@ class Cadence:
         self._costs: list[float] = []  # per save: its interval's seconds beyond the no-checkpoint pace
         self._blocked: list[float] = []
         self._persist_s = 0.0  # the newest completed persist
+        self.seeded = False
+
+    def memo(self, where: dict) -> dict | None:
+        """The measured figures, for the next process on the same layout `where` (None: nothing measured yet)."""
+        if not self._base or not self._costs:
+            return None
+        return {"where": where, "step_s": _median(self._base), "cost_s": _median(self._costs),
+                "blocked_s": sum(self._blocked) / len(self._blocked), "persist_s": self._persist_s}
+
+    def seed(self, memo: dict | None, where: dict) -> bool:
+        """Start from a previous process's figures when it ran on the same layout; True when used."""
+        if not self.auto or not memo or memo.get("where") != where:
+            return False
+        try:
+            base, cost = float(memo["step_s"]), float(memo["cost_s"])
+            blocked, persist = float(memo["blocked_s"]), float(memo["persist_s"])
+        except (KeyError, TypeError, ValueError):
+            return False
+        if not all(math.isfinite(x) and x >= 0 for x in (base, cost, blocked, persist)) or base <= 0:
+            return False
+        self._base, self._costs, self._blocked, self._persist_s = [base], [cost], [blocked], persist
+        self.seeded = True
+        return True
 
     def start(self, step: int) -> None:
-        """The step training starts (or resumes) from."""
+        """The step training starts (or resumes) from. With `auto`, a seeded cadence takes its interval now (the
+        same on every rank: agreed, so every rank calls this)."""
         self.last_saved = step
+        if self.auto:
+            if self.seeded:
+                self._retune(step, source="measured before the restart")
+            else:
+                self.every = self.agree(self.every)
 
     def step_done(self, now: float, persisting: bool) -> None:
         """After each optimizer step. A step's seconds include the snapshot of a save just before it and the wait
@@ -120,8 +158,9 @@ class Cadence:
         if self.auto and step < self.steps:  # the final save needs no next interval
             self._retune(step)
 
-    def _retune(self, step: int) -> None:
+    def _retune(self, step: int, source: str = "") -> None:
         if not self._base:
+            self.every = self.agree(self.every)
             return
         step_s = _median(self._base)
         blocked = sum(self._blocked) / len(self._blocked)
@@ -131,11 +170,13 @@ class Cadence:
         interval = min(young_daly_s(cost, self.mtbf_s), MAX_INTERVAL_S)
         # never shorter than a persist (a save would find its buffer still persisting and be deferred)
         every = max(round(interval / step_s), math.ceil(persist / step_s) + 1, 1)
+        if not self._costs:  # only the blocked time is known: no shorter than the first interval until measured
+            every = max(every, FIRST_SAVE_STEPS)
         every = self.agree(min(every, max(self.steps - step, 1)))
         changed = every != self.every or self.inputs is None
         self.every = every
         self.inputs = IntervalInputs(every, interval, cost, blocked, cost - blocked, self.mtbf_s, self.mtbf_source,
-                                     step_s, persist)
+                                     step_s, persist, source or ("measured" if self._costs else "blocked time only"))
         if changed and self.report is not None:
             self.report(self.inputs)
 

@@ -30,6 +30,8 @@ class Restorer:
                  seq_len: int, prog: Progress) -> None:
         self.storage, self.d, self.m, self.cursor, self.detector = storage, d, m, cursor, detector
         self.fp, self.seq_len, self.prog = fp, seq_len, prog
+        self.cadence_memo: dict | None = None
+        """The checkpoint interval's measured figures in the manifest loaded last (interval.py, `Cadence.seed`)."""
 
     def _tensors(self, m: ck.Manifest) -> dict:
         d = self.d
@@ -58,6 +60,7 @@ class Restorer:
         saved = D.Cursor.from_dict(m.cursor)
         self.cursor.samples, self.cursor.skips = saved.samples, saved.skips
         self.detector.load(m.trainer["spike"])
+        self.cadence_memo = m.trainer.get("cadence")
         if m.trainer.get("scaler"):
             self.m.scaler.load_state_dict(m.trainer["scaler"])
 

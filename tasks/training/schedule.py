@@ -31,7 +31,8 @@ Tensors = tuple[list[tuple[str, torch.Tensor]], dict]
 
 class CheckpointSchedule:
     def __init__(self, storage: Storage, d: Dist, job: JobSpec, prog: Progress, lease: WriterLease | None,
-                 tensors: Callable[[], Tensors], fields: Callable[[int], dict], start: int) -> None:
+                 tensors: Callable[[], Tensors], fields: Callable[[int], dict], start: int,
+                 where: dict | None = None, memo: dict | None = None) -> None:
         t = job.training
         self.d, self.job, self.prog, self.tensors, self.fields = d, job, prog, tensors, fields
         self.engine = ck.AsyncCheckpointer(storage, d.rank, d.world, run=job.name, keep=t.checkpoint.keep,
@@ -42,6 +43,8 @@ class CheckpointSchedule:
         self.cadence = Cadence(t.checkpoint.every_steps, t.steps, d.world, t.checkpoint.mtbf_s, agree_max,
                                lambda i: (log.info("checkpoint interval: %s", i),
                                           prog.emit("checkpoint_interval", **asdict(i))))
+        if self.cadence.seed(memo, where or {}):  # a restart on the same layout: the cost measured before it
+            log.info("checkpoint interval: starting from the figures measured before the restart (%s)", memo)
         self.cadence.start(start)
         self.last_saved = start
         self.blocked_s = 0.0

@@ -61,7 +61,7 @@ class Trainer:
         """The loop's parts that begin after the resume point is known."""
         d, t = self.d, self.job.training
         self.schedule = CheckpointSchedule(self.storage, d, self.job, self.prog, self.lease, self._tensors,
-                                           self._fields, self.step)
+                                           self._fields, self.step, self._where(), self.restorer.cadence_memo)
         if self.m.optimizer.state:  # resumed: the state exists, so the snapshot buffers can be made now
             self.schedule.prepare()
         # the straggler format traces one tensor-parallel rank per data-parallel rank
@@ -116,6 +116,12 @@ class Trainer:
     def _tensors(self) -> Tensors:
         return training_tensors(self.m.core, self.m.optimizer, with_model=self.m.owns_model)
 
+    def _where(self) -> dict:
+        """What a measured checkpoint cost depends on: a resume elsewhere measures it again (interval.py)."""
+        dev = self.dev
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+        return {"world": self.d.world, "tp": self.d.tp, "device": name, "threads": torch.get_num_threads()}
+
     def _fields(self, step: int) -> dict:
         """The manifest's fields of a checkpoint of step `step`."""
         t, det, scaler = self.job.training, self.guard.detector, self.m.scaler
@@ -129,7 +135,9 @@ class Trainer:
                             # evaluation rebuilds the held-out split from it (not part of the fingerprint)
                             "data": t.data.model_dump(mode="json"),
                             # the tokenizer.json beside the checkpoints (None: byte-level)
-                            "tokenizer": self.data.tok_key, "eos_id": self.data.tok.eos_id}}
+                            "tokenizer": self.data.tok_key, "eos_id": self.data.tok.eos_id,
+                            # the measured checkpoint cost and step pace, for `every_steps: auto` after a restart
+                            "cadence": self.schedule.cadence.memo(self._where())}}
 
     def _finish(self) -> dict:
         """Commit a stopped run's step, wait for every persist, merge the op traces, write the result."""
