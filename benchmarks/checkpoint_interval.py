@@ -139,7 +139,7 @@ def run_one(tmp: Path, name: str, steps: int, every: int | str, mtbf_s: float | 
             raise RuntimeError(f"{name}: frenzy train exited {proc.returncode}")
         if killed:
             failures += not out_of_time
-            redone += top - _committed(tmp / name / "ckpt")
+            redone += max(top - _committed(tmp / name / "ckpt"), 0)  # 0: stopped before a step of the attempt
         if not killed or out_of_time:
             break
     useful = steps if not killed else _committed(tmp / name / "ckpt")
