@@ -20,9 +20,9 @@ at the same step. Each change is logged with its inputs (a `checkpoint_interval`
 The measured figures outlive the process: each checkpoint's manifest carries them (`memo`), and a resume on the same
 layout (world size, tensor parallel degree, device, threads) starts from them (`seed`) instead of measuring from
 scratch. Without that, every restart began again at the first save's blocked time alone, a gross underestimate that
-made back-to-back checkpoints after each failure (6% of goodput at a failure per 40 steps,
-benchmarks/results/checkpoint_interval_drag.md). Until an interval's cost has been measured, the interval stays at
-least `FIRST_SAVE_STEPS`.
+made back-to-back checkpoints after each failure: with a failure per 40 steps, auto was 6% below every 20 steps in
+goodput (benchmarks/checkpoint_interval.py's gpt-mini regime, before this change; docs/benchmarks.md). Until an
+interval's cost has been measured, the interval stays at least `FIRST_SAVE_STEPS`.
 """
 
 from __future__ import annotations
