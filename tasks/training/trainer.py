@@ -60,8 +60,9 @@ class Trainer:
     def _start(self) -> None:
         """The loop's parts that begin after the resume point is known."""
         d, t = self.d, self.job.training
+        self.where = self._where()
         self.schedule = CheckpointSchedule(self.storage, d, self.job, self.prog, self.lease, self._tensors,
-                                           self._fields, self.step, self._where(), self.restorer.cadence_memo)
+                                           self._fields, self.step, self.where, self.restorer.cadence_memo)
         if self.m.optimizer.state:  # resumed: the state exists, so the snapshot buffers can be made now
             self.schedule.prepare()
         # the straggler format traces one tensor-parallel rank per data-parallel rank
@@ -137,7 +138,7 @@ class Trainer:
                             # the tokenizer.json beside the checkpoints (None: byte-level)
                             "tokenizer": self.data.tok_key, "eos_id": self.data.tok.eos_id,
                             # the measured checkpoint cost and step pace, for `every_steps: auto` after a restart
-                            "cadence": self.schedule.cadence.memo(self._where())}}
+                            "cadence": self.schedule.cadence.memo(self.where)}}
 
     def _finish(self) -> dict:
         """Commit a stopped run's step, wait for every persist, merge the op traces, write the result."""
