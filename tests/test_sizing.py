@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import random
+import sys
 
 import pytest
 
@@ -178,3 +179,40 @@ def test_cli_shows_the_decision_record(capsys, tmp_path):
     assert "load: 44 free GPUs left after the smallest plans of the 0 jobs behind it" in text  # phoebe: 44 GPUs, none busy
     code = main(["cluster", "show", "--ledger", led, "--json"])
     assert json.loads(capsys.readouterr().out)["allocations"][0]["decision"].startswith("widen: 2 GPU(s)")
+
+
+def _placement_bench():
+    """benchmarks/placement_load.py, imported as the benchmark runs it (its own sys.path entries)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "placement_load.py"
+    spec = importlib.util.spec_from_file_location("placement_load_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_idealised_scheduler_moves_a_job_up_when_a_fast_gpu_frees():
+    """The benchmark's room estimate (`ideal_moves`): a job that starts on the slow type because the fast GPU is busy
+    moves up when it frees, and finishes sooner than when moves cost more than they save."""
+    bench = _placement_bench()
+    c = Cluster(name="c", nodes=[Node(name="a0", gpu="A100-40GB-SXM", count=1),
+                                 Node(name="t0", gpu="RTX-2080Ti", count=1)])
+    jobs = [TraceJob(name=f"j{k}", submit_s=float(k), duration_s=3600.0, num_gpus=1,
+                     model=model_for_gpu_hours(1.0), global_batch=BATCH_PER_GPU) for k in range(2)]
+    from cluster.simulator import Simulator
+
+    sim = Simulator(c, jobs, "has")
+    opts = bench.type_options(sim, 1)
+    assert set(opts) == {"A100-40GB-SXM", "RTX-2080Ti"}
+    assert opts["RTX-2080Ti"][1] > 2 * opts["A100-40GB-SXM"][1]  # the slow type is much slower for this job
+    for t, (k, d) in opts.items():  # the leanest: no option of the type takes fewer GPU-seconds
+        assert all(k * d <= kk * dd for tt, kk, dd in bench.options(sim, 1) if tt == t)
+    moved, _ = bench.ideal_moves(c, jobs, move_s=120.0)
+    stuck, _ = bench.ideal_moves(c, jobs, move_s=1e9)
+    assert moved < stuck
+    # without moves: j0 on the A100 for its run, j1 on the 2080Ti for its whole run
+    fast, slow = opts["A100-40GB-SXM"][1], opts["RTX-2080Ti"][1]
+    assert stuck == pytest.approx((fast + slow) / 2, rel=1e-6)
