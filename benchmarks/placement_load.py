@@ -493,7 +493,8 @@ def report(meta: dict[str, Any], rows: list[dict[str, Any]], lat: dict[str, floa
             "the response ratio of cluster/queue.py, 2026-11-24), chosen on those alone; ITP, openb and the mixed "
             "family had been reported (seen) with earlier versions, never run while choosing it; the production and "
             "mixed rows use seeds 8-10, first run for the report of 2026-11-24 (4-6 were reported with the additive "
-            "aging). The policy has not changed since those rows were seen; this report adds the idealised column.", "",
+            "aging). The policy has not changed since those rows were seen; this report adds an idealised "
+            "scheduler that moves jobs (its last section).", "",
             *table(held), "", *verdict(held), "",
             "## Tuning families (the constants of cluster/sizing.py and the aging were chosen on these)", "",
             *table(tuned), "", *verdict(tuned), "", "## has-arrival", "",
