@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -269,7 +270,7 @@ def _summary(rows: list[dict]) -> list[str]:
             line = (f"- one failure per {mtbf} steps: auto {med['auto']:.3f} against the best fixed interval "
                     f"({best} steps) {fixed[best]:.3f}: {med['auto'] / fixed[best] - 1:+.1%}; per repetition "
                     "(same failures): " + ", ".join(f"{x - 1:+.1%}" for x in paired)
-                    + (f", median {statistics.median(paired) - 1:+.1%}" if paired else ""))
+                    + (f", median {statistics.median(paired) - 1:+.1%}" if paired else "") + _interval(paired))
             fixed2 = {e: v for e, v in med2.items() if e != "auto"}
             if "auto" in med2 and fixed2:
                 best2 = max(fixed2, key=fixed2.get)
@@ -279,6 +280,22 @@ def _summary(rows: list[dict]) -> list[str]:
                          + ", ".join(f"{x - 1:+.1%}" for x in paired2))
             verdict.append(line)
     return out + [""] + verdict
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Student's t at 97.5% by degrees of freedom (a two-sided 95% interval)."""
+
+
+def _interval(ratios: list[float]) -> str:
+    """The geometric mean of paired ratios with a 95% t interval on their logs: the interval holds the true ratio if
+    the repetitions' noise is roughly log-normal and independent. The best fixed interval was picked after the fact
+    (the largest of three noisy medians), which biases the comparison towards it."""
+    if len(ratios) < 3 or len(ratios) - 1 not in T975:
+        return ""
+    logs = [math.log(x) for x in ratios]
+    m, half = statistics.mean(logs), T975[len(logs) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
+    return (f"; geometric mean {math.exp(m) - 1:+.1%}, 95% interval {math.exp(m - half) - 1:+.1%} to "
+            f"{math.exp(m + half) - 1:+.1%}")
 
 
 def _paired(rows: list[dict], mtbf: int, every: str,

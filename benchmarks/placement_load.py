@@ -178,15 +178,20 @@ def rate_bound(c: Cluster, trace: list[TraceJob]) -> float:
 
 MOVE_S = 120.0
 """What a move between GPU types costs a job in `ideal_moves` (cluster/simulator.py has no moves)."""
+AGES = (0.0, 0.1, 0.3, 1.0, 3.0, math.inf)
+"""The queue orders `ideal_moves` is swept over on the production family: time left at the fastest option less
+`age` x the seconds waited since arrival (0: shortest remaining first; inf: arrival order)."""
 
 
-def ideal_moves(c: Cluster, trace: list[TraceJob], move_s: float = MOVE_S, preempt: bool = False
-                ) -> tuple[float, float]:
+def ideal_moves(c: Cluster, trace: list[TraceJob], move_s: float = MOVE_S, preempt: bool = False,
+                age: float = 0.0) -> tuple[float, float]:
     """An idealised scheduler that moves running jobs between GPU types, which has does not do: the room such a
     scheduler would have, not a bound. At every arrival and completion the jobs, in order of the time left at their
     fastest option (running ones first unless `preempt`), each take whichever of their leanest options per type
     (`type_options`) finishes soonest on the GPUs still free, counted per type (no node packing); a job that changes
-    type loses `move_s`. It knows every job's true run time. Returns (average JCT, p99 JCT)."""
+    type loses `move_s`. It knows every job's true run time. With `age` > 0 the order is the time left less `age` x
+    the seconds since the job arrived (inf: arrival order), which trades average JCT for the tail. Returns (average
+    JCT, p99 JCT)."""
     sim = Simulator(c, trace, "has")
     n = len(sim.jobs)
     opts = [type_options(sim, i) for i in range(n)]
@@ -212,7 +217,8 @@ def ideal_moves(c: Cluster, trace: list[TraceJob], move_s: float = MOVE_S, preem
         while k < len(arrivals) and submit[arrivals[k]] <= now:
             k += 1
         active = [i for i in arrivals[:k] if i not in finish]
-        active.sort(key=lambda i: (not preempt and i not in on, left[i] * fastest[i], i))
+        active.sort(key=lambda i: (not preempt and i not in on,
+                                   submit[i] if math.isinf(age) else left[i] * fastest[i] - age * (now - submit[i]), i))
         free = dict(sim.perf.total)
         placed: dict[int, tuple[str, int, float]] = {}
         for i in active:
@@ -270,11 +276,13 @@ def row_for(c: Cluster, fam: Family, load: float, policies: list[str]) -> dict[s
     """Every policy on every trace of the family at `load`; per policy the mean of each metric over the traces."""
     acc: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     lbs, rbs, ideal = [], [], []
+    # on the family that misses the target, the idealised mover is swept over its queue order (the tail's price)
+    variants = [(p, a) for p in (False, True) for a in (AGES if fam.name == "production" else (0.0,))]
     for tr in fam.traces:
         t2 = at_load(tr, c, load)
         lbs.append(lower_bounds(c, t2, SimConfig())["avg_jct_s"])
         rbs.append(rate_bound(c, t2))
-        ideal.append([*ideal_moves(c, t2), *ideal_moves(c, t2, preempt=True)])
+        ideal.append([ideal_moves(c, t2, preempt=p, age=a) for p, a in variants])
         for p in acc:
             pol, cfg = POLICIES[p]
             s = simulate(c, t2, pol, cfg).summary()  # type: ignore[arg-type]
@@ -282,8 +290,7 @@ def row_for(c: Cluster, fam: Family, load: float, policies: list[str]) -> dict[s
     row: dict[str, Any] = {"family": fam.name, "role": fam.role, "source": fam.source, "traces": len(fam.traces),
                            "jobs": sum(len(t) for t in fam.traces), "load": load, "lower_bound_avg_jct_s":
                            max(statistics.mean(lbs), statistics.mean(rbs)), "rate_bound_avg_jct_s": statistics.mean(rbs),
-                           "ideal_moves": {k: statistics.mean(x[n] for x in ideal) for n, k in enumerate(
-                               ("avg_jct_s", "p99_jct_s", "preempt_avg_jct_s", "preempt_p99_jct_s"))}}
+                           "ideal_moves": ideal_summary(variants, ideal)}
     for p, runs in acc.items():
         row[p] = {k: statistics.mean(r[k] for r in runs) for k in METRICS}
         row[p]["idle_violations"] = sum(r.get("idle_violations", 0) for r in runs)
@@ -291,6 +298,39 @@ def row_for(c: Cluster, fam: Family, load: float, policies: list[str]) -> dict[s
         row[p]["unschedulable"] = sum(r["unschedulable"] for r in runs)
         row[p]["per_trace_avg_jct_s"] = [r["avg_jct_s"] for r in runs]
     return row
+
+
+def ideal_summary(variants: list[tuple[bool, float]], runs: list[list[tuple[float, float]]]) -> dict[str, Any]:
+    """`ideal_moves` over a family's traces (mean per variant): the shortest-remaining-first figures (moves only, and
+    with preemption) and, where more orders ran, every one of them as `sweep` (`age` null: arrival order)."""
+    mean = [(statistics.mean(r[n][0] for r in runs), statistics.mean(r[n][1] for r in runs))
+            for n in range(len(variants))]
+    by = dict(zip(variants, mean, strict=True))
+    out: dict[str, Any] = {"avg_jct_s": by[(False, 0.0)][0], "p99_jct_s": by[(False, 0.0)][1],
+                           "preempt_avg_jct_s": by[(True, 0.0)][0], "preempt_p99_jct_s": by[(True, 0.0)][1]}
+    if len(variants) > 2:
+        out["sweep"] = [{"preempt": p, "age": None if math.isinf(a) else a, "avg_jct_s": x, "p99_jct_s": y}
+                        for (p, a), (x, y) in by.items()]
+    return out
+
+
+TUNING_SEEDS = (0, 1, 2, 3)
+
+
+def tuning_sweep(c: Cluster, load: float) -> dict[str, Any]:
+    """The idealised mover's sweep on the production family's tuning seeds 0-3 at `load` (against fcfs and has on the
+    same traces), beside the held-out rows: whether its room holds on other seeds."""
+    variants = [(p, a) for p in (False, True) for a in AGES]
+    runs, fc, hs = [], [], []
+    for s in TUNING_SEEDS:
+        t2 = at_load(production(400, s), c, load)
+        runs.append([ideal_moves(c, t2, preempt=p, age=a) for p, a in variants])
+        fc.append(simulate(c, t2, "fcfs", SimConfig()).summary())
+        hs.append(simulate(c, t2, *POLICIES["has"]).summary())  # type: ignore[arg-type]
+    return {"family": "production", "role": "tuning", "source": "issue-26 shape, seeds 0-3", "load": load,
+            "fcfs": {k: statistics.mean(r[k] for r in fc) for k in ("avg_jct_s", "p99_jct_s")},
+            "has": {k: statistics.mean(r[k] for r in hs) for k in ("avg_jct_s", "p99_jct_s")},
+            "ideal_moves": ideal_summary(variants, runs)}
 
 
 def latency(gpus: int, queue: int) -> dict[str, float]:
@@ -417,7 +457,8 @@ def losses(rows: list[dict[str, Any]]) -> list[str]:
     return out or ["- none"]
 
 
-def why_production(eff: dict[str, dict[str, list[float]]], rows: list[dict[str, Any]]) -> list[str]:
+def why_production(eff: dict[str, dict[str, list[float]]], rows: list[dict[str, Any]],
+                   tuning: list[dict[str, Any]]) -> list[str]:
     """Where the production family stands against the 15% target: the per-type efficiency, and what a scheduler that
     moves running jobs between GPU types (`ideal_moves`) would reach."""
     if not eff:
@@ -451,24 +492,79 @@ def why_production(eff: dict[str, dict[str, list[float]]], rows: list[dict[str, 
         out.append(f"| {r['load']} | {pct(h['avg_jct_s'], f['avg_jct_s'])} ({pct(h['p99_jct_s'], f['p99_jct_s'])}) | "
                    f"{ideal_vs(r)} | {pct(m['preempt_avg_jct_s'], f['avg_jct_s'])} "
                    f"({pct(m['preempt_p99_jct_s'], f['p99_jct_s'])}) |")
+    sweep = [r for r in rows if r["family"] == "production" and r["role"] == "held-out"
+             and "sweep" in r.get("ideal_moves", {})]
     out += ["", "So the room is in moving jobs up to faster GPUs as they free, which has does not do: it places a "
             "job once, and a job that started on an RTX-2080Ti because every A100 was busy stays there for hours. "
             "Frenzy's checkpoints resume on any layout, so the trainer can move; the scheduler does not yet. A first "
             "version of moves inside has (tried on tuning seeds 0-1 of this family only, load 0.9, with widening off) "
-            "reached -9.8% "
-            "against fcfs where has reaches -5.2% on those seeds, but its p99 JCT was 28-34% above fcfs's: the jobs "
-            "last in the queue's order waited longer while moved jobs took the A100s that came free. The idealised "
-            "scheduler's p99 is 13-16% above fcfs's at 0.7-1.1 as well: on this family no scheduler tried here, "
-            "ideal or not, is both 15% below fcfs on average and no worse at the p99 at loads 0.7-1.1. Moves that keep "
-            "the p99 are the "
-            "open work. (On the other families the idealised scheduler is no guide: it never widens a job and ignores "
-            "node packing, and on ITP's wide jobs it is several times worse than fcfs; the JSON has its figures for "
-            "every row.)"]
+            "reached -9.8% against fcfs where has reaches -5.2% on those seeds, but its p99 JCT was 28-34% above "
+            "fcfs's: the jobs last in the queue's order waited longer while moved jobs took the A100s that came free.",
+            "", *ideal_tail(sweep, tuning)]
+    return out
+
+
+def ideal_tail(rows: list[dict[str, Any]], tuning: list[dict[str, Any]]) -> list[str]:
+    """The idealised mover's price in the tail: its average and p99 JCT against fcfs for each queue order it was swept
+    over, and per load the best average it reaches with a p99 no worse than fcfs's (held-out seeds, then the tuning
+    seeds `tuning`)."""
+    if not rows:
+        return []
+    def order(a: float | None) -> str:
+        return "arrival order" if a is None else "shortest remaining first" if a == 0 else f"remaining - {a:g} x waited"
+    out = ["The idealised scheduler's shortest-remaining-first order buys its average with the tail. Aging trades one "
+           "for the other: ordered by the time left less `age` x the seconds waited, against fcfs (average JCT, p99 "
+           "JCT; held-out seeds 8-10):", "",
+           "| queue order | moves | " + " | ".join(f"load {r['load']}" for r in rows) + " |",
+           "|---|---|" + "---|" * len(rows)]
+    for n, v in enumerate(rows[0]["ideal_moves"]["sweep"]):
+        cells = []
+        for r in rows:
+            x, f = r["ideal_moves"]["sweep"][n], r["fcfs"]
+            cells.append(f"{pct(x['avg_jct_s'], f['avg_jct_s'])} ({pct(x['p99_jct_s'], f['p99_jct_s'])})")
+        out.append(f"| {order(v['age'])} | {'and preemption' if v['preempt'] else 'only'} | " + " | ".join(cells) + " |")
+    def best(rs: list[dict[str, Any]]) -> str:
+        parts = []
+        for r in rs:
+            f = r["fcfs"]
+            ok = [x for x in r["ideal_moves"]["sweep"] if x["p99_jct_s"] <= f["p99_jct_s"]]
+            b = min(ok, key=lambda x: x["avg_jct_s"]) if ok else None
+            parts.append(f"{r['load']}: " + (f"{pct(b['avg_jct_s'], f['avg_jct_s'])} ({order(b['age'])}"
+                                              f"{', with preemption' if b['preempt'] else ''})" if b else "none"))
+        return "; ".join(parts)
+
+    def meets(r: dict[str, Any]) -> bool:
+        f = r["fcfs"]
+        return any(x["p99_jct_s"] <= f["p99_jct_s"] and x["avg_jct_s"] <= 0.85 * f["avg_jct_s"]
+                   for x in r["ideal_moves"]["sweep"])
+    reach = [str(r["load"]) for r in rows if r["load"] >= 0.7 and meets(r)]
+    short = [str(r["load"]) for r in rows if r["load"] >= 0.7 and not meets(r)]
+    out += ["", f"The best average any of these reaches with a p99 no worse than fcfs's, per load: {best(rows)}.", ""]
+    if tuning:
+        t_reach = [str(r["load"]) for r in tuning if r["load"] >= 0.7 and meets(r)]
+        out += ["The same sweep on the family's tuning seeds 0-3 (has there: " + "; ".join(
+            f"{r['load']}: {pct(r['has']['avg_jct_s'], r['fcfs']['avg_jct_s'])} "
+            f"({pct(r['has']['p99_jct_s'], r['fcfs']['p99_jct_s'])})" for r in tuning) +
+            f"): best with a p99 no worse than fcfs's {best(tuning)}. " + (
+                f"Both figures are reached at load {', '.join(t_reach)}." if t_reach else
+                "No order reaches both figures at any load from 0.7 on these seeds."), ""]
+    if reach:
+        out += [f"On the held-out seeds at load {', '.join(reach)} some order is both 15% below fcfs on average and no "
+                "worse at the p99: the room there is moves with a little aging, which has does not make yet (the open "
+                "work), though how much of it a real scheduler keeps depends on the seeds (above).", ""]
+    if short:
+        out += [f"At load {', '.join(short)} none is, though the idealised scheduler knows every run time, ignores node "
+                "packing and is given the best of the orders on these very seeds: there the 15% would cost the tail "
+                "that the issue also asks to keep.", ""]
+    out.append("(On the other families the idealised scheduler is no guide: it never widens a job and ignores node "
+               "packing, and on ITP's wide jobs it is several times worse than fcfs; the JSON has its "
+               "shortest-remaining-first figures for every row.)")
     return out
 
 
 def report(meta: dict[str, Any], rows: list[dict[str, Any]], lat: dict[str, float],
-           eff: dict[str, dict[str, list[float]]] | None = None) -> list[str]:
+           eff: dict[str, dict[str, list[float]]] | None = None, sweep: list[dict[str, Any]] | None = None
+           ) -> list[str]:
     held = [r for r in rows if r["role"] == "held-out"]
     tuned = [r for r in rows if r["role"] == "tuning"]
     arrival_worse = sum(r["has-arrival"]["avg_jct_s"] > r["has"]["avg_jct_s"] for r in rows)
@@ -510,7 +606,7 @@ def report(meta: dict[str, Any], rows: list[dict[str, Any]], lat: dict[str, floa
             f"{lat['p99_ms'] / lat['paper_p99_ms']:.1f}x at the p99. The machine was shared with other work: compare "
             "the two in this run, not across runs.",
             "", "## Where has loses to fcfs", "", *losses(rows),
-            "", "## Why the production family stays short of 15%", "", *why_production(eff or {}, rows),
+            "", "## Why the production family stays short of 15%", "", *why_production(eff or {}, rows, sweep or []),
             "", "## Absolute figures, held-out families", "", *detail(held),
             "", "## Absolute figures, tuning families", "", *detail(tuned)]
 
@@ -525,7 +621,8 @@ def main() -> int:
     if a.report_only:
         doc = json.loads((out / "placement_load.json").read_text())
         (out / "placement_load.md").write_text("\n".join(report(doc["meta"], doc["rows"], doc["latency"],
-                                                                doc.get("efficiency", {}))) + "\n")
+                                                                doc.get("efficiency", {}),
+                                                                doc.get("tuning_sweep", []))) + "\n")
         return 0
     c = load_cluster("phoebe")
     t_start = time.time()
@@ -537,14 +634,15 @@ def main() -> int:
             print(f"{fam.role} {fam.name} load {load}: has {r['has']['avg_jct_s']:.0f} fcfs {r['fcfs']['avg_jct_s']:.0f} "
                   f"fifo {r['fifo']['avg_jct_s']:.0f} ilp {r.get('ilp', {}).get('avg_jct_s', math.nan):.0f}",
                   file=sys.stderr, flush=True)
+    sweep = [tuning_sweep(c, load) for load in LOADS]
     lat = latency(2048, 1000)
     prod = next(f for f in families(a.files) if f.name == "production")
     eff = efficiency(c, prod.traces, 0.9)
     meta = {"machine": MACHINE, "date": DATE, "cluster": "phoebe", "wall_s": time.time() - t_start,
             "command": "python benchmarks/placement_load.py" + (" --no-ilp" if a.no_ilp else "")}
     (out / "placement_load.json").write_text(json.dumps({"meta": meta, "rows": rows, "latency": lat,
-                                                                 "efficiency": eff}, indent=1))
-    lines = report(meta, rows, lat, eff)
+                                                                 "efficiency": eff, "tuning_sweep": sweep}, indent=1))
+    lines = report(meta, rows, lat, eff, sweep)
     (out / "placement_load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -216,3 +216,22 @@ def test_the_idealised_scheduler_moves_a_job_up_when_a_fast_gpu_frees():
     # without moves: j0 on the A100 for its run, j1 on the 2080Ti for its whole run
     fast, slow = opts["A100-40GB-SXM"][1], opts["RTX-2080Ti"][1]
     assert stuck == pytest.approx((fast + slow) / 2, rel=1e-6)
+
+
+def test_aging_trades_the_idealised_schedulers_average_for_its_tail():
+    """`ideal_moves(age=...)`: shortest-remaining-first runs the short jobs ahead of a long one that arrived earlier
+    (lower average, the long job last); arrival order runs the long one first (higher average, a shorter tail)."""
+    bench = _placement_bench()
+    c = Cluster(name="c", nodes=[Node(name="a0", gpu="A100-40GB-SXM", count=1)])
+
+    def job(name: str, submit_s: float, hours: float) -> TraceJob:
+        return TraceJob(name=name, submit_s=submit_s, duration_s=3600.0 * hours, num_gpus=1,
+                        model=model_for_gpu_hours(hours), global_batch=BATCH_PER_GPU)
+
+    jobs = [job("first", 0.0, 1.0), job("long", 1.0, 2.0)] + [job(f"s{k}", 100.0 + 600 * k, 1.0) for k in range(5)]
+    srpt = bench.ideal_moves(c, jobs, age=0.0)
+    arrival = bench.ideal_moves(c, jobs, age=math.inf)
+    assert srpt[0] < arrival[0]
+    assert srpt[1] > arrival[1]
+    mid = bench.ideal_moves(c, jobs, age=1e-3)  # too little aging to overtake any short job: as shortest first
+    assert mid == pytest.approx(srpt)
