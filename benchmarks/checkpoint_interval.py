@@ -187,7 +187,8 @@ def main() -> None:
     regime = Regime(a.preset, a.seq_len, a.batch, a.threads)
     if a.report_only:
         doc = json.loads(Path(a.out + ".json").read_text())
-        Path(a.out + ".md").write_text("\n".join(_report(doc, doc.get("command", ""), a.budget_s)) + "\n")
+        Path(a.out + ".md").write_text("\n".join(_report(doc, doc.get("command", ""),
+                                                        doc.get("budget_s", _budget(doc, a.budget_s)))) + "\n")
         return
     tmp = Path(tempfile.mkdtemp(prefix="frenzy-interval-"))
     warm = run_one(tmp, "warmup", a.steps, 1000, None, [10**9], 10**9, regime)
@@ -210,10 +211,16 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
     doc = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()}-core {platform.machine()}, "
            "shared with other sessions, no GPU", "steps": a.steps, "warmup_wall_s": warm["wall_s"],
-           "step_s_upper": step_s, "reps": a.reps,
+           "step_s_upper": step_s, "reps": a.reps, "budget_s": a.budget_s,
            "regime": regime.describe(), "command": " ".join(sys.argv[1:]), "rows": rows}
     Path(a.out + ".json").write_text(json.dumps(doc, indent=1))
     Path(a.out + ".md").write_text("\n".join(_report(doc, doc["command"], a.budget_s)) + "\n")
+
+
+def _budget(doc: dict, default: float) -> float:
+    """A run's `--budget-s`, from its recorded command where the document predates the `budget_s` field."""
+    words = doc.get("command", "").split()
+    return float(words[words.index("--budget-s") + 1]) if "--budget-s" in words[:-1] else default
 
 
 def _report(doc: dict, command: str, budget_s: float) -> list[str]:
