@@ -297,7 +297,7 @@ def _interval(ratios: list[float]) -> str:
     """The geometric mean of paired ratios with a 95% t interval on their logs: the interval holds the true ratio if
     the repetitions' noise is roughly log-normal and independent. The best fixed interval was picked after the fact
     (the largest of three noisy medians), which biases the comparison towards it."""
-    if len(ratios) < 3 or len(ratios) - 1 not in T975:
+    if len(ratios) < 3 or len(ratios) - 1 not in T975 or min(ratios) <= 0:  # a run stopped with nothing committed
         return ""
     logs = [math.log(x) for x in ratios]
     m, half = statistics.mean(logs), T975[len(logs) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))

@@ -1,6 +1,7 @@
 """Work conservation and load-adaptive sizing (cluster/sizing.py), in the simulator and the live ledger."""
 
 import csv
+import functools
 import json
 import math
 import random
@@ -181,6 +182,7 @@ def test_cli_shows_the_decision_record(capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["allocations"][0]["decision"].startswith("widen: 2 GPU(s)")
 
 
+@functools.cache
 def _placement_bench():
     """benchmarks/placement_load.py, imported as the benchmark runs it (its own sys.path entries)."""
     import importlib.util
