@@ -50,6 +50,7 @@ from cluster.simulator import SimConfig, Simulator, _srpt_flow, lower_bounds, si
 from cluster.sizing import Sizer  # noqa: E402
 from cluster.synth_traces import mixed, production  # noqa: E402
 from cluster.traces import TraceJob, load_trace, new_workload  # noqa: E402
+from cluster.traces import at_load as rescale_to_load  # noqa: E402
 
 TRACES = ROOT.parent / "examples" / "traces"
 LOADS = (0.5, 0.7, 0.9, 1.1)
@@ -87,12 +88,9 @@ def families(files: int) -> list[Family]:
 
 
 def at_load(trace: list[TraceJob], cluster: Cluster, load: float) -> list[TraceJob]:
-    """The trace with its arrival times stretched or squeezed to the offered load."""
-    gpus = sum(n.count for n in cluster.nodes)
-    work = sum(t.duration_s * t.num_gpus for t in trace)
-    t0, t1 = min(t.submit_s for t in trace), max(t.submit_s for t in trace)
-    f = (work / (load * gpus)) / max(t1 - t0, 1.0)
-    return [dataclasses.replace(t, submit_s=(t.submit_s - t0) * f) for t in trace]
+    """The trace with its arrival times stretched or squeezed to the offered load (what `frenzy simulate --load`
+    runs: `cluster.traces.at_load`)."""
+    return rescale_to_load(trace, sum(n.count for n in cluster.nodes), load)
 
 
 POLICIES: dict[str, tuple[str, SimConfig]] = {"has": ("has", SimConfig()), "has-paper": ("has", SimConfig(sizing=False)),
@@ -154,11 +152,10 @@ def type_options(sim: Simulator, i: int) -> dict[str, tuple[int, float]]:
     return best
 
 
-def rate_bound(c: Cluster, trace: list[TraceJob]) -> float:
-    """A lower bound on average JCT that keeps the cluster's heterogeneity (lower_bounds() makes every GPU the
-    fastest type): each job's work is its fewest GPU-seconds over the cluster's types (`type_options`), and the
-    cluster is one machine whose rate is, per type, its GPUs x the best fraction of that work per GPU-second any job
-    gets on it. Preemptive SRPT on that machine, or the mean fastest run time, whichever is larger."""
+def _work_and_rate(c: Cluster, trace: list[TraceJob]) -> tuple[list[float], list[float], list[float], float]:
+    """Per job its fewest GPU-seconds over the cluster's types (`options`), its arrival and its fastest run time; and
+    the rate of the cluster as one machine: per type its GPUs x the best fraction of a job's fewest GPU-seconds per
+    GPU-second any job gets on it."""
     sim = Simulator(c, trace, "has")
     best_frac: dict[str, float] = {}
     work, rel, fastest = [], [], []
@@ -175,8 +172,23 @@ def rate_bound(c: Cluster, trace: list[TraceJob]) -> float:
         work.append(u)
         rel.append(j.trace.submit_s)
         fastest.append(min(d for _, _, d in opts))
-    rate = sum(sim.perf.total[t] * f for t, f in best_frac.items())
+    return work, rel, fastest, sum(sim.perf.total[t] * f for t, f in best_frac.items())
+
+
+def rate_bound(c: Cluster, trace: list[TraceJob]) -> float:
+    """A lower bound on average JCT that keeps the cluster's heterogeneity (lower_bounds() makes every GPU the
+    fastest type): each job's work is its fewest GPU-seconds over the cluster's types, and the cluster is one machine
+    of `_work_and_rate`'s rate. Preemptive SRPT on that machine, or the mean fastest run time, whichever is larger."""
+    work, rel, fastest, rate = _work_and_rate(c, trace)
     return max(statistics.mean(fastest), _srpt_flow(rel, work, rate) / len(work))
+
+
+def demand_over_capacity(c: Cluster, trace: list[TraceJob]) -> float:
+    """The work the trace asks for per second of its arrival span over what the cluster gives back at best (the rate
+    of `rate_bound`): above 1 the queue grows for the whole trace under any policy."""
+    work, rel, _, rate = _work_and_rate(c, trace)
+    span = max(rel) - min(rel)
+    return sum(work) / span / rate if span > 0 and rate > 0 else math.inf
 
 
 MOVE_S = 120.0
@@ -278,13 +290,14 @@ def efficiency(c: Cluster, traces: list[list[TraceJob]], load: float) -> dict[st
 def row_for(c: Cluster, fam: Family, load: float, policies: list[str]) -> dict[str, Any]:
     """Every policy on every trace of the family at `load`; per policy the mean of each metric over the traces."""
     acc: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
-    lbs, rbs, ideal = [], [], []
+    lbs, rbs, ideal, over = [], [], [], []
     # on the family that misses the target, the idealised mover is swept over its queue order (the tail's price)
     variants = [(p, a) for p in (False, True) for a in (AGES if fam.name == "production" else (0.0,))]
     for tr in fam.traces:
         t2 = at_load(tr, c, load)
         lbs.append(lower_bounds(c, t2, SimConfig())["avg_jct_s"])
         rbs.append(rate_bound(c, t2))
+        over.append(demand_over_capacity(c, t2))
         ideal.append([ideal_moves(c, t2, preempt=p, age=a) for p, a in variants])
         for p in acc:
             pol, cfg = POLICIES[p]
@@ -293,13 +306,15 @@ def row_for(c: Cluster, fam: Family, load: float, policies: list[str]) -> dict[s
     row: dict[str, Any] = {"family": fam.name, "role": fam.role, "source": fam.source, "traces": len(fam.traces),
                            "jobs": sum(len(t) for t in fam.traces), "load": load, "lower_bound_avg_jct_s":
                            max(statistics.mean(lbs), statistics.mean(rbs)), "rate_bound_avg_jct_s": statistics.mean(rbs),
-                           "ideal_moves": ideal_summary(variants, ideal)}
+                           "ideal_moves": ideal_summary(variants, ideal),
+                           "demand_over_capacity": statistics.mean(over)}
     for p, runs in acc.items():
         row[p] = {k: statistics.mean(r[k] for r in runs) for k in METRICS}
         row[p]["idle_violations"] = sum(r.get("idle_violations", 0) for r in runs)
         row[p]["decision_p99_ms"] = max(r["decision_p99_ms"] for r in runs)
         row[p]["unschedulable"] = sum(r["unschedulable"] for r in runs)
         row[p]["per_trace_avg_jct_s"] = [r["avg_jct_s"] for r in runs]
+        row[p]["per_trace_p99_jct_s"] = [r["p99_jct_s"] for r in runs]
     return row
 
 
@@ -387,17 +402,23 @@ def pct(x: float, y: float) -> str:
     return f"{(x / y - 1) * 100:+.1f}%"
 
 
-def spread(h: dict[str, Any], f: dict[str, Any]) -> str:
+def per_trace(h: dict[str, Any], f: dict[str, Any], key: str = "avg") -> list[float]:
+    """has against fcfs on each trace of the family (`key`: avg or p99 JCT), as fractions (negative: has better)."""
+    k = f"per_trace_{key}_jct_s"
+    return [x / y - 1 for x, y in zip(h.get(k, []), f.get(k, []), strict=True)]
+
+
+def spread(h: dict[str, Any], f: dict[str, Any], key: str = "avg") -> str:
     """has against fcfs on each trace of the family, the best and worst (the seed-to-seed noise)."""
-    each = [x / y - 1 for x, y in zip(h["per_trace_avg_jct_s"], f["per_trace_avg_jct_s"], strict=True)]
+    each = per_trace(h, f, key)
     return f"{min(each) * 100:+.1f}..{max(each) * 100:+.1f}%" if len(each) > 1 else ""
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per family and load: the default against each baseline (negative: the default is better)."""
-    lines = ["| family | source | traces (jobs) | load | has avg JCT s | vs fcfs: avg | per trace | p50 | p99 | vs fifo | "
-             "vs ilp | vs has-paper | vs has-arrival | idle violations | has / lower bound | fcfs / lower bound |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | source | traces (jobs) | load | has avg JCT s | vs fcfs: avg | per trace | p50 | p99 | p99 per trace | "
+             "vs fifo | vs ilp | vs has-paper | vs has-arrival | idle violations | has / lower bound | "
+             "fcfs / lower bound |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         h, f = r["has"], r["fcfs"]
         vs = {p: pct(h["avg_jct_s"], r[p]["avg_jct_s"]) if p in r else "" for p in ("fifo", "ilp", "has-paper",
@@ -405,6 +426,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['family']} | {r['source']} | {r['traces']} ({r['jobs']}) | {r['load']} | "
                      f"{h['avg_jct_s']:.0f} | {pct(h['avg_jct_s'], f['avg_jct_s'])} | {spread(h, f)} | "
                      f"{pct(h['p50_jct_s'], f['p50_jct_s'])} | {pct(h['p99_jct_s'], f['p99_jct_s'])} | "
+                     f"{spread(h, f, 'p99')} | "
                      f"{vs['fifo']} | {vs['ilp']} | {vs['has-paper']} | {vs['has-arrival']} | {h['idle_violations']} | "
                      f"{h['avg_jct_s'] / r['lower_bound_avg_jct_s']:.2f}x | {f['avg_jct_s'] / r['lower_bound_avg_jct_s']:.2f}x |")
     return lines
@@ -433,7 +455,8 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     """The issue's targets, row by row: which rows miss which."""
     miss: dict[str, list[str]] = {"avg JCT not >= 15% below fcfs": [], "avg JCT worse than fcfs": [],
                                   "p99 JCT worse than fcfs": [], "avg JCT not >= 10% below ilp": [],
-                                  "idle violations": []}
+                                  "idle violations": [], "a trace of the family worse than fcfs on average": [],
+                                  "a trace of the family worse than fcfs at the p99": []}
     for r in rows:
         tag = f"{r['family']}@{r['load']}"
         h, f = r["has"], r["fcfs"]
@@ -447,6 +470,11 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
             miss["avg JCT not >= 10% below ilp"].append(f"{tag} ({pct(h['avg_jct_s'], r['ilp']['avg_jct_s'])})")
         if h["idle_violations"]:
             miss["idle violations"].append(f"{tag} ({h['idle_violations']})")
+        for key, name in (("avg", "on average"), ("p99", "at the p99")):
+            worse = [x for x in per_trace(h, f, key) if x > 0]
+            if worse:
+                miss[f"a trace of the family worse than fcfs {name}"].append(
+                    f"{tag} ({len(worse)} of {r['traces']}, up to {max(worse) * 100:+.1f}%)")
     return [f"- {k}: {len(v)} of {len(rows)} rows" + (f": {', '.join(v)}" if v else "") for k, v in miss.items()]
 
 
@@ -462,6 +490,19 @@ def losses(rows: list[dict[str, Any]]) -> list[str]:
                    f"{h['avg_jct_s'] - h['avg_queue_s']:.0f} s against {f['avg_jct_s'] - f['avg_queue_s']:.0f} s, "
                    f"utilisation {h['utilisation']:.3f} against {f['utilisation']:.3f}.")
     return out or ["- none"]
+
+
+def demand_text(rows: list[dict[str, Any]]) -> str:
+    """What the held-out production traces ask for against what phoebe's pools give back at best, per load."""
+    got = [r for r in rows if r["family"] == "production" and r["role"] == "held-out" and "demand_over_capacity" in r]
+    if not got:
+        return ""
+    return ("The work these traces ask for over what the pools give back at best (each job's fewest GPU-seconds "
+            "on any type, per second of the arrival span, over the GPUs of each type x the best fraction any job gets "
+            "there: the rate of the lower bound) is " + ", ".join(f"{r['demand_over_capacity']:.2f}x at {r['load']}"
+                                                                  for r in got) +
+            ": above 1x the queue grows for the whole trace under every policy. The load of the table counts GPUs "
+            "as equal, but for these jobs the older types do a fraction of an A100's useful work (the caps above).")
 
 
 def why_production(eff: dict[str, dict[str, list[float]]], rows: list[dict[str, Any]],
@@ -483,9 +524,7 @@ def why_production(eff: dict[str, dict[str, list[float]]], rows: list[dict[str, 
     out += ["", "Useful fraction over all GPUs: " + ", ".join(f"{p} {v:.3f}" for p, v in total.items()) + "; every "
             "type at its cap for the same busy hours would add at most " + ", ".join(f"{room[p] * 100:.0f}% ({p})"
                                                                                    for p in room) +
-            " useful work. Past load 0.7 this family's offered work exceeds what the pools give back (a 4.4 h job "
-            "needs two RTX-2080Ti, each doing about a sixth of an A100's useful work per hour) and the queue grows "
-            "for the whole trace under every policy.", "",
+            " useful work. " + demand_text(rows), "",
             f"Throughput is not all that is left, though. An idealised scheduler that moves running jobs between GPU "
             f"types (`ideal_moves` in this script: at every arrival and completion, jobs in order of the time left at "
             f"their fastest option take the option that finishes soonest on what is free, a running job moving up to "
@@ -582,9 +621,9 @@ def ideal_tail(rows: list[dict[str, Any]], others: list[dict[str, Any]]) -> list
     out += ["", "Where the 15% is out of reach, and why. The idealised scheduler meets both figures at load " + ", ".join(
         f"{x} on {n} of {len(sets)} seed sets" for x, n in met.items()) + ", though it knows every run time, ignores "
         f"node packing, pays only {MOVE_S:.0f} s a move and is given the best of its orders on those very seeds; a "
-        "real scheduler has less. Past load 0.7 this family asks for more work than phoebe's GPUs give back (the "
-        "efficiency table above): the queue grows for the whole trace under every policy, and the average JCT is then "
-        "set by the order in which the queue is served. An order short enough to be 15% below fcfs on average makes "
+        "real scheduler has less. Where this family asks for more work than phoebe's GPUs give back (above), the "
+        "queue grows for the whole trace under every policy, and the average JCT is then set by the order in which "
+        "the queue is served. An order short enough to be 15% below fcfs on average makes "
         "the last jobs wait longer than under fcfs (the sweep above), which the issue's second figure rules out. has "
         "keeps its p99 near or below fcfs's instead: from load 0.7 on these seed sets it is "
         f"{max(has_avg):+.1f}% to {min(has_avg):+.1f}% against fcfs on average with the p99 {min(has_p99):+.1f}% to "

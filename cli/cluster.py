@@ -105,7 +105,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             check_file_target(out, f"cluster simulate {flag}", (args.trace,))
     cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order)
     doc, results = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
-                                    max_jobs=args.max_jobs, progress=progress)
+                                    max_jobs=args.max_jobs, load=args.load, progress=progress)
     cluster_name, n_jobs = doc["cluster"], doc["jobs"]
     if args.plot:
         from cluster.report import plot_jct_cdf
@@ -121,7 +121,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from cluster.report import summary_rows
 
         lb = doc["lower_bounds"]
-        return (f"{n_jobs} jobs on {cluster_name}; lower bounds: avg JCT {lb['avg_jct_s']:.0f} s, "
+        given = doc["offered_load_as_given"]
+        load = f"offered load {doc['offered_load']:.2f}" + (f" (rescaled from {given:.2f})" if args.load else "")
+        return (f"{n_jobs} jobs on {cluster_name}, {load}; lower bounds: avg JCT {lb['avg_jct_s']:.0f} s, "
                 f"makespan {lb['makespan_s']:.0f} s\n" + table(summary_rows(doc["policies"])))
 
     emit(args, doc, human)
@@ -165,5 +167,9 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                          "aging (default), arrival order with backfilling, or strict head-of-line")
     sp.add_argument("--reference-gpu", default=REFERENCE_GPU, help=f"GPU the trace durations refer to ({REFERENCE_GPU})")
     sp.add_argument("--max-jobs", type=bounded_int(1, 100000), default=160, help="philly: jobs to take (default 160)")
+    sp.add_argument("--load", type=bounded_float(0.01, 10.0),
+                    help="rescale the arrival times to this offered load (GPU-seconds asked for over the cluster's "
+                         "GPU-seconds in the arrival span; benchmarks/placement_load.py reports 0.5-1.1); default: "
+                         "the trace's own times")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
     sp.add_argument("--jobs-csv", help="write one row per policy and job here (has: the plan chosen and why)")

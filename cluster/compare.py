@@ -9,15 +9,17 @@ from typing import Any
 from cluster.inventory import load_cluster
 from cluster.simulator import SimConfig, SimResult, lower_bounds, simulate
 from cluster.synth_traces import FAMILIES, parse_synthetic
-from cluster.traces import load_trace, new_workload, parse_newworkload
+from cluster.traces import TraceError, at_load, load_trace, new_workload, offered_load, parse_newworkload
 
 
 def compare_policies(cluster_spec: str, trace_spec: str, policies: Sequence[str], cfg: SimConfig, *,
-                     fmt: str | None = None, max_jobs: int | None = None,
+                     fmt: str | None = None, max_jobs: int | None = None, load: float | None = None,
                      progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, SimResult]]:
     """Simulate `trace_spec` (a CSV path, `newworkload:N[:SEED]`, `production:N[:SEED]` or
-    `mixed:N[:SEED]`) on `cluster_spec` under each policy.
-    Returns the summary document (cluster, trace, jobs, policies, lower_bounds) and the full results."""
+    `mixed:N[:SEED]`) on `cluster_spec` under each policy; with `load`, its arrivals rescaled to that offered load
+    (`cluster.traces.at_load`, as benchmarks/placement_load.py does).
+    Returns the summary document (cluster, trace, jobs, offered_load, policies, lower_bounds) and the full
+    results."""
     cluster = load_cluster(cluster_spec)
     if trace_spec.split(":")[0] in FAMILIES:
         trace = parse_synthetic(trace_spec)
@@ -27,12 +29,19 @@ def compare_policies(cluster_spec: str, trace_spec: str, policies: Sequence[str]
     else:
         extra = {"max_jobs": max_jobs} if fmt == "philly" and max_jobs else {}
         trace = load_trace(trace_spec, fmt, **extra)
+    if not trace:
+        raise TraceError(f"{trace_spec}: no jobs in the trace (a header and no rows?); add at least one job")
+    gpus = sum(n.count for n in cluster.nodes)
+    as_given = offered_load(trace, gpus)
+    if load is not None:
+        trace = at_load(trace, gpus, load)
     results: dict[str, SimResult] = {}
     for pol in policies:
         if progress:
             progress(f"simulating {pol} on {len(trace)} jobs ...")
         results[pol] = simulate(cluster, trace, pol, cfg)
     doc = {"cluster": cluster.name, "trace": trace_spec, "jobs": len(trace),
+           "offered_load": offered_load(trace, gpus), "offered_load_as_given": as_given,
            "policies": {p: r.summary() for p, r in results.items()},
            "lower_bounds": lower_bounds(cluster, trace, cfg)}
     return doc, results

@@ -25,10 +25,11 @@ import csv
 import hashlib
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 TraceFormat = Literal["generic", "philly", "sia"]
 REFERENCE_GPU = "A100-40GB-SXM"
@@ -108,18 +109,27 @@ def _rows(path: Path, required: set[str]) -> list[dict[str, str]]:
         raise TraceError(f"{path}: {err.strerror}") from None
 
 
+def _number(row: dict[str, str], col: str, kind: type[int] | type[float], where: str) -> Any:
+    """`row[col]` as `kind`; a cell that is not one names its line and column."""
+    text = (row.get(col) or "").strip()
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise TraceError(f"{where}: column {col} must be {what}, got {text!r}") from None
+
+
 def read_generic(path: str | Path) -> list[TraceJob]:
     """`submit_time,duration,num_gpus[,model,global_batch]` (design.md), plus optional `name` and `precision`."""
     p = Path(path)
     out = []
     for i, r in enumerate(_rows(p, {"submit_time", "duration", "num_gpus"}), start=2):
-        try:
-            out.append(_job(r.get("name") or f"job-{i - 1}", float(r["submit_time"]), float(r["duration"]),
-                            int(r["num_gpus"]), r.get("model") or None,
-                            int(r["global_batch"]) if r.get("global_batch") else None,
-                            r.get("precision") or "fp16-mixed"))
-        except (ValueError, TypeError) as err:
-            raise TraceError(f"{p}:{i}: {err}") from None
+        where = f"{p}:{i}"
+        out.append(_job(r.get("name") or f"job-{i - 1}", _number(r, "submit_time", float, where),
+                        _number(r, "duration", float, where), _number(r, "num_gpus", int, where),
+                        r.get("model") or None,
+                        _number(r, "global_batch", int, where) if r.get("global_batch") else None,
+                        r.get("precision") or "fp16-mixed"))
     return sorted(out, key=lambda j: (j.submit_s, j.name))
 
 
@@ -169,7 +179,9 @@ def load_trace(path: str | Path, fmt: TraceFormat | None = None, **philly: objec
     """Read a trace; the format is guessed from the header when not given."""
     p = Path(path)
     if not p.exists():
-        raise TraceError(f"{p}: no such trace file")
+        hint = ("; a generated trace is newworkload:N[:SEED], production:N[:SEED] or mixed:N[:SEED]"
+                if ":" in str(path) else "")
+        raise TraceError(f"{p}: no such trace file{hint}")
     if fmt is None:
         header = p.open().readline()
         fmt = "sia" if "num_replicas" in header else "philly" if "timestamp" in header else "generic"
@@ -232,3 +244,28 @@ def write_generic(jobs: list[TraceJob], path: str | Path) -> None:
         w.writerow(["submit_time", "duration", "num_gpus", "model", "global_batch", "name", "precision"])
         for j in jobs:
             w.writerow([j.submit_s, j.duration_s, j.num_gpus, j.model, j.global_batch, j.name, j.precision])
+
+
+def offered_load(trace: Sequence[TraceJob], gpus: int) -> float:
+    """The trace's offered load on `gpus` GPUs: the GPU-seconds it asks for (duration x GPUs, on the reference GPU)
+    over the GPU-seconds of its arrival span. 0 where every job arrives at once (the span is empty)."""
+    if not trace or gpus <= 0:
+        return 0.0
+    span = max(t.submit_s for t in trace) - min(t.submit_s for t in trace)
+    return sum(t.duration_s * t.num_gpus for t in trace) / (span * gpus) if span > 0 else 0.0
+
+
+def at_load(trace: Sequence[TraceJob], gpus: int, load: float) -> list[TraceJob]:
+    """The trace with its arrivals stretched or squeezed (the order and relative gaps kept, starting at 0) so that its
+    `offered_load` on `gpus` GPUs is `load`. A trace whose jobs all arrive at once has no span to scale."""
+    if load <= 0:
+        raise TraceError(f"load must be > 0 (got {load})")
+    if not trace:
+        return []
+    t0 = min(t.submit_s for t in trace)
+    span = max(t.submit_s for t in trace) - t0
+    if span <= 0:
+        raise TraceError("every job of the trace arrives at the same time: there are no arrival gaps to rescale to a "
+                         "load; drop --load, or use a trace with arrival times")
+    f = sum(t.duration_s * t.num_gpus for t in trace) / (load * gpus) / span
+    return [replace(t, submit_s=(t.submit_s - t0) * f) for t in trace]

@@ -26,12 +26,14 @@ class SimulateRequest(BaseModel):
     cluster: str = Field("phoebe", json_schema_extra={"position": 0})
     """Cluster preset (phoebe, frenzy-testbed) or a cluster YAML path on the worker."""
     trace: str = Field("newworkload:30", json_schema_extra={"position": 1})
-    """Trace CSV path on the worker, or newworkload:N[:SEED]."""
+    """Trace CSV path on the worker, or newworkload:N[:SEED], production:N[:SEED], mixed:N[:SEED]."""
     format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
     """Trace format; None guesses from the header."""
     policies: list[Literal["has", "has-arrival", "fcfs", "fifo", "ilp"]] = Field(
         ["has", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
     """Policies to compare (has: Frenzy's default; has-arrival: its placement in arrival order, not a default)."""
+    load: float | None = Field(None, gt=0.0, le=10.0)
+    """Rescale the arrivals to this offered load (0.5-1.1 in the benchmark); None keeps the trace's own times."""
     queue_order: Literal["shortest", "backfill", "strict"] = "shortest"
     """HAS queue order."""
     rank_by: RankBy = "balanced"
@@ -45,9 +47,10 @@ def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
     cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by)
     doc, _ = compare_policies(request.cluster, request.trace, request.policies, cfg, fmt=request.format,
-                              progress=print)
+                              load=request.load, progress=print)
     lb, pols = doc["lower_bounds"], doc["policies"]
-    md = (f"### {request.trace} on {doc['cluster']} ({doc['jobs']} jobs)\n\nLower bounds: avg JCT "
+    md = (f"### {request.trace} on {doc['cluster']} ({doc['jobs']} jobs, offered load {doc['offered_load']:.2f})"
+          "\n\nLower bounds: avg JCT "
           f"{lb['avg_jct_s']:.0f} s, makespan {lb['makespan_s']:.0f} s\n\n" + markdown_table(summary_rows(pols)))
     create_markdown_artifact(key="frenzy-simulation", markdown=md, description="policy comparison")
     return doc

@@ -23,6 +23,7 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "path-name.yaml").write_text("name: ../../..\nmodel: {preset: gpt-tiny}\n")
     (tmp_path / "big-node.yaml").write_text("name: c\nnodes: [{name: a, gpu: A100-80GB-SXM, count: 100000000}]\n")
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "empty.csv").write_text("submit_time,duration,num_gpus\n")
     return tmp_path
 
 
@@ -40,6 +41,10 @@ CASES = [
     (["plan", TINY, "--top", "-1"], "--top: -1 is out of range"),
     (["simulate", "--trace", "{d}"], "is a directory"),
     (["simulate", "--trace", "newworkload:2000000"], "1 <= N <= 100,000"),
+    (["simulate", "--trace", "{d}/empty.csv"], "no jobs in the trace"),
+    (["simulate", "--trace", "prod:400"], "a generated trace is newworkload:N[:SEED], production:N[:SEED]"),
+    (["simulate", "--trace", "production:40", "--load", "0"], "--load: 0 is out of range"),
+    (["simulate", "--trace", "newworkload:8", "--load", "0.5"], "no arrival gaps to rescale"),
     (["train", TINY, "--nproc", "0"], "--nproc: 0 is out of range"),
     (["train", TINY, "--nproc", "-3"], "--nproc: -3 is out of range"),
     (["train", TINY, "--threads", "-1"], "--threads: -1 is out of range"),

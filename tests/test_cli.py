@@ -94,6 +94,20 @@ def test_simulate_json_has_every_policy_and_the_bounds(capsys, tmp_path):
     assert png.stat().st_size > 1000
 
 
+def test_simulate_load_rescales_the_trace_as_the_benchmark_does(capsys):
+    """`--load` runs the trace at the offered load the benchmark reports (its arrivals rescaled); the output says the
+    load it ran at and the trace's own."""
+    code, out, _ = run(capsys, "simulate", "--trace", "production:60:2", "--policy", "fcfs", "--json")
+    given = json.loads(out)
+    code, out, _ = run(capsys, "simulate", "--trace", "production:60:2", "--policy", "fcfs", "--load", "0.9", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["offered_load"] == pytest.approx(0.9)
+    assert doc["offered_load_as_given"] == pytest.approx(given["offered_load"]) != pytest.approx(0.9)
+    assert doc["policies"]["fcfs"]["avg_jct_s"] != pytest.approx(given["policies"]["fcfs"]["avg_jct_s"])
+    code, out, _ = run(capsys, "simulate", "--trace", "production:60:2", "--policy", "fcfs", "--load", "0.9")
+    assert code == 0 and f"offered load 0.90 (rescaled from {given['offered_load']:.2f})" in out
+
+
 def test_simulate_reads_sia_files_and_reports_bad_traces(capsys, tmp_path):
     trace = Path(__file__).resolve().parents[1] / "examples/traces/sia-workloads/saturn/workload-3.csv"
     code, out, _ = run(capsys, "simulate", "--trace", str(trace),

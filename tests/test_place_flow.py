@@ -61,3 +61,5 @@ def test_place_task_and_simulate_flow_on_prefect(prefect_server, tmp_path):
     assert run_once() == 2 and Ledger(url).allocations() == []
     doc = simulate_flow(SimulateRequest(cluster="frenzy-testbed", trace="newworkload:6:2", policies=["has", "fifo"]))
     assert set(doc["policies"]) == {"has", "fifo"} and doc["policies"]["has"]["completed"] == 6
+    doc = simulate_flow(SimulateRequest(trace="production:30:1", policies=["fcfs"], load=0.7))
+    assert doc["offered_load"] == pytest.approx(0.7) and doc["policies"]["fcfs"]["jobs"] == 30

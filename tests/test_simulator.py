@@ -64,6 +64,40 @@ def test_strict_fifo_blocks_where_fcfs_backfills():
     assert fcfs["small"] == 2 and fifo["small"] > fifo["wide"] >= 1000
 
 
+def test_a_job_wider_than_the_cluster_is_unschedulable_and_blocks_no_one():
+    """fcfs and fifo run the user's GPU count: a job asking for more GPUs than the cluster has can never start, so it
+    counts as unschedulable (not as a finished job of JCT 0) and fifo does not hold the queue behind it."""
+    from cluster.report import summary_rows
+
+    c = Cluster(name="t", nodes=[Node(name="n", gpu="A100-80GB-PCIE", count=4)])
+    jobs = [TraceJob("huge", 0, 3600, 100, "gpt2-124m", 1600), TraceJob("small", 10, 600, 1, "gpt2-124m", 16)]
+    for pol in ("fcfs", "fifo"):
+        res = simulate(c, jobs, pol)
+        s = res.summary()
+        assert (s["completed"], s["unschedulable"]) == (1, 1), pol
+        by = {j.trace.name: j for j in res.jobs}
+        assert by["huge"].unschedulable == "asks for 100 GPUs; the cluster has 4" and by["huge"].finish is None
+        assert by["small"].start == 10  # fifo does not block on a job that can never start
+        assert summary_rows({pol: s})[0]["done"] == "1/2 (1 never fit)"
+    none = simulate(c, jobs[:1], "fifo").summary()
+    row = summary_rows({"fifo": none})[0]
+    assert none["completed"] == 0 and row["avg JCT s"] == row["p99 JCT s"] == "-"  # not a perfect 0
+
+
+def test_at_load_rescales_arrivals_to_the_offered_load():
+    from cluster.traces import at_load, offered_load
+
+    trace = new_workload(20, seed=3, mean_interarrival_s=300.0)
+    for load in (0.5, 1.1):
+        scaled = at_load(trace, 44, load)
+        assert offered_load(scaled, 44) == pytest.approx(load)
+        assert [j.name for j in scaled] == [j.name for j in trace] and scaled[0].submit_s == 0.0
+        assert [j.duration_s for j in scaled] == [j.duration_s for j in trace]
+    with pytest.raises(TraceError, match="drop --load"):
+        at_load(new_workload(5, seed=0), 44, 0.5)  # every job at t=0: no gaps to rescale
+    assert offered_load([], 44) == 0.0
+
+
 def test_sia_reader_attaches_models_and_durations():
     jobs = read_sia(SIA)
     assert len(jobs) == 160 and jobs[0].model == "gpt2-124m" and jobs[0].num_gpus == 6
@@ -86,6 +120,12 @@ def test_bad_traces_name_the_problem(tmp_path):
         load_trace(p, "generic")
     p.write_text("submit_time,duration,num_gpus,model\n0,10,1,gpt9\n")
     with pytest.raises(TraceError, match="unknown model preset"):
+        load_trace(p)
+    p.write_text("submit_time,duration,num_gpus\n0,10,1\n5,abc,1\n")
+    with pytest.raises(TraceError, match=r"bad.csv:3: column duration must be a number, got 'abc'"):
+        load_trace(p)
+    p.write_text("submit_time,duration,num_gpus\n0,10,1.5\n")
+    with pytest.raises(TraceError, match=r"column num_gpus must be a whole number, got '1.5'"):
         load_trace(p)
 
 
