@@ -11,13 +11,13 @@ def summary_rows(policies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, st
     rows = []
     for name, s in policies.items():
         def sec(key: str, s: Mapping[str, Any] = s) -> str:  # "-" where no job finished, never "-0"
-            return f"{round(s[key]) + 0}" if s["completed"] else "-"
+            return f"{round(s[key])}" if s["completed"] else "-"
 
         done = f"{s['completed']}/{s['jobs']}" + (f" ({s['unschedulable']} never fit)" if s.get("unschedulable")
                                                    else "")
         rows.append({"policy": name, "done": done, "avg JCT s": sec("avg_jct_s"),
                      "p50 JCT s": sec("p50_jct_s"), "p99 JCT s": sec("p99_jct_s"),
-                     "avg queue s": sec("avg_queue_s"), "makespan s": f"{round(s['makespan_s']) + 0}",
+                     "avg queue s": sec("avg_queue_s"), "makespan s": f"{round(s['makespan_s'])}",
                      "OOM": str(s["oom_failures"]), "decision p50/p99 ms":
                      f"{s['decision_p50_ms']:.3f}/{s['decision_p99_ms']:.3f}",
                      "util": " ".join(f"{t}:{u:.0%}" for t, u in s["utilisation"].items())})

@@ -243,6 +243,11 @@ class Simulator:
             while self.events and self.events[0][0] == now:
                 _, _, kind, i = heapq.heappop(self.events)
                 if kind == "arrive":
+                    job, total = self.jobs[i], sum(self.perf.total.values())
+                    if self.policy in ("fcfs", "fifo") and job.num_gpus > total:
+                        # the user's count can never start: a real scheduler rejects it, fifo must not block on it
+                        job.unschedulable = f"asks for {job.num_gpus} GPUs; the cluster has {total}"
+                        continue
                     self.queue.append(i)
                     changed = True
                 elif kind in ("finish", "oom"):
@@ -370,11 +375,6 @@ class Simulator:
         waiting = []
         for i in self.queue:
             job = self.jobs[i]
-            if self.policy != "has" and not job.unschedulable:
-                held = sum(n.capacity for n in self.perf.node.values() if n.mem_gib >= job.min_mem)
-                if job.num_gpus > held:  # it can never start: a real scheduler rejects it, fifo must not block on it
-                    job.unschedulable = (f"asks for {job.num_gpus} GPUs; the cluster has {held}"
-                                         + (f" with >= {job.min_mem:g} GiB" if job.min_mem else ""))
             if job.unschedulable:
                 continue
             pred = (self._predicted_s(i) if self.policy == "has" else job.trace.duration_s) if order == "shortest" \

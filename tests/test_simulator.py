@@ -79,6 +79,7 @@ def test_a_job_wider_than_the_cluster_is_unschedulable_and_blocks_no_one():
         assert by["huge"].unschedulable == "asks for 100 GPUs; the cluster has 4" and by["huge"].finish is None
         assert by["small"].start == 10  # fifo does not block on a job that can never start
         assert summary_rows({pol: s})[0]["done"] == "1/2 (1 never fit)"
+    assert simulate(c, jobs, "ilp").summary()["unschedulable"] == 0  # the ILP sizes jobs itself: it runs on 4 GPUs
     none = simulate(c, jobs[:1], "fifo").summary()
     row = summary_rows({"fifo": none})[0]
     assert none["completed"] == 0 and row["avg JCT s"] == row["p99 JCT s"] == "-"  # not a perfect 0
