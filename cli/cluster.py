@@ -131,7 +131,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("cluster", cmd_cluster, "Show the cluster ledger; cordon or uncordon nodes; load nodes into it.")
+    sp = add("cluster", cmd_cluster)
     sp.add_argument("action", choices=["show", "cordon", "uncordon", "init", "check"],
                     help="show: nodes, free GPUs, allocations, queue; init: add the nodes of --cluster; check: the "
                          "two-round pairwise collective test (faulty and slow nodes)")
@@ -150,7 +150,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--reason", default="", help="why the node is cordoned (kept in the ledger)")
     sp.add_argument("--ledger", help="SQLAlchemy URL or SQLite path (default $FRENZY_LEDGER or ~/.frenzy/ledger.db)")
 
-    sp = add("simulate", cmd_simulate, "Replay a job trace on a cluster under several placement policies.")
+    sp = add("simulate", cmd_simulate)
     sp.add_argument("--cluster", default="phoebe", help="cluster preset or YAML (default phoebe)")
     sp.add_argument("--trace", required=True,
                     help="trace CSV, or newworkload:N[:SEED] (the Frenzy NewWorkload), production:N[:SEED] or "

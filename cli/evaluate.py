@@ -79,14 +79,12 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         sp.add_argument("--cpu-workers-per-node", type=bounded_int(1, 1024),
                         help="metric jobs at once per node (default: the suite's)")
 
-    sp = add("eval-plan", cmd_eval_plan, "Plan an evaluation suite: naive vs prior-based elastic trials, predicted "
-             "makespans and the lower bound.")
+    sp = add("eval-plan", cmd_eval_plan)
     sp.add_argument("--suite", required=True, help="built-in suite name (core, acme63) or suite YAML")
     shape(sp, 8)
     sp.add_argument("--naive-trials", action="store_true", help="include the naive schedule's trials in the JSON")
 
-    sp = add("evaluate", cmd_evaluate, "Evaluate a committed checkpoint on a suite (preloading, GPU trials, CPU "
-             "metric jobs, elastic scheduling).")
+    sp = add("evaluate", cmd_evaluate)
     sp.add_argument("uri", help="checkpoint step URI (.../step_00000400) or root (its newest commit); file:// or s3://")
     sp.add_argument("--suite", default="core", help="built-in suite name or suite YAML (default core)")
     sp.add_argument("--schedule", choices=["elastic", "naive"], default="elastic", help="default elastic")
@@ -102,4 +100,4 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--history-dir", default="evals", help="score history per run (default evals)")
     sp.add_argument("--no-learn", action="store_true", help="do not fold this run's timings into the priors")
 
-    add("eval-datasets", cmd_eval_datasets, "List the evaluation datasets (with prior costs) and built-in suites.")
+    add("eval-datasets", cmd_eval_datasets)

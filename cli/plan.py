@@ -99,7 +99,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("plan", cmd_plan, "Rank the GPU types and counts that can train a job (MARP).")
+    sp = add("plan", cmd_plan)
     sp.add_argument("job", help="job YAML file, or a Hugging Face model directory (config.json)")
     sp.add_argument("--seq-len", type=bounded_int(1, 1 << 22), help="override training.seq_len (a model directory: "
                     "default its context, at most 4096)")
@@ -115,7 +115,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                     help="fraction of GPU memory kept free, 0 to 0.5 (default 0.05)")
     sp.add_argument("--top", type=bounded_int(0, 100000), default=10, help="show the best N plans (default 10; 0 = all)")
 
-    sp = add("memory", cmd_memory, "Predict peak GPU memory of a job under one parallel layout.")
+    sp = add("memory", cmd_memory)
     sp.add_argument("job", help="job YAML file")
     for flag, default, what in (("--dp", 1, "data-parallel degree"), ("--tp", 1, "tensor-parallel degree"),
                                 ("--pp", 1, "pipeline-parallel degree"), ("--micro-batch", 1, "sequences per GPU"),

@@ -80,8 +80,7 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("stragglers", cmd_stragglers, "What-if analysis of a training op trace: the slowdown stragglers cost, "
-             "attributed to op types, stages, DP ranks and workers; or generate a synthetic trace.")
+    sp = add("stragglers", cmd_stragglers)
     sp.add_argument("action", choices=["analyze", "generate"])
     sp.add_argument("path", help="analyze: trace parquet (or its directory); generate: the parquet file to write")
     sp.add_argument("--meta", help="analyze: the job's meta YAML (default: the one meta*.yaml beside the trace)")

@@ -104,8 +104,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("submit", cmd_submit, "Run a job end to end: plan, place, train with evaluations of each checkpoint, "
-             "straggler analysis, GPUs released; prints where the results are.")
+    sp = add("submit", cmd_submit)
     sp.add_argument("job", help="job YAML file")
     sp.add_argument("--cluster", default="local", help="cluster preset or YAML (default local: this machine; with "
                     "--executor ray, the Ray cluster's nodes)")
@@ -130,5 +129,5 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--hang", type=bounded_float(5.0, 86400.0), default=900.0,
                     help="seconds without a progress record after which the trainer counts as hung (900)")
 
-    sp = add("demo", cmd_demo, "The whole pipeline on this machine with embedded defaults, ending in a run report.")
+    sp = add("demo", cmd_demo)
     sp.add_argument("--dir", default="frenzy-demo", help="where everything goes (default ./frenzy-demo)")

@@ -91,7 +91,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("train", cmd_train, "Train a job on this machine with asynchronous, verified checkpoints.")
+    sp = add("train", cmd_train)
     sp.add_argument("job", help="job YAML file")
     sp.add_argument("--resume", action="store_true",
                     help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
@@ -110,6 +110,6 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--steps", type=bounded_int(1, 10**9), help="override training.steps")
     sp.add_argument("--checkpoint-uri", help="override training.checkpoint.uri (file://DIR or s3://BUCKET/PREFIX)")
 
-    sp = add("checkpoints", cmd_checkpoints, "List a checkpoint directory: committed steps, health, checksums.")
+    sp = add("checkpoints", cmd_checkpoints)
     sp.add_argument("uri", help="checkpoint root (file://DIR, DIR or s3://BUCKET/PREFIX)")
     sp.add_argument("--verify", action="store_true", help="re-read every shard and check its sha256")
