@@ -42,8 +42,7 @@ def _human(res: object, wall_s: float) -> str:
              + (f"; {t.spike_counts.summary()}" if t.spike_counts.summary() else ""),
              "", "scores by checkpoint:", table(rows), ""]
     for r in res.recoveries:
-        d, act = r["diagnosis"], r["action"]
-        lines.append(f"recovered: {d['type']} ({d['category']}) -> {act['kind']}: {act['reason']}")
+        lines.append(f"recovered: {r.diagnosis.type} ({r.diagnosis.category}) -> {r.action.kind}: {r.action.reason}")
     if res.stragglers:
         lines.append(f"stragglers: {straggler_line(res.stragglers)}")  # the report's words: a worst op only if one straggled
     lines += [f"GPUs released: {'yes' if res.released else 'NO'}", f"checkpoints: {t.checkpoint_uri}",

@@ -133,6 +133,10 @@ class LedgerError(ValueError):
     """A ledger operation that cannot proceed (unknown node, unreachable database, ...); the message names the fix."""
 
 
+class LeaseLost(LedgerError):
+    """The allocation's lease ran out while the job held it: the holder must stop using the GPUs."""
+
+
 class NodeAllocation(BaseModel):
     node: str
     gpu_type: str

@@ -5,47 +5,15 @@ artifact and a plot; the work itself is `tasks.evaluation.runner.evaluate`.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
-from pydantic import BaseModel, ConfigDict, Field
 
 from flows.naming import run_name
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary, evaluate_and_record
+from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.runner import EvalOptions
 from tasks.evaluation.suite import load_suite
-from tasks.formschema import drop_null_branches
-
-
-class EvaluateRequest(BaseModel):
-    """Which checkpoint, which suite, and how to schedule it."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
-                              json_schema_extra=drop_null_branches)
-
-    uri: str = Field(json_schema_extra={"position": 0})
-    """A committed checkpoint (`.../step_00000400`, file:// or s3://) or a checkpoint root (its newest commit)."""
-    suite: str = Field("core", json_schema_extra={"position": 1})
-    """Built-in suite name (core) or a suite YAML on the worker."""
-    schedule: Literal["elastic", "naive"] = "elastic"
-    """elastic: preload to shm, split/pack/LPT, CPU metrics without a barrier; naive: one trial per dataset."""
-    gpus_per_node: int = Field(1, ge=1)
-    """Inference slots (GPUs) on this worker."""
-    cpu_workers_per_node: int | None = Field(None, ge=1)
-    """Metric jobs at once; default the suite's, capped at the CPU count."""
-    device: Literal["cpu", "cuda"] = "cpu"
-    history_dir: str = "evals"
-    """Where predictions, scores and the per-run score history go (on the worker)."""
-    nodes: int = Field(1, ge=1)
-    """Nodes to spread the trials over (simulated here with `local`; Ray nodes with `ray`)."""
-    executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
-    """`local`: trial processes on this worker; `ray` / `ray://HOST:PORT`: each node a Ray node (precursor, trials
-    and metric jobs run there)."""
-    reevaluate: bool = True
-    """Evaluate even when the history already scores this step on this suite (off: return the recorded scores;
-    the commit-triggered deployment runs with it off, so a step evaluated in-flow is not evaluated twice)."""
 
 
 def _key(text: str) -> str:
@@ -97,23 +65,6 @@ def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
     return summary
 
 
-class PendingRequest(BaseModel):
-    """Evaluate every committed checkpoint that the history does not have yet, under the roots named here or, with
-    none named, under every checkpoint root the allocation ledger knows (each job `submit` ran)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
-                              json_schema_extra=drop_null_branches)
-
-    roots: list[str] = Field(default_factory=list, json_schema_extra={"position": 0})
-    """Checkpoint roots (jobs' checkpoint.uri); empty: every root in the ledger."""
-    ledger: str = ""
-    """Allocation ledger whose roots to cover: a SQLite path or SQLAlchemy URL; empty: $FRENZY_LEDGER or
-    ~/.frenzy/ledger.db."""
-    suite: str = ""
-    """Suite (core, quick or a suite YAML on the worker); empty: the one each job was submitted with, else core."""
-    schedule: Literal["elastic", "naive"] = "elastic"
-    gpus_per_node: int = Field(1, ge=1)
-    history_dir: str = "evals"
 
 
 def pending_roots(request: PendingRequest) -> tuple[list[tuple[str, str]], list[str]]:

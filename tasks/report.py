@@ -59,7 +59,7 @@ class RunReport(BaseModel):
     """Every step committed under the job's checkpoint root, earlier attempts' too (a resumed run's own
     `checkpoints` are only the ones it wrote); empty: those of `checkpoints`."""
     recoveries: list[str] = []
-    """One sentence per automatic recovery: the failure, the action, where the job went (elastic.recovery_lines)."""
+    """One sentence per automatic recovery: the failure, the action, where the job went (tasks/pipeline/request.Recovery.line)."""
 
 
 NOT_SCORES = frozenset({"isolated"})

@@ -200,7 +200,7 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
 
 
 def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one():
-    from flows.submit import collect_scores
+    from tasks.pipeline.evaluations import collect_scores
 
     # the triggered runs finish out of order: step 100 first, step 50 one poll later
     arrivals = [{100: "s100"}, {100: "s100", 50: "s50"}]

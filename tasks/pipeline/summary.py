@@ -1,0 +1,45 @@
+"""What a finished run shows: the run report's record and the `SubmitResult` the flow returns, both built from the
+`Run` alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks.pipeline.request import SubmitResult
+from tasks.pipeline.run import Run
+from tasks.report import RunReport, StragglerSummary
+from tasks.training import checkpoint as ck
+from tasks.training.storage import Storage
+
+
+def committed_steps(root: str) -> list[int]:
+    """Every step committed under `root`, earlier attempts' included (what the report counts)."""
+    try:
+        return sorted(m.step for m in ck.committed(Storage(root)))
+    except Exception:  # noqa: BLE001 - the report falls back to this run's own checkpoints
+        return []
+
+
+def run_report(run: Run) -> RunReport:
+    """The report of a trained, evaluated run."""
+    assert run.result is not None and run.attempt is not None
+    job, res, chosen = run.request.job, run.result, run.attempt.plan
+    strag = run.stragglers
+    return RunReport(job=job.name, model=job.model.display_name, cluster=run.cluster, plans=run.plans[:10],
+                     chosen=min(run.plans.index(chosen), 9) if chosen in run.plans else 0,
+                     allocation=run.attempt.allocation, final_step=res.final_step,
+                     resumed_from_step=res.resumed_from_step, tokens_per_s=res.tokens_per_s,
+                     checkpoints=res.checkpoints, progress=str(Path(res.run_dir) / "progress.jsonl"),
+                     evaluations=run.evaluations, timings_s=run.timings_s, spikes=res.spike_counts,
+                     committed_steps=committed_steps(job.training.checkpoint.uri),
+                     recoveries=[r.line() for r in run.recoveries],
+                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
+                     if strag else None)
+
+
+def submit_result(run: Run) -> SubmitResult:
+    """What `frenzy submit --json` prints for a reported run."""
+    assert run.result is not None and run.attempt is not None and run.report is not None
+    return SubmitResult(job=run.job, plan=run.attempt.plan, plans=run.plans, allocation=run.attempt.allocation,
+                        train=run.result, evaluations=run.evaluations, stragglers=run.stragglers, report=run.report,
+                        released=not run.held, timings_s=run.timings_s, recoveries=run.recoveries)
