@@ -8,9 +8,17 @@ command ends with is the cause, in one paragraph (flows/submit.py names it from 
 from __future__ import annotations
 
 import logging
+import os
 
+from tasks.errors import FrenzyError
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
+
+STARTUP_VAR = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
+
+class EphemeralStartError(FrenzyError, RuntimeError):
+    """Prefect's embedded API server did not come up in time; names the setting and the server alternative."""
 
 
 class OneLineFormatter(logging.Formatter):
@@ -73,6 +81,13 @@ def run_submit(command: str, request: object) -> object | None:
     one_line_console()
     try:
         return submit(request)
+    except RuntimeError as err:
+        if "ephemeral Prefect API" not in str(err):
+            raise
+        raise EphemeralStartError(
+            f"Prefect's embedded API did not start within {os.environ.get(STARTUP_VAR, '20')} s (a loaded machine): "
+            f"run again with {STARTUP_VAR}=300, or start a server once (`prefect server start`) and set "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api") from None
     except KeyboardInterrupt:
         print(interrupted_message(command, request.job.training.checkpoint.uri), file=sys.stderr)
         return None

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, table
 from tasks.report import straggler_line
 
@@ -30,7 +29,7 @@ def _result_doc(res: object) -> dict:
 
 
 def _human(res: object, wall_s: float) -> str:
-    from flows.submit import SubmitResult
+    from tasks.pipeline.request import SubmitResult
 
     assert isinstance(res, SubmitResult)
     p, a, t = res.plan, res.allocation, res.train
@@ -52,16 +51,11 @@ def _human(res: object, wall_s: float) -> str:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from cli.console import run_submit
-    from flows.submit import SubmitRequest
+    from cli.fields import build, given
     from tasks.jobspec import load_job
+    from tasks.pipeline.request import SubmitRequest
 
-    job = load_job(args.job)
-    req = SubmitRequest(job=job, cluster=args.cluster, ledger=args.ledger, suite=args.suite,
-                        max_wait_s=args.max_wait, evaluation=args.evaluation, device=args.device,
-                        run_dir=str(Path(args.run_dir).absolute()) if args.run_dir else None, lease_s=args.lease,
-                        max_restarts=args.max_restarts, hang_s=args.hang, executor=args.executor,
-                        # absolute here, on the submitting side: Ray nodes write where their `ray start` ran
-                        history_dir=str(Path(args.history_dir).absolute()))
+    req = build(SubmitRequest, {"job": load_job(args.job), **given(args, SubmitRequest, skip={"job"})})
     t0 = time.monotonic()
     res = run_submit("submit", req)
     if res is None:
@@ -72,8 +66,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def demo_request(base: Path) -> object:
     """The demo's SubmitRequest, everything under `base` (its own ledger, run, checkpoints and evaluations)."""
-    from flows.submit import SubmitRequest
     from tasks.jobspec import parse_job
+    from tasks.pipeline.request import SubmitRequest
 
     base = base.absolute()
     data = {**DEMO_JOB, "training": {**DEMO_JOB["training"],
@@ -103,30 +97,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    from cli.fields import add_fields
+    from tasks.pipeline.request import SubmitRequest
+
     sp = add("submit", cmd_submit)
     sp.add_argument("job", help="job YAML file")
-    sp.add_argument("--cluster", default="local", help="cluster preset or YAML (default local: this machine; with "
-                    "--executor ray, the Ray cluster's nodes)")
-    sp.add_argument("--executor", default="local",
-                    help="local (processes on this machine, default), ray (the Ray cluster this machine joined, or "
-                         "$RAY_ADDRESS) or ray://HOST:PORT: the allocation's ranks as Ray actors on its nodes")
-    sp.add_argument("--ledger", help="SQLAlchemy URL or SQLite path (default $FRENZY_LEDGER or ~/.frenzy/ledger.db)")
-    sp.add_argument("--suite", help="evaluation suite (core, quick or a YAML; default the job's, else core)")
-    sp.add_argument("--evaluation", choices=["auto", "in-flow", "deployment", "off"], default="auto",
-                    help="where checkpoints are evaluated (default auto: the evaluate-on-checkpoint deployment when "
-                         "the Prefect server has it, else in this run)")
-    sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when allocated")
-    sp.add_argument("--max-wait", type=float, default=3600.0, help="seconds to wait in the queue (default 3600)")
-    sp.add_argument("--run-dir", help="progress, log, traces and report (default runs/<job name>)")
-    sp.add_argument("--history-dir", default="evals",
-                    help="evaluation results and the per-run score history (default ./evals; on Ray, a directory "
-                         "every node sees)")
-    sp.add_argument("--lease", type=float, default=60.0,
-                    help="allocation lease in seconds: a crashed run's GPUs come back this long after it died (60)")
-    sp.add_argument("--max-restarts", type=bounded_int(0, 20), default=2,
-                    help="automatic recoveries from training failures, diagnosed from the log (default 2)")
-    sp.add_argument("--hang", type=bounded_float(5.0, 86400.0), default=900.0,
-                    help="seconds without a progress record after which the trainer counts as hung (900)")
+    add_fields(sp, SubmitRequest, skip={"job"})
 
     sp = add("demo", cmd_demo)
     sp.add_argument("--dir", default="frenzy-demo", help="where everything goes (default ./frenzy-demo)")

@@ -12,7 +12,6 @@ from flows.naming import run_name
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary, evaluate_and_record
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
-from tasks.evaluation.runner import EvalOptions
 from tasks.evaluation.suite import load_suite
 
 
@@ -30,10 +29,8 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
         logger.info(msg)
         update_progress_artifact(art, 100.0 * frac, description=msg)
 
-    opts = EvalOptions(schedule=request.schedule, gpus_per_node=request.gpus_per_node,
-                       cpu_workers_per_node=request.cpu_workers_per_node, device=request.device, nodes=request.nodes,
-                       executor=request.executor)
-    _, summary = evaluate_and_record(request.uri, suite, opts, request.history_dir, progress, request.reevaluate)
+    _, summary = evaluate_and_record(request.uri, suite, request.options(), request.history_dir, progress,
+                                     request.reevaluate)
     logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
                 summary.predicted_makespan_s)
     return summary

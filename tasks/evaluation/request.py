@@ -4,11 +4,14 @@ Prefect here: the CLI, the flows and a notebook share these."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.formschema import drop_null_branches
+
+if TYPE_CHECKING:
+    from tasks.evaluation.runner import EvalOptions
 
 
 class EvaluateRequest(BaseModel):
@@ -23,21 +26,46 @@ class EvaluateRequest(BaseModel):
     """Built-in suite name (core) or a suite YAML on the worker."""
     schedule: Literal["elastic", "naive"] = "elastic"
     """elastic: preload to shm, split/pack/LPT, CPU metrics without a barrier; naive: one trial per dataset."""
-    gpus_per_node: int = Field(1, ge=1)
-    """Inference slots (GPUs) on this worker."""
-    cpu_workers_per_node: int | None = Field(None, ge=1)
-    """Metric jobs at once; default the suite's, capped at the CPU count."""
+    nodes: int = Field(1, ge=1, le=4096)
+    """Nodes to spread the trials over (simulated here with `local`; Ray nodes with `ray`)."""
+    gpus_per_node: int = Field(1, ge=1, le=64)
+    """Inference slots (GPUs) per node."""
+    cpu_workers_per_node: int | None = Field(None, ge=1, le=1024)
+    """Metric jobs at once per node; default the suite's, capped at the CPU count."""
     device: Literal["cpu", "cuda"] = "cpu"
+    """Where the trials infer."""
+    threads: int = Field(1, ge=1, le=1024)
+    """torch threads per trial process."""
     history_dir: str = "evals"
     """Where predictions, scores and the per-run score history go (on the worker)."""
-    nodes: int = Field(1, ge=1)
-    """Nodes to spread the trials over (simulated here with `local`; Ray nodes with `ray`)."""
+    out_dir: str | None = None
+    """Predictions, scores and result.json; default <history_dir>/<run>/step_<N>/<suite>."""
     executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
     """`local`: trial processes on this worker; `ray` / `ray://HOST:PORT`: each node a Ray node (precursor, trials
     and metric jobs run there)."""
+    ray_nodes: list[str] = []
+    """With executor ray: the Ray nodes to use (names, or one comma-separated list); empty: the first `nodes` alive
+    ones."""
+    learn_priors: bool = Field(True, json_schema_extra={"cli": "--learn"})
+    """Fold this run's timings into the learned priors that plan later evaluations."""
     reevaluate: bool = True
     """Evaluate even when the history already scores this step on this suite (off: return the recorded scores;
     the commit-triggered deployment runs with it off, so a step evaluated in-flow is not evaluated twice)."""
+
+    @field_validator("ray_nodes", mode="before")
+    @classmethod
+    def _commas(cls, v: object) -> object:
+        items = [v] if isinstance(v, str) else v
+        return [n for x in items for n in str(x).split(",") if n] if isinstance(items, list) else v
+
+    def options(self) -> EvalOptions:
+        """How the evaluation runs (tasks.evaluation.runner), as the flow and `frenzy evaluate` both run it."""
+        from tasks.evaluation.runner import EvalOptions
+
+        return EvalOptions(schedule=self.schedule, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
+                           cpu_workers_per_node=self.cpu_workers_per_node, device=self.device,
+                           threads_per_trial=self.threads, out_dir=self.out_dir, learn_priors=self.learn_priors,
+                           executor=self.executor, ray_nodes=self.ray_nodes or None)
 
 
 class PendingRequest(BaseModel):

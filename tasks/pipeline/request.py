@@ -32,8 +32,8 @@ class SubmitRequest(BaseModel):
     """Where it may run: `local` (this worker's GPUs, or its CPU), a preset, or a cluster YAML on the worker; with
     executor ray, `local` means the Ray cluster's nodes."""
     suite: SkipJsonSchema[str | None] = None
-    """Evaluation suite (core, quick or a suite YAML) overriding the job's `evaluation.suite`; default the job's,
-    else core. Not on the form, which has the job's: one field per concept."""
+    """Evaluation suite (core, quick or a suite YAML) instead of the job's `evaluation.suite`; default the job's,
+    else core. (The form has the job's field alone.)"""
     ledger: str | None = None
     """Allocation ledger: a SQLite path or SQLAlchemy URL; default $FRENZY_LEDGER or ~/.frenzy/ledger.db."""
     rank_by: RankBy = "balanced"

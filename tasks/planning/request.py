@@ -20,9 +20,10 @@ class PlanRequest(BaseModel):
     cluster: str = Field("frenzy-testbed", json_schema_extra={"position": 1})
     """Cluster preset (phoebe, frenzy-testbed, local) or a cluster YAML path on the worker."""
     rank_by: RankBy = Field("gpu_seconds", json_schema_extra={"position": 2})
-    """Rank plans by GPU-seconds per step (efficiency), by step time, or balanced (fastest among efficient)."""
+    """Rank plans by GPU-seconds per step (gpu_seconds: efficiency), by step time (time), by GPU-seconds weighted by
+    each GPU's peak TFLOPS (compute), or balanced (the fastest among plans within 25% of the cheapest compute)."""
     margin: float = Field(0.05, ge=0, lt=0.5, json_schema_extra={"position": 3})
-    """Fraction of each GPU's memory kept free."""
-    top: int = Field(10, ge=1, le=1000, json_schema_extra={"position": 4})
-    """How many plans to return."""
+    """Fraction of each GPU's memory kept free, 0 up to 0.5."""
+    top: int = Field(10, ge=0, le=100_000, json_schema_extra={"position": 4})
+    """How many plans to return, best first; 0: all."""
 
