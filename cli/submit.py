@@ -38,8 +38,11 @@ def _human(res: object, wall_s: float) -> str:
     lines = [f"{res.job}: {t.final_step} steps on {p.gpus} x {p.gpu_type} ({p.layout.label()}), placed on "
              + ", ".join(f"{n.node}{n.gpu_indices}" for n in a.nodes)
              + f"; last loss {t.last_loss:.3f}, {t.tokens_per_s:,.0f} tok/s; {len(t.checkpoints)} checkpoints"
-             + (f"; {t.spike_counts.summary()}" if t.spike_counts.summary() else ""),
+             + (f"; {t.spike_counts.summary()}" if t.spike_counts.summary() else "")
+             + (" (it had already finished: nothing trained again)" if res.already_finished else ""),
              "", "scores by checkpoint:", table(rows), ""]
+    for f in res.evaluation_failures:
+        lines.append(f"evaluation of step {f.step} FAILED: {f.cause}")
     for r in res.recoveries:
         lines.append(f"recovered: {r.diagnosis.type} ({r.diagnosis.category}) -> {r.action.kind}: {r.action.reason}")
     if res.stragglers:
@@ -56,12 +59,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from tasks.pipeline.request import SubmitRequest
 
     req = build(SubmitRequest, {"job": load_job(args.job), **given(args, SubmitRequest, skip={"job"})})
+    req = req.resolved(Path.cwd(), job_base=Path(args.job).parent)  # the job's paths are relative to its file
     t0 = time.monotonic()
     res = run_submit("submit", req)
     if res is None:
         return 130
     emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
-    return 0
+    return 2 if res.evaluation_failures else 0  # trained, but a step's evaluation failed: the cause is printed
 
 
 def demo_request(base: Path) -> object:

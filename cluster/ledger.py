@@ -119,6 +119,14 @@ lock_t = Table(
     "ledger_lock", _meta,
     Column("id", Integer, primary_key=True, autoincrement=False),
 )
+runs_t = Table(
+    "runs", _meta,  # added 2026-11-25: one record per job `submit` ran, where everything of the run is
+    Column("job", String(255), primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("stage", String(16), nullable=False),
+    Column("record", Text, nullable=False),  # JSON RunRecord
+    Column("updated_at", Float, nullable=False),
+)
 events_t = Table(
     "events", _meta,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -157,6 +165,29 @@ class Allocation(BaseModel):
     state: str = "active"
     decision: str = ""
     """Which plan the queue chose and why (cluster/sizing.py), e.g. `pack: 1 GPU(s) of A100-40GB-SXM, ...`."""
+
+
+class RunRecord(BaseModel):
+    """Where everything of one submitted job is, as absolute URIs, and how far it got: what `submit`,
+    `evaluate-pending`, the report and a notebook read, from any machine or directory."""
+
+    job: str
+    owner: str = ""
+    """Who runs it: host:pid of the flow process."""
+    stage: str
+    """The pipeline's stage (tasks/pipeline/run.py): planned, placed, training, ..., reported or failed."""
+    checkpoint_root: str
+    run_dir: str
+    history_dir: str
+    suite: str = ""
+    """The suite checkpoints are evaluated on, as submitted (a built-in name or an absolute YAML path); "" for none."""
+    steps: int = 0
+    """The job's training.steps."""
+    report: str | None = None
+    error: str | None = None
+    result: str | None = None
+    """The finished run's SubmitResult as JSON (what a rerun of a finished job reports)."""
+    updated_at: float = 0.0
 
 
 def ledger_url(spec: str | None = None) -> str:
@@ -567,6 +598,26 @@ class Ledger:
         else:
             rows = conn.execute(query.order_by(events_t.c.id)).all()
         return {r.subject: (d["root"], d.get("suite", "")) for r in rows for d in [json.loads(r.detail)]}
+
+    def record_run(self, rec: RunRecord) -> None:
+        """Create or update the record of `rec.job` (its newest stage and where its files are)."""
+        rec = rec.model_copy(update={"owner": rec.owner or owner_id(), "updated_at": self.clock()})
+        row = {"owner": rec.owner, "stage": rec.stage, "record": rec.model_dump_json(), "updated_at": rec.updated_at}
+        with self._tx() as conn:
+            if conn.execute(update(runs_t).where(runs_t.c.job == rec.job).values(**row)).rowcount == 0:
+                conn.execute(insert(runs_t).values(job=rec.job, **row))
+
+    def run(self, job: str) -> RunRecord | None:
+        """The record of `job`, if `submit` ever ran it on this ledger."""
+        with self.engine.connect() as c:
+            row = c.execute(select(runs_t.c.record).where(runs_t.c.job == job)).first()
+        return RunRecord.model_validate_json(row.record) if row else None
+
+    def runs(self) -> list[RunRecord]:
+        """Every run's record, the most recently updated first."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(runs_t.c.record).order_by(runs_t.c.updated_at.desc())).all()
+        return [RunRecord.model_validate_json(r.record) for r in rows]
 
     def allocation(self, allocation_id: str) -> Allocation:
         found = self._allocations(allocations_t.c.id == allocation_id)

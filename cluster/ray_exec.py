@@ -34,6 +34,7 @@ from cluster.catalog import GPUType
 from cluster.inventory import ray_inventory
 from cluster.ray_nodes import RayExecutorError, alive_nodes, connect, node_name
 from cluster.ray_nodes import node_resource as _node_resource
+from tasks.paths import resolve_job
 
 
 def _free_port() -> int:
@@ -92,24 +93,6 @@ class _Rank:
 
                 if dist.is_initialized():
                     dist.destroy_process_group()
-
-
-def _absolute(job: Any) -> Any:
-    """Paths in the job as absolute paths: the ranks run in the Ray workers' directories, not the driver's."""
-    job = job.model_copy(deep=True)
-    uri = job.training.checkpoint.uri
-    if uri.startswith("file://") and not uri.startswith("file:///"):
-        job.training.checkpoint.uri = "file://" + str(Path(uri[len("file://"):]).absolute())
-    elif "://" not in uri:
-        job.training.checkpoint.uri = str(Path(uri).absolute())
-    if job.model.hf and Path(job.model.hf).expanduser().exists():
-        job.model.hf = str(Path(job.model.hf).expanduser().absolute())
-    d = job.training.data
-    for key in ("path", "tokenizer"):
-        v = getattr(d, key)
-        if v and "://" not in v and v != "byte" and Path(v).expanduser().exists():
-            setattr(d, key, str(Path(v).expanduser().absolute()))
-    return job
 
 
 @dataclass
@@ -208,7 +191,7 @@ def _prepare(job: Any, run_dir: Path) -> tuple[Any, Path]:
     """The job with absolute paths, recorded in a fresh run directory (stale result, stop and kill files gone)."""
     from tasks.training.launch import KILL_FILE, STOP_FILE
 
-    job = _absolute(job)
+    job = resolve_job(job, Path.cwd(), run_dir.absolute())  # ranks run in the Ray workers' directories
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("result.json", STOP_FILE, KILL_FILE):

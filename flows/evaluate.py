@@ -8,8 +8,9 @@ from __future__ import annotations
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 
-from flows.naming import run_name
+from flows.naming import run_name, submission_base
 from tasks.evaluation import history
+from tasks.evaluation.pending import missing, targets
 from tasks.evaluation.record import EvalSummary, evaluate_and_record
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.suite import load_suite
@@ -22,6 +23,7 @@ def _key(text: str) -> str:
 @task(name="evaluate", task_run_name="evaluate-{request.uri}")
 def evaluate_task(request: EvaluateRequest) -> EvalSummary:
     logger = get_run_logger()
+    request = request.resolved(submission_base())
     suite = load_suite(request.suite)
     art = create_progress_artifact(0.0, description=f"evaluating {request.uri} on {suite.name}")
 
@@ -57,6 +59,7 @@ def _publish(summary: EvalSummary, history_dir: str) -> None:
 @flow(name="evaluate-checkpoint", flow_run_name=run_name("evaluate-{request.uri}"), log_prints=True)
 def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
     """Evaluate one committed checkpoint on a suite: scores table, score history and its plot."""
+    request = request.resolved(submission_base())
     summary = evaluate_task(request)
     _publish(summary, request.history_dir)
     return summary
@@ -64,39 +67,44 @@ def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
 
 
 
-def pending_roots(request: PendingRequest) -> tuple[list[tuple[str, str]], list[str]]:
-    """The (root, suite) pairs to cover, and the roots that do not exist (a typo, or a job that has not committed
-    yet)."""
-    from cluster.ledger import Ledger
-    from tasks.training.storage import Storage
-
-    known = Ledger(request.ledger or None).checkpoint_roots().values() if not request.roots else []
-    roots = sorted({(r, request.suite or s or "core") for r, s in known}
-                   | {(r, request.suite or "core") for r in request.roots})
-    missing = []
-    for root, _ in roots:
-        st = Storage(root)
-        if not (st.local.is_dir() if st.local is not None else st.fs.exists(st.root)):
-            missing.append(root)
-    return roots, missing
-
-
 @flow(name="evaluate-pending", log_prints=True)
 def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
-    """Evaluate, oldest first, each committed checkpoint not yet evaluated on the suite (for a schedule)."""
+    """Evaluate, oldest first, each committed checkpoint not yet evaluated (for a schedule). A root or checkpoint
+    that cannot be evaluated fails alone: it is named (log and artifact), and every other one is still evaluated."""
     logger = get_run_logger()
-    roots, missing = pending_roots(request)
-    if not roots:
+    todo = targets(request, submission_base())
+    if not todo:
         logger.warning("no checkpoint roots: the ledger knows no submitted job yet and none were named")
-    for root in missing:
-        logger.warning("checkpoint root %s does not exist: nothing there to evaluate (a typo, or a job that has "
-                       "not committed a checkpoint yet)", root)
-    out = []
-    for root, suite in [(r, s) for r, s in roots if r not in missing]:
-        todo = history.pending(root, request.history_dir, load_suite(suite).name)
-        logger.info("%d checkpoint(s) to evaluate under %s on %s", len(todo), root, suite)
-        for uri in todo:
-            out.append(evaluate_checkpoint(EvaluateRequest(uri=uri, suite=suite, schedule=request.schedule,
-                                                           gpus_per_node=request.gpus_per_node,
-                                                           history_dir=request.history_dir, reevaluate=False)))
+    out: list[EvalSummary] = []
+    failed: list[tuple[str, str]] = []
+    for t in todo:
+        try:
+            if why := missing(t):
+                logger.warning(why)
+                continue
+            uris = history.pending(t.root, t.history_dir, load_suite(t.suite).name)
+        except Exception as err:  # noqa: BLE001 - one root that cannot be read does not stop the others
+            failed.append((t.root, f"{type(err).__name__}: {err}"))
+            logger.error("cannot cover %s: %s", t.root, err)
+            continue
+        logger.info("%d checkpoint(s) to evaluate under %s on %s", len(uris), t.root, t.suite)
+        for uri in uris:
+            state = evaluate_checkpoint(EvaluateRequest(uri=uri, suite=t.suite, schedule=request.schedule,
+                                                        gpus_per_node=request.gpus_per_node,
+                                                        history_dir=t.history_dir, reevaluate=False),
+                                        return_state=True)
+            if state.is_completed():
+                out.append(state.result())
+            else:
+                failed.append((uri, state.message or state.name))
+                logger.error("evaluation of %s failed: %s", uri, state.message)
+    _publish_pending(out, failed)
     return out
+
+
+def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]]) -> None:
+    lines = [f"# evaluate-pending: {len(done)} evaluated, {len(failed)} failed", ""]
+    if failed:
+        lines += ["| checkpoint or root | why |", "|---|---|"] + [f"| `{u}` | {why.replace('|', '/')[:300]} |"
+                                                                  for u, why in failed]
+    create_markdown_artifact("\n".join(lines), key="evaluate-pending", description="the last pending evaluation pass")

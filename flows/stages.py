@@ -4,6 +4,8 @@ what came back into the record the transition takes."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import get_client, get_run_logger, task
@@ -24,10 +26,10 @@ from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.request import EvaluateRequest
 from tasks.pipeline import attempt as at
-from tasks.pipeline.evaluations import InFlowEvaluator, collect_scores, scored
+from tasks.pipeline.evaluations import EvalFailure, InFlowEvaluator, Verdict, collect_scores, scored
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
-from tasks.pipeline.summary import run_report
+from tasks.pipeline.summary import run_record, run_report
 from tasks.pipeline.watch import Controls, watch
 from tasks.planning.calibration import load_observations
 from tasks.planning.plans import ResourcePlan
@@ -73,13 +75,49 @@ class _Future:
         self.fut.wait(timeout=timeout_s)
 
 
+class TriggeredEvaluations:
+    """The evaluate-on-checkpoint runs that the commits under `root` triggered since `since`, as the server sees
+    them: which steps' newest run ended without a score (and how), and a way to run a step again."""
+
+    def __init__(self, root: str, since: datetime) -> None:
+        self.root, self.since = root.rstrip("/"), since
+        self.params: dict[int, dict] = {}
+
+    def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
+        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+        with get_client(sync_client=True) as client:
+            dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
+                                         limit=500)
+        newest: dict[int, object] = {}
+        for fr in sorted(runs, key=lambda fr: fr.created or self.since):
+            uri = str((fr.parameters.get("request") or {}).get("uri", ""))
+            m = re.fullmatch(re.escape(self.root) + r"/step_(\d+)/?", uri)
+            if m and fr.created and fr.created >= self.since:
+                newest[int(m.group(1))] = fr
+                self.params[int(m.group(1))] = fr.parameters
+        out: dict[int, tuple[Verdict, str]] = {}
+        for step, fr in newest.items():
+            st = fr.state  # type: ignore[attr-defined]
+            if st is not None and st.type.value in ("FAILED", "CRASHED"):
+                out[step] = ("crashed" if st.type.value == "CRASHED" else "failed",
+                             st.message or f"the run {fr.name} ended {st.name}")  # type: ignore[attr-defined]
+        return out
+
+    def rerun(self, step: int) -> None:
+        from prefect.deployments import run_deployment
+
+        run_deployment(EVAL_DEPLOYMENT, parameters=self.params[step], timeout=0, as_subflow=False)
+
+
 class FlowStages:
     """The stages of one `submit` run, as Prefect tasks on this worker."""
 
     def __init__(self, request: SubmitRequest, ledger: Ledger, cluster: Cluster) -> None:
         self.request, self.ledger, self.cluster = request, ledger, cluster
         self.log = get_run_logger()
-        self.keeper: LeaseKeeper | None = None
+        self.started = datetime.now(UTC)
 
     def plan(self, run: Run) -> tuple[list[ResourcePlan], str]:
         job, spec = self.request.job, self.request.cluster_spec
@@ -117,7 +155,7 @@ class FlowStages:
         with LeaseKeeper(self.ledger, a.allocation.id, r.lease_s) as keeper:
             if r.executor != "local":  # every node must see the files this run writes, before it trains
                 at.check_shared_paths(r, a.allocation, run_dir)
-            treq = at.training_request(r, a.allocation, a.plan, run_dir, run.suite)
+            treq = at.training_request(r, a.allocation, a.plan, run_dir, r.suite_spec if run.suite else "")
             tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
             ev = self._evaluator(run, "cuda" if treq.gpu_indices else "cpu") if run.mode == "in-flow" else None
@@ -185,15 +223,19 @@ class FlowStages:
         at.note_oom(self.request.job, run.attempt.plan, diagnosis, self.cluster)
         return replan_after_oom(self.request.job, self.cluster, self.request.rank_by, load_observations())
 
-    def evaluations(self, run: Run) -> list[EvalSummary]:
+    def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
         if run.mode != "deployment" or run.result is None:
-            return run.evaluations
+            return run.evaluations, []
         r, steps = self.request, [c.step for c in run.result.checkpoints]
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        found = collect_scores(lambda: scored(r.history_dir, run.job, run.suite), steps, r.eval_timeout_s)
-        if missing := sorted(set(steps) - set(found)):
+        triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started)
+        found, failures = collect_scores(lambda: scored(r.history_dir, run.job, run.suite), steps, r.eval_timeout_s,
+                                         runs=triggered.ended_without_score, rerun=triggered.rerun)
+        for f in failures:
+            self.log.error("evaluation of step %d failed: %s", f.step, f.cause)
+        if missing := sorted(set(steps) - set(found) - {f.step for f in failures}):
             self.log.warning("no score for step(s) %s within %.0f s of training's end", missing, r.eval_timeout_s)
-        return [found[s] for s in sorted(found)]
+        return [found[s] for s in sorted(found)], failures
 
     def analyse(self, run: Run) -> StragglerReport | None:
         trace = run.result.trace if run.result else None
@@ -211,8 +253,10 @@ class FlowStages:
         return path
 
     def record(self, run: Run) -> None:
+        self.ledger.record_run(run_record(run))
         emit_event(event=f"frenzy.run.{run.stage.value}", resource={"prefect.resource.id": f"frenzy.job.{run.job}"},
-                   payload={"stage": run.stage.value, "at_s": run.visits[-1].at_s if run.visits else 0.0})
+                   payload={"stage": run.stage.value, "at_s": run.visits[-1].at_s if run.visits else 0.0,
+                            "run_dir": run.run_dir, "checkpoint_root": run.request.job.training.checkpoint.uri})
 
 
 @task(name="diagnose", task_run_name="diagnose-{job}")

@@ -14,34 +14,31 @@ from the newest verified checkpoint.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from cluster.inventory import load_cluster
 from cluster.ledger import Ledger
-from flows.naming import run_name
+from flows.naming import run_name, submission_base
 from flows.stages import FlowStages, evaluation_mode
 from tasks.evaluation.suite import load_suite
 from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
-from tasks.pipeline.summary import submit_result
-from tasks.training.launch import default_run_dir
+from tasks.pipeline.summary import already_finished, submit_result
 from tasks.training.storage import Storage
 
 __all__ = ["PipelineError", "SubmitRequest", "SubmitResult", "submit"]
 
 
 def start(request: SubmitRequest) -> Run:
-    """The run of `request`, its paths absolute (Ray's nodes run in the directory of `ray start`), its suite loaded
-    (an unknown suite fails before anything starts) and where its checkpoints are evaluated decided."""
-    request = request.model_copy(update={"history_dir": str(Path(request.history_dir).absolute()),
-                                         "run_dir": str(Path(request.run_dir).absolute()) if request.run_dir else None})
+    """The run of `request`, its paths absolute, its suite loaded (an unknown suite fails before anything starts) and
+    where its checkpoints are evaluated decided. A path still relative (a form has no directory of its own) is
+    relative to the data root when a deployment runs the flow, never to the worker's working directory; run in a
+    process of the user's (the CLI, a notebook), to where it runs."""
+    request = request.resolved(submission_base())
     suite = load_suite(request.suite_spec).name if request.evaluation != "off" else ""
-    run_dir = Path(request.run_dir) if request.run_dir else default_run_dir(request.job).absolute()
-    return Run(request=request, run_dir=str(run_dir), suite=suite,
+    return Run(request=request, run_dir=str(request.run_dir), suite=suite,
                mode=evaluation_mode(request) if suite else "off")
 
 
@@ -52,6 +49,10 @@ def submit(request: SubmitRequest) -> SubmitResult:
     request = run.request
     cluster = load_cluster(request.cluster_spec)  # an unknown cluster fails before anything starts
     ledger = Ledger(request.ledger)
+    if (done := already_finished(ledger.run(run.job), request)) is not None:
+        get_run_logger().info("%s had finished at step %d (report %s): nothing to train or evaluate again",
+                              run.job, done.train.final_step, done.report)
+        return done
     ledger.sync(cluster)
     if run.suite:  # the scheduled evaluate-pending covers the roots the ledger knows
         ledger.note_checkpoints(request.job.name, Storage(request.job.training.checkpoint.uri).uri, request.suite_spec)

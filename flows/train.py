@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.events import emit_event
 
-from flows.naming import run_name
+from flows.naming import run_name, submission_base
 from flows.stragglers import StragglerRequest, stragglers_task
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import WARNING_EVENTS, describe
@@ -30,20 +30,22 @@ CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
 
 
 
-def checkpoint_event(record: dict, run: str, suite: str = "core") -> None:
+def checkpoint_event(record: dict, run: str, suite: str = "core", history_dir: str = "evals") -> None:
     """Emit `frenzy.checkpoint.committed` for one commit (resource id: the checkpoint URI); `suite` is the one the
-    job asks its checkpoints to be evaluated on (the evaluate-on-checkpoint trigger passes it on)."""
+    job asks its checkpoints to be evaluated on and `history_dir` where their scores go (the evaluate-on-checkpoint
+    trigger passes both on)."""
     emit_event(event=CHECKPOINT_EVENT,
                resource={"prefect.resource.id": f"frenzy.checkpoint.{record['uri']}",
                          "prefect.resource.name": f"{run} step {record['step']}"},
                payload={"uri": record["uri"], "step": record["step"], "run": run, "bytes": record["bytes"],
-                        "suite": suite})
+                        "suite": suite, "history_dir": history_dir})
 
 
 @task(name="train", task_run_name="train-{request.job.name}")
 def train_task(request: TrainRequest) -> TrainResult:
     """Run the trainer to `training.steps`; progress artifact, logs and one event per committed checkpoint."""
     logger = get_run_logger()
+    request = request.resolved(submission_base())
     job = request.job
     suite = request.evaluation_suite or (job.evaluation.suite if job.evaluation else "core")
     art = create_progress_artifact(0.0, key=re.sub(r"[^a-z0-9-]+", "-", f"train-{job.name}".lower()),
@@ -57,7 +59,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                                                  f"{rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
                                                  f"ETA {rec['eta_s']:.0f}s")
         elif ev == "checkpoint" and request.announce_commits:
-            checkpoint_event(rec, job.name, suite)
+            checkpoint_event(rec, job.name, suite, request.history_dir)
         (logger.warning if ev in WARNING_EVENTS else logger.info)(describe(rec))
 
     if request.executor == "local":

@@ -161,8 +161,9 @@ class CheckpointSpec(_Strict):
     mtbf_s: float | None = Field(None, gt=0)
     """The job's mean time between failures in seconds, for `auto`; unset: `frenzy submit` estimates it from the
     ledger's failures on the GPU pool, else a prior from Llama 3's failure rate divided by the GPU count."""
-    uri: str = "file://./checkpoints"
-    """Where checkpoints go: a `file://` directory or an `s3://bucket/prefix`."""
+    uri: str | None = None
+    """Where checkpoints go: a `file://` directory (relative: to the job file) or an `s3://bucket/prefix`; empty:
+    `ckpt/` in the run directory."""
     keep: int = Field(3, ge=1)
     """How many committed checkpoints to retain (one healthy pre-spike checkpoint is always kept)."""
 

@@ -103,8 +103,8 @@ class Fake:
         self.calls.append("replan")
         return self.replans.pop(0)
 
-    def evaluations(self, run: Run) -> list[EvalSummary]:
-        return run.evaluations
+    def evaluations(self, run: Run) -> tuple[list[EvalSummary], list]:
+        return run.evaluations, []
 
     def analyse(self, run: Run) -> None:
         return None

@@ -214,12 +214,35 @@ def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one
     def sleep(dt: float) -> None:
         now[0] += dt
 
-    got = collect_scores(read, [50, 100], timeout_s=60, clock=lambda: now[0], sleep=sleep)
-    assert got == {100: "s100", 50: "s50"} and len(polls) == 2
+    got, failed = collect_scores(read, [50, 100], timeout_s=60, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100", 50: "s50"} and len(polls) == 2 and failed == []
 
     # bounded: a score that never comes ends the wait at eval_timeout_s with what arrived
     polls.clear()
     now[0] = 0.0
     arrivals[:] = [{100: "s100"}]
-    got = collect_scores(read, [50, 100], timeout_s=10, clock=lambda: now[0], sleep=sleep)
-    assert got == {100: "s100"} and 10 <= now[0] <= 12
+    got, failed = collect_scores(read, [50, 100], timeout_s=10, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100"} and 10 <= now[0] <= 12 and failed == []
+
+
+def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_again():
+    from tasks.pipeline.evaluations import collect_scores
+
+    now, reruns = [0.0], []
+    runs = {50: ("failed", "DatasetError: data.jsonl line 3 is not JSON"), 100: ("crashed", "worker lost")}
+
+    def rerun(step: int) -> None:  # the second run of step 100 succeeds
+        reruns.append(step)
+        del runs[100]
+
+    def read() -> dict:
+        return {100: "s100"} if reruns else {}
+
+    def sleep(dt: float) -> None:
+        now[0] += dt
+
+    got, failed = collect_scores(read, [50, 100], timeout_s=1800, runs=lambda: dict(runs), rerun=rerun,
+                                 clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100"} and reruns == [100]
+    assert [(f.step, f.cause) for f in failed] == [(50, "DatasetError: data.jsonl line 3 is not JSON")]
+    assert now[0] <= 4  # two polls, not the 30 minutes of eval_timeout_s

@@ -4,6 +4,7 @@ Prefect here: the CLI, the flows and a notebook share these."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -58,6 +59,16 @@ class EvaluateRequest(BaseModel):
         items = [v] if isinstance(v, str) else v
         return [n for x in items for n in str(x).split(",") if n] if isinstance(items, list) else v
 
+    def resolved(self, base: Path) -> EvaluateRequest:
+        """This request with its local paths absolute against `base` (the checkpoint, a suite file, the history and
+        output directories); remote URIs and built-in suite names as they are."""
+        from tasks.paths import absolute, path_like
+
+        return self.model_copy(update={
+            "uri": absolute(self.uri, base), "history_dir": absolute(self.history_dir, base),
+            "out_dir": absolute(self.out_dir, base) if self.out_dir else None,
+            "suite": absolute(self.suite, base) if path_like(self.suite) else self.suite})
+
     def options(self) -> EvalOptions:
         """How the evaluation runs (tasks.evaluation.runner), as the flow and `frenzy evaluate` both run it."""
         from tasks.evaluation.runner import EvalOptions
@@ -83,6 +94,10 @@ class PendingRequest(BaseModel):
     suite: str = ""
     """Suite (core, quick or a suite YAML on the worker); empty: the one each job was submitted with, else core."""
     schedule: Literal["elastic", "naive"] = "elastic"
-    gpus_per_node: int = Field(1, ge=1)
-    history_dir: str = "evals"
+    """elastic: preload to shm, split/pack/LPT, CPU metrics without a barrier; naive: one trial per dataset."""
+    gpus_per_node: int = Field(1, ge=1, le=64)
+    """Inference slots (GPUs) on this worker."""
+    history_dir: str = ""
+    """Where scores go; empty: each run's own history directory, as `submit` recorded it (named roots: evals under
+    the data root)."""
 

@@ -48,6 +48,7 @@ def training_request(request: SubmitRequest, alloc: Allocation, chosen: Resource
         return TrainRequest(job=job, nproc=sum(p.ranks for p in placement), tp=chosen.layout.tp, resume=True,
                             device="cpu" if not placement[0].gpus else request.device, run_dir=str(run_dir),
                             analyze_stragglers=False, evaluation_suite=suite or None, executor=request.executor,
+                            history_dir=request.history_dir,
                             placement=placement)
     host_node(alloc)
     node = alloc.nodes[0]
@@ -55,7 +56,7 @@ def training_request(request: SubmitRequest, alloc: Allocation, chosen: Resource
     return TrainRequest(job=job, nproc=len(node.gpu_indices), tp=chosen.layout.tp, resume=True,
                         device="cpu" if on_cpu else request.device, run_dir=str(run_dir),
                         gpu_indices=None if on_cpu else node.gpu_indices, analyze_stragglers=False,
-                        evaluation_suite=suite or None)
+                        evaluation_suite=suite or None, history_dir=request.history_dir)
 
 
 def check_shared_paths(request: SubmitRequest, alloc: Allocation, run_dir: Path) -> None:

@@ -11,6 +11,7 @@ from cluster.ledger import Allocation
 from tasks.diagnosis.diagnose import Diagnosis
 from tasks.diagnosis.recovery import decide
 from tasks.evaluation.record import EvalSummary
+from tasks.pipeline.evaluations import EvalFailure
 from tasks.pipeline.request import Recovery
 from tasks.pipeline.run import TERMINAL, Run, Stage, TrainFailure, TrainOutcome, placed_on, planned, recovered, trained
 from tasks.planning.plans import ResourcePlan
@@ -47,8 +48,9 @@ class Stages(Protocol):
     def replan(self, run: Run, diagnosis: Diagnosis) -> list[ResourcePlan]:
         """After an out-of-memory: record it for MARP and plan again (the runnable plans; empty if none fits)."""
 
-    def evaluations(self, run: Run) -> list[EvalSummary]:
-        """Every committed step's evaluation (in-flow: what training left to do; deployment: the triggered runs)."""
+    def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
+        """Every committed step's evaluation (in-flow: what training left to do; deployment: the triggered runs),
+        and the steps whose evaluation failed."""
 
     def analyse(self, run: Run) -> StragglerReport | None:
         """The straggler analysis of the run's op trace (None when there is none, or it cannot be used)."""
@@ -105,7 +107,8 @@ def advance(run: Run, s: Stages, clock: Callable[[], float], t0: float) -> Run:
             _release(run, s)
             run = run.to(Stage.RELEASED, at())
         case Stage.RELEASED:
-            run = run.to(Stage.EVALUATED, at(), evaluations=s.evaluations(run))
+            summaries, failures = s.evaluations(run)
+            run = run.to(Stage.EVALUATED, at(), evaluations=summaries, evaluation_failures=failures)
             _timed(run, "evaluate", clock, t)
         case Stage.EVALUATED:
             strag = s.analyse(run)

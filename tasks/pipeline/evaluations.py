@@ -7,6 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
 
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary
@@ -53,15 +56,42 @@ class InFlowEvaluator:
         return [self.done[s] for s in sorted(self.done)]
 
 
+class EvalFailure(BaseModel):
+    """A committed step whose evaluation run failed (after the retries that could help)."""
+
+    step: int
+    cause: str
+
+
+Verdict = Literal["failed", "crashed"]
+"""How a triggered evaluation run ended without a score: failed (its code raised: the same checkpoint fails the same
+way, so it is not retried) or crashed (its process or worker died: worth one more run)."""
+
+
 def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,
+                   runs: Callable[[], dict[int, tuple[Verdict, str]]] = dict,
+                   rerun: Callable[[int], None] | None = None, retries: int = 1,
                    clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep) -> dict[int, EvalSummary]:
-    """deployment mode: the scores the event-triggered evaluations wrote to the history, waiting (at most
-    `timeout_s`) until every committed step in `steps` has one. The runs finish in any order: the final step's
-    score can land before an earlier step's."""
+                   sleep: Callable[[float], None] = time.sleep) -> tuple[dict[int, EvalSummary], list[EvalFailure]]:
+    """deployment mode: the scores the commit-triggered evaluations wrote to the history, waiting (at most
+    `timeout_s`) until every committed step in `steps` has one or its run failed. `runs()` gives the steps whose
+    newest triggered run ended without a score; a crashed one is run again (`rerun`) up to `retries` times, a failed
+    one is reported at once with its cause. The runs finish in any order: the final step's score can land before an
+    earlier step's."""
     deadline = clock() + timeout_s
+    tries: dict[int, int] = {}
     while True:
         found = read()
-        if set(steps) <= set(found) or clock() > deadline:
-            return found
+        failures = []
+        for step, (verdict, cause) in sorted(runs().items()):
+            if step in found or step not in steps:
+                continue
+            if verdict == "crashed" and rerun is not None and tries.get(step, 0) < retries:
+                tries[step] = tries.get(step, 0) + 1
+                rerun(step)
+                continue
+            failures.append(EvalFailure(step=step, cause=cause))
+        settled = set(found) | {f.step for f in failures}
+        if set(steps) <= settled or clock() > deadline:
+            return found, failures
         sleep(2.0)

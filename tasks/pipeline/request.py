@@ -3,6 +3,7 @@ leaves behind (`SubmitResult`). No Prefect here."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,6 +15,7 @@ from tasks.diagnosis.recovery import Action
 from tasks.evaluation.record import EvalSummary
 from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
+from tasks.pipeline.evaluations import EvalFailure
 from tasks.planning.plans import RankBy, ResourcePlan
 from tasks.stragglers.request import StragglerReport
 from tasks.training.elastic import Relayout
@@ -67,6 +69,23 @@ class SubmitRequest(BaseModel):
         """The inventory: the Ray cluster's nodes when training runs on Ray and no other cluster is named."""
         return self.executor if self.executor != "local" and self.cluster == "local" else self.cluster
 
+    def resolved(self, base: Path, job_base: Path | None = None) -> SubmitRequest:
+        """This request with every path absolute: the job's against `job_base` (its file's directory; default
+        `base`), the run and history directories, a SQLite ledger, a cluster or suite file against `base`."""
+        from tasks.paths import absolute, path_like, resolve_job
+
+        base = base.absolute()
+        run_dir = Path(absolute(self.run_dir, base) if self.run_dir else base / "runs" / self.job.name)
+        changes: dict[str, object] = {"run_dir": str(run_dir), "history_dir": absolute(self.history_dir, base),
+                                      "job": resolve_job(self.job, (job_base or base).absolute(), run_dir)}
+        if self.ledger and "://" not in self.ledger:
+            changes["ledger"] = absolute(self.ledger, base)
+        for name in ("cluster", "suite"):
+            value = getattr(self, name)
+            if value and value not in ("local", "ray") and "://" not in value and path_like(value):
+                changes[name] = absolute(value, base)
+        return self.model_copy(update=changes)
+
     @property
     def suite_spec(self) -> str:
         """The suite as the user named it (a built-in name or a YAML path)."""
@@ -107,3 +126,9 @@ class SubmitResult(BaseModel):
     timings_s: dict[str, float]
     recoveries: list[Recovery] = []
     """Each training failure, its diagnosis and the action taken, in order."""
+    evaluation_failures: list[EvalFailure] = []
+    """Committed steps whose evaluation failed (deployment mode: the triggered run failed, or crashed again after a
+    retry), each with its cause."""
+    already_finished: bool = False
+    """The job had finished before this submission (its final step committed, its report written): nothing was
+    trained or evaluated again, and this is that run's result."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from cluster.ledger import Allocation
 from tasks.evaluation.record import EvalSummary
+from tasks.pipeline.evaluations import EvalFailure
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.planning.plans import ResourcePlan
 from tasks.stragglers.request import StragglerReport
@@ -110,6 +111,7 @@ class Run(BaseModel):
     pending_failure: TrainFailure | None = None
     result: TrainResult | None = None
     evaluations: list[EvalSummary] = []
+    evaluation_failures: list[EvalFailure] = []
     stragglers: StragglerReport | None = None
     report: str | None = None
     error: str | None = None

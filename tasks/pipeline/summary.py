@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.pipeline.request import SubmitResult
-from tasks.pipeline.run import Run
+from cluster.ledger import RunRecord
+from tasks.pipeline.request import SubmitRequest, SubmitResult
+from tasks.pipeline.run import Run, Stage
 from tasks.report import RunReport, StragglerSummary
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -37,9 +38,30 @@ def run_report(run: Run) -> RunReport:
                      if strag else None)
 
 
+def run_record(run: Run) -> RunRecord:
+    """The ledger's record of `run`: where its files are and how far it got (the result once reported)."""
+    r = run.request
+    return RunRecord(job=run.job, stage=run.stage.value, checkpoint_root=r.job.training.checkpoint.uri or "",
+                     run_dir=run.run_dir, history_dir=r.history_dir, suite=r.suite_spec if run.suite else "",
+                     steps=r.job.training.steps, report=run.report, error=run.error,
+                     result=submit_result(run).model_dump_json() if run.stage is Stage.REPORTED else None)
+
+
+def already_finished(rec: RunRecord | None, request: SubmitRequest) -> SubmitResult | None:
+    """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
+    final step still committed there. Rerunning it then reports that run instead of training zero steps."""
+    root = request.job.training.checkpoint.uri
+    if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or rec.checkpoint_root != root:
+        return None
+    if request.job.training.steps not in committed_steps(root or ""):
+        return None  # more steps asked for, or the final checkpoint is gone: train
+    return SubmitResult.model_validate_json(rec.result).model_copy(update={"already_finished": True})
+
+
 def submit_result(run: Run) -> SubmitResult:
     """What `frenzy submit --json` prints for a reported run."""
     assert run.result is not None and run.attempt is not None and run.report is not None
     return SubmitResult(job=run.job, plan=run.attempt.plan, plans=run.plans, allocation=run.attempt.allocation,
                         train=run.result, evaluations=run.evaluations, stragglers=run.stragglers, report=run.report,
-                        released=not run.held, timings_s=run.timings_s, recoveries=run.recoveries)
+                        released=not run.held, timings_s=run.timings_s, recoveries=run.recoveries,
+                        evaluation_failures=run.evaluation_failures)

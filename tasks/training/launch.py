@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks.jobspec import JobSpec, parse_job
+from tasks.paths import resolve_job
 from tasks.training.writer import ORPHAN_GRACE_S
 
 _ERROR_MARK = "frenzy-train-error: "
@@ -103,6 +104,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
     nproc = _check(job, run_dir, nproc, tp, device, gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
+    job = resolve_job(job, Path.cwd(), run_dir)  # what the caller left relative is relative to here (idempotent)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_path = run_dir / "job.json"
     job_path.write_text(job.model_dump_json(indent=1))

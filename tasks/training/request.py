@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,6 +68,9 @@ class TrainRequest(BaseModel):
     """GPUs of this node to use (an allocation's `nodes[0].gpu_indices`); one rank each. None: nproc ranks."""
     analyze_stragglers: bool = True
     """Run the straggler what-if analysis on the run's op traces when it ends (artifacts beside the trace)."""
+    history_dir: str = "evals"
+    """Where the commit-triggered evaluations write their scores (announced with each commit, so that a worker
+    anywhere writes them where the job's submitter reads them)."""
     evaluation_suite: str | None = None
     """Suite named in the commit events (what evaluate-on-checkpoint runs); empty: the job's, else core."""
     executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
@@ -78,3 +82,11 @@ class TrainRequest(BaseModel):
     """Emit `frenzy.checkpoint.committed` per commit (what triggers the evaluate-on-checkpoint deployment); `submit`
     turns it off when it evaluates the checkpoints itself, so that no step is evaluated twice."""
 
+    def resolved(self, base: Path) -> TrainRequest:
+        """This request with every path absolute: the job's, the run and history directories, against `base`."""
+        from tasks.paths import absolute, resolve_job
+
+        base = base.absolute()
+        run_dir = Path(absolute(self.run_dir, base)) if self.run_dir else base / "runs" / self.job.name
+        return self.model_copy(update={"run_dir": str(run_dir), "history_dir": absolute(self.history_dir, base),
+                                       "job": resolve_job(self.job, base, run_dir)})
