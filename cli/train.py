@@ -24,6 +24,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tasks.outdir import run_dir_lock
+    from tasks.paths import resolve_job
     from tasks.training.launch import TrainFailed, default_run_dir, launch
     from tasks.training.progress import describe
 
@@ -37,6 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(describe(rec), file=sys.stderr, flush=True)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
+    job = resolve_job(job, Path(args.job).parent.absolute(), run_dir.absolute())  # the job's paths: its file's
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     try:

@@ -23,7 +23,9 @@ class PrefectStack:
     api_url: str
     ui_url: str
     workdir: Path
-    """The deployed checkout: the working directory of every flow run (runs/, evals/ land here)."""
+    """The deployed checkout: the working directory of every flow run (nothing may be written there)."""
+    data: Path
+    """The workers' data root ($FRENZY_DATA): where a run submitted from a form keeps its files."""
     env: dict[str, str]
     logs: Path
 
@@ -63,6 +65,7 @@ def prefect_stack(tmp: Path) -> Iterator[PrefectStack]:
            # services at test speed: the scheduler looks every 5 s, the worker polls every 2 s
            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5", "PREFECT_WORKER_QUERY_SECONDS": "2",
            "PREFECT_WORKER_PREFETCH_SECONDS": "5", "FRENZY_LEDGER": str(tmp / "ledger.db"),
+           "FRENZY_DATA": str(tmp / "data"),
            "FRENZY_CACHE": os.environ.get("FRENZY_CACHE", str(Path.home() / ".cache" / "frenzy")),
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     procs: list[subprocess.Popen] = []
@@ -82,7 +85,8 @@ def prefect_stack(tmp: Path) -> Iterator[PrefectStack]:
                                   stdout=open(logs / "worker.log", "wb"), stderr=subprocess.STDOUT,
                                   start_new_session=True)
         procs.append(worker)
-        yield PrefectStack(api_url=api, ui_url=f"http://127.0.0.1:{port}", workdir=workdir, env=env, logs=logs)
+        yield PrefectStack(api_url=api, ui_url=f"http://127.0.0.1:{port}", workdir=workdir, data=tmp / "data", env=env,
+                           logs=logs)
     finally:
         for p in reversed(procs):
             with contextlib.suppress(ProcessLookupError):
