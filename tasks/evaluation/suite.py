@@ -100,10 +100,15 @@ def load_suite(spec: str | Path) -> Suite:
         data = yaml.safe_load(text)
         if isinstance(data, dict) and "name" not in data:
             data["name"] = Path(str(spec)).stem
-        return Suite.model_validate(data)
+        suite = Suite.model_validate(data)
     except yaml.YAMLError as err:
         raise SuiteError(f"{source}: not YAML: {err}") from None
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise SuiteError(f"{source}: {where}: {first['msg']}") from None
+    if str(spec) not in names:  # a JSONL dataset named relative to the suite file is the suite file's
+        for d in suite.datasets:
+            if d.source.endswith(".jsonl") and not Path(d.source).expanduser().is_absolute():
+                d.dataset = str((Path(spec).expanduser().absolute().parent / d.source).resolve())
+    return suite
