@@ -5,6 +5,7 @@ form's; and docs/commands.md names every flag of every command."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import typing
 from pathlib import Path
@@ -107,3 +108,13 @@ def test_docs_name_every_flag_of_every_command(command: str) -> None:
     flags = {o for a in _parser(command)._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
     missing = sorted(f for f in flags if not re.search(rf"{re.escape(f)}\b", section))
     assert not missing, f"docs/commands.md does not mention {missing} under `frenzy {command}`"
+
+
+def test_the_demos_time_agrees_in_the_readme_the_banner_and_the_benchmark() -> None:
+    from cli.submit import DEMO_TIME
+
+    measured = json.loads((REPO / "benchmarks" / "results" / "pipeline.json").read_text())["demo_wall_s"]
+    lo, hi = (int(x) for x in re.search(r"; (\d+)-(\d+) s on 2 cores", (REPO / "README.md").read_text()).groups())
+    assert (lo, hi) == (round(min(measured)), round(max(measured)))
+    banner = float(DEMO_TIME.split()[0])
+    assert hi <= banner <= 1.25 * hi  # the banner rounds the measured time up, not to something else

@@ -115,10 +115,11 @@ def test_a_job_no_node_can_ever_hold_fails_at_once_instead_of_waiting(tmp_path):
     assert time.monotonic() - t0 < 10 and led.queue() == []
 
 
-def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
+def _cli(args: list[str], cwd: Path, server: bool = True) -> subprocess.Popen:
+    """`frenzy ARGS` as a user starts it, on the test server or (server=False) Prefect's embedded API."""
     from prefect.settings import PREFECT_API_URL
 
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""}
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "" if server else ""}
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True)
 
@@ -157,10 +158,13 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
     assert _trainers_of(tmp_path / "run") == []
 
 
-def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path):
+@pytest.mark.parametrize("server", [True, False], ids=["server", "embedded-api"])
+def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path, server):
+    """With a server, and with Prefect's embedded API (which Ctrl-C used to kill with the flow: connection
+    tracebacks, minutes of retries, a second Ctrl-C and no line)."""
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="ctrlc", steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
-                 "--run-dir", str(tmp_path / "run")], tmp_path)
+                 "--run-dir", str(tmp_path / "run")], tmp_path, server=server)
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground process group
     proc.wait(timeout=120)
