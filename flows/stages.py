@@ -5,6 +5,7 @@ what came back into the record the transition takes."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -79,22 +80,41 @@ class TriggeredEvaluations:
     """The evaluate-on-checkpoint runs that the commits under `root` triggered since `since`, as the server sees
     them: which steps' newest run ended without a score (and how), and a way to run a step again."""
 
-    def __init__(self, root: str, since: datetime) -> None:
-        self.root, self.since = root.rstrip("/"), since
+    def __init__(self, root: str, since: datetime, warn: Callable[[str], None]) -> None:
+        self.root, self.since, self.warn = root.rstrip("/"), since, warn
         self.params: dict[int, dict] = {}
+        self.warned = False
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
-        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+        """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
+        try:
+            return self._ended()
+        except Exception as err:  # noqa: BLE001 - the scores still arrive; only the early failure report is lost
+            if not self.warned:
+                self.warn(f"cannot read the evaluation runs' states ({err}); waiting for the scores alone")
+                self.warned = True
+            return {}
+
+    def _ended(self) -> dict[int, tuple[Verdict, str]]:
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterId,
+            FlowRunFilter,
+            FlowRunFilterExpectedStartTime,
+        )
+        from prefect.client.schemas.sorting import FlowRunSort
 
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
-                                         limit=500)
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
+                flow_run_filter=FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=self.since)),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
         newest: dict[int, object] = {}
         for fr in sorted(runs, key=lambda fr: fr.created or self.since):
             uri = str((fr.parameters.get("request") or {}).get("uri", ""))
             m = re.fullmatch(re.escape(self.root) + r"/step_(\d+)/?", uri)
-            if m and fr.created and fr.created >= self.since:
+            if m:
                 newest[int(m.group(1))] = fr
                 self.params[int(m.group(1))] = fr.parameters
         out: dict[int, tuple[Verdict, str]] = {}
@@ -228,7 +248,7 @@ class FlowStages:
             return run.evaluations, []
         r, steps = self.request, [c.step for c in run.result.checkpoints]
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started)
+        triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started, self.log.warning)
         found, failures = collect_scores(lambda: scored(r.history_dir, run.job, run.suite), steps, r.eval_timeout_s,
                                          runs=triggered.ended_without_score, rerun=triggered.rerun)
         for f in failures:
