@@ -269,12 +269,57 @@ def _dead_peer(ray: Any, peers: list[tuple[Any, str, int]], grace_s: float) -> t
 
 # ------------------------------------------------------------------------------------------------ node check
 
+def _probe_member(cfg: dict, env: dict[str, str], limit_s: float) -> dict:
+    """One node's part of a node check group (a Ray task on that node): the collective worker as a process."""
+    import subprocess
+
+    from cluster.nodecheck import _WORKER
+
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(cfg)], capture_output=True, text=True,
+                           timeout=limit_s, env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {cfg['timeout']:.0f} s", "hung": True}
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(cfg["ready"])  # the worker's start mark (the local probe waits on it; here unused)
+    if p.returncode:
+        tail = p.stderr.strip().splitlines()
+        return {"ok": False, "error": f"{cfg['node']}: exit {p.returncode}: {tail[-1] if tail else ''}"}
+    return {"ok": True, "seconds": json.loads(p.stdout.strip().splitlines()[-1])["seconds"],
+            "wall_s": time.monotonic() - t0}
+
+
+def _group_results(ray: Any, refs: list, group: Sequence[str], deadline: float) -> dict:
+    """The members' results as they finish; the first failure ends the wait (its peers would only wait for it until
+    their timeout) and the members still running are cancelled."""
+    pending, outs = list(refs), {}
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.1, deadline - time.monotonic()))
+        for ref in done:
+            try:
+                outs[ref] = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - the node died under the task
+                outs[ref] = {"ok": False, "error": f"{group[refs.index(ref)]}: {type(err).__name__}"}
+            if not outs[ref]["ok"]:
+                pending = []
+                break
+    for ref in refs:
+        if ref not in outs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+    return outs
+
+
 def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 120.0, backend: str = "gloo",
               address: str | None = None) -> Callable[[Sequence[str]], Any]:
     """The node check's probe (cluster/nodecheck.py) with one process on each named Ray node itself: a Ray task
     pinned to the node by its `frenzy_node:` resource runs the same collective worker; rank 0's node is the
     rendezvous. A member that fails fails its group at once."""
-    from cluster.nodecheck import _WORKER, GroupRun
+    import tempfile
+
+    from cluster.nodecheck import GroupRun
 
     ray = connect(address)
 
@@ -282,30 +327,10 @@ def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 12
     def where() -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
 
-    @ray.remote(num_cpus=0, max_retries=0)
-    def member(cfg: dict, env: dict[str, str], limit_s: float) -> dict:
-        import subprocess
-
-        t0 = time.monotonic()
-        try:
-            p = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(cfg)], capture_output=True, text=True,
-                               timeout=limit_s, env={**os.environ, **env})
-        except subprocess.TimeoutExpired:
-            return {"ok": False, "error": f"timed out after {cfg['timeout']:.0f} s", "hung": True}
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(cfg["ready"])  # the worker's start mark (the local probe waits on it; here unused)
-        if p.returncode:
-            tail = p.stderr.strip().splitlines()
-            return {"ok": False, "error": f"{cfg['node']}: exit {p.returncode}: {tail[-1] if tail else ''}"}
-        return {"ok": True, "seconds": json.loads(p.stdout.strip().splitlines()[-1])["seconds"],
-                "wall_s": time.monotonic() - t0}
-
+    member = ray.remote(num_cpus=0, max_retries=0)(_probe_member)
     fault_env = {k: v for k, v in os.environ.items() if k.startswith("FRENZY_NODECHECK_")}
 
     def run(group: Sequence[str]) -> GroupRun:
-        import tempfile
-
         try:
             master, port = ray.get(where.options(resources=_node_resource(group[0])).remote(), timeout=startup_s)
         except Exception as err:  # noqa: BLE001 - the node is gone or cannot run a task
@@ -315,22 +340,7 @@ def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 12
             {"node": n, "rank": i, "world": len(group), "port": port, "master": master, "probe_mb": probe_mb,
              "timeout": timeout_s, "backend": backend, "ready": os.path.join(marks, f"frenzy-nc-{n}-{port}.ready")},
             fault_env, startup_s + timeout_s) for i, n in enumerate(group)]
-        pending, outs = list(refs), {}
-        deadline = time.monotonic() + startup_s + timeout_s + 10
-        while pending and time.monotonic() < deadline:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.1, deadline - time.monotonic()))
-            for ref in done:
-                try:
-                    outs[ref] = ray.get(ref)
-                except Exception as err:  # noqa: BLE001 - the node died under the task
-                    outs[ref] = {"ok": False, "error": f"{group[refs.index(ref)]}: {type(err).__name__}"}
-                if not outs[ref]["ok"]:
-                    pending = []  # its peers would only wait for it until their timeout
-                    break
-        for ref in refs:
-            if ref not in outs:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref, force=True)
+        outs = _group_results(ray, refs, group, time.monotonic() + startup_s + timeout_s + 10)
         bad = [o for o in outs.values() if not o["ok"]]
         if bad or len(outs) < len(refs):
             err = bad[0]["error"] if bad else f"timed out after {timeout_s:.0f} s"
