@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("moto.server")
 nbformat = pytest.importorskip("nbformat")
 
-CORPUS = "".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * 7 % 13}\n" for i in range(400))
+CORPUS = "".join(f"def f{i}(x):\n    return x * {i % 7} + {i % 5}\n\n" for i in range(600))  # code: the quick suite's
 
 
 def _job(name: str, **training: object) -> dict:
