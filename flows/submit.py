@@ -25,7 +25,7 @@ from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
-from tasks.pipeline.summary import already_finished, submit_result
+from tasks.pipeline.summary import already_finished, name_taken, submit_result
 from tasks.training.storage import Storage
 
 __all__ = ["PipelineError", "SubmitRequest", "SubmitResult", "submit"]
@@ -49,6 +49,9 @@ def submit(request: SubmitRequest) -> SubmitResult:
     request = run.request
     cluster = load_cluster(request.cluster_spec)  # an unknown cluster fails before anything starts
     ledger = Ledger(request.ledger)
+    active = {a.job for a in ledger.allocations()} | {q["job"] for q in ledger.queue()}
+    if (why := name_taken(ledger.run(run.job), request, active)) is not None:
+        raise PipelineError(why)
     if (done := already_finished(ledger.run(run.job), request)) is not None:
         get_run_logger().info("%s had finished at step %d (report %s): nothing to train or evaluate again",
                               run.job, done.train.final_step, done.report)

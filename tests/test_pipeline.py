@@ -308,3 +308,19 @@ def test_ctrl_c_in_the_watch_asks_the_trainer_to_commit_first():
     with pytest.raises(KeyboardInterrupt):
         watch(t, c, "j", hang_s=100, clock=lambda: now[0])
     assert said == ["stop"]
+
+
+def test_a_job_name_another_running_job_holds_is_refused_and_a_finished_one_is_reported():
+    from cluster.ledger import RunRecord
+    from tasks.pipeline.summary import already_finished, name_taken
+
+    req = new_run().request.model_copy(update={"job": new_run().request.job.model_copy(deep=True)})
+    req.job.training.checkpoint.uri = "file:///alice/ckpt"
+    other = RunRecord(job="j", owner="hostb:42", stage="training", checkpoint_root="file:///bob/ckpt", run_dir="/b",
+                      history_dir="/b/evals")
+    assert "another run of this name is running (hostb:42" in name_taken(other, req, {"j"})
+    assert name_taken(other, req, set()) is None  # it ended (or its lease ran out): the name is free again
+    assert name_taken(other.model_copy(update={"checkpoint_root": "file:///alice/ckpt"}), req, {"j"}) is None  # a rerun
+    # a finished run is reported, not trained again, only while its final step is still committed
+    done = other.model_copy(update={"stage": "reported", "checkpoint_root": "file:///alice/ckpt", "result": "{}"})
+    assert already_finished(done, req) is None  # no committed step 1000 under /alice/ckpt

@@ -74,6 +74,13 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     assert [e.step for e in again.evaluations] == [20, 40, 60]  # the report shows the whole run
     assert len((tmp_path / "evals" / "sub" / "history.jsonl").read_text().splitlines()) == 3  # 20, 40 not redone
 
+    # the ledger records where the run's files are; submitting the finished job again reports it, trains nothing
+    rec = Ledger(str(tmp_path / "ledger.db")).run("sub")
+    assert rec.stage == "reported" and rec.report == again.report and rec.history_dir == str(tmp_path / "evals")
+    done = submit(_request(tmp_path, steps=60))
+    assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
+    assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
+
 
 def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, tmp_path):
     from flows.submit import SubmitRequest, submit

@@ -47,6 +47,16 @@ def run_record(run: Run) -> RunRecord:
                      result=submit_result(run).model_dump_json() if run.stage is Stage.REPORTED else None)
 
 
+def name_taken(rec: RunRecord | None, request: SubmitRequest, active_jobs: set[str]) -> str | None:
+    """Why this job may not run under its name now: another run of that name (another checkpoint root: another
+    user's, or another directory's) holds GPUs or waits for them. None when the name is free, or it is this very
+    job (a rerun resumes it)."""
+    if rec is None or rec.checkpoint_root == request.job.training.checkpoint.uri or rec.job not in active_jobs:
+        return None
+    return (f"{rec.job}: another run of this name is running ({rec.owner}, checkpoints in {rec.checkpoint_root}); give "
+            "the job another name, or wait for it to end")
+
+
 def already_finished(rec: RunRecord | None, request: SubmitRequest) -> SubmitResult | None:
     """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
     final step still committed there. Rerunning it then reports that run instead of training zero steps."""
