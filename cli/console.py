@@ -115,5 +115,6 @@ def run_submit(command: str, request: object) -> object | None:
             f"run again with {STARTUP_VAR}=300, or start a server once (`prefect server start`) and set "
             "PREFECT_API_URL=http://127.0.0.1:4200/api") from None
     except KeyboardInterrupt:
+        logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
         print(interrupted_message(command, request.job.training.checkpoint.uri), file=sys.stderr)
         return None
