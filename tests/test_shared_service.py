@@ -84,14 +84,14 @@ def _cli(user: Path, env: dict) -> subprocess.Popen:
 NOTEBOOK = '''
 import json
 from pathlib import Path
-from prefect.deployments import run_deployment
+from prefect.deployments import arun_deployment
 from tasks.jobspec import parse_job
 from tasks.pipeline.request import SubmitRequest
 
 job = parse_job(json.loads(Path("job.json").read_text()))
 request = SubmitRequest(job=job, cluster="local", max_wait_s=1800).resolved(Path.cwd())  # absolute, here
-run = run_deployment("submit/submit", parameters={"request": request.model_dump(mode="json", exclude_none=True)},
-                     timeout=1500)
+run = await arun_deployment("submit/submit", parameters={"request": request.model_dump(mode="json", exclude_none=True)},
+                            timeout=1500)  # a notebook's kernel runs an event loop: the async call
 print("STATE", run.state_name, run.state.message)
 '''
 
