@@ -171,10 +171,13 @@ def test_three_users_one_server_one_ledger_and_storage(service):
     procs = {"alice": _cli(alice, env), "carol": _cli(carol, env)}
     nb_out: list[str] = []
     nb = _notebook(bob, env, nb_out)
-    ended = {}
-    for name, p in procs.items():
-        p.wait(timeout=1800)
-        ended[name] = time.monotonic()
+    ended: dict[str, float] = {}
+    while len(ended) < len(procs):  # when each one exits (not in the order they are waited for)
+        for name, p in procs.items():
+            if name not in ended and p.poll() is not None:
+                ended[name] = time.monotonic()
+        assert time.monotonic() - t0 < 1800, f"still running after 30 minutes: {set(procs) - set(ended)}"
+        time.sleep(0.5)
     nb.join(timeout=1800)
     wall_s = time.monotonic() - t0
 
