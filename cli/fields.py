@@ -48,17 +48,41 @@ def _value_type(ann: Any, metadata: list[Any], what: str) -> Callable[[str], Any
     """An argparse type that validates one value as pydantic would, and refuses non-finite numbers."""
     adapter: TypeAdapter = TypeAdapter(Annotated[ann, *metadata] if metadata else ann)
 
+    bounds = _bounds(metadata)
+
     def parse(text: str) -> Any:
         try:
             v = adapter.validate_python(text)
         except ValidationError as err:
+            kind = err.errors()[0]["type"]
+            if kind.startswith(("greater_than", "less_than")) and bounds:
+                raise argparse.ArgumentTypeError(f"{text} is out of range: give {bounds}") from None
             raise argparse.ArgumentTypeError(f"{text!r}: {err.errors()[0]['msg']}") from None
         if isinstance(v, float) and not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give a finite number{' ' + bounds if bounds else ''}")
         return v
 
     parse.__name__ = what  # argparse names the type in its message
     return parse
+
+
+def _bounds(metadata: list[Any]) -> str:
+    """The allowed range from a field's constraints, in words: "0 to 20", "more than 0", "0 up to (not including)
+    0.5"."""
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in metadata:
+        for attr, is_lo, opened in (("ge", True, False), ("gt", True, True), ("le", False, False), ("lt", False, True)):
+            if getattr(m, attr, None) is not None:
+                if is_lo:
+                    lo, lo_open = getattr(m, attr), opened
+                else:
+                    hi, hi_open = getattr(m, attr), opened
+    if lo is not None and hi is not None:
+        return f"{'more than ' if lo_open else ''}{lo} {'up to (not including)' if hi_open else 'to'} {hi}"
+    if lo is not None:
+        return f"{'more than' if lo_open else 'at least'} {lo}"
+    return f"{'less than' if hi_open else 'at most'} {hi}" if hi is not None else ""
 
 
 def _help(f: FieldInfo) -> str:

@@ -62,13 +62,14 @@ def test_a_flag_left_out_takes_the_forms_default() -> None:
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["submit", "JOB", "--max-wait", "-1"], ["--max-wait", "greater than 0"]),
-    (["submit", "JOB", "--max-restarts", "99"], ["--max-restarts", "less than or equal to 20"]),
+    (["submit", "JOB", "--max-wait", "-1"], ["--max-wait", "-1 is out of range: give more than 0"]),
+    (["submit", "JOB", "--max-restarts", "99"], ["--max-restarts", "99 is out of range: give 0 to 20"]),
     (["submit", "JOB", "--lease", "nan"], ["--lease"]),
     (["submit", "JOB", "--hang", "inf"], ["--hang"]),
-    (["plan", "JOB", "--top", "-1"], ["--top", "greater than or equal to 0"]),
-    (["plan", "JOB", "--seq-len", "0"], ["--seq-len", "greater than or equal to 1"]),
-    (["evaluate", "URI", "--gpus-per-node", "65"], ["--gpus-per-node", "less than or equal to 64"]),
+    (["plan", "JOB", "--top", "-1"], ["--top", "-1 is out of range: give 0 to 100000"]),
+    (["plan", "JOB", "--seq-len", "0"], ["--seq-len", "0 is out of range: give 1 to 4194304"]),
+    (["plan", "JOB", "--margin", "0.5"], ["--margin", "0.5 is out of range: give 0 up to (not including) 0.5"]),
+    (["evaluate", "URI", "--gpus-per-node", "65"], ["--gpus-per-node", "65 is out of range: give 1 to 64"]),
     (["evaluate", "URI", "--schedule", "fast"], ["--schedule", "invalid choice"]),
 ])
 def test_a_value_the_model_refuses_is_an_exit_2_naming_the_flag(argv: list[str], words: list[str], capsys) -> None:
