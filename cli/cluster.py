@@ -12,6 +12,7 @@ from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, progress, table
 from cluster.inventory import load_cluster
 from cluster.traces import ALL_POLICIES, POLICIES, REFERENCE_GPU
+from tasks.errors import FrenzyError
 from tasks.planning.plans import RankBy
 
 
@@ -21,7 +22,7 @@ def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
     names = [n for n in (args.nodes or "").split(",") if n] or [n["name"] for n in ledger.nodes() if n["state"] == "up"]
     known = {n["name"] for n in ledger.nodes()}
     if args.cordon and (unknown := [n for n in names if n not in known]):
-        raise ValueError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
+        raise FrenzyError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
     verdicts: dict[str, Any] = {}
     if args.executor == "local":
         where, probe = "each probe a local process here", local_probe(timeout_s=args.timeout, backend=args.backend)
@@ -69,7 +70,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return _cluster_check(args, ledger)
     if args.action in ("cordon", "uncordon"):
         if not args.node:
-            raise ValueError(f"frenzy cluster {args.action} needs a node name; see `frenzy cluster show`")
+            raise FrenzyError(f"frenzy cluster {args.action} needs a node name; see `frenzy cluster show`")
         ledger.cordon(args.node, args.reason) if args.action == "cordon" else ledger.uncordon(args.node)
     elif args.action == "init" or not ledger.nodes():
         ledger.sync(load_cluster(args.cluster))

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from cli.output import emit, progress
+from tasks.errors import FrenzyError
 
 
 def _numbers(text: str, what: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",")]
     except ValueError as err:
-        raise ValueError(f"{what} takes numbers separated by commas, got {text!r}") from err
+        raise FrenzyError(f"{what} takes numbers separated by commas, got {text!r}") from err
 
 
 def _implicit_meta(trace: Path) -> Path | None:
@@ -30,7 +31,7 @@ def _implicit_meta(trace: Path) -> Path | None:
 def cmd_stragglers(args: argparse.Namespace) -> int:
     if args.action == "generate":
         if Path(args.path).is_dir():
-            raise ValueError(f"{args.path} is a directory; give the .parquet file to write (its meta YAML goes beside)")
+            raise FrenzyError(f"{args.path} is a directory; give the .parquet file to write (its meta YAML goes beside)")
         from tasks.stragglers.synth import SynthSpec, generate
         from tasks.stragglers.trace import write_trace
 
@@ -49,7 +50,7 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
         try:
             sp = SynthSpec.model_validate(spec)
         except ValidationError as err:
-            raise ValueError(str(err)) from err
+            raise FrenzyError(f"generate: {str(err)}") from err
         run = generate(sp)
         path = write_trace(Path(args.path), run.columns(), sp.meta, overwrite=args.overwrite)
         doc = {"trace": str(path), "meta": sp.meta.model_dump(), "ops": int(sum(d.size for d in run.durs)),

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from cli.argtypes import bounded_int
 from cli.output import emit, table
+from tasks.errors import FrenzyError
 from tasks.jobspec import load_job
 
 
@@ -38,7 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
+        raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     try:
         with run_dir_lock(run_dir):  # one trainer per run directory (tasks/outdir.py)
             result = launch(job, run_dir, nproc=args.nproc, resume=args.resume or args.from_scratch,
@@ -68,7 +69,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     storage = Storage(args.uri)
     rows = []
     if storage.local is not None and not storage.local.is_dir():
-        raise ValueError(f"{storage.uri}: no such checkpoint directory" if not storage.local.exists() else
+        raise FrenzyError(f"{storage.uri}: no such checkpoint directory" if not storage.local.exists() else
                          f"{storage.uri} is a file; give the checkpoint root (the directory of step_* folders)")
     for s in ck.list_steps(storage):
         try:

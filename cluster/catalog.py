@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tasks.errors import FrenzyError
+
 
 class GPUType(BaseModel):
     """One GPU model."""
@@ -81,7 +83,7 @@ _BUILTIN = [
 ]
 
 
-class CatalogError(ValueError):
+class CatalogError(FrenzyError, ValueError):
     """A GPU name that is not in the catalog, or a bad catalog file."""
 
 

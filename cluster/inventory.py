@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.ray_nodes import GPU_PREFIX, NODE_PREFIX, connect, frenzy_name
+from tasks.errors import FrenzyError
 
 PRESETS = ("phoebe", "frenzy-testbed")
 
@@ -76,7 +77,7 @@ class Cluster(BaseModel):
         return {"nvlink": 300.0, "pcie": 24.0, "none": node.inter_node_gbs}[link]
 
 
-class InventoryError(ValueError):
+class InventoryError(FrenzyError, ValueError):
     """A cluster file or preset that cannot be used."""
 
 

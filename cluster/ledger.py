@@ -63,6 +63,7 @@ from cluster.has import Decision, FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
 from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk
 from cluster.sizing import Sizer
+from tasks.errors import FrenzyError
 
 DEFAULT_LEASE_S = 60.0
 
@@ -129,7 +130,7 @@ events_t = Table(
 )
 
 
-class LedgerError(ValueError):
+class LedgerError(FrenzyError, ValueError):
     """A ledger operation that cannot proceed (unknown node, unreachable database, ...); the message names the fix."""
 
 
@@ -225,9 +226,25 @@ class Ledger:
         try:
             self._create_schema()
         except SQLAlchemyError as err:
-            raise LedgerError(f"cannot open the ledger at {self.url}: {err.__class__.__name__}: "
-                              f"{str(err).splitlines()[0]}; check the URL, that the database is running and that "
-                              "the directory is writable, or set FRENZY_LEDGER") from None
+            raise self._unusable(err, "open") from None
+
+    def _sqlite_path(self) -> Path | None:
+        if not self.sqlite or ":///" not in self.url or self.url.endswith(":memory:"):
+            return None
+        return Path(self.url.split(":///", 1)[1])
+
+    def _unusable(self, err: Exception, doing: str) -> LedgerError:
+        """A LedgerError for a database error, naming a read-only file system or a permission where that is why."""
+        p = self._sqlite_path()
+        why = f"{err.__class__.__name__}: {str(err).splitlines()[0]}"
+        if p is not None:
+            d = p.parent
+            if d.exists() and os.statvfs(d).f_flag & os.ST_RDONLY:
+                why = f"{d} is on a read-only file system (SQLite writes its journal beside the file)"
+            elif not os.access(d, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+                why = f"no permission to write {p if p.exists() and not os.access(p, os.W_OK) else d}"
+        return LedgerError(f"cannot {doing} the ledger at {self.url}: {why}; give a ledger you may write "
+                           "(--ledger or FRENZY_LEDGER), or fix its mount or permissions")
 
     def _create_schema(self) -> None:
         # Several processes may open a fresh Postgres ledger at once: CREATE TABLE and the lock row can race, so a
@@ -258,11 +275,14 @@ class Ledger:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """One serialised write transaction; expired leases are reclaimed first."""
-        with self.engine.begin() as conn:
-            if not self.sqlite:
-                conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
-            self._expire(conn, self.clock())
-            yield conn
+        try:
+            with self.engine.begin() as conn:
+                if not self.sqlite:
+                    conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
+                self._expire(conn, self.clock())
+                yield conn
+        except OperationalError as err:  # a read-only file, a full disk, a lost database server
+            raise self._unusable(err, "write") from None
 
     def _log(self, conn: Connection, kind: str, subject: str, **detail: Any) -> None:
         conn.execute(insert(events_t).values(ts=self.clock(), kind=kind, subject=subject,

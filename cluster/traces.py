@@ -31,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from tasks.errors import FrenzyError
+
 TraceFormat = Literal["generic", "philly", "sia"]
 REFERENCE_GPU = "A100-40GB-SXM"
 PolicyName = Literal["has", "has-arrival", "has-sjf", "fcfs", "fifo", "ilp"]
@@ -48,7 +50,7 @@ SIA_GPU_HOURS = {"cifar10": 0.25, "ncf": 0.25, "deepspeech2": 2.0, "bert": 2.0, 
 BATCH_PER_GPU = 16
 
 
-class TraceError(ValueError):
+class TraceError(FrenzyError, ValueError):
     """A trace file that cannot be read; the message names the file, the line and the fix."""
 
 

@@ -40,6 +40,7 @@ from flows.train import NodeRanks, TrainRequest, TrainResult, train_task
 from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.diagnosis.recovery import Action, decide
+from tasks.errors import FrenzyError
 from tasks.evaluation import history
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.suite import load_suite
@@ -125,7 +126,7 @@ class SubmitResult(BaseModel):
     """Each training failure, its diagnosis and the action taken, in order."""
 
 
-class PipelineError(RuntimeError):
+class PipelineError(FrenzyError, RuntimeError):
     """The pipeline cannot go on; the message names the fix."""
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flows.naming import run_name
 from flows.stragglers import StragglerReport, StragglerRequest, stragglers_task
+from tasks.errors import FrenzyError
 from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.training.checkpoint import CheckpointRecord
@@ -131,7 +132,7 @@ def train_task(request: TrainRequest) -> TrainResult:
         from cluster.ray_exec import launch_ray
 
         if not request.placement:
-            raise ValueError(f"executor {request.executor} needs a placement (the allocation's nodes and ranks)")
+            raise FrenzyError(f"executor {request.executor} needs a placement (the allocation's nodes and ranks)")
         result = launch_ray(job, [(p.node, p.ranks) for p in request.placement],
                             Path(request.run_dir) if request.run_dir else default_run_dir(job), resume=request.resume,
                             device=request.device, tp=request.tp, on_record=on_record,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.errors import FrenzyError
 from tasks.formschema import drop_null_branches, optional_section
 from tasks.presets import MODEL_PRESETS
 
@@ -287,7 +288,7 @@ class JobSpec(_Strict):
     """Optional evaluation of checkpoints."""
 
 
-class JobSpecError(ValueError):
+class JobSpecError(FrenzyError, ValueError):
     """A job file that cannot be used; the message names the field and the fix."""
 
 

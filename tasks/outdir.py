@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tasks.errors import FrenzyError, as_frenzy_error, environment_problem
 
-class OutputError(ValueError):
+
+class OutputError(FrenzyError, ValueError):
     """An output target Frenzy will not write; the message names the fix."""
 
 
@@ -57,9 +59,27 @@ def _lock(out: Path, what: str) -> Iterator[None]:
 
 
 @contextmanager
+def machine_errors(what: str, out: Path) -> Iterator[None]:
+    """An OSError of the machine (disk full, read-only, permission) while `what` writes `out`, as a FrenzyError
+    naming both; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as err:
+        if environment_problem(err) is None:
+            raise
+        raise as_frenzy_error(err, f"{what} writing {out}") from err
+
+
+@contextmanager
 def atomic_dir(out: str | Path, what: str, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temp directory to fill; on success it replaces `out` in one rename (module docstring)."""
     out = Path(out).expanduser().absolute()
+    with machine_errors(what, out), _atomic_dir(out, what, overwrite) as tmp:
+        yield tmp
+
+
+@contextmanager
+def _atomic_dir(out: Path, what: str, overwrite: bool) -> Iterator[Path]:
     refuse_protected(out, what)
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory; give a directory for {what}")
@@ -118,6 +138,12 @@ def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True,
     renamed over `dest` only when the writer returns, so a SIGKILL leaves `dest` as it was. `dest` may not be one
     of `inputs` (an output pointed at the file being read would destroy it) nor inside a checkpoint directory."""
     dest = check_file_target(dest, what, inputs)
+    with machine_errors(what, dest), _atomic_path(dest, what, overwrite) as tmp:
+        yield tmp
+
+
+@contextmanager
+def _atomic_path(dest: Path, what: str, overwrite: bool) -> Iterator[Path]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _lock(dest, what):
         if dest.exists() and not overwrite:

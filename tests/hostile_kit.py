@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OUTCOMES = ("clear", "unclear", "traceback", "hang", "silent wrong", "data lost")
+BUG = "a bug in Frenzy"
+"""What the CLI's boundary says of an exception that is not the user's (cli/output.py): counted as a traceback."""
 
 
 @dataclass
@@ -63,12 +65,17 @@ def cli(*argv: str) -> Run:
 
 
 def lib(fn: Callable[[], object]) -> Run:
-    """A library call the way the CLI maps it: ValueError/RuntimeError (the project's errors) exit 2 with the
-    message; anything else escapes as a traceback."""
+    """A library call the way the CLI's boundary maps it (cli/output.py): a `FrenzyError` or an error of the machine
+    exits 2 with the message; anything else escapes as a traceback."""
+    from tasks.errors import user_message
+
     try:
         return Run(0, value=fn())
-    except (ValueError, RuntimeError) as err:
-        return Run(2, err=str(err))
+    except Exception as err:
+        msg = user_message(err)
+        if msg is None:
+            raise
+        return Run(2, err=msg)
 
 
 def _digest(root: Path, names: tuple[str, ...]) -> dict[str, str | None]:
@@ -102,7 +109,7 @@ def classify(case: Case, root: Path) -> tuple[str, str]:
     after = _digest(root, case.keep)
     if before != after:
         return "data lost", f"changed: {[n for n in case.keep if before[n] != after[n]]}"
-    if "Traceback (most recent call last)" in run.err:
+    if "Traceback (most recent call last)" in run.err or BUG in run.err:
         return "traceback", run.err[-800:]
     if callable(case.expect):
         if run.rc != 0:

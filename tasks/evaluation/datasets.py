@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from tasks.errors import FrenzyError
 from tasks.evaluation.engine import LM, perplexity
 from tasks.evaluation.sandbox import run_python
 
 
-class DatasetError(ValueError):
+class DatasetError(FrenzyError, ValueError):
     """A dataset that cannot be found or used; names the fix."""
 
 

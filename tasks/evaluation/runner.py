@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.errors import FrenzyError
 from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
@@ -40,7 +41,7 @@ from tasks.evaluation.suite import Suite
 from tasks.evaluation.trial import score_chunk
 
 
-class EvalError(RuntimeError):
+class EvalError(FrenzyError, RuntimeError):
     """An evaluation that could not finish; names the trial and its error."""
 
 

@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from tasks.errors import FrenzyError
 from tasks.evaluation.suite import Suite
 
 GRANULARITIES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -410,7 +411,7 @@ def plan_elastic(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_n
 def plan(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None) -> EvalPlan:
     """Naive and elastic schedules of `suite` on `nodes` x `gpus_per_node` GPUs, with the lower bound."""
     if nodes < 1 or gpus_per_node < 1:
-        raise ValueError(f"need at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
+        raise FrenzyError(f"need at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
     naive = plan_naive(suite, nodes, gpus_per_node, cpu_workers_per_node)
     el = plan_elastic(suite, nodes, gpus_per_node, cpu_workers_per_node)
     lb = lower_bound(suite, nodes, gpus_per_node, cpu_workers_per_node)

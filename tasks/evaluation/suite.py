@@ -14,8 +14,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.errors import FrenzyError
 
-class SuiteError(ValueError):
+
+class SuiteError(FrenzyError, ValueError):
     """A suite that cannot be used; the message names the field and the fix."""
 
 

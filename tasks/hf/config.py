@@ -10,11 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import FrenzyError
+
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 SUPPORTED = (*LLAMA_LIKE, "gpt2")
 
 
-class HFError(ValueError):
+class HFError(FrenzyError, ValueError):
     """A model directory Frenzy cannot read or write; the message names the fix."""
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from tasks.outdir import atomic_path
 from tasks.stragglers.analyze import Prepared, Slowdowns, simulate
-from tasks.stragglers.trace import OPTYPES, PP_COMM
+from tasks.stragglers.trace import OPTYPES, PP_COMM, TraceError
 
 STREAMS = ["compute", *PP_COMM, "dp-comm"]
 
@@ -56,7 +56,8 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
     window = list(range(i0, min(i0 + max(1, n_steps), len(steps))))
     ranks = list(g.dp_ranks[:8]) if dp_ranks is None else [r for r in dp_ranks if r in set(g.dp_ranks.tolist())]
     if not ranks:
-        raise ValueError(f"none of the DP ranks {dp_ranks} is in the trace (it has {g.dp_ranks.tolist()})")
+        raise TraceError(f"none of the DP ranks {dp_ranks} is in the trace (it has {g.dp_ranks.tolist()}); give "
+                         "some of those to --timeline-dp-ranks")
     dpi = {int(r): int(np.flatnonzero(g.dp_ranks == r)[0]) for r in ranks}
     ideal_start, ideal_end = simulate(g, np.ascontiguousarray(np.broadcast_to(p.ideal[:, None], p.dur.shape)))
     comm = np.array([OPTYPES[t] not in ("forward-compute", "backward-compute", "gc", "optimizer") for t in g.optype])

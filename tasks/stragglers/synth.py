@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.errors import FrenzyError
 from tasks.stragglers.trace import LOCAL, OPTYPES, JobMeta
 
 
@@ -262,7 +263,7 @@ def build_program(spec: SynthSpec) -> Program:
     return prog
 
 
-class Deadlock(RuntimeError):
+class Deadlock(FrenzyError, RuntimeError):
     pass
 
 

@@ -18,6 +18,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from tasks.errors import FrenzyError
+
 COMPUTE = ("forward-compute", "backward-compute")
 PP_COMM = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 DP_COMM = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce")
@@ -31,7 +33,7 @@ COLUMNS = {"dp_rank": np.int8, "stage": np.int8, "rank": np.int16, "step": np.in
            "mb_id": np.int8}
 
 
-class TraceError(ValueError):
+class TraceError(FrenzyError, ValueError):
     """A trace or meta file that cannot be analysed; the message names the fix."""
 
 

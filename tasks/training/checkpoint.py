@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 import torch
 from pydantic import BaseModel, Field
 
+from tasks.errors import FrenzyError
 from tasks.jobspec import NAME_PATTERN
 from tasks.training.storage import AlreadyExists, Storage
 
@@ -34,7 +35,7 @@ _ALIGN = 64
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(FrenzyError, RuntimeError):
     """A checkpoint that cannot be used (missing, corrupt, or from another job/layout); names the fix."""
 
 

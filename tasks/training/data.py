@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks.errors import FrenzyError
 from tasks.jobspec import DataSpec
 from tasks.training import shards as S
 from tasks.training.prepared import check_prepared
@@ -31,7 +32,7 @@ _CORPUS_MAX_BYTES = 16 << 20
 HELDOUT_FRACTION = 0.05
 
 
-class DataError(ValueError):
+class DataError(FrenzyError, ValueError):
     """Training data that cannot be used; the message names the fix."""
 
 

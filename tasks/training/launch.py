@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tasks.errors import FrenzyError
 from tasks.jobspec import JobSpec, parse_job
 from tasks.training.writer import ORPHAN_GRACE_S
 
 _ERROR_MARK = "frenzy-train-error: "
 
 
-class TrainFailed(RuntimeError):
+class TrainFailed(FrenzyError, RuntimeError):
     """The trainer exited with an error; carries the exit code and the tail of its log."""
 
     def __init__(self, msg: str, returncode: int, log_tail: str) -> None:
@@ -137,18 +138,18 @@ def _check(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str,
     """The launch's arguments, checked before anything starts; returns the rank count (one per GPU given)."""
     if gpu_indices:
         if nproc not in (1, len(gpu_indices)):
-            raise ValueError(f"nproc={nproc} but the allocation holds {len(gpu_indices)} GPUs; one rank per GPU")
+            raise FrenzyError(f"nproc={nproc} but the allocation holds {len(gpu_indices)} GPUs; one rank per GPU")
         nproc = len(gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
+        raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     if nproc < 1 or tp < 1 or nproc % tp:
-        raise ValueError(f"nproc={nproc} and tp={tp}: both must be >= 1 and tp must divide nproc")
+        raise FrenzyError(f"nproc={nproc} and tp={tp}: both must be >= 1 and tp must divide nproc")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
+            raise FrenzyError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
                              "use --device cpu, or auto to take a GPU when there is one")
     return nproc
 
@@ -273,21 +274,19 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
-    from tasks.training.checkpoint import CheckpointError
-    from tasks.training.data import DataError
-    from tasks.training.guard import SpikeError
+    from tasks.errors import user_message
     from tasks.training.loop import TrainOptions, train
-    from tasks.training.storage import StorageError
-    from tasks.training.writer import WriterLeaseError
 
     try:
         job = parse_job(json.loads(Path(a.job).read_text()), a.job)
         train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, from_scratch=a.from_scratch,
                            device=a.device, threads=a.threads,
                            stop_after_steps=a.stop_after_steps, tp=a.tp))
-    except (CheckpointError, DataError, SpikeError, StorageError, WriterLeaseError, ValueError) as err:
-        # a problem the user can fix: one line, no traceback, recognised by launch()
-        print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
+    except Exception as err:
+        msg = user_message(err)  # a problem the user can fix: one line, no traceback, recognised by launch()
+        if msg is None:
+            raise  # a bug: its traceback in train.log
+        print(f"{_ERROR_MARK}{msg}".replace("\n", " "), file=sys.stderr, flush=True)
         return 2
     return 0
 

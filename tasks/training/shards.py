@@ -19,13 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.errors import FrenzyError
+
 HEADER_INTS = 256
 _FORMATS = {np.dtype(np.uint16): (20240520, 1), np.dtype(np.uint32): (20240801, 7)}
 _BY_MAGIC = {(m, v): dt for dt, (m, v) in _FORMATS.items()}
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".text", ".rst", ".c", ".h", ".json")
 
 
-class ShardError(ValueError):
+class ShardError(FrenzyError, ValueError):
     """Token shards or a corpus that cannot be read; the message names the fix."""
 
 

@@ -1,7 +1,8 @@
 """Checkpoint storage behind one small interface: a local directory (fsync'd) or any fsspec URL (s3:// via s3fs).
 
 Writes stream chunks while hashing them (sha256), are retried whole with backoff when the store fails for
-a while, and the manifest is written create-only (O_EXCL locally, If-None-Match on S3) so two writers can
+a while (but not when no retry can help: a full disk, a read-only mount, a permission, missing credentials), and
+the manifest is written create-only (O_EXCL locally, If-None-Match on S3) so two writers can
 never both commit the same step.
 """
 
@@ -15,11 +16,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from tasks.errors import FrenzyError, environment_problem, retry_cannot_fix
+
 log = logging.getLogger("frenzy.storage")
 T = TypeVar("T")
 
 
-class StorageError(RuntimeError):
+class StorageError(FrenzyError, RuntimeError):
     """The store kept failing past the retry budget; the message names the URI and the last error."""
 
 
@@ -34,9 +37,9 @@ _PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "InvalidAcc
 
 
 def _permanent(err: BaseException) -> bool:
-    return isinstance(err, _PERMANENT) or any(type(e).__name__ in _PERMANENT_NAMES or
-                                              any(n in str(e) for n in _PERMANENT_NAMES)
-                                              for e in (err, err.__cause__, err.__context__) if e is not None)
+    return isinstance(err, _PERMANENT) or retry_cannot_fix(err) or \
+        any(type(e).__name__ in _PERMANENT_NAMES or any(n in str(e) for n in _PERMANENT_NAMES)
+            for e in (err, err.__cause__, err.__context__) if e is not None)
 
 
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
@@ -48,6 +51,9 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
             raise  # a missing object, or one whose size is wrong (corrupt): the caller decides, no retry helps
         except Exception as err:  # noqa: BLE001 - any store error is retried, then surfaced with its text
             if _permanent(err):
+                machine = environment_problem(err)
+                if machine is not None:  # a full disk, a read-only mount: say so, not "check the credentials"
+                    raise StorageError(f"{what}: {machine} (not retried: retrying cannot fix this)") from err
                 raise StorageError(f"{what}: {err!r}; retrying cannot fix this: check the credentials "
                                    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), the bucket and permissions") from err
             if i == attempts - 1:

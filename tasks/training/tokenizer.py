@@ -14,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.errors import FrenzyError
 from tasks.outdir import atomic_file
 
 #: Names models use for their end-of-text token, in the order they are tried when the directory does not say.
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>", "<|eot_id|>")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(FrenzyError, ValueError):
     """A tokenizer that cannot be loaded or used; the message names the fix."""
 
 

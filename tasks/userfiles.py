@@ -1,0 +1,313 @@
+"""Reading a file the user gave: one place that refuses what cannot be read, before anything waits or believes it.
+
+Every reader of a user file (job, suite, cluster and meta YAML, trace CSV, JSON and JSONL, manifests, priors)
+goes through `open_user_file` / `read_bytes` / `read_text` and, for YAML, `load_yaml`:
+- **Only regular files.** A FIFO nobody writes, a character device (`/dev/zero`, a tty), a socket or a directory is
+  refused by `stat` before any `open` could block; the open itself is non-blocking and checked again (a path
+  swapped between the two). A symlink loop is named as one (Python's `exists()` calls it missing); a link to
+  nothing is named as a dangling link.
+- **Bounded size.** Each kind of file has a documented limit (`LIMITS`, docs/guarantees.md); past it the file is
+  refused naming the limit, and at most limit + 1 bytes are ever read (a regular file that grows, or one of
+  /proc's that reports size 0, cannot make a reader run for ever).
+- **One YAML loader** (`load_yaml`): safe types only; duplicate keys, anchors and aliases (`&a` / `*a`, the
+  "billion laughs" expansion), merge keys and non-finite numbers (`.nan`, `.inf`) are refused with the file, line
+  and column; the document keeps where each key was (`YamlDoc.where`) so a validation error of a field names its
+  line too (`validation_message`).
+- **Strict JSON** (`load_json`, `json_loads`): no NaN/Infinity, no duplicate keys.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from tasks.errors import FrenzyError
+
+MiB = 1 << 20
+LIMITS: dict[str, int] = {
+    "yaml": 4 * MiB,  # job, suite, cluster, catalog and straggler meta files: a few KB in practice
+    "json": 64 * MiB,  # state and config files: priors, leases, prepared.json, config.json
+    "manifest": 256 * MiB,  # a checkpoint manifest lists every tensor of every rank
+    "csv": 256 * MiB,  # a cluster trace (100,000 jobs are about 5 MB)
+    "jsonl": 4096 * MiB,  # an evaluation dataset or a history file
+}
+"""Bytes a reader accepts per kind of file (docs/guarantees.md)."""
+
+
+class UserFileError(FrenzyError, ValueError):
+    """A user file that cannot be read as given; the message names the file (line and column where known) and the
+    fix. A ValueError too, so the callers that catch their own ValueErrors keep working."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _stat(p: Path, what: str) -> os.stat_result:
+    try:
+        return os.stat(p)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserFileError(f"{p}: {what} is a symlink loop (a link that leads back to itself); fix or remove "
+                                "the link") from None
+        if err.errno == errno.ENOENT and os.path.lexists(p):
+            raise UserFileError(f"{p}: {what} is a symlink to a missing file ({os.readlink(p)}); fix the link or "
+                                "give the file itself") from None
+        if err.errno == errno.ENOENT:
+            raise UserFileError(f"{p}: the {what} does not exist; check the path") from None
+        if err.errno in (errno.EACCES, errno.EPERM):
+            raise UserFileError(f"{p}: {what} is not readable (permission denied); check its mode or owner") from None
+        if err.errno == errno.ENOTDIR:
+            raise UserFileError(f"{p}: a part of the path is a file, not a directory; check the path") from None
+        if err.errno == errno.ENAMETOOLONG:
+            raise UserFileError(f"{str(p)[:80]}...: the path is too long; check it") from None
+        raise
+
+
+def regular_file(path: str | Path, what: str) -> Path:
+    """`path` if it is a regular file (symlinks followed), else a `UserFileError` naming what it is instead."""
+    p = Path(path).expanduser()
+    st = _stat(p, what)
+    if stat.S_ISDIR(st.st_mode):
+        raise UserFileError(f"{p} is a directory; give a file: the {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserFileError(f"{p} is {_kind(st.st_mode)}, not a regular file; Frenzy reads the {what} only from a "
+                            f"regular file (one that cannot block or never end): copy the {what} into a file first")
+    return p
+
+
+def path_kind(path: str | Path, what: str) -> str:
+    """'file', 'dir' or 'missing' for `path`; a FIFO, device, socket or symlink loop is refused by name."""
+    p = Path(path).expanduser()
+    try:
+        st = _stat(p, what)
+    except UserFileError:
+        if not os.path.lexists(p):
+            return "missing"
+        raise
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    regular_file(p, what)
+    return "file"
+
+
+@contextmanager
+def open_user_file(path: str | Path, what: str, limit: int) -> Iterator[IO[bytes]]:
+    """The file opened for reading in binary, once it is known to be a regular file of at most `limit` bytes."""
+    p = regular_file(path, what)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.EACCES, errno.EPERM):
+            raise UserFileError(f"{p}: {what} is not readable (permission denied); check its mode or owner") from None
+        raise
+    f = os.fdopen(fd, "rb")
+    with f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped for something else since the stat
+            raise UserFileError(f"{p} is {_kind(st.st_mode)}, not a regular file; give a regular {what} file")
+        os.set_blocking(fd, True)
+        _check_size(p, what, st.st_size, limit)
+        yield f
+
+
+def _check_size(p: Path, what: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise UserFileError(f"{p}: the {what} is {size / MiB:,.1f} MiB, past the limit of {limit / MiB:,.0f} MiB "
+                            "for this kind of file (docs/guarantees.md); is it the right file?")
+
+
+def read_bytes(path: str | Path, what: str, limit: int) -> bytes:
+    """All of the file (module docstring: regular, at most `limit` bytes, never more read)."""
+    with open_user_file(path, what, limit) as f:
+        data = f.read(limit + 1)
+    _check_size(Path(path), what, len(data), limit)
+    return data
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """`data` as UTF-8 text; a bad byte is named by line and column."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise UserFileError(f"{source}:{line}:{col}: not UTF-8 text (byte 0x{data[err.start]:02x}); is it the "
+                            "right file? save it as UTF-8") from None
+
+
+def read_text(path: str | Path, what: str, limit: int) -> str:
+    """The file as UTF-8 text (regular, bounded; a bad byte named by line and column)."""
+    return decode_utf8(read_bytes(path, what, limit), str(path))
+
+
+# --------------------------------------------------------------------------------------------------- YAML
+def _where(source: str, mark: Any) -> str:
+    return f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader without aliases, merge keys, duplicate keys or non-finite numbers (module docstring)."""
+
+    source = "<yaml>"
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            ev = self.peek_event()
+            raise UserFileError(f"{_where(self.source, ev.start_mark)}: YAML alias *{ev.anchor} refused: Frenzy's "
+                                "files take no anchors or aliases (they can expand without bound); write the values out")
+        ev = self.peek_event()
+        if getattr(ev, "anchor", None) is not None:
+            raise UserFileError(f"{_where(self.source, ev.start_mark)}: YAML anchor &{ev.anchor} refused: Frenzy's "
+                                "files take no anchors or aliases (they can expand without bound); write the values out")
+        return super().compose_node(parent, index)
+
+    def flatten_mapping(self, node: Any) -> None:
+        """Merge keys are refused in `construct_mapping`, so there is nothing to flatten."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep)
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise UserFileError(f"{_where(self.source, key_node.start_mark)}: YAML merge key `<<` refused; write "
+                                    "the keys out")
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key (a list or mapping as a key)
+                raise UserFileError(f"{_where(self.source, key_node.start_mark)}: a YAML key must be a plain value, "
+                                    "not a list or mapping") from None
+            if first is not None:
+                raise UserFileError(f"{_where(self.source, key_node.start_mark)}: duplicate key {key!r} (first at line "
+                                    f"{first.line + 1}); a key may appear once in a mapping: remove one")
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_float(self, node: Any) -> float:
+        v = super().construct_yaml_float(node)
+        if not math.isfinite(v):
+            raise UserFileError(f"{_where(self.source, node.start_mark)}: {node.value} is not a finite number; give "
+                                "a finite value")
+        return v
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
+
+
+@dataclass
+class YamlDoc:
+    """A loaded YAML document and where each key's value was in the file (for messages naming the line)."""
+
+    data: Any
+    source: str
+    marks: dict[tuple, Any] = field(default_factory=dict)
+
+    def where(self, loc: tuple | list) -> str:
+        """`FILE:LINE:COL` of the deepest known prefix of the pydantic-style location `loc`."""
+        loc = tuple(loc)
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in self.marks:
+                return _where(self.source, self.marks[loc[:n]])
+        return self.source
+
+
+def _marks(node: Any, path: tuple, out: dict[tuple, Any]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                out[path + (k.value,)] = k.start_mark
+                _marks(v, path + (k.value,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out[path + (i,)] = v.start_mark
+            _marks(v, path + (i,), out)
+
+
+def yaml_text(text: str, source: str) -> YamlDoc:
+    """Parse YAML text strictly (module docstring); errors name `source`, the line and the column."""
+    loader = _StrictLoader(text)
+    loader.source = source
+    try:
+        node = loader.get_single_node()
+        marks: dict[tuple, Any] = {}
+        if node is not None:
+            _marks(node, (), marks)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        raise UserFileError(f"{_where(source, mark)}: not valid YAML: {err.problem or err.context}") from None
+    except yaml.YAMLError as err:
+        raise UserFileError(f"{source}: not valid YAML: {err}") from None
+    except RecursionError:
+        raise UserFileError(f"{source}: YAML nested too deeply to be a Frenzy file") from None
+    finally:
+        loader.dispose()
+    return YamlDoc(data, source, marks)
+
+
+def load_yaml(path: str | Path, what: str, limit: int = LIMITS["yaml"]) -> YamlDoc:
+    """A user's YAML file, read through the refusing reader and parsed strictly (module docstring)."""
+    return yaml_text(read_text(path, what, limit), str(path))
+
+
+def validation_message(err: Any, doc: YamlDoc | None, source: str, what: str) -> str:
+    """A pydantic ValidationError of user input as lines `FILE:LINE:COL: field: problem`, one per error."""
+    lines = [f"{source}: invalid {what}"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        at = doc.where(e["loc"]) if doc is not None else source
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key {str(e['loc'][-1])!r} (check the spelling)"
+        lines.append(f"  {at}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------- JSON
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def json_loads(text: str | bytes, source: str) -> Any:
+    """JSON without NaN/Infinity or duplicate keys; errors name `source` and the line and column."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as err:
+        raise UserFileError(f"{source}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from None
+    except UnicodeDecodeError:
+        raise UserFileError(f"{source}: not UTF-8 JSON") from None
+    except RecursionError:
+        raise UserFileError(f"{source}: JSON nested too deeply") from None
+    except ValueError as err:
+        raise UserFileError(f"{source}: {err}; fix or remove the file") from None
+
+
+def load_json(path: str | Path, what: str, limit: int = LIMITS["json"]) -> Any:
+    """A JSON file, read through the refusing reader and parsed strictly."""
+    return json_loads(read_bytes(path, what, limit), str(path))
