@@ -50,7 +50,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     def progress(msg: str, frac: float) -> None:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
-    res, summary = evaluate_and_record(args.uri, suite, opts, args.history_dir, progress)
+    res, summary = evaluate_and_record(args.uri, suite, opts, args.history_dir, progress, overwrite=args.overwrite)
     doc = res.model_dump(mode="json") | {"history_plot": summary.history_plot}
 
     def human() -> str:
@@ -98,7 +98,9 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                          "precursor, trials and metric jobs run there)")
     sp.add_argument("--ray-nodes", help="with --executor ray: the Ray nodes to use, e.g. a100-0,a100-1 (default: the "
                                         "first --nodes alive ones)")
-    sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>/<suite>)")
+    sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>/<suite>); "
+                                      "written whole, renamed into place when complete")
+    sp.add_argument("--overwrite", action="store_true", help="replace the results an --out-dir already holds")
     sp.add_argument("--history-dir", default="evals", help="score history per run (default evals)")
     sp.add_argument("--no-learn", action="store_true", help="do not fold this run's timings into the priors")
 

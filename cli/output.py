@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import io
 import json
 import os
 import sys
@@ -172,7 +173,25 @@ def run(args: argparse.Namespace) -> int:
     """Run the parsed command `args.fn`: its exit status; under --json exactly one document on stdout. The one
     error boundary: a user's error exits 2 with its message, a bug exits 1 with its traceback in a file, a closed
     pipe ends quietly (module docstring)."""
+    command = getattr(args, "command", "?")
+    if not _stdout_open():
+        print(f"frenzy {command}: error: stdout is closed, so the answer has nowhere to go; redirect it instead "
+              "(> FILE, or > /dev/null to discard it)", file=sys.stderr)
+        return 2
     try:
         return _run(args)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the boundary: every exception ends here
-        return _finish(getattr(args, "command", "?"), err)
+        return _finish(command, err)
+
+
+def _stdout_open() -> bool:
+    """Whether stdout can take the answer: the process was not started with fd 1 closed (`>&-`)."""
+    if sys.stdout is None:
+        return False
+    try:
+        os.fstat(sys.stdout.fileno())
+    except io.UnsupportedOperation:  # an in-memory stream (a test, a notebook): open (an OSError too: test it first)
+        return True
+    except (OSError, ValueError):
+        return False
+    return True

@@ -19,10 +19,11 @@ EXAMPLE_CLUSTER = "frenzy-testbed"
 
 def _job_or_model_dir(args: argparse.Namespace) -> JobSpec:
     """A job YAML, or a Hugging Face model directory planned as a job (with --seq-len / --global-batch)."""
+    import os
     from pathlib import Path
 
     p = Path(args.job).expanduser()
-    if p.is_dir() and (p / "config.json").is_file():
+    if p.is_dir() and os.path.lexists(p / "config.json"):  # a FIFO or a loop there is named by read_config
         from tasks.hf.config import max_positions
 
         job = parse_job({"name": p.resolve().name[:128] or "model", "model": {"hf": str(p)},

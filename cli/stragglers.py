@@ -65,17 +65,17 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
     inputs = (args.path, args.meta or _implicit_meta(Path(args.path)))
     for flag, out in (("--heatmap", args.heatmap), ("--timeline", args.timeline)):
         if out:  # before the analysis: a wrong path should not cost its minutes
-            check_file_target(out, f"stragglers analyze {flag}", inputs)
+            check_file_target(out, f"stragglers analyze {flag}", inputs, overwrite=args.overwrite)
     res, prep = analyze_path(args.path, args.meta, progress=progress)
     doc = res.model_dump()
     if args.heatmap:
-        doc["heatmap"] = str(heatmap(res, args.heatmap, inputs=inputs))
+        doc["heatmap"] = str(heatmap(res, args.heatmap, inputs=inputs, overwrite=args.overwrite))
     if args.timeline:
         ranks = [int(x) for x in _numbers(args.timeline_dp_ranks, "--timeline-dp-ranks")] if args.timeline_dp_ranks \
             else None
         doc["timeline"] = str(timeline(prep, args.timeline, first_step=args.timeline_step,
                                        n_steps=args.timeline_steps, dp_ranks=ranks,
-                                       inputs=inputs))
+                                       inputs=inputs, overwrite=args.overwrite))
     emit(args, doc, lambda: markdown(res) + "".join(f"\n{k}: {doc[k]}" for k in ("heatmap", "timeline") if k in doc))
     return 0
 
@@ -91,7 +91,8 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--timeline-step", type=int, help="first step of the timeline window (default: the first)")
     sp.add_argument("--timeline-steps", type=int, default=3, help="steps in the timeline window (default 3)")
     sp.add_argument("--timeline-dp-ranks", help="DP ranks in the timeline, e.g. 0,5 (default: the first 8)")
-    sp.add_argument("--overwrite", action="store_true", help="generate: replace an existing trace file")
+    sp.add_argument("--overwrite", action="store_true",
+                    help="replace an existing output file (generate: the trace; analyze: --heatmap, --timeline)")
     sp.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b", help="generate: schedule")
     for flag, default, what in (("--dp", 4, "DP ranks"), ("--pp", 4, "pipeline stages"),
                                 ("--vpp", 1, "chunks per stage (interleaved; default 2 there)"),

@@ -52,11 +52,14 @@ def _human(res: object, wall_s: float) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from cli.console import run_submit
-    from flows.submit import SubmitRequest
+    from cluster.ledger import require_existing
     from tasks.jobspec import load_job
 
     job = load_job(args.job)
+    require_existing(args.ledger)  # a mistyped --ledger must not become a new, empty cluster
+    from cli.console import run_submit
+    from flows.submit import SubmitRequest
+
     req = SubmitRequest(job=job, cluster=args.cluster, ledger=args.ledger, suite=args.suite,
                         max_wait_s=args.max_wait, evaluation=args.evaluation, device=args.device,
                         run_dir=str(Path(args.run_dir).absolute()) if args.run_dir else None, lease_s=args.lease,

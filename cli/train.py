@@ -28,6 +28,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tasks.training.launch import TrainFailed, default_run_dir, launch
     from tasks.training.progress import describe
 
+    if args.discard_checkpoints and not args.from_scratch:
+        raise FrenzyError("--discard-checkpoints goes with --from-scratch (it deletes the checkpoints a run from step 0 "
+                          "would replace); add --from-scratch, or drop it")
     job = load_job(args.job)
     if args.steps:
         job.training.steps = args.steps
@@ -42,9 +45,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     try:
         with run_dir_lock(run_dir):  # one trainer per run directory (tasks/outdir.py)
-            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume or args.from_scratch,
-                            from_scratch=args.from_scratch, device=args.device, threads=args.threads, tp=args.tp,
-                            on_record=show)
+            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume, from_scratch=args.from_scratch,
+                            discard_checkpoints=args.discard_checkpoints, device=args.device, threads=args.threads,
+                            tp=args.tp, on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
         return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
@@ -94,11 +97,14 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("train", cmd_train, "Train a job on this machine with asynchronous, verified checkpoints.")
     sp.add_argument("job", help="job YAML file")
-    sp.add_argument("--resume", action="store_true",
-                    help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
-    sp.add_argument("--from-scratch", action="store_true",
-                    help="with checkpoints none of which verifies: discard them and train from step 0 (without "
-                         "it, such a resume is refused)")
+    start = sp.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
+    start.add_argument("--from-scratch", action="store_true",
+                       help="train from step 0; a checkpoint root that already holds checkpoints is refused (they are "
+                            "kept) unless --discard-checkpoints is given too")
+    sp.add_argument("--discard-checkpoints", action="store_true",
+                    help="with --from-scratch: delete the checkpoints already under checkpoint.uri first")
     sp.add_argument("--nproc", type=bounded_int(1, 1024), default=1,
                     help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
     sp.add_argument("--tp", type=bounded_int(1, 1024), default=1,

@@ -64,6 +64,7 @@ from cluster.inventory import Cluster
 from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk
 from cluster.sizing import Sizer
 from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, path_kind
 
 DEFAULT_LEASE_S = 60.0
 
@@ -159,7 +160,34 @@ class Allocation(BaseModel):
 def ledger_url(spec: str | None = None) -> str:
     """A SQLAlchemy URL from a URL, a SQLite file path, or (None) `$FRENZY_LEDGER` / `~/.frenzy/ledger.db`."""
     spec = spec or os.environ.get("FRENZY_LEDGER") or str(Path.home() / ".frenzy" / "ledger.db")
-    return spec if "://" in spec else f"sqlite:///{Path(spec).expanduser().resolve()}"
+    if "://" in spec:
+        return spec
+    try:
+        return f"sqlite:///{Path(spec).expanduser().resolve()}"
+    except (RuntimeError, OSError) as err:  # Python 3.11 raises RuntimeError on a symlink loop
+        raise LedgerError(f"ledger path {spec}: {err} (a symlink loop?); fix the link or give another path") from None
+
+
+def require_existing(spec: str | None) -> None:
+    """Refuse a SQLite ledger the user named with `--ledger` that does not exist: opening it would create a new,
+    empty cluster and hide the typo. The configured ledger (`$FRENZY_LEDGER`, else ~/.frenzy/ledger.db) may be
+    created on first use, and any ledger by `frenzy cluster init`, the one command that creates ledgers."""
+    if not spec:
+        return
+    url = ledger_url(spec)
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return  # a database server: the URL reaches an existing database or fails to connect
+    path = Path(url.split(":///", 1)[1])
+    where = "--ledger"
+    try:
+        kind = path_kind(path, "ledger")
+    except UserFileError as err:
+        raise LedgerError(f"{where}: {err}") from None
+    if kind == "missing":
+        raise LedgerError(f"{where}: no ledger at {path}; check the path (a new ledger is made only by `frenzy "
+                          f"cluster init --ledger {path} --cluster PRESET_OR_YAML`)")
+    if kind == "dir":
+        raise LedgerError(f"{where}: {path} is a directory; give the ledger's SQLite file")
 
 
 def owner_id() -> str:

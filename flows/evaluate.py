@@ -65,7 +65,8 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
     opts = EvalOptions(schedule=request.schedule, gpus_per_node=request.gpus_per_node,
                        cpu_workers_per_node=request.cpu_workers_per_node, device=request.device, nodes=request.nodes,
                        executor=request.executor)
-    _, summary = evaluate_and_record(request.uri, suite, opts, request.history_dir, progress, request.reevaluate)
+    _, summary = evaluate_and_record(request.uri, suite, opts, request.history_dir, progress, request.reevaluate,
+                                     overwrite=True)  # the pipeline's own directory: a re-evaluation replaces it
     logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
                 summary.predicted_makespan_s)
     return summary

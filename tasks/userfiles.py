@@ -23,7 +23,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,7 +242,10 @@ def _marks(node: Any, path: tuple, out: dict[tuple, Any]) -> None:
 
 def yaml_text(text: str, source: str) -> YamlDoc:
     """Parse YAML text strictly (module docstring); errors name `source`, the line and the column."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)
+    except yaml.YAMLError as err:  # the reader checks the characters at once (a control character)
+        raise UserFileError(f"{source}: not valid YAML: {err}") from None
     loader.source = source
     try:
         node = loader.get_single_node()
@@ -267,16 +270,29 @@ def load_yaml(path: str | Path, what: str, limit: int = LIMITS["yaml"]) -> YamlD
     return yaml_text(read_text(path, what, limit), str(path))
 
 
-def validation_message(err: Any, doc: YamlDoc | None, source: str, what: str) -> str:
-    """A pydantic ValidationError of user input as lines `FILE:LINE:COL: field: problem`, one per error."""
+def named_yaml(spec: str | Path, builtin: Callable[[str], str | None], what: str, missing: str) -> YamlDoc:
+    """A built-in document by name (`builtin(name)` gives its text, None when there is none by that name), else the
+    user's YAML file at `spec` (read and parsed as `load_yaml`); `missing` is the message when it is neither."""
+    text = builtin(str(spec))
+    if text is not None:
+        return yaml_text(text, f"{what} {spec}")
+    p = Path(spec).expanduser()
+    if path_kind(p, f"{what} file") == "missing":
+        raise UserFileError(missing)
+    return load_yaml(p, f"{what} file")
+
+
+def validation_message(err: Any, doc: YamlDoc | None, source: str, what: str, at: tuple = ()) -> str:
+    """A pydantic ValidationError of user input as lines `FILE:LINE:COL: field: problem`, one per error; `at` is
+    where in the document the validated value was (for a part validated alone)."""
     lines = [f"{source}: invalid {what}"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        at = doc.where(e["loc"]) if doc is not None else source
+        loc = ".".join(str(p) for p in (*at, *e["loc"])) or "(top level)"
+        where = doc.where((*at, *e["loc"])) if doc is not None else source
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = f"unknown key {str(e['loc'][-1])!r} (check the spelling)"
-        lines.append(f"  {at}: {loc}: {msg}")
+        lines.append(f"  {where}: {loc}: {msg}")
     return "\n".join(lines)
 
 

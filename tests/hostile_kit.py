@@ -132,10 +132,20 @@ def run_case(case: Case) -> tuple[str, str]:
 
 
 def all_cases() -> list[Case]:
-    from tests import hostile_data, hostile_diagnosis, hostile_hf, hostile_outputs, hostile_state, hostile_writers
+    from tests import (
+        hostile_data,
+        hostile_diagnosis,
+        hostile_hf,
+        hostile_outputs,
+        hostile_readers,
+        hostile_results,
+        hostile_state,
+        hostile_writers,
+    )
 
     return [*hostile_hf.CASES, *hostile_data.CASES, *hostile_writers.CASES, *hostile_outputs.CASES,
-            *hostile_state.CASES, *hostile_diagnosis.CASES]
+            *hostile_state.CASES, *hostile_diagnosis.CASES, *hostile_readers.CASES,
+            *hostile_results.CASES]
 
 
 # ------------------------------------------------------------------------------------------- shared inputs

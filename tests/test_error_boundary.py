@@ -210,3 +210,12 @@ def test_a_ledger_on_a_read_only_file_system_is_named(tmp_path):
                       f"$PY -m cli.main cluster cordon ampere-0 --ledger {ledger}; echo rc=$?", tmp_path)
     assert "rc=2" in r.stdout, r.stderr
     assert "read-only" in r.stderr and "Traceback" not in r.stderr and "OperationalError" not in r.stderr
+
+
+def test_a_closed_stdout_is_named_before_any_work():
+    """`frenzy gpus --json >&-`: the answer has nowhere to go; say so (exit 2) rather than drop it or crash."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "cli.main", "gpus", "--json"], cwd=ROOT, env=env, capture_output=False,
+                       stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert p.returncode == 2, p.stderr
+    assert "stdout is closed" in p.stderr and "Traceback" not in p.stderr

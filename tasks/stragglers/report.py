@@ -15,7 +15,7 @@ from tasks.stragglers.trace import OPTYPES, PP_COMM, TraceError
 STREAMS = ["compute", *PP_COMM, "dp-comm"]
 
 
-def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = ()) -> Path:
+def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
     """PNG: one cell per worker (x = DP rank, y = stage), its slowdown; Reds from 1 to max(1.5, worst)."""
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
@@ -38,13 +38,13 @@ def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (
     fig.colorbar(im, ax=ax, label="slowdown")
     fig.tight_layout()
     out = Path(path)
-    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs) as tmp:
+    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs, overwrite=overwrite) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
     return out
 
 
 def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_steps: int = 3,
-             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = ()) -> Path:
+             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
     """Chrome/Perfetto trace (gzipped JSON) of the original and the ideal timelines for a window of steps.
 
     One process per (timeline, DP rank), one track per (stage, stream); steps are laid end to end. A
@@ -97,7 +97,8 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
                     events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                                    "args": {"sort_index": tid}})
     out = Path(path)
-    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs) as tmp, gzip.open(tmp, "wt") as f:
+    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs, overwrite=overwrite) as tmp, \
+            gzip.open(tmp, "wt") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     return out
 

@@ -98,7 +98,7 @@ def _die_with(libc: object | None, parent: int) -> Callable[[], None]:
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False, from_scratch: bool = False,
            device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None, tp: int = 1,
            on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5,
-           gpu_indices: list[int] | None = None) -> dict:
+           gpu_indices: list[int] | None = None, discard_checkpoints: bool = False) -> dict:
     """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0.
 
     `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
@@ -112,7 +112,8 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     progress = run_dir / "progress.jsonl"
     offset = progress.stat().st_size if progress.exists() else 0
     args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
-    args += [flag for flag, on in (("--resume", resume), ("--from-scratch", from_scratch)) if on]
+    args += [flag for flag, on in (("--resume", resume), ("--from-scratch", from_scratch),
+                                   ("--discard-checkpoints", discard_checkpoints)) if on]
     if threads:
         args += ["--threads", str(threads)]
     if stop_after_steps is not None:
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--from-scratch", action="store_true")
+    ap.add_argument("--discard-checkpoints", action="store_true")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--stop-after-steps", type=int)
     ap.add_argument("--tp", type=int, default=1)
@@ -280,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = parse_job(json.loads(Path(a.job).read_text()), a.job)
         train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, from_scratch=a.from_scratch,
+                           discard_checkpoints=a.discard_checkpoints,
                            device=a.device, threads=a.threads,
                            stop_after_steps=a.stop_after_steps, tp=a.tp))
     except Exception as err:

@@ -28,7 +28,10 @@ class TrainOptions:
     resume: bool = False
     """Continue from the newest checkpoint that verifies; False refuses to overwrite existing checkpoints."""
     from_scratch: bool = False
-    """With `resume`: when no committed checkpoint verifies, discard them and start at step 0 (else refuse)."""
+    """Start at step 0 whatever the checkpoint root holds; a root that holds checkpoints is refused (they are kept)
+    unless `discard_checkpoints` says to delete them first."""
+    discard_checkpoints: bool = False
+    """With `from_scratch`: delete the checkpoints already under the root before training from step 0."""
     device: str = "auto"
     """`auto` (CUDA when present), `cpu` or `cuda`."""
     threads: int | None = None

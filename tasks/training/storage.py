@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +25,11 @@ T = TypeVar("T")
 
 class StorageError(FrenzyError, RuntimeError):
     """The store kept failing past the retry budget; the message names the URI and the last error."""
+
+
+class NotAFile(StorageError):
+    """A key that is not a regular file (a FIFO, a device, a directory: reading it could block for ever) or is
+    larger than such an object can be."""
 
 
 class AlreadyExists(FileExistsError):
@@ -47,8 +53,8 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
     for i in range(attempts):
         try:
             return fn()
-        except (AlreadyExists, FileNotFoundError, EOFError):
-            raise  # a missing object, or one whose size is wrong (corrupt): the caller decides, no retry helps
+        except (AlreadyExists, FileNotFoundError, EOFError, FrenzyError):
+            raise  # a missing object, one whose size is wrong (corrupt) or not a file: the caller decides
         except Exception as err:  # noqa: BLE001 - any store error is retried, then surfaced with its text
             if _permanent(err):
                 machine = environment_problem(err)
@@ -64,6 +70,9 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
             delay = min(delay * 2, 30.0)
     raise AssertionError("unreachable")
 
+
+SMALL_OBJECT_LIMIT = 256 << 20
+"""The largest manifest, shard record or lease `Storage.read` accepts (a manifest lists every tensor of every rank)."""
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "memory")
 """Object-store schemes accepted besides local paths (fsspec implementations)."""
@@ -178,11 +187,30 @@ class Storage:
         _retry(f"create {self.url(key)}", once, self.attempts, self.backoff_s)
 
     # reading ------------------------------------------------------------------------------------------
-    def read(self, key: str) -> bytes:
+    def _local_file(self, key: str, limit: int | None = None) -> Path:
+        """The local path of `key` if it is a regular file (of at most `limit` bytes): FileNotFoundError when
+        missing, `NotAFile` for a FIFO, device or directory, which an open() could block on for ever."""
+        assert self.local is not None
+        p = self.local / key
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(f"{self.url(key)} is not a regular file (a FIFO, device or directory); a checkpoint holds "
+                           "only files: remove it")
+        if limit is not None and st.st_size > limit:
+            raise NotAFile(f"{self.url(key)} is {st.st_size:,} bytes, more than such a file can be ({limit:,})")
+        return p
+
+    def read(self, key: str, limit: int = SMALL_OBJECT_LIMIT) -> bytes:
+        """A small object (a manifest, a shard record, the writer lease) of at most `limit` bytes."""
         def once() -> bytes:
             if self.local is not None:
-                return (self.local / key).read_bytes()
-            return self.fs.cat_file(self._path(key))
+                with open(self._local_file(key, limit), "rb") as f:
+                    data = f.read(limit + 1)
+            else:
+                data = self.fs.cat_file(self._path(key), end=limit + 1)
+            if len(data) > limit:
+                raise NotAFile(f"{self.url(key)} is more than {limit:,} bytes, more than such an object can be")
+            return data
 
         return _retry(f"read {self.url(key)}", once, self.attempts, self.backoff_s)
 
@@ -191,7 +219,7 @@ class Storage:
 
         def once() -> str:
             h, off = hashlib.sha256(), 0
-            opener = open(self.local / key, "rb") if self.local is not None else self.fs.open(self._path(key), "rb")
+            opener = open(self._local_file(key), "rb") if self.local is not None else self.fs.open(self._path(key), "rb")
             with opener as f:
                 while off < len(out):
                     n = f.readinto(out[off:off + chunk])
@@ -204,6 +232,13 @@ class Storage:
             return h.hexdigest()
 
         return _retry(f"read {self.url(key)}", once, max(2, self.attempts // 2), self.backoff_s)
+
+    def size(self, key: str) -> int:
+        """Bytes of `key` (FileNotFoundError when missing; `NotAFile` for a FIFO or device)."""
+        if self.local is not None:
+            return self._local_file(key).stat().st_size
+        return int(_retry(f"stat {self.url(key)}", lambda: self.fs.size(self._path(key)), self.attempts,
+                          self.backoff_s))
 
     def exists(self, key: str) -> bool:
         if self.local is not None:
