@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, table
+from tasks.errors import FrenzyError
 from tasks.report import straggler_line
 
 DEMO_JOB = {
@@ -51,12 +52,29 @@ def _human(res: object, wall_s: float) -> str:
     return "\n".join(lines)
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
+def _check_inputs(args: argparse.Namespace, run_dir: Path) -> None:
+    """What the user gave, checked before anything is placed or trained: the suite, a cluster file, where the results
+    go, and last the ledger (a mistyped --ledger must not become a new, empty cluster)."""
+    from cluster.inventory import PRESETS, load_cluster
     from cluster.ledger import require_existing
+    from tasks.evaluation.suite import load_suite
+    from tasks.outdir import check_writable
+
+    if args.suite:
+        load_suite(args.suite)
+    if args.cluster not in (*PRESETS, "local", "ray") and not args.cluster.startswith("ray://"):
+        load_cluster(args.cluster)
+    check_writable(run_dir, "--run-dir")
+    check_writable(args.history_dir, "--history-dir")
+    require_existing(args.ledger)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
     from tasks.jobspec import load_job
+    from tasks.training.launch import default_run_dir
 
     job = load_job(args.job)
-    require_existing(args.ledger)  # a mistyped --ledger must not become a new, empty cluster
+    _check_inputs(args, Path(args.run_dir) if args.run_dir else default_run_dir(job))
     from cli.console import run_submit
     from flows.submit import SubmitRequest
 
@@ -90,8 +108,12 @@ def demo_request(base: Path) -> object:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from cli.console import run_submit
+    from tasks.outdir import check_writable
 
     base = Path(args.dir)
+    if base.exists() and not base.is_dir():
+        raise FrenzyError(f"--dir {base} is a file; give a directory for the demo (default ./frenzy-demo)")
+    check_writable(base, "--dir")
     for old in (base / "runs" / "demo", base / "evals" / "demo"):  # the demo's own previous run, nothing else
         if old.exists():
             print(f"removing the previous demo run {old}", file=sys.stderr)
@@ -121,13 +143,15 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                     help="where checkpoints are evaluated (default auto: the evaluate-on-checkpoint deployment when "
                          "the Prefect server has it, else in this run)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: CUDA when allocated")
-    sp.add_argument("--max-wait", type=float, default=3600.0, help="seconds to wait in the queue (default 3600)")
+    sp.add_argument("--max-wait", type=bounded_float(0.0, 30 * 86400.0), default=3600.0,
+                    help="seconds to wait in the queue, 0 to 30 days (default 3600)")
     sp.add_argument("--run-dir", help="progress, log, traces and report (default runs/<job name>)")
     sp.add_argument("--history-dir", default="evals",
                     help="evaluation results and the per-run score history (default ./evals; on Ray, a directory "
                          "every node sees)")
-    sp.add_argument("--lease", type=float, default=60.0,
-                    help="allocation lease in seconds: a crashed run's GPUs come back this long after it died (60)")
+    sp.add_argument("--lease", type=bounded_float(5.0, 86400.0), default=60.0,
+                    help="allocation lease in seconds, 5 to 86400: a crashed run's GPUs come back this long after it "
+                         "died (60)")
     sp.add_argument("--max-restarts", type=bounded_int(0, 20), default=2,
                     help="automatic recoveries from training failures, diagnosed from the log (default 2)")
     sp.add_argument("--hang", type=bounded_float(5.0, 86400.0), default=900.0,

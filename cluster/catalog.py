@@ -12,16 +12,17 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tasks.errors import FrenzyError
-from tasks.userfiles import UserFileError, load_yaml, validation_message
+from tasks.userfiles import UserFileError, load_yaml, refuse_bool_numbers, validation_message
 
 
 class GPUType(BaseModel):
     """One GPU model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
     name: str = Field(min_length=1, max_length=64)
     """Catalog name used in cluster YAML (e.g. `A100-40GB-SXM`)."""

@@ -12,12 +12,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.ray_nodes import GPU_PREFIX, NODE_PREFIX, connect, frenzy_name
 from tasks.errors import FrenzyError
-from tasks.userfiles import UserFileError, named_yaml, validation_message
+from tasks.userfiles import UserFileError, named_yaml, refuse_bool_numbers, validation_message
 
 PRESETS = ("phoebe", "frenzy-testbed")
 
@@ -26,6 +26,7 @@ class Node(BaseModel):
     """One machine: `count` GPUs of one catalog type."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
     name: str = Field(min_length=1, max_length=255)
     """Host name (unique in the cluster)."""

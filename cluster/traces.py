@@ -88,15 +88,17 @@ def _unit_hash(text: str) -> float:
 
 
 def _job(name: str, submit: float, duration: float, gpus: int, model: str | None, batch: int | None,
-         precision: str = "fp16-mixed") -> TraceJob:
+         precision: str = "fp16-mixed", where: str = "") -> TraceJob:
     if duration <= 0 or not 1 <= gpus <= 1_000_000 or submit < 0:
-        raise TraceError(f"job {name}: submit_time must be >= 0, duration > 0 and num_gpus 1 to 1,000,000 (got "
-                         f"{submit}, {duration}, {gpus})")
+        raise TraceError(f"{where or 'trace'}: job {name}: submit_time must be >= 0, duration > 0 and num_gpus 1 to "
+                         f"1,000,000 (got {submit}, {duration}, {gpus})")
+    if batch is not None and not 1 <= batch <= 1 << 22:
+        raise TraceError(f"{where or 'trace'}: job {name}: global_batch must be 1 to 4,194,304 (got {batch})")
     from tasks.presets import MODEL_PRESETS
 
     model = model or model_for_gpu_hours(duration * gpus / 3600)
     if model not in MODEL_PRESETS:
-        raise TraceError(f"job {name}: unknown model preset {model!r}; see `frenzy presets`")
+        raise TraceError(f"{where or 'trace'}: job {name}: unknown model preset {model!r}; see `frenzy presets`")
     return TraceJob(name=name, submit_s=float(submit), duration_s=float(duration), num_gpus=int(gpus), model=model,
                     global_batch=int(batch or BATCH_PER_GPU * gpus), precision=precision)
 
@@ -118,7 +120,12 @@ def _rows(path: Path, required: set[str], max_rows: int | None = MAX_JOBS) -> li
         raise TraceError(str(err)) from None
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
-        cols = set(reader.fieldnames or [])
+        names = list(reader.fieldnames or [])
+        cols = set(names)
+        twice = sorted(c for c in cols if names.count(c) > 1)
+        if twice:
+            raise TraceError(f"{path}:1: duplicate column {', '.join(twice)} in the header (which one counts would be a "
+                             "guess); keep one")
         if not required <= cols:
             raise TraceError(f"{path}: missing columns {sorted(required - cols)} (has {sorted(cols)}); "
                              "pick the right --format")
@@ -156,7 +163,7 @@ def read_generic(path: str | Path) -> list[TraceJob]:
                         _number(r, "duration", float, where), _number(r, "num_gpus", int, where),
                         r.get("model") or None,
                         _number(r, "global_batch", int, where) if r.get("global_batch") else None,
-                        r.get("precision") or "fp16-mixed"))
+                        r.get("precision") or "fp16-mixed", where))
     return sorted(out, key=lambda j: (j.submit_s, j.name))
 
 
@@ -185,7 +192,8 @@ def read_philly(path: str | Path, *, max_jobs: int = 160, start: str | None = "2
     if not rows:
         raise TraceError(f"{p}: no job after {start} matches the filters")
     base = rows[0][0]
-    return [_job(f"philly-{line}", (ts - base).total_seconds(), dur, gpus, None, None) for ts, dur, gpus, line in rows]
+    return [_job(f"philly-{line}", (ts - base).total_seconds(), dur, gpus, None, None, where=f"{p}:{line}")
+            for ts, dur, gpus, line in rows]
 
 
 def read_sia(path: str | Path) -> list[TraceJob]:
@@ -200,7 +208,8 @@ def read_sia(path: str | Path) -> list[TraceJob]:
         if n < 1:
             raise TraceError(f"{p}:{i}: column num_replicas must be >= 1, got {n}")
         gpu_h = SIA_GPU_HOURS[app] * (0.5 * 4 ** _unit_hash(r["name"]))  # factor in [0.5, 2)
-        out.append(_job(r["name"], _number(r, "time", float, f"{p}:{i}"), gpu_h * 3600 / n, n, SIA_MODELS[app], None))
+        out.append(_job(r["name"], _number(r, "time", float, f"{p}:{i}"), gpu_h * 3600 / n, n, SIA_MODELS[app], None,
+                        where=f"{p}:{i}"))
     return sorted(out, key=lambda j: (j.submit_s, j.name))
 
 

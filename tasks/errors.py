@@ -23,7 +23,8 @@ class EnvironmentProblem(FrenzyError):
 _WHAT: dict[int, str] = {
     errno.ENOSPC: "no space left on the device (the disk is full): free space there or write somewhere else",
     errno.EDQUOT: "the disk quota is exhausted: free space or write somewhere else",
-    errno.EFBIG: "the file is larger than this file system allows: write somewhere else",
+    errno.EFBIG: "file too large: past the file-size limit of this process (ulimit -f) or of the file system; raise "
+                 "the limit or write somewhere else",
     errno.EROFS: "is on a read-only file system: give a writable location",
     errno.EACCES: "permission denied: check its owner and mode, or give a path you may use",
     errno.EPERM: "operation not permitted: check its owner and mode, or give a path you may use",

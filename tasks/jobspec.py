@@ -9,17 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import FrenzyError
 from tasks.formschema import drop_null_branches, optional_section
 from tasks.presets import MODEL_PRESETS
-from tasks.userfiles import UserFileError, YamlDoc, load_yaml, path_kind
+from tasks.userfiles import UserFileError, YamlDoc, load_yaml, path_kind, refuse_bool_numbers
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False,
                               json_schema_extra=drop_null_branches, validate_assignment=True)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
 
 PresetName = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
@@ -95,6 +96,10 @@ class ModelSpec(_Strict):
         if not isinstance(data, dict):
             return data
         given = {k: v for k, v in data.items() if v is not None}
+        for key in ("hf", "preset"):
+            if key in given and not isinstance(given[key], str):
+                raise ValueError(f"{key}: {given[key]!r} is not a name; give "
+                                 + ("a model directory path" if key == "hf" else "one of " + ", ".join(MODEL_PRESETS)))
         if given.get("hf"):
             from tasks.hf.config import spec_fields_from_hf  # reads config.json only; no torch, no transformers
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tasks.errors import FrenzyError, as_frenzy_error, environment_problem
+from tasks.errors import EnvironmentProblem, FrenzyError, as_frenzy_error, environment_problem
 
 
 class OutputError(FrenzyError, ValueError):
@@ -163,6 +163,23 @@ def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -
         os.replace(out, old)
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_writable(target: str | Path, what: str) -> Path:
+    """Refuse, before any work, an output path that cannot be written: a part of it is a file, or its nearest
+    existing directory is on a read-only file system or not writable. Creates nothing."""
+    p = Path(target).expanduser().absolute()
+    q = p
+    while not os.path.lexists(q) and q != q.parent:
+        q = q.parent
+    if q != p and not q.is_dir():
+        raise OutputError(f"{what} {p}: {q} is a file, not a directory; give another path")
+    d = q if q.is_dir() else q.parent
+    if os.statvfs(d).f_flag & os.ST_RDONLY:
+        raise EnvironmentProblem(f"{what} {p}: {d} is on a read-only file system; give a writable location")
+    if not os.access(d, os.W_OK):
+        raise EnvironmentProblem(f"{what} {p}: no permission to write in {d}; give a location you may write")
+    return p
 
 
 def _same_as_input(dest: Path, inputs: tuple[str | Path, ...]) -> Path | None:

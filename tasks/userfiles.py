@@ -23,6 +23,7 @@ import json
 import math
 import os
 import stat
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -127,8 +128,8 @@ def open_user_file(path: str | Path, what: str, limit: int) -> Iterator[IO[bytes
 
 def _check_size(p: Path, what: str, size: int, limit: int) -> None:
     if size > limit:
-        raise UserFileError(f"{p}: the {what} is {size / MiB:,.1f} MiB, past the limit of {limit / MiB:,.0f} MiB "
-                            "for this kind of file (docs/guarantees.md); is it the right file?")
+        raise UserFileError(f"{p}: the {what} is too large ({size:,} bytes), past the size limit of "
+                            f"{limit / MiB:,.0f} MiB for this kind of file (docs/guarantees.md); is it the right file?")
 
 
 def read_bytes(path: str | Path, what: str, limit: int) -> bytes:
@@ -164,6 +165,12 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader without aliases, merge keys, duplicate keys or non-finite numbers (module docstring)."""
 
     source = "<yaml>"
+    paths: dict[int, str] = {}
+    """id(node) -> its key path (`training.lr`), set once the document is composed, for messages."""
+
+    def _at(self, node: Any) -> str:
+        path = self.paths.get(id(node))
+        return f"{_where(self.source, node.start_mark)}: {path + ': ' if path else ''}"
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -194,16 +201,17 @@ class _StrictLoader(yaml.SafeLoader):
                 raise UserFileError(f"{_where(self.source, key_node.start_mark)}: a YAML key must be a plain value, "
                                     "not a list or mapping") from None
             if first is not None:
-                raise UserFileError(f"{_where(self.source, key_node.start_mark)}: duplicate key {key!r} (first at line "
-                                    f"{first.line + 1}); a key may appear once in a mapping: remove one")
+                where = self.paths.get(id(node))
+                raise UserFileError(f"{_where(self.source, key_node.start_mark)}: duplicate key {key!r}"
+                                    f"{' in ' + where if where else ''} (first at line {first.line + 1}); a key may "
+                                    "appear once in a mapping: remove one")
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep)
 
     def construct_yaml_float(self, node: Any) -> float:
         v = super().construct_yaml_float(node)
         if not math.isfinite(v):
-            raise UserFileError(f"{_where(self.source, node.start_mark)}: {node.value} is not a finite number; give "
-                                "a finite value")
+            raise UserFileError(f"{self._at(node)}{node.value} is not a finite number; give a finite value")
         return v
 
 
@@ -228,16 +236,19 @@ class YamlDoc:
         return self.source
 
 
-def _marks(node: Any, path: tuple, out: dict[tuple, Any]) -> None:
+def _marks(node: Any, path: tuple, out: dict[tuple, Any], paths: dict[int, str]) -> None:
+    """Where each key path starts (`out`) and each node's dotted key path (`paths`, by node id)."""
+    if path:
+        paths[id(node)] = ".".join(str(p) for p in path)
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode):
                 out[path + (k.value,)] = k.start_mark
-                _marks(v, path + (k.value,), out)
+                _marks(v, path + (k.value,), out, paths)
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             out[path + (i,)] = v.start_mark
-            _marks(v, path + (i,), out)
+            _marks(v, path + (i,), out, paths)
 
 
 def yaml_text(text: str, source: str) -> YamlDoc:
@@ -251,7 +262,8 @@ def yaml_text(text: str, source: str) -> YamlDoc:
         node = loader.get_single_node()
         marks: dict[tuple, Any] = {}
         if node is not None:
-            _marks(node, (), marks)
+            loader.paths = {}
+            _marks(node, (), marks, loader.paths)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
@@ -296,9 +308,45 @@ def validation_message(err: Any, doc: YamlDoc | None, source: str, what: str, at
     return "\n".join(lines)
 
 
+def _numeric(annotation: Any) -> bool:
+    """Whether a field's type takes numbers and not booleans (int, float, Optional or Annotated of them)."""
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    return bool(args) and bool not in args and any(_numeric(a) for a in args)
+
+
+def refuse_bool_numbers(cls: Any, value: Any, info: Any) -> Any:
+    """A pydantic `field_validator("*", mode="before")`: YAML's `yes`/`no`/`true` is not a number (pydantic would
+    take it as 1 or 0), so a number field given one is refused by name."""
+    if isinstance(value, bool) and info.field_name in cls.model_fields and \
+            _numeric(cls.model_fields[info.field_name].annotation):
+        raise ValueError(f"{str(value).lower()} is a yes/no value, not a number; give a number")
+    return value
+
+
 # --------------------------------------------------------------------------------------------------- JSON
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a finite number")
+class _NonFinite(float):
+    """A NaN or Infinity the JSON parser met (kept to name its key, then refused)."""
+
+    def __new__(cls, name: str) -> _NonFinite:
+        obj = super().__new__(cls, "nan")
+        obj.name = name  # type: ignore[attr-defined]
+        return obj
+
+
+def _non_finite(data: Any) -> tuple[str, str] | None:
+    """(dotted path, spelling) of the first non-finite number in parsed JSON (`NaN`, `Infinity`, `1e999`)."""
+    stack: list[tuple[tuple, Any]] = [((), data)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return ".".join(str(p) for p in path) or "(the value)", getattr(v, "name", repr(v))
+        if isinstance(v, dict):
+            stack.extend(((*path, k), x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend(((*path, i), x) for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -313,7 +361,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def json_loads(text: str | bytes, source: str) -> Any:
     """JSON without NaN/Infinity or duplicate keys; errors name `source` and the line and column."""
     try:
-        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+        data = json.loads(text, parse_constant=_NonFinite, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as err:
         raise UserFileError(f"{source}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from None
     except UnicodeDecodeError:
@@ -322,6 +370,10 @@ def json_loads(text: str | bytes, source: str) -> Any:
         raise UserFileError(f"{source}: JSON nested too deeply") from None
     except ValueError as err:
         raise UserFileError(f"{source}: {err}; fix or remove the file") from None
+    bad = _non_finite(data)
+    if bad is not None:
+        raise UserFileError(f"{source}: {bad[0]}: {bad[1]} is not a finite number; give a finite value")
+    return data
 
 
 def load_json(path: str | Path, what: str, limit: int = LIMITS["json"]) -> Any:

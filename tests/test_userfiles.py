@@ -202,3 +202,96 @@ def test_a_proc_file_that_reports_size_zero_is_still_bounded():
 def test_floats_of_the_loader_are_finite_by_construction():
     doc = yaml_text("a: 1.5\nb: -2.0e+3\nc: [0.0, 1.0e-300]\n", "ok.yaml")
     assert all(math.isfinite(x) for x in (doc.data["a"], doc.data["b"], *doc.data["c"]))
+
+
+# ------------------------------------------------------------------------------- the readers of typed documents
+def _fuzz_for(model: type, depth: int = 0) -> st.SearchStrategy:
+    """Documents shaped like `model` (its keys, nested sections as mappings) whose values are anything YAML holds:
+    numbers, strings, booleans, lists and mappings where the model wants something else."""
+    from pydantic import BaseModel
+
+    anything = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                             st.dictionaries(keys, inner, max_size=3)), max_leaves=6)
+    fields = {}
+    for name, f in model.model_fields.items():
+        sub = next((a for a in (f.annotation, *getattr(f.annotation, "__args__", ())) if isinstance(a, type) and
+                    issubclass(a, BaseModel)), None)
+        fields[name] = st.one_of(_fuzz_for(sub, depth + 1), anything) if sub is not None and depth < 2 else anything
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+def _valid_or(err: type, fn, doc, tmp: Path, name: str) -> None:
+    p = tmp / name
+    p.write_text(yaml.safe_dump(doc))
+    try:
+        fn(p)
+    except err as e:
+        assert str(e).strip(), "an error must say something"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(st.data())
+def test_any_job_document_is_read_or_refused_as_a_job_error(tmp_path, data):
+    """Not a TypeError from a validator that assumed a type, not a KeyError, not an OverflowError: a JobSpecError."""
+    from tasks.jobspec import JobSpec, JobSpecError, load_job
+
+    doc = data.draw(_fuzz_for(JobSpec))
+    _valid_or(JobSpecError, load_job, doc, tmp_path, "job.yaml")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_cluster_document_is_read_or_refused_as_an_inventory_error(tmp_path, data):
+    from cluster.inventory import Cluster, InventoryError, load_cluster
+
+    doc = data.draw(st.one_of(_fuzz_for(Cluster), st.lists(_fuzz_for(Cluster.model_fields["nodes"].annotation.__args__[0]),
+                                                           max_size=3)))
+    _valid_or(InventoryError, load_cluster, doc, tmp_path, "c.yaml")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_suite_document_is_read_or_refused_as_a_suite_error(tmp_path, data):
+    from tasks.evaluation.suite import Suite, SuiteError, load_suite
+
+    _valid_or(SuiteError, load_suite, data.draw(_fuzz_for(Suite)), tmp_path, "s.yaml")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_meta_and_catalog_document_is_read_or_refused(tmp_path, data):
+    from cluster.catalog import CatalogError, GPUType, load_catalog
+    from tasks.stragglers.trace import JobMeta, TraceError, load_meta
+
+    _valid_or(TraceError, load_meta, data.draw(_fuzz_for(JobMeta)), tmp_path, "meta.yaml")
+    _valid_or(CatalogError, load_catalog, data.draw(st.lists(_fuzz_for(GPUType), max_size=3)), tmp_path, "cat.yaml")
+
+
+cells = st.one_of(st.integers(-10**20, 10**20).map(str), st.floats().map(repr), st.sampled_from(
+    ["", "nan", "inf", "-inf", "1e999", "abc", "1,5", "\x00", "gpt-tiny", "llama3-8b", '"q"']),
+    st.text(alphabet=string.printable, max_size=8))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(cells, cells, cells, cells, cells), min_size=0, max_size=6))
+def test_any_trace_csv_is_read_or_refused_naming_a_line(tmp_path, rows):
+    """Every job it returns is finite and sane; every refusal is a TraceError (never a ValueError of float())."""
+    import csv
+    import io
+
+    from cluster.traces import TraceError, load_trace
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["submit_time", "duration", "num_gpus", "model", "global_batch"])
+    w.writerows(rows)
+    (tmp_path / "t.csv").write_text(buf.getvalue())
+    try:
+        jobs = load_trace(tmp_path / "t.csv")
+    except TraceError as err:
+        assert "t.csv" in str(err) or "trace" in str(err)
+        return
+    for j in jobs:
+        assert math.isfinite(j.submit_s) and j.submit_s >= 0 and math.isfinite(j.duration_s) and j.duration_s > 0
+        assert 1 <= j.num_gpus <= 1_000_000 and j.global_batch >= 1

@@ -232,8 +232,10 @@ class _Run:
             if isinstance(line, dict):  # the process ended
                 if self.opts.executor != "local":
                     (self.out / "trials" / f"{name}.stderr").write_text(line["stderr"])
-                if line["rc"] != 0:
-                    raise EvalError(f"{name} exited with status {line['rc']}: {line['stderr'].strip() or 'no output'}")
+                if line["rc"] != 0:  # its last line (the error), not its traceback: that stays in the log
+                    last = [ln for ln in line["stderr"].splitlines() if ln.strip()][-1:] or ["no output"]
+                    raise EvalError(f"{name} exited with status {line['rc']}: {last[0].strip()} (its log: "
+                                    f"{self.out / 'trials' / (name + '.stderr')})")
                 return
             try:
                 ev = json.loads(line)

@@ -11,10 +11,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import FrenzyError
-from tasks.userfiles import LIMITS, UserFileError, named_yaml, path_kind, read_text, validation_message
+from tasks.userfiles import (
+    LIMITS,
+    UserFileError,
+    named_yaml,
+    path_kind,
+    read_text,
+    refuse_bool_numbers,
+    validation_message,
+)
 
 MAX_EXAMPLES = 10**9
 """The most examples one suite entry may ask for (a typo of a few zeros should not plan for a year)."""
@@ -26,6 +34,7 @@ class SuiteError(FrenzyError, ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
 
 class ModelLoad(_Strict):

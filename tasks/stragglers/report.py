@@ -52,7 +52,10 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
     """
     g = p.graph
     steps = list(g.steps)
-    i0 = steps.index(first_step) if first_step is not None and first_step in steps else 0
+    if first_step is not None and first_step not in steps:
+        raise TraceError(f"--timeline-step {first_step} is not a step of the trace (its steps: {steps[0]} to "
+                         f"{steps[-1]}, {len(steps)} of them); give one of those")
+    i0 = steps.index(first_step) if first_step is not None else 0
     window = list(range(i0, min(i0 + max(1, n_steps), len(steps))))
     ranks = list(g.dp_ranks[:8]) if dp_ranks is None else [r for r in dp_ranks if r in set(g.dp_ranks.tolist())]
     if not ranks:

@@ -16,10 +16,10 @@ from typing import Annotated
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from tasks.errors import FrenzyError
-from tasks.userfiles import UserFileError, load_yaml, path_kind, regular_file, validation_message
+from tasks.userfiles import UserFileError, load_yaml, path_kind, refuse_bool_numbers, regular_file, validation_message
 
 COMPUTE = ("forward-compute", "backward-compute")
 PP_COMM = ("forward-send", "forward-recv", "backward-send", "backward-recv")
@@ -51,6 +51,7 @@ class JobMeta(BaseModel):
     taken as text whatever YAML made of them."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
     trial_name: Annotated[str, BeforeValidator(_as_text)] = ""
     run_id: Annotated[str, BeforeValidator(_as_text)] = ""

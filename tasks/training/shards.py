@@ -185,10 +185,13 @@ def _jsonl(url: str, text_field: str) -> Iterator[str]:
                                      "the file as UTF-8") from None
                 if not line.strip():
                     continue
-                try:
+                try:  # lenient about the other fields (a NaN score beside the text is common in corpora)
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ShardError(f"{url}:{n}: not JSON ({err}); fix the line or remove it") from None
+                except RecursionError:
+                    raise ShardError(f"{url}:{n}: JSON nested too deeply to be a document; fix the line or remove "
+                                     "it") from None
                 if not isinstance(row, dict):
                     raise ShardError(f"{url}:{n}: a JSON {type(row).__name__}, not an object with a {text_field!r} "
                                      "field; each jsonl line must be one object")

@@ -103,7 +103,14 @@ class Storage:
             if scheme not in SCHEMES:
                 raise StorageError(f"{uri}: unsupported storage scheme {scheme}://; checkpoints go to file://DIR, "
                                    "a plain path, or s3://BUCKET/PREFIX (also gs://, az:// with their fsspec package)")
-            self.fs, self.root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+            try:
+                self.fs, self.root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+            except ImportError as err:  # gs:// without gcsfs, az:// without adlfs
+                raise StorageError(f"{uri}: {scheme}:// needs its fsspec package, which is not installed ({err}); "
+                                   "install it, or use file://DIR or s3://BUCKET/PREFIX") from None
+            except (ValueError, TypeError) as err:
+                raise StorageError(f"{uri}: not a usable storage URL ({err}); give file://DIR or "
+                                   "s3://BUCKET/PREFIX") from None
             self.root = self.root.rstrip("/")
 
     def url(self, key: str) -> str:
