@@ -55,18 +55,18 @@ class ModelSpec(_Strict):
     """A Hugging Face model directory (config.json + safetensors; Llama, Qwen2, Mistral or GPT-2 architecture):
     the shape comes from its config, training starts from its weights and its tokenizer.json is the default
     tokenizer. Fields given below override the config (not the weights' shapes)."""
-    layers: int | None = Field(None, ge=1)
-    """Number of transformer blocks (empty: the preset's)."""
-    hidden: int | None = Field(None, ge=8)
+    layers: int | None = Field(None, ge=1, le=4096)
+    """Number of transformer blocks, at most 4096 (empty: the preset's)."""
+    hidden: int | None = Field(None, ge=8, le=1 << 20)
     """Model (residual stream) width (empty: the preset's)."""
-    heads: int | None = Field(None, ge=1)
+    heads: int | None = Field(None, ge=1, le=1 << 16)
     """Attention (query) heads (empty: the preset's)."""
-    kv_heads: int | None = Field(None, ge=1)
+    kv_heads: int | None = Field(None, ge=1, le=1 << 16)
     """Key/value heads for grouped-query attention; empty means the preset's, else equal to `heads` (MHA)."""
-    ffn_hidden: int | None = Field(None, ge=1)
+    ffn_hidden: int | None = Field(None, ge=1, le=1 << 22)
     """MLP inner width; empty means the preset's, else 4 x hidden for GELU and the Llama rule (2/3 x 4h, rounded
     to 256) for SwiGLU."""
-    vocab: int | None = Field(None, ge=2)
+    vocab: int | None = Field(None, ge=2, le=1 << 24)
     """Vocabulary size (256 for the byte-level tokenizer; empty: the preset's)."""
     mlp: Literal["gelu", "swiglu"] | None = None
     """MLP kind: GELU (GPT-2, BERT) or SwiGLU (Llama, Mistral, Qwen); empty: the preset's, else gelu."""
