@@ -71,9 +71,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     storage = Storage(args.uri)
     rows = []
-    if storage.local is not None and not storage.local.is_dir():
-        raise FrenzyError(f"{storage.uri}: no such checkpoint directory" if not storage.local.exists() else
-                         f"{storage.uri} is a file; give the checkpoint root (the directory of step_* folders)")
+    if storage.local is not None and storage.local_root() == "missing":  # a loop, a FIFO or a file: named there
+        raise FrenzyError(f"{storage.uri}: no such checkpoint directory")
     for s in ck.list_steps(storage):
         try:
             m, bad = ck.read_manifest(storage, s), None

@@ -149,6 +149,31 @@ def _read_only(root: Path) -> Run:
                     "echo rc=$?", root)
 
 
+def _file_size_limit(root: Path) -> Run:
+    """`data prepare` under `ulimit -f 256` (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails with EFBIG)."""
+    import resource
+
+    (root / "c.txt").write_text("hello world, again\n" * 60000)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FRENZY_HOME": str(root / "home")}
+    p = subprocess.run([sys.executable, "-m", "cli", "data", "prepare", "c.txt", "--out", "prep"], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10)))
+    return Run(0 if os.path.lexists(root / "prep") else p.returncode, p.stdout, p.stderr)  # a partial target: wrong
+
+
+def _read_only_run_dir(root: Path) -> Run:
+    (root / "ro").mkdir()
+    (root / "job.yaml").write_text(Path(TINY).read_text())
+    return _unshare("mount --bind -o ro ro ro\n$PY -m cli submit job.yaml --run-dir ro/run --evaluation off; "
+                    "echo rc=$?", root)
+
+
+def _linked_loop(root: Path, name: str) -> Path:
+    (root / name).symlink_to(root / f"{name}.2")
+    (root / f"{name}.2").symlink_to(root / name)
+    return root / name
+
+
 def _closed_stdout(root: Path) -> Run:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     p = subprocess.Popen([sys.executable, "-m", "cli", "presets"], cwd=root, env=env, stdout=subprocess.PIPE,
@@ -217,4 +242,21 @@ CASES = [
     Case(ENV, "data prepare onto a full disk", _full_disk, ("no space left on the device", "mnt/shards")),
     Case(ENV, "stragglers generate into a read-only directory", _read_only, ("read-only file system",)),
     Case(ENV, "output piped into a reader that is gone", _closed_stdout, lambda root, run: True),
+    Case(ENV, "data prepare past the file-size limit (ulimit -f)", _file_size_limit, ("file too large", "ulimit")),
+    Case(ENV, "submit with its --run-dir on a read-only mount", _read_only_run_dir,
+         ("--run-dir", "read-only file system")),
+    Case(FLAGS, "checkpoints on a root that is a symlink loop",
+         lambda root: cli("checkpoints", str(_linked_loop(root, "ck"))), ("symlink loop",)),
+    Case(FLAGS, "export from a root that is a symlink loop",
+         lambda root: cli("export", str(_linked_loop(root, "ck")), str(root / "hf")), ("symlink loop",)),
+    Case(FLAGS, "stragglers analyze --timeline-step outside the trace",
+         lambda root: cli("stragglers", "analyze", _trace(root), "--timeline", str(root / "t.json.gz"),
+                          "--timeline-step", "1000000"), ("--timeline-step", "not a step of the trace")),
+    Case(FLAGS, "stragglers generate --slow-worker with two numbers",
+         lambda root: cli("stragglers", "generate", str(root / "t.parquet"), "--slow-worker", "1,2"),
+         ("--slow-worker", "3 finite numbers")),
+    Case(FLAGS, "submit --suite with a typo", lambda root: cli("submit", TINY, "--suite", "qiuck"),
+         ("qiuck", "built-in suite")),
+    Case(FLAGS, "a numeric flag given nan", lambda root: cli("stragglers", "generate", str(root / "t.parquet"),
+                                                             "--noise", "nan"), ("--noise", "out of range")),
 ]

@@ -12,7 +12,8 @@ from tests.hostile_kit import all_cases, run_case
 pytest.importorskip("transformers")  # the model directories are made by save_pretrained
 
 CASES = all_cases()
-PRIVATE_MOUNTS = {"environment:data prepare onto a full disk", "environment:stragglers generate into a read-only directory"}
+PRIVATE_MOUNTS = {"environment:data prepare onto a full disk", "environment:stragglers generate into a read-only directory",
+                  "environment:submit with its --run-dir on a read-only mount"}
 
 
 @pytest.fixture(scope="module")

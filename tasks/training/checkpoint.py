@@ -515,8 +515,7 @@ def read_shard(storage: Storage, shard: ShardRecord) -> dict[str, torch.Tensor]:
     try:
         size = storage.size(shard.key)
         if size != shard.bytes:  # before allocating what the record claims
-            raise EOFError(f"{storage.url(shard.key)} is {size:,} bytes; the manifest says {shard.bytes:,} (truncated "
-                           "or extended)")
+            raise EOFError(f"the file is {size:,} bytes; the manifest says {shard.bytes:,} (truncated or extended)")
         flat = torch.empty(shard.bytes, dtype=torch.uint8)
         sha = storage.read_into(shard.key, memoryview(flat.numpy()))
     except (EOFError, FileNotFoundError, NotAFile) as err:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from tasks.errors import FrenzyError, environment_problem, retry_cannot_fix
+from tasks.userfiles import UserFileError, path_kind
 
 log = logging.getLogger("frenzy.storage")
 T = TypeVar("T")
@@ -253,10 +254,23 @@ class Storage:
         return _retry(f"stat {self.url(key)}", lambda: self.fs.exists(self._path(key)), self.attempts,
                       self.backoff_s)
 
+    def local_root(self) -> str:
+        """'dir' or 'missing' for a local root; a root that is a file, a FIFO, a symlink loop or a dangling link
+        raises a StorageError naming it (an exists() check would call a loop missing)."""
+        assert self.local is not None
+        try:
+            kind = path_kind(self.local, "checkpoint root")
+        except UserFileError as err:
+            raise StorageError(str(err)) from None
+        if kind == "file":
+            raise StorageError(f"{self.uri} is a file; give a directory (give the checkpoint root, the directory of "
+                               "step_* folders)")
+        return kind
+
     def list_dirs(self) -> list[str]:
         """Names of the immediate sub-directories of the root (empty if the root does not exist)."""
         if self.local is not None:
-            if not self.local.exists():
+            if self.local_root() == "missing":
                 return []
             return sorted(p.name for p in self.local.iterdir() if p.is_dir())
 
