@@ -196,15 +196,16 @@ def _same_as_input(dest: Path, inputs: tuple[str | Path, ...]) -> Path | None:
     return None
 
 
-def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
-    """Refuse, before any work, a file output that is a directory, inside a checkpoint or one of `inputs`, or
-    (without `overwrite`) one that exists."""
+def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...] = (), overwrite: bool = True,
+                      by_content: bool = False) -> Path:
+    """Refuse, before any work, a file output that is a directory, inside a checkpoint (`refuse_protected`) or one of
+    `inputs`, or (without `overwrite`) one that exists."""
     dest = Path(dest).expanduser().absolute()
     if dest.is_dir():
         raise OutputError(f"{dest} is a directory; give a file path for {what}")
     if not overwrite and os.path.lexists(dest):
         raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
-    refuse_protected(dest.parent, what)
+    refuse_protected(dest.parent, what, by_content)
     same = _same_as_input(dest, tuple(i for i in inputs if i))
     if same is not None:
         raise OutputError(f"{dest} is {what}'s own input ({same}); writing it would destroy what is being read: "
@@ -213,20 +214,21 @@ def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...
 
 
 @contextmanager
-def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True,
-                inputs: tuple[str | Path, ...] = ()) -> Iterator[Path]:
+def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True, inputs: tuple[str | Path, ...] = (),
+                by_content: bool = False, wait: bool = False) -> Iterator[Path]:
     """Yield a temp path beside `dest` for a writer that takes a path (savefig, to_parquet, gzip.open); it is
     renamed over `dest` only when the writer returns, so a SIGKILL leaves `dest` as it was. `dest` may not be one
-    of `inputs` (an output pointed at the file being read would destroy it) nor inside a checkpoint directory."""
-    dest = check_file_target(dest, what, inputs, overwrite=True)  # `overwrite` is checked again under the lock
-    with machine_errors(what, dest), _atomic_path(dest, what, overwrite) as tmp:
+    of `inputs` (an output pointed at the file being read would destroy it) nor inside a checkpoint directory. A
+    second writer is refused at once, or waits its turn with `wait` (a plot every evaluation redraws)."""
+    dest = check_file_target(dest, what, inputs, True, by_content)  # `overwrite` is checked again under the lock
+    with machine_errors(what, dest), _atomic_path(dest, what, overwrite, wait) as tmp:
         yield tmp
 
 
 @contextmanager
-def _atomic_path(dest: Path, what: str, overwrite: bool) -> Iterator[Path]:
+def _atomic_path(dest: Path, what: str, overwrite: bool, wait: bool) -> Iterator[Path]:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with held(dest, what):
+    with held(dest, what, wait):
         if dest.exists() and not overwrite:
             raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
         for stale in dest.parent.glob(f".{dest.name}.tmp-*"):  # left by a killed writer (we hold the lock)
@@ -240,9 +242,10 @@ def _atomic_path(dest: Path, what: str, overwrite: bool) -> Iterator[Path]:
         os.replace(tmp, dest)
 
 
-def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False) -> None:
-    """Write one file by temp + rename under the same lock and overwrite rules as `atomic_dir`."""
-    with atomic_path(dest, what, overwrite=overwrite) as tmp:
+def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False, *, by_content: bool = False,
+                wait: bool = False) -> None:
+    """Write one file by temp + rename under the same lock and overwrite rules as `atomic_path`."""
+    with atomic_path(dest, what, overwrite=overwrite, by_content=by_content, wait=wait) as tmp:
         tmp.write_bytes(data)
 
 

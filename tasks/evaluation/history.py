@@ -76,7 +76,11 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     fig.suptitle(f"{run}: suite {suite}")
     fig.tight_layout()
     out = out or history_file(history_dir, run).with_name(f"history-{suite}.png")
-    fig.savefig(out, dpi=90)
+    from tasks.outdir import atomic_path
+
+    # redrawn after every evaluation (two at once take turns): never half a PNG
+    with atomic_path(out, "the score history plot", by_content=True, wait=True) as tmp:
+        fig.savefig(tmp, dpi=90)
     return out
 
 
