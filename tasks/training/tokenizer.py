@@ -7,7 +7,6 @@ byte-level BPE from local text (what `frenzy tokenizer train` runs). Nothing her
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 
 from tasks.errors import FrenzyError
 from tasks.outdir import atomic_file
-from tasks.userfiles import LIMITS, UserFileError, json_loads, path_kind, read_bytes
+from tasks.userfiles import LIMITS, UserFileError, json_loads, load_json, path_kind, read_bytes
 
 #: Names models use for their end-of-text token, in the order they are tried when the directory does not say.
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>", "<|eot_id|>")
@@ -73,9 +72,9 @@ class HFTokenizer:
         cfg = folder / "tokenizer_config.json"
         if cfg.is_file():
             try:
-                doc = json.loads(cfg.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as err:
-                raise TokenizerError(f"{cfg} is not UTF-8 JSON ({err}); fix or remove it") from None
+                doc = load_json(cfg, "tokenizer config")
+            except UserFileError as err:
+                raise TokenizerError(f"{err}; fix or remove it") from None
             if not isinstance(doc, dict):
                 raise TokenizerError(f"{cfg} holds a {type(doc).__name__}, not a JSON object; fix or remove it")
             eos = doc.get("eos_token")
