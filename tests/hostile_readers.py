@@ -152,7 +152,7 @@ KINDS: dict[str, tuple[tuple[str, ...], Callable[[Reader], Callable[[Path], None
     "bytes that are not text": (("yaml", "csv", "jsonl"), _content(lambda r: b"\xff\xfe\x00garbage\x9c" * 10),
                                 ("UTF-8",)),
     "a file past its size limit": (("yaml", "json"), _content(lambda r: b" " * _BIG[r.fmt] + r.valid.encode()),
-                                   ("past the limit",)),
+                                   ("past the size limit",)),
 }
 
 

@@ -186,7 +186,7 @@ def test_a_file_past_its_limit_is_refused_and_never_read_past_it(tmp_path_factor
     if size <= limit:
         assert read_bytes(p, "data file", limit) == b"x" * size
     else:
-        with pytest.raises(UserFileError, match="past the limit"):
+        with pytest.raises(UserFileError, match="past the size limit"):
             read_bytes(p, "data file", limit)
 
 
@@ -195,7 +195,7 @@ def test_a_proc_file_that_reports_size_zero_is_still_bounded():
     p = Path("/proc/self/maps")
     if not p.exists():
         pytest.skip("no /proc here")
-    with pytest.raises(UserFileError, match="past the limit"):
+    with pytest.raises(UserFileError, match="past the size limit"):
         read_bytes(p, "map", 16)
 
 
