@@ -154,11 +154,15 @@ class Storage:
                 p = self.local / key
                 p.parent.mkdir(parents=True, exist_ok=True)
                 tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, p)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, p)
+                except BaseException:
+                    tmp.unlink(missing_ok=True)  # a full disk leaves no empty temp file behind
+                    raise
             else:
                 self.fs.pipe_file(self._path(key), data)  # one PUT: atomic on S3
 
