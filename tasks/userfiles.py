@@ -134,10 +134,16 @@ def _check_size(p: Path, what: str, size: int, limit: int) -> None:
 
 def read_bytes(path: str | Path, what: str, limit: int) -> bytes:
     """All of the file (module docstring: regular, at most `limit` bytes, never more read)."""
+    chunks, total = [], 0
     with open_user_file(path, what, limit) as f:
-        data = f.read(limit + 1)
-    _check_size(Path(path), what, len(data), limit)
-    return data
+        while total <= limit:  # in pieces: read(limit + 1) would reserve the whole limit (GiB) up front
+            piece = f.read(min(1 << 20, limit + 1 - total))
+            if not piece:
+                break
+            chunks.append(piece)
+            total += len(piece)
+    _check_size(Path(path), what, total, limit)
+    return b"".join(chunks)
 
 
 def decode_utf8(data: bytes, source: str) -> str:

@@ -295,3 +295,18 @@ def test_any_trace_csv_is_read_or_refused_naming_a_line(tmp_path, rows):
     for j in jobs:
         assert math.isfinite(j.submit_s) and j.submit_s >= 0 and math.isfinite(j.duration_s) and j.duration_s > 0
         assert 1 <= j.num_gpus <= 1_000_000 and j.global_batch >= 1
+
+
+def test_a_small_file_under_a_large_limit_needs_no_large_buffer(tmp_path):
+    """A 4 GiB limit is a bound, not an allocation: under a 1 GiB address-space limit a small JSONL still reads (it
+    once reserved the whole limit and died with MemoryError)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "d.jsonl").write_text('{"prompt": "a", "answer": "b"}\n' * 100)
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+            "from tasks.userfiles import LIMITS, read_text\n"
+            "print(len(read_text(sys.argv[1], 'dataset file', LIMITS['jsonl'])))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d.jsonl")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "3100", r.stderr
