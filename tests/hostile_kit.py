@@ -45,6 +45,9 @@ class Case:
     timeout_s: int = 120
     setup: Callable[[Path], object] | None = None
     """Builds what must survive (`keep`) before the act."""
+    slow: bool = False
+    """Minutes of work (a real evaluation or training): counted by benchmarks/hostile.py, run by pytest only under
+    `-m slow`."""
     id: str = field(init=False)
 
     def __post_init__(self) -> None:

@@ -37,7 +37,8 @@ def private_mounts() -> bool:
     return subprocess.run([*cmd, "true"], capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.slow else c for c in CASES],
+                         ids=[c.id for c in CASES])
 def test_hostile_input(case, request):
     if case.surface == "sandbox" and not request.getfixturevalue("sandbox_isolated"):
         pytest.skip("this kernel offers no user namespaces or Landlock; the full sandbox needs them")
