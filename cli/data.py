@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cli.argtypes import bounded_int
 from cli.output import emit
+from tasks.errors import FrenzyError
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
@@ -32,7 +33,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
     if args.action == "train":
         if not args.inputs:
-            raise ValueError("frenzy tokenizer train needs text files or directories to learn from")
+            raise FrenzyError("frenzy tokenizer train needs text files or directories to learn from")
         res = train_bpe(args.inputs, args.out, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
                         progress=_progress(lambda a, b: f"read {a / 1e6:,.1f} / {b / 1e6:,.1f} MB"),
                         overwrite=args.overwrite)

@@ -47,7 +47,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     def progress(msg: str, frac: float) -> None:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
-    res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress, req.reevaluate)
+    res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress, req.reevaluate,
+                                       overwrite=req.overwrite)
     doc = res.model_dump(mode="json") | {"history_plot": summary.history_plot}
 
     def human() -> str:

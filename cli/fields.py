@@ -109,11 +109,13 @@ def add_fields(sp: argparse.ArgumentParser, model: type[BaseModel], *, skip: Ite
             ann = item
         if typing.get_origin(ann) is Literal:
             kw["choices"] = list(typing.get_args(ann))
-        elif ann is bool:
-            kw["action"] = argparse.BooleanOptionalAction
+        elif ann is bool:  # on by default: --x/--no-x; off by default: --x alone
+            kw["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
+        elif ann is str and not f.metadata:
+            kw["type"] = str
         else:
             kw["type"] = _value_type(ann, list(f.metadata), getattr(ann, "__name__", "value"))
-        if "choices" not in kw and kw.get("action") is not argparse.BooleanOptionalAction:
+        if "choices" not in kw and kw.get("action") not in (argparse.BooleanOptionalAction, "store_true"):
             kw["metavar"] = "SECONDS" if name.endswith("_s") else opt.lstrip("-").upper().replace("-", "_") if opt else None
         if name in positional:
             del kw["dest"]

@@ -17,13 +17,14 @@ from tasks.planning.memory import GiB
 def _job_or_model_dir(args: argparse.Namespace) -> JobSpec:
     """A job YAML, or a Hugging Face model directory planned as a job; --seq-len / --global-batch override the job's
     (a model directory: default its context, at most 4096, and 8)."""
+    import os
     from pathlib import Path
 
     from cli.fields import apply_overrides, overridden
 
     over = overridden(args)
     p = Path(args.job).expanduser()
-    if p.is_dir() and (p / "config.json").is_file():
+    if p.is_dir() and os.path.lexists(p / "config.json"):  # a FIFO or a loop there is named by read_config
         from tasks.hf.config import max_positions
 
         return parse_job({"name": p.resolve().name[:128] or "model", "model": {"hf": str(p)},

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cli.output import emit, table
+from tasks.errors import FrenzyError
 from tasks.report import straggler_line
 
 DEMO_JOB = {
@@ -56,6 +57,25 @@ def _human(res: object, wall_s: float) -> str:
     return "\n".join(lines)
 
 
+def _check_inputs(req: object) -> None:
+    """What the user gave, checked before anything is placed or trained: the suite, a cluster file, where the results
+    go, and last the ledger (a mistyped --ledger must not become a new, empty cluster)."""
+    from cluster.inventory import PRESETS, load_cluster
+    from cluster.ledger import require_existing
+    from tasks.evaluation.suite import load_suite
+    from tasks.outdir import check_writable
+    from tasks.pipeline.request import SubmitRequest
+
+    assert isinstance(req, SubmitRequest)
+    if req.suite:
+        load_suite(req.suite)
+    if req.cluster not in (*PRESETS, "local", "ray") and not req.cluster.startswith("ray://"):
+        load_cluster(req.cluster)
+    check_writable(req.run_dir or "", "--run-dir")
+    check_writable(req.history_dir, "--history-dir")
+    require_existing(req.ledger)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from cli.console import run_submit
     from cli.fields import build, given
@@ -64,6 +84,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     req = build(SubmitRequest, {"job": load_job(args.job), **given(args, SubmitRequest, skip={"job"})})
     req = req.resolved(Path.cwd(), job_base=Path(args.job).parent)  # the job's paths are relative to its file
+    _check_inputs(req)
     t0 = time.monotonic()
     res = run_submit("submit", req)
     if res is None:
@@ -88,8 +109,12 @@ def demo_request(base: Path) -> object:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from cli.console import run_submit
+    from tasks.outdir import check_writable
 
     base = Path(args.dir)
+    if base.exists() and not base.is_dir():
+        raise FrenzyError(f"--dir {base} is a file; give a directory for the demo (default ./frenzy-demo)")
+    check_writable(base, "--dir")
     for old in (base / "runs" / "demo", base / "evals" / "demo"):  # the demo's own previous run, nothing else
         if old.exists():
             print(f"removing the previous demo run {old}", file=sys.stderr)

@@ -63,6 +63,8 @@ from cluster.has import Decision, FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
 from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk
 from cluster.sizing import Sizer
+from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, path_kind
 
 DEFAULT_LEASE_S = 60.0
 
@@ -137,7 +139,7 @@ events_t = Table(
 )
 
 
-class LedgerError(ValueError):
+class LedgerError(FrenzyError, ValueError):
     """A ledger operation that cannot proceed (unknown node, unreachable database, ...); the message names the fix."""
 
 
@@ -193,7 +195,34 @@ class RunRecord(BaseModel):
 def ledger_url(spec: str | None = None) -> str:
     """A SQLAlchemy URL from a URL, a SQLite file path, or (None) `$FRENZY_LEDGER` / `~/.frenzy/ledger.db`."""
     spec = spec or os.environ.get("FRENZY_LEDGER") or str(Path.home() / ".frenzy" / "ledger.db")
-    return spec if "://" in spec else f"sqlite:///{Path(spec).expanduser().resolve()}"
+    if "://" in spec:
+        return spec
+    try:
+        return f"sqlite:///{Path(spec).expanduser().resolve()}"
+    except (RuntimeError, OSError) as err:  # Python 3.11 raises RuntimeError on a symlink loop
+        raise LedgerError(f"ledger path {spec}: {err} (a symlink loop?); fix the link or give another path") from None
+
+
+def require_existing(spec: str | None) -> None:
+    """Refuse a SQLite ledger the user named with `--ledger` that does not exist: opening it would create a new,
+    empty cluster and hide the typo. The configured ledger (`$FRENZY_LEDGER`, else ~/.frenzy/ledger.db) may be
+    created on first use, and any ledger by `frenzy cluster init`, the one command that creates ledgers."""
+    if not spec:
+        return
+    url = ledger_url(spec)
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return  # a database server: the URL reaches an existing database or fails to connect
+    path = Path(url.split(":///", 1)[1])
+    where = "--ledger"
+    try:
+        kind = path_kind(path, "ledger")
+    except UserFileError as err:
+        raise LedgerError(f"{where}: {err}") from None
+    if kind == "missing":
+        raise LedgerError(f"{where}: no ledger at {path}; check the path (a new ledger is made only by `frenzy "
+                          f"cluster init --ledger {path} --cluster PRESET_OR_YAML`)")
+    if kind == "dir":
+        raise LedgerError(f"{where}: {path} is a directory; give the ledger's SQLite file")
 
 
 def owner_id() -> str:
@@ -260,9 +289,25 @@ class Ledger:
         try:
             self._create_schema()
         except SQLAlchemyError as err:
-            raise LedgerError(f"cannot open the ledger at {self.url}: {err.__class__.__name__}: "
-                              f"{str(err).splitlines()[0]}; check the URL, that the database is running and that "
-                              "the directory is writable, or set FRENZY_LEDGER") from None
+            raise self._unusable(err, "open") from None
+
+    def _sqlite_path(self) -> Path | None:
+        if not self.sqlite or ":///" not in self.url or self.url.endswith(":memory:"):
+            return None
+        return Path(self.url.split(":///", 1)[1])
+
+    def _unusable(self, err: Exception, doing: str) -> LedgerError:
+        """A LedgerError for a database error, naming a read-only file system or a permission where that is why."""
+        p = self._sqlite_path()
+        why = f"{err.__class__.__name__}: {str(err).splitlines()[0]}"
+        if p is not None:
+            d = p.parent
+            if d.exists() and os.statvfs(d).f_flag & os.ST_RDONLY:
+                why = f"{d} is on a read-only file system (SQLite writes its journal beside the file)"
+            elif not os.access(d, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+                why = f"no permission to write {p if p.exists() and not os.access(p, os.W_OK) else d}"
+        return LedgerError(f"cannot {doing} the ledger at {self.url}: {why}; give a ledger you may write "
+                           "(--ledger or FRENZY_LEDGER), or fix its mount or permissions")
 
     def _create_schema(self) -> None:
         # Several processes may open a fresh Postgres ledger at once: CREATE TABLE and the lock row can race, so a
@@ -293,11 +338,14 @@ class Ledger:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """One serialised write transaction; expired leases are reclaimed first."""
-        with self.engine.begin() as conn:
-            if not self.sqlite:
-                conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
-            self._expire(conn, self.clock())
-            yield conn
+        try:
+            with self.engine.begin() as conn:
+                if not self.sqlite:
+                    conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
+                self._expire(conn, self.clock())
+                yield conn
+        except OperationalError as err:  # a read-only file, a full disk, a lost database server
+            raise self._unusable(err, "write") from None
 
     def _log(self, conn: Connection, kind: str, subject: str, **detail: Any) -> None:
         conn.execute(insert(events_t).values(ts=self.clock(), kind=kind, subject=subject,

@@ -34,6 +34,7 @@ from cluster.catalog import GPUType
 from cluster.inventory import ray_inventory
 from cluster.ray_nodes import RayExecutorError, alive_nodes, connect, node_name
 from cluster.ray_nodes import node_resource as _node_resource
+from tasks.errors import FrenzyError
 from tasks.paths import resolve_job
 
 
@@ -69,21 +70,22 @@ class _Rank:
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                             format=f"%(asctime)s [rank {env['RANK']}] %(levelname)s %(name)s: %(message)s")
+        from tasks.errors import user_message
         from tasks.jobspec import parse_job
-        from tasks.training.checkpoint import CheckpointError
-        from tasks.training.data import DataError
         from tasks.training.launch import _ERROR_MARK
         from tasks.training.loop import TrainOptions, train
-        from tasks.training.storage import StorageError
-        from tasks.training.writer import WriterLeaseError
 
         try:
             res = train(TrainOptions(job=parse_job(job), run_dir=Path(run_dir), resume=resume,
                                      from_scratch=from_scratch, device=device, threads=threads, tp=tp))
             return {"ok": True, "result": res}
-        except (CheckpointError, DataError, StorageError, WriterLeaseError, ValueError) as err:
-            print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
-            return {"ok": False, "error": str(err), "user_error": True}
+        except Exception as err:  # noqa: BLE001 - a user's error is one line, a bug its traceback (below)
+            msg = user_message(err)
+            if msg is None:
+                traceback.print_exc()
+                return {"ok": False, "error": f"{type(err).__name__}: {err}", "user_error": False}
+            print(f"{_ERROR_MARK}{msg}".replace("\n", " "), file=sys.stderr, flush=True)
+            return {"ok": False, "error": msg, "user_error": True}
         except BaseException as err:  # noqa: BLE001 - printed where the diagnosis reads it, then reported
             traceback.print_exc()
             return {"ok": False, "error": f"{type(err).__name__}: {err}", "user_error": False}
@@ -214,7 +216,7 @@ def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *,
 
     world = sum(n for _, n in placement)
     if world < 1 or world % tp:
-        raise ValueError(f"{world} ranks and tp={tp}: tp must divide the ranks")
+        raise FrenzyError(f"{world} ranks and tp={tp}: tp must divide the ranks")
     ray = connect(address)
     job, run_dir = _prepare(job, run_dir)
     progress, log_path = run_dir / "progress.jsonl", run_dir / "train.log"

@@ -32,7 +32,7 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
         update_progress_artifact(art, 100.0 * frac, description=msg)
 
     _, summary = evaluate_and_record(request.uri, suite, request.options(), request.history_dir, progress,
-                                     request.reevaluate)
+                                     request.reevaluate, overwrite=True)  # the pipeline's own directory
     logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
                 summary.predicted_makespan_s)
     return summary

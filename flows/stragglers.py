@@ -14,6 +14,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.naming import run_name
+from tasks.outdir import atomic_file
 from tasks.stragglers.analyze import analyze
 from tasks.stragglers.report import heatmap, markdown, timeline
 from tasks.stragglers.request import StragglerReport, StragglerRequest
@@ -31,9 +32,9 @@ def stragglers_task(request: StragglerRequest) -> StragglerReport:
     res, prep = analyze(tr, progress=logger.info)
     out = Path(request.out_dir) if request.out_dir else Path(tr.path).parent / "stragglers"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "slowdowns.json").write_text(json.dumps(res.model_dump(), indent=1))
+    atomic_file(out / "slowdowns.json", json.dumps(res.model_dump(), indent=1).encode(), "stragglers", True, wait=True)
     md = markdown(res)
-    (out / "summary.md").write_text(md)
+    atomic_file(out / "summary.md", md.encode(), "stragglers", True, wait=True)
     hm = str(heatmap(res, out / "heatmap.png")) if request.heatmap else None
     tl = str(timeline(prep, out / "timeline.json.gz", n_steps=request.timeline_steps)) \
         if request.timeline_steps else None

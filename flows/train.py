@@ -17,6 +17,7 @@ from prefect.events import emit_event
 
 from flows.naming import run_name, submission_base
 from flows.stragglers import StragglerRequest, stragglers_task
+from tasks.errors import FrenzyError
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import WARNING_EVENTS, describe
 from tasks.training.request import TrainRequest, TrainResult
@@ -70,7 +71,7 @@ def train_task(request: TrainRequest) -> TrainResult:
         from cluster.ray_exec import launch_ray
 
         if not request.placement:
-            raise ValueError(f"executor {request.executor} needs a placement (the allocation's nodes and ranks)")
+            raise FrenzyError(f"executor {request.executor} needs a placement (the allocation's nodes and ranks)")
         result = launch_ray(job, [(p.node, p.ranks) for p in request.placement],
                             Path(request.run_dir) if request.run_dir else default_run_dir(job), resume=request.resume,
                             device=request.device, tp=request.tp, on_record=on_record,

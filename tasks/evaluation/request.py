@@ -47,6 +47,9 @@ class EvaluateRequest(BaseModel):
     ray_nodes: list[str] = []
     """With executor ray: the Ray nodes to use (names, or one comma-separated list); empty: the first `nodes` alive
     ones."""
+    overwrite: bool = False
+    """Replace the results an earlier evaluation left in the output directory (without it they are kept and the
+    evaluation is refused); results are written whole and renamed into place."""
     learn_priors: bool = Field(True, json_schema_extra={"cli": "--learn"})
     """Fold this run's timings into the learned priors that plan later evaluations."""
     reevaluate: bool = True

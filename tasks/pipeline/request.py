@@ -40,9 +40,9 @@ class SubmitRequest(BaseModel):
     """Allocation ledger: a SQLite path or SQLAlchemy URL; default $FRENZY_LEDGER or ~/.frenzy/ledger.db."""
     rank_by: RankBy = "balanced"
     """Plan ranking HAS walks (balanced: the fastest plan among those within 25% of the cheapest compute)."""
-    max_wait_s: float = Field(3600.0, gt=0)
+    max_wait_s: float = Field(3600.0, gt=0, le=30 * 86400)
     """Seconds to wait in the queue; past it the job leaves the queue cleanly."""
-    lease_s: float = Field(DEFAULT_LEASE_S, ge=5)
+    lease_s: float = Field(DEFAULT_LEASE_S, ge=5, le=86400)
     """Allocation lease in seconds: a crashed run's GPUs come back this long after its last heartbeat."""
     evaluation: Literal["auto", "in-flow", "deployment", "off"] = Field("auto", title="Evaluation mode")
     """Where checkpoints are evaluated. in-flow: in this run while training goes on; deployment: the
