@@ -107,7 +107,7 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
     from tasks.pipeline.attempt import check_allocation_nodes
 
     check_allocation_nodes(ledger, alloc, logging.getLogger("test"), "ray")
-    assert next(n for n in ledger.nodes() if n["name"] == lost)["state"] == "down"  # Ray saw it go
+    assert next(n for n in ledger.nodes() if n.name == lost).state == "down"  # Ray saw it go
     ledger.release(alloc.id)
     again = ledger.allocate("x", [GpuRequest(gpus=2, min_mem_gib=30)])
     placement2 = [(n.node, len(n.gpu_indices)) for n in again.nodes]
