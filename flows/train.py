@@ -76,8 +76,8 @@ def train_task(request: TrainRequest) -> TrainResult:
                             device=request.device, tp=request.tp, on_record=on_record,
                             address=None if request.executor == "ray" else request.executor,
                             gpus=request.placement[0].gpus)
-    update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result['final_step']}")
-    return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields if k in result})
+    update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result.final_step}")
+    return result.train_result()
 
 
 @flow(name="train", flow_run_name=run_name("train-{request.job.name}"), log_prints=True)

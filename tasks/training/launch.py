@@ -20,10 +20,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.jobspec import JobSpec, parse_job
 from tasks.paths import resolve_job
 from tasks.training.writer import ORPHAN_GRACE_S
+
+if TYPE_CHECKING:
+    from tasks.training.request import TrainerResult
 
 _ERROR_MARK = "frenzy-train-error: "
 
@@ -98,8 +102,8 @@ def _die_with(libc: object | None, parent: int) -> Callable[[], None]:
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False, from_scratch: bool = False,
            device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None, tp: int = 1,
            on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5,
-           gpu_indices: list[int] | None = None) -> dict:
-    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0.
+           gpu_indices: list[int] | None = None) -> TrainerResult:
+    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0 (its result.json).
 
     `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
     nproc = _check(job, run_dir, nproc, tp, device, gpu_indices)
@@ -132,7 +136,9 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
             raise
     if proc.returncode != 0:
         raise _failure(proc.returncode, log_path)
-    return json.loads((run_dir / "result.json").read_text())
+    from tasks.training.request import TrainerResult  # it imports torch (the checkpoint record): not before training
+
+    return TrainerResult.model_validate(json.loads((run_dir / "result.json").read_text()))
 
 
 def _check(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str, gpu_indices: list[int] | None) -> int:
