@@ -13,6 +13,7 @@ from cli.output import emit, table
 from tasks.jobspec import load_job
 
 if TYPE_CHECKING:
+    from tasks.training.progress import ProgressRecord
     from tasks.training.request import TrainerResult
 
 
@@ -36,7 +37,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.checkpoint_uri:
         job.training.checkpoint.uri = args.checkpoint_uri
 
-    def show(rec: dict) -> None:
+    def show(rec: ProgressRecord) -> None:
         print(describe(rec), file=sys.stderr, flush=True)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)

@@ -37,6 +37,7 @@ from cluster.ray_nodes import node_resource as _node_resource
 from tasks.paths import resolve_job
 
 if TYPE_CHECKING:
+    from tasks.training.progress import ProgressRecord
     from tasks.training.request import TrainerResult
 
 
@@ -205,7 +206,7 @@ def _prepare(job: Any, run_dir: Path) -> tuple[Any, Path]:
 
 def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *, resume: bool = False,
                from_scratch: bool = False, device: str = "cpu", threads: int | None = None, tp: int = 1,
-               on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5, address: str | None = None,
+               on_record: Callable[[ProgressRecord], None] | None = None, poll_s: float = 0.5, address: str | None = None,
                gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0) -> TrainerResult:
     """Train `job` with `placement` [(node, ranks)] as Ray actors, one placement group (STRICT_PACK, one bundle per
     rank) pinned to each node; returns rank 0's result record like `launch()`. A rank that dies (its node lost)
