@@ -19,8 +19,8 @@ from tasks.planning.plans import RankBy
 def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
     from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
 
-    names = [n for n in (args.nodes or "").split(",") if n] or [n["name"] for n in ledger.nodes() if n["state"] == "up"]
-    known = {n["name"] for n in ledger.nodes()}
+    names = [n for n in (args.nodes or "").split(",") if n] or [n.name for n in ledger.nodes() if n.state == "up"]
+    known = {n.name for n in ledger.nodes()}
     if args.cordon and (unknown := [n for n in names if n not in known]):
         raise FrenzyError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
     verdicts: dict[str, Any] = {}
@@ -82,16 +82,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             sync_ledger(ledger, None if args.cluster == "ray" else args.cluster)
     nodes = ledger.nodes()
     allocs = [a.model_dump() for a in ledger.allocations()]
-    doc = {"ledger": ledger.url, "nodes": nodes, "allocations": allocs, "queue": ledger.queue()}
+    queue = ledger.queue()
+    doc = {"ledger": ledger.url, "nodes": [n.model_dump() for n in nodes], "allocations": allocs,
+           "queue": [q.model_dump() for q in queue]}
 
     def human() -> str:
-        rows = [{"node": n["name"], "gpu": n["gpu_type"], "gpus": n["gpus"], "free": len(n["free_indices"]),
-                 "free idx": ",".join(map(str, n["free_indices"])) or "-", "link": n["link"],
-                 "state": n["state"] + (f" ({n['reason']})" if n["reason"] else ""),
-                 "jobs": ",".join(n["jobs"]) or "-"} for n in nodes]
-        free = sum(len(n["free_indices"]) for n in nodes if n["state"] == "up")
-        return (f"ledger {ledger.url}: {len(nodes)} nodes, {free} of {sum(n['gpus'] for n in nodes)} GPUs free, "
-                f"{len(allocs)} allocations, {len(doc['queue'])} waiting\n" + table(rows) +
+        rows = [{"node": n.name, "gpu": n.gpu_type, "gpus": n.gpus, "free": len(n.free_indices),
+                 "free idx": ",".join(map(str, n.free_indices)) or "-", "link": n.link,
+                 "state": n.state + (f" ({n.reason})" if n.reason else ""),
+                 "jobs": ",".join(n.jobs) or "-"} for n in nodes]
+        free = sum(len(n.free_indices) for n in nodes if n.state == "up")
+        return (f"ledger {ledger.url}: {len(nodes)} nodes, {free} of {sum(n.gpus for n in nodes)} GPUs free, "
+                f"{len(allocs)} allocations, {len(queue)} waiting\n" + table(rows) +
                 "".join(f"\n{a['job']}: {a['decision']}" for a in allocs if a.get("decision")))
 
     emit(args, doc, human)

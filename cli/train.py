@@ -6,18 +6,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cli.argtypes import bounded_int
 from cli.output import emit, table
 from tasks.errors import FrenzyError
 from tasks.jobspec import load_job
 
+if TYPE_CHECKING:
+    from tasks.training.progress import ProgressRecord
+    from tasks.training.request import TrainerResult
 
-def _spikes(result: dict) -> str:
+
+def _spikes(result: TrainerResult) -> str:
     """The spike guard's counts as a line of the summary (skipped data changes what the model learned)."""
-    from tasks.training.guard import SpikeCounts
-
-    text = SpikeCounts.model_validate(result.get("spike_counts", {})).summary()
+    text = result.spike_counts.summary()
     return f"{text}\n" if text else ""
 
 
@@ -38,7 +41,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.checkpoint_uri:
         job.training.checkpoint.uri = args.checkpoint_uri
 
-    def show(rec: dict) -> None:
+    def show(rec: ProgressRecord) -> None:
         print(describe(rec), file=sys.stderr, flush=True)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
@@ -55,15 +58,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
 
     def human() -> str:
-        rows = [{"step": c["step"], "uri": c["uri"], "MB": f"{c['bytes'] / 1e6:.1f}",
-                 "blocked ms": f"{c['blocked_s'] * 1e3:.1f}", "persist s": f"{c['persist_s']:.2f}"}
-                for c in result["checkpoints"]]
-        start = result["resumed_from_step"]
-        return (f"{job.name}: trained to step {result['final_step']}"
-                f"{f' (resumed from {start})' if start is not None else ''}, last loss {result['last_loss']:.4f}, "
-                f"{result['tokens_per_s']:,.0f} tok/s\n" + _spikes(result) + table(rows))
+        rows = [{"step": c.step, "uri": c.uri, "MB": f"{c.bytes / 1e6:.1f}", "blocked ms": f"{c.blocked_s * 1e3:.1f}",
+                 "persist s": f"{c.persist_s:.2f}"} for c in result.checkpoints]
+        start = result.resumed_from_step
+        return (f"{job.name}: trained to step {result.final_step}"
+                f"{f' (resumed from {start})' if start is not None else ''}, last loss {result.last_loss:.4f}, "
+                f"{result.tokens_per_s:,.0f} tok/s\n" + _spikes(result) + table(rows))
 
-    emit(args, result, human)
+    emit(args, result.model_dump(), human)
     return 0
 
 

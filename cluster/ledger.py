@@ -169,6 +169,68 @@ class Allocation(BaseModel):
     """Which plan the queue chose and why (cluster/sizing.py), e.g. `pack: 1 GPU(s) of A100-40GB-SXM, ...`."""
 
 
+class LedgerNode(BaseModel):
+    """A node as the ledger holds it (`Ledger.nodes()`), with its free GPU indices and the jobs on it now."""
+
+    name: str
+    gpu_type: str
+    gpus: int
+    mem_gib: float
+    link: str
+    state: str
+    """up, cordoned or down."""
+    reason: str
+    """Why it is cordoned or down ("" when up)."""
+    free_indices: list[int]
+    """GPU indices no live allocation holds."""
+    jobs: list[str]
+    """Jobs holding its GPUs under a live lease, sorted."""
+
+
+class LedgerEvent(BaseModel):
+    """One line of the ledger's event log (`Ledger.events()`)."""
+
+    ts: float
+    kind: str
+    """allocated, released, lease-expired, queued, cordoned, up, down, checkpoints, ..."""
+    subject: str
+    """The job or node it concerns."""
+    detail: dict[str, Any]
+    """What the kind records, e.g. `allocation` and `nodes` ({node: GPU indices}) of `allocated`."""
+
+
+class QueueEntry(BaseModel):
+    """A job waiting in the queue (`Ledger.queue()`), arrival order."""
+
+    job: str
+    owner: str
+    submitted_at: float
+    predicted_s: float | None
+    """Predicted run time (the queue's `shortest` order); None when unknown."""
+    requests: list[dict[str, Any]]
+    """Its ranked GPU requests as submitted (cluster/has.py's GpuRequest as JSON)."""
+
+
+class QueueStatus(BaseModel):
+    """Where one job stands in the queue (`Ledger.queue_status()`)."""
+
+    job: str
+    state: str
+    """waiting, placed, cancelled or expired."""
+    position: int
+    """1 for the head among the waiting jobs in the ledger's order; 0 once it no longer waits."""
+    waited_s: float
+    allocation_id: str | None
+    """Its allocation once placed."""
+
+
+class CheckpointRoot(BaseModel, frozen=True):
+    """Where a submitted job commits its checkpoints and the suite they are evaluated on (`checkpoint_roots()`)."""
+
+    root: str
+    suite: str = ""
+
+
 class RunRecord(BaseModel):
     """Where everything of one submitted job is, as absolute URIs, and how far it got: what `submit`,
     `evaluate-pending`, the report and a notebook read, from any machine or directory."""
@@ -426,7 +488,7 @@ class Ledger:
                 changed.append(r.name)
         return changed
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[LedgerNode]:
         """Every node with its free and held GPU indices."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(nodes_t).order_by(nodes_t.c.name)).all()
@@ -438,10 +500,10 @@ class Ledger:
         for r in rows:
             mine = [h for h in held if h.node == r.name and h.lease_expiry >= now]
             busy = {h.gpu_index for h in mine}
-            out.append({"name": r.name, "gpu_type": r.gpu_type, "gpus": r.gpu_count, "mem_gib": r.mem_gib,
-                        "link": r.link, "state": r.state, "reason": r.reason,
-                        "free_indices": [i for i in json.loads(r.gpu_indices) if i not in busy],
-                        "jobs": sorted({h.job for h in mine})})
+            out.append(LedgerNode(name=r.name, gpu_type=r.gpu_type, gpus=r.gpu_count, mem_gib=r.mem_gib, link=r.link,
+                                  state=r.state, reason=r.reason,
+                                  free_indices=[i for i in json.loads(r.gpu_indices) if i not in busy],
+                                  jobs=sorted({h.job for h in mine})))
         return out
 
     def could_ever_fit(self, requests: Sequence[GpuRequest]) -> bool:
@@ -542,10 +604,11 @@ class Ledger:
                                   lease_expiry=r.lease_expiry, state=r.state, decision=r.decision or ""))
         return out
 
-    def events(self, limit: int = 100) -> list[dict[str, Any]]:
+    def events(self, limit: int = 100) -> list[LedgerEvent]:
+        """The newest `limit` events, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(events_t).order_by(events_t.c.id.desc()).limit(limit)).all()
-        return [{"ts": r.ts, "kind": r.kind, "subject": r.subject, **json.loads(r.detail)} for r in reversed(rows)]
+        return [LedgerEvent(ts=r.ts, kind=r.kind, subject=r.subject, detail=json.loads(r.detail)) for r in reversed(rows)]
 
     # -- queue ---------------------------------------------------------------------------------------------
     def submit(self, job: str, requests: Sequence[GpuRequest], *, lease_s: float = DEFAULT_LEASE_S,
@@ -608,7 +671,7 @@ class Ledger:
         with self._tx() as conn:
             return self._schedule_in(conn, order or self.order)
 
-    def queue_status(self, job: str, *, renew_s: float | None = None) -> dict[str, Any]:
+    def queue_status(self, job: str, *, renew_s: float | None = None) -> QueueStatus:
         """The job's queue state, its position among waiting jobs in the ledger's order and, once placed, its
         allocation id. `renew_s` extends the entry's lease (the waiter's heartbeat)."""
         with self._tx() as conn:
@@ -620,24 +683,25 @@ class Ledger:
             waiting = conn.execute(select(queue_t).where(queue_t.c.state == "waiting")).all()
         order = [w.job for w in ordered([_waiting(q) for q in waiting], self.order, self.clock())]
         ahead = order.index(job) if job in order else 0
-        return {"job": job, "state": row.state, "position": ahead + 1 if row.state == "waiting" else 0,
-                "waited_s": self.clock() - row.submitted_at, "allocation_id": row.allocation_id}
+        return QueueStatus(job=job, state=row.state, position=ahead + 1 if row.state == "waiting" else 0,
+                           waited_s=self.clock() - row.submitted_at, allocation_id=row.allocation_id)
 
-    def queue(self) -> list[dict[str, Any]]:
+    def queue(self) -> list[QueueEntry]:
+        """The jobs waiting, in arrival order."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
-        return [{"job": r.job, "owner": r.owner, "submitted_at": r.submitted_at, "predicted_s": r.predicted_s,
-                 "requests": json.loads(r.requests)} for r in rows]
+        return [QueueEntry(job=r.job, owner=r.owner, submitted_at=r.submitted_at, predicted_s=r.predicted_s,
+                           requests=json.loads(r.requests)) for r in rows]
 
     # -- checkpoint roots ------------------------------------------------------------------------------------
     def note_checkpoints(self, job: str, root: str, suite: str = "") -> None:
         """Remember that `job` commits its checkpoints under `root`, to be evaluated on `suite` (what the scheduled
         evaluate-pending covers)."""
         with self._tx() as conn:
-            if self.checkpoint_roots(conn).get(job) != (root, suite):
+            if self.checkpoint_roots(conn).get(job) != CheckpointRoot(root=root, suite=suite):
                 self._log(conn, "checkpoints", job, root=root, suite=suite)
 
-    def checkpoint_roots(self, conn: Connection | None = None) -> dict[str, tuple[str, str]]:
+    def checkpoint_roots(self, conn: Connection | None = None) -> dict[str, CheckpointRoot]:
         """Each job's checkpoint root and evaluation suite as `submit` recorded them (the newest per job)."""
         query = select(events_t.c.subject, events_t.c.detail).where(events_t.c.kind == "checkpoints")
         if conn is None:
@@ -645,7 +709,8 @@ class Ledger:
                 rows = c.execute(query.order_by(events_t.c.id)).all()
         else:
             rows = conn.execute(query.order_by(events_t.c.id)).all()
-        return {r.subject: (d["root"], d.get("suite", "")) for r in rows for d in [json.loads(r.detail)]}
+        return {r.subject: CheckpointRoot(root=d["root"], suite=d.get("suite", "")) for r in rows
+                for d in [json.loads(r.detail)]}
 
     def record_run(self, rec: RunRecord) -> None:
         """Create or update the record of `rec.job` (its newest stage and where its files are)."""

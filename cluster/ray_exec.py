@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.catalog import GPUType
 
@@ -36,6 +36,10 @@ from cluster.ray_nodes import RayExecutorError, alive_nodes, connect, node_name
 from cluster.ray_nodes import node_resource as _node_resource
 from tasks.errors import FrenzyError
 from tasks.paths import resolve_job
+
+if TYPE_CHECKING:
+    from tasks.training.progress import ProgressRecord
+    from tasks.training.request import TrainerResult
 
 
 def _free_port() -> int:
@@ -165,7 +169,7 @@ def _start(ray: Any, ranks: _Ranks, placement: Sequence[tuple[str, int]], gpus: 
         ranks.refs[a.run.remote(env, *trainer_args)] = (a, node, r)
 
 
-def _outcome(ray: Any, ranks: _Ranks, ref: Any, log_path: Path, loss_grace_s: float) -> dict:
+def _outcome(ray: Any, ranks: _Ranks, ref: Any, log_path: Path, loss_grace_s: float) -> TrainerResult:
     """A finished trainer's result, or the TrainFailed it stands for: a dead actor is its node lost (suspect at
     once), a collective error names the peer that died when there is one, a user error keeps exit status 2."""
     from tasks.training.launch import TrainFailed
@@ -204,8 +208,8 @@ def _prepare(job: Any, run_dir: Path) -> tuple[Any, Path]:
 
 def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *, resume: bool = False,
                from_scratch: bool = False, device: str = "cpu", threads: int | None = None, tp: int = 1,
-               on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5, address: str | None = None,
-               gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0) -> dict:
+               on_record: Callable[[ProgressRecord], None] | None = None, poll_s: float = 0.5, address: str | None = None,
+               gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0) -> TrainerResult:
     """Train `job` with `placement` [(node, ranks)] as Ray actors, one placement group (STRICT_PACK, one bundle per
     rank) pinned to each node; returns rank 0's result record like `launch()`. A rank that dies (its node lost)
     fails the whole group at once (every actor is killed, `frenzy: node X lost` goes to the log) with TrainFailed,
@@ -227,7 +231,7 @@ def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *,
         _start(ray, ranks, placement, gpus, place_timeout_s,
                (job.model_dump(mode="json"), str(run_dir), resume, from_scratch, device, threads, tp), threads,
                log_path)
-        results: dict[int, dict] = {}
+        results: dict[int, TrainerResult] = {}
         pending = list(ranks.refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)

@@ -44,12 +44,12 @@ def _publish(summary: EvalSummary, history_dir: str) -> None:
     create_table_artifact(rows, key=_key(f"eval-{summary.run}-{summary.suite}"),
                           description=f"{summary.run} step {summary.step}: suite {summary.suite}")
     entries = history.read(history_dir, summary.run, summary.suite)
-    cols = sorted({f"{ds} {m}" for e in entries for ds, ms in e["scores"].items() for m in ms})
+    cols = sorted({f"{ds} {m}" for e in entries for ds, ms in e.scores.items() for m in ms})
     lines = [f"# {summary.run}: {summary.suite} by step", "", "| step | " + " | ".join(cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     for e in entries:
-        vals = {f"{ds} {m}": v for ds, ms in e["scores"].items() for m, v in ms.items()}
-        lines.append(f"| {e['step']} | " + " | ".join(f"{vals[c]:.4g}" if c in vals else "" for c in cols) + " |")
+        vals = {f"{ds} {m}": v for ds, ms in e.scores.items() for m, v in ms.items()}
+        lines.append(f"| {e.step} | " + " | ".join(f"{vals[c]:.4g}" if c in vals else "" for c in cols) + " |")
     if summary.history_plot:
         lines += ["", f"Plot: `{summary.history_plot}`"]
     create_markdown_artifact("\n".join(lines), key=_key(f"eval-history-{summary.run}-{summary.suite}"),

@@ -49,7 +49,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     request = run.request
     cluster = load_cluster(request.cluster_spec)  # an unknown cluster fails before anything starts
     ledger = Ledger(request.ledger)
-    active = {a.job for a in ledger.allocations()} | {q["job"] for q in ledger.queue()}
+    active = {a.job for a in ledger.allocations()} | {q.job for q in ledger.queue()}
     if (why := name_taken(ledger.run(run.job), request, active)) is not None:
         raise PipelineError(why)
     if (done := already_finished(ledger.run(run.job), request)) is not None:

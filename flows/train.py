@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
@@ -19,7 +18,7 @@ from flows.naming import run_name, submission_base
 from flows.stragglers import StragglerRequest, stragglers_task
 from tasks.errors import FrenzyError
 from tasks.training.launch import default_run_dir, launch
-from tasks.training.progress import WARNING_EVENTS, describe
+from tasks.training.progress import WARNING_EVENTS, CommitProgress, ProgressRecord, StepProgress, describe
 from tasks.training.request import TrainRequest, TrainResult
 
 CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
@@ -31,14 +30,14 @@ CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
 
 
 
-def checkpoint_event(record: dict, run: str, suite: str = "core", history_dir: str = "evals") -> None:
+def checkpoint_event(record: CommitProgress, run: str, suite: str = "core", history_dir: str = "evals") -> None:
     """Emit `frenzy.checkpoint.committed` for one commit (resource id: the checkpoint URI); `suite` is the one the
     job asks its checkpoints to be evaluated on and `history_dir` where their scores go (the evaluate-on-checkpoint
     trigger passes both on)."""
     emit_event(event=CHECKPOINT_EVENT,
-               resource={"prefect.resource.id": f"frenzy.checkpoint.{record['uri']}",
-                         "prefect.resource.name": f"{run} step {record['step']}"},
-               payload={"uri": record["uri"], "step": record["step"], "run": run, "bytes": record["bytes"],
+               resource={"prefect.resource.id": f"frenzy.checkpoint.{record.uri}",
+                         "prefect.resource.name": f"{run} step {record.step}"},
+               payload={"uri": record.uri, "step": record.step, "run": run, "bytes": record.bytes,
                         "suite": suite, "history_dir": history_dir})
 
 
@@ -52,16 +51,14 @@ def train_task(request: TrainRequest) -> TrainResult:
     art = create_progress_artifact(0.0, key=re.sub(r"[^a-z0-9-]+", "-", f"train-{job.name}".lower()),
                                    description=f"{job.name}: step 0/{job.training.steps}")
 
-    def on_record(rec: dict[str, Any]) -> None:
-        ev = rec["event"]
-        if ev == "step":
-            update_progress_artifact(art, 100.0 * rec["step"] / rec["steps"],
-                                     description=f"{job.name}: step {rec['step']}/{rec['steps']}, loss "
-                                                 f"{rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
-                                                 f"ETA {rec['eta_s']:.0f}s")
-        elif ev == "checkpoint" and request.announce_commits:
+    def on_record(rec: ProgressRecord) -> None:
+        if isinstance(rec, StepProgress):
+            update_progress_artifact(art, 100.0 * rec.step / rec.steps,
+                                     description=f"{job.name}: step {rec.step}/{rec.steps}, loss {rec.loss:.4f}, "
+                                                 f"{rec.tokens_per_s:,.0f} tok/s, ETA {rec.eta_s:.0f}s")
+        elif isinstance(rec, CommitProgress) and request.announce_commits:
             checkpoint_event(rec, job.name, suite, request.history_dir)
-        (logger.warning if ev in WARNING_EVENTS else logger.info)(describe(rec))
+        (logger.warning if rec.event in WARNING_EVENTS else logger.info)(describe(rec))
 
     if request.executor == "local":
         result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
@@ -77,8 +74,8 @@ def train_task(request: TrainRequest) -> TrainResult:
                             device=request.device, tp=request.tp, on_record=on_record,
                             address=None if request.executor == "ray" else request.executor,
                             gpus=request.placement[0].gpus)
-    update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result['final_step']}")
-    return TrainResult.model_validate({k: result[k] for k in TrainResult.model_fields if k in result})
+    update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result.final_step}")
+    return result.train_result()
 
 
 @flow(name="train", flow_run_name=run_name("train-{request.job.name}"), log_prints=True)

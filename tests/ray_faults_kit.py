@@ -116,6 +116,6 @@ def submit_with_fault(tmp: Path, nodes: dict[str, Any], sig: int, *, at_step: in
     if run.rc == 0:
         run.doc = json.loads(run.stdout)  # the whole stdout: a clean --json is exactly one document
     if run.victim:
-        state = next((n for n in Ledger(str(tmp / "l.db")).nodes() if n["name"] == run.victim), None)
-        run.victim_state = (state["state"], state["reason"]) if state else ("", "")
+        state = next((n for n in Ledger(str(tmp / "l.db")).nodes() if n.name == run.victim), None)
+        run.victim_state = (state.state, state.reason) if state else ("", "")
     return run

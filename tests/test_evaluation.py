@@ -163,7 +163,7 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     done = evaluate_pending(PendingRequest(ledger=ledger))
     assert sorted((d.result.startswith(hist), d.step) for d in done) == [(False, 10), (True, 20)]
     assert history.pending(ckpt, hist, "small") == []  # the good root, in its own history directory
-    assert [e["step"] for e in history.read(hist, s.run, "small")] == [10, 20]
+    assert [e.step for e in history.read(hist, s.run, "small")] == [10, 20]
     assert history.pending(f"file://{bad}", bad_hist, "small") == [f"file://{bad}/step_00000020"]  # named, not scored
     report = str(Artifact.get("evaluate-pending").data)
     assert "1 failed" in report and "bad/step_00000020" in report and "sha256" in report

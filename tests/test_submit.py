@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.ledger import Ledger
+from cluster.ledger import CheckpointRoot, Ledger
 from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -46,7 +46,8 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
     assert announced == []
     # the scheduled evaluate-pending finds this job's checkpoints through the ledger
-    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {"sub": (f"file://{tmp_path}/ckpt", "quick")}
+    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite="quick")
+    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {"sub": noted}
     doc = res.model_dump(mode="json")
     for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
         assert key in doc, key

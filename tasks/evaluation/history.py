@@ -11,9 +11,25 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 from tasks.userfiles import LIMITS, UserFileError, json_loads, path_kind, read_text
+
+
+class HistoryEntry(BaseModel):
+    """One line of a run's `history.jsonl`: one checkpoint's scores on one suite."""
+
+    run: str
+    step: int
+    uri: str
+    """The checkpoint evaluated (its step directory)."""
+    suite: str
+    scores: dict[str, dict[str, float]]
+    """{dataset: {metric: value}}."""
+    time: str = ""
+    """When the score was recorded (UTC, ISO 8601)."""
 
 
 def history_file(history_dir: str | Path, run: str) -> Path:
@@ -32,7 +48,7 @@ def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, s
     return p
 
 
-def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[dict]:
+def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[HistoryEntry]:
     """Entries oldest step first; the newest entry wins when a step was evaluated twice."""
     p = history_file(history_dir, run)
     if path_kind(p, "score history") == "missing":
@@ -46,7 +62,7 @@ def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[di
                                     "the line (the next evaluation of that step writes it again)")
             if suite is None or e["suite"] == suite:
                 by_step[(e["suite"], e["step"])] = e
-    return sorted(by_step.values(), key=lambda e: (e["suite"], e["step"]))
+    return [HistoryEntry.model_validate(e) for e in sorted(by_step.values(), key=lambda e: (e["suite"], e["step"]))]
 
 
 def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:
@@ -58,9 +74,9 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
 
     series: dict[str, list[tuple[int, float]]] = {}
     for e in entries:
-        for ds, metrics in e["scores"].items():
+        for ds, metrics in e.scores.items():
             for m, v in metrics.items():
-                series.setdefault(f"{ds} {m}", []).append((e["step"], v))
+                series.setdefault(f"{ds} {m}", []).append((e.step, v))
     n = len(series)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
@@ -89,7 +105,7 @@ def pending(root_uri: str, history_dir: str | Path, suite: str) -> list[str]:
     storage = Storage(root_uri)
     out = []
     for m in sorted(ck.committed(storage), key=lambda m: m.step):
-        done = {e["step"] for e in read(history_dir, m.run, suite)}
+        done = {e.step for e in read(history_dir, m.run, suite)}
         if m.step not in done:
             out.append(storage.url(ck.step_dir(m.step)))
     return out

@@ -48,9 +48,9 @@ def sole_writer(out_dir: str | Path, wait: bool = True) -> Iterator[None]:
 def recorded(history_dir: str, run: str, step: int, suite: str) -> EvalSummary | None:
     """The history's summary of `step` of `run` on `suite`, None when it has no score for it."""
     for e in history.read(history_dir, run, suite):
-        if e["step"] == step:
+        if e.step == step:
             res = Path(history_dir) / run / f"step_{step:08d}" / suite / "result.json"
-            return EvalSummary(uri=e["uri"], run=run, step=step, suite=suite, scores=e["scores"], makespan_s=0.0,
+            return EvalSummary(uri=e.uri, run=run, step=step, suite=suite, scores=e.scores, makespan_s=0.0,
                                predicted_makespan_s=0.0, result=str(res), history_plot=None)
     return None
 

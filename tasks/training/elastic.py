@@ -10,10 +10,12 @@ recovery record; `pool_mtbf()` gives the MTBF of the pool the job now runs on, s
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
+from cluster.ledger import LedgerEvent, LedgerNode
 from tasks.training.interval import PRIOR_GPU_MTBF_S, pooled_mtbf_s
 
 
@@ -69,26 +71,27 @@ def relayout(old: Placed, new: Placed, failure: str, action: str) -> Relayout:
     return Relayout(old=old, new=new, changed=changed, why=why)
 
 
-def pool_mtbf(events: list[dict], nodes: list[dict], gpu_type: str, gpus: int, extra_failures: int = 0,
-              now: float | None = None) -> tuple[float, str]:
+def pool_mtbf(events: Sequence[LedgerEvent], nodes: Sequence[LedgerNode], gpu_type: str, gpus: int,
+              extra_failures: int = 0, now: float | None = None) -> tuple[float, str]:
     """(job MTBF in seconds, where it came from) for `gpus` GPUs of `gpu_type`, from the ledger's `events()` and
     `nodes()`: failures are nodes of that type cordoned (the node check) and allocations on it whose lease expired
     (a holder that died), plus `extra_failures` (this flow's recoveries not in the ledger); exposure is the
     GPU-seconds of every allocation on that type. Pooled with the prior (interval.py)."""
     now = time.time() if now is None else now
-    kind = {n["name"]: n["gpu_type"] for n in nodes}
+    kind = {n.name: n.gpu_type for n in nodes}
     starts: dict[str, tuple[float, int]] = {}
     ends: dict[str, float] = {}
     failures = extra_failures
     for e in events:
-        if e["kind"] == "allocated":
-            n = sum(len(ix) for node, ix in e.get("nodes", {}).items() if kind.get(node) == gpu_type)
+        aid = e.detail.get("allocation")
+        if e.kind == "allocated":
+            n = sum(len(ix) for node, ix in e.detail.get("nodes", {}).items() if kind.get(node) == gpu_type)
             if n:
-                starts[e["allocation"]] = (e["ts"], n)
-        elif e["kind"] in ("released", "lease-expired") and e.get("allocation"):
-            ends[e["allocation"]] = e["ts"]
-            failures += e["kind"] == "lease-expired" and e["allocation"] in starts
-        elif e["kind"] == "cordoned" and kind.get(e["subject"]) == gpu_type:
+                starts[aid] = (e.ts, n)
+        elif e.kind in ("released", "lease-expired") and aid:
+            ends[aid] = e.ts
+            failures += e.kind == "lease-expired" and aid in starts
+        elif e.kind == "cordoned" and kind.get(e.subject) == gpu_type:
             failures += 1
     exposure = sum((ends.get(a, now) - t0) * n for a, (t0, n) in starts.items())
     mtbf = pooled_mtbf_s(gpus, failures, exposure)

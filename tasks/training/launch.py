@@ -20,11 +20,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tasks.errors import FrenzyError
 from tasks.jobspec import JobSpec, parse_job
 from tasks.paths import resolve_job
+from tasks.training.progress import ProgressRecord, progress_record
 from tasks.training.writer import ORPHAN_GRACE_S
+
+if TYPE_CHECKING:
+    from tasks.training.request import TrainerResult
 
 _ERROR_MARK = "frenzy-train-error: "
 
@@ -98,9 +103,9 @@ def _die_with(libc: object | None, parent: int) -> Callable[[], None]:
 
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False, from_scratch: bool = False,
            device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None, tp: int = 1,
-           on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5,
-           gpu_indices: list[int] | None = None, discard_checkpoints: bool = False) -> dict:
-    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0.
+           on_record: Callable[[ProgressRecord], None] | None = None, poll_s: float = 0.5,
+           gpu_indices: list[int] | None = None, discard_checkpoints: bool = False) -> TrainerResult:
+    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0 (its result.json).
 
     `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
     nproc = _check(job, run_dir, nproc, tp, device, gpu_indices)
@@ -134,7 +139,9 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
             raise
     if proc.returncode != 0:
         raise _failure(proc.returncode, log_path)
-    return json.loads((run_dir / "result.json").read_text())
+    from tasks.training.request import TrainerResult  # it imports torch (the checkpoint record): not before training
+
+    return TrainerResult.model_validate(json.loads((run_dir / "result.json").read_text()))
 
 
 def _check(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str, gpu_indices: list[int] | None) -> int:
@@ -167,7 +174,7 @@ def _rank_env(nproc: int, threads: int | None, gpu_indices: list[int] | None) ->
     return env
 
 
-def _follow(proc: subprocess.Popen, run_dir: Path, offset: int, on_record: Callable[[dict], None] | None,
+def _follow(proc: subprocess.Popen, run_dir: Path, offset: int, on_record: Callable[[ProgressRecord], None] | None,
             poll_s: float) -> None:
     """Hand every progress record to `on_record` until the trainer exits; a kill file (a hang) kills it."""
     progress, log_path = run_dir / "progress.jsonl", run_dir / "train.log"
@@ -211,7 +218,7 @@ def _stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
-def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> int:
+def _tail(path: Path, offset: int, on_record: Callable[[ProgressRecord], None] | None) -> int:
     if not path.exists():
         return offset
     with open(path, "rb") as f:
@@ -220,7 +227,7 @@ def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> 
     end = data.rfind(b"\n") + 1
     for line in data[:end].splitlines():
         if line.strip() and on_record is not None:
-            on_record(json.loads(line))
+            on_record(progress_record(json.loads(line)))
     return offset + end
 
 

@@ -1,10 +1,11 @@
 """What the trainer is asked (`TrainRequest`: the `train` form, `frenzy train`) and what a run leaves behind
-(`TrainResult`). No Prefect here: the CLI, the flows and a notebook share these."""
+(`TrainerResult`: everything, in result.json; `TrainResult`: what a flow returns). No Prefect here: the CLI, the flows
+and a notebook share these."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,8 +16,56 @@ from tasks.training.checkpoint import CheckpointRecord
 from tasks.training.guard import SpikeCounts
 
 
+class FailedCheckpoint(BaseModel):
+    """A checkpoint whose background persist failed (the run went on; the next checkpoint was tried)."""
+
+    step: int
+    error: str
+
+
+class TrainerResult(BaseModel):
+    """Everything one trainer invocation reports: what `launch()` returns, rank 0's `<run_dir>/result.json` and
+    `frenzy train --json` (these keys, in this order)."""
+
+    job: str
+    final_step: int
+    resumed_from_step: int | None
+    stopped_early: bool
+    """It stopped before `training.steps` (a stop file, a signal, `--stop-after-steps`), its step committed."""
+    checkpoints: list[CheckpointRecord]
+    """The commits of this invocation."""
+    checkpoint_interval: dict[str, Any]
+    """`every_steps`, with the interval's inputs under `every_steps: auto` (interval.py's IntervalInputs)."""
+    failed_checkpoints: list[FailedCheckpoint]
+    spikes: list[dict[str, Any]]
+    """The spike guard's progress records (guard.py), in order."""
+    spike_counts: SpikeCounts
+    last_loss: float
+    """NaN when no step ran (a resume at the final step)."""
+    steps_run: int
+    elapsed_s: float
+    tokens_per_s: float
+    """Over the loop, up to the last optimizer update."""
+    blocked_s_total: float
+    """Seconds the loop was blocked by checkpoint snapshots."""
+    data_s_total: float
+    data_fraction: float
+    """Share of the loop's time spent reading batches (the loader keeping up)."""
+    world_size: int
+    tp: int
+    device: str
+    checkpoint_uri: str
+    trace: str | None
+    """The merged op trace (the stragglers' parquet format); None without traced steps."""
+    run_dir: str
+
+    def train_result(self) -> TrainResult:
+        """The part a flow returns."""
+        return TrainResult.model_validate(self.model_dump(include=set(TrainResult.model_fields)))
+
+
 class TrainResult(BaseModel):
-    """What a training run leaves behind (the same keys as `frenzy train --json`)."""
+    """What a training run leaves behind, as the train flow and `submit` return it (a `TrainerResult`'s fields)."""
 
     job: str
     final_step: int
