@@ -1,15 +1,18 @@
-"""Which of a job's plans to run, and when not to run any: work-conserving, load-adaptive sizing.
+"""Which of a job's plans to run, and when not to run any: work-conserving sizing that pays for itself.
 
 The live ledger (`cluster/ledger.py`) and the simulator (`cluster/simulator.py`) call `choose` for each job the
 queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
 
-- **Sizing by load (goodput, as in Sia and Pollux).** `spare` is the free GPUs left once every job behind this one
-  has its smallest plan. With no spare GPUs (jobs are waiting) each GPU type offers the plan with the lowest
-  `run_s + behind x (GPU-seconds - the type's fewest) / the type's GPUs`: a plan's extra GPU-seconds delay each of
-  the `behind` jobs waiting after it by that much (to first order), so the deeper the queue, the more the choice
-  tends to the best throughput per GPU; with a short queue a faster, wider plan wins. With spare GPUs the job is
-  widened: the fastest plan that fits in the spare GPUs while MARP's step-time model says it still scales (its
-  throughput per GPU at least `MIN_SCALING` of the job's best).
+- **Widen only into GPUs no waiting job can use sooner.** `spare` is the free GPUs left once every job behind this
+  one has its smallest plan. A plan wider than the job's smallest on its GPU type is a candidate only when it fits in
+  `spare` (and MARP's step-time model says it still scales: throughput per GPU at least `MIN_SCALING` of the job's
+  best); with no spare GPUs every type offers only its narrowest plans (`mode` `pack`, else `widen`).
+- **Only where the gain outweighs what it costs the queue (goodput, as Pollux and Sia weigh it).** Among a type's
+  candidates the job takes the lowest `run_s + (behind + arrivals_per_s x run_s) x (GPU-seconds - the type's fewest)
+  / the type's GPUs`: a plan's extra GPU-seconds delay, to first order, each job that waits on those GPUs while it
+  runs: the `behind` jobs queued now and the jobs predicted to arrive during its run (`arrival_rate`, over the
+  recent arrivals). A plan is wider only when the time it saves the job exceeds the time its extra GPU-seconds cost
+  the others; with an empty queue and no arrivals the fastest plan that scales wins.
 - **Work conservation.** Among those plans the one with the earliest predicted finish wins: `now + run_s` for a
   plan that fits the free GPUs now, `predicted start + run_s` for one that does not. A slower plan on an older
   type that fits now therefore beats waiting exactly when the predicted wait for the faster plan is longer than
@@ -19,6 +22,9 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   allocations in order of predicted end, less what the jobs ahead of it in this pass that chose to wait for the
   same types claimed. Past the last known release, the claimed work drains at the rate of those types' GPUs.
   Per-node fragmentation is ignored (an estimate, as every prediction here).
+- **The decision record** says which plan ran and why, the load that chose it, whether it runs on fewer or more
+  GPUs than its user asked for (`shrunk`/`widened`, where the caller knows the count asked), and whether it starts
+  ahead of jobs that arrived before it and still wait (`ahead of N earlier arrivals`).
 
 Requests without a predicted run time (`run_s` None: a ledger job submitted without one) fall back to HAS's first
 fit in rank order, the paper's Algorithm 1.
@@ -26,6 +32,7 @@ fit in rank order, the paper's Algorithm 1.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -44,6 +51,17 @@ if TYPE_CHECKING:
 MIN_SCALING = 0.3
 """Widening stops where a plan's throughput per GPU falls below 0.3 of the job's best (chosen on the tuning
 families of benchmarks/placement_load.py only: 0.5 gave a mean has/fcfs average-JCT ratio of 0.473, 0.3 gave 0.445)."""
+ARRIVAL_WINDOW = 32
+"""Arrivals `arrival_rate` averages over (the last 32 submissions)."""
+
+
+def arrival_rate(submitted_s: Iterable[float], now_s: float, window: int = ARRIVAL_WINDOW) -> float:
+    """Jobs per second over the last `window` submissions up to `now_s` (0 with fewer than two)."""
+    recent = sorted(t for t in submitted_s if t <= now_s)[-window:]
+    if len(recent) < 2:
+        return 0.0
+    span = max(now_s, recent[-1]) - recent[0]
+    return (len(recent) - 1) / span if span > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -239,12 +257,12 @@ def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k:
 
 
 def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int, behind: int = 0,
-           min_scaling: float = MIN_SCALING) -> Choice:
+           min_scaling: float = MIN_SCALING, arrivals_per_s: float = 0.0) -> Choice:
     """The job's candidate plans, earliest predicted finish first (ties: the one that starts now, fewer GPUs).
 
     Per GPU type set, the plan the load calls for (module docstring), preferring one that fits now; `behind` is the
-    number of jobs waiting behind this one. Waiting is chosen only when it is predicted to finish sooner than every
-    plan that fits now."""
+    number of jobs waiting behind this one, `arrivals_per_s` the recent arrival rate. Waiting is chosen only when it is
+    predicted to finish sooner than every plan that fits now."""
     now = backlog.now_s
     if any(r.run_s is None for r in requests):  # no predictions: HAS's first fit in rank order
         d = decide(pool, requests)
@@ -257,15 +275,14 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     widen = spare > prof.min_gpus
     prefs = []
     for idx, eff in prof.groups:
-        if widen:
-            ok = [k for k in idx if requests[k].gpus <= spare and gs[k] * min_scaling <= prof.best]
-            ok = ok or [k for k in idx if gs[k] == eff]
-            penalty = 0.0
-        else:  # each extra GPU-second delays every job waiting behind by 1/cap of it (first order)
-            ok, penalty = idx, behind / max(backlog.capacity(requests[idx[0]]), 1)
+        narrow = min(requests[k].gpus for k in idx)  # wider than this only into spare GPUs
+        ok = [k for k in idx if requests[k].gpus <= max(narrow, spare) and gs[k] * min_scaling <= prof.best]
+        ok = ok or [k for k in idx if gs[k] == eff]
+        cap = max(backlog.capacity(requests[idx[0]]), 1)
 
-        def score(k: int, eff: float = eff, penalty: float = penalty) -> float:
-            return (requests[k].run_s or math.inf) + penalty * (gs[k] - eff)
+        def score(k: int, eff: float = eff, cap: int = cap) -> float:
+            run = requests[k].run_s or math.inf
+            return run + (behind + arrivals_per_s * run) * (gs[k] - eff) / cap
         now_ok = [k for k in ok if free.fits(requests[k])]
         if now_ok:
             prefs.append(_candidate(free, backlog, requests, min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))))
@@ -292,6 +309,8 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     ranked += sorted((c for c in prefs if c.nodes is not None and c.finish_s > wait_finish), key=lambda c: c.finish_s)
     load = (f"{spare} free GPUs left after the smallest plans of the {behind} jobs behind it" if widen else
             f"{behind} jobs wait behind it, their smallest plans leave {max(spare, 0)} free GPUs")
+    if arrivals_per_s > 0:
+        load += f", {arrivals_per_s * 3600:.1f} arrivals/h"
     return Choice("widen" if widen else "pack", ranked, load=load)
 
 
@@ -340,17 +359,21 @@ def exact_type_requests(plans: Sequence[ResourcePlan], steps: float) -> tuple[li
 
 class Sizer:
     """One scheduling pass of `cluster/queue.py`'s walk with `choose` per job: the code the live ledger and the
-    simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests."""
+    simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests; `arrivals_per_s`: the
+    recent arrival rate (`arrival_rate`); `asked`: the GPU count each job's user asked for, where known (for the
+    record's shrunk/widened note)."""
 
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
-                 reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING) -> None:
+                 reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING,
+                 arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
-        self.min_scaling = min_scaling
+        self.min_scaling, self.arrivals_per_s, self.asked = min_scaling, arrivals_per_s, asked or {}
         self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
         acc = 0
         for n, w in enumerate(reversed(seq)):
             self.behind[w.job] = (n, acc)
             acc += min_gpus(reqs_of.get(w.job, ()))
+        self._arrived = sorted(w.seq for w in seq)  # arrival order of the jobs still waiting in this pass
         self.backlog = Backlog(pool, running, now_s)
         self.waits: dict[Hashable, tuple[Sequence[GpuRequest], float]] = {}
         self.target: dict[Hashable, GpuRequest] = {}
@@ -365,7 +388,8 @@ class Sizer:
             return None
         t0 = time.perf_counter()
         n, demand = self.behind.get(w.job, (0, 0))
-        ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling)
+        ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling,
+                    self.arrivals_per_s)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
         for c in ch.candidates:
             if c.nodes is None:  # waiting for this plan is predicted to finish sooner than the rest
@@ -377,12 +401,22 @@ class Sizer:
             run_s = c.request.run_s if c.request.run_s is not None else w.predicted_s  # the queue entry's prediction
             if admit(c.nodes, run_s):
                 self.backlog.started(c.nodes, run_s)
-                self.records[w.job] = ch.record(c, self.now_s)
+                self.records[w.job] = ch.record(c, self.now_s) + self._notes(w, c.request.gpus)
                 return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
             self.refused += 1
         self.waits[w.job] = (reqs, math.inf)
         self.records[w.job] = f"{ch.mode}: every plan that fits now would delay the queue head's reservation"
         return None
+
+    def _notes(self, w: Waiting, gpus: int) -> str:
+        """Shrink/widen against the count asked for, and the earlier arrivals it starts ahead of."""
+        k = bisect.bisect_left(self._arrived, w.seq)
+        if k < len(self._arrived) and self._arrived[k] == w.seq:
+            del self._arrived[k]
+        asked = self.asked.get(w.job)
+        out = f"; {'shrunk' if gpus < asked else 'widened'} from {asked} to {gpus} GPU(s)" if asked and asked != gpus \
+            else ""
+        return out + (f"; ahead of {k} earlier arrival(s)" if k else "")
 
     def reserve_for(self, w: Waiting) -> Reservation | None:
         """The head's reservation, for the plan it chose to wait for (else any of its plans)."""

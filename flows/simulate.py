@@ -27,7 +27,7 @@ class SimulateRequest(BaseModel):
     """Cluster preset (phoebe, frenzy-testbed) or a cluster YAML path on the worker."""
     trace: str = Field("newworkload:30", json_schema_extra={"position": 1})
     """Trace CSV path on the worker, or newworkload:N[:SEED], production:N[:SEED], mixed:N[:SEED]."""
-    format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
+    format: Literal["generic", "philly", "sia", "openb", "helios"] | None = Field(None, json_schema_extra={"position": 2})
     """Trace format; None guesses from the header."""
     policies: list[Literal["has", "has-arrival", "fcfs", "fifo", "ilp"]] = Field(
         ["has", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
@@ -40,12 +40,15 @@ class SimulateRequest(BaseModel):
     """MARP plan ranking used by HAS."""
     reference_gpu: str = REFERENCE_GPU
     """GPU type the trace durations refer to."""
+    elastic: Literal["trace", "all", "none"] = "trace"
+    """Whether jobs may change their GPU count: as each trace job says, all, or none."""
 
 
 @flow(name="simulate", flow_run_name=run_name("simulate-{request.cluster}"), log_prints=True)
 def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
-    cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by)
+    cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by,
+                    elastic=request.elastic)
     doc, _ = compare_policies(request.cluster, request.trace, request.policies, cfg, fmt=request.format,
                               load=request.load, progress=print)
     lb, pols = doc["lower_bounds"], doc["policies"]

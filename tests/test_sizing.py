@@ -44,15 +44,32 @@ def test_a_slower_plan_beats_waiting_only_when_the_wait_is_longer_than_the_slowd
     assert ("runs now rather than wait" in record) == starts_now and ("waits for" in record) != starts_now
 
 
-def test_load_decides_between_throughput_per_gpu_and_widening():
+def test_widening_only_into_spare_gpus_and_only_where_it_pays():
     pool = _pool(8, 0)
     backlog = Backlog(pool, [], now_s=0.0)
     busy = choose(pool, _reqs(), backlog, spare=0, behind=10)  # 10 jobs behind: the fewest GPU-seconds
     assert busy.mode == "pack" and busy.candidates[0].request.gpus == 1
-    short = choose(pool, _reqs(), backlog, spare=0, behind=1)  # one job behind: 500 extra GPU-s cost it 62 s < 250 s
-    assert short.mode == "pack" and short.candidates[0].request.gpus == 2
-    idle = choose(pool, _reqs(), backlog, spare=8)  # nobody behind: the 2-GPU plan (1.5x the GPU-seconds) is faster
+    # one job behind, no spare GPUs: the second GPU is one a waiting job could use, so it is not a candidate
+    short = choose(pool, _reqs(), backlog, spare=0, behind=1)
+    assert short.mode == "pack" and short.candidates[0].request.gpus == 1
+    idle = choose(pool, _reqs(), backlog, spare=8)  # nobody behind, no arrivals: the 2-GPU plan is faster
     assert idle.mode == "widen" and idle.candidates[0].request.gpus == 2
+    # the 2-GPU plan saves 250 s and costs 500 GPU-s of the 8 A100s for its 750 s run: it pays while fewer than
+    # 250 / (750 x 500 / 8) = 0.0053 jobs arrive per second (19 an hour)
+    assert choose(pool, _reqs(), backlog, spare=8, arrivals_per_s=0.004).candidates[0].request.gpus == 2
+    busy_stream = choose(pool, _reqs(), backlog, spare=8, arrivals_per_s=0.007)
+    assert busy_stream.candidates[0].request.gpus == 1 and "25.2 arrivals/h" in busy_stream.record(
+        busy_stream.candidates[0], 0.0)
+
+
+def test_arrival_rate_is_over_the_recent_arrivals():
+    from cluster.sizing import arrival_rate
+
+    assert arrival_rate([], 10.0) == 0.0 and arrival_rate([5.0], 10.0) == 0.0
+    assert arrival_rate([0.0, 100.0, 200.0], 200.0) == pytest.approx(2 / 200)
+    assert arrival_rate([0.0, 100.0, 200.0], 400.0) == pytest.approx(2 / 400)  # a pause since lowers it
+    assert arrival_rate([float(t) for t in range(100)], 99.0, window=10) == pytest.approx(9 / 9)
+    assert arrival_rate([0.0, 50.0, 500.0], 100.0) == pytest.approx(1 / 100)  # a later submission is not yet seen
 
 
 def test_claims_of_jobs_ahead_lengthen_the_predicted_wait():
