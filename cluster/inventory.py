@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.ray_nodes import GPU_PREFIX, NODE_PREFIX, connect, frenzy_name
 
-PRESETS = ("phoebe", "frenzy-testbed")
+PRESETS = ("phoebe", "phoebe-x4", "frenzy-testbed")
 
 
 class Node(BaseModel):

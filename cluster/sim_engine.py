@@ -26,7 +26,7 @@ from cluster.jobperf import (
     user_layout,
 )
 from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, QueueOrder, Running
-from cluster.sizing import MIN_SCALING
+from cluster.sizing import MIN_SCALING, RESERVE_AFTER
 from cluster.traces import REFERENCE_GPU, TraceJob
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
@@ -43,6 +43,8 @@ class SimConfig:
     """Aging of the shortest-first order (cluster/queue.py)."""
     reservation: bool = True
     """HAS reserves GPUs for the head of its queue; backfilling cannot delay it (cluster/queue.py)."""
+    reserve_after: float = RESERVE_AFTER
+    """...once the head has waited this many times its predicted run time (cluster/sizing.py)."""
     ilp_p: float = -0.5
     ilp_time_limit_s: float = 30.0
     max_plans: int | None = None

@@ -36,7 +36,7 @@ import bisect
 import itertools
 import math
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 MIN_SCALING = 0.3
 """Widening stops where a plan's throughput per GPU falls below 0.3 of the job's best (chosen on the tuning
 families of benchmarks/placement_load.py only: 0.5 gave a mean has/fcfs average-JCT ratio of 0.473, 0.3 gave 0.445)."""
+RESERVE_AFTER = 1.0
+"""The queue head gets its reservation once it has waited this many times its predicted run time."""
 ARRIVAL_WINDOW = 32
 """Arrivals `arrival_rate` averages over (the last 32 submissions)."""
 
@@ -73,6 +75,13 @@ class Candidate:
     finish_s: float
     nodes: list[tuple[str, int]] | None
     """Where it goes now (best fit), or None when it does not fit the free GPUs now."""
+    penalty: float = 0.0
+    """What its GPU-seconds beyond the job's fewest are predicted to cost the jobs queued and arriving (seconds)."""
+
+    @property
+    def cost(self) -> float:
+        """The predicted finish plus what the plan costs the others: the candidates' order."""
+        return self.finish_s + self.penalty
 
 
 @dataclass
@@ -94,7 +103,9 @@ class Choice:
             why = (f"{self.mode}: {r.gpus} GPU(s) of {_types(r)}, predicted run {r.run_s or 0:.0f} s, "
                    f"{r.gpus * (r.run_s or 0) / 3600:.2f} GPU-h")
             if chosen is not best:
-                why += f" (its earlier-finishing plan on {_types(best.request)} was refused: reservation)"
+                why += f" (its cheaper plan on {_types(best.request)} was refused: reservation)"
+            if chosen.penalty > 0:
+                why += f"; costs the queue {chosen.penalty:.0f} s for {r.gpus * (r.run_s or 0) / 3600:.2f} GPU-h"
             slower = [c for c in self.candidates if c.nodes is None and c.finish_s > chosen.finish_s]
             if slower and any(c.request.run_s and r.run_s and c.request.run_s < r.run_s for c in slower):
                 fast = min(slower, key=lambda c: c.request.run_s or math.inf)
@@ -130,6 +141,7 @@ class Backlog:
         self._nodes: dict[tuple[frozenset[str] | None, float], frozenset[str]] = {}
         self._mask: dict[tuple[frozenset[str] | None, float], np.ndarray] = {}
         self._tl: dict[tuple[frozenset[str] | None, float], list] = {}  # key -> [ends, GPUs freed, cumulative or None]
+        self._cap: dict[tuple[frozenset[str] | None, float], int] = {}
 
     def _admitted(self, req: GpuRequest) -> frozenset[str]:
         key = (req.types, req.min_mem_gib)
@@ -142,7 +154,10 @@ class Backlog:
 
     def capacity(self, req: GpuRequest) -> int:
         """GPUs of the cluster that `req` admits, free or not."""
-        return sum(self.pool.info[n].capacity for n in self._admitted(req))
+        key = (req.types, req.min_mem_gib)
+        if key not in self._cap:
+            self._cap[key] = sum(self.pool.info[n].capacity for n in self._admitted(req))
+        return self._cap[key]
 
     def _timeline(self, req: GpuRequest) -> tuple[np.ndarray, np.ndarray]:
         """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by then (cumulative)."""
@@ -249,20 +264,43 @@ def _profile(requests: Sequence[GpuRequest]) -> _Profile:
     return prof
 
 
-def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int) -> Candidate:
+def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int, penalty: float = 0.0
+               ) -> Candidate:
     r = requests[k]
     nodes = place(free.pool, r) if free.fits(r) else None
     start = backlog.now_s if nodes is not None else backlog.start_s(r, free.usable(r))
-    return Candidate(k, r, start, start + (r.run_s or 0.0), nodes)
+    return Candidate(k, r, start, start + (r.run_s or 0.0), nodes, penalty)
+
+
+def goodput_penalty(requests: Sequence[GpuRequest], backlog: Backlog, behind: int, arrivals_per_s: float
+                    ) -> Callable[[int], float]:
+    """Request k's cost to the others (module docstring): its GPU-seconds beyond the job's fewest, spread over the
+    GPUs of its type, times the jobs that wait on them while it runs (the `behind` queued, the predicted arrivals),
+    times the fraction of those GPUs busy now (GPUs nobody else is using cost nothing to take)."""
+    prof = _profile(requests)
+    share: dict[tuple[frozenset[str] | None, float, int], float] = {}  # busy fraction / GPUs, per GPU type set
+
+    def penalty(k: int) -> float:
+        extra = prof.gpu_s[k] - prof.best
+        if extra <= 0:
+            return 0.0
+        r = requests[k]
+        key = (r.types, 0.0 if r.types else r.min_mem_gib, r.unit)  # a type set's GPUs whatever memory a plan asks
+        if key not in share:
+            cap = max(backlog.capacity(r), 1)
+            share[key] = (1.0 - min(backlog.pool.usable(r), cap) / cap) / cap
+        return (behind + arrivals_per_s * (r.run_s or math.inf)) * extra * share[key]
+    return penalty
 
 
 def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int, behind: int = 0,
            min_scaling: float = MIN_SCALING, arrivals_per_s: float = 0.0) -> Choice:
-    """The job's candidate plans, earliest predicted finish first (ties: the one that starts now, fewer GPUs).
+    """The job's candidate plans, cheapest first: predicted finish plus what the plan costs the others (ties: the one
+    that starts now, fewer GPUs).
 
     Per GPU type set, the plan the load calls for (module docstring), preferring one that fits now; `behind` is the
     number of jobs waiting behind this one, `arrivals_per_s` the recent arrival rate. Waiting is chosen only when it is
-    predicted to finish sooner than every plan that fits now."""
+    predicted to cost less than every plan that fits now."""
     now = backlog.now_s
     if any(r.run_s is None for r in requests):  # no predictions: HAS's first fit in rank order
         d = decide(pool, requests)
@@ -271,42 +309,22 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
         return Choice("first-fit", [Candidate(d.plan_index, d.request, now, math.inf, d.nodes)])
     free = _Free(pool)
     prof = _profile(requests)
-    gs = prof.gpu_s
-    widen = spare > prof.min_gpus
-    prefs = []
-    for idx, eff in prof.groups:
-        narrow = min(requests[k].gpus for k in idx)  # wider than this only into spare GPUs
-        ok = [k for k in idx if requests[k].gpus <= max(narrow, spare) and gs[k] * min_scaling <= prof.best]
-        ok = ok or [k for k in idx if gs[k] == eff]
-        cap = max(backlog.capacity(requests[idx[0]]), 1)
-
-        def score(k: int, eff: float = eff, cap: int = cap) -> float:
-            run = requests[k].run_s or math.inf
-            return run + (behind + arrivals_per_s * run) * (gs[k] - eff) / cap
-        now_ok = [k for k in ok if free.fits(requests[k])]
-        if now_ok:
-            prefs.append(_candidate(free, backlog, requests, min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))))
-            continue
-        best: dict[int, int] = {}  # none fits now: per GPU count the best-scoring, each with its own predicted start
-        for k in ok:
-            g = requests[k].gpus
-            if g not in best or score(k) < score(best[g]):
-                best[g] = k
-        prefs.append(min((_candidate(free, backlog, requests, k) for k in best.values()),
-                         key=lambda c: (c.start_s + score(c.index), c.request.gpus, c.index)))
-    waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.finish_s, default=None)
-    wait_finish = waiting.finish_s if waiting is not None else math.inf
-    ranked = sorted((c for c in prefs if c.nodes is not None and c.finish_s <= wait_finish),
-                    key=lambda c: (c.finish_s, c.request.gpus, c.index))
+    widen = spare > prof.min_gpus and any(r.gpus > prof.min_gpus for r in requests)
+    pen = goodput_penalty(requests, backlog, behind, arrivals_per_s)
+    prefs = [_preferred(free, backlog, requests, idx, spare, min_scaling, pen) for idx, _ in prof.groups]
+    waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
+    wait_cost = waiting.cost if waiting is not None else math.inf
+    ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
+                    key=lambda c: (c.cost, c.request.gpus, c.index))
     if not ranked and waiting is not None:
-        # the load's plans that fit now finish later than waiting; any other plan that fits and finishes sooner
-        # than waiting still beats leaving GPUs idle (the most efficient of them first)
+        # the load's plans that fit now cost more than waiting; any other plan that fits and costs less than waiting
+        # still beats leaving GPUs idle (the most efficient of them first)
         seen = {c.index for c in prefs}
-        beat = itertools.islice((k for k in prof.by_gpu_s if now + (requests[k].run_s or 0.0) < wait_finish
-                                 and k not in seen and free.fits(requests[k])), 4)
-        ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k)).nodes is not None]
+        beat = itertools.islice((k for k in prof.by_gpu_s if k not in seen and now + (requests[k].run_s or 0.0) < wait_cost
+                                 and free.fits(requests[k]) and now + (requests[k].run_s or 0.0) + pen(k) < wait_cost), 4)
+        ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k, pen(k))).nodes is not None]
     ranked += [waiting] if waiting is not None else []
-    ranked += sorted((c for c in prefs if c.nodes is not None and c.finish_s > wait_finish), key=lambda c: c.finish_s)
+    ranked += sorted((c for c in prefs if c.nodes is not None and c.cost > wait_cost), key=lambda c: c.cost)
     load = (f"{spare} free GPUs left after the smallest plans of the {behind} jobs behind it" if widen else
             f"{behind} jobs wait behind it, their smallest plans leave {max(spare, 0)} free GPUs")
     if arrivals_per_s > 0:
@@ -314,23 +332,55 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     return Choice("widen" if widen else "pack", ranked, load=load)
 
 
+def _preferred(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], idx: list[int], spare: int,
+               min_scaling: float, pen: Callable[[int], float]) -> Candidate:
+    """The candidate of one GPU type set: among its plans that may run (wider than its narrowest only into spare GPUs,
+    while they scale), the cheapest that fits now, else the cheapest to wait for."""
+    prof = _profile(requests)
+    gs = prof.gpu_s
+    narrow = min(requests[k].gpus for k in idx)
+    ok = [k for k in idx if requests[k].gpus <= max(narrow, spare) and gs[k] * min_scaling <= prof.best]
+    ok = ok or [k for k in idx if requests[k].gpus == narrow]
+
+    def score(k: int) -> float:
+        return (requests[k].run_s or math.inf) + pen(k)
+    now_ok = [k for k in ok if free.fits(requests[k])]
+    if now_ok:
+        k = min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))
+        return _candidate(free, backlog, requests, k, pen(k))
+    best: dict[int, int] = {}  # none fits now: per GPU count the best-scoring, each with its own predicted start
+    for k in ok:
+        g = requests[k].gpus
+        if g not in best or score(k) < score(best[g]):
+            best[g] = k
+    return min((_candidate(free, backlog, requests, k, pen(k)) for k in best.values()),
+               key=lambda c: (c.cost, c.request.gpus, c.index))
+
+
 def min_gpus(requests: Iterable[GpuRequest]) -> int:
     return min((r.gpus for r in requests), default=0)
 
 
-def idle_violations(pool: FreePool, left: Sequence[tuple[Sequence[GpuRequest], float]],
-                    reservation: Reservation | None, now_s: float) -> int:
+Waited = tuple[Sequence[GpuRequest], float] | tuple[Sequence[GpuRequest], float, Callable[[int], float]]
+"""A waiting job for `idle_violations`: its requests, the cost it waits for (math.inf: none) and, optionally, each
+request's cost to the others by index (`goodput_penalty`; none: 0)."""
+
+
+def idle_violations(pool: FreePool, left: Sequence[Waited], reservation: Reservation | None, now_s: float) -> int:
     """After a pass: how many waiting jobs could start on free GPUs now with a plan that the head's reservation does
-    not need and that either finishes before the finish they wait for (math.inf: none) or is the job's fastest plan
-    (no plan can finish sooner by waiting, whatever the predictions of the wait). `left`: each waiting job's
-    requests and the predicted finish it waits for. 0 is the invariant."""
+    not need and that either costs less than what they wait for (its finish plus its cost to the others, against the
+    waited-for plan's) or is the job's fastest plan at no cost to the others (no plan can do better by waiting,
+    whatever the predictions of the wait). `left`: each waiting job as `Waited`. 0 is the invariant."""
     bad = 0
     if pool.total_free() == 0:
         return 0
-    for reqs, wait_finish in left:
+    for item in left:
+        reqs, wait_cost = item[0], item[1]
+        pen = item[2] if len(item) > 2 else (lambda k: 0.0)  # type: ignore[misc]
         fastest = min((r.run_s for r in reqs if r.run_s is not None), default=None)
-        for r in reqs:
-            sooner = r.run_s is None or now_s + r.run_s < wait_finish or r.run_s <= (fastest or 0.0)
+        for k, r in enumerate(reqs):
+            p = pen(k)
+            sooner = r.run_s is None or now_s + r.run_s + p < wait_cost or (r.run_s <= (fastest or 0.0) and p == 0)
             if not sooner or not pool.fits(r):
                 continue
             nodes = place(pool, r)
@@ -365,8 +415,10 @@ class Sizer:
 
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
                  reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING,
-                 arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None) -> None:
+                 arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None,
+                 reserve_after: float = RESERVE_AFTER) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
+        self.reserve_after = reserve_after
         self.min_scaling, self.arrivals_per_s, self.asked = min_scaling, arrivals_per_s, asked or {}
         self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
         acc = 0
@@ -375,14 +427,19 @@ class Sizer:
             acc += min_gpus(reqs_of.get(w.job, ()))
         self._arrived = sorted(w.seq for w in seq)  # arrival order of the jobs still waiting in this pass
         self.backlog = Backlog(pool, running, now_s)
-        self.waits: dict[Hashable, tuple[Sequence[GpuRequest], float]] = {}
+        self.waits: dict[Hashable, Waited] = {}
+        self._penalties: dict[Hashable, Callable[[int], float]] = {}
         self.target: dict[Hashable, GpuRequest] = {}
         self.records: dict[Hashable, str] = {}
         self.refused = 0
         self.decision_ms: list[float] = []
+        self.reservation: Reservation | None = None
 
     def pick(self, w: Waiting, admit: Admit) -> tuple[Decision, str] | None:
-        """The plan `w` starts on now and the record of why, or None (it waits; the record says why)."""
+        """The plan `w` starts on now and the record of why, or None (it waits; the record says why). A plan that
+        fits now but that the head's reservation refuses becomes one to wait for (predicted to start once the GPUs its
+        type admits free up and the reservation has started): a slower plan that fits now is taken only while it
+        finishes before that."""
         reqs = self.reqs_of.get(w.job)
         if not reqs or self.pool.total_free() == 0:
             return None
@@ -391,21 +448,40 @@ class Sizer:
         ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling,
                     self.arrivals_per_s)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+        self._penalties[w.job] = goodput_penalty(reqs, self.backlog, n, self.arrivals_per_s)
+        refused: Candidate | None = None  # the earliest-finishing plan the reservation refused, as a plan to wait for
         for c in ch.candidates:
+            if refused is not None and c.cost > refused.cost:
+                break
             if c.nodes is None:  # waiting for this plan is predicted to finish sooner than the rest
-                self.backlog.claim(c.request)
-                self.target[w.job] = c.request
-                self.waits[w.job] = (reqs, c.finish_s)
-                self.records[w.job] = ch.record(None, self.now_s)
-                return None
+                return self._wait(w, reqs, ch, c)
             run_s = c.request.run_s if c.request.run_s is not None else w.predicted_s  # the queue entry's prediction
             if admit(c.nodes, run_s):
                 self.backlog.started(c.nodes, run_s)
                 self.records[w.job] = ch.record(c, self.now_s) + self._notes(w, c.request.gpus)
                 return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
             self.refused += 1
-        self.waits[w.job] = (reqs, math.inf)
+            later = self._after_reservation(c)
+            refused = later if refused is None or later.cost < refused.cost else refused
+        if refused is not None and math.isfinite(refused.cost):
+            return self._wait(w, reqs, ch, refused)
+        self.waits[w.job] = (reqs, math.inf, self._penalties[w.job])
         self.records[w.job] = f"{ch.mode}: every plan that fits now would delay the queue head's reservation"
+        return None
+
+    def _after_reservation(self, c: Candidate) -> Candidate:
+        """`c` (refused now by the reservation) as a plan to wait for: its predicted start, not before the
+        reservation's."""
+        start = max(self.backlog.start_s(c.request), self.reservation.start_s if self.reservation else self.now_s)
+        return Candidate(c.index, c.request, start, start + (c.request.run_s or 0.0), None, c.penalty)
+
+    def _wait(self, w: Waiting, reqs: Sequence[GpuRequest], ch: Choice, c: Candidate) -> None:
+        self.backlog.claim(c.request)
+        self.target[w.job] = c.request
+        self.waits[w.job] = (reqs, c.cost, self._penalties[w.job])
+        self.records[w.job] = ch.record(None, self.now_s) if c is ch.candidates[0] else (
+            f"{ch.mode}: waits for {c.request.gpus} GPU(s) of {_types(c.request)} after the queue head's reservation, "
+            f"predicted start in {c.start_s - self.now_s:.0f} s, finish in {c.finish_s - self.now_s:.0f} s")
         return None
 
     def _notes(self, w: Waiting, gpus: int) -> str:
@@ -419,12 +495,15 @@ class Sizer:
         return out + (f"; ahead of {k} earlier arrival(s)" if k else "")
 
     def reserve_for(self, w: Waiting) -> Reservation | None:
-        """The head's reservation, for the plan it chose to wait for (else any of its plans)."""
+        """The head's reservation, for the plan it chose to wait for (else any of its plans), once it has waited
+        `reserve_after` times its predicted run time (before that, backfilling is not held back for it: a head that
+        waits by choice for a faster GPU, or has not waited long, blocks no one)."""
         reqs = self.reqs_of.get(w.job)
-        if not reqs:
+        if not reqs or self.now_s - w.submitted_s < self.reserve_after * (w.predicted_s or 0.0):
             return None
         want = [self.target[w.job]] if w.job in self.target else list(reqs)
-        return reserve(w.job, self.pool, self.running, self.now_s, lambda at: decide(at, want) is not None)
+        self.reservation = reserve(w.job, self.pool, self.running, self.now_s, lambda at: decide(at, want) is not None)
+        return self.reservation
 
     def violations(self, left: Sequence[Waiting], reservation: Reservation | None) -> int:
         """`idle_violations` over the jobs left waiting after the walk."""
