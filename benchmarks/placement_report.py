@@ -89,6 +89,20 @@ def scale_latency(lats: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def per_window(rows: list[dict[str, Any]]) -> str:
+    """`has` against fcfs (and the ILP) in each window of each row: the medians above hide no window."""
+    out = ["| family | load | window | vs fcfs: avg | p50 | p99 | makespan | vs ilp: avg | unfinished (has/fcfs) |",
+           "|" + "---|" * 9]
+    for r in rows:
+        for label, w in zip(r.get("labels") or "abcdefgh", r["windows"], strict=False):
+            ilp = pct(w["has"]["avg_jct_s"] / w["ilp"]["avg_jct_s"]) if "ilp" in w else "-"
+            out.append(f"| {r['family']} | {r['load']} | {label} | "
+                       + " | ".join(pct(w["has"][k] / w["fcfs"][k]) for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s",
+                                                                              "makespan_s"))
+                       + f" | {ilp} | {w['has']['unfinished']}/{w['fcfs']['unfinished']} |")
+    return "\n".join(out)
+
+
 def windows(doc: dict[str, Any]) -> str:
     out = ["| family | cluster | jobs per window | dropped (no policy can run them there) |", "|---|---|---|---|"]
     seen = set()
@@ -108,6 +122,7 @@ def render(doc: dict[str, Any]) -> str:
     lat = doc["latency"]
     return Template(TEMPLATE.read_text()).substitute(
         date=meta["date"], machine=meta["machine"], command=meta["command"], wall_s=f"{meta['wall_s']:.0f}",
-        held_table=table(held), held_verdict=verdict(held), tuning_table=table(tuned), tuning_verdict=verdict(tuned),
+        held_table=table(held), held_verdict=verdict(held), held_windows=per_window(held),
+        tuning_table=table(tuned), tuning_verdict=verdict(tuned),
         latency_table=latency_table(rows), lat_gpus=lat[0]["gpus"], lat_queue=lat[0]["queue"],
         scale_latency=scale_latency(lat), windows=windows(doc))

@@ -43,6 +43,8 @@ class Family:
     """Per window, the jobs dropped because no policy can run them on the cluster (too wide for what holds them)."""
     real: bool = True
     """A real trace (the issue's figures apply) or a generated family (tuning only)."""
+    labels: str = "abcd"
+    """Each window's name (the real windows' files end in it)."""
 
 
 def runnable(cluster: Cluster, trace: Sequence[TraceJob]) -> tuple[list[TraceJob], int]:
@@ -54,10 +56,11 @@ def runnable(cluster: Cluster, trace: Sequence[TraceJob]) -> tuple[list[TraceJob
     return [t for i, t in enumerate(trace) if i not in bad], len(bad)
 
 
-def _real(name: str, operator: str, role: str, traces: list[list[TraceJob]], cluster: str) -> Family:
+def _real(name: str, operator: str, role: str, traces: list[list[TraceJob]], cluster: str, labels: str = "abcd"
+          ) -> Family:
     c = load_cluster(cluster)
     kept = [runnable(c, t) for t in traces]
-    return Family(name, operator, role, cluster, [k for k, _ in kept], [d for _, d in kept])
+    return Family(name, operator, role, cluster, [k for k, _ in kept], [d for _, d in kept], labels=labels)
 
 
 def _generated(name: str, operator: str, traces: list[list[TraceJob]], cluster: str = "phoebe") -> Family:
@@ -68,10 +71,11 @@ def families(quick: bool = False) -> list[Family]:
     """Held-out operators first (benchmarks/placement_load.py's docstring says which and why)."""
     real = TRACES / "real"
     n = 1 if quick else 3
+    held = "a" if quick else "abcd"
     out = [_real("alibaba-openb", "Alibaba", "held-out",
-                 [load_trace(real / f"openb-window-{w}.csv") for w in "abc"[:n]], "phoebe-x4"),
+                 [load_trace(real / f"openb-window-{w}.csv") for w in held], "phoebe-x4", held),
            _real("helios-venus", "SenseTime", "held-out",
-                 [load_trace(real / f"helios-venus-window-{w}.csv") for w in "abc"[:n]], "phoebe-x4"),
+                 [load_trace(real / f"helios-venus-window-{w}.csv") for w in held], "phoebe-x4", held),
            _real("philly", "Microsoft", "tuning",
                  [read_philly(TRACES / "philly.csv", max_jobs=WINDOW_JOBS, start=s) for s in PHILLY_STARTS[:n + 1]],
                  "phoebe-x4")]
@@ -108,7 +112,7 @@ def row_for(fam: Family, load: float, policies: Sequence[str],
         if progress:
             progress(f"{fam.name} window {k + 1}/{len(fam.windows)} load {load}: {time.time() - t0:.0f} s")
     return {"family": fam.name, "operator": fam.operator, "role": fam.role, "real": fam.real, "cluster": fam.cluster,
-            "load": load, "windows": runs, "dropped": fam.dropped}
+            "load": load, "windows": runs, "dropped": fam.dropped, "labels": fam.labels[:len(runs)]}
 
 
 def _options(sim: Simulator, i: int) -> list[tuple[str, int, float]]:

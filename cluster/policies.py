@@ -31,7 +31,7 @@ from cluster.has import GpuRequest, decide, place, requests_from_plans
 from cluster.jobperf import INTER_NODE_GBS, best_layout
 from cluster.queue import Admit, QueueOrder, Reservation, Waiting, ordered, reserve, walk
 from cluster.sim_engine import Options, silent_highs
-from cluster.sizing import Sizer, arrival_rate, exact_type_requests
+from cluster.sizing import Sizer, arrival_rate, exact_type_requests, prepare
 
 if TYPE_CHECKING:
     from cluster.sim_engine import Engine, SimConfig
@@ -118,7 +118,9 @@ class Has:
     def options(self, sim: Engine, i: int) -> Options | None:
         """What job `i` may run on (cached); None: nothing of the cluster holds it."""
         if i not in self._options:
-            self._options[i] = self._elastic(sim, i) if sim.jobs[i].elastic else self._rigid(sim, i)
+            opts = self._options[i] = self._elastic(sim, i) if sim.jobs[i].elastic else self._rigid(sim, i)
+            if opts is not None and self.cfg.sizing:
+                prepare(opts.requests)  # once per job, as its plans are: not part of each decision
         return self._options[i]
 
     def _elastic(self, sim: Engine, i: int) -> Options | None:

@@ -155,7 +155,7 @@ def test_the_benchmark_figures_and_report():
            "lower_bound_avg_jct_s": 50.0, "demand_over_capacity": 0.8}
     worse = {**win, "has": _summary(90, 110, 90, 1100)}
     row = {"family": "f", "operator": "op", "role": "held-out", "real": True, "cluster": "phoebe-x4", "load": 0.9,
-           "windows": [win, worse, win], "dropped": [0, 1, 0]}
+           "windows": [win, worse, win], "dropped": [0, 1, 0], "labels": "abc"}
     f = runs.figures(row)
     assert f["ratios"]["avg_vs_fcfs"]["median"] == pytest.approx(0.8) and f["met"]["avg_vs_fcfs"]
     assert not f["every_window"]["avg_vs_fcfs"] and f["met"]["p50_vs_fcfs"] and not f["every_window"]["p50_vs_fcfs"]
@@ -170,3 +170,4 @@ def test_the_benchmark_figures_and_report():
     assert "| f (op) | 3 (1200) | 0.9 |" in md and "-20.0% [-20.0%..-10.0%]" in md
     assert "average JCT >= 15% below fcfs: met on 1 of 1 rows (in every window: 0)" in md
     assert math.isfinite(f["fcfs_over_bound"]["median"]) and "$" not in md
+    assert "| f | 0.9 | b | -10.0% | +10.0% | -10.0% | +10.0% | -5.3% | 0/0 |" in md  # no window hidden by a median

@@ -67,6 +67,30 @@ def test_widening_only_into_spare_gpus_and_only_where_it_pays():
     assert choose(pool, _reqs(), backlog, spare=8, arrivals_per_s=0.014).candidates[0].request.gpus == 2
 
 
+def test_the_vectorised_fits_and_costs_agree_with_their_definitions():
+    from cluster.sizing import _Free, _profile
+
+    rng = random.Random(5)
+    kinds = [("A100-40GB-SXM", 40.0), ("RTX-2080Ti", 11.0), ("V100-32GB", 32.0)]
+    nodes = [NodeInfo(f"n{i}", *kinds[i % 3], 24.0, 8) for i in range(9)]
+    for trial in range(40):
+        pool = FreePool(nodes, {n.name: rng.randint(0, 8) for n in nodes})
+        reqs = [GpuRequest(g * u, rng.choice([8.0, 11.0, 24.0, 40.0]), u,
+                           rng.choice([None, frozenset({t for t, _ in rng.sample(kinds, rng.randint(1, 2))})]),
+                           run_s=rng.uniform(100, 10_000)) for u in (1, 2) for g in range(1, 6)]
+        backlog = Backlog(pool, [], now_s=0.0)
+        assert _Free(pool).fit_all(reqs, _profile(reqs)) == [pool.fits(r) for r in reqs]
+        behind, rate = rng.randint(0, 20), rng.uniform(0, 0.01)
+        pen = goodput_penalty(reqs, backlog, behind, rate)
+        best = min(r.gpus * r.run_s for r in reqs)
+        for k, r in enumerate(reqs):
+            shared = GpuRequest(r.unit, 0.0 if r.types else r.min_mem_gib, r.unit, r.types)
+            cap = max(backlog.capacity(shared), 1)
+            busy = (1.0 - min(pool.usable(shared), cap) / cap) / cap
+            want = (behind + rate * r.run_s) * (r.gpus * r.run_s - best) * busy if r.gpus * r.run_s > best else 0.0
+            assert pen(k) == pytest.approx(want, rel=1e-12, abs=1e-12), (trial, k)
+
+
 def test_arrival_rate_is_over_the_recent_arrivals():
     from cluster.sizing import arrival_rate
 
