@@ -7,17 +7,24 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   one has its smallest plan. A plan wider than the job's smallest on its GPU type is a candidate only when it fits in
   `spare` (and MARP's step-time model says it still scales: throughput per GPU at least `MIN_SCALING` of the job's
   best); with no spare GPUs every type offers only its narrowest plans (`mode` `pack`, else `widen`).
-- **Only where the gain outweighs what it costs the queue (goodput, as Pollux and Sia weigh it).** Among a type's
-  candidates the job takes the lowest `run_s + (behind + arrivals_per_s x run_s) x (GPU-seconds - the type's fewest)
-  / the type's GPUs`: a plan's extra GPU-seconds delay, to first order, each job that waits on those GPUs while it
-  runs: the `behind` jobs queued now and the jobs predicted to arrive during its run (`arrival_rate`, over the
-  recent arrivals). A plan is wider only when the time it saves the job exceeds the time its extra GPU-seconds cost
-  the others; with an empty queue and no arrivals the fastest plan that scales wins.
-- **Work conservation.** Among those plans the one with the earliest predicted finish wins: `now + run_s` for a
-  plan that fits the free GPUs now, `predicted start + run_s` for one that does not. A slower plan on an older
-  type that fits now therefore beats waiting exactly when the predicted wait for the faster plan is longer than
-  the slowdown. A job waits with GPUs it could use idle only for that reason, or because the queue head's
-  reservation needs exactly those GPUs; `idle_violations` checks this after every scheduling pass.
+- **Only where the gain outweighs what it costs the others (goodput, as Pollux and Sia weigh it).** Each plan
+  costs its predicted finish plus `(behind + arrivals_per_s x run_s) x (GPU-seconds - the job's fewest, over all its
+  plans and types) x busy / GPUs`, where GPUs are those of the plan's type set and busy the fraction of them in use
+  now (`goodput_penalty`): a plan's extra GPU-seconds delay, to first order, each job that waits on those GPUs while
+  it runs (the `behind` jobs queued now and those predicted to arrive during its run, `arrival_rate` over the recent
+  arrivals), and GPUs nobody is using cost nothing to take. A wider plan, or one on a slower type, wins only when
+  the time it saves the job exceeds what it costs the others; with an empty queue and no arrivals the fastest plan
+  that scales wins.
+- **Work conservation.** Per type set the cheapest candidate, preferring one that fits now; across types the
+  cheapest. A job waits for a plan that does not fit now only when that plan (its predicted start + run + cost to
+  the others) is cheaper than every plan that fits now; then any other plan that fits and is cheaper than the wait
+  still runs now. So a slower plan on an older type beats waiting exactly when the predicted wait for the faster
+  one is longer than the slowdown and the extra GPU-seconds it costs. A job waits with GPUs it could use idle only
+  for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
+  after every scheduling pass.
+- **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
+  `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
+  refuses now becomes a plan to wait for, from the reservation's start.
 - **Predicted start** (`Backlog`): the free GPUs a plan's types can use, plus those released by running
   allocations in order of predicted end, less what the jobs ahead of it in this pass that chose to wait for the
   same types claimed. Past the last known release, the claimed work drains at the rate of those types' GPUs.
