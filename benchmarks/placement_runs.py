@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 import random
 import statistics
 import time
@@ -175,7 +176,8 @@ def latency(gpus: int, queue: int, elastic: bool) -> dict[str, float]:
     waiting = [Waiting(job=i, seq=i, submitted_s=0.0, predicted_s=o.predicted_s if o else None)
                for i, o in enumerate(opts)]
     reqs = {w.job: o.requests for w, o in zip(waiting, opts, strict=True) if o is not None}
-    has: list[float] = []
+    has: list[list[float]] = []
+    load0 = os.getloadavg()[0]
     gc.collect()
     gc.disable()  # as timeit does: a collection pause is the interpreter's, not the decision's
     for _ in range(3):
@@ -190,29 +192,37 @@ def latency(gpus: int, queue: int, elastic: bool) -> dict[str, float]:
             return got is not None
 
         walk(waiting, "shortest", 0.0, place, reserve_for=sizer.reserve_for)
-        has += sizer.decision_ms
+        has.append(sizer.decision_ms)
     gc.enable()
-    return {"gpus": sum(n.count for n in c.nodes), "queue": queue, "elastic": elastic, **_pcts("has", has),
-            **_pcts("fcfs", _fcfs_latency(sim, busy, queue))}
+    fcfs = _fcfs_latency(sim, busy, queue)
+    return {"gpus": sum(n.count for n in c.nodes), "queue": queue, "elastic": elastic,
+            "loadavg_1min": [load0, os.getloadavg()[0]], **_pcts("has", has), **_pcts("fcfs", fcfs)}
 
 
-def _fcfs_latency(sim: Simulator, busy: list[tuple[str, int]], queue: int) -> list[float]:
+def _fcfs_latency(sim: Simulator, busy: list[tuple[str, int]], queue: int) -> list[list[float]]:
     from cluster.policies import Fcfs
 
     sim.pool = FreePool(sim.perf.node.values(), dict(sim.pool.free))
     sim.pool.take(busy)
     out = []
     for _ in range(3):
+        out.append([])
         for i in range(queue):
             t0 = time.perf_counter()
             Fcfs.place(sim, i)
-            out.append((time.perf_counter() - t0) * 1e3)
+            out[-1].append((time.perf_counter() - t0) * 1e3)
     return out
 
 
-def _pcts(name: str, xs: list[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    return {f"{name}_decisions": len(xs), f"{name}_p50_ms": xs[len(xs) // 2], f"{name}_p99_ms": xs[int(len(xs) * 0.99)]}
+def _pcts(name: str, passes: list[list[float]]) -> dict[str, float]:
+    """Percentiles over every timed decision of the passes, and over each decision's fastest of the passes (they make
+    the same decisions from the same state: the fastest is the decision's own cost, as timeit reports, the rest is
+    the machine's other work preempting it)."""
+    if len({len(p) for p in passes}) != 1:
+        raise ValueError("the passes made different numbers of decisions")
+    xs, best = sorted(x for p in passes for x in p), sorted(min(t) for t in zip(*passes, strict=True))
+    return {f"{name}_decisions": len(xs), f"{name}_p50_ms": xs[len(xs) // 2], f"{name}_p99_ms": xs[int(len(xs) * 0.99)],
+            f"{name}_best_p50_ms": best[len(best) // 2], f"{name}_best_p99_ms": best[int(len(best) * 0.99)]}
 
 
 FIGURES = {"avg_vs_fcfs": 0.85, "avg_vs_ilp": 0.90, "p50_vs_fcfs": 1.0, "p99_vs_fcfs": 1.0, "makespan_vs_fcfs": 1.05}
