@@ -143,14 +143,14 @@ def part_c(sizes: list[int], queues: list[int]) -> list[dict[str, Any]]:
             has_round = sum(lat) / 3
             # ILP: one round over the same queue (configurations precomputed, as Sia's profiles are)
             for i in sim.queue:
-                sim._configs(i)
+                sim.policy.configs(sim, i)  # type: ignore[union-attr]
             ilp = []
             for _ in range(3):
                 sim.decisions_ms.clear()
                 snapshot = dict(sim.pool.free)
-                sim._round_pending = False
+                sim.policy.pending = False  # type: ignore[union-attr]
                 sim.events.clear()
-                sim._ilp_round(0.0)
+                sim.policy.on_round(sim, 0.0)
                 ilp.append(sim.decisions_ms[0])
                 sim.pool = FreePool(sim.perf.node.values(), snapshot)  # undo the placements
                 sim.queue = list(range(len(trace)))

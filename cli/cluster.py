@@ -11,7 +11,7 @@ from typing import Any, get_args
 from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, progress, table
 from cluster.inventory import load_cluster
-from cluster.traces import ALL_POLICIES, POLICIES, REFERENCE_GPU
+from cluster.traces import ALL_POLICIES, FORMATS, POLICIES, REFERENCE_GPU
 from tasks.errors import FrenzyError
 from tasks.planning.plans import RankBy
 
@@ -108,7 +108,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for flag, out in (("--plot", args.plot), ("--jobs-csv", args.jobs_csv)):
         if out:  # before the simulation: a wrong path should not cost its minutes
             check_file_target(out, f"cluster simulate {flag}", (args.trace,), overwrite=args.overwrite)
-    cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order)
+    cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order,
+                    elastic=args.elastic)
     doc, results = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
                                     max_jobs=args.max_jobs, load=args.load, progress=progress)
     cluster_name, n_jobs = doc["cluster"], doc["jobs"]
@@ -160,7 +161,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--trace", required=True,
                     help="trace CSV, or newworkload:N[:SEED] (the Frenzy NewWorkload), production:N[:SEED] or "
                     "mixed:N[:SEED] (cluster/synth_traces.py)")
-    sp.add_argument("--format", choices=["generic", "philly", "sia"], help="trace format (default: from the header)")
+    sp.add_argument("--format", choices=list(FORMATS), help="trace format (default: from the header)")
     sp.add_argument("--policy", action="append", choices=list(ALL_POLICIES),
                     help="policy to run (repeat; default: has fcfs fifo ilp). has is Frenzy's default "
                          "(MARP + HAS, shortest predicted run time first with aging, load-adaptive sizing); "
@@ -176,6 +177,9 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                     help="rescale the arrival times to this offered load (GPU-seconds asked for over the cluster's "
                          "GPU-seconds in the arrival span; benchmarks/placement_load.py reports 0.5-1.1); default: "
                          "the trace's own times")
+    sp.add_argument("--elastic", choices=["trace", "all", "none"], default="trace",
+                    help="whether jobs may change their GPU count: as each trace job says (default; philly, openb, "
+                         "helios and the generic CSV without an elastic column are rigid), all, or none")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
     sp.add_argument("--jobs-csv", help="write one row per policy and job here (has: the plan chosen and why)")
     sp.add_argument("--overwrite", action="store_true", help="replace an existing --plot or --jobs-csv file")

@@ -28,7 +28,7 @@ def compare_policies(cluster_spec: str, trace_spec: str, policies: Sequence[str]
         trace = new_workload(n, seed=seed, reference_gpu=cfg.reference_gpu)
     else:
         extra = {"max_jobs": max_jobs} if fmt == "philly" and max_jobs else {}
-        trace = load_trace(trace_spec, fmt, **extra)
+        trace = load_trace(trace_spec, fmt, cfg.reference_gpu, **extra)  # type: ignore[arg-type]
     if not trace:
         raise TraceError(f"{trace_spec}: no jobs in the trace (a header and no rows?); add at least one job")
     gpus = sum(n.count for n in cluster.nodes)

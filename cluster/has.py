@@ -94,6 +94,7 @@ class FreePool:
         self.free: dict[str, int] = {}
         self._cls: dict[tuple[float, float, str], _Class] = {}
         self._node_cls: dict[str, _Class] = {}
+        self._tables: dict[tuple[frozenset[str] | None, int], tuple[list[float], list[int]]] = {}  # until a change
         for n in nodes:
             self.info[n.name] = n
             key = (-n.link_gbs, n.mem_gib, n.gpu_type)
@@ -116,6 +117,7 @@ class FreePool:
     # -- bookkeeping -------------------------------------------------------------------------------------
     def _set(self, name: str, k: int) -> None:
         c, old = self._node_cls[name], self.free[name]
+        self._tables.clear()
         c.buckets[old].discard(name)
         c.buckets[k].add(name)
         for u in _UNITS:
@@ -151,6 +153,22 @@ class FreePool:
 
     def fits(self, req: GpuRequest) -> bool:
         return self.usable(req) >= req.gpus
+
+    def usable_by_memory(self, types: frozenset[str] | None, unit: int) -> tuple[list[float], list[int]] | None:
+        """`usable` for every memory floor at once, for requests of `types` and `unit`: the GPU memories present
+        (ascending) and, at index i, the GPUs usable on nodes with at least the i-th memory (one more entry: 0).
+        A request asking `m` GiB gets the entry at `bisect_left(mems, m)`. None for a unit not kept per class. Kept
+        until the pool changes: read the lists, never change them."""
+        if unit not in _UNITS:
+            return None
+        got = self._tables.get((types, unit))
+        if got is None:
+            rows = sorted((c.mem_gib, c.usable[unit]) for c in self._order if types is None or c.key[2] in types)
+            suffix = [0] * (len(rows) + 1)
+            for i in range(len(rows) - 1, -1, -1):
+                suffix[i] = suffix[i + 1] + rows[i][1]
+            got = self._tables[(types, unit)] = ([m for m, _ in rows], suffix)
+        return got
 
 
 def _best_single(pool: FreePool, classes: list[_Class], need: int, taken: dict[str, int]) -> str | None:

@@ -19,7 +19,7 @@ from cluster.ray_nodes import GPU_PREFIX, NODE_PREFIX, connect, frenzy_name
 from tasks.errors import FrenzyError
 from tasks.userfiles import UserFileError, named_yaml, refuse_bool_numbers, validation_message
 
-PRESETS = ("phoebe", "frenzy-testbed")
+PRESETS = ("phoebe", "phoebe-x4", "frenzy-testbed")
 
 
 class Node(BaseModel):

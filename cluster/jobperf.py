@@ -7,6 +7,7 @@ layout does not fit that GPU's memory (no safety margin: a real OOM happens at 1
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Protocol
@@ -120,3 +121,43 @@ def reference_step_time(key: JobKey, gpu_type: str, gpus: int) -> float:
         assert one is not None
         return one[1] / gpus
     return res[1]
+
+
+MICRO_BATCHES = (32, 16, 8, 4, 2, 1)
+
+
+def recorded_layout(key: JobKey, gpu_type: str, gpus: int) -> Layout | None:
+    """The layout a traced job ran with on `gpus` GPUs of `gpu_type`: data parallel on every GPU (no TP/PP), the
+    largest micro-batch up to global batch / gpus that fits the GPU's memory, gradient accumulation making up the
+    global batch (the usual fix a user applies until the job runs). None: not even micro-batch 1 fits."""
+    for lay in _dp_layouts(key, gpus):
+        if fits(key, gpu_type, lay):
+            return lay
+    return None
+
+
+@cache
+def _dp_layouts(key: JobKey, gpus: int) -> tuple[Layout, ...]:
+    per = max(1, key.global_batch // gpus)
+    return tuple(Layout(dp=gpus, tp=1, pp=1, micro_batch=mb) for mb in MICRO_BATCHES if mb <= per and per % mb == 0)
+
+
+def layout_step_time(key: JobKey, gpu_type: str, layout: Layout) -> float:
+    """Step time of `layout` on GPUs of `gpu_type` packed 8 to a node with the type's own links (the trace's
+    cluster, as far as a trace says anything about it)."""
+    g = default_catalog().get(gpu_type)
+    per_node = min(layout.gpus, 8)
+    return step_time(key, g.name, layout, g.link_gbs, INTER_NODE_GBS, per_node)
+
+
+def min_memory_that_holds(key: JobKey, layout: Layout, gpu_types: Iterable[str]) -> float | None:
+    """The smallest memory M among `gpu_types` such that `layout` fits every one of them with at least M GiB (what a
+    user who knows their job asks for: GPUs with at least M GiB); None when it fits none."""
+    cat = default_catalog()
+    by_mem = sorted({cat.get(t).name for t in gpu_types}, key=lambda t: (-cat.get(t).memory_gib, t))
+    low = None
+    for t in by_mem:  # largest memory first: stop at the first type it does not fit
+        if not fits(key, t, layout):
+            break
+        low = cat.get(t).memory_gib
+    return low

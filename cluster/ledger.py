@@ -62,7 +62,7 @@ from cluster.catalog import Catalog, default_catalog
 from cluster.has import Decision, FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
 from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk
-from cluster.sizing import Sizer
+from cluster.sizing import ARRIVAL_WINDOW, Sizer, arrival_rate
 from tasks.errors import FrenzyError
 from tasks.userfiles import UserFileError, path_kind
 
@@ -647,7 +647,9 @@ class Ledger:
                            nodes=[(p["node"], len(p["gpu_indices"])) for p in json.loads(a.placement)]) for a in active]
         reqs_of = {job: [_req_from(r) for r in json.loads(q.requests)] for job, q in rows.items()}
         waiting = [_waiting(q) for q in rows.values()]
-        queue = Sizer(pool, running, now, ordered(waiting, order, now), reqs_of)
+        recent = conn.execute(select(queue_t.c.submitted_at).order_by(queue_t.c.submitted_at.desc())
+                              .limit(ARRIVAL_WINDOW)).scalars().all()  # the sizer weighs widening by arrivals too
+        queue = Sizer(pool, running, now, ordered(waiting, order, now), reqs_of, arrivals_per_s=arrival_rate(recent, now))
 
         def try_place(w: Waiting, admit: Admit) -> bool:  # the discipline is cluster/queue.py's, as in the simulator
             q = rows[w.job]

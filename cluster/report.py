@@ -7,7 +7,8 @@ from typing import Any
 
 
 def summary_rows(policies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
-    """One row per policy with the headline metrics, formatted."""
+    """One row per policy with the headline metrics, formatted. The JCT figures are over every job, an unfinished one
+    counted up to the end of the simulation (cluster/simulator.py): `done` says how many finished."""
     rows = []
     for name, s in policies.items():
         def sec(key: str, s: Mapping[str, Any] = s) -> str:  # "-" where no job finished, never "-0"
@@ -20,6 +21,7 @@ def summary_rows(policies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, st
                      "avg queue s": sec("avg_queue_s"), "makespan s": f"{round(s['makespan_s'])}",
                      "OOM": str(s["oom_failures"]), "decision p50/p99 ms":
                      f"{s['decision_p50_ms']:.3f}/{s['decision_p99_ms']:.3f}",
+                     "round p50/p99 ms": f"{s.get('round_p50_ms', 0.0):.2f}/{s.get('round_p99_ms', 0.0):.2f}",
                      "util": " ".join(f"{t}:{u:.0%}" for t, u in s["utilisation"].items())})
     return rows
 

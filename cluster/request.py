@@ -21,7 +21,7 @@ class SimulateRequest(BaseModel):
     """Cluster preset (phoebe, frenzy-testbed) or a cluster YAML path on the worker."""
     trace: str = Field("newworkload:30", json_schema_extra={"position": 1})
     """Trace CSV path on the worker, or newworkload:N[:SEED], production:N[:SEED], mixed:N[:SEED]."""
-    format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
+    format: Literal["generic", "philly", "sia", "openb", "helios"] | None = Field(None, json_schema_extra={"position": 2})
     """Trace format; None guesses from the header."""
     policies: list[Literal["has", "has-arrival", "fcfs", "fifo", "ilp"]] = Field(
         ["has", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
@@ -34,4 +34,5 @@ class SimulateRequest(BaseModel):
     """MARP plan ranking used by HAS."""
     reference_gpu: str = REFERENCE_GPU
     """GPU type the trace durations refer to."""
-
+    elastic: Literal["trace", "all", "none"] = "trace"
+    """Whether jobs may change their GPU count: as each trace job says, all, or none."""

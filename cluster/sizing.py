@@ -1,24 +1,37 @@
-"""Which of a job's plans to run, and when not to run any: work-conserving, load-adaptive sizing.
+"""Which of a job's plans to run, and when not to run any: work-conserving sizing that pays for itself.
 
 The live ledger (`cluster/ledger.py`) and the simulator (`cluster/simulator.py`) call `choose` for each job the
 queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
 
-- **Sizing by load (goodput, as in Sia and Pollux).** `spare` is the free GPUs left once every job behind this one
-  has its smallest plan. With no spare GPUs (jobs are waiting) each GPU type offers the plan with the lowest
-  `run_s + behind x (GPU-seconds - the type's fewest) / the type's GPUs`: a plan's extra GPU-seconds delay each of
-  the `behind` jobs waiting after it by that much (to first order), so the deeper the queue, the more the choice
-  tends to the best throughput per GPU; with a short queue a faster, wider plan wins. With spare GPUs the job is
-  widened: the fastest plan that fits in the spare GPUs while MARP's step-time model says it still scales (its
-  throughput per GPU at least `MIN_SCALING` of the job's best).
-- **Work conservation.** Among those plans the one with the earliest predicted finish wins: `now + run_s` for a
-  plan that fits the free GPUs now, `predicted start + run_s` for one that does not. A slower plan on an older
-  type that fits now therefore beats waiting exactly when the predicted wait for the faster plan is longer than
-  the slowdown. A job waits with GPUs it could use idle only for that reason, or because the queue head's
-  reservation needs exactly those GPUs; `idle_violations` checks this after every scheduling pass.
+- **Widen only into GPUs no waiting job can use sooner.** `spare` is the free GPUs left once every job behind this
+  one has its smallest plan. A plan wider than the job's smallest on its GPU type is a candidate only when it fits in
+  `spare` (and MARP's step-time model says it still scales: throughput per GPU at least `MIN_SCALING` of the job's
+  best); with no spare GPUs every type offers only its narrowest plans (`mode` `pack`, else `widen`).
+- **Only where the gain outweighs what it costs the others (goodput, as Pollux and Sia weigh it).** Each plan
+  costs its predicted finish plus `(behind + arrivals_per_s x run_s) x (GPU-seconds - the job's fewest, over all its
+  plans and types) x busy / GPUs`, where GPUs are those of the plan's type set and busy the fraction of them in use
+  now (`goodput_penalty`): a plan's extra GPU-seconds delay, to first order, each job that waits on those GPUs while
+  it runs (the `behind` jobs queued now and those predicted to arrive during its run, `arrival_rate` over the recent
+  arrivals), and GPUs nobody is using cost nothing to take. A wider plan, or one on a slower type, wins only when
+  the time it saves the job exceeds what it costs the others; with an empty queue and no arrivals the fastest plan
+  that scales wins.
+- **Work conservation.** Per type set the cheapest candidate, preferring one that fits now; across types the
+  cheapest. A job waits for a plan that does not fit now only when that plan (its predicted start + run + cost to
+  the others) is cheaper than every plan that fits now; then any other plan that fits and is cheaper than the wait
+  still runs now. So a slower plan on an older type beats waiting exactly when the predicted wait for the faster
+  one is longer than the slowdown and the extra GPU-seconds it costs. A job waits with GPUs it could use idle only
+  for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
+  after every scheduling pass.
+- **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
+  `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
+  refuses now becomes a plan to wait for, from the reservation's start.
 - **Predicted start** (`Backlog`): the free GPUs a plan's types can use, plus those released by running
   allocations in order of predicted end, less what the jobs ahead of it in this pass that chose to wait for the
   same types claimed. Past the last known release, the claimed work drains at the rate of those types' GPUs.
   Per-node fragmentation is ignored (an estimate, as every prediction here).
+- **The decision record** says which plan ran and why, the load that chose it, whether it runs on fewer or more
+  GPUs than its user asked for (`shrunk`/`widened`, where the caller knows the count asked), and whether it starts
+  ahead of jobs that arrived before it and still wait (`ahead of N earlier arrivals`).
 
 Requests without a predicted run time (`run_s` None: a ledger job submitted without one) fall back to HAS's first
 fit in rank order, the paper's Algorithm 1.
@@ -26,10 +39,11 @@ fit in rank order, the paper's Algorithm 1.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +58,22 @@ if TYPE_CHECKING:
 MIN_SCALING = 0.3
 """Widening stops where a plan's throughput per GPU falls below 0.3 of the job's best (chosen on the tuning
 families of benchmarks/placement_load.py only: 0.5 gave a mean has/fcfs average-JCT ratio of 0.473, 0.3 gave 0.445)."""
+RESERVE_AFTER = 30.0
+"""The queue head gets its reservation once it has waited this many times its predicted run time (chosen on the
+tuning families of benchmarks/placement_load.py only, against 1, 10 and no reservation: 1 and 10 made the
+production-shaped family's average 2% to 44% and -3% to +13% off fcfs's where 30 gives -7% to -12%, the same as no
+reservation; 30 kept the mixed family's p99 16 to 35 points lower than no reservation, Philly within 3 points)."""
+ARRIVAL_WINDOW = 32
+"""Arrivals `arrival_rate` averages over (the last 32 submissions)."""
+
+
+def arrival_rate(submitted_s: Iterable[float], now_s: float, window: int = ARRIVAL_WINDOW) -> float:
+    """Jobs per second over the last `window` submissions up to `now_s` (0 with fewer than two)."""
+    recent = sorted(t for t in submitted_s if t <= now_s)[-window:]
+    if len(recent) < 2:
+        return 0.0
+    span = max(now_s, recent[-1]) - recent[0]
+    return (len(recent) - 1) / span if span > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +85,13 @@ class Candidate:
     finish_s: float
     nodes: list[tuple[str, int]] | None
     """Where it goes now (best fit), or None when it does not fit the free GPUs now."""
+    penalty: float = 0.0
+    """What its GPU-seconds beyond the job's fewest are predicted to cost the jobs queued and arriving (seconds)."""
+
+    @property
+    def cost(self) -> float:
+        """The predicted finish plus what the plan costs the others: the candidates' order."""
+        return self.finish_s + self.penalty
 
 
 @dataclass
@@ -76,7 +113,9 @@ class Choice:
             why = (f"{self.mode}: {r.gpus} GPU(s) of {_types(r)}, predicted run {r.run_s or 0:.0f} s, "
                    f"{r.gpus * (r.run_s or 0) / 3600:.2f} GPU-h")
             if chosen is not best:
-                why += f" (its earlier-finishing plan on {_types(best.request)} was refused: reservation)"
+                why += f" (its cheaper plan on {_types(best.request)} was refused: reservation)"
+            if chosen.penalty > 0:
+                why += f"; costs the queue {chosen.penalty:.0f} s for {r.gpus * (r.run_s or 0) / 3600:.2f} GPU-h"
             slower = [c for c in self.candidates if c.nodes is None and c.finish_s > chosen.finish_s]
             if slower and any(c.request.run_s and r.run_s and c.request.run_s < r.run_s for c in slower):
                 fast = min(slower, key=lambda c: c.request.run_s or math.inf)
@@ -112,6 +151,7 @@ class Backlog:
         self._nodes: dict[tuple[frozenset[str] | None, float], frozenset[str]] = {}
         self._mask: dict[tuple[frozenset[str] | None, float], np.ndarray] = {}
         self._tl: dict[tuple[frozenset[str] | None, float], list] = {}  # key -> [ends, GPUs freed, cumulative or None]
+        self._cap: dict[tuple[frozenset[str] | None, float], int] = {}
 
     def _admitted(self, req: GpuRequest) -> frozenset[str]:
         key = (req.types, req.min_mem_gib)
@@ -124,7 +164,10 @@ class Backlog:
 
     def capacity(self, req: GpuRequest) -> int:
         """GPUs of the cluster that `req` admits, free or not."""
-        return sum(self.pool.info[n].capacity for n in self._admitted(req))
+        key = (req.types, req.min_mem_gib)
+        if key not in self._cap:
+            self._cap[key] = sum(self.pool.info[n].capacity for n in self._admitted(req))
+        return self._cap[key]
 
     def _timeline(self, req: GpuRequest) -> tuple[np.ndarray, np.ndarray]:
         """Predicted ends of the running allocations on GPUs `req` admits, and the GPUs freed by then (cumulative)."""
@@ -184,31 +227,75 @@ def _gpu_s(r: GpuRequest) -> float:
 
 
 class _Free:
-    """`pool.usable` per (types, memory, unit), memoised for one `choose` (the pool does not change meanwhile)."""
+    """`pool.usable`, memoised for one `choose` (the pool does not change meanwhile): per (types, unit) the usable GPUs
+    at every memory floor (a job's plans ask different memories per GPU, so one table serves them all)."""
 
     def __init__(self, pool: FreePool) -> None:
-        self.pool, self._memo = pool, {}
+        self.pool = pool
+        self._tables: dict[tuple[frozenset[str] | None, int], tuple[list[float], list[int]] | None] = {}
 
     def usable(self, r: GpuRequest) -> int:
-        key = (r.types, r.min_mem_gib, r.unit)
-        if key not in self._memo:
-            self._memo[key] = self.pool.usable(r)
-        return self._memo[key]
+        key = (r.types, r.unit)
+        tab = self._tables.get(key, False)
+        if tab is False:
+            tab = self._tables[key] = self.pool.usable_by_memory(r.types, r.unit)
+        if tab is None:
+            return self.pool.usable(r)
+        return tab[1][bisect.bisect_left(tab[0], r.min_mem_gib)]
 
     def fits(self, r: GpuRequest) -> bool:
         return self.usable(r) >= r.gpus
 
+    def fit_all(self, requests: Sequence[GpuRequest], prof: _Profile) -> list[bool]:
+        """`fits` of every request, in one pass per (types, unit)."""
+        out = np.zeros(len(requests), dtype=bool)
+        for types, unit, idx in prof.by_unit:
+            tab = self._tables.get((types, unit), False)
+            if tab is False:
+                tab = self._tables[(types, unit)] = self.pool.usable_by_memory(types, unit)
+            if tab is None:
+                out[idx] = [self.fits(requests[k]) for k in idx]
+            else:
+                out[idx] = np.asarray(tab[1])[np.searchsorted(tab[0], prof.mem[idx], side="left")] >= prof.gpus[idx]
+        return out.tolist()
+
+
+@dataclass
+class _Group:
+    """One GPU type set's requests (indices ascending) with their GPU counts and GPU-seconds, as arrays."""
+
+    idx: np.ndarray
+    gpus: np.ndarray
+    gpu_s: np.ndarray
+    narrow: int
+
 
 @dataclass
 class _Profile:
-    """What `choose` needs of a job's requests that does not depend on the pool."""
+    """What `choose` needs of a job's requests that does not depend on the pool, as arrays (a job has a few hundred
+    plans on a large cluster: one numpy pass over them beats a Python loop per plan)."""
 
-    gpu_s: list[float]
+    gpu_s: np.ndarray
     best: float
     min_gpus: int
-    groups: list[tuple[list[int], float]]
-    """Per GPU type set: request indices and the fewest GPU-seconds among them."""
-    by_gpu_s: list[int]
+    max_gpus: int
+    groups: list[_Group]
+    by_gpu_s: np.ndarray
+    """Request indices by GPU-seconds (ties: index)."""
+    run_by_gpu_s: np.ndarray
+    """Their predicted runs (0 where none), in that order."""
+    run_inf: np.ndarray
+    """Predicted run per request, inf where none."""
+    gpus: np.ndarray
+    mem: np.ndarray
+    by_unit: list[tuple[frozenset[str] | None, int, np.ndarray]]
+    """Request indices per (types, unit): one usable-GPU table serves each."""
+    share_of: np.ndarray
+    shared: list[GpuRequest]
+    """The GPUs a request's cost is spread over (module docstring): a type set's GPUs whatever memory the plan asks,
+    else the GPUs with its memory; `share_of[k]` indexes `shared`."""
+    predicted: bool
+    """Every request has a predicted run."""
 
 
 _PROFILES: dict[int, tuple[Sequence[GpuRequest], _Profile]] = {}
@@ -219,99 +306,163 @@ def _profile(requests: Sequence[GpuRequest]) -> _Profile:
     hit = _PROFILES.get(id(requests))
     if hit is not None and hit[0] is requests:
         return hit[1]
-    gs = [_gpu_s(r) for r in requests]
-    idx_of: dict[frozenset[str] | None, list[int]] = {}
-    for k, r in enumerate(requests):
-        idx_of.setdefault(r.types, []).append(k)
-    groups = [(idx, min(gs[k] for k in idx)) for idx in idx_of.values()]
-    prof = _Profile(gs, min(gs), min_gpus(requests), groups, sorted(range(len(gs)), key=lambda k: (gs[k], k)))
+    n = len(requests)
+    units: dict[tuple[frozenset[str] | None, int], int] = {}
+    shares: dict[tuple[frozenset[str] | None, float, int], int] = {}
+    of_type: dict[frozenset[str] | None, list[int]] = {}
+    unit_l, share_l = [], []
+    for k, r in enumerate(requests):  # one pass: this runs once per job, with a few hundred plans on a large cluster
+        unit_l.append(units.setdefault((r.types, r.unit), len(units)))
+        share_l.append(shares.setdefault((r.types, 0.0 if r.types else r.min_mem_gib, r.unit), len(shares)))
+        of_type.setdefault(r.types, []).append(k)
+    runs = [r.run_s for r in requests]
+    run0 = np.array([x or 0.0 for x in runs], dtype=np.float64)
+    run_inf = np.array([x or math.inf for x in runs], dtype=np.float64)
+    mem = np.array([r.min_mem_gib for r in requests], dtype=np.float64)
+    gpus = np.array([r.gpus for r in requests], dtype=np.int64)
+    unit_of, share_of = np.array(unit_l, dtype=np.int64), np.array(share_l, dtype=np.int64)
+    gs = gpus * run_inf
+    order = np.lexsort((np.arange(n), gs))  # by GPU-seconds, ties by index
+    groups = [_Group(i, gpus[i], gs[i], int(gpus[i].min())) for i in (np.array(v, dtype=np.int64) for v in of_type.values())]
+    prof = _Profile(gs, float(gs.min()), int(gpus.min()), int(gpus.max()), groups, order,
+                    run0[order], run_inf, gpus, mem, [(t, u, np.flatnonzero(unit_of == i)) for (t, u), i in units.items()],
+                    share_of, [GpuRequest(gpus=u, min_mem_gib=m, unit=u, types=t) for t, m, u in shares],
+                    None not in runs)
     if len(_PROFILES) > 50_000:
         _PROFILES.clear()
     _PROFILES[id(requests)] = (requests, prof)
     return prof
 
 
-def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int) -> Candidate:
+def prepare(requests: Sequence[GpuRequest]) -> None:
+    """Compute, once when a job is queued, what `choose` needs of its plans that does not depend on the pool (cached by
+    the list's identity: hand the same list to `Sizer`). Optional: `choose` computes it at its first use otherwise."""
+    _profile(requests)
+
+
+def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int, penalty: float = 0.0
+               ) -> Candidate:
     r = requests[k]
     nodes = place(free.pool, r) if free.fits(r) else None
     start = backlog.now_s if nodes is not None else backlog.start_s(r, free.usable(r))
-    return Candidate(k, r, start, start + (r.run_s or 0.0), nodes)
+    return Candidate(k, r, start, start + (r.run_s or 0.0), nodes, penalty)
+
+
+def goodput_penalty(requests: Sequence[GpuRequest], backlog: Backlog, behind: int, arrivals_per_s: float
+                    ) -> Callable[[int], float]:
+    """Request k's cost to the others (module docstring): its GPU-seconds beyond the job's fewest, spread over the
+    GPUs of its type, times the jobs that wait on them while it runs (the `behind` queued, the predicted arrivals),
+    times the fraction of those GPUs busy now (GPUs nobody else is using cost nothing to take). Computed for every
+    request at the first call."""
+    prof = _profile(requests)
+    vec: list[float] = []
+
+    def penalty(k: int) -> float:
+        if not vec:
+            vec.extend(_penalties(prof, backlog, behind, arrivals_per_s))
+        return vec[k]
+    return penalty
+
+
+def _penalties(prof: _Profile, backlog: Backlog, behind: int, arrivals_per_s: float) -> list[float]:
+    share = np.empty(len(prof.shared), dtype=np.float64)  # busy fraction / GPUs, per set of GPUs shared
+    for i, r in enumerate(prof.shared):
+        cap = max(backlog.capacity(r), 1)
+        share[i] = (1.0 - min(backlog.pool.usable(r), cap) / cap) / cap
+    with np.errstate(invalid="ignore"):  # inf - inf, 0 x inf: no predictions, nan as before
+        extra = prof.gpu_s - prof.best
+        cost = (behind + arrivals_per_s * prof.run_inf) * extra * share[prof.share_of]
+    return np.where(extra > 0, cost, np.where(np.isnan(extra), np.nan, 0.0)).tolist()
 
 
 def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int, behind: int = 0,
-           min_scaling: float = MIN_SCALING) -> Choice:
-    """The job's candidate plans, earliest predicted finish first (ties: the one that starts now, fewer GPUs).
+           min_scaling: float = MIN_SCALING, arrivals_per_s: float = 0.0) -> Choice:
+    """The job's candidate plans, cheapest first: predicted finish plus what the plan costs the others (ties: the one
+    that starts now, fewer GPUs).
 
     Per GPU type set, the plan the load calls for (module docstring), preferring one that fits now; `behind` is the
-    number of jobs waiting behind this one. Waiting is chosen only when it is predicted to finish sooner than every
-    plan that fits now."""
+    number of jobs waiting behind this one, `arrivals_per_s` the recent arrival rate. Waiting is chosen only when it is
+    predicted to cost less than every plan that fits now."""
     now = backlog.now_s
-    if any(r.run_s is None for r in requests):  # no predictions: HAS's first fit in rank order
+    prof = _profile(requests)
+    if not prof.predicted:  # no predictions: HAS's first fit in rank order
         d = decide(pool, requests)
         if d is None:
             return Choice("first-fit", [Candidate(0, requests[0], math.inf, math.inf, None)])
         return Choice("first-fit", [Candidate(d.plan_index, d.request, now, math.inf, d.nodes)])
     free = _Free(pool)
-    prof = _profile(requests)
-    gs = prof.gpu_s
-    widen = spare > prof.min_gpus
-    prefs = []
-    for idx, eff in prof.groups:
-        if widen:
-            ok = [k for k in idx if requests[k].gpus <= spare and gs[k] * min_scaling <= prof.best]
-            ok = ok or [k for k in idx if gs[k] == eff]
-            penalty = 0.0
-        else:  # each extra GPU-second delays every job waiting behind by 1/cap of it (first order)
-            ok, penalty = idx, behind / max(backlog.capacity(requests[idx[0]]), 1)
-
-        def score(k: int, eff: float = eff, penalty: float = penalty) -> float:
-            return (requests[k].run_s or math.inf) + penalty * (gs[k] - eff)
-        now_ok = [k for k in ok if free.fits(requests[k])]
-        if now_ok:
-            prefs.append(_candidate(free, backlog, requests, min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))))
-            continue
-        best: dict[int, int] = {}  # none fits now: per GPU count the best-scoring, each with its own predicted start
-        for k in ok:
-            g = requests[k].gpus
-            if g not in best or score(k) < score(best[g]):
-                best[g] = k
-        prefs.append(min((_candidate(free, backlog, requests, k) for k in best.values()),
-                         key=lambda c: (c.start_s + score(c.index), c.request.gpus, c.index)))
-    waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.finish_s, default=None)
-    wait_finish = waiting.finish_s if waiting is not None else math.inf
-    ranked = sorted((c for c in prefs if c.nodes is not None and c.finish_s <= wait_finish),
-                    key=lambda c: (c.finish_s, c.request.gpus, c.index))
+    fit = free.fit_all(requests, prof)
+    widen = spare > prof.min_gpus and prof.max_gpus > prof.min_gpus
+    pen = goodput_penalty(requests, backlog, behind, arrivals_per_s)
+    prefs = [_preferred(free, fit, backlog, requests, g, spare, min_scaling, pen) for g in prof.groups]
+    waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
+    wait_cost = waiting.cost if waiting is not None else math.inf
+    ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
+                    key=lambda c: (c.cost, c.request.gpus, c.index))
     if not ranked and waiting is not None:
-        # the load's plans that fit now finish later than waiting; any other plan that fits and finishes sooner
-        # than waiting still beats leaving GPUs idle (the most efficient of them first)
+        # the load's plans that fit now cost more than waiting; any other plan that fits and costs less than waiting
+        # still beats leaving GPUs idle (the most efficient of them first)
         seen = {c.index for c in prefs}
-        beat = itertools.islice((k for k in prof.by_gpu_s if now + (requests[k].run_s or 0.0) < wait_finish
-                                 and k not in seen and free.fits(requests[k])), 4)
-        ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k)).nodes is not None]
+        sooner = prof.by_gpu_s[now + prof.run_by_gpu_s < wait_cost].tolist()
+        beat = itertools.islice((k for k in sooner if k not in seen and fit[k]
+                                 and now + (requests[k].run_s or 0.0) + pen(k) < wait_cost), 4)
+        ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k, pen(k))).nodes is not None]
     ranked += [waiting] if waiting is not None else []
-    ranked += sorted((c for c in prefs if c.nodes is not None and c.finish_s > wait_finish), key=lambda c: c.finish_s)
+    ranked += sorted((c for c in prefs if c.nodes is not None and c.cost > wait_cost), key=lambda c: c.cost)
     load = (f"{spare} free GPUs left after the smallest plans of the {behind} jobs behind it" if widen else
             f"{behind} jobs wait behind it, their smallest plans leave {max(spare, 0)} free GPUs")
+    if arrivals_per_s > 0:
+        load += f", {arrivals_per_s * 3600:.1f} arrivals/h"
     return Choice("widen" if widen else "pack", ranked, load=load)
+
+
+def _preferred(free: _Free, fit: list[bool], backlog: Backlog, requests: Sequence[GpuRequest], g: _Group, spare: int,
+               min_scaling: float, pen: Callable[[int], float]) -> Candidate:
+    """The candidate of one GPU type set: among its plans that may run (wider than its narrowest only into spare GPUs,
+    while they scale), the cheapest that fits now, else the cheapest to wait for. `fit`: which requests fit now."""
+    prof = _profile(requests)
+    ok = g.idx[(g.gpus <= max(g.narrow, spare)) & (g.gpu_s * min_scaling <= prof.best)].tolist()
+    ok = ok or g.idx[g.gpus == g.narrow].tolist()
+
+    def score(k: int) -> float:
+        return (requests[k].run_s or math.inf) + pen(k)
+    now_ok = [k for k in ok if fit[k]]
+    if now_ok:
+        k = min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))
+        return _candidate(free, backlog, requests, k, pen(k))
+    best: dict[int, int] = {}  # none fits now: per GPU count the best-scoring, each with its own predicted start
+    for k in ok:
+        g = requests[k].gpus
+        if g not in best or score(k) < score(best[g]):
+            best[g] = k
+    return min((_candidate(free, backlog, requests, k, pen(k)) for k in best.values()),
+               key=lambda c: (c.cost, c.request.gpus, c.index))
 
 
 def min_gpus(requests: Iterable[GpuRequest]) -> int:
     return min((r.gpus for r in requests), default=0)
 
 
-def idle_violations(pool: FreePool, left: Sequence[tuple[Sequence[GpuRequest], float]],
-                    reservation: Reservation | None, now_s: float) -> int:
+Waited = tuple[Sequence[GpuRequest], float] | tuple[Sequence[GpuRequest], float, Callable[[int], float]]
+"""A waiting job for `idle_violations`: its requests, the cost it waits for (math.inf: none) and, optionally, each
+request's cost to the others by index (`goodput_penalty`; none: 0)."""
+
+
+def idle_violations(pool: FreePool, left: Sequence[Waited], reservation: Reservation | None, now_s: float) -> int:
     """After a pass: how many waiting jobs could start on free GPUs now with a plan that the head's reservation does
-    not need and that either finishes before the finish they wait for (math.inf: none) or is the job's fastest plan
-    (no plan can finish sooner by waiting, whatever the predictions of the wait). `left`: each waiting job's
-    requests and the predicted finish it waits for. 0 is the invariant."""
+    not need and that either costs less than what they wait for (its finish plus its cost to the others, against the
+    waited-for plan's) or is the job's fastest plan at no cost to the others (no plan can do better by waiting,
+    whatever the predictions of the wait). `left`: each waiting job as `Waited`. 0 is the invariant."""
     bad = 0
     if pool.total_free() == 0:
         return 0
-    for reqs, wait_finish in left:
+    for item in left:
+        reqs, wait_cost = item[0], item[1]
+        pen = item[2] if len(item) > 2 else (lambda k: 0.0)  # type: ignore[misc]
         fastest = min((r.run_s for r in reqs if r.run_s is not None), default=None)
-        for r in reqs:
-            sooner = r.run_s is None or now_s + r.run_s < wait_finish or r.run_s <= (fastest or 0.0)
+        for k, r in enumerate(reqs):
+            p = pen(k)
+            sooner = r.run_s is None or now_s + r.run_s + p < wait_cost or (r.run_s <= (fastest or 0.0) and p == 0)
             if not sooner or not pool.fits(r):
                 continue
             nodes = place(pool, r)
@@ -340,57 +491,101 @@ def exact_type_requests(plans: Sequence[ResourcePlan], steps: float) -> tuple[li
 
 class Sizer:
     """One scheduling pass of `cluster/queue.py`'s walk with `choose` per job: the code the live ledger and the
-    simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests."""
+    simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests; `arrivals_per_s`: the
+    recent arrival rate (`arrival_rate`); `asked`: the GPU count each job's user asked for, where known (for the
+    record's shrunk/widened note)."""
 
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
-                 reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING) -> None:
+                 reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING,
+                 arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None,
+                 reserve_after: float = RESERVE_AFTER) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
-        self.min_scaling = min_scaling
+        self.reserve_after = reserve_after
+        self.min_scaling, self.arrivals_per_s, self.asked = min_scaling, arrivals_per_s, asked or {}
         self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
         acc = 0
         for n, w in enumerate(reversed(seq)):
             self.behind[w.job] = (n, acc)
             acc += min_gpus(reqs_of.get(w.job, ()))
+        self._arrived = sorted(w.seq for w in seq)  # arrival order of the jobs still waiting in this pass
         self.backlog = Backlog(pool, running, now_s)
-        self.waits: dict[Hashable, tuple[Sequence[GpuRequest], float]] = {}
+        self.waits: dict[Hashable, Waited] = {}
+        self._penalties: dict[Hashable, Callable[[int], float]] = {}
         self.target: dict[Hashable, GpuRequest] = {}
         self.records: dict[Hashable, str] = {}
         self.refused = 0
         self.decision_ms: list[float] = []
+        self.reservation: Reservation | None = None
 
     def pick(self, w: Waiting, admit: Admit) -> tuple[Decision, str] | None:
-        """The plan `w` starts on now and the record of why, or None (it waits; the record says why)."""
+        """The plan `w` starts on now and the record of why, or None (it waits; the record says why). A plan that
+        fits now but that the head's reservation refuses becomes one to wait for (predicted to start once the GPUs its
+        type admits free up and the reservation has started): a slower plan that fits now is taken only while it
+        finishes before that."""
         reqs = self.reqs_of.get(w.job)
         if not reqs or self.pool.total_free() == 0:
             return None
         t0 = time.perf_counter()
         n, demand = self.behind.get(w.job, (0, 0))
-        ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling)
+        ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling,
+                    self.arrivals_per_s)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+        self._penalties[w.job] = goodput_penalty(reqs, self.backlog, n, self.arrivals_per_s)
+        refused: Candidate | None = None  # the earliest-finishing plan the reservation refused, as a plan to wait for
         for c in ch.candidates:
+            if refused is not None and c.cost > refused.cost:
+                break
             if c.nodes is None:  # waiting for this plan is predicted to finish sooner than the rest
-                self.backlog.claim(c.request)
-                self.target[w.job] = c.request
-                self.waits[w.job] = (reqs, c.finish_s)
-                self.records[w.job] = ch.record(None, self.now_s)
-                return None
+                return self._wait(w, reqs, ch, c)
             run_s = c.request.run_s if c.request.run_s is not None else w.predicted_s  # the queue entry's prediction
             if admit(c.nodes, run_s):
                 self.backlog.started(c.nodes, run_s)
-                self.records[w.job] = ch.record(c, self.now_s)
+                self.records[w.job] = ch.record(c, self.now_s) + self._notes(w, c.request.gpus)
                 return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
             self.refused += 1
-        self.waits[w.job] = (reqs, math.inf)
+            later = self._after_reservation(c)
+            refused = later if refused is None or later.cost < refused.cost else refused
+        if refused is not None and math.isfinite(refused.cost):
+            return self._wait(w, reqs, ch, refused)
+        self.waits[w.job] = (reqs, math.inf, self._penalties[w.job])
         self.records[w.job] = f"{ch.mode}: every plan that fits now would delay the queue head's reservation"
         return None
 
+    def _after_reservation(self, c: Candidate) -> Candidate:
+        """`c` (refused now by the reservation) as a plan to wait for: its predicted start, not before the
+        reservation's."""
+        start = max(self.backlog.start_s(c.request), self.reservation.start_s if self.reservation else self.now_s)
+        return Candidate(c.index, c.request, start, start + (c.request.run_s or 0.0), None, c.penalty)
+
+    def _wait(self, w: Waiting, reqs: Sequence[GpuRequest], ch: Choice, c: Candidate) -> None:
+        self.backlog.claim(c.request)
+        self.target[w.job] = c.request
+        self.waits[w.job] = (reqs, c.cost, self._penalties[w.job])
+        self.records[w.job] = ch.record(None, self.now_s) if c is ch.candidates[0] else (
+            f"{ch.mode}: waits for {c.request.gpus} GPU(s) of {_types(c.request)} after the queue head's reservation, "
+            f"predicted start in {c.start_s - self.now_s:.0f} s, finish in {c.finish_s - self.now_s:.0f} s")
+        return None
+
+    def _notes(self, w: Waiting, gpus: int) -> str:
+        """Shrink/widen against the count asked for, and the earlier arrivals it starts ahead of."""
+        k = bisect.bisect_left(self._arrived, w.seq)
+        if k < len(self._arrived) and self._arrived[k] == w.seq:
+            del self._arrived[k]
+        asked = self.asked.get(w.job)
+        out = f"; {'shrunk' if gpus < asked else 'widened'} from {asked} to {gpus} GPU(s)" if asked and asked != gpus \
+            else ""
+        return out + (f"; ahead of {k} earlier arrival(s)" if k else "")
+
     def reserve_for(self, w: Waiting) -> Reservation | None:
-        """The head's reservation, for the plan it chose to wait for (else any of its plans)."""
+        """The head's reservation, for the plan it chose to wait for (else any of its plans), once it has waited
+        `reserve_after` times its predicted run time (before that, backfilling is not held back for it: a head that
+        waits by choice for a faster GPU, or has not waited long, blocks no one)."""
         reqs = self.reqs_of.get(w.job)
-        if not reqs:
+        if not reqs or self.now_s - w.submitted_s < self.reserve_after * (w.predicted_s or 0.0):
             return None
         want = [self.target[w.job]] if w.job in self.target else list(reqs)
-        return reserve(w.job, self.pool, self.running, self.now_s, lambda at: decide(at, want) is not None)
+        self.reservation = reserve(w.job, self.pool, self.running, self.now_s, lambda at: decide(at, want) is not None)
+        return self.reservation
 
     def violations(self, left: Sequence[Waiting], reservation: Reservation | None) -> int:
         """`idle_violations` over the jobs left waiting after the walk."""

@@ -6,8 +6,9 @@
 - `mixed`: a wider fleet: 60% 1-GPU, 25% 2-4 GPUs, 15% 8-16 GPUs; log-normal run times (median 1 h, sigma 1.5,
   clipped to 2 min-48 h), Poisson arrivals.
 
-The model and batch come from the trace rule of `cluster/traces.py` (Pollux GPU-hour buckets, 16 sequences per
-GPU), as for any trace without them.
+The jobs are traced and rigid, as a production trace's (cluster/traces.py): each keeps its GPU count and runs in its
+recorded time on the reference GPU; the model and batch come from the trace rule of `cluster/traces.py` (Pollux
+GPU-hour buckets, 16 sequences per GPU, the next smaller GPT-2 where that does not fit the recorded GPUs).
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from __future__ import annotations
 import math
 import random
 
-from cluster.traces import BATCH_PER_GPU, MAX_JOBS, TraceError, TraceJob, model_for_gpu_hours
+from cluster.traces import BATCH_PER_GPU, MAX_JOBS, TraceError, TraceJob, fit_to_record, model_for_gpu_hours
 
 FAMILIES = ("production", "mixed")
 
 
 def _job(name: str, t: float, d: float, g: int) -> TraceJob:
-    return TraceJob(name=name, submit_s=t, duration_s=d, num_gpus=g, model=model_for_gpu_hours(d * g / 3600),
-                    global_batch=BATCH_PER_GPU * g)
+    return fit_to_record(TraceJob(name=name, submit_s=t, duration_s=d, num_gpus=g, model=model_for_gpu_hours(d * g / 3600),
+                                  global_batch=BATCH_PER_GPU * g, elastic=False, traced=True))
 
 
 def production(n_jobs: int = 400, seed: int = 0, mean_interarrival_s: float = 600.0) -> list[TraceJob]:

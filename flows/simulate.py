@@ -17,7 +17,8 @@ from flows.naming import run_name
 @flow(name="simulate", flow_run_name=run_name("simulate-{request.cluster}"), log_prints=True)
 def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
-    cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by)
+    cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by,
+                    elastic=request.elastic)
     doc, _ = compare_policies(request.cluster, request.trace, request.policies, cfg, fmt=request.format,
                               load=request.load, progress=print)
     lb, pols = doc["lower_bounds"], doc["policies"]

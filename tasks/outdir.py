@@ -203,13 +203,13 @@ def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...
     dest = Path(dest).expanduser().absolute()
     if dest.is_dir():
         raise OutputError(f"{dest} is a directory; give a file path for {what}")
-    if not overwrite and os.path.lexists(dest):
-        raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
     refuse_protected(dest.parent, what, by_content)
     same = _same_as_input(dest, tuple(i for i in inputs if i))
-    if same is not None:
+    if same is not None:  # before the exists check: --overwrite would not help here
         raise OutputError(f"{dest} is {what}'s own input ({same}); writing it would destroy what is being read: "
                           "give another path")
+    if not overwrite and os.path.lexists(dest):
+        raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
     return dest
 
 

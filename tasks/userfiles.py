@@ -369,7 +369,7 @@ def json_loads(text: str | bytes, source: str) -> Any:
     try:
         data = json.loads(text, parse_constant=_NonFinite, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as err:
-        raise UserFileError(f"{source}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from None
+        raise UserFileError(f"{source}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
     except UnicodeDecodeError:
         raise UserFileError(f"{source}: not UTF-8 JSON") from None
     except RecursionError:

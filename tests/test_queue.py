@@ -8,6 +8,7 @@ from cluster.has import FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster, Node
 from cluster.ledger import Ledger
 from cluster.queue import Running, Waiting, ordered, reserve, walk
+from cluster.sizing import RESERVE_AFTER
 
 
 def _w(job: str, seq: int, submitted: float, predicted: float | None) -> Waiting:
@@ -116,18 +117,23 @@ def test_walk_gives_the_reservation_to_the_first_job_that_does_not_fit_only():
 @pytest.mark.parametrize("with_prediction", [True, False])
 def test_the_ledger_does_not_backfill_past_the_heads_reservation(tmp_path, monkeypatch, with_prediction):
     monkeypatch.delenv("FRENZY_QUEUE_ORDER", raising=False)
+    DAY = 86_400.0  # leases that outlive the test's clock (no heartbeats here)
     now = [0.0]  # a clock the test moves (the queue's priority and the reservation read it)
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}", clock=lambda: now[0])
-    led.sync(Cluster(name="two", nodes=[Node(name="n", gpu="A100-80GB-PCIE", count=2)]))
-    blocker = led.allocate("blocker", [GpuRequest(1, 10)], predicted_s=100.0 if with_prediction else None)
-    led.submit("big", [GpuRequest(2, 10)], predicted_s=10.0)  # the head: shortest, but does not fit now
-    now[0] = 1.0
-    led.submit("long", [GpuRequest(1, 10)], predicted_s=1_000.0)  # fits now, would still run when big could start
+    led.sync(Cluster(name="four", nodes=[Node(name="n", gpu="A100-80GB-PCIE", count=4)]))
+    blocker = led.allocate("blocker", [GpuRequest(2, 10)], predicted_s=10_000.0 if with_prediction else None,
+                           lease_s=DAY)
+    led.submit("big", [GpuRequest(4, 10)], predicted_s=10.0, lease_s=DAY)  # the head: shortest, but does not fit now
     now[0] = 2.0
+    led.submit("early", [GpuRequest(1, 10)], predicted_s=20_000.0, lease_s=DAY)
+    # the head has waited less than RESERVE_AFTER x its run: no reservation holds the queue back yet
+    assert [a.job for a in led.schedule()] == ["early"]
+    now[0] = 1.0 + RESERVE_AFTER * 10.0
+    led.submit("long", [GpuRequest(1, 10)], predicted_s=20_000.0, lease_s=DAY)  # would still run when big could start
     placed = led.schedule()
     if with_prediction:
-        assert placed == []  # long waits: it would push big past the blocker's predicted end
-        led.submit("short", [GpuRequest(1, 10)], predicted_s=5.0)
+        assert placed == []  # long waits: it would push big past the predicted ends of blocker and early
+        led.submit("short", [GpuRequest(1, 10)], predicted_s=5.0, lease_s=DAY)
         assert [a.job for a in led.schedule()] == ["short"]  # done long before: backfilled
     else:
         assert [a.job for a in placed] == ["long"]  # the blocker's end is unknown: no reservation to protect

@@ -3,8 +3,10 @@ and `Ledger.release` with an injected clock, and after every scheduling event th
 ledger's own tables, independently of cluster/sizing.py's bookkeeping.
 
 A waiting job with a plan that fits the free GPUs now may wait only when it has a faster plan (waiting for it may
-finish sooner) or, not being the queue's head, when that plan would still run at the earliest moment the head's
-reservation can start (the earliest predicted end of a running allocation)."""
+finish sooner), when that plan takes more GPU-seconds than the job's most efficient plan (the extra is a cost to the
+jobs queued and arriving, which cluster/sizing.py weighs against the time saved; the ledger's own counter,
+`idle_violations`, checks that weighing and must stay 0) or, not being the queue's head, when that plan would still
+run at the earliest moment the head's reservation can start (the earliest predicted end of a running allocation)."""
 
 from __future__ import annotations
 
@@ -46,8 +48,11 @@ def _unjustified(ledger: Ledger, reqs: dict[str, list[GpuRequest]], ends: dict[s
     bad = []
     for q in ledger.queue():
         head = ledger.queue_status(q.job).position == 1
+        least = min(o.gpus * o.run_s for o in reqs[q.job])  # type: ignore[operator]
         for r in reqs[q.job]:
             if not pool.fits(r) or any(o.run_s < r.run_s for o in reqs[q.job]):  # type: ignore[operator]
+                continue
+            if r.gpus * r.run_s > least:  # type: ignore[operator]
                 continue
             if not head and now + r.run_s > first_end:  # type: ignore[operator]
                 continue

@@ -11,7 +11,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -53,16 +53,19 @@ def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[Hi
     p = history_file(history_dir, run)
     if path_kind(p, "score history") == "missing":
         return []
-    by_step: dict[tuple[str, int], dict] = {}
+    by_step: dict[tuple[str, int], HistoryEntry] = {}
     for n, line in enumerate(read_text(p, "score history", LIMITS["jsonl"]).splitlines(), 1):
         if line.strip():
             e = json_loads(line, f"{p}:{n}")
-            if not (isinstance(e, dict) and isinstance(e.get("suite"), str) and isinstance(e.get("step"), int)):
-                raise UserFileError(f"{p}:{n}: not a score history entry (an object with suite and step); delete "
-                                    "the line (the next evaluation of that step writes it again)")
-            if suite is None or e["suite"] == suite:
-                by_step[(e["suite"], e["step"])] = e
-    return [HistoryEntry.model_validate(e) for e in sorted(by_step.values(), key=lambda e: (e["suite"], e["step"]))]
+            try:  # the run is the file's own (a line written before entries named it has none)
+                entry = HistoryEntry.model_validate({"run": run, **e} if isinstance(e, dict) else e)
+            except ValidationError as err:
+                bad = ", ".join(".".join(map(str, x["loc"])) or "(top level)" for x in err.errors())
+                raise UserFileError(f"{p}:{n}: not a score history entry ({bad}: an object with suite, step, uri and "
+                                    "scores); delete the line (the next evaluation of that step writes it again)") from None
+            if suite is None or entry.suite == suite:
+                by_step[(entry.suite, entry.step)] = entry
+    return [by_step[k] for k in sorted(by_step)]
 
 
 def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:
