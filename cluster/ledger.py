@@ -143,6 +143,10 @@ class LedgerError(FrenzyError, ValueError):
     """A ledger operation that cannot proceed (unknown node, unreachable database, ...); the message names the fix."""
 
 
+class QueueTimeout(FrenzyError, TimeoutError):
+    """A job that waited past its `--max-wait` without a plan fitting: the message says how long and what to free."""
+
+
 class LeaseLost(LedgerError):
     """The allocation's lease ran out while the job held it: the holder must stop using the GPUs."""
 

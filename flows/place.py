@@ -19,7 +19,7 @@ from prefect.exceptions import MissingContextError
 
 from cluster.catalog import default_catalog
 from cluster.has import GpuRequest, requests_from_plans
-from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError, QueueOrder
+from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError, QueueOrder, QueueTimeout
 from cluster.sizing import exact_type_requests
 from tasks.planning.plans import ResourcePlan
 
@@ -72,7 +72,7 @@ def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest]
             if st.state != "waiting":
                 raise LedgerError(f"{job}: left the queue ({st.state}); submit it again")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{job}: no plan fitted within {timeout_s:.0f} s (queue position "
+                raise QueueTimeout(f"{job}: no plan fitted within {timeout_s:.0f} s (queue position "
                                    f"{st.position}); free GPUs, uncordon nodes or raise the timeout")
             if time.monotonic() - last >= 10 * poll_s:
                 ahead = [q.predicted_s for q in ledger.queue()][: max(0, st.position - 1)]

@@ -13,6 +13,7 @@ from cluster.jobperf import JobKey, min_memory_that_holds, recorded_layout
 from cluster.policies import Fcfs, Has, Ilp, make_policy
 from cluster.simulator import SimConfig, Simulator, simulate
 from cluster.traces import TraceError, TraceJob, fit_to_record, guess_format, load_trace, read_helios, read_openb, write_generic
+from tasks.errors import FrenzyError
 
 REAL = Path(__file__).resolve().parents[1] / "examples" / "traces" / "real"
 OPENB_HEAD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
@@ -115,7 +116,7 @@ def test_each_policy_is_a_class_behind_the_engine_protocol():
     fifo, _ = make_policy("fifo", cfg)
     assert isinstance(fifo, Fcfs) and fifo.order == "strict"
     assert make_policy("has-arrival", cfg)[1].queue_order == "backfill"
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(FrenzyError, match="unknown policy"):
         Simulator(load_cluster("phoebe"), [], "sjf")  # type: ignore[arg-type]
 
 

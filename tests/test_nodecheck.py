@@ -10,6 +10,7 @@ from cli.main import main
 from cluster.inventory import Cluster, Node
 from cluster.ledger import Ledger
 from cluster.nodecheck import GroupRun, _pairs, check_nodes, local_probe
+from tasks.errors import FrenzyError
 
 
 def test_pairs_and_an_odd_count_makes_one_world_of_three():
@@ -68,5 +69,5 @@ def test_a_real_probe_of_a_healthy_pair_passes():
 
 
 def test_the_check_needs_two_nodes():
-    with pytest.raises(ValueError, match="at least 2 nodes"):
+    with pytest.raises(FrenzyError, match="at least 2 nodes"):
         check_nodes(["only"])

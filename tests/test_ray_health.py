@@ -92,9 +92,10 @@ def test_a_queue_timeout_exits_2_with_its_message_and_no_traceback(capsys):
     import argparse
 
     from cli.output import run
+    from cluster.ledger import QueueTimeout
 
     def waited(args: argparse.Namespace) -> int:  # what flows/place.py raises after --max-wait
-        raise TimeoutError("j: no plan fitted within 1 s (queue position 1); free GPUs, uncordon nodes or raise the "
+        raise QueueTimeout("j: no plan fitted within 1 s (queue position 1); free GPUs, uncordon nodes or raise the "
                            "timeout")
 
     assert run(argparse.Namespace(fn=waited, json=True, command="submit")) == 2

@@ -153,6 +153,7 @@ def _describe(pids: list[int], run_dir: Path) -> str:
 
 
 def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_server, tmp_path):
+    Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="cancelme", steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
                  "--run-dir", str(tmp_path / "run"), "--json"], tmp_path)
@@ -170,6 +171,7 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
 def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path, server):
     """With a server, and with Prefect's embedded API (which Ctrl-C used to kill with the flow: connection
     tracebacks, minutes of retries, a second Ctrl-C and no line)."""
+    Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="ctrlc", steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
                  "--run-dir", str(tmp_path / "run")], tmp_path, server=server)
@@ -186,6 +188,7 @@ def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_serve
 
 
 def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, tmp_path):
+    Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="killme", steps=100000, every=50)))
     args = ["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
             "--run-dir", str(tmp_path / "run"), "--lease", "5", "--json"]
