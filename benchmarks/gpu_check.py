@@ -27,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -160,6 +161,8 @@ def free_memory(dev: torch.device) -> None:
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+        if hasattr(torch._C, "_host_emptyCache"):  # pinned snapshot buffers go back to the OS too
+            torch._C._host_emptyCache()
 
 
 def run_steps(job: JobSpec, dev: torch.device, warm: int, timed: int) -> dict:
@@ -339,9 +342,11 @@ def sync_save(cs: CkptSetup, dev: torch.device, base: Path) -> dict:
 
 
 def ckpt_dir(requested: str | None, need: int) -> Path:
-    """Where part B writes: the requested directory, else the first of /tmp and /dev/shm with room for three
-    checkpoints (two in flight and the one kept)."""
-    cands = [Path(requested)] if requested else [Path("/tmp/frenzy-gpucheck"), Path("/dev/shm/frenzy-gpucheck")]
+    """Where part B writes: the requested directory, else the first of /dev/shm and /tmp with room for three
+    checkpoints (two in flight and the one kept). tmpfs first: the async save's stall does not depend on the
+    storage's speed, the synchronous baseline's does, and tmpfs is the fastest it can get (a conservative ratio);
+    a slow disk would only lengthen the persists and the run."""
+    cands = [Path(requested)] if requested else [Path("/dev/shm/frenzy-gpucheck"), Path("/tmp/frenzy-gpucheck")]
     for c in cands:
         c.mkdir(parents=True, exist_ok=True)
         if shutil.disk_usage(c).free > 3 * need or requested:
@@ -469,12 +474,13 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                        else "cpu")
-    os.environ.setdefault("FRENZY_CACHE", str(Path(args.out).absolute() / ".cache"))
+    scratch = Path(tempfile.mkdtemp(prefix="gpucheck-"))
+    os.environ.setdefault("FRENZY_CACHE", str(scratch / "cache"))
     rep = Report(Path(args.out), environment(dev, "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])))
     rep.write()
     log(f"{rep.env.get('gpu', dev)}; torch {torch.__version__}")
     gpu = default_catalog().get("H100-80GB")
-    tmp = Path(args.out).absolute() / ".work"
+    tmp = scratch / "work"
     if args.skip != "a":
         configs, steps = (SMOKE_CONFIGS, (2, 2)) if args.smoke else (CONFIGS, (3, 5))
         part_a(rep, configs, dev, gpu, tmp, steps, time.perf_counter() + args.budget_a_s)
@@ -482,8 +488,7 @@ def main() -> int:
         part_b(rep, CKPT_SMOKE if args.smoke else CKPT, dev, args.ckpt_dir)
     rep.env["third_party_modules"] = third_party_modules()
     rep.write()
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(Path(args.out) / ".cache", ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     log(f"done; third-party modules imported: {' '.join(rep.env['third_party_modules'])}")
     return 0
 
