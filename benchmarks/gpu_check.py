@@ -92,7 +92,7 @@ class CkptSetup:
     every: int
 
 
-CKPT = CkptSetup({"preset": "gpt-1b"}, 8, 1024, 160, 40)
+CKPT = CkptSetup({"preset": "gpt-1b"}, 8, 1024, 150, 50)
 CKPT_SMOKE = CkptSetup({"preset": "gpt-tiny"}, 2, 64, 30, 10)
 
 
