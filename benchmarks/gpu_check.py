@@ -297,26 +297,50 @@ def stall_figures(recs: list[dict], final: int, tokens_per_step: int) -> dict:
             "steady_tokens_per_s": steady}
 
 
-def trainer_run(cs: CkptSetup, every: int, dev: torch.device, base: Path, tag: str) -> dict:
-    """`tasks.training.loop.train` (the rank process of `frenzy train`), checkpoints under `base/tag`."""
+def trainer_run(cs: CkptSetup, every: int, dev: torch.device, base: Path, tag: str, buffers: str | None = None) -> dict:
+    """`tasks.training.loop.train` (the rank process of `frenzy train`), checkpoints under `base/tag`; `buffers`
+    forces the snapshot buffer count (`FRENZY_SNAPSHOT_BUFFERS`), None leaves the trainer's choice."""
     root = base / tag
     shutil.rmtree(root, ignore_errors=True)
     job = make_job(cs.model, cs.micro_batch, {"seq_len": cs.seq_len}, cs.steps, f"file://{root}/ckpt", every)
     opts = TrainOptions(job=job, run_dir=root / "run", device=dev.type, threads=default_threads(1))
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    before = os.environ.pop("FRENZY_SNAPSHOT_BUFFERS", None)
+    if buffers:
+        os.environ["FRENZY_SNAPSHOT_BUFFERS"] = buffers
     t0 = time.perf_counter()
-    res = train(opts)
+    try:
+        res = train(opts)
+    finally:
+        os.environ.pop("FRENZY_SNAPSHOT_BUFFERS", None)
+        if before is not None:
+            os.environ["FRENZY_SNAPSHOT_BUFFERS"] = before
     wall = time.perf_counter() - t0
     recs = [json.loads(x) for x in (root / "run" / "progress.jsonl").read_text().splitlines()]
-    out = {"every_steps": every, "steps": cs.steps, "wall_s": wall, "tokens_per_s": res["tokens_per_s"],
+    tokens = cs.micro_batch * cs.seq_len
+    out = {"every_steps": every, "snapshot_buffers": buffers or "trainer's choice", "steps": cs.steps, "wall_s": wall,
+           "tokens_per_s": res["tokens_per_s"], "loop_s": cs.steps * tokens / res["tokens_per_s"],
            "blocked_s_total": res["blocked_s_total"], "checkpoint_bytes": res["checkpoints"][-1]["bytes"],
-           **stall_figures(recs, cs.steps, cs.micro_batch * cs.seq_len)}
+           **stall_figures(recs, cs.steps, tokens),
+           "step_s": {s: round(v, 4) for s, v in sorted(step_times(recs).items())}}
     if dev.type == "cuda":
         out["peak_alloc"] = torch.cuda.max_memory_allocated(dev)
         out["peak_reserved"] = torch.cuda.max_memory_reserved(dev)
     shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def pinned_alloc_s(nbytes: int, dev: torch.device) -> float | None:
+    """Seconds to allocate one pinned host buffer of `nbytes` (what a snapshot buffer costs), alone."""
+    if dev.type != "cuda":
+        return None
+    t0 = time.perf_counter()
+    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    secs = time.perf_counter() - t0
+    del buf
+    free_memory(dev)
+    return secs
 
 
 def sync_save(cs: CkptSetup, dev: torch.device, base: Path) -> dict:
@@ -354,27 +378,39 @@ def ckpt_dir(requested: str | None, need: int) -> Path:
     return cands[-1]
 
 
-def part_b(rep: Report, cs: CkptSetup, dev: torch.device, requested_dir: str | None) -> None:
+def parse_run(tag: str) -> tuple[int, str | None]:
+    """`none`, `every50`, `none-buf1`, `every50-buf2`: (checkpoint interval, forced snapshot buffers)."""
+    name, _, buf = tag.partition("-buf")
+    return (int(name[5:]) if name.startswith("every") else 10**6), (buf or None)
+
+
+def part_b(rep: Report, cs: CkptSetup, dev: torch.device, requested_dir: str | None, runs: list[str],
+           with_sync: bool = True) -> None:
     job = make_job(cs.model, cs.micro_batch, {"seq_len": cs.seq_len}, cs.steps, "file:///x")
     state = count_params(job.model, cs.seq_len).total * 12  # fp32 weights + two fp32 moments
     base = ckpt_dir(requested_dir, state)
     ck = rep.checkpoint
     ck.update(model=cs.model, micro_batch=cs.micro_batch, seq_len=cs.seq_len, steps=cs.steps, dir=str(base),
-              dir_free_gib=round(shutil.disk_usage(base).free / GiB, 1))
-    log(f"B: {cs.model} b{cs.micro_batch} s{cs.seq_len}, {cs.steps} steps, checkpoints under {base}")
-    for tag, every in (("none", 10**6), (f"every{cs.every}", cs.every)):
+              dir_free_gib=round(shutil.disk_usage(base).free / GiB, 1), pinned_alloc_s=pinned_alloc_s(state, dev))
+    log(f"B: {cs.model} b{cs.micro_batch} s{cs.seq_len}, {cs.steps} steps, checkpoints under {base}; one pinned "
+        f"buffer of {state / 1e9:.1f} GB alone: {ck['pinned_alloc_s']} s")
+    for tag in runs:
+        every, buffers = parse_run(tag)
         try:
-            ck[tag] = trainer_run(cs, every, dev, base, tag)
+            ck[tag] = trainer_run(cs, every, dev, base, tag, buffers)
         except Exception as err:  # noqa: BLE001 - keep what the other runs measured
             traceback.print_exc()
             ck[tag] = {"error": f"{type(err).__name__}: {err}"[:300]}
         free_memory(dev)
         rep.write()
         r = ck[tag]
+        slow = {k: v for k, v in r.get("step_s", {}).items() if v > 3 * r.get("clean_step_s", 1e9)}
         log(f"B {tag}: " + (r["error"] if "error" in r else
                             f"{r['tokens_per_s']:,.0f} tok/s (steady {r['steady_tokens_per_s'] or 0:,.0f}), "
-                            f"blocked {[round(s['blocked_s'], 4) for s in r['saves']]} s, "
+                            f"blocked {[round(s['blocked_s'], 4) for s in r['saves']]} s, slow steps {slow}, "
                             f"final {r['final_save']}, wall {r['wall_s']:.0f} s"))
+    if not with_sync:
+        return
     try:
         ck["sync"] = sync_save(cs, dev, base)
         log(f"B sync torch.save + fsync: {ck['sync']['blocked_s']:.2f} s for {ck['sync']['bytes'] / 1e9:.2f} GB")
@@ -471,6 +507,9 @@ def main() -> int:
     ap.add_argument("--ckpt-dir", help="where part B writes checkpoints (default: /tmp, else /dev/shm)")
     ap.add_argument("--budget-a-s", type=float, default=150.0, help="part A starts no configuration after this")
     ap.add_argument("--skip", choices=["a", "b"], help="leave out one part")
+    ap.add_argument("--no-sync", action="store_true", help="leave out part B's synchronous torch.save baseline")
+    ap.add_argument("--b-steps", type=int, help="part B's steps (default 150)")
+    ap.add_argument("--b-runs", nargs="+", help="part B's runs: none, everyN, with -bufK to force K snapshot buffers")
     args = ap.parse_args()
     dev = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                        else "cpu")
@@ -485,7 +524,9 @@ def main() -> int:
         configs, steps = (SMOKE_CONFIGS, (2, 2)) if args.smoke else (CONFIGS, (3, 5))
         part_a(rep, configs, dev, gpu, tmp, steps, time.perf_counter() + args.budget_a_s)
     if args.skip != "b":
-        part_b(rep, CKPT_SMOKE if args.smoke else CKPT, dev, args.ckpt_dir)
+        cs = CKPT_SMOKE if args.smoke else CKPT
+        cs.steps = args.b_steps or cs.steps
+        part_b(rep, cs, dev, args.ckpt_dir, args.b_runs or ["none", f"every{cs.every}"], not args.no_sync)
     rep.env["third_party_modules"] = third_party_modules()
     rep.write()
     shutil.rmtree(scratch, ignore_errors=True)
