@@ -287,7 +287,8 @@ def stall_figures(recs: list[dict], final: int, tokens_per_step: int) -> dict:
     first, last = min(steps), max(steps)
     steady = (tokens_per_step * (last - max(first, 5)) / (steps[last] - steps[max(first, 5)])
               if last > max(first, 5) else None)
-    return {"saves": [{"step": c["step"], "blocked_s": c["blocked_s"], "persist_s": c["persist_s"],
+    return {"saves": [{"step": c["step"], "blocked_s": c["blocked_s"], "wait_s": c.get("wait_s"),
+                       "drag_s": c.get("drag_s"), "persist_s": c["persist_s"],
                        "deferred_steps": c.get("deferred_steps", 0),
                        "next_step_excess_s": dur.get(c["step"] + 1, base) - base} for c in inter],
             "final_save": next(({"blocked_s": c["blocked_s"], "persist_s": c["persist_s"]} for c in commits
@@ -322,6 +323,7 @@ def trainer_run(cs: CkptSetup, every: int, dev: torch.device, base: Path, tag: s
     out = {"every_steps": every, "snapshot_buffers": buffers or "trainer's choice", "steps": cs.steps, "wall_s": wall,
            "tokens_per_s": res["tokens_per_s"], "loop_s": cs.steps * tokens / res["tokens_per_s"],
            "blocked_s_total": res["blocked_s_total"], "checkpoint_bytes": res["checkpoints"][-1]["bytes"],
+           "snapshot_pin_s": res.get("snapshot_pin_s"),
            **stall_figures(recs, cs.steps, tokens),
            "step_s": {s: round(v, 4) for s, v in sorted(step_times(recs).items())}}
     if dev.type == "cuda":
@@ -385,13 +387,14 @@ def parse_run(tag: str) -> tuple[int, str | None]:
 
 
 def part_b(rep: Report, cs: CkptSetup, dev: torch.device, requested_dir: str | None, runs: list[str],
-           with_sync: bool = True) -> None:
+           with_sync: bool = True, probe: bool = True) -> None:
     job = make_job(cs.model, cs.micro_batch, {"seq_len": cs.seq_len}, cs.steps, "file:///x")
     state = count_params(job.model, cs.seq_len).total * 12  # fp32 weights + two fp32 moments
     base = ckpt_dir(requested_dir, state)
     ck = rep.checkpoint
     ck.update(model=cs.model, micro_batch=cs.micro_batch, seq_len=cs.seq_len, steps=cs.steps, dir=str(base),
-              dir_free_gib=round(shutil.disk_usage(base).free / GiB, 1), pinned_alloc_s=pinned_alloc_s(state, dev))
+              dir_free_gib=round(shutil.disk_usage(base).free / GiB, 1),
+              pinned_alloc_s=pinned_alloc_s(state, dev) if probe else None)
     log(f"B: {cs.model} b{cs.micro_batch} s{cs.seq_len}, {cs.steps} steps, checkpoints under {base}; one pinned "
         f"buffer of {state / 1e9:.1f} GB alone: {ck['pinned_alloc_s']} s")
     for tag in runs:
@@ -407,7 +410,10 @@ def part_b(rep: Report, cs: CkptSetup, dev: torch.device, requested_dir: str | N
         slow = {k: v for k, v in r.get("step_s", {}).items() if v > 3 * r.get("clean_step_s", 1e9)}
         log(f"B {tag}: " + (r["error"] if "error" in r else
                             f"{r['tokens_per_s']:,.0f} tok/s (steady {r['steady_tokens_per_s'] or 0:,.0f}), "
-                            f"blocked {[round(s['blocked_s'], 4) for s in r['saves']]} s, slow steps {slow}, "
+                            f"blocked {[round(s['blocked_s'], 4) for s in r['saves']]} s (wait "
+                            f"{[round(s['wait_s'] or 0, 4) for s in r['saves']]}), slow steps {slow}, "
+                            f"pinned after {r.get('snapshot_pin_s')} s, first steps "
+                            f"{[r['step_s'].get(k) for k in range(2, 6)]}, "
                             f"final {r['final_save']}, wall {r['wall_s']:.0f} s"))
     if not with_sync:
         return
@@ -509,6 +515,7 @@ def main() -> int:
     ap.add_argument("--skip", choices=["a", "b"], help="leave out one part")
     ap.add_argument("--no-sync", action="store_true", help="leave out part B's synchronous torch.save baseline")
     ap.add_argument("--b-steps", type=int, help="part B's steps (default 150)")
+    ap.add_argument("--no-alloc-probe", action="store_true", help="leave out part B's lone pinned-buffer allocation")
     ap.add_argument("--b-runs", nargs="+", help="part B's runs: none, everyN, with -bufK to force K snapshot buffers")
     args = ap.parse_args()
     dev = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -526,7 +533,8 @@ def main() -> int:
     if args.skip != "b":
         cs = CKPT_SMOKE if args.smoke else CKPT
         cs.steps = args.b_steps or cs.steps
-        part_b(rep, cs, dev, args.ckpt_dir, args.b_runs or ["none", f"every{cs.every}"], not args.no_sync)
+        part_b(rep, cs, dev, args.ckpt_dir, args.b_runs or ["none", f"every{cs.every}"], not args.no_sync,
+               not args.no_alloc_probe)
     rep.env["third_party_modules"] = third_party_modules()
     rep.write()
     shutil.rmtree(scratch, ignore_errors=True)
