@@ -79,7 +79,9 @@ _BUILTIN = [
     _g("A100-80GB-SXM", 80.0, 312, 312, 19.5, 2039, "nvlink", 300, "NVIDIA A100-SXM4-80GB"),
     _g("A800-80GB", 80.0, 312, 312, 19.5, 2039, "nvlink", 200, "NVIDIA A800-SXM4-80GB", "A800"),
     _g("L40S", 45.0, 362, 362, 91.6, 864, "pcie", 24, "NVIDIA L40S"),
-    _g("H100-80GB", 79.6, 989, 989, 67, 3350, "nvlink", 450, "NVIDIA H100 80GB HBM3", "H100"),
+    # context: device memory outside torch's allocator measured on an H100 80GB HBM3 (driver 580, CUDA 13, torch
+    # 2.11) after training steps, benchmarks/results/gpu_h100.md
+    _g("H100-80GB", 79.6, 989, 989, 67, 3350, "nvlink", 450, "NVIDIA H100 80GB HBM3", "H100", context=0.75),
     _g("H200-141GB", 140.4, 989, 989, 67, 4800, "nvlink", 450, "NVIDIA H200", "H200"),
 ]
 

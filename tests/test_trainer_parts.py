@@ -204,3 +204,28 @@ def test_the_schedule_checkpoints_on_its_interval_and_the_restorer_loads_it_back
     with pytest.raises(ck.CheckpointMismatch, match="seed"):
         other.newest_valid()
     assert r.newest_valid(before=6).step == 4
+
+
+def test_a_save_is_charged_with_the_extra_time_of_the_steps_after_it(tmp_path):
+    job = _job(tmp_path, steps=8)
+    prog = Progress(tmp_path / "progress.jsonl", 0)
+    w = torch.zeros(1000)
+    sched = CheckpointSchedule(Storage(f"file://{tmp_path}/ckpt"), Dist(), job, prog, None, lambda: ([("model.w", w)], {}),
+                               lambda s: {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {},
+                                          "fingerprint": {}}, start=0)
+    clock, meter = _Clock(), Meter(job, prog)
+    step_s = {5: 1.5, 6: 1.25}  # the two steps after the save of step 4 (every_steps 4); the clean pace is 1 s
+    for step in range(1, 9):
+        clock.now += step_s.get(step, 1.0)
+        sched.barrier()
+        w += 1
+        sched.step_done(clock())
+        sched.after_update(step, meter, prepare=step == 1)
+    sched.close()
+    four, eight = sched.engine.records
+    assert four.step == 4 and four.blocked_s == pytest.approx(0.75) and four.wait_s < 0.75
+    assert four.drag_s == pytest.approx(0.75 - four.wait_s)
+    assert eight.drag_s == 0.0 and eight.blocked_s == eight.wait_s  # no step after the final save
+    emitted = {r["step"]: r["blocked_s"] for r in prog.records if r["event"] == "checkpoint"}
+    assert emitted == {4: four.blocked_s, 8: eight.blocked_s}  # the progress record waited for the drag
+    assert sched.blocked_s == pytest.approx(four.blocked_s + eight.blocked_s)

@@ -185,14 +185,20 @@ def _weights(job: JobSpec, layout: Layout, stage: int, cv: _Conv, pc: ParamCount
     opt_div = dp if (z >= 1 or t.distributed_optimizer) else 1
     grad_div = dp if z >= 2 else 1
     param_div = dp if z == 3 else 1
-    # autocast casts every linear weight (and the tied/untied head) to half precision, saved for backward
+    # autocast casts every linear weight (and the tied/untied head) to half precision, saved for backward; under
+    # full or per-op recompute a block keeps none of its copies past its forward (the cast is re-run with the
+    # block in backward, one block at a time): only the head's copy and one block's stay (H100, 2026-11-25)
     head_copy = (pc.embedding if m.tied_embeddings else pc.head) / tp if last else 0
-    copies = (n_layers * pc.per_layer_linear / tp + head_copy) * 2 if cv.autocast_copies else 0
+    held = 1 if t.recompute in ("full", "op") else n_layers
+    copies = (held * pc.per_layer_linear / tp + head_copy) * 2 if cv.autocast_copies else 0
+    # Frenzy's trainer takes fused AdamW for plain (non-DTensor) parameters, which updates in place: the
+    # foreach temporary exists only with tensor parallelism or FSDP2 (setup.make_optimizer)
+    fused = tp == 1 and z < 3
     # two unsharded half-precision blocks (current + prefetch), all-gather and reduce-scatter
     fsdp = pc.per_layer_linear / tp * (2 * 2 + 2 + 4) if z == 3 else 0.0
     return _Weights(params=params, p_bytes=params * cv.param / param_div, master_bytes=params * cv.master / opt_div,
                     state_bytes=params * cv.state / opt_div, grad_bytes=params * cv.grad / grad_div,
-                    temp_bytes=params * cv.temp / opt_div, copies=copies, fsdp=fsdp)
+                    temp_bytes=0.0 if fused else params * cv.temp / opt_div, copies=copies, fsdp=fsdp)
 
 
 def _activations(job: JobSpec, layout: Layout, stage: int, cv: _Conv, micro: int) -> tuple[float, float, float, float]:

@@ -13,6 +13,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from tasks.jobspec import JobSpec
 from tasks.training.model import GPT
+from tasks.training.setup import make_optimizer
 
 
 def tracked_peak(job: JobSpec, micro_batch: int) -> dict[str, int]:
@@ -28,10 +29,8 @@ def tracked_peak(job: JobSpec, micro_batch: int) -> dict[str, int]:
             model = GPT(job.model, t.seq_len, t.attention, t.recompute)
         finally:
             torch.set_default_dtype(prev)
-        if t.optimizer == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
-        else:
-            opt = torch.optim.AdamW(model.parameters(), lr=t.lr, foreach=True)
+        # the trainer's own optimizer (fused AdamW on plain parameters, as on one GPU and with DDP)
+        opt = make_optimizer(list(model.parameters()), t, plain=True)
         x = torch.randint(0, job.model.vocab, (micro_batch, t.seq_len))
         y = torch.randint(0, job.model.vocab, (micro_batch, t.seq_len))
         tracker = MemTracker()

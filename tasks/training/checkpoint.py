@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from tasks.errors import FrenzyError
 from tasks.jobspec import NAME_PATTERN
+from tasks.training.pinning import PAGE, PIN_CHUNK, CudaPinner, Pinner, PinState, page_up
 from tasks.training.storage import AlreadyExists, NotAFile, Storage
 from tasks.userfiles import json_loads
 
@@ -101,7 +102,14 @@ class CheckpointRecord(BaseModel):
     step: int
     uri: str
     blocked_s: float
-    """Seconds the training loop was blocked (the snapshot copy)."""
+    """Seconds the training loop lost to this save: `wait_s` plus `drag_s`."""
+    wait_s: float = 0.0
+    """Seconds the loop waited inside the checkpointer: the snapshot's launch (a copy that is not staged, a
+    snapshot buffer still being made) and the barrier before the next optimizer step."""
+    drag_s: float = 0.0
+    """The rest of what the steps after the save lost (their time beyond the running median of clean steps, less
+    `wait_s`): on a GPU, the staged device-to-host copy competing with the next forward and backward. Measured by
+    the loop (`CheckpointSchedule`); 0 where no step follows (the final save)."""
     persist_s: float
     """Seconds the background persist took (write, hash, fsync, commit)."""
     bytes: int
@@ -115,35 +123,50 @@ def step_dir(step: int) -> str:
 
 class SnapshotBuffer:
     """One flat, preallocated CPU byte buffer with a typed view per tensor. Its alignment padding is zeroed, so it
-    is the same in every checkpoint (no heap bytes in files; identical runs give identical checksums)."""
+    is the same in every checkpoint (no heap bytes in files; identical runs give identical checksums).
 
-    def __init__(self, tensors: list[tuple[str, torch.Tensor]], pin: bool) -> None:
+    The memory is pageable when made; `pin` (a `PinState`) registers it for DMA range by range afterwards
+    (pinning.py). The layout starts a new page-aligned range after every `PIN_CHUNK` bytes of whole tensors, the
+    same with or without pinning, so a copy into one tensor never spans two registrations."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]], chunk: int = PIN_CHUNK) -> None:
         self.signature = [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
         self.entries: list[TensorEntry] = []
-        off = 0
+        ranges: list[tuple[int, int]] = []
+        off = start = 0
         for name, t in tensors:
+            if off - start >= chunk:
+                off = page_up(off)
+                ranges.append((start, off))
+                start = off
             nbytes = t.numel() * t.element_size()
             self.entries.append(TensorEntry(name=name, dtype=str(t.dtype).removeprefix("torch."),
                                             shape=list(t.shape), offset=off, nbytes=nbytes))
             off += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
         self.nbytes = off
-        # only the alignment padding needs zeroing (the tensors overwrite the rest): zero-filling the whole buffer
-        # would touch every page now, competing with the training steps for memory bandwidth
-        self.flat = torch.empty(off, dtype=torch.uint8, pin_memory=pin)
-        for e in self.entries:
-            end = (e.offset + e.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-            if end > e.offset + e.nbytes:
-                self.flat[e.offset + e.nbytes:end].zero_()
+        if off > start:
+            ranges.append((start, page_up(off)))
+        # page-aligned start, whole pages: ranges can be registered without sharing a page
+        self._raw = torch.empty(page_up(off) + PAGE, dtype=torch.uint8)
+        shift = -self._raw.data_ptr() % PAGE
+        self._region = self._raw[shift:shift + page_up(off)]
+        self.flat = self._region[:off]
+        # only the padding needs zeroing (the tensors overwrite the rest): zero-filling the whole buffer would
+        # touch every page now, competing with the training steps for memory bandwidth
+        ends = [e.offset for e in self.entries[1:]] + [off]
+        for e, nxt in zip(self.entries, ends, strict=True):
+            if nxt > e.offset + e.nbytes:
+                self.flat[e.offset + e.nbytes:nxt].zero_()
         self.views = [self.flat[e.offset:e.offset + e.nbytes].view(t.dtype).view(t.shape) for e, (_, t) in
                       zip(self.entries, tensors, strict=True)]
+        self.pin = PinState(self, self._region.data_ptr(), ranges)
 
-    def prefault(self, page: int = 4096) -> None:
-        """Touch every page now (one byte each), so the first snapshot copies into memory the kernel already
-        mapped: without it that copy pays a page fault per 4 KiB (2.2-2.7 s for 1 GB on the benchmark machine,
-        against milliseconds later). Done by the background allocation, not on the training thread; pinned
-        memory is mapped at allocation and skips it."""
-        if not self.flat.is_pinned():
-            self.flat[::page].zero_()
+    def prefault(self, page: int = PAGE) -> None:
+        """Touch every page now (one byte each), so neither the first snapshot nor the registration faults them
+        in: a fault per 4 KiB cost 2.2-2.7 s per GB on the benchmark machine's first copy, and inside
+        `cudaHostRegister` it would lengthen the driver lock. Done by the background allocation."""
+        if self._region.numel():
+            self._region[::page].zero_()
 
     def matches(self, tensors: list[tuple[str, torch.Tensor]]) -> bool:
         return self.signature == [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
@@ -182,12 +205,12 @@ def snapshot_buffers(nbytes: int, ranks_on_host: int = 1, memory: tuple[int, int
 
 
 class _Job:
-    __slots__ = ("step", "buf", "fields", "extra", "blocked", "deferred")
+    __slots__ = ("step", "buf", "fields", "extra", "blocked", "drag", "deferred")
 
     def __init__(self, step: int, buf: SnapshotBuffer, fields: dict, extra: dict, blocked: float,
                  deferred: int) -> None:
         self.step, self.buf, self.fields, self.extra = step, buf, fields, extra
-        self.blocked, self.deferred = blocked, deferred
+        self.blocked, self.drag, self.deferred = blocked, 0.0, deferred
 
 
 class AsyncCheckpointer:
@@ -196,16 +219,26 @@ class AsyncCheckpointer:
     def __init__(self, storage: Storage, rank: int, world_size: int, run: str, keep: int = 3,
                  on_commit: Callable[[CheckpointRecord, Manifest], None] | None = None,
                  commit_timeout_s: float = 900.0, nice: int | None = None, buffers: int | None = None,
-                 ranks_on_host: int = 1, fence: Callable[[], bool] | None = None) -> None:
+                 ranks_on_host: int = 1, fence: Callable[[], bool] | None = None, pinner: Pinner | None = None,
+                 pin: bool | None = None) -> None:
         """`nice` lowers the persist thread's CPU priority (Linux, per thread); default `$FRENZY_PERSIST_NICE` or 0:
         the trainer leaves a core for it instead (a niced persist on a busy host crawls and holds its buffer).
         `buffers` 1 or 2 fixes the number of snapshot buffers; None decides by host memory (`snapshot_buffers`).
-        `fence` (rank 0): asked before each commit; False (the writer lease is lost) leaves the step uncommitted."""
+        `fence` (rank 0): asked before each commit; False (the writer lease is lost) leaves the step uncommitted.
+        `pin`: register the snapshot buffers for DMA (None: when the tensors are on a GPU), through `pinner`
+        (None: `CudaPinner`); pinning runs in the background, range by range (pinning.py)."""
         self.fence = fence
         self.storage, self.rank, self.world_size, self.run = storage, rank, world_size, run
         self.nice = int(os.environ.get("FRENZY_PERSIST_NICE", "0")) if nice is None else nice
         self.keep, self.on_commit, self.commit_timeout_s = keep, on_commit, commit_timeout_s
         self.n_buffers, self.ranks_on_host = buffers, ranks_on_host
+        self.pinner, self.pin = pinner, pin
+        self.pin_chunk = PIN_CHUNK
+        self._bufs: list[SnapshotBuffer] = []
+        self._stop_prep = False
+        self._jobs: dict[int, _Job] = {}
+        self.pin_s: float | None = None
+        """Seconds from `prepare` until every buffer was pinned (None: not pinned, or not yet)."""
         self._free: list[SnapshotBuffer] = []
         self._lock = threading.Condition()
         self._queue: list[_Job] = []
@@ -226,38 +259,90 @@ class AsyncCheckpointer:
 
     # buffers ----------------------------------------------------------------------------------------------
     def _allocate(self, tensors: list[tuple[str, torch.Tensor]], shard_meta: dict | None) -> None:
-        pin = any(t.device.type == "cuda" for _, t in tensors)
-        first = SnapshotBuffer(tensors, pin=pin)
-        n = self.n_buffers or snapshot_buffers(first.nbytes, self.ranks_on_host)
-        bufs = [first] + [SnapshotBuffer(tensors, pin=pin) for _ in range(n - 1)]
-        for b in bufs:
-            b.prefault()
-        for b in bufs:
-            for e in b.entries:
+        """The background thread: make each buffer (pageable, pages touched) and hand it out at once, then pin
+        them range by range while they are free. Nothing here waits on the training thread or blocks it for
+        longer than one range's registration."""
+        t0 = time.perf_counter()
+        pin = self.pin if self.pin is not None else any(t.device.type == "cuda" for _, t in tensors)
+        n = self.n_buffers
+        while not self._stop_prep and len(self._bufs) < (n or 1):
+            buf = SnapshotBuffer(tensors, self.pin_chunk)
+            buf.prefault()
+            for e in buf.entries:
                 if shard_meta and e.name in shard_meta:
                     e.global_shape, e.global_offset = shard_meta[e.name]
-        with self._lock:
-            self._free = bufs
-            self.n_buffers = n
-        log.info("checkpoint snapshot: %d buffer(s) of %.1f MB%s", n, first.nbytes / 1e6, " (pinned)" if pin else "")
+            n = n or snapshot_buffers(buf.nbytes, self.ranks_on_host)
+            with self._lock:
+                self.n_buffers = n
+                self._bufs.append(buf)
+                self._free.append(buf)
+                self._lock.notify_all()
+        log.info("checkpoint snapshot: %d buffer(s) of %.1f MB", n, self._bufs[0].nbytes / 1e6)
+        if pin and not self._stop_prep:
+            self._pin_all(self.pinner or CudaPinner())
+            if all(b.pin.complete for b in self._bufs):
+                self.pin_s = time.perf_counter() - t0
+                log.info("checkpoint snapshot buffers pinned after %.1f s", self.pin_s)
+
+    def _pin_all(self, pinner: Pinner) -> None:
+        """Register every buffer's ranges, one at a time, only while that buffer is free."""
+        while True:
+            with self._lock:
+                todo = [b for b in self._bufs if b.pin.pending]
+                if not todo or self._stop_prep:
+                    return
+                free = [b for b in todo if any(b is f for f in self._free)]
+                if not free:  # every unpinned buffer is in use: wait for one to come back
+                    self._lock.wait(1.0)
+                    continue
+                buf = free[0]
+                buf.pin.lock.acquire()  # a save that takes it now waits for this range, no more
+            try:
+                buf.pin.pin_next(pinner)
+            finally:
+                buf.pin.lock.release()
 
     def prepare(self, tensors: list[tuple[str, torch.Tensor]], shard_meta: dict | None = None) -> None:
-        """Allocate the snapshot buffers in the background (call once the optimizer state exists)."""
-        if self._prep is None and not self._free:
+        """Make the snapshot buffers in the background (call once the optimizer state exists)."""
+        if self._prep is None and not self._bufs:
+            self._stop_prep = False
             self._prep = threading.Thread(target=self._allocate, args=(tensors, shard_meta), daemon=True,
                                           name="frenzy-snapshot-alloc")
             self._prep.start()
 
-    def _ready(self, tensors: list[tuple[str, torch.Tensor]], shard_meta: dict | None) -> None:
+    def _end_prep(self) -> None:
+        """Stop the background allocation and pinning (at most one range's registration to wait for)."""
         if self._prep is not None:
+            with self._lock:
+                self._stop_prep = True
+                self._lock.notify_all()
             self._prep.join()
             self._prep = None
+            with self._lock:
+                self.n_buffers = len(self._bufs) or self.n_buffers
+
+    def _ready(self, tensors: list[tuple[str, torch.Tensor]], shard_meta: dict | None) -> None:
         with self._lock:
-            stale = self._free and not self._free[0].matches(tensors)
-            empty = not self._free and self._inflight == 0
-        if stale or empty:  # the state changed shape (or was never prepared): buffers for the new signature
+            stale = bool(self._bufs) and not self._bufs[0].matches(tensors)
+        if stale:  # the state changed shape: buffers for the new signature
+            self._end_prep()
             self.wait()
-            self._allocate(tensors, shard_meta)
+            with self._lock:
+                self._bufs, self._free = [], []
+        self.prepare(tensors, shard_meta)
+
+    def _take(self, block: bool) -> SnapshotBuffer | None:
+        """A free buffer (the caller holds the lock); None when every buffer is persisting and not `block`. A
+        buffer still being made is waited for (the first save after a start); so is the persist with `block`."""
+        while not self._free:
+            if not block and self._all_persisting():
+                return None
+            self._lock.wait(0.1)
+            self._raise_error_locked()
+        # one not being registered right now (no wait), else the most-pinned one (it copies fastest)
+        buf = max(self._free, key=lambda b: (not b.pin.lock.locked(), b.pin.done))
+        self._free.remove(buf)
+        return buf
 
     # saving -----------------------------------------------------------------------------------------------
     def save(self, step: int, tensors: list[tuple[str, torch.Tensor]], manifest_fields: dict,
@@ -277,16 +362,16 @@ class AsyncCheckpointer:
         self._raise_error()
         self._ready(tensors, shard_meta)
         with self._lock:
-            if not self._free and not block:
+            buf = self._take(block)
+            if buf is None:
                 return None
-            while not self._free:
-                self._lock.wait(0.1)
-                self._raise_error_locked()
-            buf = self._free.pop()
             self._last_step = step
             self._inflight += 1
             self.persisting.set()
-        job = _Job(step, buf, dict(manifest_fields), dict(extra or {}), 0.0, deferred_steps)
+            job = _Job(step, buf, dict(manifest_fields), dict(extra or {}), 0.0, deferred_steps)
+            self._jobs[step] = job
+        with buf.pin.lock:  # a registration of this buffer in progress ends first; no other starts while in use
+            pass
         if stage:
             main = torch.cuda.current_stream() if any(t.device.type == "cuda" for _, t in tensors) else None
             th = threading.Thread(target=self._stage_copy, args=(buf, tensors, main), daemon=True,
@@ -330,6 +415,7 @@ class AsyncCheckpointer:
         if err is not None:
             with self._lock:
                 self._free.append(job.buf)
+                self._jobs.pop(job.step, None)
                 self._inflight -= 1
                 if not self._inflight:
                     self.persisting.clear()
@@ -352,7 +438,12 @@ class AsyncCheckpointer:
     def busy(self) -> bool:
         """True while a save would find no free buffer."""
         with self._lock:
-            return bool(self._prep is None and not self._free and self._inflight)
+            return self._all_persisting()
+
+    def _all_persisting(self) -> bool:
+        """No buffer is free and a persist holds one (the caller holds the lock): a second buffer still being made
+        is not waited for either; only the very first save waits for its buffer to exist."""
+        return bool(not self._free and self._inflight)
 
     def _raise_error_locked(self) -> None:
         """A failed persist costs that checkpoint, not the run: it is logged and counted, and the next checkpoint
@@ -374,9 +465,23 @@ class AsyncCheckpointer:
                 self._lock.wait(0.1)
             self._raise_error_locked()
 
+    def add_drag(self, step: int, seconds: float) -> None:
+        """Charge the save of `step` with `seconds` more that the loop lost to it (measured after the save)."""
+        with self._lock:
+            job = self._jobs.get(step)
+            if job is not None:
+                job.drag += seconds
+                return
+            for rec in self.records:
+                if rec.step == step:
+                    rec.drag_s += seconds
+                    rec.blocked_s += seconds
+
     def close(self) -> None:
-        """Wait for the queue; raise when the newest save failed (the run's final state was not committed)."""
+        """Wait for the queue and stop the background pinning; raise when the newest save failed (the run's final
+        state was not committed)."""
         self.wait()
+        self._end_prep()
         if self.failed and self.failed[-1][0] == self._last_step:
             step, err = self.failed[-1]
             raise CheckpointError(f"the final checkpoint (step {step}) was not committed: {err}")
@@ -401,6 +506,7 @@ class AsyncCheckpointer:
             finally:
                 with self._lock:
                     self._free.append(job.buf)
+                    self._jobs.pop(job.step, None)
                     self._inflight -= 1
                     if not self._inflight:
                         self.persisting.clear()
@@ -431,9 +537,12 @@ class AsyncCheckpointer:
             return
         persist_s = time.perf_counter() - t0
         self.last_persist_s = persist_s
-        record = CheckpointRecord(step=step, uri=self.storage.url(d), blocked_s=job.blocked, persist_s=persist_s,
-                                  bytes=manifest.total_bytes, deferred_steps=job.deferred)
-        self.records.append(record)
+        with self._lock:  # `add_drag` updates the job until this record exists, the record after
+            record = CheckpointRecord(step=step, uri=self.storage.url(d), blocked_s=job.blocked + job.drag,
+                                      wait_s=job.blocked, drag_s=job.drag, persist_s=persist_s,
+                                      bytes=manifest.total_bytes, deferred_steps=job.deferred)
+            self.records.append(record)
+            self._jobs.pop(step, None)
         log.info("checkpoint step %d committed: %s (%.1f MB, blocked %.3fs, persist %.1fs)", step,
                  record.uri, record.bytes / 1e6, job.blocked, persist_s)
         apply_retention(self.storage, self.keep)

@@ -142,6 +142,10 @@ class Cadence:
                 self._base = (self._base + [dt])[-64:]
         self._t = now
 
+    def pace_s(self) -> float | None:
+        """The no-checkpoint step pace so far (median of recent clean steps); None before one was measured."""
+        return _median(self._base) if self._base else None
+
     def due(self, step: int) -> bool:
         if not self.auto:
             return step % self.every == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -27,6 +28,18 @@ log = logging.getLogger("frenzy.train")
 
 Tensors = tuple[list[tuple[str, torch.Tensor]], dict]
 """What a snapshot copies: (name, tensor) pairs and the shard's global layout."""
+DRAG_STEPS = 2
+"""Steps after a save whose time beyond the clean pace is charged to it: the staged copy runs beside the next
+forward and backward, and that step's optimizer kernels finish inside the one after (the host syncs at its loss)."""
+
+
+class _Drag:
+    """A save whose following steps are still being timed."""
+
+    __slots__ = ("step", "wait", "excess", "left")
+
+    def __init__(self, step: int, wait: float) -> None:
+        self.step, self.wait, self.excess, self.left = step, wait, 0.0, DRAG_STEPS
 
 
 class CheckpointSchedule:
@@ -36,7 +49,7 @@ class CheckpointSchedule:
         t = job.training
         self.d, self.job, self.prog, self.tensors, self.fields = d, job, prog, tensors, fields
         self.engine = ck.AsyncCheckpointer(storage, d.rank, d.world, run=job.name, keep=t.checkpoint.keep,
-                                           on_commit=lambda r, m: prog.emit("checkpoint", **r.model_dump()),
+                                           on_commit=lambda r, m: self._committed(r),
                                            ranks_on_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                            fence=lease.holds if lease is not None else None)
         # [elastic hook] when to checkpoint: every N steps or `auto` (Young/Daly, re-tuned at each save; interval.py)
@@ -52,6 +65,11 @@ class CheckpointSchedule:
         """The step a checkpoint came due at, while it waits for a free snapshot buffer."""
         self._failed_reported = 0
         self._warned_interval = False
+        self._drags: list[_Drag] = []
+        self._held: list[ck.CheckpointRecord] = []
+        """Commits whose save's drag was not measured yet: their progress record waits for it."""
+        self._dlock = threading.Lock()
+        self._t: float | None = None
 
     def prepare(self) -> None:
         """Make the snapshot buffers now, in the background (the optimizer state exists once a step ran)."""
@@ -66,6 +84,8 @@ class CheckpointSchedule:
             return False
         self.blocked_s += blocked
         self.last_saved = step
+        with self._dlock:
+            self._drags.append(_Drag(step, blocked))
         self.cadence.saved(step, blocked, self.engine.last_persist_s)  # [elastic hook]
         failed = self.engine.failed
         while len(failed) > self._failed_reported:  # a persist that failed cost its checkpoint, not the run
@@ -76,11 +96,46 @@ class CheckpointSchedule:
 
     def step_done(self, now: float) -> None:
         """An optimizer update ended at `now` (the interval's step time; a persist running beside it counts)."""
+        if self._t is not None and self._drags:
+            self._time_drags(now - self._t, self.cadence.pace_s())
+        self._t = now
         self.cadence.step_done(now, self.engine.persisting.is_set())  # [elastic hook]
+
+    def _time_drags(self, dt: float, pace: float | None) -> None:
+        """Charge the step of `dt` seconds to the saves before it: its excess over the clean `pace` (the wait
+        inside the checkpointer is part of that excess, so only the rest is added, as drag)."""
+        for d in list(self._drags):
+            d.excess += dt - pace if pace is not None else 0.0
+            d.left -= 1
+            if d.left <= 0:
+                self._settle(d)
+
+    def _settle(self, d: _Drag) -> None:
+        drag = max(d.excess - d.wait, 0.0)
+        self.engine.add_drag(d.step, drag)
+        self.blocked_s += drag
+        with self._dlock:
+            self._drags.remove(d)
+            ready = [r for r in self._held if r.step == d.step]
+            self._held = [r for r in self._held if r.step != d.step]
+        for r in ready:
+            self.prog.emit("checkpoint", **r.model_dump())
+
+    def _committed(self, rec: ck.CheckpointRecord) -> None:
+        """The persist thread committed `rec`: its progress record now, or once its drag is measured."""
+        with self._dlock:
+            if any(d.step == rec.step for d in self._drags):
+                self._held.append(rec)
+                return
+        self.prog.emit("checkpoint", **rec.model_dump())
 
     def barrier(self) -> None:
         """Before an optimizer update: a staged snapshot must be copied before the update changes the tensors."""
-        self.blocked_s += self.engine.barrier()
+        waited = self.engine.barrier()
+        self.blocked_s += waited
+        with self._dlock:
+            if self._drags:
+                self._drags[-1].wait += waited
 
     def wait(self) -> None:
         """Every queued persist committed (before a rollback reads the checkpoints)."""
@@ -125,11 +180,14 @@ class CheckpointSchedule:
             self.save(step, block=True)
 
     def close(self) -> None:
+        """No step follows: the saves still being timed keep what was measured; then wait for every persist."""
+        for d in list(self._drags):
+            self._settle(d)
         self.engine.close()
 
     def describe(self) -> dict:
         """The result's record of it: commits, failures, the interval and its inputs."""
         e = self.engine
-        return {"checkpoints": [r.model_dump() for r in e.records],
+        return {"checkpoints": [r.model_dump() for r in e.records], "snapshot_pin_s": e.pin_s,
                 "checkpoint_interval": self.cadence.describe(),  # [elastic hook] the interval and its inputs
                 "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in e.failed]}
