@@ -44,13 +44,13 @@ def test_the_step_loop_saves_while_a_buffer_is_being_pinned_and_pinning_ends_who
     c.prepare(_state(0))
     pinner.entered.wait()  # the background thread is inside its first registration, holding it
 
-    def loop() -> None:  # the "training loop": every save goes through while that registration is stuck
+    def loop(c: ck.AsyncCheckpointer) -> None:  # the "training loop": every save goes through while that registration is stuck
         for step in (2, 4, 6):
             c.save(step, _state(step), _FIELDS, block=True, stage=True)
             c.barrier()
             c.wait()
 
-    th = threading.Thread(target=loop, daemon=True)
+    th = threading.Thread(target=loop, args=(c,), daemon=True)
     th.start()
     th.join(60)  # a guard against a hang (the old code waited for the whole allocation), not a timing
     stuck, registered = th.is_alive(), list(pinner.registered)
