@@ -33,23 +33,21 @@ class KVCache:
         self.capacity = capacity
 
 
-def _forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Logits of the last position of `idx` [b, s] (columns cache.length .. +s), filling the cache.
-    `pos` [b, s]: each token's position; `valid` [b, capacity]: which cached columns are real tokens."""
-    b, s = idx.shape
-    t0 = cache.length
+def embed(model: GPT, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Token (plus learned position) embeddings of `idx` [b, s] at positions `pos` [b, s]."""
     x = model.wte(idx)
-    if model.wpe is not None:
-        x = x + model.wpe(pos)
-    rope = None
-    if model.spec.position == "rope":
-        rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None])  # [b, 1, s, hd]
-    causal = torch.ones(s, t0 + s, dtype=torch.bool, device=idx.device).tril(t0)
-    itself = torch.zeros(s, t0 + s, dtype=torch.bool, device=idx.device)
-    itself[:, t0:] = torch.eye(s, dtype=torch.bool, device=idx.device)
-    # a padding query sees only itself (no row of the mask is empty, so nothing becomes NaN); real queries never
-    # see padding keys
-    mask = (causal[None, None] & valid[:, None, None, :t0 + s]) | itself[None, None]  # [b, 1, s, t0+s]
+    return x + model.wpe(pos) if model.wpe is not None else x
+
+
+def run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+               cache: KVCache | None = None) -> torch.Tensor:
+    """The residual stream after every block for inputs `x` [b, s, h] at positions `pos` [b, s], each query seeing
+    the keys `mask` [b, 1, s, keys] allows. With a `cache` the keys are its columns 0 .. cache.length + s (this
+    call's keys and values are written at cache.length and the length advances); without one, they are the s
+    inputs themselves (any mask: causal, or a tree of shared prefixes)."""
+    b, s = x.shape[:2]
+    t0 = cache.length if cache is not None else 0
+    rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None]) if model.spec.position == "rope" else None
     hd = model.spec.head_dim
     for i, blk in enumerate(model.blocks):
         h = _cast_once(blk.norm1(x))
@@ -58,17 +56,34 @@ def _forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, valid: torch.Tens
         v = blk.v(h).view(b, s, -1, hd).transpose(1, 2)
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
-        cache.k[i][:, :, t0:t0 + s] = k
-        cache.v[i][:, :, t0:t0 + s] = v
-        kk, vv = cache.k[i][:, :, :t0 + s], cache.v[i][:, :, :t0 + s]
+        if cache is not None:
+            cache.k[i][:, :, t0:t0 + s] = k
+            cache.v[i][:, :, t0:t0 + s] = v
+            k, v = cache.k[i][:, :, :t0 + s], cache.v[i][:, :, :t0 + s]
         a = q.shape[1]
-        o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=kk.shape[1] != a)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != a)
         x = x + blk.proj(o.transpose(1, 2).reshape(b, s, a * hd))
         hn = _cast_once(blk.norm2(x))
         u = _SwiGLUFn.apply(blk.fc1(hn), blk.fc3(hn)) if blk.fc3 is not None else \
             F.gelu(blk.fc1(hn), approximate="tanh")
         x = x + blk.fc2(u)
-    cache.length = t0 + s
+    if cache is not None:
+        cache.length = t0 + s
+    return x
+
+
+def _forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Logits of the last position of `idx` [b, s] (columns cache.length .. +s), filling the cache.
+    `pos` [b, s]: each token's position; `valid` [b, capacity]: which cached columns are real tokens."""
+    s = idx.shape[1]
+    t0 = cache.length
+    causal = torch.ones(s, t0 + s, dtype=torch.bool, device=idx.device).tril(t0)
+    itself = torch.zeros(s, t0 + s, dtype=torch.bool, device=idx.device)
+    itself[:, t0:] = torch.eye(s, dtype=torch.bool, device=idx.device)
+    # a padding query sees only itself (no row of the mask is empty, so nothing becomes NaN); real queries never
+    # see padding keys
+    mask = (causal[None, None] & valid[:, None, None, :t0 + s]) | itself[None, None]  # [b, 1, s, t0+s]
+    x = run_blocks(model, embed(model, idx, pos), pos, mask, cache)
     return model.lm_head(model.norm_f(x[:, -1])).float()
 
 

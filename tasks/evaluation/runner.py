@@ -360,6 +360,10 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     """Evaluate one committed checkpoint on a suite; see the module docstring."""
     opts = opts or EvalOptions()
     progress = progress or (lambda msg, frac: None)
+    if suite.lmeval is not None:  # lm-eval tasks: one dataset per task, its requests built once, here
+        from tasks.evaluation.lmeval.source import expand
+
+        suite = expand(suite)
     if is_hf_dir(uri):  # a Hugging Face model directory: step 0 of a run named after the directory
         info = hf_info(uri)
         uri, run_name, step = info["source"], info["run"], 0
@@ -398,14 +402,25 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
 
 
 def aggregate(suite: Suite, ctx: EvalContext, out: Path) -> dict[str, dict[str, float]]:
-    """Scores per dataset from every chunk's score file (chunks in any order)."""
-    res = {}
+    """Scores per dataset from every chunk's score file (chunks in any order); lm-eval tasks and their groups
+    together, by lm-eval's aggregation."""
+    res, lm_tasks = {}, {}
+    factory = None
+    if suite.lmeval is not None:
+        from tasks.evaluation.lmeval.source import FACTORY as factory
     for d in suite.datasets:
         files = sorted((out / "scores" / d.name).glob("*.json"))
         per = [s for f in files for s in json.loads(f.read_text())["scores"]]
         if len(per) != d.examples:
             raise EvalError(f"{d.name}: {len(per)} of {d.examples} examples scored in {out / 'scores' / d.name}")
-        res[d.name] = resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+        if d.dataset is not None and d.dataset == factory:
+            lm_tasks[d.name] = per
+        else:
+            res[d.name] = resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+    if lm_tasks:
+        from tasks.evaluation.lmeval.source import aggregate as lmeval_aggregate
+
+        res.update({k: v for k, v in lmeval_aggregate(suite.lmeval, lm_tasks).items() if v})  # type: ignore[arg-type]
     return res
 
 
