@@ -97,6 +97,6 @@ class FrenzyLM(HarnessLM):
         return out
 
     def get_model_info(self) -> dict:
-        """What lm-eval records in its results' config."""
+        """What lm-eval adds to its results' config (whose `model` key stays the model's name)."""
         return {"uri": self.uri, "run": self.info.get("run"), "step": self.info.get("step"),
-                "seq_len": self.info.get("seq_len"), "model": self.info.get("model")}
+                "seq_len": self.info.get("seq_len"), "model_shape": self.info.get("model")}

@@ -33,7 +33,10 @@ PTH_LINE = ("import importlib.util as _u; _u.find_spec('tasks.evaluation.lmeval.
 
 def register_entry_points(registry: ModuleType) -> list[str]:
     """Register each `lm_eval.models` entry point that the registry does not know yet (as a 'module:attr' string,
-    which lm-eval materialises on first use and which the class's own `@register_model` upgrades in place)."""
+    which lm-eval materialises on first use and which the class's own `@register_model` upgrades in place), after
+    lm-eval's own models, which keep their names."""
+    import lm_eval.models  # noqa: F401 - lm-eval's own models first (its get_model imports them only into an empty registry)
+
     added = []
     for ep in importlib.metadata.entry_points(group=GROUP):
         if ep.name not in registry.model_registry:
