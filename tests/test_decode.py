@@ -88,5 +88,6 @@ def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_unchanged():
     for eos in {f[k] for f in free for k in (2, 9)}:  # end tokens some rows reach early and others late or never
         solo = [greedy(lm.model, [r], 30, eos=eos)[0] for r in rows]
         assert greedy(lm.model, rows, 30, eos=eos) == solo
-        mixed += len({len(s) for s in solo}) > 2
-    assert mixed  # some end token made rows finish at three or more different steps
+        longest = max(len(s) for s in solo)
+        mixed += sum(len(s) < longest for s in solo) >= 2
+    assert mixed  # some end token made two rows or more finish while others went on: they left the batch
