@@ -211,6 +211,24 @@ def test_lm_eval_runs_the_frenzy_model_through_its_own_cli(world, tmp_path):
                         for t in ("frz_mc", "frz_gen", "frz_ppl")})
 
 
+def test_frenzy_evaluate_runs_an_lm_eval_suite_on_a_model_directory(world, tmp_path):
+    """The user's entry: `frenzy evaluate DIR --suite FILE --json` with an lmeval section (task names, a YAML path,
+    the include path relative to the suite file); scores keyed as lm-eval prints them, history written."""
+    suite = tmp_path / "lm.yaml"
+    rel = os.path.relpath(world["tasks"], tmp_path)
+    suite.write_text(f"name: lm\nlmeval:\n  include: [{rel}]\n  tasks: [frz_cont, {rel}/frz_mc.yaml]\n  limit: 4\n")
+    r = subprocess.run([sys.executable, "-m", "cli", "evaluate", str(world["gpt2"]), "--suite", str(suite), "--json",
+                        "--out-dir", str(tmp_path / "out"), "--history-dir", str(tmp_path / "hist"), "--no-learn"],
+                       capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["step"] == 0 and doc["run"] == world["gpt2"].name
+    assert sorted(doc["scores"]) == ["frz_cont", "frz_mc"]
+    assert {"acc,none", "acc_norm,none", "acc_stderr,none"} <= set(doc["scores"]["frz_mc"])
+    assert doc["scores"]["frz_cont"]["perplexity,none"] > 1
+    assert (tmp_path / "hist" / world["gpt2"].name).is_dir()
+
+
 def _suite(world, tmp_path, task_yaml: str, **lmeval) -> object:
     from tasks.evaluation.suite import LmevalSource, Suite
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tasks.evaluation import history
-from tasks.evaluation.engine import resolve_manifest
+from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
 
@@ -71,11 +71,15 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
     and redraw its plot; returns the full result and the summary. With `reevaluate` False, a step the history
     already scores on `suite` (or that another process is scoring now: this waits for it) is not evaluated again;
     its recorded result comes back."""
-    _, m = resolve_manifest(uri)
+    if is_hf_dir(uri):  # a Hugging Face model directory is step 0 of a run named after it (as `evaluate` has it)
+        run, step = str(hf_info(uri)["run"]), 0
+    else:
+        _, m = resolve_manifest(uri)
+        run, step = m.run, m.step
     if opts.out_dir is None:
-        opts = opts.model_copy(update={"out_dir": f"{history_dir}/{m.run}/step_{m.step:08d}/{suite.name}"})
+        opts = opts.model_copy(update={"out_dir": f"{history_dir}/{run}/step_{step:08d}/{suite.name}"})
     with sole_writer(opts.out_dir):
-        done = None if reevaluate else recorded(history_dir, m.run, m.step, suite.name)
+        done = None if reevaluate else recorded(history_dir, run, step, suite.name)
         if done is not None and Path(done.result).exists():
             return EvalResult.model_validate_json(Path(done.result).read_text()), done
         for part in ("predictions", "scores"):  # a previous evaluation's chunks may be split differently

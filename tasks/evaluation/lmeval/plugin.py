@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     p = pth_path(a.site_dir)
     if a.action == "install":
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(PTH_LINE)
         print(f"wrote {p}: `lm_eval --model frenzy` now resolves in this environment")
     elif a.action == "uninstall":
