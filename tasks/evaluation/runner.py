@@ -171,11 +171,14 @@ def clean_stale_shm(shm_root: str) -> list[str]:
 
 
 class _Run:
-    def __init__(self, uri: str, suite: Suite, opts: EvalOptions, sched: Schedule, out: Path, ctx: EvalContext,
+    """One evaluation's processes. The precursors may start (`start_precursors`) before the suite is planned, so
+    the model copy overlaps preparing it; `execute` then runs the planned trials."""
+
+    def __init__(self, uri: str, opts: EvalOptions, out: Path, ctx: EvalContext,
                  progress: Callable[[str, float], None]) -> None:
-        self.uri, self.suite, self.opts, self.sched, self.out, self.ctx = uri, suite, opts, sched, out, ctx
+        self.uri, self.opts, self.out, self.ctx = uri, opts, out, ctx
         self.progress = progress
-        self.queue = list(sched.trials)
+        self.queue: list[TrialPlan] = []
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.failed: str | None = None
@@ -183,15 +186,21 @@ class _Run:
         self.metric_futures: list[Future] = []
         self.ready = [threading.Event() for _ in range(opts.nodes)]
         self.precursor_s = [0.0] * opts.nodes
+        self.precursors: list[threading.Thread] = []
         self.shm = Path(opts.shm_root) / f"frenzy-eval-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        cpus = sched.cpu_workers_per_node
-        self.pools = [ThreadPoolExecutor(cpus, thread_name_prefix=f"metrics-n{n}") for n in range(opts.nodes)]
-        self.n_chunks = sum(len(t.chunks) for t in sched.trials)
+        self.pools: list[ThreadPoolExecutor] = []
+        self.n_chunks = 0
         self.done_chunks = 0
         self.procs: set[subprocess.Popen] = set()
         self.cancels: set[Callable[[], None]] = set()
         self._address = None if opts.executor in ("local", "ray") else opts.executor
         self.hosts = _hosts(opts)
+
+    def start_precursors(self) -> None:
+        """Copy the model into every node's shared memory now (one process per node)."""
+        self.precursors = [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
+        for t in self.precursors:
+            t.start()
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -319,32 +328,40 @@ class _Run:
             self.done_chunks += 1
         self.progress(f"{cr.dataset}[{cr.start}:{cr.stop}] scored ({self.done_chunks}/{self.n_chunks})", self._frac())
 
-    def execute(self) -> float:
-        threads = []
-        if self.sched.kind == "elastic":
-            threads += [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
-        else:
+    def execute(self, suite: Suite, sched: Schedule) -> float:
+        """Run `sched`'s trials (after the precursors, which start here unless they did already); the seconds from
+        the first process start to the last metric."""
+        self.suite, self.sched, self.queue = suite, sched, list(sched.trials)
+        cpus = sched.cpu_workers_per_node
+        self.pools = [ThreadPoolExecutor(cpus, thread_name_prefix=f"metrics-n{n}") for n in range(self.opts.nodes)]
+        self.n_chunks = sum(len(t.chunks) for t in sched.trials)
+        if sched.kind == "elastic" and not self.precursors:
+            self.start_precursors()
+        elif sched.kind != "elastic":
             for e in self.ready:
                 e.set()
-        threads += [threading.Thread(target=self.gpu_worker, args=(n, g), daemon=True)
-                    for n in range(self.opts.nodes) for g in range(self.opts.gpus_per_node)]
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            for f in list(self.metric_futures):
-                f.result()
-            return self.now()
-        finally:
-            for pool in self.pools:
-                pool.shutdown(wait=True, cancel_futures=True)
-            with self.lock:
-                for p in list(self.procs):
-                    p.kill()
-                for cancel in list(self.cancels):
-                    cancel()
-            shutil.rmtree(self.shm, ignore_errors=True)
+        threads = [threading.Thread(target=self.gpu_worker, args=(n, g), daemon=True)
+                   for n in range(self.opts.nodes) for g in range(self.opts.gpus_per_node)]
+        for t in threads:
+            t.start()
+        for t in [*self.precursors, *threads]:
+            t.join()
+        for f in list(self.metric_futures):
+            f.result()
+        return self.now()
+
+    def close(self) -> None:
+        """Stop whatever still runs (also after a failure before `execute`) and remove the shared-memory copies."""
+        for pool in self.pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self.lock:
+            for p in list(self.procs):
+                p.kill()
+            for cancel in list(self.cancels):
+                cancel()
+        for t in self.precursors:
+            t.join(timeout=30)
+        shutil.rmtree(self.shm, ignore_errors=True)
 
 
 def _check_datasets(suite: Suite, ctx: EvalContext) -> None:
@@ -355,49 +372,63 @@ def _check_datasets(suite: Suite, ctx: EvalContext) -> None:
                                f"{len(ds)}: lower `examples`")
 
 
+def _model(uri: str) -> tuple[str, str, int, dict]:
+    """(URI to load, run name, step, model info) of a checkpoint URI or a Hugging Face model directory (step 0 of
+    a run named after the directory)."""
+    if is_hf_dir(uri):
+        info = hf_info(uri)
+        return info["source"], info["run"], 0, info
+    storage, manifest = resolve_manifest(uri)
+    return storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step, model_info(manifest, storage)
+
+
+def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str) -> tuple[Suite, Schedule, list[str]]:
+    """The suite (lm-eval tasks expanded into datasets, their requests built once here), checked, and its plan."""
+    if suite.lmeval is not None:
+        from tasks.evaluation.lmeval.source import expand
+
+        suite = expand(suite)
+    _check_datasets(suite, ctx)
+    ppath = Path(opts.priors_path) if opts.priors_path else None
+    planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
+    cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
+    sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
+                                                                         cpus)
+    return suite, sched, used
+
+
 def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
              progress: Callable[[str, float], None] | None = None) -> EvalResult:
     """Evaluate one committed checkpoint on a suite; see the module docstring."""
     opts = opts or EvalOptions()
     progress = progress or (lambda msg, frac: None)
-    if suite.lmeval is not None:  # lm-eval tasks: one dataset per task, its requests built once, here
-        from tasks.evaluation.lmeval.source import expand
-
-        suite = expand(suite)
-    if is_hf_dir(uri):  # a Hugging Face model directory: step 0 of a run named after the directory
-        info = hf_info(uri)
-        uri, run_name, step = info["source"], info["run"], 0
-    else:
-        storage, manifest = resolve_manifest(uri)
-        info = model_info(manifest, storage)
-        uri, run_name, step = storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step
+    uri, run_name, step, info = _model(uri)
     ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"), tokenizer=tokenizer_path(info))
-    _check_datasets(suite, ctx)
-    ppath = Path(opts.priors_path) if opts.priors_path else None
-    key = P.model_key(opts.device, info["model"])
-    planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
-    cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
-    sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
-                                                                         cpus)
     out = Path(opts.out_dir) if opts.out_dir else Path("evals") / run_name / f"step_{step:08d}" / suite.name
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_shm(opts.shm_root)
-    progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
-             f"predicted {sched.makespan_s:.1f}s", 0.0)
-    run = _Run(uri, suite, opts, sched, out, ctx, progress)
-    makespan = run.execute()
+    key = P.model_key(opts.device, info["model"])
+    run = _Run(uri, opts, out, ctx, progress)
+    try:
+        if opts.schedule == "elastic":
+            run.start_precursors()  # the model copy overlaps loading and planning the suite
+        suite, sched, used = _plan(suite, ctx, opts, key)
+        progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
+                 f"predicted {sched.makespan_s:.1f}s", 0.0)
+        makespan = run.execute(suite, sched)
+    finally:
+        run.close()
     if run.failed:
         raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
     scores = aggregate(suite, ctx, out)
-    trials = sorted(run.results, key=lambda t: t.id)
     res = EvalResult(uri=uri, run=run_name, step=step, suite=suite.name, schedule=opts.schedule,
-                     nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=cpus,
+                     nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=sched.cpu_workers_per_node,
                      makespan_s=makespan, predicted_makespan_s=sched.makespan_s,
-                     precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores, trials=trials,
-                     out_dir=str(out), priors_used=used)
+                     precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores,
+                     trials=sorted(run.results, key=lambda t: t.id), out_dir=str(out), priors_used=used)
     (out / "result.json").write_text(res.model_dump_json(indent=1))
     if opts.learn_priors:
-        learn(res, suite, key, ppath)
+        learn(res, suite, key, Path(opts.priors_path) if opts.priors_path else None)
     return res
 
 
