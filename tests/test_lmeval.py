@@ -186,6 +186,25 @@ def _task_manager(world):
     return TaskManager(include_path=str(world["tasks"]), include_defaults=False)
 
 
+def test_the_pth_hook_registers_frenzy_after_lm_evals_models_and_is_silent_without_frenzy(tmp_path):
+    """The .pth the plugin writes, in a fresh interpreter: `frenzy` resolves through the entry point, lm-eval's own
+    `hf` still does; with another `tasks` package in the way, start-up prints nothing and lm-eval is unchanged."""
+    from tasks.evaluation.lmeval.plugin import main
+
+    assert main(["install", "--site-dir", str(tmp_path)]) == 0
+    probe = ("import sys, site; {pre}site.addsitedir(sys.argv[1]); from lm_eval.api.registry import get_model; "
+             "print(get_model('hf').__name__, 'frenzy' in sys.modules['lm_eval.api.registry'].model_registry)")
+    for pre, want in [("", "HFLM True"), ("sys.modules['tasks'] = type(sys)('tasks'); ", "HFLM False")]:
+        r = subprocess.run([sys.executable, "-c", probe.format(pre=pre), str(tmp_path)], capture_output=True, text=True,
+                           cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.split() == want.split() and "Error" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import sys, site; site.addsitedir(sys.argv[1]); from lm_eval.api.registry "
+                        "import get_model; print(get_model('frenzy').__module__)", str(tmp_path)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.stdout.strip() == "tasks.evaluation.lmeval.model", r.stderr
+    assert main(["uninstall", "--site-dir", str(tmp_path)]) == 0 and not (tmp_path / "frenzy-lmeval.pth").exists()
+
+
 @pytest.mark.slow  # lm_eval's CLI indexes its ~10,000 task files first (15-60 s here)
 def test_lm_eval_runs_the_frenzy_model_through_its_own_cli(world, tmp_path):
     """`lm_eval --model frenzy` in a fresh interpreter whose site directory holds the plugin's .pth: the entry point

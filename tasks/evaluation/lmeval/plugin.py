@@ -14,27 +14,41 @@ lm-eval's own models keep their names). Nothing else is imported at start-up.
 
 from __future__ import annotations
 
-import argparse
 import importlib.abc
 import importlib.machinery
-import importlib.metadata
 import sys
-import sysconfig
 from pathlib import Path
 from types import ModuleType
 
 GROUP = "lm_eval.models"
 REGISTRY = "lm_eval.api.registry"
 PTH_NAME = "frenzy-lmeval.pth"
-#: the .pth line: import the hook only when this package is importable (an uninstalled Frenzy leaves no error)
-PTH_LINE = ("import importlib.util as _u; _u.find_spec('tasks.evaluation.lmeval.plugin') and "
-            "__import__('tasks.evaluation.lmeval.plugin', fromlist=['install']).install()\n")
+#: what the .pth runs at start-up: a finder that imports nothing until `lm_eval.api.registry` is imported, and then
+#: nothing at all when this package is gone or another `tasks` package shadows it (a .pth line that raises prints a
+#: traceback at every start-up)
+HOOK = """import sys
+class _FrenzyLmevalHook:
+    frenzy_hook = True
+    def find_spec(self, name, path=None, target=None):
+        if name != "lm_eval.api.registry":
+            return None
+        try:
+            from tasks.evaluation.lmeval.plugin import registry_spec
+        except Exception:
+            return None
+        return registry_spec(name, path, target)
+sys.meta_path.insert(0, _FrenzyLmevalHook())
+"""
+#: Python runs .pth lines that start with `import`; the hook is one line of it
+PTH_LINE = f"import sys; exec({HOOK!r})\n"
 
 
 def register_entry_points(registry: ModuleType) -> list[str]:
     """Register each `lm_eval.models` entry point that the registry does not know yet (as a 'module:attr' string,
     which lm-eval materialises on first use and which the class's own `@register_model` upgrades in place), after
     lm-eval's own models, which keep their names."""
+    import importlib.metadata
+
     import lm_eval.models  # noqa: F401 - lm-eval's own models first (its get_model imports them only into an empty registry)
 
     added = []
@@ -57,35 +71,45 @@ class _Loader(importlib.abc.Loader):
         register_entry_points(module)
 
 
+def registry_spec(name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    """lm-eval's registry module as the other finders find it, loaded so that the entry points are registered as
+    soon as it has run."""
+    for finder in sys.meta_path:
+        if getattr(finder, "frenzy_hook", False) or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader)
+            return spec
+    return None
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds `lm_eval.api.registry` through the other finders and registers the entry points once it has run."""
+    frenzy_hook = True
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        if name != REGISTRY:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
+        return registry_spec(name, path, target) if name == REGISTRY else None
 
 
 def install() -> None:
-    """Arrange for the entry points to be registered when lm-eval's registry is imported (at once if it is)."""
+    """Arrange for the entry points to be registered when lm-eval's registry is imported (at once if it is); for
+    programs that set this up themselves instead of through the .pth."""
     if REGISTRY in sys.modules:
         register_entry_points(sys.modules[REGISTRY])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+    elif not any(getattr(f, "frenzy_hook", False) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
 
 
 def pth_path(site_dir: str | None = None) -> Path:
+    import sysconfig
+
     return Path(site_dir or sysconfig.get_paths()["purelib"]) / PTH_NAME
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import importlib.metadata
+
     ap = argparse.ArgumentParser(prog="python -m tasks.evaluation.lmeval.plugin", description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=["install", "uninstall", "status"])
     ap.add_argument("--site-dir", help="site-packages directory (default: this interpreter's)")
