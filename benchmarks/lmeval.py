@@ -128,6 +128,47 @@ def profile_lm_eval(hf_dir: Path, tasks_dir: Path, threads: int) -> list[dict]:
     return rows
 
 
+def engine_breakdown(hf_dir: Path, work: Path, threads: int) -> list[dict]:
+    """Each request type of the workload (the requests Frenzy built, which are lm-eval's) answered in-process by
+    lm-eval's HFLM (batch 16) and by Frenzy's Harness, same threads: seconds of each, and whether the answers agree
+    (log-likelihoods within 1e-4 relative, the same greedy flags and texts)."""
+    import torch
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from tasks.evaluation.engine import LM, load_remote
+    from tasks.evaluation.lmeval.requests import Harness
+
+    torch.set_num_threads(threads)
+    reqs: dict[str, list] = {"loglikelihood": [], "loglikelihood_rolling": [], "generate_until": []}
+    for f in sorted((work / "cache" / "lmeval").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            for kind, args, _, _ in json.loads(line)["requests"]:
+                reqs[kind].append(tuple(args) if kind != "generate_until" else (args[0], dict(args[1])))
+    hf = HFLM(pretrained=str(hf_dir), device="cpu", dtype="float32", batch_size=16)
+    fz = Harness(LM(*load_remote(str(hf_dir))))
+    ours = {"loglikelihood": fz.loglikelihood, "loglikelihood_rolling": lambda r: fz.loglikelihood_rolling([a[0] for a in r]),
+            "generate_until": fz.generate_until}
+    rows = []
+    for kind, rs in reqs.items():
+        t0 = time.perf_counter()
+        ref = getattr(hf, kind)([Instance(request_type=kind, doc={}, arguments=a, idx=0) for a in rs], disable_tqdm=True)
+        t_hf = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got = ours[kind](rs)
+        t_fz = time.perf_counter() - t0
+        if kind == "generate_until":
+            same = ref == got
+        else:
+            a = [x[0] if isinstance(x, tuple) else x for x in ref]
+            b = [x[0] if isinstance(x, tuple) else x for x in got]
+            same = all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b, strict=True)) and (
+                kind != "loglikelihood" or [x[1] for x in ref] == [y[1] for y in got])
+        rows.append({"requests": kind, "count": len(rs), "hf_s": t_hf, "frenzy_s": t_fz, "speedup": t_hf / t_fz,
+                     "same": same})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=200, help="documents per task (default 200)")
@@ -162,6 +203,8 @@ def main() -> int:
            "speedup": t_hf / t_fz, "speedup_engine_only": t_hf / t_fl, "same_numbers": ok_fz and ok_fl,
            "worst_relative_difference": max(worst_fz, worst_fl), "metrics_hf": m_hf, "metrics_frenzy": m_fz,
            "frenzy_phases": _frenzy_phases(res), "requests": _request_counts(work)}
+    doc["engine"] = engine_breakdown(hf_dir, work, a.threads)
+    doc["same_numbers"] = doc["same_numbers"] and all(r["same"] for r in doc["engine"])
     if a.profile:
         doc["lm_eval_profile"] = profile_lm_eval(hf_dir, tasks_dir, a.threads)
     out = ROOT / "benchmarks" / "results"
@@ -218,7 +261,12 @@ def report(doc: dict) -> str:
              f"**{doc['speedup']:.2f}x** |", "",
              f"Same numbers: **{doc['same_numbers']}** (every task and group metric; largest relative difference of a "
              f"log-likelihood-derived metric {doc['worst_relative_difference']:.1e}).", "",
-             "Frenzy's run: " + json.dumps(doc["frenzy_phases"])]
+             "Frenzy's run: " + json.dumps(doc["frenzy_phases"]), "",
+             "The request engine alone, in-process, the same requests (lm-eval's `HFLM` batch 16 against Frenzy's "
+             "`Harness`):", "", "| requests | count | lm-eval HF s | Frenzy s | speedup | same answers |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['requests']} | {r['count']} | {r['hf_s']:.1f} | {r['frenzy_s']:.1f} | {r['speedup']:.2f}x | "
+              f"{r['same']} |" for r in doc["engine"]]
     if "lm_eval_profile" in doc:
         lines += ["", "lm_eval's phases (cProfile, in-process):", "", "| phase | seconds |", "|---|---|"]
         lines += [f"| {r['phase']} | {r['seconds']:.1f} |" for r in doc["lm_eval_profile"]]

@@ -40,12 +40,12 @@ def embed(model: GPT, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return x + model.wpe(pos) if model.wpe is not None else x
 
 
-def run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+def run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                cache: KVCache | None = None) -> torch.Tensor:
     """The residual stream after every block for inputs `x` [b, s, h] at positions `pos` [b, s], each query seeing
     the keys `mask` [b, 1, s, keys] allows. With a `cache` the keys are its columns 0 .. cache.length + s (this
     call's keys and values are written at cache.length and the length advances); without one, they are the s
-    inputs themselves (any mask: causal, or a tree of shared prefixes)."""
+    inputs themselves (any mask: causal, or a tree of shared prefixes; None: causal, for right-padded rows)."""
     b, s = x.shape[:2]
     t0 = cache.length if cache is not None else 0
     rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None]) if model.spec.position == "rope" else None
@@ -62,7 +62,7 @@ def run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tenso
             cache.v[i][:, :, t0:t0 + s] = v
             k, v = cache.k[i][:, :, :t0 + s], cache.v[i][:, :, :t0 + s]
         a = q.shape[1]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != a)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=k.shape[1] != a)
         x = x + blk.proj(o.transpose(1, 2).reshape(b, s, a * hd))
         hn = _cast_once(blk.norm2(x))
         if blk.fc3 is not None:

@@ -260,9 +260,9 @@ def _batches(rows: list[_Row], budget: int) -> list[list[_Row]]:
     return out
 
 
-def _layout(rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Token ids, positions and the attention mask of packed rows, plus per continuation the flat index of the
-    position predicting each of its tokens and the tokens themselves."""
+def _layout(rows: list[_Row], device: torch.device) -> tuple:
+    """Token ids, positions and the attention mask of packed rows (None: plain causal, when no row shares its
+    context), plus per continuation the flat index of the position predicting each of its tokens and the tokens."""
     width = max(r.length for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     pos = torch.zeros(len(rows), width, dtype=torch.long)
@@ -282,6 +282,8 @@ def _layout(rows: list[_Row], device: torch.device) -> tuple[torch.Tensor, ...]:
             where.append([b * width + p - 1] + [b * width + at + j for j in range(n)])
             targets.append(list(c))
             at += n
+    if all(len(r.conts) == 1 for r in rows):  # nothing shared: causal attention (padding only at the ends)
+        return ids.to(device), pos.to(device), None, where, targets
     col = torch.arange(width)
     causal = col[None, :] <= col[:, None]
     sees = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])
