@@ -4,6 +4,7 @@ refused. Offline: task data and models are written here (tests/lmeval_kit.py).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -246,6 +247,64 @@ def test_frenzy_evaluate_runs_an_lm_eval_suite_on_a_model_directory(world, tmp_p
     assert {"acc,none", "acc_norm,none", "acc_stderr,none"} <= set(doc["scores"]["frz_mc"])
     assert doc["scores"]["frz_cont"]["perplexity,none"] > 1
     assert (tmp_path / "hist" / world["gpt2"].name).is_dir()
+
+
+def _frenzy_model_scores(world, uri: str, names: list[str]) -> dict:
+    from tasks.evaluation.lmeval import model  # noqa: F401 - registers `frenzy` (the entry point does it for the CLI)
+
+    res = lm_eval.simple_evaluate(model="frenzy", model_args=f"uri={uri}", tasks=names, limit=5, bootstrap_iters=0,
+                                  task_manager=_task_manager(world))
+    return {t: {k: v for k, v in m.items() if "," in k and isinstance(v, int | float)}
+            for t, m in res["results"].items()}
+
+
+def test_the_frenzy_model_evaluates_a_checkpoint_without_exporting_it(world, tmp_path):
+    """`model=frenzy, uri=file://...` on a checkpoint the trainer wrote (a root: its newest commit; or the step
+    directory): the numbers of a Frenzy suite on the same checkpoint, and nothing exported."""
+    from tasks.evaluation.runner import EvalOptions, evaluate
+    from tasks.evaluation.suite import LmevalSource, Suite
+    from tests.trainer_util import run, tiny_job
+
+    uri = f"file://{tmp_path / 'ckpt'}"
+    run(tiny_job(uri, steps=10, every=10), tmp_path / "run")
+    tasks = ["frz_mc", "frz_gen"]
+    by_root = _frenzy_model_scores(world, uri, tasks)
+    assert by_root == _frenzy_model_scores(world, f"{uri}/step_00000010", tasks)
+    suite = Suite(name="s", lmeval=LmevalSource(tasks=tasks, include=[str(world["tasks"])], limit=5, bootstrap_iters=0))
+    res = evaluate(uri, suite, EvalOptions(out_dir=str(tmp_path / "out"), learn_priors=False,
+                                           shm_root=str(tmp_path / "shm")))
+    assert res.scores == by_root and 0 <= by_root["frz_mc"]["acc,none"] <= 1
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir()) == ["step_00000010"]
+
+
+@pytest.mark.slow  # a real S3 endpoint on loopback (moto) and a training run
+def test_the_frenzy_model_reads_a_checkpoint_on_s3(world, tmp_path):
+    pytest.importorskip("moto.server")
+    from tests.trainer_util import run, tiny_job
+
+    local, remote = f"file://{tmp_path / 'ckpt'}", "s3://frenzy/lmeval-run"
+    with _loopback_s3():
+        run(tiny_job(remote, steps=10, every=10), tmp_path / "run-s3")
+        on_s3 = _frenzy_model_scores(world, remote, ["frz_mc", "frz_cont"])
+    run(tiny_job(local, steps=10, every=10), tmp_path / "run")  # the same job, trained again (training is deterministic)
+    assert on_s3 == _frenzy_model_scores(world, local, ["frz_mc", "frz_cont"])
+
+
+@contextlib.contextmanager
+def _loopback_s3():
+    """moto's S3 server on loopback as the environment's S3 endpoint (bucket `frenzy`) while in use."""
+    from moto.server import ThreadedMotoServer
+
+    from tests.s3_endpoint import free_port, s3_env
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        with s3_env(port):
+            yield
+    finally:
+        server.stop()
 
 
 def _suite(world, tmp_path, task_yaml: str, **lmeval) -> object:
