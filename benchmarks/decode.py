@@ -58,6 +58,18 @@ def measure(preset: str, seq_len: int, batch: int, new: int) -> dict:
     return row
 
 
+def _top_ops(fn, n: int = 5) -> list[dict]:  # noqa: ANN001 - a generation to profile
+    """Where a generation's time goes: the `n` ops with the most self CPU time (torch.profiler), with their share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in ops) or 1
+    return [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6,
+             "share": e.self_cpu_time_total / total} for e in ops[:n]]
+
+
 def against_transformers(preset: str, seq_len: int, batch: int, new: int, rounds: int) -> dict:
     """Frenzy's greedy decoder against `transformers` `generate` on the same exported weights and token rows."""
     import transformers
@@ -86,6 +98,7 @@ def against_transformers(preset: str, seq_len: int, batch: int, new: int, rounds
         return out[:, width:].tolist()
 
     run_hf(), greedy(lm.model, rows[:2], 8)  # warm-up
+    profile = {"transformers": _top_ops(run_hf), "frenzy": _top_ops(lambda: greedy(lm.model, rows, new))}
     t_hf, t_fz, same = [], [], True
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -100,7 +113,8 @@ def against_transformers(preset: str, seq_len: int, batch: int, new: int, rounds
            "batch": batch, "new_tokens": new, "rounds": rounds, "transformers_tokens_per_s": tokens / statistics.median(t_hf),
            "frenzy_tokens_per_s": tokens / statistics.median(t_fz),
            "speedup": statistics.median(a / b for a, b in zip(t_hf, t_fz, strict=True)),
-           "round_speedups": [a / b for a, b in zip(t_hf, t_fz, strict=True)], "same_tokens": same}
+           "round_speedups": [a / b for a, b in zip(t_hf, t_fz, strict=True)], "same_tokens": same,
+           "profile": profile}
     print(row, file=sys.stderr, flush=True)
     return row
 
@@ -143,6 +157,10 @@ def main() -> int:
     lines += [f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['transformers_tokens_per_s']:,.0f} | "
               f"{r['frenzy_tokens_per_s']:,.0f} | **{r['speedup']:.2f}x** | "
               f"{', '.join(f'{x:.2f}' for x in r['round_speedups'])} | {r['same_tokens']} |" for r in hf_rows]
+    for r in hf_rows:
+        lines += ["", f"Where the time goes, {r['preset']} (torch.profiler, one generation each, self CPU time):", ""]
+        for who, ops in r["profile"].items():
+            lines.append(f"- {who}: " + "; ".join(f"`{o['op']}` {100 * o['share']:.0f}% ({o['calls']} calls)" for o in ops))
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["same_tokens"] for r in rows + hf_rows) else 1
