@@ -343,3 +343,7 @@ def test_an_unknown_task_names_the_known_ones(world, tmp_path):
 
     with pytest.raises(FrenzyError, match="frz_mc.*lmeval.include"):
         expand(Suite(name="s", lmeval=LmevalSource(tasks=["frz_nope"], include=[str(world["tasks"])])))
+    with pytest.raises(FrenzyError, match="frz_mc_b.*name each task once"):  # alone and inside frz_group
+        expand(Suite(name="s", lmeval=LmevalSource(tasks=["frz_mc_b", "frz_group"], include=[str(world["tasks"])])))
+    globbed = expand(Suite(name="s", lmeval=LmevalSource(tasks=["frz_c*", "frz_p??"], include=[str(world["tasks"])])))
+    assert [d.name for d in globbed.datasets] == ["frz_cont", "frz_ppl"]  # patterns match as lm_eval --tasks does

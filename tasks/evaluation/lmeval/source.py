@@ -137,23 +137,34 @@ def _load(src_json: str) -> Loaded:
             if not Path(p).exists():
                 raise LmevalTaskError(f"lmeval.include names {p}, which does not exist")
         tm = TaskManager(include_path=list(src.include) or None, include_defaults=src.defaults)
-        loaded = {}
         with local_data_only():
-            for name in src.tasks:
-                try:
-                    loaded[name] = tm.load([name])
-                except KeyError:
-                    known = ", ".join(n for n in tm.all_tasks[:30])
-                    raise LmevalTaskError(f"lm-eval task {name!r} is not in {', '.join(src.include) or 'no include path'}"
-                                          f"{' or lm-eval' if src.defaults else ''} (known: {known}); add its "
-                                          "directory to lmeval.include, or set lmeval.defaults: true for lm-eval's "
-                                          "own tasks") from None
-        tasks = {k: v for r in loaded.values() for k, v in r["tasks"].items()}
-        groups = {k: v for r in loaded.values() for k, v in r["groups"].items()}
-    for name, task in tasks.items():
+            try:
+                loaded = tm.load(_names(tm, src))
+            except ValueError as err:  # a task named twice (alone and in a group, or in two groups)
+                raise LmevalTaskError(f"lmeval.tasks: {err}; name each task once") from None
+    for name, task in loaded["tasks"].items():
         _check_task(name, task)
         _configure(task, src)
-    return Loaded(tasks, groups)
+    return Loaded(dict(loaded["tasks"]), dict(loaded["groups"]))
+
+
+def _names(tm: Any, src: LmevalSource) -> list[str]:
+    """`src.tasks` as lm-eval loads them: YAML files as they are, glob patterns matched, unknown names refused."""
+    out = []
+    for name in src.tasks:
+        if name.endswith((".yaml", ".yml")):
+            if not Path(name).is_file():
+                raise LmevalTaskError(f"lmeval.tasks names {name}, which is not a file")
+            out.append(name)
+            continue
+        found = tm.match_tasks([name]) if any(c in name for c in "*?[") else [name] if name in tm.all_tasks else []
+        if not found:
+            known = ", ".join(tm.all_tasks[:30]) + (" ..." if len(tm.all_tasks) > 30 else "")
+            raise LmevalTaskError(f"lm-eval task {name!r} is not in {', '.join(src.include) or 'no include path'}"
+                                  f"{' or lm-eval' if src.defaults else ''} (known: {known or 'none'}); add its "
+                                  "directory to lmeval.include, or set lmeval.defaults: true for lm-eval's own tasks")
+        out += [f for f in found if f not in out]
+    return out
 
 
 def _check_task(name: str, task: Any) -> None:
