@@ -197,7 +197,7 @@ class Harness:
             seq = (list(ctx) + list(cont))[-(self.max_length + 1):]
             groups.setdefault(tuple(seq[:-len(cont)]), {}).setdefault(tuple(cont), []).append(i)
         out: list[tuple[float, bool]] = [(0.0, False)] * len(reqs)
-        rows = [_Row(list(p), list(conts), [conts[c] for c in conts]) for p, conts in groups.items()]
+        rows = [r for p, conts in groups.items() for r in _pack(list(p), conts, self.max_length)]
         for batch in _batches(rows, self.batch_tokens):
             for row, scores in zip(batch, _score_rows(self.model, batch), strict=True):
                 for owners, score in zip(row.owners, scores, strict=True):
@@ -242,6 +242,21 @@ class _Row:
     @property
     def length(self) -> int:
         return len(self.prefix) + sum(len(c) - 1 for c in self.conts)
+
+
+def _pack(prefix: list[int], conts: dict[tuple[int, ...], list[int]], max_length: int) -> list[_Row]:
+    """The continuations of one context in as few rows as keep each row within the context length (or one
+    continuation's own row, when that is longer): a row's attention costs the square of its length, so packing a
+    short context with long continuations (rolling windows after the prefix token) would cost more than it saves."""
+    cap = max(max_length, len(prefix) + max(len(c) for c in conts) - 1)
+    rows: list[_Row] = []
+    for c, owners in conts.items():
+        if rows and rows[-1].length + len(c) - 1 <= cap:
+            rows[-1].conts.append(c)
+            rows[-1].owners.append(owners)
+        else:
+            rows.append(_Row(prefix, [c], [owners]))
+    return rows
 
 
 def _batches(rows: list[_Row], budget: int) -> list[list[_Row]]:
