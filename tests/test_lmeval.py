@@ -60,6 +60,19 @@ def test_windows_stops_and_generation_settings_follow_lm_eval():
             gen_settings(bad, None)
 
 
+def test_continuations_share_a_row_only_within_the_context_length():
+    """Choices of a question share one row; rolling windows (long continuations after the 1-token prefix) do not,
+    or one row would grow to every window's length and its attention with the square of it."""
+    from tasks.evaluation.lmeval.requests import _pack
+
+    mc = _pack(list(range(100)), {(i, i + 1, i + 2): [i] for i in range(4)}, max_length=256)
+    assert len(mc) == 1 and mc[0].length == 100 + 4 * 2 and mc[0].owners == [[0], [1], [2], [3]]
+    windows = _pack([0], {tuple(range(k, k + 256)): [k] for k in range(5)}, max_length=256)
+    assert [len(r.conts) for r in windows] == [1] * 5 and all(r.length <= 256 for r in windows)
+    many = _pack(list(range(10)), {tuple(range(k, k + 60)): [k] for k in range(12)}, max_length=256)
+    assert all(r.length <= 256 for r in many) and sum(len(r.conts) for r in many) == 12 and len(many) == 3
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_the_harness_answers_every_request_type_as_the_hf_backend(world, arch):
     """Request by request against lm-eval's HFLM on the same exported directory: log-likelihoods (empty and
