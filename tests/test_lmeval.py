@@ -177,6 +177,8 @@ def _suite_parity(world, tmp_path, tasks: list[str], leaves: list[str], limit: i
     assert max(worst.values()) < REL, worst
     _same_metrics(ref, res.scores)
     assert len(res.trials) >= 2 and all(t.load == "shm" for t in res.trials)
+    # each task was aggregated by a metric job when its last chunk was scored, not after the run
+    assert sorted(f.stem for f in (tmp_path / "out" / "aggregates").glob("*.json")) == sorted(leaves)
     return res.scores
 
 

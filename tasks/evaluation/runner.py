@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -36,7 +37,7 @@ from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
-from tasks.evaluation.suite import Suite
+from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
 
 
@@ -322,6 +323,23 @@ class _Run:
             self._count(cr)
         except Exception as err:  # noqa: BLE001
             self.failed = self.failed or f"metrics of {chunk['dataset']}[{chunk['start']}:{chunk['stop']}]: {err}"
+            return
+        with self.lock:
+            self.left[chunk["dataset"]] -= 1
+            last = self.left[chunk["dataset"]] == 0
+        if last:  # the dataset's aggregate (bootstrapped errors, ...) now, while other trials still infer
+            self._aggregate_early(chunk["dataset"])
+
+    def _aggregate_early(self, name: str) -> None:
+        try:
+            d = next(x for x in self.suite.datasets if x.name == name)
+            dest = self.out / "aggregates" / f"{name}.json"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(aggregate_dataset(self.suite, self.ctx, self.out, d)))
+            os.replace(tmp, dest)
+        except Exception as err:  # noqa: BLE001
+            self.failed = self.failed or f"aggregating {name}: {err}"
 
     def _count(self, cr: ChunkResult) -> None:
         with self.lock:
@@ -332,6 +350,7 @@ class _Run:
         """Run `sched`'s trials (after the precursors, which start here unless they did already); the seconds from
         the first process start to the last metric."""
         self.suite, self.sched, self.queue = suite, sched, list(sched.trials)
+        self.left = Counter(c.dataset for t in sched.trials for c in t.chunks)  # chunks to score, per dataset
         cpus = sched.cpu_workers_per_node
         self.pools = [ThreadPoolExecutor(cpus, thread_name_prefix=f"metrics-n{n}") for n in range(self.opts.nodes)]
         self.n_chunks = sum(len(t.chunks) for t in sched.trials)
@@ -407,6 +426,7 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     out = Path(opts.out_dir) if opts.out_dir else Path("evals") / run_name / f"step_{step:08d}" / suite.name
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_shm(opts.shm_root)
+    shutil.rmtree(out / "aggregates", ignore_errors=True)  # made again by this run's metric jobs
     key = P.model_key(opts.device, info["model"])
     run = _Run(uri, opts, out, ctx, progress)
     try:
@@ -432,26 +452,36 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     return res
 
 
-def aggregate(suite: Suite, ctx: EvalContext, out: Path) -> dict[str, dict[str, float]]:
-    """Scores per dataset from every chunk's score file (chunks in any order); lm-eval tasks and their groups
-    together, by lm-eval's aggregation."""
-    res, lm_tasks = {}, {}
-    factory = None
-    if suite.lmeval is not None:
-        from tasks.evaluation.lmeval.source import FACTORY as factory
-    for d in suite.datasets:
-        files = sorted((out / "scores" / d.name).glob("*.json"))
-        per = [s for f in files for s in json.loads(f.read_text())["scores"]]
-        if len(per) != d.examples:
-            raise EvalError(f"{d.name}: {len(per)} of {d.examples} examples scored in {out / 'scores' / d.name}")
-        if d.dataset is not None and d.dataset == factory:
-            lm_tasks[d.name] = per
-        else:
-            res[d.name] = resolve(d.source, d.mode, d.options, ctx).aggregate(per)
-    if lm_tasks:
-        from tasks.evaluation.lmeval.source import aggregate as lmeval_aggregate
+def _is_lmeval(d: SuiteDataset) -> bool:
+    return d.dataset == "tasks.evaluation.lmeval.dataset:make"  # lmeval.source.FACTORY
 
-        res.update({k: v for k, v in lmeval_aggregate(suite.lmeval, lm_tasks).items() if v})  # type: ignore[arg-type]
+
+def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset) -> dict:
+    """One dataset's aggregate from its chunks' score files (chunks in any order); for an lm-eval task, lm-eval's
+    task metrics with the sample count its group aggregation weighs by."""
+    files = sorted((out / "scores" / d.name).glob("*.json"))
+    per = [s for f in files for s in json.loads(f.read_text())["scores"]]
+    if len(per) != d.examples:
+        raise EvalError(f"{d.name}: {len(per)} of {d.examples} examples scored in {out / 'scores' / d.name}")
+    if _is_lmeval(d):
+        from tasks.evaluation.lmeval.source import task_metrics
+
+        return task_metrics(suite.lmeval, d.name, per)  # type: ignore[arg-type]
+    return resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+
+
+def aggregate(suite: Suite, ctx: EvalContext, out: Path) -> dict[str, dict[str, float]]:
+    """Scores per dataset: the aggregate a metric job made when the dataset's last chunk was scored
+    (`aggregates/<name>.json`), or made here; lm-eval tasks then with their groups, by lm-eval's aggregation."""
+    res, lm_tasks = {}, {}
+    for d in suite.datasets:
+        early = out / "aggregates" / f"{d.name}.json"
+        agg = json.loads(early.read_text()) if early.exists() else aggregate_dataset(suite, ctx, out, d)
+        (lm_tasks if _is_lmeval(d) else res)[d.name] = agg
+    if lm_tasks:
+        from tasks.evaluation.lmeval.source import finish
+
+        res.update(finish(suite.lmeval, lm_tasks))  # type: ignore[arg-type]
     return res
 
 

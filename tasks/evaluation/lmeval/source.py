@@ -254,24 +254,38 @@ def expand(suite: Suite) -> Suite:
     return suite.model_copy(update={"datasets": [*suite.datasets, *entries]})
 
 
-def aggregate(src: LmevalSource, per_task: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
-    """Every task's and group's metrics from per-document scores, by lm-eval's own aggregation (metric keys as
-    lm-eval prints them: `acc,none`, `exact_match,strict-match`, `acc_stderr,none`)."""
+def task_metrics(src: LmevalSource, name: str, scores: list[dict]) -> dict[str, Any]:
+    """One task's metrics from its per-document scores, by lm-eval's aggregation (standard errors bootstrapped
+    where lm-eval bootstraps them), with the sample count its group aggregation weighs by; "N/A" left out."""
     from collections import defaultdict
 
-    from lm_eval.evaluator_utils import _process_results
+    from lm_eval.evaluator_utils import _compute_task_aggregations
+
+    raw: dict[tuple[str, str], list] = defaultdict(list)
+    for sc in scores:
+        for key, value in sc.items():
+            metric, _, filt = key.rpartition(",")
+            raw[(metric, filt)].append(tuple(value) if isinstance(value, list) else value)
+    with _LOCK:
+        agg, n = _compute_task_aggregations(load(src).tasks[name], raw, src.bootstrap_iters)
+    return {"sample_len": n, **{k: float(v) for k, v in agg.items() if isinstance(v, int | float)}}
+
+
+def finish(src: LmevalSource, per_task: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Task metrics (`task_metrics`) plus every group of the suite whose tasks are all there, by lm-eval's group
+    aggregation; metric keys as lm-eval prints them (`acc,none`, `acc_stderr,none`)."""
+    from lm_eval.evaluator_utils import EvalAcc, aggregate_groups
 
     loaded = load(src)
-    acc = {}
-    for name, scores in per_task.items():
-        raw: dict[tuple[str, str], list] = defaultdict(list)
-        for s in scores:
-            for key, value in s.items():
-                metric, _, filt = key.rpartition(",")
-                raw[(metric, filt)].append(tuple(value) if isinstance(value, list) else value)
-        acc[name] = {"task": loaded.tasks[name], "raw_metrics": raw, "logged_samples": []}
-    groups = {k: g for k, g in loaded.groups.items() if all(t.task_name in per_task for t in g.get_all_tasks())}
-    with _LOCK:
-        res = _process_results(acc, groups, src.bootstrap_iters)
-    return {name: {k: float(v) for k, v in m.items() if "," in k and isinstance(v, int | float)}
-            for name, m in res.metrics.items()}
+    acc = EvalAcc(groups={k: g for k, g in loaded.groups.items()
+                          if all(t.task_name in per_task for t in g.get_all_tasks())})
+    acc.metrics = {name: {"name": name, "alias": name, **m} for name, m in per_task.items()}
+    res = aggregate_groups(acc)
+    out = {name: {k: float(v) for k, v in m.items() if "," in k and isinstance(v, int | float)}
+           for name, m in res.metrics.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def aggregate(src: LmevalSource, per_task: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Every task's and group's metrics from per-document scores (`task_metrics`, then `finish`)."""
+    return finish(src, {name: task_metrics(src, name, scores) for name, scores in per_task.items()})
