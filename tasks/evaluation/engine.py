@@ -241,7 +241,12 @@ class LM:
         # a stop string can span tokens: decode the row's tail (the longest stop string's worth of tokens suffices,
         # as every token decodes to at least one character)
         tail = max(len(s) for s in stop) + 1
-        return lambda toks: any(s in self.tok.decode(toks[-tail:]) for s in stop)
+
+        def ended(toks: list[int]) -> bool:
+            text = self.tok.decode(toks[-tail:])  # once for every stop string
+            return any(s in text for s in stop)
+
+        return ended
 
     def _cut(self, ids: list[int], stop: list[str] | None) -> str:
         if self.tok.eos_id is not None and self.tok.eos_id in ids:
