@@ -42,6 +42,7 @@ class LmevalDataset(EvalDataset):
         types = {r[0] for row in self.rows[:1] for r in row["requests"]}
         self.mode = "gen" if "generate_until" in types else "ppl"
         self._harness: tuple[int, Harness] | None = None
+        self._loaded: Any = None
 
     def _read(self, path: Path) -> list[dict]:
         if not path.is_file():  # another node's cache: build the same requests again (the file is content-addressed)
@@ -93,7 +94,9 @@ class LmevalDataset(EvalDataset):
 
         from tasks.evaluation.lmeval.source import load
 
-        loaded = load(self.source)
+        if self._loaded is None:  # once per dataset object (a metric job's chunk), not per document
+            self._loaded = load(self.source)
+        loaded = self._loaded
         task = loaded.tasks[self.name]
         doc = loaded.documents(self.name)[ex["id"]]
         insts = []

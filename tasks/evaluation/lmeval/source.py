@@ -122,12 +122,24 @@ class Loaded:
 
 
 def load(src: LmevalSource) -> Loaded:
-    """The tasks of `src`, loaded once per process (metric jobs and aggregation reuse them)."""
-    return _load(src.model_dump_json())
+    """The tasks of `src`, loaded once per process while the files under its include paths stay as they are (metric
+    jobs and aggregation reuse them; a long-lived worker sees edited task files)."""
+    return _load(src.model_dump_json(), _fingerprint(src))
+
+
+def _fingerprint(src: LmevalSource) -> tuple:
+    files = []
+    for p in [*src.include, *(t for t in src.tasks if t.endswith((".yaml", ".yml")))]:
+        q = Path(p)
+        for f in sorted(q.rglob("*")) if q.is_dir() else [q] if q.is_file() else []:
+            if f.is_file():
+                st = f.stat()
+                files.append((str(f), st.st_size, st.st_mtime_ns))
+    return tuple(files)
 
 
 @lru_cache(maxsize=8)
-def _load(src_json: str) -> Loaded:
+def _load(src_json: str, fingerprint: tuple) -> Loaded:
     src = LmevalSource.model_validate_json(src_json)
     require_lm_eval()
     from lm_eval.tasks import TaskManager
