@@ -10,12 +10,15 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
+# the datasets library's cache of the task files, out of the user's home (read when the library is imported)
+os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="frenzy-test-hf-datasets-"))
 lm_eval = pytest.importorskip("lm_eval")
 
 from tasks.errors import FrenzyError  # noqa: E402
