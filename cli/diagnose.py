@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from cli.argtypes import bounded_int
 from cli.output import emit
+from tasks.errors import FrenzyError
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -22,7 +23,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
              f"{out['held_out_right']}; written to {out['path']}")
         return 0
     if args.log is None:
-        raise ValueError("give the run's log (e.g. frenzy diagnose RUN_DIR/train.log), or --retrain-fallback")
+        raise FrenzyError("give the run's log (e.g. frenzy diagnose RUN_DIR/train.log), or --retrain-fallback")
     p = check_log(args.log)
     if args.show:
         c = compress(p, context=args.context)
@@ -35,7 +36,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
         agent = config_from_env()
         if agent is None:
-            raise ValueError("--agent: set FRENZY_DIAGNOSIS_LLM_URL (an OpenAI-compatible API, e.g. "
+            raise FrenzyError("--agent: set FRENZY_DIAGNOSIS_LLM_URL (an OpenAI-compatible API, e.g. "
                              "http://localhost:8000/v1) and FRENZY_DIAGNOSIS_LLM_MODEL")
     d = diagnose_compressed(compress(p, context=args.context), log=str(p), agent=agent)
 
@@ -62,8 +63,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("diagnose", cmd_diagnose, "The root cause of a failed training run from its log: failure type, "
-             "category, rank and node, whether a restart helps, what to do.")
+    sp = add("diagnose", cmd_diagnose)
     sp.add_argument("log", nargs="?",
                     help="the run's log (e.g. RUN_DIR/train.log, a torchrun or Slurm output file)")
     sp.add_argument("--context", type=bounded_int(0, 100), default=2, help="lines kept before each error line (2)")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from cli.argtypes import bounded_int
 from cli.output import emit, table
+from tasks.errors import FrenzyError
 from tasks.jobspec import load_job
 
 
@@ -24,9 +25,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tasks.outdir import run_dir_lock
+    from tasks.paths import resolve_job
     from tasks.training.launch import TrainFailed, default_run_dir, launch
     from tasks.training.progress import describe
 
+    if args.discard_checkpoints and not args.from_scratch:
+        raise FrenzyError("--discard-checkpoints goes with --from-scratch (it deletes the checkpoints a run from step 0 "
+                          "would replace); add --from-scratch, or drop it")
     job = load_job(args.job)
     if args.steps:
         job.training.steps = args.steps
@@ -37,13 +42,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(describe(rec), file=sys.stderr, flush=True)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
+    job = resolve_job(job, Path(args.job).parent.absolute(), run_dir.absolute())  # the job's paths: its file's
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
+        raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     try:
         with run_dir_lock(run_dir):  # one trainer per run directory (tasks/outdir.py)
-            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume or args.from_scratch,
-                            from_scratch=args.from_scratch, device=args.device, threads=args.threads, tp=args.tp,
-                            on_record=show)
+            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume, from_scratch=args.from_scratch,
+                            discard_checkpoints=args.discard_checkpoints, device=args.device, threads=args.threads,
+                            tp=args.tp, on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
         return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
@@ -67,9 +73,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     storage = Storage(args.uri)
     rows = []
-    if storage.local is not None and not storage.local.is_dir():
-        raise ValueError(f"{storage.uri}: no such checkpoint directory" if not storage.local.exists() else
-                         f"{storage.uri} is a file; give the checkpoint root (the directory of step_* folders)")
+    if storage.local is not None and storage.local_root() == "missing":  # a loop, a FIFO or a file: named there
+        raise FrenzyError(f"{storage.uri}: no such checkpoint directory")
     for s in ck.list_steps(storage):
         try:
             m, bad = ck.read_manifest(storage, s), None
@@ -91,13 +96,16 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("train", cmd_train, "Train a job on this machine with asynchronous, verified checkpoints.")
+    sp = add("train", cmd_train)
     sp.add_argument("job", help="job YAML file")
-    sp.add_argument("--resume", action="store_true",
-                    help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
-    sp.add_argument("--from-scratch", action="store_true",
-                    help="with checkpoints none of which verifies: discard them and train from step 0 (without "
-                         "it, such a resume is refused)")
+    start = sp.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
+    start.add_argument("--from-scratch", action="store_true",
+                       help="train from step 0; a checkpoint root that already holds checkpoints is refused (they are "
+                            "kept) unless --discard-checkpoints is given too")
+    sp.add_argument("--discard-checkpoints", action="store_true",
+                    help="with --from-scratch: delete the checkpoints already under checkpoint.uri first")
     sp.add_argument("--nproc", type=bounded_int(1, 1024), default=1,
                     help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
     sp.add_argument("--tp", type=bounded_int(1, 1024), default=1,
@@ -110,6 +118,6 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--steps", type=bounded_int(1, 10**9), help="override training.steps")
     sp.add_argument("--checkpoint-uri", help="override training.checkpoint.uri (file://DIR or s3://BUCKET/PREFIX)")
 
-    sp = add("checkpoints", cmd_checkpoints, "List a checkpoint directory: committed steps, health, checksums.")
+    sp = add("checkpoints", cmd_checkpoints)
     sp.add_argument("uri", help="checkpoint root (file://DIR, DIR or s3://BUCKET/PREFIX)")
     sp.add_argument("--verify", action="store_true", help="re-read every shard and check its sha256")

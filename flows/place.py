@@ -19,13 +19,9 @@ from prefect.exceptions import MissingContextError
 
 from cluster.catalog import default_catalog
 from cluster.has import GpuRequest, requests_from_plans
-from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError, QueueOrder
+from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError, QueueOrder
 from cluster.sizing import exact_type_requests
 from tasks.planning.plans import ResourcePlan
-
-
-class LeaseLost(LedgerError):
-    """The allocation's lease ran out while the job held it: the body must stop using the GPUs."""
 
 
 def _log(msg: str) -> None:

@@ -78,6 +78,7 @@ def submit_with_fault(tmp: Path, nodes: dict[str, Any], sig: int, *, at_step: in
     from prefect.settings import PREFECT_API_URL
 
     job_yaml(tmp, steps, every)
+    Ledger(str(tmp / "l.db"))  # `submit --ledger` takes an existing ledger (a mistyped path is refused)
     cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--executor", "ray", "--ledger", str(tmp / "l.db"),
            "--evaluation", evaluation, "--suite", "small.yaml", "--device", "cpu", "--run-dir", "run",
            "--history-dir", "evals", "--max-wait", "120", "--json"]

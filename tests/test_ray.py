@@ -104,9 +104,9 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
     # the recovery's node check cordons the node that left, HAS places the job again on healthy nodes, it resumes
     import logging
 
-    from flows.submit import _check_allocation_nodes
+    from tasks.pipeline.attempt import check_allocation_nodes
 
-    _check_allocation_nodes(ledger, alloc, logging.getLogger("test"), "ray")
+    check_allocation_nodes(ledger, alloc, logging.getLogger("test"), "ray")
     assert next(n for n in ledger.nodes() if n["name"] == lost)["state"] == "down"  # Ray saw it go
     ledger.release(alloc.id)
     again = ledger.allocate("x", [GpuRequest(gpus=2, min_mem_gib=30)])

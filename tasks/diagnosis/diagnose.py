@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from tasks.diagnosis.agent import AgentConfig, ask, learn
 from tasks.diagnosis.compress import Compressed, compress
 from tasks.diagnosis.rules import RULES, Rule, learned_rules
+from tasks.userfiles import UserFileError, open_user_file, regular_file
 
 _RANK = [re.compile(p) for p in (
     r"\[(?:rank|Rank)\s*(\d+)\]", r"\[default(\d+)\]", r"\[(?:PG [^\]]*?)?Rank (\d+)\]", r"\brank\s*[:=]?\s*(\d+)\b",
@@ -198,18 +199,12 @@ def check_log(path: Path | str) -> Path:
     """The log file at `path`, or an error that says what to give instead: a directory, a FIFO or device (reading
     one could block forever) and a binary file (a library, an executable: any rule would be a guess) are refused.
     Text in any encoding is read (bytes that are not UTF-8 are replaced)."""
-    p = Path(path)
-    if not p.exists():
-        raise ValueError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
-    if p.is_dir():
-        raise IsADirectoryError(None, f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)", str(p))
-    if not p.is_file():
-        raise ValueError(f"{p} is not a regular file (a FIFO, socket or device); copy the log into a file first")
-    with open(p, "rb") as f:
+    p = regular_file(path, "log")
+    with open_user_file(p, "log", limit=1 << 62) as f:  # any length: compress() streams it
         head = f.read(1 << 16)
     if looks_binary(head):
-        raise ValueError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
-                         "wrote (e.g. RUN_DIR/train.log)")
+        raise UserFileError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
+                            "wrote (e.g. RUN_DIR/train.log)")
     return p
 
 

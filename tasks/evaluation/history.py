@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
+from tasks.userfiles import LIMITS, UserFileError, json_loads, path_kind, read_text
 
 
 def history_file(history_dir: str | Path, run: str) -> Path:
@@ -34,12 +35,15 @@ def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, s
 def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[dict]:
     """Entries oldest step first; the newest entry wins when a step was evaluated twice."""
     p = history_file(history_dir, run)
-    if not p.exists():
+    if path_kind(p, "score history") == "missing":
         return []
     by_step: dict[tuple[str, int], dict] = {}
-    for line in p.read_text().splitlines():
+    for n, line in enumerate(read_text(p, "score history", LIMITS["jsonl"]).splitlines(), 1):
         if line.strip():
-            e = json.loads(line)
+            e = json_loads(line, f"{p}:{n}")
+            if not (isinstance(e, dict) and isinstance(e.get("suite"), str) and isinstance(e.get("step"), int)):
+                raise UserFileError(f"{p}:{n}: not a score history entry (an object with suite and step); delete "
+                                    "the line (the next evaluation of that step writes it again)")
             if suite is None or e["suite"] == suite:
                 by_step[(e["suite"], e["step"])] = e
     return sorted(by_step.values(), key=lambda e: (e["suite"], e["step"]))
@@ -72,7 +76,11 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     fig.suptitle(f"{run}: suite {suite}")
     fig.tight_layout()
     out = out or history_file(history_dir, run).with_name(f"history-{suite}.png")
-    fig.savefig(out, dpi=90)
+    from tasks.outdir import atomic_path
+
+    # redrawn after every evaluation (two at once take turns): never half a PNG
+    with atomic_path(out, "the score history plot", by_content=True, wait=True) as tmp:
+        fig.savefig(tmp, dpi=90)
     return out
 
 

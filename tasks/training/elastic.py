@@ -96,19 +96,6 @@ def pool_mtbf(events: list[dict], nodes: list[dict], gpu_type: str, gpus: int, e
                   f"prior of one per {PRIOR_GPU_MTBF_S / 3600 / 8766:.1f} GPU-years")
 
 
-def note_placement(recoveries: list[dict], prev: Placed | None, plan: Any, alloc: Any, job: Any,
-                   logger: Any) -> Placed:
-    """The submit flow's hook after each placement: after a recovery, record the move in the newest recovery
-    record (`relayout`) and log it. Returns this attempt's `Placed` (the next call's `prev`)."""
-    now = placed(plan, alloc, job.training.global_batch, job.training.micro_batch)
-    if recoveries and prev is not None and "relayout" not in recoveries[-1]:
-        rec = recoveries[-1]
-        rl = relayout(prev, now, f"{rec['diagnosis']['type']} on {', '.join(prev.nodes)}", rec["action"]["kind"])
-        rec["relayout"] = rl.model_dump()
-        logger.warning("recovery placement: %s", rl.why)
-    return now
-
-
 def tune_auto(job: Any, ledger: Any, plan: Any, alloc: Any, failures: int, logger: Any) -> None:
     """For `checkpoint.every_steps: auto` without a user `mtbf_s`: the MTBF of the pool this attempt runs on (set
     on the attempt's copy of the job, so a recovery that moves the job re-tunes it)."""
@@ -118,16 +105,6 @@ def tune_auto(job: Any, ledger: Any, plan: Any, alloc: Any, failures: int, logge
     ck.mtbf_s, source = pool_mtbf(ledger.events(limit=100_000), ledger.nodes(), plan.gpu_type, alloc.gpus, failures)
     logger.info("checkpoint.every_steps auto: MTBF %.0f s for %d x %s (%s)", ck.mtbf_s, alloc.gpus, plan.gpu_type,
                 source)
-
-
-def recovery_lines(recoveries: list[dict]) -> list[str]:
-    """The run report's sentence per recovery: the diagnosis, the action, and the relayout when one was recorded."""
-    out = []
-    for rec in recoveries:
-        d, act = rec["diagnosis"], rec["action"]
-        line = f"{d['type']} ({d['category']}): {act['kind']}, {act['reason']}"
-        out.append(f"{line}. {rec['relayout']['why']}" if rec.get("relayout") else line)
-    return out
 
 
 def replan_after_oom(job: Any, cluster: Any, rank_by: str, observations: list) -> list:
