@@ -237,3 +237,15 @@ def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
     assert doc["scores"]["humaneval"]["pass@1"] == 1.0 and doc["history_plot"]
     assert main(["evaluate", "file:///nonexistent/ckpt", "--json"]) == 2
     assert "no committed checkpoint" in capsys.readouterr().err
+
+
+def test_history_plot_draws_a_metrics_standard_error_as_its_error_bars(tmp_path):
+    from tasks.evaluation import history
+
+    assert history._stderr_twin("frz_mc acc_stderr,none") == "frz_mc acc,none"
+    assert history._stderr_twin("heldout ppl_stderr") == "heldout ppl"
+    assert history._stderr_twin("frz_mc acc,none") is None
+    for step, acc in ((1, 0.25), (2, 0.5)):  # a stderr without its metric stays a panel of its own
+        history.append(tmp_path, "r", step, "u", "s", {"t": {"acc,none": acc, "acc_stderr,none": 0.05,
+                                                             "f1_stderr,none": 0.1}})
+    assert history.plot(tmp_path, "r", "s").stat().st_size > 1000
