@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -194,6 +194,7 @@ class _Run:
         self.n_chunks = 0
         self.done_chunks = 0
         self.procs: set[subprocess.Popen] = set()
+        self.warm: dict[tuple[int, int], tuple[subprocess.Popen, Any, Path]] = {}  # (node, gpu): a trial process ahead
         self.cancels: set[Callable[[], None]] = set()
         self._address = None if opts.executor in ("local", "ray") else opts.executor
         self.hosts = _hosts(opts)
@@ -203,6 +204,9 @@ class _Run:
         self.precursors = [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
         for t in self.precursors:
             t.start()
+        for n in range(self.opts.nodes):  # the first trials' processes import while the model is copied
+            for g in range(self.opts.gpus_per_node):
+                self.prewarm(n, g)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -221,9 +225,8 @@ class _Run:
             with self.lock:
                 self.cancels.add(cancel)
             return lines
-        log = open(self.out / "trials" / f"{spec['name']}.stderr", "w")  # noqa: SIM115 - closed below
-        p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", str(path)], stdout=subprocess.PIPE,
-                             stderr=log, text=True, env=_trial_env(self.opts.device, gpu))
+        warm = None if spec.get("precursor") else self._adopt(node, gpu, path)
+        p, log = warm or self._popen(path, gpu, path.with_suffix(".stderr"))
         with self.lock:
             self.procs.add(p)
 
@@ -236,6 +239,53 @@ class _Run:
             yield {"rc": rc, "stderr": (self.out / "trials" / f"{spec['name']}.stderr").read_text()[-2000:]}
 
         return lines()
+
+    def _popen(self, path: Path | None, gpu: int, log_path: Path) -> tuple[subprocess.Popen, Any]:
+        """A local trial process for the spec at `path` (None: a warm one, which reads its spec's path on stdin)."""
+        log = open(log_path, "w")  # noqa: SIM115 - closed when the process ends
+        arg = str(path) if path is not None else "--warm"
+        p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", arg], stdout=subprocess.PIPE, stderr=log,
+                             stdin=subprocess.PIPE if path is None else None, text=True,
+                             env=_trial_env(self.opts.device, gpu))
+        return p, log
+
+    def prewarm(self, node: int, gpu: int) -> None:
+        """Start slot (node, gpu)'s next trial process now (local executor): its imports (torch: about 2 s of a
+        trial's load on CPU) overlap planning or the slot's running trial instead of delaying the next trial."""
+        if self.opts.executor != "local" or self.failed is not None:
+            return
+        with self.lock:
+            if (node, gpu) in self.warm:
+                return
+            log_path = self.out / "trials" / f"warm-n{node}-g{gpu}-{uuid.uuid4().hex[:6]}.stderr"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            p, log = self._popen(None, gpu, log_path)
+            self.procs.add(p)
+            self.warm[(node, gpu)] = (p, log, log_path)
+
+    def _adopt(self, node: int, gpu: int, spec_path: Path) -> tuple[subprocess.Popen, Any] | None:
+        """The slot's warm process, handed the spec (its log renamed to the trial's), or None when there is none."""
+        with self.lock:
+            w = self.warm.pop((node, gpu), None)
+        if w is None:
+            return None
+        p, log, log_path = w
+        try:
+            os.replace(log_path, spec_path.with_suffix(".stderr"))
+            p.stdin.write(f"{spec_path}\n")
+            p.stdin.close()
+            return p, log
+        except OSError:  # it died (killed while warming): start a fresh one
+            self._retire(p, log, spec_path.with_suffix(".stderr"))
+            return None
+
+    def _retire(self, p: subprocess.Popen, log: Any, log_path: Path) -> None:
+        p.kill()
+        p.wait()
+        log.close()
+        log_path.unlink(missing_ok=True)
+        with self.lock:
+            self.procs.discard(p)
 
     def _events(self, stream, name: str):  # noqa: ANN001, ANN202
         for line in stream:
@@ -293,7 +343,10 @@ class _Run:
                 "device": "cuda" if self.opts.device == "cuda" else "cpu"}
         load_s = 0.0
         chunks: dict[tuple[str, int], ChunkResult] = {}
-        for ev in self._events(self._spawn(spec, node, gpu), name):
+        stream = self._spawn(spec, node, gpu)
+        if self.queue:  # this slot's next trial process starts importing while this one infers
+            self.prewarm(node, gpu)
+        for ev in self._events(stream, name):
             if ev["event"] == "loaded":
                 load_s = self.now() - start
             elif ev["event"] == "landed":
@@ -374,6 +427,10 @@ class _Run:
 
     def close(self) -> None:
         """Stop whatever still runs (also after a failure before `execute`) and remove the shared-memory copies."""
+        with self.lock:
+            warm, self.warm = list(self.warm.values()), {}
+        for p, log, log_path in warm:  # started ahead for trials that went to other slots
+            self._retire(p, log, log_path)
         for pool in self.pools:
             pool.shutdown(wait=True, cancel_futures=True)
         with self.lock:
