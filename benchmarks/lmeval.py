@@ -27,6 +27,7 @@ import math
 import os
 import platform
 import pstats
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,15 +72,15 @@ def lm_eval_run(model: str, model_args: str, tasks_dir: Path, out: Path, threads
     return dt, _metrics(doc["results"])
 
 
-def frenzy_run(hf_dir: Path, tasks_dir: Path, work: Path, threads: int, env: dict) -> tuple[float, dict, dict]:
+def frenzy_run(hf_dir: Path, tasks_dir: Path, work: Path, threads: int, env: dict, r: int = 0) -> tuple[float, dict, dict]:
     suite = work / "suite.yaml"
     suite.write_text(f"name: lmeval-bench\nmodel_load_s: {{remote: 3.0, shm: 2.0, remote_streams_per_node: 1}}\n"
                      f"cpu_workers_per_node: {threads}\nlmeval:\n  include: [{tasks_dir}]\n  tasks: {kit.TASKS}\n")
-    out = work / "frenzy"
+    out = work / f"frenzy-{r}"
     cmd = [sys.executable, "-m", "cli", "evaluate", str(hf_dir), "--suite", str(suite), "--gpus-per-node", str(threads),
            "--threads", "1", "--cpu-workers-per-node", str(threads), "--out-dir", str(out), "--history-dir",
-           str(work / "history"), "--json"]
-    dt = _run(cmd, {**env, "FRENZY_EVAL_PRIORS": str(work / "priors.json")}, ROOT)
+           str(work / f"history-{r}"), "--json"]
+    dt = _run(cmd, {**env, "FRENZY_EVAL_PRIORS": str(work / f"priors-{r}.json")}, ROOT)  # fresh priors each round
     res = json.loads((out / "result.json").read_text())
     return dt, res["scores"], res
 
@@ -178,6 +179,7 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--profile", action="store_true", help="also profile lm_eval's phases in-process")
     ap.add_argument("--work", help="working directory (default: a temporary one)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of the three runs; medians reported")
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="lmeval-bench-"))
     env = {**os.environ, **OFFLINE, "FRENZY_CACHE": str(work / "cache"), "HF_HOME": str(work / "hf-home"),
@@ -187,19 +189,24 @@ def main() -> int:
     shape = {**kit.LLAMA, "layers": a.layers, "hidden": a.hidden, "heads": max(1, a.hidden // 64),
              "kv_heads": max(1, a.hidden // 128)}
     hf_dir = kit.export_model(work, shape, seq_len=512, vocab=a.vocab)
-    t_hf, m_hf = lm_eval_run("hf", f"pretrained={hf_dir},dtype=float32", tasks_dir, work / "lm-eval-hf", a.threads, env)
-    print(f"lm_eval hf: {t_hf:.1f}s", file=sys.stderr, flush=True)
-    t_fl, m_fl = lm_eval_run("frenzy", f"uri={hf_dir}", tasks_dir, work / "lm-eval-frenzy", a.threads, env)
-    print(f"lm_eval frenzy: {t_fl:.1f}s", file=sys.stderr, flush=True)
-    t_fz, m_fz, res = frenzy_run(hf_dir, tasks_dir, work, a.threads, env)
-    print(f"frenzy evaluate: {t_fz:.1f}s", file=sys.stderr, flush=True)
+    times: dict[str, list[float]] = {"hf": [], "frenzy_model": [], "frenzy": []}
+    for r in range(a.rounds):  # alternating, so that a busy minute of the shared machine hits every run alike
+        t_hf, m_hf = lm_eval_run("hf", f"pretrained={hf_dir},dtype=float32", tasks_dir, work / f"lm-eval-hf-{r}",
+                                 a.threads, env)
+        t_fl, m_fl = lm_eval_run("frenzy", f"uri={hf_dir}", tasks_dir, work / f"lm-eval-frenzy-{r}", a.threads, env)
+        t_fz, m_fz, res = frenzy_run(hf_dir, tasks_dir, work, a.threads, env, r)
+        for k, t in zip(times, (t_hf, t_fl, t_fz), strict=True):
+            times[k].append(t)
+        print(f"round {r}: lm_eval hf {t_hf:.1f}s, lm_eval frenzy {t_fl:.1f}s, frenzy evaluate {t_fz:.1f}s",
+              file=sys.stderr, flush=True)
+    t_hf, t_fl, t_fz = (statistics.median(times[k]) for k in times)
     ok_fz, worst_fz = agree(m_hf, {k: v for k, v in m_fz.items() if k in m_hf})
     ok_fl, worst_fl = agree(m_hf, m_fl)
     doc = {"date": datetime.now(UTC).date().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
            "command": "python benchmarks/lmeval.py " + " ".join(sys.argv[1:]), "threads": a.threads, "docs": a.docs,
            "model": {**shape, "vocab": a.vocab, "seq_len": 512,
                      "parameters": _params(hf_dir)}, "versions": _versions(),
-           "lm_eval_hf_s": t_hf, "lm_eval_frenzy_s": t_fl, "frenzy_evaluate_s": t_fz,
+           "lm_eval_hf_s": t_hf, "lm_eval_frenzy_s": t_fl, "frenzy_evaluate_s": t_fz, "rounds": times,
            "speedup": t_hf / t_fz, "speedup_engine_only": t_hf / t_fl, "same_numbers": ok_fz and ok_fl,
            "worst_relative_difference": max(worst_fz, worst_fl), "metrics_hf": m_hf, "metrics_frenzy": m_fz,
            "frenzy_phases": _frenzy_phases(res), "requests": _request_counts(work)}
@@ -244,6 +251,10 @@ def _request_counts(work: Path) -> dict:
     return counts
 
 
+def _fmt(xs: list[float]) -> str:
+    return ", ".join(f"{x:.1f}" for x in xs)
+
+
 def report(doc: dict) -> str:
     m = doc["model"]
     lines = [f"# lm-eval tasks: Frenzy against lm_eval's HF backend ({doc['date']}, {doc['machine']})", "",
@@ -259,6 +270,9 @@ def report(doc: dict) -> str:
              f"{doc['speedup_engine_only']:.2f}x |",
              f"| `frenzy evaluate` (suite with the same tasks; target >= 2x) | {doc['frenzy_evaluate_s']:.1f} s | "
              f"**{doc['speedup']:.2f}x** |", "",
+             f"Medians of {len(doc['rounds']['hf'])} alternating round(s); per round (s): lm_eval hf "
+             f"{_fmt(doc['rounds']['hf'])}, lm_eval frenzy {_fmt(doc['rounds']['frenzy_model'])}, frenzy evaluate "
+             f"{_fmt(doc['rounds']['frenzy'])}.", "",
              f"Same numbers: **{doc['same_numbers']}** (every task and group metric; largest relative difference of a "
              f"log-likelihood-derived metric {doc['worst_relative_difference']:.1e}).", "",
              "Frenzy's run: " + json.dumps(doc["frenzy_phases"]), "",
