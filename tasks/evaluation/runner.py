@@ -204,9 +204,6 @@ class _Run:
         self.precursors = [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
         for t in self.precursors:
             t.start()
-        for n in range(self.opts.nodes):  # the first trials' processes import while the model is copied
-            for g in range(self.opts.gpus_per_node):
-                self.prewarm(n, g)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -313,6 +310,8 @@ class _Run:
             for _ in self._events(self._spawn(spec, node, 0), spec["name"]):
                 pass
             self.precursor_s[node] = time.monotonic() - t
+            for g in range(self.opts.gpus_per_node):  # the first trials' processes import while the suite is planned
+                self.prewarm(node, g)  # (not beside the copy: on 2 cores that slowed the copy and the plan by more)
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001
             self.failed = self.failed or str(err)
