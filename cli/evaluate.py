@@ -15,6 +15,10 @@ def cmd_eval_plan(args: argparse.Namespace) -> int:
     from tasks.evaluation.suite import load_suite
 
     suite = load_suite(args.suite)
+    if suite.lmeval is not None:  # lm-eval tasks: one dataset per task, counted by loading them
+        from tasks.evaluation.lmeval.source import expand
+
+        suite = expand(suite)
     p = plan(suite, args.nodes, args.gpus_per_node, args.cpu_workers_per_node)
     doc = p.model_dump(mode="json", exclude={"naive_trials"} if not args.naive_trials else set())
 

@@ -3,13 +3,37 @@
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
              b"<Message>Please reduce your request rate.</Message></Error>")
+
+
+@contextmanager
+def s3_env(port: int) -> Iterator[dict]:
+    """The AWS variables that point s3fs at the endpoint on `port` (its bucket `frenzy` created), restored after."""
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir("frenzy")
+        yield env
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def free_port() -> int:

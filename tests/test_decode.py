@@ -74,3 +74,20 @@ def test_top_k_and_top_p_keep_only_the_likely_tokens():
     assert set(pick(logits, Sampling(temperature=1.0, top_p=0.5), gen).tolist()) == {0}
     with pytest.raises(ValueError, match="top_p"):
         Sampling(temperature=1.0, top_p=0.0)
+
+
+def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_unchanged():
+    """Rows ending at different steps leave the batch as they finish (a quarter of it at a time); every row's tokens
+    equal its one-prompt-at-a-time generation."""
+    from tasks.evaluation.decode import greedy
+
+    lm = _lm({"preset": "gpt-tiny", "position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}, seed=2)
+    rows = [lm.encode(f"row {i}: " + "ab" * i) for i in range(8)]
+    free = [greedy(lm.model, [r], 30)[0] for r in rows]
+    mixed = 0
+    for eos in {f[k] for f in free for k in (2, 9)}:  # end tokens some rows reach early and others late or never
+        solo = [greedy(lm.model, [r], 30, eos=eos)[0] for r in rows]
+        assert greedy(lm.model, rows, 30, eos=eos) == solo
+        longest = max(len(s) for s in solo)
+        mixed += sum(len(s) < longest for s in solo) >= 2
+    assert mixed  # some end token made two rows or more finish while others went on: they left the batch

@@ -84,6 +84,9 @@ def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):
     assert len(el.precursor_s) == 2 and all(s > 0 for s in el.precursor_s)
     assert {t.load for t in el.trials} == {"shm"} and seen[-1] == 1.0
     assert list((tmp_path / "shm").iterdir()) == []  # shared-memory copies removed
+    # each trial ran in a process started ahead (warm): its log is the trial's, no unused one is left running
+    assert sorted(p.name for p in (tmp_path / "el" / "trials").glob("*.stderr")) == sorted(
+        [f"trial-{t.id:04d}.stderr" for t in el.trials] + ["precursor-n0.stderr", "precursor-n1.stderr"])
     # every chunk's metric ran after its predictions landed (no barrier), on the CPU pool
     for t in el.trials:
         for c in t.chunks:
@@ -237,3 +240,24 @@ def test_cli_eval_plan_and_evaluate_json(ckpt, tmp_path, capsys):
     assert doc["scores"]["humaneval"]["pass@1"] == 1.0 and doc["history_plot"]
     assert main(["evaluate", "file:///nonexistent/ckpt", "--json"]) == 2
     assert "no committed checkpoint" in capsys.readouterr().err
+
+
+def test_history_plot_draws_a_metrics_standard_error_as_its_error_bars(tmp_path):
+    from tasks.evaluation import history
+
+    assert history._stderr_twin("frz_mc acc_stderr,none") == "frz_mc acc,none"
+    assert history._stderr_twin("heldout ppl_stderr") == "heldout ppl"
+    assert history._stderr_twin("frz_mc acc,none") is None
+    for step, acc in ((1, 0.25), (2, 0.5)):  # a stderr without its metric stays a panel of its own
+        history.append(tmp_path, "r", step, "u", "s", {"t": {"acc,none": acc, "acc_stderr,none": 0.05,
+                                                             "f1_stderr,none": 0.1}})
+    assert history.plot(tmp_path, "r", "s").stat().st_size > 1000
+
+
+def test_a_warm_trial_process_exits_quietly_when_no_trial_comes():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "tasks.evaluation.trial", "--warm"], input="", capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout == ""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("moto.server")
@@ -12,7 +10,7 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from tasks.training import checkpoint as ck  # noqa: E402
 from tasks.training.storage import AlreadyExists, Storage, StorageError  # noqa: E402
-from tests.s3_endpoint import FlakyProxy, free_port  # noqa: E402
+from tests.s3_endpoint import FlakyProxy, free_port, s3_env  # noqa: E402
 from tests.trainer_util import assert_bitwise_equal, final_state, progress, run, start, tiny_job, wait_for  # noqa: E402
 
 
@@ -21,21 +19,8 @@ def s3(tmp_path_factory):
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    with FlakyProxy(port) as proxy:
-        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{proxy.port}"}
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        import s3fs
-
-        s3fs.S3FileSystem.clear_instance_cache()
-        s3fs.S3FileSystem().mkdir("frenzy")
+    with FlakyProxy(port) as proxy, s3_env(proxy.port) as env:
         yield proxy, env
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     server.stop()
 
 

@@ -234,7 +234,7 @@ class LM:
         """Greedy continuation of `prompt` (left-truncated to the context), cut at the first stop string."""
         return self.generate_batch([prompt], max_new_tokens, stop)[0]
 
-    def _stopper(self, stop: list[str] | None):  # noqa: ANN202 - a predicate over a row's new tokens
+    def stopper(self, stop: list[str] | None):  # noqa: ANN201 - a predicate over a row's new tokens
         if not stop:
             return None
         if self.tok.name == "byte":
@@ -243,7 +243,12 @@ class LM:
         # a stop string can span tokens: decode the row's tail (the longest stop string's worth of tokens suffices,
         # as every token decodes to at least one character)
         tail = max(len(s) for s in stop) + 1
-        return lambda toks: any(s in self.tok.decode(toks[-tail:]) for s in stop)
+
+        def ended(toks: list[int]) -> bool:
+            text = self.tok.decode(toks[-tail:])  # once for every stop string
+            return any(s in text for s in stop)
+
+        return ended
 
     def _cut(self, ids: list[int], stop: list[str] | None) -> str:
         if self.tok.eos_id is not None and self.tok.eos_id in ids:
@@ -256,7 +261,7 @@ class LM:
                        sampling: Sampling | None = None) -> list[str]:
         """Continuations of many prompts at once (KV cache, left padding: `decode.greedy`), greedy or sampled,
         each ended by a stop string or the end-of-text token."""
-        outs = greedy(self.model, [self.encode(p) for p in prompts], max_new_tokens, self._stopper(stop),
+        outs = greedy(self.model, [self.encode(p) for p in prompts], max_new_tokens, self.stopper(stop),
                       eos=self.tok.eos_id, empty=self.tok.eos_id if self.tok.eos_id is not None else 10,
                       sampling=sampling)
         return [self._cut(o, stop) for o in outs]
@@ -267,7 +272,7 @@ class LM:
         engine is tested and benchmarked against."""
         toks = self.encode(prompt)[-(self.seq_len - 1):] or [self.tok.eos_id if self.tok.eos_id is not None else 10]
         out: list[int] = []
-        stopper = self._stopper(stop)
+        stopper = self.stopper(stop)
         for _ in range(max_new_tokens):
             window = torch.as_tensor([toks[-self.seq_len:]], dtype=torch.int64, device=self.device)
             nxt = int(self.model.logits(window)[0, -1].argmax())

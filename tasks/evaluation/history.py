@@ -68,32 +68,46 @@ def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[Hi
     return [by_step[k] for k in sorted(by_step)]
 
 
+def _stderr_twin(name: str) -> str | None:
+    """The metric whose standard error series `name` is (lm-eval's `acc_stderr,none` of `acc,none`), else None."""
+    metric, sep, filt = name.partition(",")
+    return metric.removesuffix("_stderr") + sep + filt if metric.endswith("_stderr") else None
+
+
 def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:
-    """One panel per dataset metric against the training step; None when there is nothing to plot."""
+    """One panel per dataset metric against the training step (a metric's standard error as its error bars, not a
+    panel of its own); None when there is nothing to plot. Fixed spacing, not tight_layout: with the dozens of
+    panels of an lm-eval suite, measuring every tick label took seconds of each evaluation."""
     entries = read(history_dir, run, suite)
     if not entries:
         return None
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
-    series: dict[str, list[tuple[int, float]]] = {}
+    series: dict[str, dict[int, float]] = {}
     for e in entries:
         for ds, metrics in e.scores.items():
             for m, v in metrics.items():
-                series.setdefault(f"{ds} {m}", []).append((e.step, v))
-    n = len(series)
-    cols = min(3, n)
-    rows = (n + cols - 1) // cols
+                series.setdefault(f"{ds} {m}", {})[e.step] = v
+    errs = {twin: pts for name, pts in series.items() if (twin := _stderr_twin(name)) in series}
+    panels = sorted(n for n in series if _stderr_twin(n) not in series)
+    cols = min(3, len(panels))
+    rows = (len(panels) + cols - 1) // cols
     fig = Figure(figsize=(4.2 * cols, 2.8 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
-    for ax, (name, pts) in zip(axes.flat, sorted(series.items()), strict=False):
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+    for ax, name in zip(axes.flat, panels, strict=False):
+        steps = sorted(series[name])
+        err = errs.get(name)
+        ax.errorbar(steps, [series[name][s] for s in steps], marker="o",
+                    yerr=[err.get(s, 0.0) for s in steps] if err else None, capsize=3 if err else 0)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[n:]:
+    for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"{run}: suite {suite}")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.12 / rows ** 0.5, top=1 - 0.12 / rows ** 0.5, hspace=0.65,
+                        wspace=0.3)
     out = out or history_file(history_dir, run).with_name(f"history-{suite}.png")
     from tasks.outdir import atomic_path
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tasks.evaluation import history
-from tasks.evaluation.engine import resolve_manifest
+from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
 from tasks.outdir import OutputError, check_dir_target, fill_dir, held, machine_errors
@@ -66,11 +66,15 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
     The results are written whole or not at all: into a temp directory beside the target, renamed over it when the
     evaluation is complete (tasks/outdir.py), so a kill leaves the previous results as they were. A target that holds
     results is replaced only with `overwrite` (`--overwrite`)."""
-    _, m = resolve_manifest(uri)
-    out = Path(opts.out_dir or f"{history_dir}/{m.run}/step_{m.step:08d}/{suite.name}").expanduser().absolute()
+    if is_hf_dir(uri):  # a Hugging Face model directory is step 0 of a run named after it (as `evaluate` has it)
+        run, step = str(hf_info(uri)["run"]), 0
+    else:
+        _, m = resolve_manifest(uri)
+        run, step = m.run, m.step
+    out = Path(opts.out_dir or f"{history_dir}/{run}/step_{step:08d}/{suite.name}").expanduser().absolute()
     check_dir_target(out, "frenzy evaluate", by_content=True)  # its own layout is evals/<run>/step_<N>/<suite>
     with sole_writer(out, wait=not reevaluate):
-        done = None if reevaluate else recorded(history_dir, m.run, m.step, suite.name)
+        done = None if reevaluate else recorded(history_dir, run, step, suite.name)
         if done is not None and Path(done.result).exists():
             return EvalResult.model_validate_json(Path(done.result).read_text()), done
         if not overwrite:

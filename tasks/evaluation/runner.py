@@ -25,10 +25,11 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,7 +38,7 @@ from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
-from tasks.evaluation.suite import Suite
+from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
 
 
@@ -172,11 +173,14 @@ def clean_stale_shm(shm_root: str) -> list[str]:
 
 
 class _Run:
-    def __init__(self, uri: str, suite: Suite, opts: EvalOptions, sched: Schedule, out: Path, ctx: EvalContext,
+    """One evaluation's processes. The precursors may start (`start_precursors`) before the suite is planned, so
+    the model copy overlaps preparing it; `execute` then runs the planned trials."""
+
+    def __init__(self, uri: str, opts: EvalOptions, out: Path, ctx: EvalContext,
                  progress: Callable[[str, float], None]) -> None:
-        self.uri, self.suite, self.opts, self.sched, self.out, self.ctx = uri, suite, opts, sched, out, ctx
+        self.uri, self.opts, self.out, self.ctx = uri, opts, out, ctx
         self.progress = progress
-        self.queue = list(sched.trials)
+        self.queue: list[TrialPlan] = []
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.failed: str | None = None
@@ -184,15 +188,22 @@ class _Run:
         self.metric_futures: list[Future] = []
         self.ready = [threading.Event() for _ in range(opts.nodes)]
         self.precursor_s = [0.0] * opts.nodes
+        self.precursors: list[threading.Thread] = []
         self.shm = Path(opts.shm_root) / f"frenzy-eval-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        cpus = sched.cpu_workers_per_node
-        self.pools = [ThreadPoolExecutor(cpus, thread_name_prefix=f"metrics-n{n}") for n in range(opts.nodes)]
-        self.n_chunks = sum(len(t.chunks) for t in sched.trials)
+        self.pools: list[ThreadPoolExecutor] = []
+        self.n_chunks = 0
         self.done_chunks = 0
         self.procs: set[subprocess.Popen] = set()
+        self.warm: dict[tuple[int, int], tuple[subprocess.Popen, Any, Path]] = {}  # (node, gpu): a trial process ahead
         self.cancels: set[Callable[[], None]] = set()
         self._address = None if opts.executor in ("local", "ray") else opts.executor
         self.hosts = _hosts(opts)
+
+    def start_precursors(self) -> None:
+        """Copy the model into every node's shared memory now (one process per node)."""
+        self.precursors = [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
+        for t in self.precursors:
+            t.start()
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -211,9 +222,8 @@ class _Run:
             with self.lock:
                 self.cancels.add(cancel)
             return lines
-        log = open(self.out / "trials" / f"{spec['name']}.stderr", "w")  # noqa: SIM115 - closed below
-        p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", str(path)], stdout=subprocess.PIPE,
-                             stderr=log, text=True, env=_trial_env(self.opts.device, gpu))
+        warm = None if spec.get("precursor") else self._adopt(node, gpu, path)
+        p, log = warm or self._popen(path, gpu, path.with_suffix(".stderr"))
         with self.lock:
             self.procs.add(p)
 
@@ -226,6 +236,53 @@ class _Run:
             yield {"rc": rc, "stderr": (self.out / "trials" / f"{spec['name']}.stderr").read_text()[-2000:]}
 
         return lines()
+
+    def _popen(self, path: Path | None, gpu: int, log_path: Path) -> tuple[subprocess.Popen, Any]:
+        """A local trial process for the spec at `path` (None: a warm one, which reads its spec's path on stdin)."""
+        log = open(log_path, "w")  # noqa: SIM115 - closed when the process ends
+        arg = str(path) if path is not None else "--warm"
+        p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", arg], stdout=subprocess.PIPE, stderr=log,
+                             stdin=subprocess.PIPE if path is None else None, text=True,
+                             env=_trial_env(self.opts.device, gpu))
+        return p, log
+
+    def prewarm(self, node: int, gpu: int) -> None:
+        """Start slot (node, gpu)'s next trial process now (local executor): its imports (torch: about 2 s of a
+        trial's load on CPU) overlap planning or the slot's running trial instead of delaying the next trial."""
+        if self.opts.executor != "local" or self.failed is not None:
+            return
+        with self.lock:
+            if (node, gpu) in self.warm:
+                return
+            log_path = self.out / "trials" / f"warm-n{node}-g{gpu}-{uuid.uuid4().hex[:6]}.stderr"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            p, log = self._popen(None, gpu, log_path)
+            self.procs.add(p)
+            self.warm[(node, gpu)] = (p, log, log_path)
+
+    def _adopt(self, node: int, gpu: int, spec_path: Path) -> tuple[subprocess.Popen, Any] | None:
+        """The slot's warm process, handed the spec (its log renamed to the trial's), or None when there is none."""
+        with self.lock:
+            w = self.warm.pop((node, gpu), None)
+        if w is None:
+            return None
+        p, log, log_path = w
+        try:
+            os.replace(log_path, spec_path.with_suffix(".stderr"))
+            p.stdin.write(f"{spec_path}\n")
+            p.stdin.close()
+            return p, log
+        except OSError:  # it died (killed while warming): start a fresh one
+            self._retire(p, log, spec_path.with_suffix(".stderr"))
+            return None
+
+    def _retire(self, p: subprocess.Popen, log: Any, log_path: Path) -> None:
+        p.kill()
+        p.wait()
+        log.close()
+        log_path.unlink(missing_ok=True)
+        with self.lock:
+            self.procs.discard(p)
 
     def _events(self, stream, name: str):  # noqa: ANN001, ANN202
         for line in stream:
@@ -253,6 +310,8 @@ class _Run:
             for _ in self._events(self._spawn(spec, node, 0), spec["name"]):
                 pass
             self.precursor_s[node] = time.monotonic() - t
+            for g in range(self.opts.gpus_per_node):  # the first trials' processes import while the suite is planned
+                self.prewarm(node, g)  # (not beside the copy: on 2 cores that slowed the copy and the plan by more)
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001
             self.failed = self.failed or str(err)
@@ -283,7 +342,10 @@ class _Run:
                 "device": "cuda" if self.opts.device == "cuda" else "cpu"}
         load_s = 0.0
         chunks: dict[tuple[str, int], ChunkResult] = {}
-        for ev in self._events(self._spawn(spec, node, gpu), name):
+        stream = self._spawn(spec, node, gpu)
+        if self.queue:  # this slot's next trial process starts importing while this one infers
+            self.prewarm(node, gpu)
+        for ev in self._events(stream, name):
             if ev["event"] == "loaded":
                 load_s = self.now() - start
             elif ev["event"] == "landed":
@@ -316,38 +378,68 @@ class _Run:
             self._count(cr)
         except Exception as err:  # noqa: BLE001
             self.failed = self.failed or f"metrics of {chunk['dataset']}[{chunk['start']}:{chunk['stop']}]: {err}"
+            return
+        with self.lock:
+            self.left[chunk["dataset"]] -= 1
+            last = self.left[chunk["dataset"]] == 0
+        if last:  # the dataset's aggregate (bootstrapped errors, ...) now, while other trials still infer
+            self._aggregate_early(chunk["dataset"])
+
+    def _aggregate_early(self, name: str) -> None:
+        try:
+            d = next(x for x in self.suite.datasets if x.name == name)
+            dest = self.out / "aggregates" / f"{name}.json"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(aggregate_dataset(self.suite, self.ctx, self.out, d)))
+            os.replace(tmp, dest)
+        except Exception as err:  # noqa: BLE001
+            self.failed = self.failed or f"aggregating {name}: {err}"
 
     def _count(self, cr: ChunkResult) -> None:
         with self.lock:
             self.done_chunks += 1
         self.progress(f"{cr.dataset}[{cr.start}:{cr.stop}] scored ({self.done_chunks}/{self.n_chunks})", self._frac())
 
-    def execute(self) -> float:
-        threads = []
-        if self.sched.kind == "elastic":
-            threads += [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
-        else:
+    def execute(self, suite: Suite, sched: Schedule) -> float:
+        """Run `sched`'s trials (after the precursors, which start here unless they did already); the seconds from
+        the first process start to the last metric."""
+        self.suite, self.sched, self.queue = suite, sched, list(sched.trials)
+        self.left = Counter(c.dataset for t in sched.trials for c in t.chunks)  # chunks to score, per dataset
+        cpus = sched.cpu_workers_per_node
+        self.pools = [ThreadPoolExecutor(cpus, thread_name_prefix=f"metrics-n{n}") for n in range(self.opts.nodes)]
+        self.n_chunks = sum(len(t.chunks) for t in sched.trials)
+        if sched.kind == "elastic" and not self.precursors:
+            self.start_precursors()
+        elif sched.kind != "elastic":
             for e in self.ready:
                 e.set()
-        threads += [threading.Thread(target=self.gpu_worker, args=(n, g), daemon=True)
-                    for n in range(self.opts.nodes) for g in range(self.opts.gpus_per_node)]
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            for f in list(self.metric_futures):
-                f.result()
-            return self.now()
-        finally:
-            for pool in self.pools:
-                pool.shutdown(wait=True, cancel_futures=True)
-            with self.lock:
-                for p in list(self.procs):
-                    p.kill()
-                for cancel in list(self.cancels):
-                    cancel()
-            shutil.rmtree(self.shm, ignore_errors=True)
+        threads = [threading.Thread(target=self.gpu_worker, args=(n, g), daemon=True)
+                   for n in range(self.opts.nodes) for g in range(self.opts.gpus_per_node)]
+        for t in threads:
+            t.start()
+        for t in [*self.precursors, *threads]:
+            t.join()
+        for f in list(self.metric_futures):
+            f.result()
+        return self.now()
+
+    def close(self) -> None:
+        """Stop whatever still runs (also after a failure before `execute`) and remove the shared-memory copies."""
+        with self.lock:
+            warm, self.warm = list(self.warm.values()), {}
+        for p, log, log_path in warm:  # started ahead for trials that went to other slots
+            self._retire(p, log, log_path)
+        for pool in self.pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self.lock:
+            for p in list(self.procs):
+                p.kill()
+            for cancel in list(self.cancels):
+                cancel()
+        for t in self.precursors:
+            t.join(timeout=30)
+        shutil.rmtree(self.shm, ignore_errors=True)
 
 
 def _check_datasets(suite: Suite, ctx: EvalContext) -> None:
@@ -358,57 +450,97 @@ def _check_datasets(suite: Suite, ctx: EvalContext) -> None:
                                f"{len(ds)}: lower `examples`")
 
 
+def _model(uri: str) -> tuple[str, str, int, dict]:
+    """(URI to load, run name, step, model info) of a checkpoint URI or a Hugging Face model directory (step 0 of
+    a run named after the directory)."""
+    if is_hf_dir(uri):
+        info = hf_info(uri)
+        return info["source"], info["run"], 0, info
+    storage, manifest = resolve_manifest(uri)
+    return storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step, model_info(manifest, storage)
+
+
+def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str) -> tuple[Suite, Schedule, list[str]]:
+    """The suite (lm-eval tasks expanded into datasets, their requests built once here), checked, and its plan."""
+    if suite.lmeval is not None:
+        from tasks.evaluation.lmeval.source import expand
+
+        suite = expand(suite)
+    _check_datasets(suite, ctx)
+    ppath = Path(opts.priors_path) if opts.priors_path else None
+    planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
+    cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
+    sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
+                                                                         cpus)
+    return suite, sched, used
+
+
 def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
              progress: Callable[[str, float], None] | None = None) -> EvalResult:
     """Evaluate one committed checkpoint on a suite; see the module docstring."""
     opts = opts or EvalOptions()
     progress = progress or (lambda msg, frac: None)
-    if is_hf_dir(uri):  # a Hugging Face model directory: step 0 of a run named after the directory
-        info = hf_info(uri)
-        uri, run_name, step = info["source"], info["run"], 0
-    else:
-        storage, manifest = resolve_manifest(uri)
-        info = model_info(manifest, storage)
-        uri, run_name, step = storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step
+    uri, run_name, step, info = _model(uri)
     ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"), tokenizer=tokenizer_path(info))
-    _check_datasets(suite, ctx)
-    ppath = Path(opts.priors_path) if opts.priors_path else None
-    key = P.model_key(opts.device, info["model"])
-    planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
-    cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
-    sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
-                                                                         cpus)
     out = Path(opts.out_dir) if opts.out_dir else Path("evals") / run_name / f"step_{step:08d}" / suite.name
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_shm(opts.shm_root)
-    progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
-             f"predicted {sched.makespan_s:.1f}s", 0.0)
-    run = _Run(uri, suite, opts, sched, out, ctx, progress)
-    makespan = run.execute()
+    shutil.rmtree(out / "aggregates", ignore_errors=True)  # made again by this run's metric jobs
+    key = P.model_key(opts.device, info["model"])
+    run = _Run(uri, opts, out, ctx, progress)
+    try:
+        if opts.schedule == "elastic":
+            run.start_precursors()  # the model copy overlaps loading and planning the suite
+        suite, sched, used = _plan(suite, ctx, opts, key)
+        progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
+                 f"predicted {sched.makespan_s:.1f}s", 0.0)
+        makespan = run.execute(suite, sched)
+    finally:
+        run.close()
     if run.failed:
         raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
     scores = aggregate(suite, ctx, out)
-    trials = sorted(run.results, key=lambda t: t.id)
     res = EvalResult(uri=uri, run=run_name, step=step, suite=suite.name, schedule=opts.schedule,
-                     nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=cpus,
+                     nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=sched.cpu_workers_per_node,
                      makespan_s=makespan, predicted_makespan_s=sched.makespan_s,
-                     precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores, trials=trials,
-                     out_dir=str(out), priors_used=used)
+                     precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores,
+                     trials=sorted(run.results, key=lambda t: t.id), out_dir=str(out), priors_used=used)
     (out / "result.json").write_text(res.model_dump_json(indent=1))
     if opts.learn_priors:
-        learn(res, suite, key, ppath)
+        learn(res, suite, key, Path(opts.priors_path) if opts.priors_path else None)
     return res
 
 
+def _is_lmeval(d: SuiteDataset) -> bool:
+    return d.dataset == "tasks.evaluation.lmeval.dataset:make"  # lmeval.source.FACTORY
+
+
+def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset) -> dict:
+    """One dataset's aggregate from its chunks' score files (chunks in any order); for an lm-eval task, lm-eval's
+    task metrics with the sample count its group aggregation weighs by."""
+    files = sorted((out / "scores" / d.name).glob("*.json"))
+    per = [s for f in files for s in json.loads(f.read_text())["scores"]]
+    if len(per) != d.examples:
+        raise EvalError(f"{d.name}: {len(per)} of {d.examples} examples scored in {out / 'scores' / d.name}")
+    if _is_lmeval(d):
+        from tasks.evaluation.lmeval.source import task_metrics
+
+        return task_metrics(suite.lmeval, d.name, per)  # type: ignore[arg-type]
+    return resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+
+
 def aggregate(suite: Suite, ctx: EvalContext, out: Path) -> dict[str, dict[str, float]]:
-    """Scores per dataset from every chunk's score file (chunks in any order)."""
-    res = {}
+    """Scores per dataset: the aggregate a metric job made when the dataset's last chunk was scored
+    (`aggregates/<name>.json`), or made here; lm-eval tasks then with their groups, by lm-eval's aggregation."""
+    res, lm_tasks = {}, {}
     for d in suite.datasets:
-        files = sorted((out / "scores" / d.name).glob("*.json"))
-        per = [s for f in files for s in json.loads(f.read_text())["scores"]]
-        if len(per) != d.examples:
-            raise EvalError(f"{d.name}: {len(per)} of {d.examples} examples scored in {out / 'scores' / d.name}")
-        res[d.name] = resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+        early = out / "aggregates" / f"{d.name}.json"
+        agg = json.loads(early.read_text()) if early.exists() else aggregate_dataset(suite, ctx, out, d)
+        (lm_tasks if _is_lmeval(d) else res)[d.name] = agg
+    if lm_tasks:
+        from tasks.evaluation.lmeval.source import finish
+
+        res.update(finish(suite.lmeval, lm_tasks))  # type: ignore[arg-type]
     return res
 
 

@@ -442,6 +442,10 @@ def plan(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int
     """Naive and elastic schedules of `suite` on `nodes` x `gpus_per_node` GPUs, with the lower bound."""
     if nodes < 1 or gpus_per_node < 1:
         raise FrenzyError(f"need at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
+    if suite.lmeval is not None:  # lm-eval tasks: their documents are counted by loading them
+        from tasks.evaluation.lmeval.source import expand
+
+        suite = expand(suite)
     naive = plan_naive(suite, nodes, gpus_per_node, cpu_workers_per_node)
     el = plan_elastic(suite, nodes, gpus_per_node, cpu_workers_per_node)
     lb = lower_bound(suite, nodes, gpus_per_node, cpu_workers_per_node)

@@ -2,7 +2,9 @@
 
 A suite names its datasets with their size, mode and prior seconds per example for inference (on one GPU) and
 for metrics (on one CPU worker), and the model load time from remote storage and from node shared memory.
-The built-in suites live in `tasks/evaluation/suites/*.yaml`; `load_suite(name_or_path)` reads either.
+The built-in suites live in `tasks/evaluation/suites/*.yaml`; `load_suite(name_or_path)` reads either. A suite's
+`lmeval` section names lm-evaluation-harness tasks with local data (paths relative to the suite file); planning and
+evaluation expand it into one dataset per task (tasks/evaluation/lmeval/source.py).
 """
 
 from __future__ import annotations
@@ -73,6 +75,30 @@ class SuiteDataset(_Strict):
         return self.dataset or self.name
 
 
+class LmevalSource(_Strict):
+    """lm-evaluation-harness tasks of a suite, as `lm_eval --tasks ... --include_path ...` names them; each task's
+    data must be local files (docs/evaluation.md lists what is refused and why)."""
+
+    tasks: list[str] = Field(min_length=1)
+    """Task, group or tag names, or task YAML files."""
+    include: list[str] = Field(default_factory=list)
+    """Directories or YAML files lm-eval indexes (`--include_path`); relative to the suite file."""
+    defaults: bool = False
+    """Also index lm-eval's own task directory (about 15 s on 2 cores; only its tasks with local data can run)."""
+    num_fewshot: int | None = Field(None, ge=0)
+    """Few-shot examples for every task that does not fix 0 (`--num_fewshot`); default each task's own."""
+    limit: float | None = Field(None, gt=0)
+    """The first N documents of each task, or a fraction of them when below 1 (`--limit`)."""
+    fewshot_seed: int = 1234
+    """Seed of the few-shot sampler (lm-eval's default)."""
+    bootstrap_iters: int = Field(100000, ge=0)
+    """Bootstrap iterations for the standard error of non-mean metrics (lm-eval's default); 0: none."""
+    batch_tokens: int = Field(8192, ge=64)
+    """Padded tokens per log-likelihood forward pass."""
+    gen_batch: int = Field(16, ge=1)
+    """Rows decoded together."""
+
+
 class Suite(_Strict):
     """A benchmark suite: datasets with priors, model load times and the CPU pool size."""
 
@@ -82,10 +108,14 @@ class Suite(_Strict):
     """Model load seconds: from remote storage and from node shared memory."""
     cpu_workers_per_node: int = Field(16, ge=1)
     """Metric jobs a node runs at once on its CPUs."""
-    datasets: list[SuiteDataset] = Field(min_length=1)
+    lmeval: LmevalSource | None = None
+    """lm-evaluation-harness tasks, expanded into one dataset per task when the suite is loaded."""
+    datasets: list[SuiteDataset] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique(self) -> Suite:
+        if not self.datasets and self.lmeval is None:
+            raise ValueError("a suite needs `datasets` or an `lmeval` section")
         seen: set[str] = set()
         for d in self.datasets:
             if d.name in seen:
@@ -123,8 +153,20 @@ def load_suite(spec: str | Path) -> Suite:
         for d in suite.datasets:
             if d.source.endswith(".jsonl") and not Path(d.source).expanduser().is_absolute():
                 d.dataset = str((Path(spec).expanduser().absolute().parent / d.source).resolve())
+    if suite.lmeval is not None and str(spec) not in names:
+        suite.lmeval = anchored(suite.lmeval, Path(spec).expanduser().resolve().parent)
     _check_sizes(suite, source)
     return suite
+
+
+def anchored(src: LmevalSource, base: Path) -> LmevalSource:
+    """`src` with its include paths and task YAML paths made absolute from `base` (the suite file's directory)."""
+    def fix(p: str) -> str:
+        q = Path(p).expanduser()
+        return str(q if q.is_absolute() else (base / q).resolve())
+
+    tasks = [fix(t) if t.endswith((".yaml", ".yml")) else t for t in src.tasks]
+    return src.model_copy(update={"include": [fix(p) for p in src.include], "tasks": tasks})
 
 
 HELDOUT_EXAMPLES = 4096

@@ -1,6 +1,6 @@
 """One evaluation trial as its own process: load the model, infer its chunks, write predictions, exit.
 
-`python -m tasks.evaluation.trial SPEC.json` reports on stdout, one JSON object per line:
+`python -m tasks.evaluation.trial SPEC.json` (or `--warm`, then SPEC.json's path on stdin) reports on stdout, one JSON object per line:
 `loaded` (model ready), `landed` (a chunk's predictions file is complete), `scored` (naive schedule only: metrics
 computed here, on the GPU's time) and `done`. Predictions are written atomically per chunk; a chunk whose file
 exists is not inferred again, so a retried trial resumes.
@@ -93,8 +93,24 @@ def precursor(spec: dict) -> None:
     print(json.dumps({"event": "done", "bytes": nbytes, "load_s": time.perf_counter() - t0}), flush=True)
 
 
+def _warm() -> str | None:
+    """A process started ahead of its trial (`--warm`): the imports a trial needs now, while the runner plans or
+    another trial infers; then the spec's path from stdin (None at end of input: the trial went elsewhere)."""
+    import torch  # noqa: F401
+
+    import tasks.evaluation.decode  # noqa: F401
+    import tasks.evaluation.engine  # noqa: F401
+
+    return sys.stdin.readline().strip() or None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["--warm"]:
+        path = _warm()
+        if path is None:
+            return 0
+        args = [path]
     spec = json.loads(Path(args[0]).read_text())
     try:
         if spec.get("precursor"):

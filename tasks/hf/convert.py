@@ -267,6 +267,19 @@ def _write_hf(dest: Path, state: dict[str, torch.Tensor], spec: ModelSpec, seq_l
     (dest / "config.json").write_text(json.dumps(_hf_config(spec, seq_len, arch, eos_id), indent=1))
     if tokenizer_json is not None:
         (dest / "tokenizer.json").write_text(tokenizer_json)
+        (dest / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(tokenizer_json, eos_id, seq_len), indent=1))
+
+
+def _tokenizer_config(tokenizer_json: str, eos_id: int | None, seq_len: int) -> dict:
+    """What `transformers.AutoTokenizer` cannot read from tokenizer.json alone: which token ends a text (without it
+    the tokenizer has no eos, and lm-eval's HF backend adds a pad token past the model's vocab) and the context."""
+    from tokenizers import Tokenizer
+
+    cfg: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
+                 "clean_up_tokenization_spaces": False}
+    if eos_id is not None:
+        cfg["eos_token"] = Tokenizer.from_str(tokenizer_json).id_to_token(eos_id)
+    return cfg
 
 
 __all__ = ["HFError", "LLAMA_LIKE", "export_hf", "hf_architecture", "load_hf_state", "load_into"]
