@@ -48,6 +48,8 @@ class CommitProgress(ProgressRecord):
     step: int
     uri: str
     blocked_s: float
+    wait_s: float = 0.0
+    drag_s: float = 0.0
     persist_s: float
     bytes: int
     deferred_steps: int = 0
