@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import asdict
 
 from cli.argtypes import bounded_int
 from cli.output import emit
+from tasks.errors import FrenzyError
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -22,7 +24,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
              f"{out['held_out_right']}; written to {out['path']}")
         return 0
     if args.log is None:
-        raise ValueError("give the run's log (e.g. frenzy diagnose RUN_DIR/train.log), or --retrain-fallback")
+        raise FrenzyError("give the run's log (e.g. frenzy diagnose RUN_DIR/train.log), or --retrain-fallback")
     p = check_log(args.log)
     if args.show:
         c = compress(p, context=args.context)
@@ -35,7 +37,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
         agent = config_from_env()
         if agent is None:
-            raise ValueError("--agent: set FRENZY_DIAGNOSIS_LLM_URL (an OpenAI-compatible API, e.g. "
+            raise FrenzyError("--agent: set FRENZY_DIAGNOSIS_LLM_URL (an OpenAI-compatible API, e.g. "
                              "http://localhost:8000/v1) and FRENZY_DIAGNOSIS_LLM_MODEL")
     d = diagnose_compressed(compress(p, context=args.context), log=str(p), agent=agent)
 
@@ -57,7 +59,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                      "--show prints them")
         return "\n".join(lines)
 
-    emit(args, d.model_dump(), human)
+    emit(args, asdict(d), human)
     return 0
 
 

@@ -6,7 +6,10 @@ matching line of highest priority, the earliest among equals. Hardware and node 
 (a CUDA error on one rank makes the other ranks' NCCL collectives time out; a dead node makes its peers lose their
 connections), specific framework and script errors outrank generic ones, and pure symptoms (NCCL watchdog
 timeouts, torchrun's ChildFailedError, a bare exit code) rank lowest. Rules are tried in order; the first that
-matches a line names it.
+matches a line names it, except that a generic exception class (`blame`: RuntimeError, ValueError, KeyError, ...)
+names a line only where no rule that reads the message does: `RuntimeError: NCCL communicator was aborted ...` is
+a network fault, not a RuntimeError. Where a line holds a chain (`... Original reason for failure was: X`), the
+innermost part is read first (tasks/diagnosis/chains.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ class Rule:
     priority: int
     restartable: bool
     mitigation: str
+    blame: bool = False
+    """A generic exception class alone (KeyError, ValueError, ...): tried after every other rule, and its category
+    is the raising frame's: the script's own file (script) or a library (framework)."""
     regex: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -57,9 +63,14 @@ RULES: list[Rule] = [
          r"CUDA driver initialization failed|no CUDA-capable device is detected", 93, False,
          "the environment: the NVIDIA driver is older than the CUDA this build needs (or there is no GPU); "
          "install a matching driver or a build for this driver"),
+    Rule("ConfigError", "script",  # NCCL's invalid usage and a device index past the node's GPUs: the launch config
+         r"invalid device ordinal|ncclInvalidUsage|NCCL error[^\n]*invalid usage|Duplicate GPU detected", 91, False,
+         "the launch configuration: more processes per node than GPUs, or two ranks on one GPU; fix "
+         "--nproc_per_node / CUDA_VISIBLE_DEVICES (a restart fails the same way)"),
     Rule("CUDAError", "infrastructure",
          r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
-         r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)|CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
+         r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)(?!invalid device ordinal)|"
+         r"CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
          r"cudaErrorIllegalAddress|unspecified launch failure|an illegal memory access was encountered|"
          r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b)", 90, True,
          "run the node check on this rank's node, cordon it if it fails, and resume"),
@@ -73,20 +84,28 @@ RULES: list[Rule] = [
     # -- framework: resources and loading ---------------------------------------------------------------
     Rule("HostOOM", "framework",
          r"oom[-_]kill event|Some of the step tasks have been OOM Killed|task \d+: Out Of Memory|"
-         r"Out of memory: Killed process|invoked oom-killer", 81, False,
+         r"Out of memory: Killed process|invoked oom-killer|std::bad_alloc|Cannot allocate memory|\[Errno 12\]|"
+         + _PY + r"MemoryError\b", 81, False,
          "the host (or the job's cgroup) ran out of memory: fewer data-loader workers, less CPU offload or a "
          "larger memory request"),
     Rule("OutOfMemoryError", "framework",
          r"Cuda failure '?out of memory|OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|"
          r"HIP out of memory|Tried to allocate [\d.]+ [KMG]iB", 80, True,
          "restart with the next resource plan with more memory per GPU (or a smaller micro-batch)"),
+    Rule("SharedMemoryError", "script",
+         r"(?i)error while creating shared memory segment|unable to (?:allocate|create|open) shared memory|"
+         r"shm_open|/dev/shm[^\n]*(?:no space|too small|failed)", 79, False,
+         "the container's shared memory (/dev/shm) is too small for NCCL or the data loader: run it with a larger "
+         "--shm-size (or --ipc=host); a restart fails the same way"),
     Rule("DataloaderKilled", "framework",
          r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal|"
          r"Unexpected (?:segmentation fault|bus error) encountered in worker", 75,
          True, "host memory ran out in the data loader: fewer workers or a smaller prefetch, then resume"),
     Rule("NumericalError", "framework",
-         r"(?i)loss became infinite or nan|loss scale already at minimum|non-finite loss|loss is nan|"
-         r"detected (?:nan|inf) (?:loss|in)|nan or inf found in input", 78, False,
+         r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
+         r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
+         r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
+         r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)", 78, False,
          "the loss diverged (NaN/inf, or fp16 loss scale at its floor): lower the learning rate, use bf16 or "
          "gradient clipping, and resume from a checkpoint before the divergence"),
     Rule("ModelLoadingError", "script",
@@ -97,17 +116,22 @@ RULES: list[Rule] = [
     Rule("DatasetLoadingError", "framework",
          r"DatasetNotFoundError|Couldn't find (?:a )?dataset|ArrowInvalid|DataError|corpus[^\n]*(?:not found|"
          r"empty|unreadable)", 72, False, "fix the dataset path or format; a restart will fail the same way"),
-    # -- script / configuration ---------------------------------------------------------------------------
+    # -- script / configuration and the user's environment ---------------------------------------------------
     Rule("SyntaxError", "script", _PY + r"(?:SyntaxError|IndentationError)\b", 66, False,
          "fix the syntax error in the training script"),
     Rule("ImportError", "script",
-         _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file", 65,
-         False, "the environment: install the missing package, or the build of a compiled extension that matches "
-                "this torch (an undefined symbol is an ABI mismatch)"),
+         _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file|"
+         r"No module named '|cannot import name '|DLL load failed|requires the [\w-]+ library but it was not found",
+         65, False, "the environment: install the missing package, or the build of a compiled extension that matches "
+                    "this torch (an undefined symbol is an ABI mismatch)"),
     Rule("ConfigError", "script",
          r"MisconfigurationException|larger than the maximum number of tokens that can be stored in KV cache|"
          r"\b(?:Config|Configuration)Error\b", 64, False,
          "fix the configuration named in the message (a restart fails the same way)"),
+    Rule("AddressInUse", "script",
+         r"Address already in use|\bEADDRINUSE\b|errno: 98\b|server socket has failed to (?:listen|bind)", 64, False,
+         "the rendezvous port is taken on this node (an earlier run still holds it, or another job): pick another "
+         "--master_port / MASTER_PORT or end the process that holds it"),
     Rule("ArgumentError", "script",
          r"ArgumentError|error: unrecognized arguments|error: argument -|the following arguments are required",
          64, False, "fix the command line"),
@@ -115,12 +139,18 @@ RULES: list[Rule] = [
          "fix the path (a restart will fail the same way)"),
     Rule("PermissionError", "script", _PY + r"PermissionError\b|Permission denied", 63, False,
          "fix the permissions or the path"),
-    Rule("NameError", "script", _PY + r"NameError\b", 62, False, "fix the script: an undefined name"),
-    Rule("KeyError", "script", _PY + r"KeyError\b", 61, False, "fix the script or config: a missing key"),
-    Rule("TypeError", "script", _PY + r"TypeError\b", 61, False, "fix the script: a wrong type"),
-    Rule("IndexError", "script", _PY + r"IndexError\b|device-side assert triggered|Assertion `[^`]*` failed", 61,
-         False,
-         "fix the script or data: an index out of range (a device-side assert is usually one)"),
+    Rule("TypeError", "script",  # a call the callee does not take: code written for another version of the API
+         r"got an unexpected keyword argument|takes (?:from )?\d+ (?:to \d+ )?positional arguments? but \d+ "
+         r"(?:were|was) given|missing \d+ required (?:positional |keyword-only )?arguments?|got multiple values for "
+         r"(?:keyword )?argument|takes no keyword arguments", 62, False,
+         "the code calls an API with arguments this version of it does not take: install the library versions the "
+         "code was written for (or update the call)"),
+    Rule("AttributeError", "script",  # a module without the name: the installed version of a library is not the one
+         r"module '[\w.]+' has no attribute '", 62, False,
+         "the environment: the installed version of the library lacks this name; install the version the code was "
+         "written for"),
+    Rule("IndexError", "script", r"device-side assert triggered|Assertion `[^`]*` failed", 61,
+         False, "fix the script or data: an index out of range (a device-side assert is usually one)"),
     Rule("BuildError", "script",
          r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped", 61,
          False, "the environment: a compiled extension does not build (compiler or CUDA toolkit against this "
@@ -129,6 +159,10 @@ RULES: list[Rule] = [
          r"Signals\.SIGSEGV|exitcode\s*:\s*-11\b|Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault|"
          r"Segmentation fault", 14, True,
          "a process crashed in native code (SIGSEGV): one restart; if it recurs, a library/driver mismatch"),
+    Rule("ChildFailed", "framework",  # a launcher re-raising its child's exit status (the child's error is above)
+         r"CalledProcessError: Command '\[[^\]]*(?:python|torchrun|deepspeed|accelerate|mpirun|srun)[^\]]*\]' "
+         r"returned non-zero exit status", 10, True,
+         "a rank exited; the root cause is in the lines before"),
     Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 60, False,
          "a subprocess the script runs failed: see its output above"),
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
@@ -136,29 +170,29 @@ RULES: list[Rule] = [
          r"botocore\.exceptions\.\w+|EndpointConnectionError|S3 ?(?:Storage)?Error|An error occurred "
          r"\((?:SlowDown|InternalError|ServiceUnavailable|RequestTimeout)\)|StorageError|s3fs[^\n]*Error", 55, True,
          "the object store failed: the run resumes from the newest committed checkpoint once it answers"),
-    Rule("NCCLRemoteError", "infrastructure",
-         r"ncclRemoteError|remote process exit(?:ing prematurely|ed)|NCCL WARN[^\n]*remote|Got completion from peer",
-         32, True, "a peer rank died or its link failed: run the node check, cordon the faulty node, resume"),
-    Rule("NetworkError", "infrastructure",
-         r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|ncclSystemError|NCCL WARN NET|No route to host|"
-         r"Network is unreachable|ncclInternalError", 50, True,
+    Rule("NCCLRemoteError", "infrastructure",  # what a peer's death (or a lost link) looks like from here
+         r"ncclRemoteError|remote process exit(?:ing prematurely|ed)|NCCL WARN[^\n]*(?:remote|reset by peer)|"
+         r"Got completion from peer|communicator was aborted|ProcessGroupNCCL is aborted|"
+         r"(?:Process group|NCCL) watchdog thread terminated", 32, True,
+         "a peer rank died or its link failed: run the node check, cordon the faulty node, resume"),
+    Rule("NetworkError", "infrastructure",  # NCCL's system/internal errors and its socket, net and proxy warnings
+         r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|IBV_WC_(?!SUCCESS)\w+|ncclSystemError|unhandled system error|"
+         r"ncclInternalError|NCCL error[^\n]*internal error|NCCL WARN (?:NET|Net|Socket|socket|Call to|Connect|"
+         r"connect|[Bb]ootstrap|[Pp]roxy|IB)|(?:socket|net\w*|proxy|bootstrap|ib\w*)\.cc:\d+ NCCL WARN|"
+         r"socket(?:StartConnect|PollConnect|Progress|Connect)|Software caused connection abort|"
+         r"Transport endpoint is not connected|No route to host|Network is unreachable|connectFullMesh failed|"
+         r"failed to connect to all addresses", 50, True,
          "a network fault: run the node check on the job's nodes and resume"),
     Rule("RayError", "infrastructure",
          r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed|RaySystemError|"
          r"ObjectLostError|NodeDiedError", 33, True,
          "a Ray worker process died (often the host OOM killer or a lost node): check its node, then resume"),
     Rule("ConnectionError", "infrastructure",
-         r"ConnectionError|Connection (?:reset by peer|refused|timed out)|DistNetworkError|Broken pipe|"
+         r"ConnectionError|Connection (?:reset by peer|refused|timed out|closed by peer)|DistNetworkError|"
+         r"DistStoreError|Broken pipe|Socket Timeout|failed to recv, got 0 bytes|waiting for clients\. \d+/\d+ clients|"
          r"TCPStore[^\n]*(?:failed|timed out)|RendezvousTimeoutError|RendezvousConnectionError|connect\(\) timed out|"
-         r"socket has timed out|errno: 113", 30, True,
+         r"socket has timed out|errno: 113|\bECONNRE(?:SET|FUSED)\b", 30, True,
          "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
-    # -- framework: generic --------------------------------------------------------------------------------
-    Rule("AssertionError", "framework", _PY + r"AssertionError\b", 45, False,
-         "an assertion in the training code failed: fix the code or config"),
-    Rule("AttributeError", "framework", _PY + r"AttributeError\b", 45, False, "fix the code: a missing attribute"),
-    Rule("ValueError", "framework", _PY + r"ValueError\b", 44, False, "fix the value named in the message"),
-    Rule("RuntimeError", "framework", _PY + r"RuntimeError\b", 40, True,
-         "an unclassified runtime error: one restart from the newest checkpoint, then stop"),
     # -- symptoms ----------------------------------------------------------------------------------------------
     Rule("NCCLTimeoutError", "infrastructure",
          r"Watchdog caught collective operation timeout|NCCL timeout|ProcessGroupNCCL[^\n]*Timeout|"
@@ -176,7 +210,35 @@ RULES: list[Rule] = [
          r"ChildFailedError|exitcode\s*:\s*-?\d+|failed \(exitcode: -?\d+\)|signal \d+ \(SIG\w+\) received|"
          r"trainer exited with signal \d+", 10, True,
          "a rank exited; the root cause is in the lines before"),
+    # -- generic: an exception class alone; its category is the raising frame's (the script's file or a library),
+    # and it is tried only where no rule above names the line -------------------------------------------------
+    Rule("NameError", "script", _PY + r"NameError\b", 62, False, "fix the script: an undefined name", blame=True),
+    Rule("KeyError", "script", _PY + r"KeyError\b", 61, False, "fix the script or config: a missing key", blame=True),
+    Rule("TypeError", "script", _PY + r"TypeError\b", 61, False, "fix the script: a wrong type", blame=True),
+    Rule("IndexError", "script", _PY + r"IndexError\b", 61, False, "fix the script or data: an index out of range",
+         blame=True),
+    Rule("AssertionError", "framework", _PY + r"AssertionError\b", 45, False,
+         "an assertion in the training code failed: fix the code or config", blame=True),
+    Rule("AttributeError", "script", _PY + r"AttributeError\b", 45, False, "fix the code: a missing attribute",
+         blame=True),
+    Rule("ValueError", "framework", _PY + r"ValueError\b", 44, False, "fix the value named in the message",
+         blame=True),
+    Rule("RuntimeError", "framework", _PY + r"RuntimeError\b", 40, True,
+         "an unclassified runtime error: one restart from the newest checkpoint, then stop", blame=True),
+    Rule("UncaughtException", "framework",
+         r"^\s*(?:\[(?:rank|Rank|default)\s*\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)", 39,
+         False, "an exception no rule classifies ended the run: read it and its traceback (the script's own file: "
+                "fix the code; a library: check its version and the arguments given to it)", blame=True),
 ]
+
+
+DIVERGENCE = Rule("NumericalError", "framework", r"(?!)", 78, False,
+                  "the loss became NaN/inf at this line and stayed so (the run printed it, raised nothing): lower the "
+                  "learning rate, use bf16 or gradient clipping, and resume from a checkpoint before this step")
+"""The failure a run's progress lines show without any error line (tasks/diagnosis/progress.py); it names no line
+by pattern."""
+CONTENT = [r for r in RULES if not r.blame]
+GENERIC = [r for r in RULES if r.blame]
 
 LEARNED_PRIORITY = 5
 """Learned rules rank below every built-in rule (the lowest built-in, ChildFailed, is 10), and a built-in rule
@@ -237,6 +299,11 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"exited with signal", b"no space left", b"quota", b"input/output", b"stale", b"undefined symbol",
     b"shared object", b"misconfiguration", b"kv cache", b"oom", b"time limit", b"died", b"loss scale",
     b"infinite or nan", b"cuda failure", b"unable to determine", b"sigkill", b"size mismatch", b"assertion",
-    b"sigsegv", b"segmentation", b"driver", b"couldn't connect", b"huggingface.co", b"building extension")
+    b"sigsegv", b"segmentation", b"driver", b"couldn't connect", b"huggingface.co", b"building extension",
+    b"caused by", b"what()", b"no module named", b"cannot import", b"keyword argument", b"positional argument",
+    b"bad_alloc", b"cannot allocate", b"already in use", b"closed by", b"connection abort", b"not connected",
+    b"no route", b"shared memory", b"ordinal", b"ibv_", b"non-finite", b"contains nan", b"contains inf",
+    b"has no attribute", b"dll load", b"socket timeout", b"waiting for clients", b"got 0 bytes", b"econnre",
+    b"eaddrinuse", b"errno: 98", b"shm_open", b"/dev/shm", b"returned nan")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match."""

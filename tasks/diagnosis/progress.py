@@ -1,0 +1,105 @@
+"""Divergence read off the progress lines (issue 45, family 2): a loss that became NaN or inf and never came back.
+
+A run that diverges often raises nothing: it keeps printing its ordinary metric lines with a non-finite loss
+(`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, `loss=inf`, a JSON `NaN`) until
+it ends or is stopped. A person reading the log says "the loss diverged at step N": the first line of the last run
+of non-finite losses, when no finite loss follows it. A NaN that the run recovered from (fp16 overflow steps
+that were skipped) is not the failure, and a `loss scale` is not a loss.
+
+`track(low, chunk)` reads one chunk of a log (whole lines, lower-cased) and visits only the transitions: the next
+non-finite token (`nan`, `inf`: a literal search in C, cheap even in a gigabyte of INFO lines), the line holding it
+checked for a loss key, then the next finite loss (one regex search). A run of a million NaN lines costs one search.
+`fold` joins the chunks of a file in order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_TOKENS = (re.compile(rb"nan(?![a-z0-9_]| iterations)"), re.compile(rb"inf(?:inity)?(?![a-z0-9_])"))
+"""Non-finite values as Python, torch and JSON print them (lower-cased); Megatron's `nan iterations` column is not
+one."""
+_KEY = rb"loss(?:es)?(?![_ ]?scale)[\w./-]*['\"]?\s*[:=]?\s*['\"]?(?:tensor\(\s*)?"
+_NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
+_FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
+MAX_LINE = 8192
+"""Bytes of a line read for a loss key: a huge line cannot make the check quadratic."""
+
+
+@dataclass(frozen=True)
+class LossTrack:
+    """One chunk's loss history, as line numbers within the chunk (1-based)."""
+
+    first: int | None = None
+    """The first non-finite loss line, when no finite loss comes before it in the chunk (it may continue a
+    divergence that began in an earlier chunk)."""
+    last_start: int | None = None
+    """The last non-finite loss line that follows a finite one in this chunk: where the last divergence began."""
+    end: str | None = None
+    """The loss at the chunk's end: `nan` (non-finite), `finite`, or None when the chunk prints no loss."""
+
+    def shifted(self, lines: int) -> LossTrack:
+        return LossTrack(*(None if x is None else x + lines for x in (self.first, self.last_start)), self.end)
+
+
+def _line_at(low: bytes, pos: int) -> tuple[int, int]:
+    start = low.rfind(b"\n", 0, pos) + 1
+    end = low.find(b"\n", pos)
+    return start, len(low) if end < 0 else end
+
+
+def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
+    """The (start, end) of the next line at or after `pos` that gives a loss a non-finite value."""
+    hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]
+    while hits:
+        at = min(hits)
+        start, end = _line_at(low, at)
+        if start >= pos and _NONFINITE.search(low, start, min(end, start + MAX_LINE)):
+            return start, end
+        pos = end + 1
+        hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]
+    return None
+
+
+def track(low: bytes) -> tuple[LossTrack, list[int]]:
+    """The chunk's loss history and the byte offsets of the lines it names (to keep them in the compressed log)."""
+    first = last_start = end = None
+    pos, offsets = 0, []
+    while (hit := _next_nonfinite(low, pos)) is not None:
+        start, stop = hit
+        if _FINITE.search(low, pos, start):
+            last_start = start
+            offsets.append(start)
+        elif first is None and last_start is None:
+            first = start
+            offsets.append(start)
+        end = "nan"
+        back = _FINITE.search(low, stop)
+        if back is None:
+            break
+        pos, end = _line_at(low, back.start())[0], "finite"
+    else:
+        if end is None and _FINITE.search(low):
+            end = "finite"
+    line = {o: low.count(b"\n", 0, o) + 1 for o in offsets}
+    return LossTrack(line.get(first), line.get(last_start), end), offsets
+
+
+def fold(tracks: Iterable[LossTrack]) -> int | None:
+    """The line where the loss diverged for good, over a file's chunks (line numbers already file-wide): the start
+    of the last run of non-finite losses, or None when the last loss printed is finite (or none is)."""
+    root, state = None, None
+    for t in tracks:
+        if t.end is None:
+            continue
+        if t.end == "finite":
+            root, state = None, "finite"
+            continue
+        if t.last_start is not None:
+            root = t.last_start
+        elif state != "nan":
+            root = t.first
+        state = "nan"
+    return root if state == "nan" else None
