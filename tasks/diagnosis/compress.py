@@ -43,7 +43,7 @@ no newlines."""
 RULE_REPEATS = 50
 """Copies of one recurring template that a rule matches, kept per chunk: a million identical error lines are one
 cause."""
-MAX_KEPT_BYTES = 16 << 20
+MAX_KEPT_BYTES = 2 << 20
 """Kept text past which only the lines a rule names are kept (RULE_REPEATS per failure type): memory stays bounded
 on a log whose every line looks like an error."""
 MINE_MIN = 200
@@ -158,32 +158,56 @@ def _mark(chunk: bytes, marks: dict[int, bool], start: int, context: int) -> Non
         marks.setdefault(s, False)
 
 
-def _error_lines(chunk: bytes, zeroed: bytes, counts: Counter, context: int, repeats: int) -> dict[int, bool]:
+FIND_MAX = 16
+"""Up to this many keyword templates in a chunk, each template's lines are found with `bytes.find` (a few C
+scans); beyond it, one pass over the chunk's lines (a log of distinct error lines must not cost a scan each)."""
+
+
+def _occurrences(zeroed: bytes, lines: list[bytes], hit: set[bytes], done: set[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(offset, template) of the lines whose template is in `hit`, each template's in order; a template put in
+    `done` is not looked for further."""
+    if len(hit) <= FIND_MAX:
+        padded = b"\n" + zeroed + b"\n"  # padded[i] is the newline before the line at chunk offset i
+        for t in hit:
+            pos = padded.find(b"\n" + t + b"\n")
+            while pos >= 0 and t not in done:
+                yield pos, t
+                pos = padded.find(b"\n" + t + b"\n", pos + len(t) + 1)
+        return
+    pos = 0
+    for t in lines:
+        if t in hit and t not in done:
+            yield pos, t
+        pos += len(t) + 1
+
+
+def _error_lines(chunk: bytes, zeroed: bytes, lines: list[bytes], counts: Counter, context: int,
+                 repeats: int) -> dict[int, bool]:
     """Line start -> error line (False: context) for the lines worth keeping: keyword lines, the line after a chain
     marker such as NCCL's `Last error:` (it states the cause), and the context before each. The keywords are looked
-    for in the chunk's distinct templates (`counts`: digits as 0, so a template's offsets are its lines'), not in
-    every line: a training log repeats a few templates a million times. A template is kept `repeats` times, or
-    RULE_REPEATS times when a rule knows it."""
+    for in the chunk's distinct templates (`counts`; `zeroed` is the chunk with digits as 0, so a template's offsets
+    are its lines'), not in every line: a training log repeats a few templates a million times. A template is kept
+    `repeats` times, or RULE_REPEATS times when a rule knows it."""
     distinct = list(counts)
     lowered = [t.lower() for t in distinct]
-    hit = _keyword_lines(b"\n".join(lowered))
+    found = _keyword_lines(b"\n".join(lowered))
+    hit = {t for t, low in zip(distinct, lowered, strict=True) if low in found}
     rules = RULES + learned_rules()
     marks: dict[int, bool] = {}
-    padded = b"\n" + zeroed + b"\n"  # padded[i] is the newline before the line at chunk offset i
-    for t, low in zip(distinct, lowered, strict=True):
-        if low not in hit:
-            continue
-        pos, n, limit = padded.find(b"\n" + t + b"\n"), 0, repeats
-        while pos >= 0 and n < limit:
-            end = pos + len(t)
-            line = chunk[pos:end]
-            if n == 0 and counts[t] > repeats and _is_rule(line, rules):  # a recurring line the rules know
-                limit = RULE_REPEATS
-            _mark(chunk, marks, pos, context)
-            if end < len(chunk) and _NEXT_LINE.search(line.rstrip()):
-                marks[end + 1] = True
-            n += 1
-            pos = padded.find(b"\n" + t + b"\n", end + 1)
+    seen: Counter = Counter()
+    limit: dict[bytes, int] = {}
+    done: set[bytes] = set()
+    for pos, t in _occurrences(zeroed, lines, hit, done):
+        end = pos + len(t)
+        line = chunk[pos:end]
+        if t not in limit:  # a recurring line the rules know is kept more often
+            limit[t] = RULE_REPEATS if counts[t] > repeats and _is_rule(line, rules) else repeats
+        seen[t] += 1
+        if seen[t] >= limit[t]:
+            done.add(t)
+        _mark(chunk, marks, pos, context)
+        if end < len(chunk) and _NEXT_LINE.search(line.rstrip()):
+            marks[end + 1] = True
     return marks
 
 
@@ -191,9 +215,11 @@ def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
     """One chunk (whole lines): its error lines with context, the lines where its loss turned non-finite, and the
     rest counted by template (digits as 0: one C pass, not a regex)."""
     zeroed = chunk.translate(_ZERO)
-    counts = Counter(zeroed.split(b"\n"))
+    lines = zeroed.split(b"\n")
+    counts = Counter(lines)
     loss, diverged = track(chunk.lower())
-    marks = _error_lines(chunk, zeroed, counts, context, repeats)
+    marks = _error_lines(chunk, zeroed, lines, counts, context, repeats)
+    del lines
     for start in diverged:
         _mark(chunk, marks, start, context)
     kept, kept_bytes, newlines, at = [], 0, 0, 0
@@ -295,11 +321,19 @@ def _parts(path: Path, context: int, repeats: int, workers: int | None) -> Itera
             p.wait()
 
 
+_COARSE = re.compile(r"(?=\S*\d)\S{6,}")
+"""Tokens of six or more characters with a digit (ids, hashes, addresses, paths): a line without them is the key of
+the over-budget rule verdicts, so a million lines that differ only in a request id cost one rule check."""
+MAX_VERDICTS = 20000
+"""Distinct line keys checked against the rules past MAX_KEPT_BYTES; later new keys are dropped unchecked: the time
+to diagnose a log of a million distinct error lines stays bounded too."""
+
+
 @dataclass
 class _Merge:
     """The parts of a file joined in order, within MAX_KEPT_BYTES of kept text: past it, only error lines a rule
-    names are kept (RULE_REPEATS of each failure type, with their context), so a log whose every line looks like an
-    error is still diagnosed in bounded memory."""
+    names are kept (RULE_REPEATS of each failure type, with their context) and the lines where the loss turned
+    non-finite, so a log whose every line looks like an error is still diagnosed in bounded memory and time."""
 
     context: int
     kept: list[Kept] = field(default_factory=list)
@@ -311,21 +345,34 @@ class _Merge:
     text_bytes: int = 0
     capped: bool = False
     over: Counter = field(default_factory=Counter)
+    verdicts: dict[str, str | None] = field(default_factory=dict)
     rules: list = field(default_factory=list)
+
+    def _worth(self, text: str) -> bool:
+        """Past the budget: whether an error line is kept (a rule names it, RULE_REPEATS per failure type)."""
+        key = _COARSE.sub("", text)
+        if key not in self.verdicts:
+            if len(self.verdicts) >= MAX_VERDICTS:
+                return False
+            self.rules = self.rules or RULES + learned_rules()
+            self.verdicts[key] = next((r.type for r in self.rules if r.regex.search(text)), None)
+        kind = self.verdicts[key]
+        if kind is None or self.over[kind] >= RULE_REPEATS:
+            return False
+        self.over[kind] += 1
+        return True
 
     def add(self, part: _Part) -> None:
         pending: deque = deque(maxlen=max(1, self.context))
+        loss_lines = {part.loss.first, part.loss.last_start}
         for no, text, err in part.kept:
             if self.text_bytes > MAX_KEPT_BYTES:
                 self.capped = True
                 if not err:
                     pending.append((no, text, err))
                     continue
-                self.rules = self.rules or RULES + learned_rules()
-                kind = next((r.type for r in self.rules if r.regex.search(text)), None)
-                if kind is None or self.over[kind] >= RULE_REPEATS:
+                if no not in loss_lines and not self._worth(text):
                     continue
-                self.over[kind] += 1
                 self.kept += [Kept(self.lines + n, t, e) for n, t, e in pending if n >= no - self.context]
                 pending.clear()
             self.kept.append(Kept(self.lines + no, text, err))

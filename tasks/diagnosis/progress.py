@@ -66,15 +66,13 @@ def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
 def track(low: bytes) -> tuple[LossTrack, list[int]]:
     """The chunk's loss history and the byte offsets of the lines it names (to keep them in the compressed log)."""
     first = last_start = end = None
-    pos, offsets = 0, []
+    pos = 0
     while (hit := _next_nonfinite(low, pos)) is not None:
         start, stop = hit
         if _FINITE.search(low, pos, start):
             last_start = start
-            offsets.append(start)
         elif first is None and last_start is None:
             first = start
-            offsets.append(start)
         end = "nan"
         back = _FINITE.search(low, stop)
         if back is None:
@@ -83,6 +81,7 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
     else:
         if end is None and _FINITE.search(low):
             end = "finite"
+    offsets = [o for o in (first, last_start) if o is not None]
     line = {o: low.count(b"\n", 0, o) + 1 for o in offsets}
     return LossTrack(line.get(first), line.get(last_start), end), offsets
 
