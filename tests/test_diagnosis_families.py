@@ -19,7 +19,7 @@ from tasks.diagnosis import compress as compress_mod
 from tasks.diagnosis.chains import links, segments
 from tasks.diagnosis.compress import Kept, compress
 from tasks.diagnosis.diagnose import diagnose
-from tasks.diagnosis.progress import LossTrack, fold, track
+from tasks.diagnosis.progress import LossTrack, fold, track, trained_until
 from tasks.diagnosis.realbench import FamilyScore, Outcome, family_scores, half_of, load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,7 +233,10 @@ def test_the_loss_history_folds_across_chunks():
     assert fold([LossTrack(None, 40, "nan"), LossTrack(None, None, "finite")]) is None
     low = _nanogpt(10, {3, 7, 8, 9}).lower().encode()
     t, offsets = track(low)
-    assert (t.first, t.last_start, t.end) == (None, 8, "nan") and len(offsets) == 1
+    assert (t.first, t.last_start, t.end, t.finite) == (None, 8, "nan", (1, 2, 3, 5, 6, 7)) and len(offsets) == 1
+    # the run trained on after line L when SURVIVED finite losses follow it, across chunks
+    assert trained_until([LossTrack(finite=tuple(range(1, 40))), LossTrack(finite=tuple(range(100, 130)))]) == 5
+    assert trained_until([LossTrack(finite=tuple(range(1, 40)))]) is None
 
 
 def test_a_divergence_deep_in_a_long_log_is_kept_and_found(tmp_path):
@@ -339,3 +342,34 @@ def test_the_diagnosis_imports_no_heavy_library():
                          check=True)
     got = json.loads(out.stdout)
     assert got == {"type": "CUDAError", "heavy": [], "diagnose_added": []}, got
+
+
+def _long_run(steps: int, ranks: int = 8, nan_from: int | None = None) -> list[str]:
+    """A long multi-rank log: start-up chatter with error-looking lines the run survives, then interleaved
+    progress lines of every rank."""
+    out = ["gpu-a1:4401:4401 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No "
+           "such file or directory No plugin found (libnccl-net.so), using internal implementation",
+           "gpu-a1:4401:4401 [0] misc/ibvwrap.cc:190 NCCL WARN Call to ibv_open_device failed",
+           "[rank3]: requests.exceptions.ConnectionError: HTTPSConnectionPool(host='wandb.ai', port=443): Max retries "
+           "exceeded; retrying in 10 s"]
+    for s in range(steps):
+        for r in range(ranks):
+            loss = "nan" if nan_from is not None and s >= nan_from else f"{3 - s / 1000:.4f}"
+            out.append(f"[rank{r}]: step {s:5d} | loss {loss} | lr 3.0e-04 | {40000 + 7 * r + s} tok/s")
+    return out
+
+
+def test_in_a_long_interleaved_log_what_the_run_survived_is_not_the_cause():
+    lines = _long_run(60) + [
+        "[rank5]: Traceback (most recent call last):", '[rank5]:   File "/home/u/proj/train.py", line 91, in <module>',
+        '[rank5]:     batch = next(it)["input_ids"]', "[rank5]: KeyError: 'input_ids'",
+        "[rank0]:[E0812 10:41:02.123456 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=481, OpType=ALLREDUCE) ran for 600013 milliseconds before timing out."]
+    d = diagnose(("\n".join(lines) + "\n").encode(), use_fallback=False)
+    assert (d.type, d.category, d.rank) == ("KeyError", "script", 5), d.root_cause_line
+    assert {"NetworkError", "ConnectionError"} <= {e.type for e in d.evidence}  # the survived lines stay evidence
+    d = diagnose(("\n".join(_long_run(60, nan_from=41)) + "\n").encode(), use_fallback=False)
+    assert (d.type, d.via, d.rank, d.line_no) == ("NumericalError", "progress", 0, 3 + 41 * 8 + 1)
+    # excerpt-sized: nothing trains after the warning, so it is the answer
+    d = diagnose(("\n".join(_long_run(3)) + "\n").encode(), use_fallback=False)
+    assert d.type == "NetworkError"

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.diagnosis.chains import NEXT_LINE
-from tasks.diagnosis.progress import LossTrack, fold, track
+from tasks.diagnosis.progress import LossTrack, fold, track, trained_until
 from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES, learned_rules
 
 _DIGITS = b"0123456789"
@@ -80,6 +80,9 @@ class Compressed:
     """The line where the loss turned non-finite for good (tasks/diagnosis/progress.py), if it did."""
     capped: bool = False
     """More than MAX_KEPT_BYTES of error-looking lines: past that, only lines a rule names were kept."""
+    trained_until: int | None = None
+    """The line before which the run printed progress.SURVIVED finite losses: it went on training after the error
+    lines above it."""
 
     @property
     def ratio(self) -> float:
@@ -400,4 +403,4 @@ def compress(source: Path | str | bytes, context: int = 2, top_templates: int = 
             m.add(part)
     templates = _mine(m.dropped, top_templates) if m.dropped else []
     return Compressed(m.kept, m.lines, m.bytes, m.kept_bytes, time.perf_counter() - t0, templates,
-                      divergence=fold(m.tracks), capped=m.capped)
+                      divergence=fold(m.tracks), capped=m.capped, trained_until=trained_until(m.tracks))

@@ -32,6 +32,8 @@ _FRAME = re.compile(r'File "([^"]+)", line \d+')
 _LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d")
 _SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \")")
 """A traceback's source and frame lines: the `raise` statement above an exception is not the exception."""
+_NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
+"""NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
 MAX_EVIDENCE = 100
 """Evidence entries kept in a diagnosis: a million identical error lines are one cause, not a million."""
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
@@ -153,7 +155,7 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
         h, sr = _SUMMARY_HOST.search(k.text), _SUMMARY_RANK.search(k.text)
         block_host = h.group(1) if h else block_host
         block_rank = int(sr.group(1)) if sr else block_rank
-        if not k.error or _SOURCE.match(k.text):
+        if not k.error or _SOURCE.match(k.text) or _NCCL_INFO.match(k.text):
             continue
         rule = match_line(k.text, learned)
         if rule is None:
@@ -198,7 +200,11 @@ def _divergence(c: Compressed, cands: dict[int, _Cand]) -> None:
 
 
 def _pick(c: Compressed, cands: dict[int, _Cand], wrappers: set[int]) -> _Cand:
-    best = max((x for i, x in cands.items() if i not in wrappers), key=_order)
+    """The root cause: the strongest candidate that is not a wrapper of another and not one the run survived."""
+    live = {i: x for i, x in cands.items() if i not in wrappers}
+    if c.trained_until is not None:  # what the run went on training after did not end it (progress.SURVIVED)
+        live = {i: x for i, x in live.items() if x.finding.line_no > c.trained_until} or live
+    best = max(live.values(), key=_order)
     root_block_at = max((k.line_no for k in c.kept if "Root Cause" in k.text), default=None)
     if best.rule.type == "ChildFailed" and root_block_at is not None:  # torchrun names the first failure after it
         best = next((x for x in cands.values() if x.rule.type == "ChildFailed" and x.finding.line_no > root_block_at),

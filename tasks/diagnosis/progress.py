@@ -9,7 +9,8 @@ that were skipped) is not the failure, and a `loss scale` is not a loss.
 `track(low, chunk)` reads one chunk of a log (whole lines, lower-cased) and visits only the transitions: the next
 non-finite token (`nan`, `inf`: a literal search in C, cheap even in a gigabyte of INFO lines), the line holding it
 checked for a loss key, then the next finite loss (one regex search). A run of a million NaN lines costs one search.
-`fold` joins the chunks of a file in order.
+`fold` joins the chunks of a file in order. `trained_until`: an error line followed by SURVIVED lines that print a
+finite loss is one the run went on training after (a start-up warning, a retried request), not what ended it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ one."""
 _KEY = rb"loss(?:es)?(?![_ ]?scale)[\w./-]*['\"]?\s*[:=]?\s*['\"]?(?:tensor\(\s*)?"
 _NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
 _FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
+SURVIVED = 64
+"""Lines printing a finite loss after an error line that show the run went on training after it."""
 MAX_LINE = 8192
 """Bytes of a line read for a loss key: a huge line cannot make the check quadratic."""
 
@@ -39,9 +42,12 @@ class LossTrack:
     """The last non-finite loss line that follows a finite one in this chunk: where the last divergence began."""
     end: str | None = None
     """The loss at the chunk's end: `nan` (non-finite), `finite`, or None when the chunk prints no loss."""
+    finite: tuple[int, ...] = ()
+    """The last (up to SURVIVED) lines that print a finite loss: the run was still training there."""
 
     def shifted(self, lines: int) -> LossTrack:
-        return LossTrack(*(None if x is None else x + lines for x in (self.first, self.last_start)), self.end)
+        first, start = (None if x is None else x + lines for x in (self.first, self.last_start))
+        return LossTrack(first, start, self.end, tuple(x + lines for x in self.finite))
 
 
 def _line_at(low: bytes, pos: int) -> tuple[int, int]:
@@ -83,7 +89,33 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
             end = "finite"
     offsets = [o for o in (first, last_start) if o is not None]
     line = {o: low.count(b"\n", 0, o) + 1 for o in offsets}
-    return LossTrack(line.get(first), line.get(last_start), end), offsets
+    finite = _last_finite(low)
+    return LossTrack(line.get(first), line.get(last_start), end,
+                     tuple(low.count(b"\n", 0, o) + 1 for o in finite)), offsets
+
+
+def _last_finite(low: bytes) -> list[int]:
+    """The offsets of the last SURVIVED lines that print a finite loss (oldest first), looking back over at most
+    4 x SURVIVED lines that mention a loss."""
+    end, out = len(low), []
+    for _ in range(4 * SURVIVED):
+        at = low.rfind(b"loss", 0, end)
+        if at < 0 or len(out) == SURVIVED:
+            break
+        start, stop = _line_at(low, at)
+        if _FINITE.search(low, start, min(stop, start + MAX_LINE)):
+            out.append(start)
+        end = start
+    return out[::-1]
+
+
+def trained_until(tracks: Iterable[LossTrack]) -> int | None:
+    """The line before which the run printed at least SURVIVED finite losses (line numbers file-wide): an error line
+    above it is one the run went on training after. None when it printed fewer."""
+    last: list[int] = []
+    for t in tracks:
+        last = (last + list(t.finite))[-SURVIVED:]
+    return last[0] if len(last) == SURVIVED else None
 
 
 def fold(tracks: Iterable[LossTrack]) -> int | None:
