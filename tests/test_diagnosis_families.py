@@ -235,7 +235,7 @@ def test_the_loss_history_folds_across_chunks():
     t, offsets = track(low)
     assert (t.first, t.last_start, t.end, t.finite) == (None, 8, "nan", (1, 2, 3, 5, 6, 7)) and len(offsets) == 1
     # the run trained on after line L when SURVIVED finite losses follow it, across chunks
-    assert trained_until([LossTrack(finite=tuple(range(1, 40))), LossTrack(finite=tuple(range(100, 130)))]) == 5
+    assert trained_until([LossTrack(finite=tuple(range(1, 40))), LossTrack(finite=tuple(range(100, 130)))]) == 6
     assert trained_until([LossTrack(finite=tuple(range(1, 40)))]) is None
 
 
