@@ -1,8 +1,10 @@
-"""Issue 29's real-log benchmark: `frenzy diagnose` (the rules, then the learned fallback) on failure logs posted in
-public issue threads, labelled from their threads, split by project (tasks/diagnosis/realbench.py).
+"""Issue 29's real-log benchmark (issue 45's figures): `frenzy diagnose` (the rules, then the learned fallback) on
+failure logs posted in public issue threads, labelled from their threads, split by project
+(tasks/diagnosis/realbench.py).
 
-Reports both halves, the test half first: category accuracy, root-cause line accuracy, `unknown` rate, restart
-decision accuracy, per-category precision and recall, per project and per labelled cause.
+Reports both halves, the test half (projects not in the tune half) first: category accuracy, root-cause line
+accuracy, `unknown` rate, restart decision accuracy, per-category precision and recall, per-family precision and
+recall (issue 45's four families: realbench.FAMILIES), the time per log, per project and per labelled cause.
 
     python benchmarks/diagnosis_real.py      # writes benchmarks/results/diagnosis_real.{json,md}
 """
@@ -10,6 +12,7 @@ decision accuracy, per-category precision and recall, per project and per labell
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from dataclasses import asdict
@@ -24,9 +27,9 @@ from functools import partial  # noqa: E402
 from tasks.diagnosis.compress import compress  # noqa: E402
 from tasks.diagnosis.diagnose import diagnose  # noqa: E402
 from tasks.diagnosis.fallback import Fallback  # noqa: E402
-from tasks.diagnosis.realbench import CATEGORIES, Score, load, run, score  # noqa: E402
+from tasks.diagnosis.realbench import CATEGORIES, FAMILIES, Score, load, run, score  # noqa: E402
 
-TARGETS = {"category_accuracy": 0.90, "root_line_accuracy": 0.85, "unknown_rate": 0.05, "precision": 0.85}
+TARGETS = {"category_accuracy": 0.90, "root_line_accuracy": 0.85, "unknown_rate": 0.03, "precision": 0.85}
 
 
 def _pct(x: float) -> str:
@@ -40,10 +43,15 @@ def _half(name: str, s: Score, n_projects: int) -> list[str]:
            "| metric | value | target |", "|---|---|---|",
            f"| category accuracy | {_pct(s.category_accuracy)} | >= 90% |",
            f"| root-cause line | {_pct(s.root_line_accuracy)} | >= 85% |",
-           f"| `unknown` | {_pct(s.unknown_rate)} | <= 5% |",
-           f"| restart decision right | {_pct(s.restart_accuracy)} | |"]
+           f"| `unknown` | {_pct(s.unknown_rate)} | <= 3% |",
+           f"| restart decision right | {_pct(s.restart_accuracy)} | |",
+           f"| time per log (mean / p95; compression included, imports not) | {1e3 * s.seconds_per_log:.1f} ms / "
+           f"{1e3 * s.seconds_p95:.1f} ms | |"]
     out += [f"| precision / recall, {c} | {s.precision[c]:.2f} / {s.recall[c]:.2f} | precision >= 0.85 |"
             for c in CATEGORIES]
+    out += ["", "| family (issue 45) | logs in it | answered as it | precision | recall |", "|---|---|---|---|---|"]
+    out += [f"| {f} | {s.families[f].logs} | {s.families[f].said} | {s.families[f].precision:.2f} | "
+            f"{s.families[f].recall:.2f} |" for f in FAMILIES]
     out += ["", "| labelled cause | logs | category right | root line right |", "|---|---|---|---|"]
     out += [f"| {t} | {n} | {c} | {r} |" for t, (n, c, r) in s.by_type.items()]
     out += ["", "<details><summary>per project (logs / category right)</summary>", "",
@@ -87,17 +95,23 @@ def main() -> int:
                   f"{alone['answered']}/{alone['logs']}, category right on {alone['category_right']}, root line on "
                   f"{alone['root_line_right']}.", ""]
     machine = f"{platform.machine()}, {platform.system()}, Python {platform.python_version()}"
-    head = ["# Diagnosis on real failure logs (issue 29)", "",
-            f"`python benchmarks/diagnosis_real.py` on {machine}, {datetime.now(UTC):%Y-%m-%d} (a shared 2-core "
-            "machine; no timing is reported, so the figures do not depend on it).", "",
+    load1 = os.getloadavg()[0]
+    head = ["# Diagnosis on real failure logs (issues 29 and 45)", "",
+            f"`python benchmarks/diagnosis_real.py` on {machine}, {os.cpu_count()} cores, no GPU, "
+            f"{datetime.now(UTC):%Y-%m-%d} (a shared machine, load average {load1:.1f} at the start: the accuracy "
+            "figures do not depend on it, the time per log does).", "",
             "Logs posted in public issue threads, labelled from the threads (tests/data/diagnosis/real, "
             "PROVENANCE.md there). Split by project, fixed before any result was read; the rules and the learned "
-            "fallback were tuned on the tune half only. The test half is the figure to quote.", "",
+            "fallback were tuned on the tune half only. The test half (projects not in the tune half) is the figure "
+            "to quote.", "",
             "History, honestly: the first 87 logs (34 tune / 53 test) scored 52.8% category, 50.9% root line, "
             "39.6% unknown on their test half with main's rules. After rules were written against those 34 tune "
             "logs, the corpus grew to 150; on the grown test half (84 logs from 63 projects; 31 of the logs new) "
             "the rules scored 79.8% / 79.8% / 14.3% before the second round of tuning, which again looked only at "
-            "the tune half's misses. The figures below are after that round.", ""]
+            "the tune half's misses, and 96.4% / 91.7% / 2.4% after it. The third round (issue 45) rewrote the rules "
+            "around four failure families (cause chains, divergence in progress lines, network faults behind "
+            "framework errors, the user's environment and code), written from the families and the 66 tune logs "
+            "without opening a test-half log; the figures below are after it.", ""]
     out = REPO / "benchmarks" / "results"
     (out / "diagnosis_real.md").write_text("\n".join(head + lines))
     (out / "diagnosis_real.json").write_text(json.dumps(results, indent=1))

@@ -14,11 +14,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from cluster.catalog import CatalogError
-from cluster.inventory import InventoryError
-from tasks.jobspec import JobSpecError
-from tasks.planning.plans import InfeasibleJobError
-
 _UNSET = object()
 
 
@@ -97,10 +92,12 @@ def _error(command: str, err: BaseException) -> int:
 _OS_WHAT = {IsADirectoryError: "is a directory; give a file", NotADirectoryError: "is a file; give a directory",
             FileExistsError: "exists and is not a directory", PermissionError: "is not accessible"}
 
-# ValueError covers LedgerError and TraceError; RuntimeError covers checkpoint and storage errors (and Ray's executor
-# errors); TimeoutError is the queue's "no plan fitted within --max-wait", whose message names the fix
-USER_ERRORS = (JobSpecError, InventoryError, CatalogError, InfeasibleJobError, ValueError, RuntimeError,
-               IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError, TimeoutError)
+# ValueError covers JobSpecError, InventoryError, CatalogError, InfeasibleJobError, LedgerError and TraceError (all
+# its subclasses: importing them here cost every command half a second); RuntimeError covers checkpoint and storage
+# errors (and Ray's executor errors); TimeoutError is the queue's "no plan fitted within --max-wait", whose message
+# names the fix
+USER_ERRORS = (ValueError, RuntimeError, IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError,
+               TimeoutError)
 
 
 def _leave_ray() -> None:

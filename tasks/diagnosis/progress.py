@@ -88,10 +88,18 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
         if end is None and _FINITE.search(low):
             end = "finite"
     offsets = [o for o in (first, last_start) if o is not None]
-    line = {o: low.count(b"\n", 0, o) + 1 for o in offsets}
     finite = _last_finite(low)
-    return LossTrack(line.get(first), line.get(last_start), end,
-                     tuple(low.count(b"\n", 0, o) + 1 for o in finite)), offsets
+    line = _line_numbers(low, offsets + finite)
+    return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in finite)), offsets
+
+
+def _line_numbers(low: bytes, offsets: list[int]) -> dict[int, int]:
+    """Offset -> 1-based line number, counting the newlines once over the chunk."""
+    out, at, n = {}, 0, 1
+    for o in sorted(set(offsets)):
+        n += low.count(b"\n", at, o)
+        out[o], at = n, o
+    return out
 
 
 def _last_finite(low: bytes) -> list[int]:
