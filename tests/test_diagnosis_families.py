@@ -373,3 +373,65 @@ def test_in_a_long_interleaved_log_what_the_run_survived_is_not_the_cause():
     # excerpt-sized: nothing trains after the warning, so it is the answer
     d = diagnose(("\n".join(_long_run(3)) + "\n").encode(), use_fallback=False)
     assert d.type == "NetworkError"
+
+
+MORE = [  # one line per family member added in this round, as the software prints it: (line, type, category)
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "GPUArchError", "script"),
+    ("UserWarning: NVIDIA A100 with CUDA capability sm_80 is not compatible with the current PyTorch installation.",
+     "GPUArchError", "script"),
+    ("RuntimeError: FlashAttention only supports Ampere GPUs or newer.", "GPUArchError", "script"),
+    ("AssertionError: Torch not compiled with CUDA enabled", "DriverError", "script"),
+    ("RuntimeError: No CUDA GPUs are available", "DriverError", "script"),
+    ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!",
+     "TensorMismatch", "script"),
+    ("RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x512 and 768x768)", "TensorMismatch", "script"),
+    ("ValueError: Tokenizer class LlamaTokenizer does not exist or is not currently imported.", "ImportError",
+     "script"),
+    ("RuntimeError: The detected CUDA version (11.8) mismatches the version that was used to compile PyTorch (12.1). "
+     "Please make sure to use the same CUDA versions.", "BuildError", "script"),
+    ("RuntimeError: NCCL Error 6: invalid usage", "ConfigError", "script"),
+    ("RuntimeError: Timed out initializing process group in store based barrier on rank: 3, for key: "
+     "store_based_barrier_key:1 (world_size=8, worker_count=4, timeout=0:30:00)", "ConnectionError", "infrastructure"),
+    ("[rank0]:[E812 10:41:02.1 ProcessGroupNCCL.cpp:1423] [PG 0 Rank 0] Heartbeat monitor timed out! Process will be "
+     "terminated after dumping debug info.", "NCCLTimeoutError", "infrastructure"),
+    ("slurmstepd: error: *** JOB 77 ON node-3 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***", "Preempted",
+     "infrastructure"),
+    ("slurmstepd: error: *** JOB 77 ON node-3 CANCELLED AT 2026-01-01T00:00:00 DUE TO NODE FAILURE ***",
+     "NodeFailure", "infrastructure"),
+    ("terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc", "HostOOM",
+     "framework"),
+    ("WARNING: nan loss detected, ending training", "NumericalError", "framework"),
+    ("Bus error (core dumped)", "SegFault", "framework"),
+    ("train.sh: line 3: 4711 exited with code 137", "Killed", "framework"),
+    ("ERROR 11-04 18:02:56 RuntimeError: Engine core initialization failed. See root cause above.", "ChildFailed",
+     "framework"),
+]
+
+
+@pytest.mark.parametrize(("text", "type_", "category"), MORE)
+def test_each_family_member_added_in_this_round(text, type_, category):
+    d = diagnose(text.encode() + b"\n", use_fallback=False)
+    assert (d.type, d.category) == (type_, category), d.root_cause_line
+
+
+def test_a_yolo_table_row_with_nan_losses_is_a_divergence():
+    head = "      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+    log = (head + "        1/100      2.65G      1.234      2.345      1.111         45        640: 100%|#| 8/8\n"
+           + head + "        2/100      2.65G        nan        nan        nan         45        640: 100%|#| 8/8\n"
+           "                   all         16        128          0          0          0          0\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.via, d.line_no) == ("NumericalError", "progress", 4)
+
+
+def test_compression_keeps_every_line_a_rule_names():
+    """ERROR_KEYWORDS is a superset of what the rules match: every line of the family cases that a rule names is
+    kept by the compression as an error line (a keyword missing from the list would hide it in a long log)."""
+    from tasks.diagnosis.diagnose import match_line
+    from tasks.diagnosis.rules import ERROR_KEYWORDS
+
+    assert all(not any(ch in b"123456789" for ch in kw) for kw in ERROR_KEYWORDS)  # digits are 0 in templates
+    texts = [c[0] for c in CHAINS.values()] + [c[0] for c in NETWORK.values()] + [c[0] for c in ENVIRONMENT.values()]
+    for text in texts + [m[0] for m in MORE]:
+        kept = {k.text for k in compress(text.encode(), context=0).kept if k.error}
+        named = [ln.strip() for ln in text.splitlines() if match_line(ln)]
+        assert named and all(ln in {k.strip() for k in kept} for ln in named), (named, kept)

@@ -80,8 +80,7 @@ ROOTS: dict[str, list[str]] = {
     "AssertionError": ["[rank{r}]: AssertionError: global batch size must be divisible by micro batch x DP"],
     "AttributeError": ["[rank{r}]: AttributeError: 'NoneType' object has no attribute 'shape'"],
     "ValueError": ["[rank{r}]: ValueError: Expected input batch_size (16) to match target batch_size (8)."],
-    "RuntimeError": ["[rank{r}]: RuntimeError: Expected all tensors to be on the same device, but found at least "
-                     "two devices, cuda:0 and cpu!"],
+    "RuntimeError": ["[rank{r}]: RuntimeError: DataLoader timed out after 600 seconds"],
 }
 
 #: what the failure causes on the other ranks: (other ranks' lines, whether torchrun's summary follows)

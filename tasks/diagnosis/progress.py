@@ -25,6 +25,8 @@ one."""
 _KEY = rb"loss(?:es)?(?![_ ]?scale)[\w./-]*['\"]?\s*[:=]?\s*['\"]?(?:tensor\(\s*)?"
 _NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
 _FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
+_DIGIT = re.compile(rb"\d")
+_NONFINITE_CELLS = frozenset({b"nan", b"inf", b"-inf", b"+inf", b"infinity", b"-infinity"})
 SURVIVED = 64
 """Lines printing a finite loss after an error line that show the run went on training after it."""
 MAX_LINE = 8192
@@ -56,13 +58,29 @@ def _line_at(low: bytes, pos: int) -> tuple[int, int]:
     return start, len(low) if end < 0 else end
 
 
+def _table_nonfinite(low: bytes, start: int, end: int) -> bool:
+    """A table row (YOLO's `1/300  3.4G  nan  nan ...`) whose column under a `*loss*` header is non-finite: the
+    header is the nearest line above (within 64 KB) that names a loss and holds no digit."""
+    at = low.rfind(b"loss", max(0, start - 65536), start)
+    if at < 0:
+        return False
+    hs, he = _line_at(low, at)
+    header = low[hs:he]
+    if _DIGIT.search(header):
+        return False
+    row = low[start:min(end, start + MAX_LINE)].split()
+    return any(i < len(row) and row[i] in _NONFINITE_CELLS for i, h in enumerate(header.split()) if b"loss" in h)
+
+
 def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
-    """The (start, end) of the next line at or after `pos` that gives a loss a non-finite value."""
+    """The (start, end) of the next line at or after `pos` that gives a loss a non-finite value (by its key, or by
+    its column in a table)."""
     hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]
     while hits:
         at = min(hits)
         start, end = _line_at(low, at)
-        if start >= pos and _NONFINITE.search(low, start, min(end, start + MAX_LINE)):
+        if start >= pos and (_NONFINITE.search(low, start, min(end, start + MAX_LINE))
+                             or _table_nonfinite(low, start, end)):
             return start, end
         pos = end + 1
         hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]

@@ -56,20 +56,29 @@ RULES: list[Rule] = [
          r"(?i)fallen off the bus|Unable to determine the device handle for GPU|Xid \([^)]*\):\s*(?:79|119|120)\b|"
          r"machine check|Hardware Error|"
          r"kernel panic|node\b[^\n]*\b(?:failed|down|unreachable|NotReady|lost)\b|"
-         r"\bNodeFailure\b|heartbeat (?:timeout|lost)", 92, True,
+         r"\bNodeFailure\b|heartbeat (?:timeout|lost)|DUE TO NODE FAILURE", 92, True,
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
     Rule("DriverError", "script",
          r"(?i)driver version is insufficient for CUDA runtime|NVIDIA driver on your system is too old|"
-         r"CUDA driver initialization failed|no CUDA-capable device is detected", 93, False,
+         r"CUDA driver initialization failed|no CUDA-capable device is detected|(?-i:Torch not compiled with CUDA "
+         r"enabled)|Found no NVIDIA driver on your system|No CUDA GPUs are available", 93, False,
          "the environment: the NVIDIA driver is older than the CUDA this build needs (or there is no GPU); "
          "install a matching driver or a build for this driver"),
+    Rule("GPUArchError", "script",  # the build (or a kernel library) has no code for this GPU: the environment
+         r"no kernel image is available for execution on the device|CUDA error: invalid device function|"
+         r"sm_\d+ is not compatible with the current PyTorch installation|only supports Ampere GPUs or newer|"
+         r"requires a GPU with compute capability", 92, False,
+         "the environment: the installed build has no kernels for this GPU (its compute capability); install a "
+         "build for this GPU architecture, or run on GPUs it supports"),
     Rule("ConfigError", "script",  # NCCL's invalid usage and a device index past the node's GPUs: the launch config
-         r"invalid device ordinal|ncclInvalidUsage|NCCL error[^\n]*invalid usage|Duplicate GPU detected", 91, False,
+         r"invalid device ordinal|ncclInvalidUsage|(?i:NCCL error)[^\n]*invalid usage|Duplicate GPU detected", 91,
+         False,
          "the launch configuration: more processes per node than GPUs, or two ranks on one GPU; fix "
          "--nproc_per_node / CUDA_VISIBLE_DEVICES (a restart fails the same way)"),
     Rule("CUDAError", "infrastructure",
          r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
-         r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)(?!invalid device ordinal)|"
+         r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)(?!invalid device (?:ordinal|function))"
+         r"(?!no kernel image)|"
          r"CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
          r"cudaErrorIllegalAddress|unspecified launch failure|an illegal memory access was encountered|"
          r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b)", 90, True,
@@ -105,7 +114,8 @@ RULES: list[Rule] = [
          r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
          r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
          r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
-         r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)", 78, False,
+         r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
+         r"encountered)|encountered (?:a )?nan", 78, False,
          "the loss diverged (NaN/inf, or fp16 loss scale at its floor): lower the learning rate, use bf16 or "
          "gradient clipping, and resume from a checkpoint before the divergence"),
     Rule("ModelLoadingError", "script",
@@ -121,7 +131,8 @@ RULES: list[Rule] = [
          "fix the syntax error in the training script"),
     Rule("ImportError", "script",
          _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file|"
-         r"No module named '|cannot import name '|DLL load failed|requires the [\w-]+ library but it was not found",
+         r"No module named '|cannot import name '|DLL load failed|requires the [\w-]+ library but it was not found|"
+         r"does not exist or is not currently imported|does not recognize this architecture",
          65, False, "the environment: install the missing package, or the build of a compiled extension that matches "
                     "this torch (an undefined symbol is an ABI mismatch)"),
     Rule("ConfigError", "script",
@@ -149,19 +160,31 @@ RULES: list[Rule] = [
          r"module '[\w.]+' has no attribute '", 62, False,
          "the environment: the installed version of the library lacks this name; install the version the code was "
          "written for"),
+    Rule("TensorMismatch", "script",  # a torch op refusing the tensors it was given: the calling code's mistake
+         r"Expected all tensors to be on the same device|expected scalar type \w+ but found \w+|shapes cannot be "
+         r"multiplied|must match the size of tensor b|Sizes of tensors must match|Input type \([^)]*\) and weight "
+         r"type \([^)]*\) should be the same|element 0 of tensors does not require grad|has been modified by an "
+         r"inplace operation|Trying to backward through the graph a second time|Target -?\d+ is out of bounds", 61,
+         False, "the code gives an operation tensors it cannot take (device, dtype or shape): fix the model or data "
+                "code (a restart fails the same way)"),
     Rule("IndexError", "script", r"device-side assert triggered|Assertion `[^`]*` failed", 61,
          False, "fix the script or data: an index out of range (a device-side assert is usually one)"),
     Rule("BuildError", "script",
-         r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped", 61,
+         r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped|"
+         r"mismatches the version that was used to compile PyTorch|CUDA_HOME environment variable is not set|"
+         r"Could not build wheels|Failed building wheel", 61,
          False, "the environment: a compiled extension does not build (compiler or CUDA toolkit against this "
                 "torch); install a prebuilt wheel or fix the toolchain"),
     Rule("SegFault", "framework",
          r"Signals\.SIGSEGV|exitcode\s*:\s*-11\b|Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault|"
-         r"Segmentation fault", 14, True,
-         "a process crashed in native code (SIGSEGV): one restart; if it recurs, a library/driver mismatch"),
+         r"Segmentation fault|exit(?:ed with)? (?:code|status)[:= ]*139\b|Bus error \(core dumped\)|"
+         r"Signals\.SIG(?:BUS|ABRT)|Aborted \(core dumped\)|Fatal Python error: Aborted", 14, True,
+         "a process crashed in native code (SIGSEGV, SIGBUS or SIGABRT): one restart; if it recurs, a library or "
+         "driver mismatch (a bus error in a container: too small /dev/shm)"),
     Rule("ChildFailed", "framework",  # a launcher re-raising its child's exit status (the child's error is above)
          r"CalledProcessError: Command '\[[^\]]*(?:python|torchrun|deepspeed|accelerate|mpirun|srun)[^\]]*\]' "
-         r"returned non-zero exit status", 10, True,
+         r"returned non-zero exit status|See root cause above|Engine core initialization failed|"
+         r"TrainingFailedError|inspect the previous error messages", 10, True,
          "a rank exited; the root cause is in the lines before"),
     Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 60, False,
          "a subprocess the script runs failed: see its output above"),
@@ -177,7 +200,7 @@ RULES: list[Rule] = [
          "a peer rank died or its link failed: run the node check, cordon the faulty node, resume"),
     Rule("NetworkError", "infrastructure",  # NCCL's system/internal errors and its socket, net and proxy warnings
          r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|IBV_WC_(?!SUCCESS)\w+|ncclSystemError|unhandled system error|"
-         r"ncclInternalError|NCCL error[^\n]*internal error|NCCL WARN (?:NET|Net|Socket|socket|Call to|Connect|"
+         r"ncclInternalError|(?i:NCCL error)[^\n]*internal error|NCCL WARN (?:NET|Net|Socket|socket|Call to|Connect|"
          r"connect|[Bb]ootstrap|[Pp]roxy|IB)|(?:socket|net\w*|proxy|bootstrap|ib\w*)\.cc:\d+ NCCL WARN|"
          r"socket(?:StartConnect|PollConnect|Progress|Connect)|Software caused connection abort|"
          r"Transport endpoint is not connected|No route to host|Network is unreachable|connectFullMesh failed|"
@@ -191,19 +214,23 @@ RULES: list[Rule] = [
          r"ConnectionError|Connection (?:reset by peer|refused|timed out|closed by peer)|DistNetworkError|"
          r"DistStoreError|Broken pipe|Socket Timeout|failed to recv, got 0 bytes|waiting for clients\. \d+/\d+ clients|"
          r"TCPStore[^\n]*(?:failed|timed out)|RendezvousTimeoutError|RendezvousConnectionError|connect\(\) timed out|"
-         r"socket has timed out|errno: 113|\bECONNRE(?:SET|FUSED)\b", 30, True,
+         r"socket has timed out|errno: 113|\bECONNRE(?:SET|FUSED)\b|store based barrier|Timed out initializing "
+         r"process group|RendezvousClosedError", 30, True,
          "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
     # -- symptoms ----------------------------------------------------------------------------------------------
     Rule("NCCLTimeoutError", "infrastructure",
          r"Watchdog caught collective operation timeout|NCCL timeout|ProcessGroupNCCL[^\n]*Timeout|"
          r"collective operation timeout|Timed out waiting \d+ms for|watchdog got stuck|Timeout at NCCL work|"
-         r"watchdog hang", 20, True,
+         r"watchdog hang|Heartbeat monitor timed out", 20, True,
          "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
     Rule("TimeLimit", "infrastructure", r"DUE TO TIME LIMIT", 19, True,
          "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
+    Rule("Preempted", "infrastructure", r"DUE TO PREEMPTION|(?i:spot instance[^\n]*(?:interrupt|terminat))", 19, True,
+         "the scheduler or the cloud took the nodes back: resume from the newest checkpoint on the next allocation"),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
-    Rule("Killed", "framework", r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$", 12, True,
+    Rule("Killed", "framework",
+         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$|exit(?:ed with)? (?:code|status)[:= ]*137\b", 12, True,
          "a rank was SIGKILLed with no error of its own: the host OOM killer or a lost node; resumed once, and if it "
          "recurs, check dmesg for the OOM killer (fewer data-loader workers, less CPU offload)"),
     Rule("ChildFailed", "framework",
@@ -304,6 +331,13 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"bad_alloc", b"cannot allocate", b"already in use", b"closed by", b"connection abort", b"not connected",
     b"no route", b"shared memory", b"ordinal", b"ibv_", b"non-finite", b"contains nan", b"contains inf",
     b"has no attribute", b"dll load", b"socket timeout", b"waiting for clients", b"got 0 bytes", b"econnre",
-    b"eaddrinuse", b"errno: 98", b"shm_open", b"/dev/shm", b"returned nan")
+    b"eaddrinuse", b"shm_open", b"/dev/shm", b"returned nan", b"not compiled with cuda",
+    b"no cuda gpus", b"kernel image", b"sm_", b"compute capability", b"ampere", b"currently imported",
+    b"recognize this architecture", b"cuda_home", b"wheel", b"same device", b"scalar type", b"shapes cannot",
+    b"must match", b"does not require grad", b"inplace operation", b"backward through", b"out of bounds",
+    b"bus error", b"aborted", b"sigabrt", b"root cause above", b"trainingfailed", b"previous error",
+    b"barrier", b"rendezvous", b"heartbeat", b"preemption", b"spot instance", b"node failure", b"exit code",
+    b"exit status", b"encountered", b"exited with", b"nan loss", b"inf loss", b"nan value", b"inf value")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
-in C), a superset of what the rules match."""
+in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
+another digit."""
