@@ -435,3 +435,17 @@ def test_compression_keeps_every_line_a_rule_names():
         kept = {k.text for k in compress(text.encode(), context=0).kept if k.error}
         named = [ln.strip() for ln in text.splitlines() if match_line(ln)]
         assert named and all(ln in {k.strip() for k in kept} for ln in named), (named, kept)
+
+
+def test_frenzy_diagnose_says_how_it_found_the_cause(tmp_path, capsys):
+    from cli.main import main
+
+    p = tmp_path / "train.log"
+    p.write_text(CHAINS["nccl-last-error-socket"][0])
+    assert main(["diagnose", str(p), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["type"], d["category"], d["via"]) == ("NetworkError", "infrastructure", "chain")
+    p.write_text(_nanogpt(30, set(range(20, 30))))
+    assert main(["diagnose", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "NumericalError (framework)" in out and "read off the progress lines" in out and "line 21" in out
