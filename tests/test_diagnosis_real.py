@@ -28,7 +28,7 @@ def test_the_corpus_is_real_sized_and_split_by_project():
 def test_the_test_half_meets_the_issue_figures(test_half):
     assert test_half.category_accuracy >= 0.90, test_half.by_type
     assert test_half.root_line_accuracy >= 0.85, test_half.by_type
-    assert test_half.unknown_rate <= 0.05
+    assert test_half.unknown_rate <= 0.03
     assert min(test_half.precision.values()) >= 0.85, test_half.precision
 
 
