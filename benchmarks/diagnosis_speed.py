@@ -36,7 +36,7 @@ from tasks.diagnosis.corpus import make_log  # noqa: E402
 
 GROUP = ("import sys\nfrom cli import diagnose\nfrom cli.output import run\nimport argparse\n"
          "p = argparse.ArgumentParser(prog='frenzy')\nsub = p.add_subparsers(dest='command', required=True)\n"
-         "def add(name, fn, help_):\n    sp = sub.add_parser(name, help=help_)\n"
+         "def add(name, fn, help_=None):\n    sp = sub.add_parser(name, help=help_)\n"
          "    sp.add_argument('--json', action='store_true')\n    sp.set_defaults(fn=fn)\n    return sp\n"
          "diagnose.add_commands(add)\nsys.exit(run(p.parse_args(sys.argv[1:])))\n")
 """The diagnose command group alone, dispatched as `frenzy` does: what the CLI costs once its dispatch is lazy."""
