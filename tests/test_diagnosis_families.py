@@ -58,7 +58,7 @@ CHAINS = {  # family 1: a wrapper and, beneath it, the line that states the caus
         f'  File "{SITE}/datalib/loader.py", line 77, in main\n'
         '    raise RuntimeError("could not load the dataset index") from e\n'
         "RuntimeError: could not load the dataset index\n",
-        "UncaughtException", "script", "json.decoder.JSONDecodeError: Expecting value", "RuntimeError: could not"),
+        "DataError", "script", "json.decoder.JSONDecodeError: Expecting value", "RuntimeError: could not"),
 }
 NETWORK = {  # family 3: a network fault behind a framework-looking message
     "aborted-with-reason": ("RuntimeError: NCCL communicator was aborted on rank 2.  Original reason for failure "
@@ -205,6 +205,23 @@ def test_divergence_is_read_off_the_progress_lines(text, line_no):
     assert (d.type, d.category, d.via, d.line_no, d.restartable) == ("NumericalError", "framework", "progress",
                                                                      line_no, False)
     assert "learning rate" in d.mitigation
+
+
+def test_a_long_streak_of_nan_losses_is_a_divergence_even_where_finite_losses_follow():
+    # 15 NaN prints in a row, then a sweep's next configuration trains: the run at line 21 diverged
+    d = diagnose(_nanogpt(60, set(range(20, 35))).encode(), use_fallback=False)
+    assert (d.type, d.via, d.line_no) == ("NumericalError", "progress", 21)
+    # a non-finite gradient norm is the same failure, printed beside a still-finite loss
+    log = "".join(f"step {i} | loss 2.{i:02d} | grad_norm {'nan' if i >= 8 else '1.1'}\n" for i in range(12))
+    assert diagnose(log.encode(), use_fallback=False).line_no == 9
+    assert fold([LossTrack(None, 40, "nan", streak=40), LossTrack(None, None, "finite")]) == 40
+
+
+def test_a_traceback_pasted_as_one_line_keeps_its_error():
+    log = ("Traceback (most recent call last): File \"/home/u/train.py\", line 3, in <module> import foo "
+           "ModuleNotFoundError: No module named 'foo'\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category, d.line_no) == ("ImportError", "script", 1)
 
 
 @pytest.mark.parametrize("text", [

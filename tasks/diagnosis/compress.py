@@ -367,7 +367,7 @@ class _Merge:
 
     def add(self, part: _Part) -> None:
         pending: deque = deque(maxlen=max(1, self.context))
-        loss_lines = {part.loss.first, part.loss.last_start}
+        loss_lines = {part.loss.first, part.loss.last_start, part.loss.streak}
         for no, text, err in part.kept:
             if self.text_bytes > MAX_KEPT_BYTES:
                 self.capped = True

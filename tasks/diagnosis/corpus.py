@@ -68,7 +68,7 @@ ROOTS: dict[str, list[str]] = {
     "NetworkError": [
         "{host}:{pid}:{pid2} [{r}] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got async event : port error",
         "{host}:{pid}:{pid2} [{r}] misc/socket.cc:538 NCCL WARN Net : Connect to 10.1.4.{r}<43521> failed : "
-        "No route to host"],
+        "Software caused connection abort"],
     "ConnectionError": [
         "[rank{r}]: torch.distributed.DistNetworkError: Connection reset by peer",
         "[rank{r}]: ConnectionError: Tried to send 4 bytes to the TCPStore at 10.1.4.2:29500 and it failed: "

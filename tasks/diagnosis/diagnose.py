@@ -30,8 +30,9 @@ _SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _STAMP = re.compile(r"\[[EWFI](\d{4}) (\d\d:\d\d:\d\d\.\d+)")  # glog/c10d: [E0626 05:06:30.929...
 _FRAME = re.compile(r'File "([^"]+)", line \d+')
 _LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d")
-_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \")")
-"""A traceback's source and frame lines: the `raise` statement above an exception is not the exception."""
+_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \"[^\"]*\", line \d+(?:, in \S+)?\s*$)")
+"""A traceback's source and frame lines: the `raise` statement above an exception is not the exception. A frame
+line with more after it is a traceback pasted as one line (its line ends lost): it holds the error."""
 _NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
 """NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
 MAX_EVIDENCE = 100
@@ -113,8 +114,10 @@ def match_line(text: str, learned: list[Rule] | None = None) -> Rule | None:
 
 
 def _blame(kept: list, i: int, category: str) -> str:
-    """A generic Python exception (KeyError, ValueError, ...) belongs to the code that raised it: the script's own
-    file (script) or a library under site-packages (framework), read off the nearest traceback frame above it."""
+    """A generic framework exception (RuntimeError, AssertionError) raised from the script's own file is the
+    script's: read off the nearest traceback frame above it (a library under site-packages keeps the framework's)."""
+    if category != "framework":
+        return category
     for k in reversed(kept[max(0, i - 3):i]):
         m = _FRAME.search(k.text)
         if m:

@@ -3,8 +3,11 @@
 A run that diverges often raises nothing: it keeps printing its ordinary metric lines with a non-finite loss
 (`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, `loss=inf`, a JSON `NaN`) until
 it ends or is stopped. A person reading the log says "the loss diverged at step N": the first line of the last run
-of non-finite losses, when no finite loss follows it. A NaN that the run recovered from (fp16 overflow steps
-that were skipped) is not the failure, and a `loss scale` is not a loss.
+of non-finite losses, when no finite loss follows it. A non-finite gradient norm is the same failure seen one step
+earlier (the loss printed is often the one before the update). A NaN that the run recovered from (fp16 overflow
+steps that were skipped: one or a few prints) is not the failure, and a `loss scale` is not a loss; but STREAK
+non-finite prints in a row are a divergence even where finite losses follow (a sweep's next configuration, a
+restart from a checkpoint): that run did not recover by itself.
 
 `track(low, chunk)` reads one chunk of a log (whole lines, lower-cased) and visits only the transitions: the next
 non-finite token (`nan`, `inf`: a literal search in C, cheap even in a gigabyte of INFO lines), the line holding it
@@ -22,11 +25,13 @@ from dataclasses import dataclass
 _TOKENS = (re.compile(rb"nan(?![a-z0-9_]| iterations)"), re.compile(rb"inf(?:inity)?(?![a-z0-9_])"))
 """Non-finite values as Python, torch and JSON print them (lower-cased); Megatron's `nan iterations` column is not
 one."""
-_KEY = rb"loss(?:es)?(?![_ ]?scale)[\w./-]*['\"]?\s*[:=]?\s*['\"]?(?:tensor\(\s*)?"
+_KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=]?\s*['\"]?(?:tensor\(\s*)?"
 _NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
 _FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
 _DIGIT = re.compile(rb"\d")
 _NONFINITE_CELLS = frozenset({b"nan", b"inf", b"-inf", b"+inf", b"infinity", b"-infinity"})
+STREAK = 10
+"""Non-finite loss prints in a row that make a divergence even where finite losses follow them."""
 SURVIVED = 64
 """Lines printing a finite loss after an error line that show the run went on training after it."""
 MAX_LINE = 8192
@@ -46,10 +51,12 @@ class LossTrack:
     """The loss at the chunk's end: `nan` (non-finite), `finite`, or None when the chunk prints no loss."""
     finite: tuple[int, ...] = ()
     """The last (up to SURVIVED) lines that print a finite loss: the run was still training there."""
+    streak: int | None = None
+    """The first line of the chunk's last run of at least STREAK non-finite loss prints (within the chunk)."""
 
     def shifted(self, lines: int) -> LossTrack:
-        first, start = (None if x is None else x + lines for x in (self.first, self.last_start))
-        return LossTrack(first, start, self.end, tuple(x + lines for x in self.finite))
+        first, start, streak = (None if x is None else x + lines for x in (self.first, self.last_start, self.streak))
+        return LossTrack(first, start, self.end, tuple(x + lines for x in self.finite), streak)
 
 
 def _line_at(low: bytes, pos: int) -> tuple[int, int]:
@@ -87,9 +94,20 @@ def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
     return None
 
 
+def _is_streak(low: bytes, start: int, until: int) -> bool:
+    """Whether STREAK non-finite loss lines begin at `start` before `until` (at most STREAK searches)."""
+    pos = start
+    for _ in range(STREAK):
+        hit = _next_nonfinite(low, pos)
+        if hit is None or hit[0] >= until:
+            return False
+        pos = hit[1] + 1
+    return True
+
+
 def track(low: bytes) -> tuple[LossTrack, list[int]]:
     """The chunk's loss history and the byte offsets of the lines it names (to keep them in the compressed log)."""
-    first = last_start = end = None
+    first = last_start = end = streak = None
     pos = 0
     while (hit := _next_nonfinite(low, pos)) is not None:
         start, stop = hit
@@ -99,16 +117,20 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
             first = start
         end = "nan"
         back = _FINITE.search(low, stop)
+        until = len(low) if back is None else _line_at(low, back.start())[0]
+        if _is_streak(low, start, until):
+            streak = start
         if back is None:
             break
-        pos, end = _line_at(low, back.start())[0], "finite"
+        pos, end = until, "finite"
     else:
         if end is None and _FINITE.search(low):
             end = "finite"
-    offsets = [o for o in (first, last_start) if o is not None]
+    offsets = [o for o in (first, last_start, streak) if o is not None]
     finite = _last_finite(low)
     line = _line_numbers(low, offsets + finite)
-    return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in finite)), offsets
+    return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in finite),
+                     line.get(streak)), sorted(set(offsets))
 
 
 def _line_numbers(low: bytes, offsets: list[int]) -> dict[int, int]:
@@ -145,10 +167,12 @@ def trained_until(tracks: Iterable[LossTrack]) -> int | None:
 
 
 def fold(tracks: Iterable[LossTrack]) -> int | None:
-    """The line where the loss diverged for good, over a file's chunks (line numbers already file-wide): the start
-    of the last run of non-finite losses, or None when the last loss printed is finite (or none is)."""
-    root, state = None, None
+    """The line where the loss diverged, over a file's chunks (line numbers already file-wide): the start of the
+    last run of non-finite losses when no finite loss follows it; else the start of the last STREAK-long run of
+    them; else None."""
+    root, state, streak = None, None, None
     for t in tracks:
+        streak = t.streak if t.streak is not None else streak
         if t.end is None:
             continue
         if t.end == "finite":
@@ -159,4 +183,4 @@ def fold(tracks: Iterable[LossTrack]) -> int | None:
         elif state != "nan":
             root = t.first
         state = "nan"
-    return root if state == "nan" else None
+    return root if state == "nan" else streak
