@@ -466,3 +466,92 @@ def test_frenzy_diagnose_says_how_it_found_the_cause(tmp_path, capsys):
     assert main(["diagnose", str(p)]) == 0
     out = capsys.readouterr().out
     assert "NumericalError (framework)" in out and "read off the progress lines" in out and "line 21" in out
+
+
+_HUB = "huggingface.co/datasets/org/corpus/resolve/main/train/07.jsonl.zst"
+REMOTE = {  # family 3: a remote service the run calls (hub, tracker) timed out or dropped the connection
+    "disconnect-chain": (
+        'Traceback (most recent call last):\n  File "/usr/lib/python3.10/http/client.py", line 287, in _read_status\n'
+        '    raise RemoteDisconnected("Remote end closed connection without response")\n'
+        "http.client.RemoteDisconnected: Remote end closed connection without response\n\n"
+        "During handling of the above exception, another exception occurred:\n\nTraceback (most recent call last):\n"
+        f'  File "{SITE}/urllib3/connectionpool.py", line 801, in urlopen\n'
+        "urllib3.exceptions.ProtocolError: ('Connection aborted.', RemoteDisconnected('Remote end closed connection "
+        "without response'))\n", "http.client.RemoteDisconnected"),
+    "hub-read-timeout": (
+        "Warning: could not load the dataset: (ReadTimeoutError(\"HTTPSConnectionPool(host='huggingface.co', "
+        "port=443): Read timed out. (read timeout=10)\"), '(Request ID: 0b1c)')\nTraceback (most recent call last):\n",
+        "Read timed out"),
+    "rate-limited": (f"huggingface_hub.errors.HfHubHTTPError: 429 Client Error: Too Many Requests for url: https://{_HUB}\n",
+                     "429 Client Error"),
+    "python-timeout": ('  File "/usr/lib/python3.10/ssl.py", line 1130, in read\n    return self._sslobj.read(len, '
+                       "buffer)\nTimeoutError: The read operation timed out\n", "TimeoutError: The read operation"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REMOTE))
+def test_a_remote_service_fault_is_infrastructure_and_restartable(name):
+    text, root = REMOTE[name]
+    d = diagnose(text.encode(), use_fallback=False)
+    assert (d.type, d.category, d.restartable) == ("NetworkError", "infrastructure", True), d.root_cause_line
+    assert root in d.root_cause_line and "resume" in d.mitigation
+
+
+def test_a_host_name_that_does_not_resolve_is_the_launch_s_and_a_failed_connect_its_network_config():
+    log = ("socket.gaierror: [Errno -2] Name or service not known\n\nDuring handling of the above exception, another "
+           "exception occurred:\n\nurllib3.exceptions.NewConnectionError: <urllib3.connection.HTTPConnection object>: "
+           "Failed to establish a new connection: [Errno -2] Name or service not known\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category, d.restartable, d.line_no) == ("NameResolutionError", "script", False, 1)
+    log = "host-7:88:88 [0] misc/socket.cc:484 NCCL WARN Net : Connect to fe80::1%6<57335> failed : Network is unreachable\n"
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category, d.restartable) == ("NetworkConfigError", "script", False)
+
+
+@pytest.mark.parametrize("line", ["Exception: process 1 terminated with signal SIGKILL",
+                                  "ERROR: error code -9",
+                                  "] exits with return code = -9"])
+def test_a_process_sigkilled_without_an_error_of_its_own_is_killed(line):
+    d = diagnose(f"epoch 19 step 400\n{line}\n".encode(), use_fallback=False)
+    assert (d.type, d.category, d.restartable, d.line_no) == ("Killed", "framework", True, 2)
+
+
+def test_the_detail_below_an_exception_that_ends_in_a_colon_is_its_cause():
+    log = ('  File "train.py", line 80, in resume\nRuntimeError: Error(s) in loading state_dict for Net:\n'
+           "\tsize mismatch for head.bias: copying a param with shape torch.Size([80]) from checkpoint, the shape in "
+           "current model is torch.Size([2]).\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category, d.line_no, d.via) == ("ModelLoadingError", "script", 3, "chain")
+
+
+def test_an_exception_whose_message_is_on_the_next_line_names_that_line():
+    log = "return torch._C._nn.cross_entropy_loss(input, target, weight, ignore_index) IndexError:\nTarget -1 is out of bounds.\n"
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.category, d.line_no) == ("script", 2)
+    log = ("Exception has occurred: OutOfMemoryError       (note: full exception trace is shown but execution is "
+           "paused at: <module>)\nCUDA out of memory. Tried to allocate 20.74 GiB.\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.line_no) == ("OutOfMemoryError", 2)
+
+
+def test_a_launcher_line_without_a_rank_prefix_yields_to_the_rank_s_last_error():
+    log = (f"{DIST}invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n"
+           "3: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n3: Last error:\n"
+           "3: Duplicate GPU detected : rank 3 and rank 0 both on CUDA device 3000\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.line_no, d.via) == ("ConfigError", 4, "chain")
+
+
+def test_an_older_yolo_table_with_loss_terms_but_no_loss_header_diverges():
+    log = (" Epoch   gpu_mem       box       obj       cls    labels  img_size\n"
+           "      1/99     2.64G         nan       nan       nan         4       416: 100%|#####| 7/7\n"
+           "               Class     Images     Labels          P          R     mAP@.5 mAP@.5:.95: 100%|#| 1/1\n"
+           "                 all         14          0          0          0          0          0\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.via, d.line_no) == ("NumericalError", "progress", 2)
+
+
+def test_a_line_that_says_the_loss_diverged_beats_the_progress_line():
+    log = _hf(3, 1) + "Loss is nan, stopping training\n"
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.line_no, d.via) == ("NumericalError", 4, "line")

@@ -9,12 +9,17 @@ A failed run's log often holds a wrapper and, beneath or above it, the line that
 - an exception re-raised from another process: torch's `Original Traceback` (a DataLoader worker, a replica),
   `-- Process N terminated with the following error:` (torch.multiprocessing), Ray's `RayTaskError(...)`: the
   wrapper line is above, the cause is the exception that ends the traceback below it;
+- an exception whose message ends in a colon (`Error(s) in loading state_dict for Model:`): the detail line after it
+  (`size mismatch for ...`) is the cause, where a rule names it;
+- an exception class with its message on the next line (a paste that moved a line end, a debugger's banner): the
+  next line is the cause;
 - inside one line: `Original reason for failure was:`, `terminated with exception:`, `what():`: the text after the
   marker is the cause (`segments`).
 
 `links(kept)` maps each wrapper line (an index into the kept lines) to the line that states its cause; the
 diagnosis follows the links to the innermost cause, which takes the wrapper's place and standing. Lines are paired
-within one rank: merged multi-rank logs interleave, and a `[rankN]:` prefix says whose line it is. Python's
+within one rank: merged multi-rank logs interleave, and a `[rankN]:` prefix says whose line it is (a wrapper with no
+prefix, a launcher's line, pairs with any rank's marker below it). Python's
 `During handling of the above exception` is not a link: there the first error is often one the code expected.
 """
 
@@ -40,6 +45,12 @@ _DIRECT = re.compile(r"The above exception was the direct cause of the following
 _REMOTE = re.compile(r"Original Traceback \(most recent call last\)|-- Process \d+ terminated with the following "
                      r"error|RemoteTraceback|\bRayTaskError\b|\bRaySystemError\b: System error: ")
 """A traceback re-raised from another process: the cause is the exception that ends it."""
+_DETAIL = re.compile(r":\s*$")
+"""An exception whose message ends in a colon: its details follow on the next lines (the first names the cause)."""
+_MESSAGE_BELOW = re.compile(r"(?:^|\s)(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):?\s*$|"
+                            r"(?:Exception has occurred|发生异常): *[A-Z]\w*")
+"""An exception class whose message is on the next line: a pasted log that lost a line end after `IndexError:`, a
+debugger's banner (VS Code's `Exception has occurred: OutOfMemoryError`, in English or Chinese)."""
 INLINE = re.compile(r"Original reason for failure was:|terminated with exception:|\bwhat\(\):|Caused by:|"
                     r"because of the following error[^:]*:|Last error:")
 """In-line chain markers: the text after the last one is the innermost cause."""
@@ -90,7 +101,7 @@ def _before(kept: Sequence[Line], i: int, limit: int, want) -> list[int]:
     for j in range(i - 1, -1, -1):
         if start - kept[j].line_no > limit:
             break
-        if _who(kept[j].text) == who and want(j):
+        if _who(kept[j].text) in (who, None) and want(j):  # a line with no prefix: the launcher's, any process's
             out.append(j)
     return out
 
@@ -107,6 +118,10 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
             if cause is not None:
                 for w in [i] * (cause != i) + _before(kept, i, 3, lambda j: j in found):
                     out.setdefault(w, cause)
+        elif i in found and ((is_exc[i] and _DETAIL.search(text)) or _MESSAGE_BELOW.search(text)):
+            cause = _after(kept, i, 1, lambda j: bool(kept[j].text.strip()))
+            if cause is not None and (cause in found or _MESSAGE_BELOW.search(text)):
+                out.setdefault(i, cause)
         elif _DIRECT.search(text):  # the exception above the marker caused the one below it
             above = _before(kept, i, 4 * WINDOW, lambda j: is_exc[j])
             below = _after(kept, i, 8 * WINDOW, lambda j: is_exc[j])

@@ -29,6 +29,8 @@ _KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=]
 _NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
 _FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
 _DIGIT = re.compile(rb"\d")
+_LOSS_TERMS = frozenset({b"box", b"obj", b"cls", b"dfl", b"giou", b"seg", b"total"})
+"""Table columns that are losses without saying so: YOLO's loss terms."""
 _NONFINITE_CELLS = frozenset({b"nan", b"inf", b"-inf", b"+inf", b"infinity", b"-infinity"})
 STREAK = 10
 """Non-finite loss prints in a row that make a divergence even where finite losses follow them."""
@@ -66,9 +68,11 @@ def _line_at(low: bytes, pos: int) -> tuple[int, int]:
 
 
 def _table_nonfinite(low: bytes, start: int, end: int) -> bool:
-    """A table row (YOLO's `1/300  3.4G  nan  nan ...`) whose column under a `*loss*` header is non-finite: the
-    header is the nearest line above (within 64 KB) that names a loss and holds no digit."""
-    at = low.rfind(b"loss", max(0, start - 65536), start)
+    """A table row (YOLO's `1/300  3.4G  nan  nan ...`) whose loss column is non-finite: the header is the nearest
+    line above (within 64 KB) that names a loss or an epoch and holds no digit; a loss column is one named `*loss*`
+    or one of YOLO's loss terms (older versions print `box obj cls`, `giou obj cls total`)."""
+    lo = max(0, start - 65536)
+    at = max(low.rfind(b"loss", lo, start), low.rfind(b"epoch", lo, start))
     if at < 0:
         return False
     hs, he = _line_at(low, at)
@@ -76,7 +80,8 @@ def _table_nonfinite(low: bytes, start: int, end: int) -> bool:
     if _DIGIT.search(header):
         return False
     row = low[start:min(end, start + MAX_LINE)].split()
-    return any(i < len(row) and row[i] in _NONFINITE_CELLS for i, h in enumerate(header.split()) if b"loss" in h)
+    return any(i < len(row) and row[i] in _NONFINITE_CELLS for i, h in enumerate(header.split())
+               if b"loss" in h or h in _LOSS_TERMS)
 
 
 def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:

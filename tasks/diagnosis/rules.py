@@ -201,7 +201,8 @@ RULES: list[Rule] = [
          r"Expected all tensors to be on the same device|expected scalar type \w+ but found \w+|shapes cannot be "
          r"multiplied|must match the size of tensor b|Sizes of tensors must match|Input type \([^)]*\) and weight "
          r"type \([^)]*\) should be the same|element 0 of \w+ does not require grad|has been modified by an "
-         r"inplace operation|Trying to backward through the graph a second time|Target -?\d+ is out of bounds", 61,
+         r"inplace operation|Trying to backward through the graph a second time|Target -?\d+ is out of bounds|"
+         r"label value of -?\d+ which is outside the valid range", 61,
          False, "the code gives an operation tensors it cannot take (device, dtype or shape): fix the model or data "
                 "code (a restart fails the same way)"),
     Rule("IndexError", "script", r"device-side assert triggered|Assertion `[^`]*` failed", 61,
@@ -238,11 +239,24 @@ RULES: list[Rule] = [
          "the job's processes never connected: the launch's network settings (MASTER_ADDR and port reachable from "
          "every node, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming the interface the nodes share, the hostfile's "
          "addresses, a firewall); a restart fails the same way until they are fixed"),
+    Rule("NameResolutionError", "script",  # a host name that does not resolve: the URL or address the job was given
+         r"Name or service not known|nodename nor servname provided|No address associated with hostname|"
+         r"Could not resolve host", 53, False,
+         "a host name the job connects to does not resolve (a typo in the URL, MASTER_ADDR or tracker address, a host "
+         "unknown on this network, no DNS inside the container): fix the name or the DNS; a restart fails the same way"),
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
     Rule("S3StorageError", "infrastructure",
          r"botocore\.exceptions\.\w+|EndpointConnectionError|S3 ?(?:Storage)?Error|An error occurred "
          r"\((?:SlowDown|InternalError|ServiceUnavailable|RequestTimeout)\)|StorageError|s3fs[^\n]*Error", 55, True,
          "the object store failed: the run resumes from the newest committed checkpoint once it answers"),
+    Rule("NetworkError", "infrastructure",  # a remote service (model or dataset hub, tracker, API) a client called
+         r"RemoteDisconnected|Remote end closed connection|Read timed out|read operation timed out|"
+         r"\bReadTimeout(?:Error)?\b|\bConnectTimeout(?:Error)?\b|\b(?:408|429|500|502|503|504) (?:Client|Server) "
+         r"Error|Too Many Requests|Temporary failure in name resolution|IncompleteRead|ChunkedEncodingError|"
+         r"Connection aborted\.", 50, True,
+         "a remote service the run calls (a model or dataset hub, a tracker, an API) timed out, refused the rate or "
+         "dropped the connection: transient; resume (cache the files locally, or raise the client's timeout and "
+         "retries, e.g. HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT, to ride it out)"),
     Rule("NCCLRemoteError", "infrastructure",  # what a peer's death (or a lost link) looks like from here
          r"ncclRemoteError|remote process exit(?:ing prematurely|ed)|NCCL WARN[^\n]*(?:remote|reset by peer)|"
          r"Got completion from peer|communicator was aborted|ProcessGroupNCCL is aborted|"
@@ -280,7 +294,8 @@ RULES: list[Rule] = [
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
     Rule("Killed", "framework",
          r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$|exit(?:ed with)? (?:code|status)[:= ]*137\b|"
-         r"WTERMSIG 9\b", 12, True,
+         r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
+         r"(?:9\b|SIGKILL)|signal 9 \(SIGKILL\)", 12, True,
          "a rank was SIGKILLed with no error of its own: the host OOM killer or a lost node; resumed once, and if it "
          "recurs, check dmesg for the OOM killer (fewer data-loader workers, less CPU offload)"),
     Rule("ChildFailed", "framework",
@@ -309,11 +324,12 @@ RULES: list[Rule] = [
 ]
 
 
-DIVERGENCE = Rule("NumericalError", "framework", r"(?!)", 78, False,
+DIVERGENCE = Rule("NumericalError", "framework", r"(?!)", 77, False,
                   "the loss became NaN/inf at this line and stayed so (the run printed it, raised nothing): lower the "
                   "learning rate, use bf16 or gradient clipping, and resume from a checkpoint before this step")
 """The failure a run's progress lines show without any error line (tasks/diagnosis/progress.py); it names no line
-by pattern."""
+by pattern, and ranks one below the NumericalError rule: a line that says the loss diverged ("Loss is nan,
+stopping training") is the root cause where the run printed one."""
 CONTENT = [r for r in RULES if not r.blame]
 GENERIC = [r for r in RULES if r.blame]
 
@@ -390,7 +406,10 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"exit status", b"encountered", b"exited with", b"nan loss", b"inf loss", b"nan value", b"inf value",
     b"wtermsig", b"did not contain", b"cuda setup", b"low on resource", b"loss_scale", b"preempted", b"requeue",
     b"not supported", b"n't support", b"not support", b"receive grad", b"reduction in the prior",
-    b"not used in producing", b"socket interface", b"cannot assign requested", b"ssh: connect")
+    b"not used in producing", b"socket interface", b"cannot assign requested", b"ssh: connect",
+    b"remote end closed", b"remotedisconnected", b"too many requests", b"name or service", b"nodename nor servname",
+    b"address associated with hostname", b"resolve host", b"name resolution", b"incompleteread", b"return code",
+    b"valid range", b"connection aborted", b"loss is nan", b"loss is inf")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
