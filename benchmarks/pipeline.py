@@ -80,9 +80,9 @@ def by_hand(tmp: Path, name: str, evaluate: bool) -> float:
     res = launch(job, tmp / name / "run", device="cpu", resume=True)
     if evaluate:
         suite = load_suite("quick")
-        for c in res["checkpoints"]:
-            evaluate_and_record(c["uri"], suite, EvalOptions(device="cpu"), str(tmp / "evals-hand"))
-    analyze_path(res["trace"])
+        for c in res.checkpoints:
+            evaluate_and_record(c.uri, suite, EvalOptions(device="cpu"), str(tmp / "evals-hand"))
+    analyze_path(res.trace)
     led.release(alloc.id)
     return time.monotonic() - t0
 

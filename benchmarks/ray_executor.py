@@ -39,7 +39,7 @@ def _measure(fn, run_dir: Path) -> dict:
     times = [r["time"] for r in recs if r["event"] == "step"]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     return {"startup_s": times[0] - t0, "step_s": statistics.median(gaps), "wall_s": time.time() - t0,
-            "tokens_per_s": res["tokens_per_s"], "world_size": res["world_size"]}
+            "tokens_per_s": res.tokens_per_s, "world_size": res.world_size}
 
 
 def main() -> int:

@@ -24,16 +24,15 @@ def bounded_int(lo: int, hi: int) -> Callable[[str], int]:
 
 
 def bounded_float(lo: float, hi: float) -> Callable[[str], float]:
-    """An argparse type: a finite number in [lo, hi)."""
+    """An argparse type: a finite number in [lo, hi] (the range the help states, both ends included)."""
 
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(v) and lo <= v < hi):
-            raise argparse.ArgumentTypeError(f"{text} is out of range: give a number from {lo} up to (not "
-                                             f"including) {hi}")
+        if not (math.isfinite(v) and lo <= v <= hi):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: give a number from {lo} to {hi}")
         return v
 
     return parse

@@ -32,5 +32,5 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    add("gpus", cmd_gpus, "List the GPU catalog.")
-    add("presets", cmd_presets, "List the built-in model presets.")
+    add("gpus", cmd_gpus)
+    add("presets", cmd_presets)

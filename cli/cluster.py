@@ -12,16 +12,17 @@ from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, progress, table
 from cluster.inventory import load_cluster
 from cluster.traces import ALL_POLICIES, POLICIES, REFERENCE_GPU
+from tasks.errors import FrenzyError
 from tasks.planning.plans import RankBy
 
 
 def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
     from cluster.nodecheck import check_nodes, cordon_faulty, local_probe
 
-    names = [n for n in (args.nodes or "").split(",") if n] or [n["name"] for n in ledger.nodes() if n["state"] == "up"]
-    known = {n["name"] for n in ledger.nodes()}
+    names = [n for n in (args.nodes or "").split(",") if n] or [n.name for n in ledger.nodes() if n.state == "up"]
+    known = {n.name for n in ledger.nodes()}
     if args.cordon and (unknown := [n for n in names if n not in known]):
-        raise ValueError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
+        raise FrenzyError(f"--cordon: {', '.join(unknown)} not in the ledger ({ledger.url}); `frenzy cluster init` first")
     verdicts: dict[str, Any] = {}
     if args.executor == "local":
         where, probe = "each probe a local process here", local_probe(timeout_s=args.timeout, backend=args.backend)
@@ -62,14 +63,16 @@ def _cluster_check(args: argparse.Namespace, ledger: Any) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from cluster.ledger import Ledger
+    from cluster.ledger import Ledger, require_existing
 
+    if args.action != "init":  # a mistyped --ledger must not become a new, empty cluster
+        require_existing(args.ledger)
     ledger = Ledger(args.ledger)
     if args.action == "check":
         return _cluster_check(args, ledger)
     if args.action in ("cordon", "uncordon"):
         if not args.node:
-            raise ValueError(f"frenzy cluster {args.action} needs a node name; see `frenzy cluster show`")
+            raise FrenzyError(f"frenzy cluster {args.action} needs a node name; see `frenzy cluster show`")
         ledger.cordon(args.node, args.reason) if args.action == "cordon" else ledger.uncordon(args.node)
     elif args.action == "init" or not ledger.nodes():
         ledger.sync(load_cluster(args.cluster))
@@ -79,16 +82,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             sync_ledger(ledger, None if args.cluster == "ray" else args.cluster)
     nodes = ledger.nodes()
     allocs = [a.model_dump() for a in ledger.allocations()]
-    doc = {"ledger": ledger.url, "nodes": nodes, "allocations": allocs, "queue": ledger.queue()}
+    queue = ledger.queue()
+    doc = {"ledger": ledger.url, "nodes": [n.model_dump() for n in nodes], "allocations": allocs,
+           "queue": [q.model_dump() for q in queue]}
 
     def human() -> str:
-        rows = [{"node": n["name"], "gpu": n["gpu_type"], "gpus": n["gpus"], "free": len(n["free_indices"]),
-                 "free idx": ",".join(map(str, n["free_indices"])) or "-", "link": n["link"],
-                 "state": n["state"] + (f" ({n['reason']})" if n["reason"] else ""),
-                 "jobs": ",".join(n["jobs"]) or "-"} for n in nodes]
-        free = sum(len(n["free_indices"]) for n in nodes if n["state"] == "up")
-        return (f"ledger {ledger.url}: {len(nodes)} nodes, {free} of {sum(n['gpus'] for n in nodes)} GPUs free, "
-                f"{len(allocs)} allocations, {len(doc['queue'])} waiting\n" + table(rows) +
+        rows = [{"node": n.name, "gpu": n.gpu_type, "gpus": n.gpus, "free": len(n.free_indices),
+                 "free idx": ",".join(map(str, n.free_indices)) or "-", "link": n.link,
+                 "state": n.state + (f" ({n.reason})" if n.reason else ""),
+                 "jobs": ",".join(n.jobs) or "-"} for n in nodes]
+        free = sum(len(n.free_indices) for n in nodes if n.state == "up")
+        return (f"ledger {ledger.url}: {len(nodes)} nodes, {free} of {sum(n.gpus for n in nodes)} GPUs free, "
+                f"{len(allocs)} allocations, {len(queue)} waiting\n" + table(rows) +
                 "".join(f"\n{a['job']}: {a['decision']}" for a in allocs if a.get("decision")))
 
     emit(args, doc, human)
@@ -102,7 +107,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     for flag, out in (("--plot", args.plot), ("--jobs-csv", args.jobs_csv)):
         if out:  # before the simulation: a wrong path should not cost its minutes
-            check_file_target(out, f"cluster simulate {flag}", (args.trace,))
+            check_file_target(out, f"cluster simulate {flag}", (args.trace,), overwrite=args.overwrite)
     cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order)
     doc, results = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
                                     max_jobs=args.max_jobs, load=args.load, progress=progress)
@@ -110,12 +115,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plot:
         from cluster.report import plot_jct_cdf
 
-        plot_jct_cdf(results, args.plot, title=f"{args.trace} on {cluster_name}")
+        plot_jct_cdf(results, args.plot, title=f"{args.trace} on {cluster_name}", overwrite=args.overwrite)
         doc["plot"] = args.plot
     if args.jobs_csv:
         from cluster.report import write_jobs_csv
 
-        doc["jobs_csv"] = {"path": args.jobs_csv, "rows": write_jobs_csv(results, args.jobs_csv)}
+        doc["jobs_csv"] = {"path": args.jobs_csv, "rows": write_jobs_csv(results, args.jobs_csv, args.overwrite)}
 
     def human() -> str:
         from cluster.report import summary_rows
@@ -131,7 +136,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("cluster", cmd_cluster, "Show the cluster ledger; cordon or uncordon nodes; load nodes into it.")
+    sp = add("cluster", cmd_cluster)
     sp.add_argument("action", choices=["show", "cordon", "uncordon", "init", "check"],
                     help="show: nodes, free GPUs, allocations, queue; init: add the nodes of --cluster; check: the "
                          "two-round pairwise collective test (faulty and slow nodes)")
@@ -150,7 +155,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--reason", default="", help="why the node is cordoned (kept in the ledger)")
     sp.add_argument("--ledger", help="SQLAlchemy URL or SQLite path (default $FRENZY_LEDGER or ~/.frenzy/ledger.db)")
 
-    sp = add("simulate", cmd_simulate, "Replay a job trace on a cluster under several placement policies.")
+    sp = add("simulate", cmd_simulate)
     sp.add_argument("--cluster", default="phoebe", help="cluster preset or YAML (default phoebe)")
     sp.add_argument("--trace", required=True,
                     help="trace CSV, or newworkload:N[:SEED] (the Frenzy NewWorkload), production:N[:SEED] or "
@@ -173,3 +178,4 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                          "the trace's own times")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
     sp.add_argument("--jobs-csv", help="write one row per policy and job here (has: the plan chosen and why)")
+    sp.add_argument("--overwrite", action="store_true", help="replace an existing --plot or --jobs-csv file")

@@ -8,9 +8,17 @@ command ends with is the cause, in one paragraph (flows/submit.py names it from 
 from __future__ import annotations
 
 import logging
+import os
 
+from tasks.errors import FrenzyError
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
+
+STARTUP_VAR = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
+
+class EphemeralStartError(FrenzyError, RuntimeError):
+    """Prefect's embedded API server did not come up in time; names the setting and the server alternative."""
 
 
 class OneLineFormatter(logging.Formatter):
@@ -55,6 +63,28 @@ def interrupted_message(command: str, checkpoint_uri: str) -> str:
     return f"frenzy {command}: {where}; rerun the same command to resume"
 
 
+def embedded_server_outlives_ctrl_c() -> None:
+    """Prefect starts its embedded API server as a child in the terminal's process group, so Ctrl-C killed it with
+    the flow: the flow's last calls (the trainer's commit, the release, the run's final state) then failed on a dead
+    server and retried for minutes, with connection tracebacks. Here the server starts in a session of its own: Ctrl-C
+    reaches `frenzy` alone, which stops cleanly, and Prefect stops the server when `frenzy` exits."""
+    import subprocess
+    import types
+
+    from prefect.server.api import server
+
+    if getattr(server.subprocess, "frenzy_own_session", False):
+        return
+
+    class Popen(subprocess.Popen):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    names = {k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__") and k != "Popen"}
+    server.subprocess = types.SimpleNamespace(**names, Popen=Popen, frenzy_own_session=True)  # type: ignore[assignment]
+
+
 def run_submit(command: str, request: object) -> object | None:
     """Run the `submit` flow for `frenzy <command>`: an infeasible job is refused with MARP's message before the
     flow starts (nothing else printed first), tracebacks stay off the terminal, and Ctrl-C ends in one line (the
@@ -71,8 +101,20 @@ def run_submit(command: str, request: object) -> object | None:
         plan_resources(request.job, load_cluster(request.cluster_spec), rank_by=request.rank_by, top=1,
                        observations=load_observations())
     one_line_console()
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        embedded_server_outlives_ctrl_c()
     try:
         return submit(request)
+    except RuntimeError as err:
+        if "ephemeral Prefect API" not in str(err):
+            raise
+        raise EphemeralStartError(
+            f"Prefect's embedded API did not start within {os.environ.get(STARTUP_VAR, '20')} s (a loaded machine): "
+            f"run again with {STARTUP_VAR}=300, or start a server once (`prefect server start`) and set "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api") from None
     except KeyboardInterrupt:
+        logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
         print(interrupted_message(command, request.job.training.checkpoint.uri), file=sys.stderr)
         return None

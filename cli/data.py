@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cli.argtypes import bounded_int
 from cli.output import emit
+from tasks.errors import FrenzyError
 
 
 def _progress(label: str) -> Callable[[int, int], None]:
@@ -32,7 +33,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
     if args.action == "train":
         if not args.inputs:
-            raise ValueError("frenzy tokenizer train needs text files or directories to learn from")
+            raise FrenzyError("frenzy tokenizer train needs text files or directories to learn from")
         res = train_bpe(args.inputs, args.out, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
                         progress=_progress(lambda a, b: f"read {a / 1e6:,.1f} / {b / 1e6:,.1f} MB"),
                         overwrite=args.overwrite)
@@ -100,7 +101,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("tokenizer", cmd_tokenizer, "Train a byte-level BPE tokenizer on local text, or show how one encodes.")
+    sp = add("tokenizer", cmd_tokenizer)
     sp.add_argument("action", choices=["train", "show"])
     sp.add_argument("inputs", nargs="*", help="train: text files or directories")
     sp.add_argument("--text", default="def hello(world):\n    return 42", help="show: the text to encode")
@@ -111,7 +112,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                     help="train: a merge needs at least this many occurrences (default 2)")
     sp.add_argument("--overwrite", action="store_true", help="train: replace an existing tokenizer file")
 
-    sp = add("data", cmd_data, "Tokenize a corpus (text, jsonl, parquet; local or s3://) into token shards.")
+    sp = add("data", cmd_data)
     sp.add_argument("action", choices=["prepare"])
     sp.add_argument("inputs", nargs="+", help="files, directories or globs (local or s3://)")
     sp.add_argument("--out", required=True, help="directory for shard_NNNNNN.bin (llm.c format)")
@@ -122,7 +123,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                     help="tokens per shard (default 100M)")
     sp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out directory")
 
-    sp = add("export", cmd_export, "Export a checkpoint as a Hugging Face model directory (transformers loads it).")
+    sp = add("export", cmd_export)
     sp.add_argument("checkpoint", help="checkpoint root (its newest commit) or a step_NNNNNNNN URI")
     sp.add_argument("out", help="directory to write config.json, model.safetensors and tokenizer.json into")
     sp.add_argument("--overwrite", action="store_true", help="replace a non-empty directory (all its files)")

@@ -69,8 +69,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("diagnose", cmd_diagnose, "The root cause of a failed training run from its log: failure type, "
-             "category, rank and node, whether a restart helps, what to do.")
+    sp = add("diagnose", cmd_diagnose)
     sp.add_argument("log", nargs="?",
                     help="the run's log (e.g. RUN_DIR/train.log, a torchrun or Slurm output file)")
     sp.add_argument("--context", type=bounded_int(0, 100), default=2, help="lines kept before each error line (2)")

@@ -36,21 +36,19 @@ def cmd_eval_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from cli.fields import build, given
     from tasks.evaluation.record import evaluate_and_record
-    from tasks.evaluation.runner import EvalOptions
+    from tasks.evaluation.request import EvaluateRequest
     from tasks.evaluation.suite import load_suite
 
-    suite = load_suite(args.suite)
-    opts = EvalOptions(schedule=args.schedule, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                       cpu_workers_per_node=args.cpu_workers_per_node, device=args.device,
-                       threads_per_trial=args.threads, out_dir=args.out_dir, learn_priors=not args.no_learn,
-                       executor=args.executor,
-                       ray_nodes=[n for n in (args.ray_nodes or "").split(",") if n] or None)
+    req = build(EvaluateRequest, given(args, EvaluateRequest))
+    suite = load_suite(req.suite)
 
     def progress(msg: str, frac: float) -> None:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
-    res, summary = evaluate_and_record(args.uri, suite, opts, args.history_dir, progress)
+    res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress, req.reevaluate,
+                                       overwrite=req.overwrite)
     doc = res.model_dump(mode="json") | {"history_plot": summary.history_plot}
 
     def human() -> str:
@@ -79,27 +77,15 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         sp.add_argument("--cpu-workers-per-node", type=bounded_int(1, 1024),
                         help="metric jobs at once per node (default: the suite's)")
 
-    sp = add("eval-plan", cmd_eval_plan, "Plan an evaluation suite: naive vs prior-based elastic trials, predicted "
-             "makespans and the lower bound.")
+    sp = add("eval-plan", cmd_eval_plan)
     sp.add_argument("--suite", required=True, help="built-in suite name (core, acme63) or suite YAML")
     shape(sp, 8)
     sp.add_argument("--naive-trials", action="store_true", help="include the naive schedule's trials in the JSON")
 
-    sp = add("evaluate", cmd_evaluate, "Evaluate a committed checkpoint on a suite (preloading, GPU trials, CPU "
-             "metric jobs, elastic scheduling).")
-    sp.add_argument("uri", help="checkpoint step URI (.../step_00000400) or root (its newest commit); file:// or s3://")
-    sp.add_argument("--suite", default="core", help="built-in suite name or suite YAML (default core)")
-    sp.add_argument("--schedule", choices=["elastic", "naive"], default="elastic", help="default elastic")
-    shape(sp, 1)
-    sp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    sp.add_argument("--threads", type=bounded_int(1, 1024), default=1, help="torch threads per trial process (default 1)")
-    sp.add_argument("--executor", default="local",
-                    help="local (default: nodes simulated here) or ray / ray://HOST:PORT (each node a Ray node: its "
-                         "precursor, trials and metric jobs run there)")
-    sp.add_argument("--ray-nodes", help="with --executor ray: the Ray nodes to use, e.g. a100-0,a100-1 (default: the "
-                                        "first --nodes alive ones)")
-    sp.add_argument("--out-dir", help="predictions, scores, result.json (default evals/<run>/step_<N>/<suite>)")
-    sp.add_argument("--history-dir", default="evals", help="score history per run (default evals)")
-    sp.add_argument("--no-learn", action="store_true", help="do not fold this run's timings into the priors")
+    from cli.fields import add_fields
+    from tasks.evaluation.request import EvaluateRequest
 
-    add("eval-datasets", cmd_eval_datasets, "List the evaluation datasets (with prior costs) and built-in suites.")
+    sp = add("evaluate", cmd_evaluate)
+    add_fields(sp, EvaluateRequest, positional={"uri"})
+
+    add("eval-datasets", cmd_eval_datasets)

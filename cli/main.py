@@ -1,37 +1,80 @@
-"""The `frenzy` command: the parser, built from one module per command group, and the entry point. Every command
-that computes something takes `--json` and then prints exactly one JSON document on stdout; without it, a table.
-Errors go to stderr with exit status 2 and name the fix (cli/output.py)."""
+"""The `frenzy` command: the table of commands and the entry point. A command's module (and with it torch, Prefect,
+pandas, whatever the command needs) is imported only when that command runs: `frenzy --help` and the light commands
+(`diagnose`, `plan`, `simulate`) start without the heavy stack. Every command that computes something takes `--json`
+and then prints exactly one JSON document on stdout; without it, a table. Errors go through cli/output.py."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from cli import catalog, cluster, data, diagnose, evaluate, plan, stragglers, submit, train
-from cli.output import run
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module that defines it, one-line help), in the order of `frenzy --help`
+    "plan": ("cli.plan", "Rank the GPU types and counts that can train a job (MARP)."),
+    "memory": ("cli.plan", "Predict peak GPU memory of a job under one parallel layout."),
+    "cluster": ("cli.cluster", "Show the cluster ledger; cordon or uncordon nodes; load nodes into it."),
+    "simulate": ("cli.cluster", "Replay a job trace on a cluster under several placement policies."),
+    "train": ("cli.train", "Train a job on this machine with asynchronous, verified checkpoints."),
+    "checkpoints": ("cli.train", "List a checkpoint directory: committed steps, health, checksums."),
+    "stragglers": ("cli.stragglers", "What-if analysis of a training op trace: the slowdown stragglers cost, "
+                   "attributed to op types, stages, DP ranks and workers; or generate a synthetic trace."),
+    "submit": ("cli.submit", "Run a job end to end: plan, place, train with evaluations of each checkpoint, "
+               "straggler analysis, GPUs released; prints where the results are."),
+    "demo": ("cli.submit", "The whole pipeline on this machine with embedded defaults, ending in a run report."),
+    "diagnose": ("cli.diagnose", "The root cause of a failed training run from its log: failure type, category, rank "
+                 "and node, whether a restart helps, what to do."),
+    "eval-plan": ("cli.evaluate", "Plan an evaluation suite: naive vs prior-based elastic trials, predicted makespans "
+                  "and the lower bound."),
+    "evaluate": ("cli.evaluate", "Evaluate a committed checkpoint on a suite (preloading, GPU trials, CPU metric jobs, "
+                 "elastic scheduling)."),
+    "eval-datasets": ("cli.evaluate", "List the evaluation datasets (with prior costs) and built-in suites."),
+    "tokenizer": ("cli.data", "Train a byte-level BPE tokenizer on local text, or show how one encodes."),
+    "data": ("cli.data", "Tokenize a corpus (text, jsonl, parquet; local or s3://) into token shards."),
+    "export": ("cli.data", "Export a checkpoint as a Hugging Face model directory (transformers loads it)."),
+    "gpus": ("cli.catalog", "List the GPU catalog."),
+    "presets": ("cli.catalog", "List the built-in model presets."),
+}
 
-# the order of `frenzy --help`
-GROUPS = (plan, cluster, train, stragglers, submit, diagnose, evaluate, data, catalog)
+Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with `only`, only the arguments of that command (none for "") are built, so only
+    its module is imported (the other commands are listed by name and help)."""
     p = argparse.ArgumentParser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+    parsers = {}
+    for name, (_, help_) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_, description=help_)
         sp.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-        sp.set_defaults(fn=fn)
-        return sp
+        parsers[name] = sp
+    wanted = list(COMMANDS) if only is None else [only] if only in COMMANDS else []
+    for module in dict.fromkeys(COMMANDS[name][0] for name in wanted):
 
-    for group in GROUPS:
-        group.add_commands(add)
+        def add(name: str, fn: Handler, _module: str = module) -> argparse.ArgumentParser:
+            if COMMANDS.get(name, ("",))[0] != _module:
+                raise KeyError(f"{_module} defines `{name}`, which cli.main.COMMANDS does not list under it")
+            parsers[name].set_defaults(fn=fn)
+            return parsers[name]
+
+        importlib.import_module(module).add_commands(add)
     return p
 
 
+def _command(argv: Sequence[str]) -> str:
+    """The command named in `argv` (its first word that is not an option), or "" when it names none."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in COMMANDS else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(_command(argv)).parse_args(argv)
+    from cli.output import run
+
+    return run(args)
 
 
 if __name__ == "__main__":

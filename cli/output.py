@@ -1,5 +1,11 @@
-"""How every `frenzy` command answers: one JSON document on stdout under `--json`, else a table or text; errors
-on stderr with exit status 2 and the fix. Library chatter (solver banners, Ray, child processes) never reaches
+"""How every `frenzy` command answers: one JSON document on stdout under `--json`, else a table or text.
+
+Errors end at one boundary (`run`): a `tasks.errors.FrenzyError` (the input or the environment is wrong, and the
+message names it and the fix), an invalid request, or an error of the machine (disk full, read-only file system,
+permission, symlink loop: `tasks.errors.environment_problem`) prints `frenzy CMD: error: ...` on stderr and exits
+2. Anything else is a bug: a short message says so and where its traceback was written (`$FRENZY_HOME/crash/`,
+default ~/.frenzy/crash), exit 1. A closed stdout (`frenzy ... | head`) ends quietly with status 141, as `cat`
+does; Ctrl-C ends with 130. Library chatter (solver banners, Ray, child processes) never reaches
 the JSON document: while a `--json` command runs, stdout (the Python object and file descriptor 1) points at
 stderr, and the document is written to the real stdout only after the command has finished."""
 
@@ -8,10 +14,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import io
 import json
 import os
 import sys
+import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 _UNSET = object()
@@ -80,24 +90,53 @@ def _stdout_to_stderr() -> Iterator[None]:
             os.close(saved_fd)
 
 
-def _error(command: str, err: BaseException) -> int:
-    """A clear message on stderr, exit status 2, for errors whose message says what to fix."""
-    if isinstance(err, OSError) and type(err) in _OS_WHAT:
-        print(f"frenzy {command}: error: {err.filename or err}: {_OS_WHAT[type(err)]}", file=sys.stderr)
-    else:
-        print(f"frenzy {command}: error: {err}", file=sys.stderr)
+def crash_dir() -> Path:
+    """Where the traceback of a bug goes: `$FRENZY_HOME/crash` (default ~/.frenzy/crash)."""
+    return Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "crash"
+
+
+def _bug(command: str, err: BaseException) -> int:
+    """A bug: one short message saying so, the traceback in a file (printed instead when no file can be written)."""
+    text = "".join(traceback.format_exception(err))
+    head = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+    try:
+        d = crash_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}-{os.getpid()}.txt"
+        path.write_text(f"frenzy {command} (pid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S %z')})\n"
+                        f"argv: {sys.argv}\n\n{text}")
+        where = f"the traceback is in {path}"
+    except OSError as werr:
+        where = f"the traceback (no crash file could be written: {werr}):\n{text}"
+    print(f"frenzy {command}: internal error, a bug in Frenzy rather than in your input: {head}\n  {where}; "
+          "please report it with that file", file=sys.stderr)
+    return 1
+
+
+def _quiet_pipe() -> int:
+    """The reader of stdout went away (`frenzy ... | head`): end quietly, as `cat` does (status 141 = SIGPIPE)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush then goes nowhere
+        os.close(devnull)
+    return 141
+
+
+def _finish(command: str, err: BaseException) -> int:
+    """The exit status for an exception that escaped a command (module docstring)."""
+    if isinstance(err, BrokenPipeError):
+        return _quiet_pipe()
+    if isinstance(err, KeyboardInterrupt):
+        print(f"frenzy {command}: interrupted", file=sys.stderr)
+        return 130
+    from tasks.errors import user_message
+
+    msg = user_message(err)
+    if msg is None:
+        return _bug(command, err)
+    with contextlib.suppress(BrokenPipeError):
+        print(f"frenzy {command}: error: {msg}", file=sys.stderr)
     return 2
-
-
-_OS_WHAT = {IsADirectoryError: "is a directory; give a file", NotADirectoryError: "is a file; give a directory",
-            FileExistsError: "exists and is not a directory", PermissionError: "is not accessible"}
-
-# ValueError covers JobSpecError, InventoryError, CatalogError, InfeasibleJobError, LedgerError and TraceError (all
-# its subclasses: importing them here cost every command half a second); RuntimeError covers checkpoint and storage
-# errors (and Ray's executor errors); TimeoutError is the queue's "no plan fitted within --max-wait", whose message
-# names the fix
-USER_ERRORS = (ValueError, RuntimeError, IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError,
-               TimeoutError)
 
 
 def _leave_ray() -> None:
@@ -109,13 +148,11 @@ def _leave_ray() -> None:
             ray.shutdown()
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the parsed command `args.fn`: its exit status; under --json exactly one document on stdout."""
+def _run(args: argparse.Namespace) -> int:
     if not getattr(args, "json", False):
-        try:
-            return args.fn(args)
-        except USER_ERRORS as err:
-            return _error(args.command, err)
+        rc = args.fn(args)
+        sys.stdout.flush()
+        return rc
     holder = _Document()
     token = _document.set(holder)
     try:
@@ -124,11 +161,37 @@ def run(args: argparse.Namespace) -> int:
                 rc = args.fn(args)
             finally:
                 _leave_ray()
-    except USER_ERRORS as err:
-        return _error(args.command, err)
     finally:
         _document.reset(token)
     if holder.doc is not _UNSET:
         sys.stdout.write(json.dumps(holder.doc, indent=2, default=str) + "\n")
         sys.stdout.flush()
     return rc
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command `args.fn`: its exit status; under --json exactly one document on stdout. The one
+    error boundary: a user's error exits 2 with its message, a bug exits 1 with its traceback in a file, a closed
+    pipe ends quietly (module docstring)."""
+    command = getattr(args, "command", "?")
+    if not _stdout_open():
+        print(f"frenzy {command}: error: stdout is closed, so the answer has nowhere to go; redirect it instead "
+              "(> FILE, or > /dev/null to discard it)", file=sys.stderr)
+        return 2
+    try:
+        return _run(args)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the boundary: every exception ends here
+        return _finish(command, err)
+
+
+def _stdout_open() -> bool:
+    """Whether stdout can take the answer: the process was not started with fd 1 closed (`>&-`)."""
+    if sys.stdout is None:
+        return False
+    try:
+        os.fstat(sys.stdout.fileno())
+    except io.UnsupportedOperation:  # an in-memory stream (a test, a notebook): open (an OSError too: test it first)
+        return True
+    except (OSError, ValueError):
+        return False
+    return True

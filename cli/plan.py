@@ -4,49 +4,46 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import get_args
 
-from cli.argtypes import bounded_float, bounded_int
+from cli.argtypes import bounded_int
 from cli.output import emit, table
 from cluster.catalog import default_catalog
-from cluster.inventory import PRESETS, load_cluster
+from cluster.inventory import load_cluster
 from tasks.jobspec import JobSpec, JobSpecError, load_job, parse_job
 from tasks.planning.layout import Layout, check_layout
 from tasks.planning.memory import GiB
-from tasks.planning.plans import RankBy
 
-EXAMPLE_CLUSTER = "frenzy-testbed"
 
 def _job_or_model_dir(args: argparse.Namespace) -> JobSpec:
-    """A job YAML, or a Hugging Face model directory planned as a job (with --seq-len / --global-batch)."""
+    """A job YAML, or a Hugging Face model directory planned as a job; --seq-len / --global-batch override the job's
+    (a model directory: default its context, at most 4096, and 8)."""
+    import os
     from pathlib import Path
 
+    from cli.fields import apply_overrides, overridden
+
+    over = overridden(args)
     p = Path(args.job).expanduser()
-    if p.is_dir() and (p / "config.json").is_file():
+    if p.is_dir() and os.path.lexists(p / "config.json"):  # a FIFO or a loop there is named by read_config
         from tasks.hf.config import max_positions
 
-        job = parse_job({"name": p.resolve().name[:128] or "model", "model": {"hf": str(p)},
-                         "training": {"seq_len": args.seq_len or min(max_positions(p), 4096),
-                                      "global_batch": args.global_batch or 8}}, str(p))
-    else:
-        job = load_job(args.job)
-        if args.seq_len:
-            job.training.seq_len = args.seq_len
-        if args.global_batch:
-            job.training.global_batch = args.global_batch
-    return job
+        return parse_job({"name": p.resolve().name[:128] or "model", "model": {"hf": str(p)},
+                          "training": {"seq_len": over.get("training.seq_len") or min(max_positions(p), 4096),
+                                       "global_batch": over.get("training.global_batch") or 8}}, str(p))
+    return apply_overrides(load_job(args.job), over)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from tasks.planning.plans import plan_resources
-
-    job = _job_or_model_dir(args)
-    cluster = load_cluster(args.cluster)
+    from cli.fields import build, given
     from tasks.planning.calibration import load_observations
+    from tasks.planning.plans import plan_resources
+    from tasks.planning.request import PlanRequest
 
-    plans = plan_resources(job, cluster, rank_by=args.rank_by, margin=args.margin, top=args.top or None,
+    req = build(PlanRequest, {"job": _job_or_model_dir(args), **given(args, PlanRequest, skip={"job"})})
+    job, cluster = req.job, load_cluster(req.cluster)
+    plans = plan_resources(job, cluster, rank_by=req.rank_by, margin=req.margin, top=req.top or None,
                            observations=load_observations())
-    doc = {"job": job.name, "model": job.model.display_name, "cluster": cluster.name, "rank_by": args.rank_by,
+    doc = {"job": job.name, "model": job.model.display_name, "cluster": cluster.name, "rank_by": req.rank_by,
            "plans": [p.model_dump(mode="json") for p in plans]}
 
     def human() -> str:
@@ -58,7 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         note = (f"\npredicted peaks include x{cal:.3f} learned from recorded out-of-memory failures of this model "
                 "($FRENZY_HOME/oom-observations.jsonl)") if cal > 1.0 else ""
         return (f"{job.name}: {job.model.display_name}, global batch {job.training.global_batch} x "
-                f"{job.training.seq_len} tokens on {cluster.name} (ranked by {args.rank_by})\n" + table(rows) + note)
+                f"{job.training.seq_len} tokens on {cluster.name} (ranked by {req.rank_by})\n" + table(rows) + note)
 
     emit(args, doc, human)
     return 0
@@ -99,23 +96,15 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("plan", cmd_plan, "Rank the GPU types and counts that can train a job (MARP).")
-    sp.add_argument("job", help="job YAML file, or a Hugging Face model directory (config.json)")
-    sp.add_argument("--seq-len", type=bounded_int(1, 1 << 22), help="override training.seq_len (a model directory: "
-                    "default its context, at most 4096)")
-    sp.add_argument("--global-batch", type=bounded_int(1, 1 << 22),
-                    help="override training.global_batch (a model directory: default 8)")
-    sp.add_argument("--cluster", default=EXAMPLE_CLUSTER,
-                    help=f"cluster YAML file or preset ({', '.join(PRESETS)}, local); default {EXAMPLE_CLUSTER}")
-    sp.add_argument("--rank-by", choices=list(get_args(RankBy)), default="gpu_seconds",
-                    help="gpu_seconds: GPU-seconds per step (efficiency, default); time: step time; compute: "
-                         "GPU-seconds weighted by each GPU's peak TFLOPS; balanced: fastest first among plans "
-                         "within 25%% of the cheapest compute")
-    sp.add_argument("--margin", type=bounded_float(0.0, 0.5), default=0.05,
-                    help="fraction of GPU memory kept free, 0 to 0.5 (default 0.05)")
-    sp.add_argument("--top", type=bounded_int(0, 100000), default=10, help="show the best N plans (default 10; 0 = all)")
+    from cli.fields import add_fields, add_overrides
+    from tasks.planning.request import PlanRequest
 
-    sp = add("memory", cmd_memory, "Predict peak GPU memory of a job under one parallel layout.")
+    sp = add("plan", cmd_plan)
+    sp.add_argument("job", help="job YAML file, or a Hugging Face model directory (config.json)")
+    add_overrides(sp, JobSpec, {"--seq-len": "training.seq_len", "--global-batch": "training.global_batch"})
+    add_fields(sp, PlanRequest, skip={"job"})
+
+    sp = add("memory", cmd_memory)
     sp.add_argument("job", help="job YAML file")
     for flag, default, what in (("--dp", 1, "data-parallel degree"), ("--tp", 1, "tensor-parallel degree"),
                                 ("--pp", 1, "pipeline-parallel degree"), ("--micro-batch", 1, "sequences per GPU"),

@@ -6,17 +6,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cli.argtypes import bounded_int
 from cli.output import emit, table
+from tasks.errors import FrenzyError
 from tasks.jobspec import load_job
 
+if TYPE_CHECKING:
+    from tasks.training.progress import ProgressRecord
+    from tasks.training.request import TrainerResult
 
-def _spikes(result: dict) -> str:
+
+def _spikes(result: TrainerResult) -> str:
     """The spike guard's counts as a line of the summary (skipped data changes what the model learned)."""
-    from tasks.training.guard import SpikeCounts
-
-    text = SpikeCounts.model_validate(result.get("spike_counts", {})).summary()
+    text = result.spike_counts.summary()
     return f"{text}\n" if text else ""
 
 
@@ -24,40 +28,44 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tasks.outdir import run_dir_lock
+    from tasks.paths import resolve_job
     from tasks.training.launch import TrainFailed, default_run_dir, launch
     from tasks.training.progress import describe
 
+    if args.discard_checkpoints and not args.from_scratch:
+        raise FrenzyError("--discard-checkpoints goes with --from-scratch (it deletes the checkpoints a run from step 0 "
+                          "would replace); add --from-scratch, or drop it")
     job = load_job(args.job)
     if args.steps:
         job.training.steps = args.steps
     if args.checkpoint_uri:
         job.training.checkpoint.uri = args.checkpoint_uri
 
-    def show(rec: dict) -> None:
+    def show(rec: ProgressRecord) -> None:
         print(describe(rec), file=sys.stderr, flush=True)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
+    job = resolve_job(job, Path(args.job).parent.absolute(), run_dir.absolute())  # the job's paths: its file's
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
+        raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     try:
         with run_dir_lock(run_dir):  # one trainer per run directory (tasks/outdir.py)
-            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume or args.from_scratch,
-                            from_scratch=args.from_scratch, device=args.device, threads=args.threads, tp=args.tp,
-                            on_record=show)
+            result = launch(job, run_dir, nproc=args.nproc, resume=args.resume, from_scratch=args.from_scratch,
+                            discard_checkpoints=args.discard_checkpoints, device=args.device, threads=args.threads,
+                            tp=args.tp, on_record=show)
     except TrainFailed as err:
         print(f"frenzy train: error: {err}", file=sys.stderr)
         return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
 
     def human() -> str:
-        rows = [{"step": c["step"], "uri": c["uri"], "MB": f"{c['bytes'] / 1e6:.1f}",
-                 "blocked ms": f"{c['blocked_s'] * 1e3:.1f}", "persist s": f"{c['persist_s']:.2f}"}
-                for c in result["checkpoints"]]
-        start = result["resumed_from_step"]
-        return (f"{job.name}: trained to step {result['final_step']}"
-                f"{f' (resumed from {start})' if start is not None else ''}, last loss {result['last_loss']:.4f}, "
-                f"{result['tokens_per_s']:,.0f} tok/s\n" + _spikes(result) + table(rows))
+        rows = [{"step": c.step, "uri": c.uri, "MB": f"{c.bytes / 1e6:.1f}", "blocked ms": f"{c.blocked_s * 1e3:.1f}",
+                 "persist s": f"{c.persist_s:.2f}"} for c in result.checkpoints]
+        start = result.resumed_from_step
+        return (f"{job.name}: trained to step {result.final_step}"
+                f"{f' (resumed from {start})' if start is not None else ''}, last loss {result.last_loss:.4f}, "
+                f"{result.tokens_per_s:,.0f} tok/s\n" + _spikes(result) + table(rows))
 
-    emit(args, result, human)
+    emit(args, result.model_dump(), human)
     return 0
 
 
@@ -67,9 +75,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     storage = Storage(args.uri)
     rows = []
-    if storage.local is not None and not storage.local.is_dir():
-        raise ValueError(f"{storage.uri}: no such checkpoint directory" if not storage.local.exists() else
-                         f"{storage.uri} is a file; give the checkpoint root (the directory of step_* folders)")
+    if storage.local is not None and storage.local_root() == "missing":  # a loop, a FIFO or a file: named there
+        raise FrenzyError(f"{storage.uri}: no such checkpoint directory")
     for s in ck.list_steps(storage):
         try:
             m, bad = ck.read_manifest(storage, s), None
@@ -91,13 +98,16 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    sp = add("train", cmd_train, "Train a job on this machine with asynchronous, verified checkpoints.")
+    sp = add("train", cmd_train)
     sp.add_argument("job", help="job YAML file")
-    sp.add_argument("--resume", action="store_true",
-                    help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
-    sp.add_argument("--from-scratch", action="store_true",
-                    help="with checkpoints none of which verifies: discard them and train from step 0 (without "
-                         "it, such a resume is refused)")
+    start = sp.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint that verifies (walks back past corrupt ones)")
+    start.add_argument("--from-scratch", action="store_true",
+                       help="train from step 0; a checkpoint root that already holds checkpoints is refused (they are "
+                            "kept) unless --discard-checkpoints is given too")
+    sp.add_argument("--discard-checkpoints", action="store_true",
+                    help="with --from-scratch: delete the checkpoints already under checkpoint.uri first")
     sp.add_argument("--nproc", type=bounded_int(1, 1024), default=1,
                     help="ranks (torchrun; gloo on CPU, NCCL on GPUs; default 1)")
     sp.add_argument("--tp", type=bounded_int(1, 1024), default=1,
@@ -110,6 +120,6 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp.add_argument("--steps", type=bounded_int(1, 10**9), help="override training.steps")
     sp.add_argument("--checkpoint-uri", help="override training.checkpoint.uri (file://DIR or s3://BUCKET/PREFIX)")
 
-    sp = add("checkpoints", cmd_checkpoints, "List a checkpoint directory: committed steps, health, checksums.")
+    sp = add("checkpoints", cmd_checkpoints)
     sp.add_argument("uri", help="checkpoint root (file://DIR, DIR or s3://BUCKET/PREFIX)")
     sp.add_argument("--verify", action="store_true", help="re-read every shard and check its sha256")

@@ -12,16 +12,19 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, load_yaml, refuse_bool_numbers, validation_message
 
 
 class GPUType(BaseModel):
     """One GPU model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
-    name: str
+    name: str = Field(min_length=1, max_length=64)
     """Catalog name used in cluster YAML (e.g. `A100-40GB-SXM`)."""
     memory_gib: float = Field(gt=0)
     """Device memory as reported by the driver, GiB."""
@@ -81,7 +84,7 @@ _BUILTIN = [
 ]
 
 
-class CatalogError(ValueError):
+class CatalogError(FrenzyError, ValueError):
     """A GPU name that is not in the catalog, or a bad catalog file."""
 
 
@@ -118,11 +121,18 @@ def load_catalog(extra: str | Path | None = None) -> Catalog:
     path = extra or os.environ.get("FRENZY_GPU_CATALOG")
     if path:
         try:
-            rows = yaml.safe_load(Path(path).read_text()) or []
-            for row in rows.get("gpus", rows) if isinstance(rows, dict) else rows:
+            doc = load_yaml(path, "GPU catalog file")
+        except UserFileError as err:
+            raise CatalogError(f"GPU catalog (FRENZY_GPU_CATALOG): {err}") from None
+        rows = doc.data.get("gpus") if isinstance(doc.data, dict) else doc.data
+        if not isinstance(rows, list):
+            raise CatalogError(f"GPU catalog {path}: a list of GPU entries (or `gpus: [...]`); see docs/clusters.md")
+        for i, row in enumerate(rows):
+            try:
                 cat.add(GPUType.model_validate(row))
-        except (OSError, yaml.YAMLError, ValidationError, AttributeError, TypeError) as err:
-            raise CatalogError(f"GPU catalog {path}: {err}") from None
+            except ValidationError as err:
+                at = ("gpus", i) if isinstance(doc.data, dict) else (i,)
+                raise CatalogError(validation_message(err, doc, str(path), "GPU catalog", at)) from None
     return cat
 
 

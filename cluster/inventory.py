@@ -12,11 +12,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.ray_nodes import GPU_PREFIX, NODE_PREFIX, connect, frenzy_name
+from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, named_yaml, refuse_bool_numbers, validation_message
 
 PRESETS = ("phoebe", "frenzy-testbed")
 
@@ -24,9 +25,10 @@ PRESETS = ("phoebe", "frenzy-testbed")
 class Node(BaseModel):
     """One machine: `count` GPUs of one catalog type."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
-    name: str
+    name: str = Field(min_length=1, max_length=255)
     """Host name (unique in the cluster)."""
     gpu: str
     """GPU catalog name (see `frenzy gpus`)."""
@@ -41,15 +43,17 @@ class Node(BaseModel):
 class Cluster(BaseModel):
     """A heterogeneous cluster."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     name: str = "cluster"
     """Cluster name."""
-    nodes: list[Node]
-    """The nodes."""
+    nodes: list[Node] = Field(max_length=100_000)
+    """The nodes (at least one, at most 100,000)."""
 
     @model_validator(mode="after")
     def _unique(self) -> Cluster:
+        if not self.nodes:
+            raise ValueError("the cluster has no nodes; list at least one as {name, gpu, count} (see docs/clusters.md)")
         names = [n.name for n in self.nodes]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -76,7 +80,7 @@ class Cluster(BaseModel):
         return {"nvlink": 300.0, "pcie": 24.0, "none": node.inter_node_gbs}[link]
 
 
-class InventoryError(ValueError):
+class InventoryError(FrenzyError, ValueError):
     """A cluster file or preset that cannot be used."""
 
 
@@ -88,21 +92,25 @@ def load_cluster(spec: str | Path, catalog: Catalog | None = None) -> Cluster:
         return discover_local(cat)
     if str(spec) == "ray" or str(spec).startswith("ray://"):
         return ray_inventory(None if str(spec) == "ray" else str(spec), cat)
-    if str(spec) in PRESETS:
-        text = resources.files("cluster").joinpath(f"presets/{spec}.yaml").read_text()
-        source = f"preset {spec}"
-    else:
-        p = Path(spec)
-        if not p.exists():
-            raise InventoryError(f"{spec}: neither a cluster preset ({', '.join(PRESETS)}, local) nor a file")
-        text, source = p.read_text(), str(p)
+    def preset(name: str) -> str | None:
+        return resources.files("cluster").joinpath(f"presets/{name}.yaml").read_text() if name in PRESETS else None
+
     try:
-        data = yaml.safe_load(text)
-        if isinstance(data, list):
-            data = {"name": Path(str(spec)).stem, "nodes": data}
+        doc = named_yaml(spec, preset, "cluster", f"{spec}: neither a cluster preset ({', '.join(PRESETS)}, local) "
+                         "nor a file")
+    except UserFileError as err:
+        raise InventoryError(str(err)) from None
+    source = doc.source
+    data = {"name": Path(str(spec)).stem, "nodes": doc.data} if isinstance(doc.data, list) else doc.data
+    if not isinstance(data, dict):
+        raise InventoryError(f"{source}: a cluster file is a mapping {{name, nodes: [...]}} or a list of nodes; "
+                             "see docs/clusters.md")
+    if isinstance(doc.data, list):  # the locations of a bare list are those of `nodes`
+        doc.marks = {("nodes", *k): v for k, v in doc.marks.items()}
+    try:
         cluster = Cluster.model_validate(data)
-    except (yaml.YAMLError, ValidationError) as err:
-        raise InventoryError(f"{source}: invalid cluster: {err}") from None
+    except ValidationError as err:
+        raise InventoryError(validation_message(err, doc, source, "cluster")) from None
     for n in cluster.nodes:
         try:
             cat.get(n.gpu)

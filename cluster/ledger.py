@@ -63,6 +63,8 @@ from cluster.has import Decision, FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
 from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk
 from cluster.sizing import Sizer
+from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, path_kind
 
 DEFAULT_LEASE_S = 60.0
 
@@ -119,6 +121,14 @@ lock_t = Table(
     "ledger_lock", _meta,
     Column("id", Integer, primary_key=True, autoincrement=False),
 )
+runs_t = Table(
+    "runs", _meta,  # added 2026-11-25: one record per job `submit` ran, where everything of the run is
+    Column("job", String(255), primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("stage", String(16), nullable=False),
+    Column("record", Text, nullable=False),  # JSON RunRecord
+    Column("updated_at", Float, nullable=False),
+)
 events_t = Table(
     "events", _meta,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -129,8 +139,12 @@ events_t = Table(
 )
 
 
-class LedgerError(ValueError):
+class LedgerError(FrenzyError, ValueError):
     """A ledger operation that cannot proceed (unknown node, unreachable database, ...); the message names the fix."""
+
+
+class LeaseLost(LedgerError):
+    """The allocation's lease ran out while the job held it: the holder must stop using the GPUs."""
 
 
 class NodeAllocation(BaseModel):
@@ -155,10 +169,122 @@ class Allocation(BaseModel):
     """Which plan the queue chose and why (cluster/sizing.py), e.g. `pack: 1 GPU(s) of A100-40GB-SXM, ...`."""
 
 
+class LedgerNode(BaseModel):
+    """A node as the ledger holds it (`Ledger.nodes()`), with its free GPU indices and the jobs on it now."""
+
+    name: str
+    gpu_type: str
+    gpus: int
+    mem_gib: float
+    link: str
+    state: str
+    """up, cordoned or down."""
+    reason: str
+    """Why it is cordoned or down ("" when up)."""
+    free_indices: list[int]
+    """GPU indices no live allocation holds."""
+    jobs: list[str]
+    """Jobs holding its GPUs under a live lease, sorted."""
+
+
+class LedgerEvent(BaseModel):
+    """One line of the ledger's event log (`Ledger.events()`)."""
+
+    ts: float
+    kind: str
+    """allocated, released, lease-expired, queued, cordoned, up, down, checkpoints, ..."""
+    subject: str
+    """The job or node it concerns."""
+    detail: dict[str, Any]
+    """What the kind records, e.g. `allocation` and `nodes` ({node: GPU indices}) of `allocated`."""
+
+
+class QueueEntry(BaseModel):
+    """A job waiting in the queue (`Ledger.queue()`), arrival order."""
+
+    job: str
+    owner: str
+    submitted_at: float
+    predicted_s: float | None
+    """Predicted run time (the queue's `shortest` order); None when unknown."""
+    requests: list[dict[str, Any]]
+    """Its ranked GPU requests as submitted (cluster/has.py's GpuRequest as JSON)."""
+
+
+class QueueStatus(BaseModel):
+    """Where one job stands in the queue (`Ledger.queue_status()`)."""
+
+    job: str
+    state: str
+    """waiting, placed, cancelled or expired."""
+    position: int
+    """1 for the head among the waiting jobs in the ledger's order; 0 once it no longer waits."""
+    waited_s: float
+    allocation_id: str | None
+    """Its allocation once placed."""
+
+
+class CheckpointRoot(BaseModel, frozen=True):
+    """Where a submitted job commits its checkpoints and the suite they are evaluated on (`checkpoint_roots()`)."""
+
+    root: str
+    suite: str = ""
+
+
+class RunRecord(BaseModel):
+    """Where everything of one submitted job is, as absolute URIs, and how far it got: what `submit`,
+    `evaluate-pending`, the report and a notebook read, from any machine or directory."""
+
+    job: str
+    owner: str = ""
+    """Who runs it: host:pid of the flow process."""
+    stage: str
+    """The pipeline's stage (tasks/pipeline/run.py): planned, placed, training, ..., reported or failed."""
+    checkpoint_root: str
+    run_dir: str
+    history_dir: str
+    suite: str = ""
+    """The suite checkpoints are evaluated on, as submitted (a built-in name or an absolute YAML path); "" for none."""
+    steps: int = 0
+    """The job's training.steps."""
+    report: str | None = None
+    error: str | None = None
+    result: str | None = None
+    """The finished run's SubmitResult as JSON (what a rerun of a finished job reports)."""
+    updated_at: float = 0.0
+
+
 def ledger_url(spec: str | None = None) -> str:
     """A SQLAlchemy URL from a URL, a SQLite file path, or (None) `$FRENZY_LEDGER` / `~/.frenzy/ledger.db`."""
     spec = spec or os.environ.get("FRENZY_LEDGER") or str(Path.home() / ".frenzy" / "ledger.db")
-    return spec if "://" in spec else f"sqlite:///{Path(spec).expanduser().resolve()}"
+    if "://" in spec:
+        return spec
+    try:
+        return f"sqlite:///{Path(spec).expanduser().resolve()}"
+    except (RuntimeError, OSError) as err:  # Python 3.11 raises RuntimeError on a symlink loop
+        raise LedgerError(f"ledger path {spec}: {err} (a symlink loop?); fix the link or give another path") from None
+
+
+def require_existing(spec: str | None) -> None:
+    """Refuse a SQLite ledger the user named with `--ledger` that does not exist: opening it would create a new,
+    empty cluster and hide the typo. The configured ledger (`$FRENZY_LEDGER`, else ~/.frenzy/ledger.db) may be
+    created on first use, and any ledger by `frenzy cluster init`, the one command that creates ledgers."""
+    if not spec:
+        return
+    url = ledger_url(spec)
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return  # a database server: the URL reaches an existing database or fails to connect
+    path = Path(url.split(":///", 1)[1])
+    where = "--ledger"
+    try:
+        kind = path_kind(path, "ledger")
+    except UserFileError as err:
+        raise LedgerError(f"{where}: {err}") from None
+    if kind == "missing":
+        raise LedgerError(f"{where}: no ledger at {path}; check the path (a new ledger is made only by `frenzy "
+                          f"cluster init --ledger {path} --cluster PRESET_OR_YAML`)")
+    if kind == "dir":
+        raise LedgerError(f"{where}: {path} is a directory; give the ledger's SQLite file")
 
 
 def owner_id() -> str:
@@ -225,9 +351,25 @@ class Ledger:
         try:
             self._create_schema()
         except SQLAlchemyError as err:
-            raise LedgerError(f"cannot open the ledger at {self.url}: {err.__class__.__name__}: "
-                              f"{str(err).splitlines()[0]}; check the URL, that the database is running and that "
-                              "the directory is writable, or set FRENZY_LEDGER") from None
+            raise self._unusable(err, "open") from None
+
+    def _sqlite_path(self) -> Path | None:
+        if not self.sqlite or ":///" not in self.url or self.url.endswith(":memory:"):
+            return None
+        return Path(self.url.split(":///", 1)[1])
+
+    def _unusable(self, err: Exception, doing: str) -> LedgerError:
+        """A LedgerError for a database error, naming a read-only file system or a permission where that is why."""
+        p = self._sqlite_path()
+        why = f"{err.__class__.__name__}: {str(err).splitlines()[0]}"
+        if p is not None:
+            d = p.parent
+            if d.exists() and os.statvfs(d).f_flag & os.ST_RDONLY:
+                why = f"{d} is on a read-only file system (SQLite writes its journal beside the file)"
+            elif not os.access(d, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+                why = f"no permission to write {p if p.exists() and not os.access(p, os.W_OK) else d}"
+        return LedgerError(f"cannot {doing} the ledger at {self.url}: {why}; give a ledger you may write "
+                           "(--ledger or FRENZY_LEDGER), or fix its mount or permissions")
 
     def _create_schema(self) -> None:
         # Several processes may open a fresh Postgres ledger at once: CREATE TABLE and the lock row can race, so a
@@ -258,11 +400,14 @@ class Ledger:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """One serialised write transaction; expired leases are reclaimed first."""
-        with self.engine.begin() as conn:
-            if not self.sqlite:
-                conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
-            self._expire(conn, self.clock())
-            yield conn
+        try:
+            with self.engine.begin() as conn:
+                if not self.sqlite:
+                    conn.execute(select(lock_t.c.id).where(lock_t.c.id == 1).with_for_update())
+                self._expire(conn, self.clock())
+                yield conn
+        except OperationalError as err:  # a read-only file, a full disk, a lost database server
+            raise self._unusable(err, "write") from None
 
     def _log(self, conn: Connection, kind: str, subject: str, **detail: Any) -> None:
         conn.execute(insert(events_t).values(ts=self.clock(), kind=kind, subject=subject,
@@ -343,7 +488,7 @@ class Ledger:
                 changed.append(r.name)
         return changed
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[LedgerNode]:
         """Every node with its free and held GPU indices."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(nodes_t).order_by(nodes_t.c.name)).all()
@@ -355,10 +500,10 @@ class Ledger:
         for r in rows:
             mine = [h for h in held if h.node == r.name and h.lease_expiry >= now]
             busy = {h.gpu_index for h in mine}
-            out.append({"name": r.name, "gpu_type": r.gpu_type, "gpus": r.gpu_count, "mem_gib": r.mem_gib,
-                        "link": r.link, "state": r.state, "reason": r.reason,
-                        "free_indices": [i for i in json.loads(r.gpu_indices) if i not in busy],
-                        "jobs": sorted({h.job for h in mine})})
+            out.append(LedgerNode(name=r.name, gpu_type=r.gpu_type, gpus=r.gpu_count, mem_gib=r.mem_gib, link=r.link,
+                                  state=r.state, reason=r.reason,
+                                  free_indices=[i for i in json.loads(r.gpu_indices) if i not in busy],
+                                  jobs=sorted({h.job for h in mine})))
         return out
 
     def could_ever_fit(self, requests: Sequence[GpuRequest]) -> bool:
@@ -459,10 +604,11 @@ class Ledger:
                                   lease_expiry=r.lease_expiry, state=r.state, decision=r.decision or ""))
         return out
 
-    def events(self, limit: int = 100) -> list[dict[str, Any]]:
+    def events(self, limit: int = 100) -> list[LedgerEvent]:
+        """The newest `limit` events, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(events_t).order_by(events_t.c.id.desc()).limit(limit)).all()
-        return [{"ts": r.ts, "kind": r.kind, "subject": r.subject, **json.loads(r.detail)} for r in reversed(rows)]
+        return [LedgerEvent(ts=r.ts, kind=r.kind, subject=r.subject, detail=json.loads(r.detail)) for r in reversed(rows)]
 
     # -- queue ---------------------------------------------------------------------------------------------
     def submit(self, job: str, requests: Sequence[GpuRequest], *, lease_s: float = DEFAULT_LEASE_S,
@@ -525,7 +671,7 @@ class Ledger:
         with self._tx() as conn:
             return self._schedule_in(conn, order or self.order)
 
-    def queue_status(self, job: str, *, renew_s: float | None = None) -> dict[str, Any]:
+    def queue_status(self, job: str, *, renew_s: float | None = None) -> QueueStatus:
         """The job's queue state, its position among waiting jobs in the ledger's order and, once placed, its
         allocation id. `renew_s` extends the entry's lease (the waiter's heartbeat)."""
         with self._tx() as conn:
@@ -537,24 +683,25 @@ class Ledger:
             waiting = conn.execute(select(queue_t).where(queue_t.c.state == "waiting")).all()
         order = [w.job for w in ordered([_waiting(q) for q in waiting], self.order, self.clock())]
         ahead = order.index(job) if job in order else 0
-        return {"job": job, "state": row.state, "position": ahead + 1 if row.state == "waiting" else 0,
-                "waited_s": self.clock() - row.submitted_at, "allocation_id": row.allocation_id}
+        return QueueStatus(job=job, state=row.state, position=ahead + 1 if row.state == "waiting" else 0,
+                           waited_s=self.clock() - row.submitted_at, allocation_id=row.allocation_id)
 
-    def queue(self) -> list[dict[str, Any]]:
+    def queue(self) -> list[QueueEntry]:
+        """The jobs waiting, in arrival order."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
-        return [{"job": r.job, "owner": r.owner, "submitted_at": r.submitted_at, "predicted_s": r.predicted_s,
-                 "requests": json.loads(r.requests)} for r in rows]
+        return [QueueEntry(job=r.job, owner=r.owner, submitted_at=r.submitted_at, predicted_s=r.predicted_s,
+                           requests=json.loads(r.requests)) for r in rows]
 
     # -- checkpoint roots ------------------------------------------------------------------------------------
     def note_checkpoints(self, job: str, root: str, suite: str = "") -> None:
         """Remember that `job` commits its checkpoints under `root`, to be evaluated on `suite` (what the scheduled
         evaluate-pending covers)."""
         with self._tx() as conn:
-            if self.checkpoint_roots(conn).get(job) != (root, suite):
+            if self.checkpoint_roots(conn).get(job) != CheckpointRoot(root=root, suite=suite):
                 self._log(conn, "checkpoints", job, root=root, suite=suite)
 
-    def checkpoint_roots(self, conn: Connection | None = None) -> dict[str, tuple[str, str]]:
+    def checkpoint_roots(self, conn: Connection | None = None) -> dict[str, CheckpointRoot]:
         """Each job's checkpoint root and evaluation suite as `submit` recorded them (the newest per job)."""
         query = select(events_t.c.subject, events_t.c.detail).where(events_t.c.kind == "checkpoints")
         if conn is None:
@@ -562,7 +709,28 @@ class Ledger:
                 rows = c.execute(query.order_by(events_t.c.id)).all()
         else:
             rows = conn.execute(query.order_by(events_t.c.id)).all()
-        return {r.subject: (d["root"], d.get("suite", "")) for r in rows for d in [json.loads(r.detail)]}
+        return {r.subject: CheckpointRoot(root=d["root"], suite=d.get("suite", "")) for r in rows
+                for d in [json.loads(r.detail)]}
+
+    def record_run(self, rec: RunRecord) -> None:
+        """Create or update the record of `rec.job` (its newest stage and where its files are)."""
+        rec = rec.model_copy(update={"owner": rec.owner or owner_id(), "updated_at": self.clock()})
+        row = {"owner": rec.owner, "stage": rec.stage, "record": rec.model_dump_json(), "updated_at": rec.updated_at}
+        with self._tx() as conn:
+            if conn.execute(update(runs_t).where(runs_t.c.job == rec.job).values(**row)).rowcount == 0:
+                conn.execute(insert(runs_t).values(job=rec.job, **row))
+
+    def run(self, job: str) -> RunRecord | None:
+        """The record of `job`, if `submit` ever ran it on this ledger."""
+        with self.engine.connect() as c:
+            row = c.execute(select(runs_t.c.record).where(runs_t.c.job == job)).first()
+        return RunRecord.model_validate_json(row.record) if row else None
+
+    def runs(self) -> list[RunRecord]:
+        """Every run's record, the most recently updated first."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(runs_t.c.record).order_by(runs_t.c.updated_at.desc())).all()
+        return [RunRecord.model_validate_json(r.record) for r in rows]
 
     def allocation(self, allocation_id: str) -> Allocation:
         found = self._allocations(allocations_t.c.id == allocation_id)

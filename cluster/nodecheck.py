@@ -29,6 +29,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tasks.errors import FrenzyError
+
 
 class GroupRun(BaseModel):
     nodes: list[str]
@@ -98,7 +100,7 @@ def local_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 
     `startup_s` bounds the start (a busy host is slow to start many Python processes, which says nothing about
     the nodes)."""
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend {backend!r}: gloo or nccl")
+        raise FrenzyError(f"backend {backend!r}: choose gloo or nccl")
 
     def run(group: Sequence[str]) -> GroupRun:
         import tempfile
@@ -177,7 +179,7 @@ def _judge(runs: list[GroupRun], slow_factor: float) -> _Verdict:
 def check_nodes(nodes: Sequence[str], probe: Probe | None = None, slow_factor: float = 2.0) -> NodeCheck:
     """The two-round check of `nodes` (module docstring)."""
     if len(nodes) < 2:
-        raise ValueError(f"the node check needs at least 2 nodes (got {len(nodes)}): it tests nodes against each other")
+        raise FrenzyError(f"the node check needs at least 2 nodes (got {len(nodes)}): it tests nodes against each other")
     probe = probe or local_probe()
     t0 = time.perf_counter()
     r1 = _run_round(_pairs(nodes), probe)

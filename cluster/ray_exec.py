@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.catalog import GPUType
 
@@ -34,6 +34,12 @@ from cluster.catalog import GPUType
 from cluster.inventory import ray_inventory
 from cluster.ray_nodes import RayExecutorError, alive_nodes, connect, node_name
 from cluster.ray_nodes import node_resource as _node_resource
+from tasks.errors import FrenzyError
+from tasks.paths import resolve_job
+
+if TYPE_CHECKING:
+    from tasks.training.progress import ProgressRecord
+    from tasks.training.request import TrainerResult
 
 
 def _free_port() -> int:
@@ -68,21 +74,22 @@ class _Rank:
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                             format=f"%(asctime)s [rank {env['RANK']}] %(levelname)s %(name)s: %(message)s")
+        from tasks.errors import user_message
         from tasks.jobspec import parse_job
-        from tasks.training.checkpoint import CheckpointError
-        from tasks.training.data import DataError
         from tasks.training.launch import _ERROR_MARK
         from tasks.training.loop import TrainOptions, train
-        from tasks.training.storage import StorageError
-        from tasks.training.writer import WriterLeaseError
 
         try:
             res = train(TrainOptions(job=parse_job(job), run_dir=Path(run_dir), resume=resume,
                                      from_scratch=from_scratch, device=device, threads=threads, tp=tp))
             return {"ok": True, "result": res}
-        except (CheckpointError, DataError, StorageError, WriterLeaseError, ValueError) as err:
-            print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
-            return {"ok": False, "error": str(err), "user_error": True}
+        except Exception as err:  # noqa: BLE001 - a user's error is one line, a bug its traceback (below)
+            msg = user_message(err)
+            if msg is None:
+                traceback.print_exc()
+                return {"ok": False, "error": f"{type(err).__name__}: {err}", "user_error": False}
+            print(f"{_ERROR_MARK}{msg}".replace("\n", " "), file=sys.stderr, flush=True)
+            return {"ok": False, "error": msg, "user_error": True}
         except BaseException as err:  # noqa: BLE001 - printed where the diagnosis reads it, then reported
             traceback.print_exc()
             return {"ok": False, "error": f"{type(err).__name__}: {err}", "user_error": False}
@@ -92,24 +99,6 @@ class _Rank:
 
                 if dist.is_initialized():
                     dist.destroy_process_group()
-
-
-def _absolute(job: Any) -> Any:
-    """Paths in the job as absolute paths: the ranks run in the Ray workers' directories, not the driver's."""
-    job = job.model_copy(deep=True)
-    uri = job.training.checkpoint.uri
-    if uri.startswith("file://") and not uri.startswith("file:///"):
-        job.training.checkpoint.uri = "file://" + str(Path(uri[len("file://"):]).absolute())
-    elif "://" not in uri:
-        job.training.checkpoint.uri = str(Path(uri).absolute())
-    if job.model.hf and Path(job.model.hf).expanduser().exists():
-        job.model.hf = str(Path(job.model.hf).expanduser().absolute())
-    d = job.training.data
-    for key in ("path", "tokenizer"):
-        v = getattr(d, key)
-        if v and "://" not in v and v != "byte" and Path(v).expanduser().exists():
-            setattr(d, key, str(Path(v).expanduser().absolute()))
-    return job
 
 
 @dataclass
@@ -180,7 +169,7 @@ def _start(ray: Any, ranks: _Ranks, placement: Sequence[tuple[str, int]], gpus: 
         ranks.refs[a.run.remote(env, *trainer_args)] = (a, node, r)
 
 
-def _outcome(ray: Any, ranks: _Ranks, ref: Any, log_path: Path, loss_grace_s: float) -> dict:
+def _outcome(ray: Any, ranks: _Ranks, ref: Any, log_path: Path, loss_grace_s: float) -> TrainerResult:
     """A finished trainer's result, or the TrainFailed it stands for: a dead actor is its node lost (suspect at
     once), a collective error names the peer that died when there is one, a user error keeps exit status 2."""
     from tasks.training.launch import TrainFailed
@@ -208,7 +197,7 @@ def _prepare(job: Any, run_dir: Path) -> tuple[Any, Path]:
     """The job with absolute paths, recorded in a fresh run directory (stale result, stop and kill files gone)."""
     from tasks.training.launch import KILL_FILE, STOP_FILE
 
-    job = _absolute(job)
+    job = resolve_job(job, Path.cwd(), run_dir.absolute())  # ranks run in the Ray workers' directories
     run_dir = run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("result.json", STOP_FILE, KILL_FILE):
@@ -219,8 +208,8 @@ def _prepare(job: Any, run_dir: Path) -> tuple[Any, Path]:
 
 def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *, resume: bool = False,
                from_scratch: bool = False, device: str = "cpu", threads: int | None = None, tp: int = 1,
-               on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5, address: str | None = None,
-               gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0) -> dict:
+               on_record: Callable[[ProgressRecord], None] | None = None, poll_s: float = 0.5, address: str | None = None,
+               gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0) -> TrainerResult:
     """Train `job` with `placement` [(node, ranks)] as Ray actors, one placement group (STRICT_PACK, one bundle per
     rank) pinned to each node; returns rank 0's result record like `launch()`. A rank that dies (its node lost)
     fails the whole group at once (every actor is killed, `frenzy: node X lost` goes to the log) with TrainFailed,
@@ -231,7 +220,7 @@ def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *,
 
     world = sum(n for _, n in placement)
     if world < 1 or world % tp:
-        raise ValueError(f"{world} ranks and tp={tp}: tp must divide the ranks")
+        raise FrenzyError(f"{world} ranks and tp={tp}: tp must divide the ranks")
     ray = connect(address)
     job, run_dir = _prepare(job, run_dir)
     progress, log_path = run_dir / "progress.jsonl", run_dir / "train.log"
@@ -242,7 +231,7 @@ def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *,
         _start(ray, ranks, placement, gpus, place_timeout_s,
                (job.model_dump(mode="json"), str(run_dir), resume, from_scratch, device, threads, tp), threads,
                log_path)
-        results: dict[int, dict] = {}
+        results: dict[int, TrainerResult] = {}
         pending = list(ranks.refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
@@ -286,12 +275,57 @@ def _dead_peer(ray: Any, peers: list[tuple[Any, str, int]], grace_s: float) -> t
 
 # ------------------------------------------------------------------------------------------------ node check
 
+def _probe_member(cfg: dict, env: dict[str, str], limit_s: float) -> dict:
+    """One node's part of a node check group (a Ray task on that node): the collective worker as a process."""
+    import subprocess
+
+    from cluster.nodecheck import _WORKER
+
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(cfg)], capture_output=True, text=True,
+                           timeout=limit_s, env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {cfg['timeout']:.0f} s", "hung": True}
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(cfg["ready"])  # the worker's start mark (the local probe waits on it; here unused)
+    if p.returncode:
+        tail = p.stderr.strip().splitlines()
+        return {"ok": False, "error": f"{cfg['node']}: exit {p.returncode}: {tail[-1] if tail else ''}"}
+    return {"ok": True, "seconds": json.loads(p.stdout.strip().splitlines()[-1])["seconds"],
+            "wall_s": time.monotonic() - t0}
+
+
+def _group_results(ray: Any, refs: list, group: Sequence[str], deadline: float) -> dict:
+    """The members' results as they finish; the first failure ends the wait (its peers would only wait for it until
+    their timeout) and the members still running are cancelled."""
+    pending, outs = list(refs), {}
+    while pending and time.monotonic() < deadline:
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.1, deadline - time.monotonic()))
+        for ref in done:
+            try:
+                outs[ref] = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - the node died under the task
+                outs[ref] = {"ok": False, "error": f"{group[refs.index(ref)]}: {type(err).__name__}"}
+            if not outs[ref]["ok"]:
+                pending = []
+                break
+    for ref in refs:
+        if ref not in outs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+    return outs
+
+
 def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 120.0, backend: str = "gloo",
               address: str | None = None) -> Callable[[Sequence[str]], Any]:
     """The node check's probe (cluster/nodecheck.py) with one process on each named Ray node itself: a Ray task
     pinned to the node by its `frenzy_node:` resource runs the same collective worker; rank 0's node is the
     rendezvous. A member that fails fails its group at once."""
-    from cluster.nodecheck import _WORKER, GroupRun
+    import tempfile
+
+    from cluster.nodecheck import GroupRun
 
     ray = connect(address)
 
@@ -299,30 +333,10 @@ def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 12
     def where() -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
 
-    @ray.remote(num_cpus=0, max_retries=0)
-    def member(cfg: dict, env: dict[str, str], limit_s: float) -> dict:
-        import subprocess
-
-        t0 = time.monotonic()
-        try:
-            p = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(cfg)], capture_output=True, text=True,
-                               timeout=limit_s, env={**os.environ, **env})
-        except subprocess.TimeoutExpired:
-            return {"ok": False, "error": f"timed out after {cfg['timeout']:.0f} s", "hung": True}
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(cfg["ready"])  # the worker's start mark (the local probe waits on it; here unused)
-        if p.returncode:
-            tail = p.stderr.strip().splitlines()
-            return {"ok": False, "error": f"{cfg['node']}: exit {p.returncode}: {tail[-1] if tail else ''}"}
-        return {"ok": True, "seconds": json.loads(p.stdout.strip().splitlines()[-1])["seconds"],
-                "wall_s": time.monotonic() - t0}
-
+    member = ray.remote(num_cpus=0, max_retries=0)(_probe_member)
     fault_env = {k: v for k, v in os.environ.items() if k.startswith("FRENZY_NODECHECK_")}
 
     def run(group: Sequence[str]) -> GroupRun:
-        import tempfile
-
         try:
             master, port = ray.get(where.options(resources=_node_resource(group[0])).remote(), timeout=startup_s)
         except Exception as err:  # noqa: BLE001 - the node is gone or cannot run a task
@@ -332,22 +346,7 @@ def ray_probe(probe_mb: int = 16, timeout_s: float = 30.0, startup_s: float = 12
             {"node": n, "rank": i, "world": len(group), "port": port, "master": master, "probe_mb": probe_mb,
              "timeout": timeout_s, "backend": backend, "ready": os.path.join(marks, f"frenzy-nc-{n}-{port}.ready")},
             fault_env, startup_s + timeout_s) for i, n in enumerate(group)]
-        pending, outs = list(refs), {}
-        deadline = time.monotonic() + startup_s + timeout_s + 10
-        while pending and time.monotonic() < deadline:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.1, deadline - time.monotonic()))
-            for ref in done:
-                try:
-                    outs[ref] = ray.get(ref)
-                except Exception as err:  # noqa: BLE001 - the node died under the task
-                    outs[ref] = {"ok": False, "error": f"{group[refs.index(ref)]}: {type(err).__name__}"}
-                if not outs[ref]["ok"]:
-                    pending = []  # its peers would only wait for it until their timeout
-                    break
-        for ref in refs:
-            if ref not in outs:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref, force=True)
+        outs = _group_results(ray, refs, group, time.monotonic() + startup_s + timeout_s + 10)
         bad = [o for o in outs.values() if not o["ok"]]
         if bad or len(outs) < len(refs):
             err = bad[0]["error"] if bad else f"timed out after {timeout_s:.0f} s"

@@ -124,12 +124,11 @@ def sync_ledger(ledger: Any, address: str | None = None) -> list[str]:
     # Every ledger node counts: with the Ray executor, a node that is not an alive named Ray node can run nothing.
     # A node found dead by a direct probe before Ray's health check caught up is still listed alive under the id it
     # died with (kept in its reason): it stays down until Ray lists that name under a new id (the node rejoined).
-    states = {n["name"]: n["name"] in alive and not (n["state"] == "down" and
-                                                     f"Ray node {alive[n['name']]}" in n["reason"])
+    states = {n.name: n.name in alive and not (n.state == "down" and f"Ray node {alive[n.name]}" in n.reason)
               for n in ledger.nodes()}
     changed = ledger.set_liveness(states, f"not alive in Ray at {when} (its raylet is gone or was never started)")
     for n in changed:
-        log.warning("ledger: Ray node %s is now %s", n, next(x["state"] for x in ledger.nodes() if x["name"] == n))
+        log.warning("ledger: Ray node %s is now %s", n, next(x.state for x in ledger.nodes() if x.name == n))
     return changed
 
 

@@ -11,12 +11,14 @@ import socket
 import threading
 from typing import Any
 
+from tasks.errors import FrenzyError
+
 _CONNECT_LOCK = threading.Lock()
 NODE_PREFIX = "frenzy_node:"
 GPU_PREFIX = "frenzy_gpu:"
 
 
-class RayExecutorError(RuntimeError):
+class RayExecutorError(FrenzyError, RuntimeError):
     """Ray is missing, unreachable, or cannot place what was asked; the message names the fix."""
 
 

@@ -33,7 +33,7 @@ def markdown_table(rows: list[dict[str, str]]) -> str:
     return "\n".join(out)
 
 
-def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None:
+def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "", overwrite: bool = True) -> None:
     """CDF of job completion times, one line per policy."""
     import numpy as np
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
@@ -56,11 +56,11 @@ def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "") -> None
     fig.tight_layout()
     from tasks.outdir import atomic_path
 
-    with atomic_path(path, "cluster simulate --plot") as tmp:
+    with atomic_path(path, "cluster simulate --plot", overwrite=overwrite) as tmp:
         fig.savefig(tmp, dpi=120)
 
 
-def write_jobs_csv(results: Mapping[str, Any], path: str) -> int:
+def write_jobs_csv(results: Mapping[str, Any], path: str, overwrite: bool = True) -> int:
     """One row per policy and job: times, where it ran and, for `has`, which plan it chose and why (the decision
     record of cluster/sizing.py). Returns the rows written."""
     import csv
@@ -68,7 +68,8 @@ def write_jobs_csv(results: Mapping[str, Any], path: str) -> int:
     from tasks.outdir import atomic_path
 
     n = 0
-    with atomic_path(path, "cluster simulate --jobs-csv") as tmp, open(tmp, "w", newline="") as f:
+    with atomic_path(path, "cluster simulate --jobs-csv", overwrite=overwrite) as tmp, \
+            open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["policy", "job", "submit_s", "start_s", "finish_s", "gpus", "gpu_type", "layout", "ooms",
                     "unschedulable", "decision"])

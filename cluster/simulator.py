@@ -56,6 +56,7 @@ from cluster.jobperf import INTER_NODE_GBS, JobKey, best_layout, fits, layouts_e
 from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, Admit, QueueOrder, Reservation, Running, Waiting, ordered, reserve, walk
 from cluster.sizing import MIN_SCALING, Sizer, exact_type_requests
 from cluster.traces import ALL_POLICIES, REFERENCE_GPU, PolicyName, TraceJob
+from tasks.errors import FrenzyError
 from tasks.planning.layout import Layout
 from tasks.planning.plans import InfeasibleJobError, RankBy, ResourcePlan, plan_resources
 
@@ -196,7 +197,7 @@ class Simulator:
                  config: SimConfig | None = None, catalog: Catalog | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         if policy not in ALL_POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ALL_POLICIES)}")
+            raise FrenzyError(f"unknown policy {policy!r}; choose from {', '.join(ALL_POLICIES)}")
         self.cfg = config or SimConfig()
         self.name = policy
         if policy == "has-sjf":  # the old name of the default

@@ -15,10 +15,9 @@ from __future__ import annotations
 import math
 import random
 
-from cluster.traces import BATCH_PER_GPU, TraceError, TraceJob, model_for_gpu_hours
+from cluster.traces import BATCH_PER_GPU, MAX_JOBS, TraceError, TraceJob, model_for_gpu_hours
 
 FAMILIES = ("production", "mixed")
-MAX_JOBS = 100_000
 
 
 def _job(name: str, t: float, d: float, g: int) -> TraceJob:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import math
 import random
 from collections.abc import Sequence
@@ -30,6 +31,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
+
+from tasks.errors import FrenzyError
+from tasks.userfiles import LIMITS, UserFileError, open_user_file, path_kind, read_text
 
 TraceFormat = Literal["generic", "philly", "sia"]
 REFERENCE_GPU = "A100-40GB-SXM"
@@ -48,7 +52,7 @@ SIA_GPU_HOURS = {"cifar10": 0.25, "ncf": 0.25, "deepspeech2": 2.0, "bert": 2.0, 
 BATCH_PER_GPU = 16
 
 
-class TraceError(ValueError):
+class TraceError(FrenzyError, ValueError):
     """A trace file that cannot be read; the message names the file, the line and the fix."""
 
 
@@ -84,39 +88,69 @@ def _unit_hash(text: str) -> float:
 
 
 def _job(name: str, submit: float, duration: float, gpus: int, model: str | None, batch: int | None,
-         precision: str = "fp16-mixed") -> TraceJob:
-    if duration <= 0 or gpus < 1:
-        raise TraceError(f"job {name}: duration must be > 0 and num_gpus >= 1 (got {duration}, {gpus})")
+         precision: str = "fp16-mixed", where: str = "") -> TraceJob:
+    if duration <= 0 or not 1 <= gpus <= 1_000_000 or submit < 0:
+        raise TraceError(f"{where or 'trace'}: job {name}: submit_time must be >= 0, duration > 0 and num_gpus 1 to "
+                         f"1,000,000 (got {submit}, {duration}, {gpus})")
+    if batch is not None and not 1 <= batch <= 1 << 22:
+        raise TraceError(f"{where or 'trace'}: job {name}: global_batch must be 1 to 4,194,304 (got {batch})")
     from tasks.presets import MODEL_PRESETS
 
     model = model or model_for_gpu_hours(duration * gpus / 3600)
     if model not in MODEL_PRESETS:
-        raise TraceError(f"job {name}: unknown model preset {model!r}; see `frenzy presets`")
+        raise TraceError(f"{where or 'trace'}: job {name}: unknown model preset {model!r}; see `frenzy presets`")
     return TraceJob(name=name, submit_s=float(submit), duration_s=float(duration), num_gpus=int(gpus), model=model,
                     global_batch=int(batch or BATCH_PER_GPU * gpus), precision=precision)
 
 
-def _rows(path: Path, required: set[str]) -> list[dict[str, str]]:
+"""The most jobs a trace may hold (generated ones too): the simulator's documented limit (docs/guarantees.md)."""
+
+
+MAX_JOBS = 100_000
+"""The most jobs a trace may hold, read or generated: the simulator's memory and time grow with it (the documented
+limit, docs/guarantees.md)."""
+
+
+def _rows(path: Path, required: set[str], max_rows: int | None = MAX_JOBS) -> list[dict[str, str]]:
+    """The CSV's rows as dicts, through the refusing reader (a regular file within `LIMITS['csv']`, UTF-8); more
+    than `max_rows` data rows are refused before any is used."""
     try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            cols = set(reader.fieldnames or [])
-            if not required <= cols:
-                raise TraceError(f"{path}: missing columns {sorted(required - cols)} (has {sorted(cols)}); "
-                                 "pick the right --format")
-            return list(reader)
-    except OSError as err:
-        raise TraceError(f"{path}: {err.strerror}") from None
+        text = read_text(path, "trace file", LIMITS["csv"])
+    except UserFileError as err:
+        raise TraceError(str(err)) from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        names = list(reader.fieldnames or [])
+        cols = set(names)
+        twice = sorted(c for c in cols if names.count(c) > 1)
+        if twice:
+            raise TraceError(f"{path}:1: duplicate column {', '.join(twice)} in the header (which one counts would be a "
+                             "guess); keep one")
+        if not required <= cols:
+            raise TraceError(f"{path}: missing columns {sorted(required - cols)} (has {sorted(cols)}); "
+                             "pick the right --format")
+        rows = []
+        for row in reader:
+            rows.append(row)
+            if max_rows is not None and len(rows) > max_rows:
+                raise TraceError(f"{path}: more than {max_rows:,} jobs, the simulator's limit; cut the trace (e.g. "
+                                 f"`head -n {max_rows + 1}`) or split it")
+        return rows
+    except csv.Error as err:
+        raise TraceError(f"{path}:{reader.line_num}: not a CSV row: {err}") from None
 
 
 def _number(row: dict[str, str], col: str, kind: type[int] | type[float], where: str) -> Any:
-    """`row[col]` as `kind`; a cell that is not one names its line and column."""
+    """`row[col]` as a finite `kind`; a cell that is not one names its line and column."""
     text = (row.get(col) or "").strip()
+    what = "a whole number" if kind is int else "a number"
     try:
-        return kind(text)
+        v = kind(text)
     except ValueError:
-        what = "a whole number" if kind is int else "a number"
         raise TraceError(f"{where}: column {col} must be {what}, got {text!r}") from None
+    if not math.isfinite(v) or abs(v) > 1e15:
+        raise TraceError(f"{where}: column {col} must be a finite number of at most 1e15, got {text!r}")
+    return v
 
 
 def read_generic(path: str | Path) -> list[TraceJob]:
@@ -129,7 +163,7 @@ def read_generic(path: str | Path) -> list[TraceJob]:
                         _number(r, "duration", float, where), _number(r, "num_gpus", int, where),
                         r.get("model") or None,
                         _number(r, "global_batch", int, where) if r.get("global_batch") else None,
-                        r.get("precision") or "fp16-mixed"))
+                        r.get("precision") or "fp16-mixed", where))
     return sorted(out, key=lambda j: (j.submit_s, j.name))
 
 
@@ -142,12 +176,12 @@ def read_philly(path: str | Path, *, max_jobs: int = 160, start: str | None = "2
     p = Path(path)
     rows = []
     t0 = datetime.fromisoformat(start) if start else None
-    for i, r in enumerate(_rows(p, {"timestamp", "duration", "num_gpus"}), start=2):
+    for i, r in enumerate(_rows(p, {"timestamp", "duration", "num_gpus"}, max_rows=None), start=2):
         try:
             ts = datetime.fromisoformat(r["timestamp"])
-            dur, gpus = float(r["duration"]), int(float(r["num_gpus"]))
         except ValueError as err:
-            raise TraceError(f"{p}:{i}: {err}") from None
+            raise TraceError(f"{p}:{i}: column timestamp: {err}") from None
+        dur, gpus = _number(r, "duration", float, f"{p}:{i}"), int(_number(r, "num_gpus", float, f"{p}:{i}"))
         if (t0 and ts < t0) or dur < min_duration_s or dur * gpus / 3600 >= max_gpu_hours:
             continue
         if max_gpus is not None and gpus > max_gpus:
@@ -158,7 +192,8 @@ def read_philly(path: str | Path, *, max_jobs: int = 160, start: str | None = "2
     if not rows:
         raise TraceError(f"{p}: no job after {start} matches the filters")
     base = rows[0][0]
-    return [_job(f"philly-{line}", (ts - base).total_seconds(), dur, gpus, None, None) for ts, dur, gpus, line in rows]
+    return [_job(f"philly-{line}", (ts - base).total_seconds(), dur, gpus, None, None, where=f"{p}:{line}")
+            for ts, dur, gpus, line in rows]
 
 
 def read_sia(path: str | Path) -> list[TraceJob]:
@@ -169,22 +204,29 @@ def read_sia(path: str | Path) -> list[TraceJob]:
         app = r["application"]
         if app not in SIA_MODELS:
             raise TraceError(f"{p}:{i}: unknown application {app!r} (known: {', '.join(sorted(SIA_MODELS))})")
-        n = int(r["num_replicas"])
+        n = _number(r, "num_replicas", int, f"{p}:{i}")
+        if n < 1:
+            raise TraceError(f"{p}:{i}: column num_replicas must be >= 1, got {n}")
         gpu_h = SIA_GPU_HOURS[app] * (0.5 * 4 ** _unit_hash(r["name"]))  # factor in [0.5, 2)
-        out.append(_job(r["name"], float(r["time"]), gpu_h * 3600 / n, n, SIA_MODELS[app], None))
+        out.append(_job(r["name"], _number(r, "time", float, f"{p}:{i}"), gpu_h * 3600 / n, n, SIA_MODELS[app], None,
+                        where=f"{p}:{i}"))
     return sorted(out, key=lambda j: (j.submit_s, j.name))
 
 
 def load_trace(path: str | Path, fmt: TraceFormat | None = None, **philly: object) -> list[TraceJob]:
     """Read a trace; the format is guessed from the header when not given."""
-    p = Path(path)
-    if not p.exists():
-        hint = ("; a generated trace is newworkload:N[:SEED], production:N[:SEED] or mixed:N[:SEED]"
-                if ":" in str(path) else "")
-        raise TraceError(f"{p}: no such trace file{hint}")
-    if fmt is None:
-        header = p.open().readline()
-        fmt = "sia" if "num_replicas" in header else "philly" if "timestamp" in header else "generic"
+    p = Path(path).expanduser()
+    try:
+        if path_kind(p, "trace file") == "missing":
+            hint = ("; a generated trace is newworkload:N[:SEED], production:N[:SEED] or mixed:N[:SEED]"
+                    if ":" in str(path) else "")
+            raise TraceError(f"{p}: no such trace file{hint}")
+        if fmt is None:
+            with open_user_file(p, "trace file", LIMITS["csv"]) as f:
+                header = f.readline(1 << 16).decode(errors="replace")
+            fmt = "sia" if "num_replicas" in header else "philly" if "timestamp" in header else "generic"
+    except UserFileError as err:
+        raise TraceError(str(err)) from None
     if fmt == "generic":
         return read_generic(p)
     if fmt == "philly":
@@ -219,10 +261,6 @@ def new_workload(n_jobs: int = 30, *, seed: int = 0, mean_interarrival_s: float 
         out.append(replace(job, duration_s=round(dur, 1)))
         t += rng.expovariate(1 / mean_interarrival_s) if mean_interarrival_s > 0 else 0.0
     return out
-
-
-MAX_JOBS = 100_000
-"""The largest generated workload (the simulator's memory and time grow with it)."""
 
 
 def parse_newworkload(spec: str) -> tuple[int, int]:

@@ -8,3 +8,6 @@ import os
 # send telemetry", and the first run's ephemeral server raced it into a 110-line "database is locked" traceback.
 # Off unless the user opts in: PREFECT_SERVER_ANALYTICS_ENABLED=true (a server of their own keeps its own setting).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Prefect's embedded (ephemeral) API server is given 20 s to start; on a loaded machine its first start takes longer
+# (a demo on a busy 2-core host failed there with no hint). Two minutes, unless the user set it.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

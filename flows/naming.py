@@ -9,6 +9,7 @@ flow's (both carry an idempotency key) and direct calls (`frenzy submit`) get th
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 
 def run_name(template: str) -> Callable[[], str]:
@@ -32,3 +33,14 @@ def run_name(template: str) -> Callable[[], str]:
 def keeps_its_name(from_deployment: bool, auto_scheduled: bool, idempotency_key: str | None) -> bool:
     """Whether a run's name is one a person gave (see the module docstring)."""
     return from_deployment and not auto_scheduled and not idempotency_key
+
+
+def submission_base() -> Path:
+    """What a relative path in a flow's request is relative to: the data root when a deployment runs the flow (the
+    request came from a form or a schedule, with no directory of its own; never the worker's working directory),
+    else the directory of the process that runs it (the CLI's, a notebook's)."""
+    from prefect.runtime import deployment
+
+    from tasks.paths import data_root
+
+    return data_root() if deployment.id else Path.cwd()

@@ -19,13 +19,9 @@ from prefect.exceptions import MissingContextError
 
 from cluster.catalog import default_catalog
 from cluster.has import GpuRequest, requests_from_plans
-from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, Ledger, LedgerError, QueueOrder
+from cluster.ledger import DEFAULT_LEASE_S, Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError, QueueOrder
 from cluster.sizing import exact_type_requests
 from tasks.planning.plans import ResourcePlan
-
-
-class LeaseLost(LedgerError):
-    """The allocation's lease ran out while the job held it: the body must stop using the GPUs."""
 
 
 def _log(msg: str) -> None:
@@ -57,7 +53,7 @@ def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest]
     `order` None is the ledger's (`FRENZY_QUEUE_ORDER`, default backfill)."""
     if not ledger.could_ever_fit(requests):
         biggest = max(requests, key=lambda r: r.min_mem_gib * r.gpus)
-        nodes = ", ".join(f"{n['name']} ({n['gpus']} x {n['gpu_type']}, {n['mem_gib']:.0f} GiB)" for n in ledger.nodes())
+        nodes = ", ".join(f"{n.name} ({n.gpus} x {n.gpu_type}, {n.mem_gib:.0f} GiB)" for n in ledger.nodes())
         raise LedgerError(f"{job}: none of its {len(requests)} plans fits this ledger's nodes even when every GPU is "
                           f"free (e.g. {biggest.gpus} GPUs with >= {biggest.min_mem_gib:.1f} GiB each); nodes: "
                           f"{nodes or '(none)'}. Add nodes (`frenzy cluster init --cluster FILE`), plan for this "
@@ -68,20 +64,20 @@ def wait_for_allocation(ledger: Ledger, job: str, requests: Sequence[GpuRequest]
         while True:
             ledger.schedule(order)
             st = ledger.queue_status(job, renew_s=lease_s)
-            if st["state"] == "placed":
-                alloc = ledger.allocation(st["allocation_id"])
-                _log(f"{job}: placed after {st['waited_s']:.1f} s on " +
+            if st.state == "placed" and st.allocation_id is not None:
+                alloc = ledger.allocation(st.allocation_id)
+                _log(f"{job}: placed after {st.waited_s:.1f} s on " +
                      ", ".join(f"{n.node}[{','.join(map(str, n.gpu_indices))}]" for n in alloc.nodes))
                 return alloc
-            if st["state"] != "waiting":
-                raise LedgerError(f"{job}: left the queue ({st['state']}); submit it again")
+            if st.state != "waiting":
+                raise LedgerError(f"{job}: left the queue ({st.state}); submit it again")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{job}: no plan fitted within {timeout_s:.0f} s (queue position "
-                                   f"{st['position']}); free GPUs, uncordon nodes or raise the timeout")
+                                   f"{st.position}); free GPUs, uncordon nodes or raise the timeout")
             if time.monotonic() - last >= 10 * poll_s:
-                ahead = [q["predicted_s"] for q in ledger.queue()][: max(0, st["position"] - 1)]
+                ahead = [q.predicted_s for q in ledger.queue()][: max(0, st.position - 1)]
                 work = f", {sum(a for a in ahead if a) / 60:.1f} min of predicted work ahead" if any(ahead) else ""
-                _log(f"{job}: waiting, queue position {st['position']}{work}, {st['waited_s']:.0f} s so far "
+                _log(f"{job}: waiting, queue position {st.position}{work}, {st.waited_s:.0f} s so far "
                      f"(gives up after {timeout_s:.0f} s)")
                 last = time.monotonic()
             time.sleep(poll_s)

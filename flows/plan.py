@@ -11,33 +11,13 @@ from datetime import timedelta
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE
-from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.inventory import Cluster, load_cluster
 from flows.naming import run_name
-from tasks.formschema import drop_null_branches
-from tasks.jobspec import JobSpec
 from tasks.planning.calibration import OomObservation, load_observations
-from tasks.planning.plans import RankBy, ResourcePlan
+from tasks.planning.plans import ResourcePlan
 from tasks.planning.plans import plan_resources as _plan_resources
-
-
-class PlanRequest(BaseModel):
-    """What the planner needs: the job (model + batch size), where it may run, and how to rank plans."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
-                              json_schema_extra=drop_null_branches)
-
-    job: JobSpec = Field(json_schema_extra={"position": 0})
-    """The job as in a job YAML file."""
-    cluster: str = Field("frenzy-testbed", json_schema_extra={"position": 1})
-    """Cluster preset (phoebe, frenzy-testbed, local) or a cluster YAML path on the worker."""
-    rank_by: RankBy = Field("gpu_seconds", json_schema_extra={"position": 2})
-    """Rank plans by GPU-seconds per step (efficiency), by step time, or balanced (fastest among efficient)."""
-    margin: float = Field(0.05, ge=0, lt=0.5, json_schema_extra={"position": 3})
-    """Fraction of each GPU's memory kept free."""
-    top: int = Field(10, ge=1, le=1000, json_schema_extra={"position": 4})
-    """How many plans to return."""
+from tasks.planning.request import PlanRequest
 
 
 @task(cache_policy=INPUTS + TASK_SOURCE, cache_expiration=timedelta(days=7), persist_result=True)
@@ -48,7 +28,7 @@ def plan_resources(request: PlanRequest, observations: list[OomObservation] | No
     changed, re-plans)."""
     cluster = inventory or load_cluster(request.cluster)
     return _plan_resources(request.job, cluster, rank_by=request.rank_by, margin=request.margin,
-                           top=request.top, observations=observations)
+                           top=request.top or None, observations=observations)
 
 
 def plans_markdown(request: PlanRequest, plans: list[ResourcePlan]) -> str:

@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.compare import compare_policies
 from cluster.report import markdown_table, summary_rows
+from cluster.request import SimulateRequest
 from cluster.simulator import SimConfig
-from cluster.traces import REFERENCE_GPU
 from flows.naming import run_name
-from tasks.formschema import drop_null_branches
-from tasks.planning.plans import RankBy
-
-
-class SimulateRequest(BaseModel):
-    """Which cluster, which trace, which policies."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
-                              json_schema_extra=drop_null_branches)
-
-    cluster: str = Field("phoebe", json_schema_extra={"position": 0})
-    """Cluster preset (phoebe, frenzy-testbed) or a cluster YAML path on the worker."""
-    trace: str = Field("newworkload:30", json_schema_extra={"position": 1})
-    """Trace CSV path on the worker, or newworkload:N[:SEED], production:N[:SEED], mixed:N[:SEED]."""
-    format: Literal["generic", "philly", "sia"] | None = Field(None, json_schema_extra={"position": 2})
-    """Trace format; None guesses from the header."""
-    policies: list[Literal["has", "has-arrival", "fcfs", "fifo", "ilp"]] = Field(
-        ["has", "fcfs", "fifo", "ilp"], json_schema_extra={"position": 3})
-    """Policies to compare (has: Frenzy's default; has-arrival: its placement in arrival order, not a default)."""
-    load: float | None = Field(None, gt=0.0, le=10.0)
-    """Rescale the arrivals to this offered load (0.5-1.1 in the benchmark); None keeps the trace's own times."""
-    queue_order: Literal["shortest", "backfill", "strict"] = "shortest"
-    """HAS queue order."""
-    rank_by: RankBy = "balanced"
-    """MARP plan ranking used by HAS."""
-    reference_gpu: str = REFERENCE_GPU
-    """GPU type the trace durations refer to."""
 
 
 @flow(name="simulate", flow_run_name=run_name("simulate-{request.cluster}"), log_prints=True)

@@ -12,47 +12,13 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from pydantic import BaseModel, ConfigDict, Field
 
 from flows.naming import run_name
-from tasks.formschema import drop_null_branches
+from tasks.outdir import atomic_file
 from tasks.stragglers.analyze import analyze
 from tasks.stragglers.report import heatmap, markdown, timeline
+from tasks.stragglers.request import StragglerReport, StragglerRequest
 from tasks.stragglers.trace import load_trace
-
-
-class StragglerRequest(BaseModel):
-    """Which trace to analyse and what to draw."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
-                              json_schema_extra=drop_null_branches)
-
-    trace: str = Field(json_schema_extra={"position": 0})
-    """Trace parquet file (or its directory) on the worker, in the straggler format."""
-    meta: str | None = None
-    """The job's meta YAML; default the one meta*.yaml beside the trace."""
-    out_dir: str | None = None
-    """Where the report files go; default `stragglers/` beside the trace."""
-    heatmap: bool = True
-    """Draw the DP x PP worker slowdown heatmap (PNG)."""
-    timeline_steps: int = Field(3, ge=0)
-    """Steps in the Perfetto timeline of original vs ideal (0: none)."""
-
-
-class StragglerReport(BaseModel):
-    """The headline numbers and where the full report lies."""
-
-    trace: str
-    slowdown: float
-    waste: float
-    launch_slowdown: float
-    sim_error: float
-    worst_optype: str
-    worst_stage: str
-    worst_dp_rank: str
-    report: str
-    heatmap: str | None
-    timeline: str | None
 
 
 def _key(name: str) -> str:
@@ -66,9 +32,9 @@ def stragglers_task(request: StragglerRequest) -> StragglerReport:
     res, prep = analyze(tr, progress=logger.info)
     out = Path(request.out_dir) if request.out_dir else Path(tr.path).parent / "stragglers"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "slowdowns.json").write_text(json.dumps(res.model_dump(), indent=1))
+    atomic_file(out / "slowdowns.json", json.dumps(res.model_dump(), indent=1).encode(), "stragglers", True, wait=True)
     md = markdown(res)
-    (out / "summary.md").write_text(md)
+    atomic_file(out / "summary.md", md.encode(), "stragglers", True, wait=True)
     hm = str(heatmap(res, out / "heatmap.png")) if request.heatmap else None
     tl = str(timeline(prep, out / "timeline.json.gz", n_steps=request.timeline_steps)) \
         if request.timeline_steps else None

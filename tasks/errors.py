@@ -1,11 +1,94 @@
 """The one error type a user can act on. Every failure caused by the user's input or environment (a job file, a
 path, a cluster file, a full disk) is a `FrenzyError` whose message names the input and the fix: the CLI prints it
 and exits 2. Anything else that escapes a command is a bug: the CLI says so, writes the traceback to a file and
-exits 1 (cli/output.py). A leaf module: it imports nothing of the project, so every layer may raise these."""
+exits 1 (cli/output.py). A leaf module: it imports nothing of the project, so every layer may raise these.
+
+Errors of the machine rather than of the input (a full disk, a read-only file system, no permission, a symlink
+loop) arrive as `OSError`s; `environment_problem` names them as what they are, and `retry_cannot_fix` tells a retry
+loop which of them no retry can fix (a full disk stays full for the seconds a backoff waits)."""
 
 from __future__ import annotations
+
+import errno
 
 
 class FrenzyError(Exception):
     """A failure the user can fix; the message names the input (file, field, line) and the fix."""
 
+
+class EnvironmentProblem(FrenzyError):
+    """The machine refused (disk full, read-only, permission, symlink loop, ...); the message says which and where."""
+
+
+_WHAT: dict[int, str] = {
+    errno.ENOSPC: "no space left on the device (the disk is full): free space there or write somewhere else",
+    errno.EDQUOT: "the disk quota is exhausted: free space or write somewhere else",
+    errno.EFBIG: "file too large: past the file-size limit of this process (ulimit -f) or of the file system; raise "
+                 "the limit or write somewhere else",
+    errno.EROFS: "is on a read-only file system: give a writable location",
+    errno.EACCES: "permission denied: check its owner and mode, or give a path you may use",
+    errno.EPERM: "operation not permitted: check its owner and mode, or give a path you may use",
+    errno.ELOOP: "is a symlink loop (a link that leads back to itself): fix or remove the link",
+    errno.ENAMETOOLONG: "the name is too long for the file system: give a shorter path",
+    errno.ENOENT: "no such file or directory: check the path",
+    errno.ENOTDIR: "is a file; give a directory (every part of the path must be one)",
+    errno.EISDIR: "is a directory; give a file",
+    errno.EEXIST: "exists already: remove it or give another path",
+    errno.ENOTEMPTY: "is a directory that is not empty: give another path",
+    errno.EMFILE: "too many open files in this process: raise the limit (ulimit -n)",
+    errno.ENFILE: "too many open files on this machine: close some or raise the system limit",
+    errno.EIO: "an I/O error of the device (a failing disk or a lost network file system): check the storage",
+    errno.ESTALE: "a stale network file system handle: remount it or give a local path",
+    errno.ENXIO: "no such device (a FIFO without a reader, or a device that is gone)",
+    errno.ENODEV: "no such device",
+    errno.ETXTBSY: "the file is busy (an executable being run): give another path",
+    errno.EBUSY: "the device or resource is busy: try again when it is free, or give another path",
+    errno.EXDEV: "crosses file systems where a rename cannot: give a path on the same file system",
+}
+
+RETRY_CANNOT_FIX = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                              errno.ELOOP, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EXDEV})
+"""Errnos a retry with backoff cannot fix: the disk stays full, the mount read-only, the mode the same."""
+
+
+def environment_problem(err: BaseException) -> str | None:
+    """`FILE: what happened and the fix` for an OSError of the machine (module docstring); None for others."""
+    if not isinstance(err, OSError) or err.errno not in _WHAT:
+        return None
+    where = err.filename if err.filename is not None else ""
+    if err.filename2 is not None:
+        where = f"{where} -> {err.filename2}"
+    return f"{where}: {_WHAT[err.errno]}" if where else _WHAT[err.errno]
+
+
+def retry_cannot_fix(err: BaseException) -> bool:
+    """True for an OSError (also one under `err` as its cause) no retry can fix: disk full, read-only, permission."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in RETRY_CANNOT_FIX:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def as_frenzy_error(err: OSError, what: str) -> FrenzyError:
+    """An OSError met while doing `what` (e.g. "writing the evaluation results") as an `EnvironmentProblem`."""
+    text = environment_problem(err) or f"{err.filename or ''}: {err.strerror or err}"
+    return EnvironmentProblem(f"{what}: {text}")
+
+
+def user_message(err: BaseException) -> str | None:
+    """What to tell the user about `err` when it is theirs to fix: a `FrenzyError`'s message, an invalid request
+    (a pydantic ValidationError of the fields a user gave) by field, or an error of the machine (a full disk, a
+    read-only file system: `environment_problem`); None when `err` is a bug."""
+    if isinstance(err, FrenzyError):
+        return str(err)
+    if type(err).__name__ == "ValidationError" and hasattr(err, "errors") and hasattr(err, "title"):
+        lines = [f"invalid {err.title}:"]
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+            lines.append(f"  {loc}: {e['msg'].removeprefix('Value error, ')} (got {str(e.get('input'))[:80]!r})")
+        return "\n".join(lines)
+    return environment_problem(err)

@@ -9,16 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tasks.errors import FrenzyError
 from tasks.formschema import drop_null_branches, optional_section
 from tasks.presets import MODEL_PRESETS
+from tasks.userfiles import UserFileError, YamlDoc, load_yaml, path_kind, refuse_bool_numbers
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True,
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False,
                               json_schema_extra=drop_null_branches, validate_assignment=True)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
 
 PresetName = Literal[tuple(MODEL_PRESETS)]  # type: ignore[valid-type]
@@ -53,18 +55,18 @@ class ModelSpec(_Strict):
     """A Hugging Face model directory (config.json + safetensors; Llama, Qwen2, Mistral or GPT-2 architecture):
     the shape comes from its config, training starts from its weights and its tokenizer.json is the default
     tokenizer. Fields given below override the config (not the weights' shapes)."""
-    layers: int | None = Field(None, ge=1)
-    """Number of transformer blocks (empty: the preset's)."""
-    hidden: int | None = Field(None, ge=8)
+    layers: int | None = Field(None, ge=1, le=4096)
+    """Number of transformer blocks, at most 4096 (empty: the preset's)."""
+    hidden: int | None = Field(None, ge=8, le=1 << 20)
     """Model (residual stream) width (empty: the preset's)."""
-    heads: int | None = Field(None, ge=1)
+    heads: int | None = Field(None, ge=1, le=1 << 16)
     """Attention (query) heads (empty: the preset's)."""
-    kv_heads: int | None = Field(None, ge=1)
+    kv_heads: int | None = Field(None, ge=1, le=1 << 16)
     """Key/value heads for grouped-query attention; empty means the preset's, else equal to `heads` (MHA)."""
-    ffn_hidden: int | None = Field(None, ge=1)
+    ffn_hidden: int | None = Field(None, ge=1, le=1 << 22)
     """MLP inner width; empty means the preset's, else 4 x hidden for GELU and the Llama rule (2/3 x 4h, rounded
     to 256) for SwiGLU."""
-    vocab: int | None = Field(None, ge=2)
+    vocab: int | None = Field(None, ge=2, le=1 << 24)
     """Vocabulary size (256 for the byte-level tokenizer; empty: the preset's)."""
     mlp: Literal["gelu", "swiglu"] | None = None
     """MLP kind: GELU (GPT-2, BERT) or SwiGLU (Llama, Mistral, Qwen); empty: the preset's, else gelu."""
@@ -94,6 +96,10 @@ class ModelSpec(_Strict):
         if not isinstance(data, dict):
             return data
         given = {k: v for k, v in data.items() if v is not None}
+        for key in ("hf", "preset"):
+            if key in given and not isinstance(given[key], str):
+                raise ValueError(f"{key}: {given[key]!r} is not a name; give "
+                                 + ("a model directory path" if key == "hf" else "one of " + ", ".join(MODEL_PRESETS)))
         if given.get("hf"):
             from tasks.hf.config import spec_fields_from_hf  # reads config.json only; no torch, no transformers
 
@@ -161,8 +167,9 @@ class CheckpointSpec(_Strict):
     mtbf_s: float | None = Field(None, gt=0)
     """The job's mean time between failures in seconds, for `auto`; unset: `frenzy submit` estimates it from the
     ledger's failures on the GPU pool, else a prior from Llama 3's failure rate divided by the GPU count."""
-    uri: str = "file://./checkpoints"
-    """Where checkpoints go: a `file://` directory or an `s3://bucket/prefix`."""
+    uri: str | None = None
+    """Where checkpoints go: a `file://` directory (relative: to the job file) or an `s3://bucket/prefix`; empty:
+    `ckpt/` in the run directory."""
     keep: int = Field(3, ge=1)
     """How many committed checkpoints to retain (one healthy pre-spike checkpoint is always kept)."""
 
@@ -287,23 +294,26 @@ class JobSpec(_Strict):
     """Optional evaluation of checkpoints."""
 
 
-class JobSpecError(ValueError):
+class JobSpecError(FrenzyError, ValueError):
     """A job file that cannot be used; the message names the field and the fix."""
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def format_validation_error(err: ValidationError, source: str, doc: YamlDoc | None = None) -> str:
+    """One line per problem, `FILE:LINE:COL: field: problem and fix` when the YAML document `doc` is known."""
     lines = [f"{source}: invalid job specification"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        at = f"{doc.where(e['loc'])}: " if doc is not None and doc.where(e["loc"]) != doc.source else ""
+        bare = ".".join(str(p) for p in e["loc"])
+        loc = at + bare
         if e["type"] == "extra_forbidden":
             lines.append(f"  {loc}: unknown key {str(e['loc'][-1])!r} (check spelling; see docs/job-yaml.md)")
-        elif e["type"] == "missing" and loc == "model":
+        elif e["type"] == "missing" and bare == "model":
             lines.append("  model: missing; give `model: {preset: NAME}` (see `frenzy presets`) or the explicit "
                          "shape (layers, hidden, heads, vocab)")
-        elif e["type"] == "string_pattern_mismatch" and loc == "name":
+        elif e["type"] == "string_pattern_mismatch" and bare == "name":
             lines.append(f"  name: {e['input']!r} is not a name: use letters, digits, '.', '_' and '-' (at most 128; "
                          "it names the run's directories)")
-        elif e["type"] == "literal_error" and loc == "model.preset":
+        elif e["type"] == "literal_error" and bare == "model.preset":
             lines.append(f"  model.preset: unknown model preset {e['input']!r}; choose one of: "
                          f"{', '.join(sorted(MODEL_PRESETS))}")
         else:
@@ -312,25 +322,27 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_job(data: dict[str, Any], source: str = "<job>") -> JobSpec:
-    """Validate a job dictionary, raising `JobSpecError` with every problem named."""
+def parse_job(data: dict[str, Any], source: str = "<job>", doc: YamlDoc | None = None) -> JobSpec:
+    """Validate a job dictionary, raising `JobSpecError` with every problem named (with its line, given `doc`)."""
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
-        raise JobSpecError(format_validation_error(err, source)) from None
+        raise JobSpecError(format_validation_error(err, source, doc)) from None
 
 
 def load_job(path: str | Path) -> JobSpec:
-    """Read and validate a job YAML file."""
-    p = Path(path)
-    if not p.exists():
-        raise JobSpecError(f"{p}: no such job file (see examples/jobs/ for templates)")
-    if p.is_dir():
-        raise JobSpecError(f"{p} is a directory; give a job YAML file (see examples/jobs/ for templates)")
+    """Read and validate a job YAML file (through tasks/userfiles.py: a regular file, strict YAML)."""
+    p = Path(path).expanduser()
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise JobSpecError(f"{p}: not valid YAML: {err}") from None
+        kind = path_kind(p, "job file")
+        if kind == "missing":
+            raise JobSpecError(f"{p}: no such job file (see examples/jobs/ for templates)")
+        if kind == "dir":
+            raise JobSpecError(f"{p} is a directory; give a job YAML file (see examples/jobs/ for templates)")
+        doc = load_yaml(p, "job file")
+    except UserFileError as err:
+        raise JobSpecError(str(err)) from None
+    data = doc.data if doc.data is not None else {}
     if not isinstance(data, dict):
         raise JobSpecError(f"{p}: a job file must be a mapping with keys name/model/training")
-    return parse_job(data, str(p))
+    return parse_job(data, str(p), doc)

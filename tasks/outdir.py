@@ -10,78 +10,176 @@ or anything inside one is never a target, whatever the flag: writing there corru
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import os
 import re
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tasks.errors import EnvironmentProblem, FrenzyError, as_frenzy_error, environment_problem
 
-class OutputError(ValueError):
+
+class OutputError(FrenzyError, ValueError):
     """An output target Frenzy will not write; the message names the fix."""
 
 
-def _checkpoint_dir(p: Path) -> Path | None:
-    """`p` or its nearest ancestor that is a checkpoint root or a step directory, else None."""
+def _is_step(q: Path, by_content: bool) -> bool:
+    if not re.fullmatch(r"step_\d+", q.name):
+        return False
+    if not by_content:
+        return True
+    try:  # a step a trainer wrote: its manifest, or the shard files of one not yet committed
+        return q.is_dir() and any(c.name == "manifest.json" or re.fullmatch(r"rank\d+\.(bin|json)", c.name)
+                                  for c in q.iterdir())
+    except OSError:
+        return False
+
+
+def _checkpoint_dir(p: Path, by_content: bool = False) -> Path | None:
+    """`p` or its nearest ancestor that is a checkpoint root or a step directory, else None. By name (a `step_N`
+    directory, or a directory holding one) unless `by_content`: then only what holds a trainer's files counts (an
+    evaluation's own `step_N/` directories do not)."""
     for q in (p, *p.parents):
-        if re.fullmatch(r"step_\d+", q.name) or (q / "writer.json").is_file():
+        if _is_step(q, by_content) or (q / "writer.json").is_file():
             return q
-        if q.is_dir() and any(re.fullmatch(r"step_\d+", c.name) for c in q.iterdir() if c.is_dir()):
-            return q
+        try:
+            if q.is_dir() and any(_is_step(c, by_content) for c in q.iterdir() if c.is_dir()):
+                return q
+        except OSError:  # an unreadable ancestor holds nothing we could recognise
+            continue
     return None
 
 
-def refuse_protected(out: Path, what: str) -> None:
-    """Refuse a checkpoint root, a step directory or a path inside one as `what`'s output."""
-    ck = _checkpoint_dir(out.expanduser().absolute())
+def refuse_protected(out: Path, what: str, by_content: bool = False) -> None:
+    """Refuse a checkpoint root, a step directory or a path inside one as `what`'s output (`_checkpoint_dir`)."""
+    ck = _checkpoint_dir(out.expanduser().absolute(), by_content)
     if ck is not None:
         raise OutputError(f"{out} is {'inside ' if ck != out.absolute() else ''}a checkpoint directory ({ck}); "
                           f"{what} never writes there (it would corrupt the checkpoints): give another directory")
 
 
 @contextmanager
-def _lock(out: Path, what: str) -> Iterator[None]:
+def held(out: Path, what: str, wait: bool = False) -> Iterator[None]:
+    """The one-writer lock of output `out`: an flock on `.NAME.lock` beside it, which names its holder. A second
+    writer waits for it (`wait`) or is refused at once, naming the first."""
     lock = out.parent / f".{out.name}.lock"
+    out.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            raise OutputError(f"another {what} is writing {out} right now; wait for it or give another "
-                              "directory") from None
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise OutputError(f"another {what} is writing {out} right now ({holder}); wait for it to finish, or "
+                              "give another directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()})".encode(), 0)
         yield
     finally:
         os.close(fd)  # closing drops the flock; the lock file stays (removing it would race a waiting writer)
 
 
 @contextmanager
-def atomic_dir(out: str | Path, what: str, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temp directory to fill; on success it replaces `out` in one rename (module docstring)."""
+def machine_errors(what: str, out: Path) -> Iterator[None]:
+    """An OSError of the machine (disk full, read-only, permission) while `what` writes `out`, as a FrenzyError
+    naming both; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as err:
+        if environment_problem(err) is None:
+            raise
+        raise as_frenzy_error(err, f"{what} writing {out}") from err
+
+
+@contextmanager
+def atomic_dir(out: str | Path, what: str, overwrite: bool = False, *, wait: bool = False) -> Iterator[Path]:
+    """Yield a temp directory to fill; on success it replaces `out` in one rename (module docstring). A second
+    writer of `out` is refused at once, naming the first (or waits for it, with `wait`)."""
     out = Path(out).expanduser().absolute()
-    refuse_protected(out, what)
+    check_dir_target(out, what)
+    with machine_errors(what, out), held(out, what, wait), fill_dir(out, what, overwrite) as tmp:
+        yield tmp
+
+
+def check_dir_target(out: Path, what: str, by_content: bool = False) -> None:
+    """Refuse, before any work, a directory output that is a file or inside a checkpoint (`refuse_protected`)."""
+    refuse_protected(out, what, by_content)
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory; give a directory for {what}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out, what):
-        if out.is_dir() and any(out.iterdir()) and not overwrite:
-            raise OutputError(f"{out} is not empty; {what} replaces a directory only with --overwrite "
-                              "(or give a new one)")
-        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed writer (we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            yield tmp
-        except BaseException:
+
+
+def _swap(a: Path, b: Path) -> bool:
+    """Exchange two directory entries in one step (Linux renameat2 RENAME_EXCHANGE); False where not offered."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it
+        return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(a), None, str(b))
+
+
+def _recover(out: Path) -> None:
+    """Under the lock: put back the previous output a writer killed mid-replace left aside, then drop stale temps."""
+    olds = sorted(out.parent.glob(f".{out.name}.old-*"))
+    if not out.exists() and olds:
+        os.replace(olds[-1], out)
+        olds = olds[:-1]
+    for stale in [*olds, *out.parent.glob(f".{out.name}.tmp-*")]:  # left by killed writers (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextmanager
+def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -> Iterator[Path]:
+    """With `held(out)` taken by the caller: refuse a non-empty `out` without `overwrite`, yield a fresh temp
+    directory beside it and, when the body returns, put it in place of `out` in one step (the old content is then
+    removed; a SIGKILL at any point leaves either the old or the new directory at `out`). `keep_failed`: a body
+    that raises leaves the temp directory for a person to read (its logs) until the next writer of `out`."""
+    _recover(out)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(f"{out} is not empty; {what} replaces a directory only with --overwrite "
+                          "(or give a new one)")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        if not keep_failed:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        raise
+    if out.exists() and _swap(tmp, out):
+        shutil.rmtree(tmp, ignore_errors=True)  # holds the old content now
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def check_writable(target: str | Path, what: str) -> Path:
+    """Refuse, before any work, an output path that cannot be written: a part of it is a file, or its nearest
+    existing directory is on a read-only file system or not writable. Creates nothing."""
+    p = Path(target).expanduser().absolute()
+    q = p
+    while not os.path.lexists(q) and q != q.parent:
+        q = q.parent
+    if q != p and not q.is_dir():
+        raise OutputError(f"{what} {p}: {q} is a file, not a directory; give another path")
+    d = q if q.is_dir() else q.parent
+    if os.statvfs(d).f_flag & os.ST_RDONLY:
+        raise EnvironmentProblem(f"{what} {p}: {d} is on a read-only file system; give a writable location")
+    if not os.access(d, os.W_OK):
+        raise EnvironmentProblem(f"{what} {p}: no permission to write in {d}; give a location you may write")
+    return p
 
 
 def _same_as_input(dest: Path, inputs: tuple[str | Path, ...]) -> Path | None:
@@ -98,12 +196,16 @@ def _same_as_input(dest: Path, inputs: tuple[str | Path, ...]) -> Path | None:
     return None
 
 
-def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...] = ()) -> Path:
-    """Refuse, before any work, a file output that is a directory, inside a checkpoint or one of `inputs`."""
+def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...] = (), overwrite: bool = True,
+                      by_content: bool = False) -> Path:
+    """Refuse, before any work, a file output that is a directory, inside a checkpoint (`refuse_protected`) or one of
+    `inputs`, or (without `overwrite`) one that exists."""
     dest = Path(dest).expanduser().absolute()
     if dest.is_dir():
         raise OutputError(f"{dest} is a directory; give a file path for {what}")
-    refuse_protected(dest.parent, what)
+    if not overwrite and os.path.lexists(dest):
+        raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
+    refuse_protected(dest.parent, what, by_content)
     same = _same_as_input(dest, tuple(i for i in inputs if i))
     if same is not None:
         raise OutputError(f"{dest} is {what}'s own input ({same}); writing it would destroy what is being read: "
@@ -112,14 +214,21 @@ def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...
 
 
 @contextmanager
-def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True,
-                inputs: tuple[str | Path, ...] = ()) -> Iterator[Path]:
+def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True, inputs: tuple[str | Path, ...] = (),
+                by_content: bool = False, wait: bool = False) -> Iterator[Path]:
     """Yield a temp path beside `dest` for a writer that takes a path (savefig, to_parquet, gzip.open); it is
     renamed over `dest` only when the writer returns, so a SIGKILL leaves `dest` as it was. `dest` may not be one
-    of `inputs` (an output pointed at the file being read would destroy it) nor inside a checkpoint directory."""
-    dest = check_file_target(dest, what, inputs)
+    of `inputs` (an output pointed at the file being read would destroy it) nor inside a checkpoint directory. A
+    second writer is refused at once, or waits its turn with `wait` (a plot every evaluation redraws)."""
+    dest = check_file_target(dest, what, inputs, True, by_content)  # `overwrite` is checked again under the lock
+    with machine_errors(what, dest), _atomic_path(dest, what, overwrite, wait) as tmp:
+        yield tmp
+
+
+@contextmanager
+def _atomic_path(dest: Path, what: str, overwrite: bool, wait: bool) -> Iterator[Path]:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(dest, what):
+    with held(dest, what, wait):
         if dest.exists() and not overwrite:
             raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
         for stale in dest.parent.glob(f".{dest.name}.tmp-*"):  # left by a killed writer (we hold the lock)
@@ -133,9 +242,10 @@ def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True,
         os.replace(tmp, dest)
 
 
-def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False) -> None:
-    """Write one file by temp + rename under the same lock and overwrite rules as `atomic_dir`."""
-    with atomic_path(dest, what, overwrite=overwrite) as tmp:
+def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False, *, by_content: bool = False,
+                wait: bool = False) -> None:
+    """Write one file by temp + rename under the same lock and overwrite rules as `atomic_path`."""
+    with atomic_path(dest, what, overwrite=overwrite, by_content=by_content, wait=wait) as tmp:
         tmp.write_bytes(data)
 
 

@@ -59,7 +59,7 @@ class RunReport(BaseModel):
     """Every step committed under the job's checkpoint root, earlier attempts' too (a resumed run's own
     `checkpoints` are only the ones it wrote); empty: those of `checkpoints`."""
     recoveries: list[str] = []
-    """One sentence per automatic recovery: the failure, the action, where the job went (elastic.recovery_lines)."""
+    """One sentence per automatic recovery: the failure, the action, where the job went (tasks/pipeline/request.Recovery.line)."""
 
 
 NOT_SCORES = frozenset({"isolated"})
@@ -283,5 +283,8 @@ def render_html(r: RunReport, out: str | Path) -> Path:
             parts.append(f"<img alt='straggler heatmap' src='data:image/png;base64,{img}'>")
     parts.append("<h2>Stage times</h2>" + _html_table([{k: f"{v:.1f} s" for k, v in r.timings_s.items()}]))
     parts.append("</body></html>")
-    out.write_text("\n".join(parts))
+    from tasks.outdir import atomic_file
+
+    # whole, or the previous one
+    atomic_file(Path(out), "\n".join(parts).encode(), "the run report", overwrite=True, by_content=True, wait=True)
     return out

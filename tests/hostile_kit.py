@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OUTCOMES = ("clear", "unclear", "traceback", "hang", "silent wrong", "data lost")
+BUG = "a bug in Frenzy"
+"""What the CLI's boundary says of an exception that is not the user's (cli/output.py): counted as a traceback."""
 
 
 @dataclass
@@ -43,6 +45,9 @@ class Case:
     timeout_s: int = 120
     setup: Callable[[Path], object] | None = None
     """Builds what must survive (`keep`) before the act."""
+    slow: bool = False
+    """Minutes of work (a real evaluation or training): counted by benchmarks/hostile.py, run by pytest only under
+    `-m slow`."""
     id: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -63,12 +68,17 @@ def cli(*argv: str) -> Run:
 
 
 def lib(fn: Callable[[], object]) -> Run:
-    """A library call the way the CLI maps it: ValueError/RuntimeError (the project's errors) exit 2 with the
-    message; anything else escapes as a traceback."""
+    """A library call the way the CLI's boundary maps it (cli/output.py): a `FrenzyError` or an error of the machine
+    exits 2 with the message; anything else escapes as a traceback."""
+    from tasks.errors import user_message
+
     try:
         return Run(0, value=fn())
-    except (ValueError, RuntimeError) as err:
-        return Run(2, err=str(err))
+    except Exception as err:
+        msg = user_message(err)
+        if msg is None:
+            raise
+        return Run(2, err=msg)
 
 
 def _digest(root: Path, names: tuple[str, ...]) -> dict[str, str | None]:
@@ -102,7 +112,7 @@ def classify(case: Case, root: Path) -> tuple[str, str]:
     after = _digest(root, case.keep)
     if before != after:
         return "data lost", f"changed: {[n for n in case.keep if before[n] != after[n]]}"
-    if "Traceback (most recent call last)" in run.err:
+    if "Traceback (most recent call last)" in run.err or BUG in run.err:
         return "traceback", run.err[-800:]
     if callable(case.expect):
         if run.rc != 0:
@@ -125,10 +135,20 @@ def run_case(case: Case) -> tuple[str, str]:
 
 
 def all_cases() -> list[Case]:
-    from tests import hostile_data, hostile_diagnosis, hostile_hf, hostile_outputs, hostile_state, hostile_writers
+    from tests import (
+        hostile_data,
+        hostile_diagnosis,
+        hostile_hf,
+        hostile_outputs,
+        hostile_readers,
+        hostile_results,
+        hostile_state,
+        hostile_writers,
+    )
 
     return [*hostile_hf.CASES, *hostile_data.CASES, *hostile_writers.CASES, *hostile_outputs.CASES,
-            *hostile_state.CASES, *hostile_diagnosis.CASES]
+            *hostile_state.CASES, *hostile_diagnosis.CASES, *hostile_readers.CASES,
+            *hostile_results.CASES]
 
 
 # ------------------------------------------------------------------------------------------- shared inputs

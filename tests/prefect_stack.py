@@ -23,7 +23,9 @@ class PrefectStack:
     api_url: str
     ui_url: str
     workdir: Path
-    """The deployed checkout: the working directory of every flow run (runs/, evals/ land here)."""
+    """The deployed checkout: the working directory of every flow run (nothing may be written there)."""
+    data: Path
+    """The workers' data root ($FRENZY_DATA): where a run submitted from a form keeps its files."""
     env: dict[str, str]
     logs: Path
 
@@ -47,8 +49,10 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 1
 
 
 @contextlib.contextmanager
-def prefect_stack(tmp: Path) -> Iterator[PrefectStack]:
-    """Server + deployed checkout + worker; everything stopped and removed on exit."""
+def prefect_stack(tmp: Path, workers: int = 1, extra_env: dict[str, str] | None = None) -> Iterator[PrefectStack]:
+    """Server + deployed checkout + `workers` process workers, each started in a directory of its own
+    (`tmp/worker-N`, where no run may write); everything stopped and removed on exit. `extra_env` is the
+    environment of the server, the deployment and the workers (a shared ledger, storage credentials)."""
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     workdir = tmp / "checkout"
@@ -63,8 +67,9 @@ def prefect_stack(tmp: Path) -> Iterator[PrefectStack]:
            # services at test speed: the scheduler looks every 5 s, the worker polls every 2 s
            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5", "PREFECT_WORKER_QUERY_SECONDS": "2",
            "PREFECT_WORKER_PREFETCH_SECONDS": "5", "FRENZY_LEDGER": str(tmp / "ledger.db"),
+           "FRENZY_DATA": str(tmp / "data"),
            "FRENZY_CACHE": os.environ.get("FRENZY_CACHE", str(Path.home() / ".cache" / "frenzy")),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(extra_env or {})}
     procs: list[subprocess.Popen] = []
     try:
         server_log = logs / "server.log"
@@ -78,11 +83,15 @@ def prefect_stack(tmp: Path) -> Iterator[PrefectStack]:
         (logs / "deploy.log").write_text(dep.stdout + dep.stderr)
         if dep.returncode != 0:
             raise RuntimeError(f"deploy.sh failed:\n{dep.stdout[-2000:]}\n{dep.stderr[-2000:]}")
-        worker = subprocess.Popen(["prefect", "worker", "start", "--pool", "frenzy"], env=env, cwd=tmp,
-                                  stdout=open(logs / "worker.log", "wb"), stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        procs.append(worker)
-        yield PrefectStack(api_url=api, ui_url=f"http://127.0.0.1:{port}", workdir=workdir, env=env, logs=logs)
+        for i in range(workers):
+            where = tmp / f"worker-{i}"
+            where.mkdir(exist_ok=True)
+            log = logs / ("worker.log" if i == 0 else f"worker-{i}.log")
+            procs.append(subprocess.Popen(["prefect", "worker", "start", "--pool", "frenzy", "--name", f"w{i}"], env=env,
+                                          cwd=where, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        yield PrefectStack(api_url=api, ui_url=f"http://127.0.0.1:{port}", workdir=workdir, data=tmp / "data", env=env,
+                           logs=logs)
     finally:
         for p in reversed(procs):
             with contextlib.suppress(ProcessLookupError):

@@ -78,6 +78,7 @@ def submit_with_fault(tmp: Path, nodes: dict[str, Any], sig: int, *, at_step: in
     from prefect.settings import PREFECT_API_URL
 
     job_yaml(tmp, steps, every)
+    Ledger(str(tmp / "l.db"))  # `submit --ledger` takes an existing ledger (a mistyped path is refused)
     cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--executor", "ray", "--ledger", str(tmp / "l.db"),
            "--evaluation", evaluation, "--suite", "small.yaml", "--device", "cpu", "--run-dir", "run",
            "--history-dir", "evals", "--max-wait", "120", "--json"]
@@ -115,6 +116,6 @@ def submit_with_fault(tmp: Path, nodes: dict[str, Any], sig: int, *, at_step: in
     if run.rc == 0:
         run.doc = json.loads(run.stdout)  # the whole stdout: a clean --json is exactly one document
     if run.victim:
-        state = next((n for n in Ledger(str(tmp / "l.db")).nodes() if n["name"] == run.victim), None)
-        run.victim_state = (state["state"], state["reason"]) if state else ("", "")
+        state = next((n for n in Ledger(str(tmp / "l.db")).nodes() if n.name == run.victim), None)
+        run.victim_state = (state.state, state.reason) if state else ("", "")
     return run

@@ -51,7 +51,7 @@ CASES = [
     (["train", TINY, "--run-dir", "{d}/afile"], "is a file; give a directory"),
     (["train", "{d}/ftp.yaml", "--run-dir", "{d}/run"], "unsupported storage scheme ftp://"),
     (["checkpoints", "{d}/nonexistent"], "no such checkpoint directory"),
-    (["checkpoints", "{d}/afile"], "is a file; give the checkpoint root"),
+    (["checkpoints", "{d}/afile"], "is a file; give a directory (give the checkpoint root"),
     (["evaluate", "{d}/afile"], "is a file; give a directory"),
     (["stragglers", "generate", "{d}"], "is a directory; give the .parquet file"),
     (["stragglers", "analyze", "{d}/afile"], "meta"),

@@ -21,6 +21,9 @@ def test_an_infeasible_job_is_refused_with_marps_message_alone(tmp_path):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({"name": "huge", "model": {"preset": "llama3-70b"},
                                                        "training": {"global_batch": 8}}))
     env = {**os.environ, "FRENZY_HOME": str(tmp_path / "home")}
+    from cluster.ledger import Ledger
+
+    Ledger(str(tmp_path / "l.db"))  # `submit --ledger` takes an existing ledger (a mistyped path is refused)
     p = subprocess.run([sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]

@@ -65,31 +65,6 @@ def test_a_move_to_fewer_gpus_keeps_the_global_batch_and_says_why():
     assert not same.changed and "the same layout" in same.why
 
 
-def test_note_placement_records_the_move_in_the_newest_recovery():
-    logged: list[str] = []
-    logger = SimpleNamespace(warning=lambda fmt, *a: logged.append(fmt % a))
-    job = SimpleNamespace(training=SimpleNamespace(global_batch=16, micro_batch=None))
-    recoveries: list[dict] = []
-    first = E.note_placement(recoveries, None, _plan(4, "A100-40GB-PCIE", 4, 1, 2), _alloc(4, ["n0"]), job, logger)
-    recoveries.append({"diagnosis": {"type": "NodeFailure"}, "action": {"kind": "resume"}})
-    E.note_placement(recoveries, first, _plan(2, "A100-80GB-PCIE", 1, 2, 2), _alloc(2, ["n2"]), job, logger)
-    rl = recoveries[0]["relayout"]
-    assert rl["old"]["gpus"] == 4 and rl["new"]["tp"] == 2 and rl["new"]["grad_accumulation"] == 8
-    assert "NodeFailure on n0" in rl["why"] and logged and "recovery placement" in logged[0]
-
-
-def test_the_report_says_where_each_recovery_moved_the_job():
-    old = E.placed(_plan(4, "A100-40GB-PCIE", 4, 1, 2), _alloc(4, ["n0"]), global_batch=16)
-    new = E.placed(_plan(2, "A100-80GB-PCIE", 2, 1, 2), _alloc(2, ["n2"]), global_batch=16)
-    recs = [{"diagnosis": {"type": "ChildFailed", "category": "infrastructure"},
-             "action": {"kind": "resume", "reason": "restartable"},
-             "relayout": E.relayout(old, new, "ChildFailed on n0", "resume").model_dump()},
-            {"diagnosis": {"type": "Hang", "category": "infrastructure"}, "action": {"kind": "resume", "reason": "hung"}}]
-    first, second = E.recovery_lines(recs)
-    assert first.startswith("ChildFailed (infrastructure): resume, restartable.") and "without n0" in first
-    assert second == "Hang (infrastructure): resume, hung"
-
-
 def test_the_sample_audit_reads_back_in_data_parallel_order_with_the_resumed_run_winning(tmp_path, monkeypatch):
     from tasks.training import data as D
 

@@ -85,10 +85,10 @@ def test_a_lost_node_is_recovered_onto_the_gpus_that_are_left(cluster, prefect_s
     assert not th.is_alive() and out and not isinstance(out[0], BaseException), out
     res = out[0]
     [rec] = res.recoveries
-    rl = rec["relayout"]
-    assert rl["changed"] and rl["old"]["gpus"] == 2 and rl["new"]["gpus"] == 1 and "n2" in rl["why"]
+    rl = rec.relayout
+    assert rl is not None and rl.changed and rl.old.gpus == 2 and rl.new.gpus == 1 and "n2" in rl.why
     assert "n2" not in {n.node for n in res.allocation.nodes} and res.train.world_size == 1
-    assert next(n for n in ledger.nodes() if n["name"] == "n2")["state"] == "down"  # gone from Ray: down, not free
+    assert next(n for n in ledger.nodes() if n.name == "n2").state == "down"  # gone from Ray: down, not free
     assert "without n2" in Path(res.report).read_text()  # the report says where the recovery moved the job
     assert res.train.resumed_from_step >= committed_at_loss >= 10  # no committed step lost
     assert res.train.final_step == STEPS

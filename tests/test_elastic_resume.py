@@ -13,6 +13,7 @@ import pytest
 from tasks.training import checkpoint as ck
 from tasks.training.data import sample_order
 from tasks.training.launch import launch
+from tasks.training.request import TrainerResult
 from tasks.training.storage import Storage
 from tests.trainer_util import tiny_job
 
@@ -41,18 +42,18 @@ def _sample_log():
 
 
 @pytest.fixture(scope="module")
-def reference(root) -> tuple[dict, dict[int, list[int]]]:
+def reference(root) -> tuple[TrainerResult, dict[int, list[int]]]:
     res = launch(_job(f"file://{root}/ref"), root / "ref", nproc=1, device="cpu", threads=1)
     return res, sample_order(root / "ref", 1)
 
 
 def _resume_on_other_layout(root: Path, name: str, before: tuple[int, int], after: tuple[int, int]
-                            ) -> tuple[dict, dict[int, list[int]]]:
+                            ) -> tuple[TrainerResult, dict[int, list[int]]]:
     """Train on `before` = (ranks, tp) to step STOP, resume on `after` to STEPS; (result, sample order)."""
     job = _job(f"file://{root}/{name}")
     first = launch(job, root / f"{name}-a", nproc=before[0], tp=before[1], device="cpu", threads=1,
                    stop_after_steps=STOP)
-    assert first["final_step"] == STOP
+    assert first.final_step == STOP
     res = launch(job, root / f"{name}-b", nproc=after[0], tp=after[1], device="cpu", threads=1, resume=True)
     order = {**sample_order(root / f"{name}-a", before[1]), **sample_order(root / f"{name}-b", after[1])}
     return res, order
@@ -67,9 +68,9 @@ def test_resume_on_another_layout_matches_the_uninterrupted_run(root, reference,
     before, after = CASES[case]
     res, order = _resume_on_other_layout(root, case, before, after)
     ref, ref_order = reference
-    assert res["resumed_from_step"] == STOP and res["final_step"] == STEPS
-    assert res["world_size"] == after[0] and res["tp"] == after[1]
-    assert math.isclose(res["last_loss"], ref["last_loss"], rel_tol=1e-4), (res["last_loss"], ref["last_loss"])
+    assert res.resumed_from_step == STOP and res.final_step == STEPS
+    assert res.world_size == after[0] and res.tp == after[1]
+    assert math.isclose(res.last_loss, ref.last_loss, rel_tol=1e-4), (res.last_loss, ref.last_loss)
     assert sorted(order) == list(range(1, STEPS + 1))
     assert order == ref_order  # every step: the same samples, in the same order; none repeated, none skipped
     seen = [i for s in sorted(order) for i in order[s]]

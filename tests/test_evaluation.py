@@ -124,10 +124,13 @@ def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):
 
 
 def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_path, prefect_server):
+    import shutil
+
     from prefect.artifacts import Artifact
 
-    from cluster.ledger import Ledger
-    from flows.evaluate import EvaluateRequest, PendingRequest, evaluate_checkpoint, evaluate_pending, pending_roots
+    from cluster.ledger import Ledger, RunRecord
+    from flows.evaluate import EvaluateRequest, PendingRequest, evaluate_checkpoint, evaluate_pending
+    from tasks.evaluation.pending import Target, missing, targets
 
     suite_file = tmp_path / "small.yaml"
     suite_file.write_text(json.dumps(small_suite().model_dump()))
@@ -135,18 +138,37 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     s = evaluate_checkpoint(EvaluateRequest(uri=f"{ckpt}/step_00000010", suite=str(suite_file), history_dir=hist))
     assert s.step == 10 and Path(s.result).exists()
     assert history.pending(ckpt, hist, "small") == [f"{ckpt}/step_00000020"]
+    # a second run whose newest checkpoint is corrupt (a flipped byte): it fails alone, the good root is still covered
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt.removeprefix("file://"), bad)
+    shard = next((bad / "step_00000020").glob("*.bin"))
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    bad_hist = str(tmp_path / "bad-evals")
     ledger = str(tmp_path / "ledger.db")
-    Ledger(ledger).note_checkpoints("t", ckpt, str(suite_file))
-    Ledger(ledger).note_checkpoints("gone", f"file://{tmp_path}/never-written", str(suite_file))
-    # no root named: the ledger's roots are covered, and the one that does not exist is named, not skipped silently
-    assert pending_roots(PendingRequest(ledger=ledger)) == ([(ckpt, str(suite_file)),
-                                                             (f"file://{tmp_path}/never-written", str(suite_file))],
-                                                            [f"file://{tmp_path}/never-written"])
-    done = evaluate_pending(PendingRequest(ledger=ledger, history_dir=hist))
-    assert [d.step for d in done] == [20]
-    assert history.pending(ckpt, hist, "small") == []
-    assert [e["step"] for e in history.read(hist, s.run, "small")] == [10, 20]
-    assert done[0].history_plot and Path(done[0].history_plot).stat().st_size > 1000
+    led = Ledger(ledger)
+    led.record_run(RunRecord(job="t", stage="reported", checkpoint_root=ckpt, run_dir=str(tmp_path / "run"),
+                             history_dir=hist, suite=str(suite_file)))
+    led.record_run(RunRecord(job="b", stage="reported", checkpoint_root=f"file://{bad}", run_dir=str(tmp_path / "r2"),
+                             history_dir=bad_hist, suite=str(suite_file)))
+    led.note_checkpoints("gone", f"file://{tmp_path}/never-written", str(suite_file))  # an older ledger's note
+    # no root named: every run's root with its own suite and history, and the one that does not exist is named
+    got = targets(PendingRequest(ledger=ledger), tmp_path)
+    assert got == sorted([Target(root=ckpt, suite=str(suite_file), history_dir=hist, job="t"),
+                          Target(root=f"file://{bad}", suite=str(suite_file), history_dir=bad_hist, job="b"),
+                          Target(root=f"file://{tmp_path}/never-written", suite=str(suite_file),
+                                 history_dir=str(tmp_path / "evals"), job="gone")], key=lambda t: t.root)
+    assert [missing(t) is not None for t in got] == [False, False, True]
+    done = evaluate_pending(PendingRequest(ledger=ledger))
+    assert sorted((d.result.startswith(hist), d.step) for d in done) == [(False, 10), (True, 20)]
+    assert history.pending(ckpt, hist, "small") == []  # the good root, in its own history directory
+    assert [e.step for e in history.read(hist, s.run, "small")] == [10, 20]
+    assert history.pending(f"file://{bad}", bad_hist, "small") == [f"file://{bad}/step_00000020"]  # named, not scored
+    report = str(Artifact.get("evaluate-pending").data)
+    assert "1 failed" in report and "bad/step_00000020" in report and "sha256" in report
+    good = [d for d in done if d.result.startswith(hist)]
+    assert good[0].history_plot and Path(good[0].history_plot).stat().st_size > 1000
     art = Artifact.get(f"eval-{s.run}-small")
     assert art is not None and "pass@1" in str(art.data)
 

@@ -36,16 +36,16 @@ def test_nvml_discovery_lists_every_gpu_torch_sees():
 def test_cuda_training_checkpoints_asynchronously_and_resumes_bitwise(tmp_path):
     full = f"file://{tmp_path}/full"
     ref = launch(tiny_job(full, 30, every=5), tmp_path / "a", device="cuda", threads=1)
-    assert ref["device"].startswith("cuda") and ref["final_step"] == 30
-    recs = ref["checkpoints"]
-    assert len(recs) == 6 and all(r["persist_s"] > 0 for r in recs)
+    assert ref.device.startswith("cuda") and ref.final_step == 30
+    recs = ref.checkpoints
+    assert len(recs) == 6 and all(r.persist_s > 0 for r in recs)
     # the step waits for the snapshot into pinned CPU memory, not for the write to disk
-    assert statistics.median(r["blocked_s"] for r in recs) < statistics.median(r["persist_s"] for r in recs)
+    assert statistics.median(r.blocked_s for r in recs) < statistics.median(r.persist_s for r in recs)
     part = f"file://{tmp_path}/part"
     job = tiny_job(part, 30, every=5)
     launch(job, tmp_path / "b", device="cuda", threads=1, stop_after_steps=12)
     res = launch(job, tmp_path / "b", device="cuda", threads=1, resume=True)
-    assert res["resumed_from_step"] == 12  # the stop commits the step it is at
+    assert res.resumed_from_step == 12  # the stop commits the step it is at
     a, b = final_state(part, 30), final_state(full, 30)
     assert a.keys() == b.keys()
     for k in a:  # cuBLAS may pick other kernels in a new process: equal to float tolerance, not bitwise
@@ -59,11 +59,11 @@ def test_a_cpu_checkpoint_resumes_on_cuda_and_back(tmp_path):
     launch(tiny_job(full, 20, every=5), tmp_path / "ref", device="cpu", threads=1)
     job = tiny_job(part, 20, every=5)
     first = launch(job, tmp_path / "a", device="cpu", threads=1, stop_after_steps=10)
-    assert first["final_step"] == 10
+    assert first.final_step == 10
     res = launch(job, tmp_path / "b", device="cuda", threads=1, resume=True, stop_after_steps=5)  # 5 more
-    assert res["device"].startswith("cuda") and res["resumed_from_step"] == 10 and res["final_step"] == 15
+    assert res.device.startswith("cuda") and res.resumed_from_step == 10 and res.final_step == 15
     back = launch(job, tmp_path / "c", device="cpu", threads=1, resume=True)
-    assert back["resumed_from_step"] == 15 and back["final_step"] == 20
+    assert back.resumed_from_step == 15 and back.final_step == 20
     a, b = final_state(part, 20), final_state(full, 20)
     assert a.keys() == b.keys()
     for k in a:  # CUDA kernels round differently from the CPU's: float tolerance over 5 steps
@@ -76,7 +76,7 @@ def test_nccl_ddp_trains_the_same_model_as_one_gpu(tmp_path):
     launch(tiny_job(one, 10), tmp_path / "r1", device="cuda", threads=1)
     ddp = f"file://{tmp_path}/ddp"
     res = launch(tiny_job(ddp, 10), tmp_path / "r2", nproc=2, device="cuda", threads=1)
-    assert res["world_size"] == 2
+    assert res.world_size == 2
     a, b = (ck.read_full(Storage(u), ck.read_manifest(Storage(u), 10)) for u in (one, ddp))
     for k, v in b.items():
         torch.testing.assert_close(v, a[k], rtol=1e-3, atol=1e-4)

@@ -119,6 +119,6 @@ def test_the_trainer_carries_the_measured_cost_across_a_restart(tmp_path):
     memo = newest.trainer["cadence"]
     assert memo["where"] == {"world": 1, "tp": 1, "device": "cpu", "threads": 1} and memo["cost_s"] >= 0
     res = launch(job, tmp_path / "b", device="cpu", threads=1, resume=True)
-    assert res["resumed_from_step"] == newest.step and res["final_step"] == 60
+    assert res.resumed_from_step == newest.step and res.final_step == 60
     first = next(r for r in progress(tmp_path / "b") if r["event"] == "checkpoint_interval")
     assert first["cost_source"] == "measured before the restart" and first["step_s"] == memo["step_s"]

@@ -72,7 +72,7 @@ def test_concurrent_processes_never_hold_the_same_gpu(url, tmp_path):
         for (a0, a1), (b0, b1) in zip(s, s[1:], strict=False):
             assert b0 >= a1, f"GPU {g} held twice: {a0}-{a1} and {b0}-{b1}"
     led = Ledger(url)
-    assert led.allocations() == [] and sum(len(n["free_indices"]) for n in led.nodes()) == 10
+    assert led.allocations() == [] and sum(len(n.free_indices) for n in led.nodes()) == 10
 
 
 def _hold_forever(url: str, ready) -> None:
@@ -105,7 +105,7 @@ def test_gpus_of_a_killed_process_come_back_when_its_lease_expires(url):
     after = Ledger(url, clock=lambda: expiry + 0.01)  # just after: nobody renewed it, its GPUs come back
     a = after.allocate("big", [GpuRequest(10, 10)])
     assert a is not None and a.gpus == 10
-    assert any(e["kind"] == "lease-expired" and e["subject"] == "victim" for e in led.events())
+    assert any(e.kind == "lease-expired" and e.subject == "victim" for e in led.events())
 
 
 def _expiry(led: Ledger, job: str) -> float:
@@ -118,7 +118,7 @@ def test_a_failed_multi_node_allocation_leaves_nothing(url):
     led = Ledger(url)
     with pytest.raises(RuntimeError):
         led.allocate("gang", [GpuRequest(8, 10)], _fail_after_first_node=True)
-    assert led.allocations() == [] and sum(len(n["free_indices"]) for n in led.nodes()) == 10
+    assert led.allocations() == [] and sum(len(n.free_indices) for n in led.nodes()) == 10
     a = led.allocate("gang", [GpuRequest(8, 10)])
     assert a is not None and len(a.nodes) == 2
 
@@ -147,10 +147,10 @@ def test_queue_backfills_on_release_and_strict_blocks(url):
     assert placed == []  # wide does not fit and blocks narrow
     placed = led.schedule("backfill")
     assert [p.job for p in placed] == ["narrow"]  # backfilled past wide
-    assert led.queue_status("wide")["position"] == 1
+    assert led.queue_status("wide").position == 1
     placed = led.release(a.id)  # every release retries the queue
     assert [p.job for p in placed] == ["wide"]
-    assert led.queue_status("wide")["state"] == "placed"
+    assert led.queue_status("wide").state == "placed"
 
 
 def test_cordoned_nodes_get_no_new_work_and_errors_name_the_fix(url):
@@ -227,23 +227,23 @@ def test_shortest_order_places_the_shortest_predicted_job_first(url, monkeypatch
     for t, (job, pred) in enumerate((("long", 3600), ("unknown", None), ("short", 60), ("mid", 600))):
         now[0] = 1_000.0 + t
         led.submit(job, [GpuRequest(4, 10)], predicted_s=pred)  # "unknown": no prediction, last
-    assert [q["predicted_s"] for q in led.queue()] == [3600, None, 60, 600]
+    assert [q.predicted_s for q in led.queue()] == [3600, None, 60, 600]
     now[0] = 1_010.0
     placed = led.release(a.id, order="shortest")  # 10 GPUs free: two 4-GPU jobs fit (n0, n1)
     assert [p.job for p in placed] == ["short", "mid"]
     now[0] = 1_011.0
     led.submit("quick", [GpuRequest(8, 10)], predicted_s=5)  # waiting now: long, unknown, quick
     now[0] = 1_020.0
-    assert led.queue_status("quick")["position"] == 1  # the ledger's default order is shortest-first
+    assert led.queue_status("quick").position == 1  # the ledger's default order is shortest-first
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "backfill")
-    assert Ledger(url, clock=clock).queue_status("quick")["position"] == 3  # arrival order on request
+    assert Ledger(url, clock=clock).queue_status("quick").position == 3  # arrival order on request
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "shortest")
     led2 = Ledger(url, clock=clock)
-    assert led2.order == "shortest" and led2.queue_status("quick")["position"] == 1
-    assert led2.queue_status("unknown")["position"] == 3  # no prediction: last
+    assert led2.order == "shortest" and led2.queue_status("quick").position == 1
+    assert led2.queue_status("unknown").position == 3  # no prediction: last
     led2.cancel("quick")
     led2.release(placed[0].id)  # the ledger's own order
-    assert led2.queue_status("long")["state"] == "placed" and led2.queue_status("unknown")["state"] == "waiting"
+    assert led2.queue_status("long").state == "placed" and led2.queue_status("unknown").state == "waiting"
     monkeypatch.setenv("FRENZY_QUEUE_ORDER", "sjf")
     with pytest.raises(LedgerError, match="shortest, backfill, strict"):
         Ledger(url)
@@ -263,6 +263,6 @@ def test_a_ledger_from_before_predicted_s_is_migrated(tmp_path):
     con.close()
     led = Ledger(str(path))
     led.sync(SMALL)
-    assert [(q["job"], q["predicted_s"]) for q in led.queue()] == [("old", None)]
+    assert [(q.job, q.predicted_s) for q in led.queue()] == [("old", None)]
     led.submit("new", [GpuRequest(1, 10)], predicted_s=5.0)
-    assert [q["predicted_s"] for q in led.queue()] == [None, 5.0]
+    assert [q.predicted_s for q in led.queue()] == [None, 5.0]

@@ -58,7 +58,7 @@ def test_a_real_check_finds_the_node_whose_collective_fails_and_cordons_it(tmp_p
                  "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["faulty"] == ["n2"] and doc["cordoned"] == ["n2"]
-    state = {n["name"]: (n["state"], n["reason"]) for n in led.nodes()}
+    state = {n.name: (n.state, n.reason) for n in led.nodes()}
     assert state["n2"][0] == "cordoned" and "node check" in state["n2"][1] and state["n3"][0] == "up"
 
 

@@ -38,7 +38,7 @@ def test_placed_waits_in_the_queue_and_releases_on_error(tmp_path):
             assert alloc.gpus == 2 and [a.job for a in led.allocations()] == ["job"]
             raise RuntimeError("boom")
     assert led.allocations() == []  # released on the exception path
-    assert [e["kind"] for e in led.events()][-2:] == ["allocated", "released"]
+    assert [e.kind for e in led.events()][-2:] == ["allocated", "released"]
 
 
 def test_place_task_and_simulate_flow_on_prefect(prefect_server, tmp_path):

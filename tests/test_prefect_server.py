@@ -107,11 +107,13 @@ def test_submit_from_the_deployment_form_trains_and_each_commit_is_evaluated(sta
     for r in evals:
         assert _wait_final(client, r.id, 120, stack).state.is_completed()
         assert r.parameters["request"]["suite"] == "quick"
-    hist = (stack.workdir / "evals" / "served" / "history.jsonl").read_text().splitlines()
+    hist = (stack.data / "evals" / "served" / "history.jsonl").read_text().splitlines()
     assert len(hist) == 2
     keys = {a.key for a in client.read_artifacts()}
     assert {"report-served", "plans-served"} <= keys
-    assert (stack.workdir / "runs" / "served" / "report.html").exists()
+    # the form's relative paths are the data root's, not the worker's working directory (the checkout)
+    assert (stack.data / "runs" / "served" / "report.html").exists()
+    assert not (stack.workdir / "runs").exists() and not (stack.workdir / "evals").exists()
 
 
 def test_the_hourly_schedule_fires_and_evaluates_a_checkpoint_without_scores(stack, client):
@@ -123,8 +125,8 @@ def test_the_hourly_schedule_fires_and_evaluates_a_checkpoint_without_scores(sta
 
     # a checkpoint that nobody evaluated, of a job the ledger knows (submit records each job's root there): the
     # deployment's default parameters (roots: []) cover every root in the ledger
-    root = stack.workdir / "runs" / "tiny" / "ckpt"
-    train_run(tiny_job(f"file://{root}", steps=10, every=10), stack.workdir / "runs" / "tiny-train")
+    root = stack.data / "elsewhere" / "tiny" / "ckpt"
+    train_run(tiny_job(f"file://{root}", steps=10, every=10), stack.data / "elsewhere" / "tiny-train")
     Ledger(stack.env["FRENZY_LEDGER"]).note_checkpoints("t", f"file://{root}", "core")
     # the scheduler service itself must create the hourly runs (it failed every minute under SQLAlchemy 2.1)
     deadline = time.monotonic() + 60
@@ -138,7 +140,7 @@ def test_the_hourly_schedule_fires_and_evaluates_a_checkpoint_without_scores(sta
     client.set_flow_run_state(first.id, Scheduled(scheduled_time=datetime.now(UTC)), force=True)
     done = _wait_final(client, first.id, 300, stack)
     assert done.state.is_completed(), done.state.message
-    hist = (stack.workdir / "evals" / "t" / "history.jsonl").read_text()
+    hist = (stack.data / "evals" / "t" / "history.jsonl").read_text()
     assert '"step": 10' in hist and '"suite": "core"' in hist
 
 
@@ -193,7 +195,7 @@ def test_a_user_runs_submit_from_the_prefect_ui_and_finds_its_artifacts(stack, c
         run_id = new[0].id
         run = _wait_final(client, run_id, 420, stack)
         assert run.state.is_completed(), run.state.message
-        steps = _evaluated_steps(stack.workdir / "evals" / "tiny-submit" / "history.jsonl")
+        steps = _evaluated_steps(stack.data / "evals" / "tiny-submit" / "history.jsonl")
         assert steps == [50, 100]  # each commit of the default run, evaluated once
         report = _artifact_text(client, "report-tiny-submit")
         assert all(f"step {s} " in report for s in steps), report

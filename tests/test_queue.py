@@ -59,7 +59,7 @@ def test_the_ledger_places_its_queue_in_the_shared_order(tmp_path, monkeypatch):
     now[0] = 1.0
     led.submit("short", [GpuRequest(1, 10)], predicted_s=50.0)
     now[0] = 10.0  # short: 9 / 50 ** 0.75 = 0.48, long: 10 / 5,000 ** 0.75 = 0.017
-    assert led.queue_status("short")["position"] == 1 and led.queue_status("long")["position"] == 2
+    assert led.queue_status("short").position == 1 and led.queue_status("long").position == 2
     placed = led.release(blocker.id)
     assert [a.job for a in placed] == ["short"]
 

@@ -104,10 +104,10 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
     # the recovery's node check cordons the node that left, HAS places the job again on healthy nodes, it resumes
     import logging
 
-    from flows.submit import _check_allocation_nodes
+    from tasks.pipeline.attempt import check_allocation_nodes
 
-    _check_allocation_nodes(ledger, alloc, logging.getLogger("test"), "ray")
-    assert next(n for n in ledger.nodes() if n["name"] == lost)["state"] == "down"  # Ray saw it go
+    check_allocation_nodes(ledger, alloc, logging.getLogger("test"), "ray")
+    assert next(n for n in ledger.nodes() if n.name == lost).state == "down"  # Ray saw it go
     ledger.release(alloc.id)
     again = ledger.allocate("x", [GpuRequest(gpus=2, min_mem_gib=30)])
     placement2 = [(n.node, len(n.gpu_indices)) for n in again.nodes]
@@ -115,7 +115,7 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
     before = max(_committed(uri))
     job.training.steps = before + 20
     res = launch_ray(job, placement2, run_dir, resume=True, device="cpu", threads=1, gpus=True)
-    assert res["resumed_from_step"] == before and res["final_step"] == before + 20 and res["world_size"] == 2
+    assert res.resumed_from_step == before and res.final_step == before + 20 and res.world_size == 2
     assert max(_committed(uri)) == before + 20
     print(f"node loss detected in {detect_s:.1f} s; trained on {placement}, resumed on {placement2}")
 
@@ -123,10 +123,11 @@ def test_a_job_across_two_nodes_trains_loses_a_node_and_resumes(cluster, tmp_pat
 def test_a_stop_request_commits_and_returns(cluster, tmp_path):
     from cluster.ray_exec import launch_ray
     from tasks.training.launch import request_stop
+    from tasks.training.request import TrainerResult
 
     uri = f"file://{tmp_path}/ckpt"
     run_dir = tmp_path / "run"
-    out: list[dict] = []
+    out: list[TrainerResult] = []
     th = threading.Thread(target=lambda: out.append(launch_ray(tiny_job(uri, steps=10_000, every=1000),
                                                                _two_alive(cluster), run_dir, device="cpu")))
     th.start()
@@ -136,7 +137,7 @@ def test_a_stop_request_commits_and_returns(cluster, tmp_path):
         time.sleep(0.5)
     request_stop(run_dir)
     th.join(timeout=120)
-    assert out and out[0]["stopped_early"] and out[0]["final_step"] == max(_committed(uri))
+    assert out and out[0].stopped_early and out[0].final_step == max(_committed(uri))
 
 
 def test_the_node_check_runs_on_the_ray_nodes_and_finds_the_faulty_one(cluster, monkeypatch):

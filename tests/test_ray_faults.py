@@ -117,7 +117,7 @@ def test_init_and_check_see_a_dead_node_as_dead(cluster, tmp_path):
         doc = json.loads(r.stdout)  # clean: Ray's dead-raylet banners went to stderr
         assert doc["faulty"] == ["w1"] and doc["cordoned"] == ["w1"] and doc["verdicts"]["w1"]["verdict"] == "dead"
         assert doc["verdicts"]["head"]["verdict"] == "alive" and "w2" not in doc["faulty"] + doc["unverified"]
-        state = {n["name"]: n["state"] for n in Ledger(led).nodes()}
+        state = {n.name: n.state for n in Ledger(led).nodes()}
         assert state == {"head": "up", "w1": "cordoned", "w2": "up"}
         # `cluster init` again once Ray has declared it dead: the ledger that still had it up marks it down
         deadline = time.monotonic() + 90

@@ -29,13 +29,13 @@ def test_dead_nodes_go_down_receive_nothing_and_come_back_when_alive(tmp_path):
     led = _ledger(tmp_path)
     led.cordon("w2", "operator")
     assert led.set_liveness({"w1": False, "w2": False, "gone": False}, "dead in Ray") == ["w1"]
-    state = {n["name"]: (n["state"], n["reason"]) for n in led.nodes()}
+    state = {n.name: (n.state, n.reason) for n in led.nodes()}
     assert state == {"head": ("up", ""), "w1": ("down", "dead in Ray"), "w2": ("cordoned", "operator")}
     a = led.allocate("j", [GpuRequest(gpus=1, min_mem_gib=30)])
     assert [n.node for n in a.nodes] == ["head"] and led.allocate("k", [GpuRequest(gpus=1, min_mem_gib=30)]) is None
     assert led.set_liveness({"w1": True, "w2": True}, "") == ["w1"]  # a cordon is a person's call: it stays
-    assert {n["name"]: n["state"] for n in led.nodes()} == {"head": "up", "w1": "up", "w2": "cordoned"}
-    assert [e["kind"] for e in led.events() if e["subject"] == "w1"][-2:] == ["down", "up"]
+    assert {n.name: n.state for n in led.nodes()} == {"head": "up", "w1": "up", "w2": "cordoned"}
+    assert [e.kind for e in led.events() if e.subject == "w1"][-2:] == ["down", "up"]
 
 
 def _frenzy(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -111,11 +111,11 @@ def test_a_node_found_dead_before_ray_noticed_stays_down_until_it_rejoins(tmp_pa
     old_w1 = _info("a", {"frenzy_node:w1": 1})  # Ray's health check has not caught up: still listed alive
     monkeypatch.setattr(ray_health, "connect", lambda address=None: _FakeRay([head, old_w1]))
     assert ray_health.sync_ledger(led) == ["w2"]  # w2 is not in Ray at all: down
-    assert {n["name"]: n["state"] for n in led.nodes()} == {"head": "up", "w1": "down", "w2": "down"}
+    assert {n.name: n.state for n in led.nodes()} == {"head": "up", "w1": "down", "w2": "down"}
     new_w1 = _info("b", {"frenzy_node:w1": 1})  # the node rejoined: a new Ray node id
     monkeypatch.setattr(ray_health, "connect", lambda address=None: _FakeRay([head, new_w1]))
     assert ray_health.sync_ledger(led) == ["w1"]
-    assert {n["name"]: n["state"] for n in led.nodes()} == {"head": "up", "w1": "up", "w2": "down"}
+    assert {n.name: n.state for n in led.nodes()} == {"head": "up", "w1": "up", "w2": "down"}
 
 
 def test_a_node_sees_the_submitting_sides_directory_only_by_its_mark_and_token(tmp_path):

@@ -28,6 +28,7 @@ def _submit(tmp: Path, env: dict[str, str], *extra: str, steps: int = 60, wait: 
     from prefect.settings import PREFECT_API_URL
 
     (tmp / "job.yaml").write_text(yaml.safe_dump(_job(tmp, name="rec", steps=steps, every=10)))
+    Ledger(str(tmp / "l.db"))  # `submit --ledger` takes an existing ledger (a mistyped path is refused)
     cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp / "l.db"), "--evaluation",
            "off", "--device", "cpu", "--run-dir", str(tmp / "run"), "--json", *extra]
     full_env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "", "FRENZY_HOME": str(tmp / "home"), **env}
@@ -159,6 +160,7 @@ def test_a_job_error_the_trainer_names_is_the_submit_error_without_tracebacks(pr
     job = _job(tmp_path, name="rec", steps=20, every=10)
     job["training"]["data"] = {"source": "text", "path": str(tmp_path / "no-such-corpus")}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    Ledger(str(tmp_path / "l.db"))  # `submit --ledger` takes an existing ledger (a mistyped path is refused)
     cmd = [sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
            "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run")]
     from prefect.settings import PREFECT_API_URL

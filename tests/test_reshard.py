@@ -71,7 +71,7 @@ def test_a_bf16_checkpoint_resumes_at_fp32(tmp_path):
     uri = f"file://{tmp_path}/ck"
     launch(tiny_job(uri, 10, every=5, precision="bf16"), tmp_path / "a", device="cpu", threads=1, stop_after_steps=5)
     res = launch(tiny_job(uri, 10, every=5, precision="fp32"), tmp_path / "b", device="cpu", threads=1, resume=True)
-    assert res["resumed_from_step"] == 5 and res["final_step"] == 10
+    assert res.resumed_from_step == 5 and res.final_step == 10
     m = ck.read_manifest(Storage(uri), 10)
     dtypes = {e.dtype for s in m.shards for e in s.tensors if e.name.startswith(("model.", "optim.")) and e.shape}
     assert dtypes == {"float32"}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.ledger import Ledger
+from cluster.ledger import CheckpointRoot, Ledger
 from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -46,7 +46,8 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
     assert announced == []
     # the scheduled evaluate-pending finds this job's checkpoints through the ledger
-    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {"sub": (f"file://{tmp_path}/ckpt", "quick")}
+    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite="quick")
+    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {"sub": noted}
     doc = res.model_dump(mode="json")
     for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
         assert key in doc, key
@@ -73,6 +74,13 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     assert again.train.resumed_from_step == 40 and again.train.final_step == 60
     assert [e.step for e in again.evaluations] == [20, 40, 60]  # the report shows the whole run
     assert len((tmp_path / "evals" / "sub" / "history.jsonl").read_text().splitlines()) == 3  # 20, 40 not redone
+
+    # the ledger records where the run's files are; submitting the finished job again reports it, trains nothing
+    rec = Ledger(str(tmp_path / "ledger.db")).run("sub")
+    assert rec.stage == "reported" and rec.report == again.report and rec.history_dir == str(tmp_path / "evals")
+    done = submit(_request(tmp_path, steps=60))
+    assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
+    assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
 
 
 def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, tmp_path):
@@ -115,10 +123,11 @@ def test_a_job_no_node_can_ever_hold_fails_at_once_instead_of_waiting(tmp_path):
     assert time.monotonic() - t0 < 10 and led.queue() == []
 
 
-def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
+def _cli(args: list[str], cwd: Path, server: bool = True) -> subprocess.Popen:
+    """`frenzy ARGS` as a user starts it, on the test server or (server=False) Prefect's embedded API."""
     from prefect.settings import PREFECT_API_URL
 
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""}
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "" if server else ""}
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True)
 
@@ -157,10 +166,13 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
     assert _trainers_of(tmp_path / "run") == []
 
 
-def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path):
+@pytest.mark.parametrize("server", [True, False], ids=["server", "embedded-api"])
+def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path, server):
+    """With a server, and with Prefect's embedded API (which Ctrl-C used to kill with the flow: connection
+    tracebacks, minutes of retries, a second Ctrl-C and no line)."""
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="ctrlc", steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
-                 "--run-dir", str(tmp_path / "run")], tmp_path)
+                 "--run-dir", str(tmp_path / "run")], tmp_path, server=server)
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground process group
     proc.wait(timeout=120)
@@ -200,7 +212,7 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
 
 
 def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one():
-    from flows.submit import collect_scores
+    from tasks.pipeline.evaluations import collect_scores
 
     # the triggered runs finish out of order: step 100 first, step 50 one poll later
     arrivals = [{100: "s100"}, {100: "s100", 50: "s50"}]
@@ -214,12 +226,35 @@ def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one
     def sleep(dt: float) -> None:
         now[0] += dt
 
-    got = collect_scores(read, [50, 100], timeout_s=60, clock=lambda: now[0], sleep=sleep)
-    assert got == {100: "s100", 50: "s50"} and len(polls) == 2
+    got, failed = collect_scores(read, [50, 100], timeout_s=60, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100", 50: "s50"} and len(polls) == 2 and failed == []
 
     # bounded: a score that never comes ends the wait at eval_timeout_s with what arrived
     polls.clear()
     now[0] = 0.0
     arrivals[:] = [{100: "s100"}]
-    got = collect_scores(read, [50, 100], timeout_s=10, clock=lambda: now[0], sleep=sleep)
-    assert got == {100: "s100"} and 10 <= now[0] <= 12
+    got, failed = collect_scores(read, [50, 100], timeout_s=10, clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100"} and 10 <= now[0] <= 12 and failed == []
+
+
+def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_again():
+    from tasks.pipeline.evaluations import collect_scores
+
+    now, reruns = [0.0], []
+    runs = {50: ("failed", "DatasetError: data.jsonl line 3 is not JSON"), 100: ("crashed", "worker lost")}
+
+    def rerun(step: int) -> None:  # the second run of step 100 succeeds
+        reruns.append(step)
+        del runs[100]
+
+    def read() -> dict:
+        return {100: "s100"} if reruns else {}
+
+    def sleep(dt: float) -> None:
+        now[0] += dt
+
+    got, failed = collect_scores(read, [50, 100], timeout_s=1800, runs=lambda: dict(runs), rerun=rerun,
+                                 clock=lambda: now[0], sleep=sleep)
+    assert got == {100: "s100"} and reruns == [100]
+    assert [(f.step, f.cause) for f in failed] == [(50, "DatasetError: data.jsonl line 3 is not JSON")]
+    assert now[0] <= 4  # two polls, not the 30 minutes of eval_timeout_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from pathlib import Path
@@ -12,9 +13,11 @@ import torch
 from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training import data as D
-from tasks.training.guard import SpikeGuard
+from tasks.training.guard import SpikeCounts, SpikeGuard
 from tasks.training.metrics import Meter, Progress
 from tasks.training.optrace import OpTracer
+from tasks.training.progress import CommitProgress, ProgressRecord, SpikeProgress, StepProgress, describe, progress_record
+from tasks.training.request import TrainerResult
 from tasks.training.restore import Restorer
 from tasks.training.schedule import CheckpointSchedule
 from tasks.training.setup import Dist, TrainOptions, _batch_shares, build_model, fingerprint, load_data
@@ -93,6 +96,45 @@ def test_the_meter_emits_step_records_on_its_interval_with_tokens_per_second(tmp
     assert f["data_fraction"] == pytest.approx(0.2) and f["steps_run"] == 10
     Progress(tmp_path / "other.jsonl", 1).emit("step")
     assert not (tmp_path / "other.jsonl").exists()  # only rank 0 writes
+
+
+def test_front_ends_read_progress_lines_as_records_of_their_kind(tmp_path):
+    prog = Progress(tmp_path / "progress.jsonl", 0)
+    clock = _Clock()
+    meter = Meter(_job(tmp_path), prog, clock)
+    clock.now += 1.0
+    meter.updated()
+    meter.log_step(5, 3.0, 1.0)
+    prog.emit("checkpoint", step=5, uri="file:///c/step_00000005", blocked_s=0.002, persist_s=0.5, bytes=2_000_000)
+    prog.emit("spike", step=6, loss=9.0, grad_norm=1.0, reason="z 7.1", skipped_samples=[20, 24], rolled_back_to=None,
+              action="update_skipped")
+    prog.emit("resume", step=5)
+    recs = [progress_record(json.loads(line)) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [type(r) for r in recs] == [StepProgress, CommitProgress, SpikeProgress, ProgressRecord]
+    assert recs[0].step == 5 and recs[0].steps == 10 and recs[1].uri.endswith("step_00000005")
+    assert describe(recs[1]) == ("checkpoint step 5 committed: file:///c/step_00000005 (2.0 MB, blocked 2.0 ms, "
+                                 "persisted in 0.50s)")
+    assert describe(recs[2]).endswith("update skipped (nothing to roll back to), skipping samples [20, 24]")
+    assert describe(recs[3]) == "resume: step=5" and recs[3].model_dump() == prog.records[3]
+    # a line its kind's record does not fit (another trainer version's) is still shown, never an error
+    odd = progress_record({"event": "step", "time": 1.0, "step": 3})
+    assert type(odd) is ProgressRecord and describe(odd) == "step: step=3"
+    # the commit record repeats the checkpoint record's fields (progress.py stays free of torch): kept the same
+    assert {k: f.annotation for k, f in CommitProgress.model_fields.items() if k not in ("event", "time")} == \
+        {k: f.annotation for k, f in ck.CheckpointRecord.model_fields.items()}
+
+
+def test_the_trainer_result_keeps_result_json_keys_in_order_and_a_nan_loss():
+    doc = {"job": "t", "final_step": 12, "resumed_from_step": 12, "stopped_early": False, "checkpoints": [],
+           "checkpoint_interval": {"every_steps": 5}, "failed_checkpoints": [{"step": 10, "error": "disk full"}],
+           "spikes": [], "spike_counts": SpikeCounts().model_dump(), "last_loss": math.nan, "steps_run": 0,
+           "elapsed_s": 0.1, "tokens_per_s": 0.0, "blocked_s_total": 0.0, "data_s_total": 0.0, "data_fraction": 0.0,
+           "world_size": 1, "tp": 1, "device": "cpu", "checkpoint_uri": "file:///c", "trace": None, "run_dir": "/r"}
+    res = TrainerResult.model_validate(json.loads(json.dumps(doc)))
+    assert json.dumps(res.model_dump(), indent=1) == json.dumps(doc, indent=1)  # NaN stays NaN, keys as written
+    assert res.failed_checkpoints[0].error == "disk full" and math.isnan(res.last_loss)
+    flow = res.train_result()
+    assert (flow.final_step, flow.resumed_from_step, flow.checkpoint_uri, flow.stragglers) == (12, 12, "file:///c", None)
 
 
 class _Lease:

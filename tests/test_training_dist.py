@@ -13,6 +13,7 @@ import torch
 
 from tasks.training import checkpoint as ck
 from tasks.training.launch import launch
+from tasks.training.request import TrainerResult
 from tasks.training.storage import Storage
 from tests.trainer_util import assert_bitwise_equal, final_state, tiny_job
 
@@ -46,13 +47,13 @@ def one_process(root) -> str:
 
 
 @pytest.fixture(scope="module")
-def ddp(root) -> tuple[str, dict]:
+def ddp(root) -> tuple[str, TrainerResult]:
     uri = f"file://{root}/ddp"
     return uri, launch(tiny_job(uri, STEPS, trace_every_steps=5), root / "r2", nproc=2, device="cpu", threads=1)
 
 
 @pytest.fixture(scope="module")
-def fsdp(root) -> tuple[str, dict]:
+def fsdp(root) -> tuple[str, TrainerResult]:
     """FSDP2 (zero_stage 3), stopped at step 10 and resumed to the end."""
     uri = f"file://{root}/fsdp"
     job = tiny_job(uri, STEPS, zero_stage=3)
@@ -62,7 +63,7 @@ def fsdp(root) -> tuple[str, dict]:
 
 def test_ddp_runs_two_ranks_to_the_end(ddp):
     _, res = ddp
-    assert res["world_size"] == 2 and res["final_step"] == STEPS
+    assert res.world_size == 2 and res.final_step == STEPS
 
 
 def test_ddp_checkpoint_has_one_replica_and_each_ranks_rng(ddp):
@@ -77,7 +78,7 @@ def test_ddp_trains_the_same_model_as_one_process(ddp, one_process):
 
 
 def test_ddp_trace_covers_every_rank_and_op_type(ddp):
-    trace = pd.read_parquet(ddp[1]["trace"])
+    trace = pd.read_parquet(ddp[1].trace)
     assert set(trace["rank"]) == {0, 1} and set(trace["step"]) == {1, 6, 11, 16}
     assert {"forward-compute", "backward-compute", "separate-grads-all-reduce", "optimizer"} <= set(trace["optype"])
     fwd = trace[(trace.optype == "forward-compute") & (trace.step == 6) & (trace["rank"] == 0)]
@@ -86,7 +87,7 @@ def test_ddp_trace_covers_every_rank_and_op_type(ddp):
 
 def test_fsdp2_resumes_from_its_stop(fsdp):
     _, res = fsdp
-    assert res["resumed_from_step"] == 10 and res["final_step"] == STEPS
+    assert res.resumed_from_step == 10 and res.final_step == STEPS
 
 
 def test_fsdp2_ranks_write_their_own_row_shards(fsdp):
@@ -100,7 +101,7 @@ def test_fsdp2_stopped_and_resumed_trains_the_same_model_as_one_process(fsdp, on
 
 
 @pytest.fixture(scope="module")
-def tp(root) -> tuple[str, str, dict]:
+def tp(root) -> tuple[str, str, TrainerResult]:
     """One process and TP=2 (stopped at 7, resumed) on a llama-style model."""
     one = f"file://{root}/tp-one"
     job1 = tiny_job(one, TP_STEPS)
@@ -115,7 +116,7 @@ def tp(root) -> tuple[str, str, dict]:
 
 def test_tensor_parallel_resumes_from_its_stop(tp):
     res = tp[2]
-    assert res["tp"] == 2 and res["resumed_from_step"] == 7 and res["final_step"] == TP_STEPS
+    assert res.tp == 2 and res.resumed_from_step == 7 and res.final_step == TP_STEPS
 
 
 def test_tensor_parallel_shards_heads_and_mlp_columns(tp):
@@ -136,12 +137,12 @@ def test_mixed_precision_trains_and_resumes_exactly(tmp_path, precision):
     """fp16-mixed carries a gradient scaler whose state must survive the checkpoint; bf16 keeps bf16 moments."""
     full = f"file://{tmp_path}/full"
     ref = launch(tiny_job(full, 12, precision=precision), tmp_path / "a", device="cpu", threads=1)
-    assert math.isfinite(ref["last_loss"])
+    assert math.isfinite(ref.last_loss)
     part = f"file://{tmp_path}/part"
     job = tiny_job(part, 12, precision=precision)
     launch(job, tmp_path / "b", device="cpu", threads=1, stop_after_steps=5)
     res = launch(job, tmp_path / "b", device="cpu", threads=1, resume=True)
-    assert res["resumed_from_step"] == 5
+    assert res.resumed_from_step == 5
     m = ck.read_manifest(Storage(part), 12)
     if precision == "fp16-mixed":
         assert m.trainer["scaler"]["scale"] > 0

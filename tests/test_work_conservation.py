@@ -39,19 +39,19 @@ def _requests(rng: random.Random, types: list[str], heavy: bool) -> list[GpuRequ
 def _unjustified(ledger: Ledger, reqs: dict[str, list[GpuRequest]], ends: dict[str, float], now: float) -> list[str]:
     """Waiting jobs that leave a plan fitting the free GPUs unused without an excuse (module docstring). `ends`:
     when each running allocation finishes (its chosen plan's run time: this test's jobs run exactly as predicted)."""
-    nodes = [n for n in ledger.nodes() if n["state"] == "up"]
-    pool = FreePool([NodeInfo(n["name"], n["gpu_type"], n["mem_gib"], 0.0, n["gpus"]) for n in nodes],
-                    {n["name"]: len(n["free_indices"]) for n in nodes})
+    nodes = [n for n in ledger.nodes() if n.state == "up"]
+    pool = FreePool([NodeInfo(n.name, n.gpu_type, n.mem_gib, 0.0, n.gpus) for n in nodes],
+                    {n.name: len(n.free_indices) for n in nodes})
     first_end = min(ends.values(), default=float("inf"))
     bad = []
     for q in ledger.queue():
-        head = ledger.queue_status(q["job"])["position"] == 1
-        for r in reqs[q["job"]]:
-            if not pool.fits(r) or any(o.run_s < r.run_s for o in reqs[q["job"]]):  # type: ignore[operator]
+        head = ledger.queue_status(q.job).position == 1
+        for r in reqs[q.job]:
+            if not pool.fits(r) or any(o.run_s < r.run_s for o in reqs[q.job]):  # type: ignore[operator]
                 continue
             if not head and now + r.run_s > first_end:  # type: ignore[operator]
                 continue
-            bad.append(f"{q['job']} waits beside free GPUs for {r} at t={now:.0f}")
+            bad.append(f"{q.job} waits beside free GPUs for {r} at t={now:.0f}")
     return bad
 
 

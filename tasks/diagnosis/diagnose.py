@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tasks.diagnosis.chains import innermost, links, rank_of, segments
 from tasks.diagnosis.compress import Compressed, Kept, compress
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
-from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, open_user_file, regular_file
 
 if TYPE_CHECKING:  # the agent (urllib, http) is imported only when it is asked
     from tasks.diagnosis.agent import AgentConfig
@@ -275,26 +275,16 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                      evidence=evidence, via=best.via, **base)
 
 
-class LogError(FrenzyError, ValueError):
-    """The log given cannot be read as a log (missing, a FIFO or device, binary); the message says what to give."""
-
-
 def check_log(path: Path | str) -> Path:
     """The log file at `path`, or an error that says what to give instead: a directory, a FIFO or device (reading
     one could block forever) and a binary file (a library, an executable: any rule would be a guess) are refused.
     Text in any encoding is read (bytes that are not UTF-8 are replaced)."""
-    p = Path(path)
-    if not p.exists():
-        raise LogError(f"log {p} does not exist; give the training log (e.g. RUN_DIR/train.log)")
-    if p.is_dir():
-        raise IsADirectoryError(None, f"{p} is a directory; give the log file (e.g. RUN_DIR/train.log)", str(p))
-    if not p.is_file():
-        raise LogError(f"{p} is not a regular file (a FIFO, socket or device); copy the log into a file first")
-    with open(p, "rb") as f:
+    p = regular_file(path, "log")
+    with open_user_file(p, "log", limit=1 << 62) as f:  # any length: compress() streams it
         head = f.read(1 << 16)
     if looks_binary(head):
-        raise LogError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
-                         "wrote (e.g. RUN_DIR/train.log)")
+        raise UserFileError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
+                            "wrote (e.g. RUN_DIR/train.log)")
     return p
 
 

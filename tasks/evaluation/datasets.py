@@ -34,11 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from tasks.errors import FrenzyError
 from tasks.evaluation.engine import LM, perplexity
 from tasks.evaluation.sandbox import run_python
+from tasks.evaluation.suite import HELDOUT_EXAMPLES
+from tasks.userfiles import LIMITS, json_loads, path_kind, read_text
 
 
-class DatasetError(ValueError):
+class DatasetError(FrenzyError, ValueError):
     """A dataset that cannot be found or used; names the fix."""
 
 
@@ -125,7 +128,7 @@ def _held_out(data_json: str, tokenizer: str | None) -> np.ndarray:
 
 
 class _Heldout(EvalDataset):
-    default_examples = 4096  # generated on demand: a suite takes the first N
+    default_examples = HELDOUT_EXAMPLES  # generated on demand: a suite takes the first N
 
     @cached_property
     def text(self) -> np.ndarray:
@@ -309,6 +312,30 @@ class HumanEval(EvalDataset):
 
 # ---------------------------------------------------------------------------------------------- JSONL plugin
 
+_NEEDS = {"gen": ("prompt", "answer"), "ppl": ("prompt", "choices", "label"), "exec": ("prompt", "test", "entry_point")}
+
+
+def _jsonl_row(row: Any, mode: str, where: str) -> dict:
+    """One row of a user's JSONL dataset, checked for what `mode` reads from it."""
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: a row is a JSON object {{{', '.join(_NEEDS[mode])}}}, not {type(row).__name__}")
+    missing = [k for k in _NEEDS[mode] if k not in row]
+    if missing:
+        raise DatasetError(f"{where}: a {mode} row needs {', '.join(_NEEDS[mode])}; missing {', '.join(missing)}")
+    if not isinstance(row["prompt"], str):
+        raise DatasetError(f"{where}: prompt must be a string")
+    if mode == "ppl":
+        choices, label = row["choices"], row["label"]
+        if not (isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices)):
+            raise DatasetError(f"{where}: choices must be a non-empty list of strings")
+        if not (isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(choices)):
+            raise DatasetError(f"{where}: label must be the index of the right choice, 0 to {len(choices) - 1}; "
+                               f"got {label!r}")
+    if mode == "exec" and not all(isinstance(row[k], str) for k in ("test", "entry_point")):
+        raise DatasetError(f"{where}: test and entry_point must be strings")
+    return row
+
+
 class JsonlDataset(EvalDataset):
     """A user's JSONL file; the suite entry's mode says how to read it."""
 
@@ -316,21 +343,11 @@ class JsonlDataset(EvalDataset):
         super().__init__(options, ctx)
         self.name, self.mode = path.stem, mode
         self.rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DatasetError(f"{path}:{n}: not JSON: {err}") from None
-            need = {"gen": ("prompt", "answer"), "ppl": ("prompt", "choices", "label"),
-                    "exec": ("prompt", "test", "entry_point")}[mode]
-            missing = [k for k in need if k not in row]
-            if missing:
-                raise DatasetError(f"{path}:{n}: a {mode} row needs {', '.join(need)}; missing {', '.join(missing)}")
-            self.rows.append(row)
+        for n, line in enumerate(read_text(path, "dataset file", LIMITS["jsonl"]).splitlines(), 1):
+            if line.strip():
+                self.rows.append(_jsonl_row(json_loads(line, f"{path}:{n}"), mode, f"{path}:{n}"))
         if not self.rows:
-            raise DatasetError(f"{path} has no rows")
+            raise DatasetError(f"{path} has no rows; give one JSON object per line")
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -385,7 +402,7 @@ def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContex
     """A dataset from a registry name, a JSONL path or `module:factory`."""
     if source.endswith(".jsonl"):
         p = Path(source).expanduser()
-        if not p.is_file():
+        if path_kind(p, "dataset file") == "missing":
             raise DatasetError(f"dataset file {p} does not exist")
         return JsonlDataset(p, mode, options, ctx)
     reg = registry()

@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks.errors import FrenzyError
 from tasks.evaluation.decode import Sampling, greedy
 from tasks.jobspec import ModelSpec
 from tasks.training import checkpoint as ck
+from tasks.training.checkpoint import CheckpointMismatch
 from tasks.training.data import cache_dir
 from tasks.training.model import GPT
 from tasks.training.storage import Storage
@@ -155,7 +157,7 @@ class LM:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith("lm_head") or not spec.tied_embeddings]
         if missing or unexpected:
-            raise ValueError(f"checkpoint does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+            raise CheckpointMismatch(f"checkpoint does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
         self.model.to(self.device).eval()
         self.info = info
         self.tok = load_info_tokenizer(info)
@@ -200,7 +202,7 @@ class LM:
             outs = [self.encode(c) for c in choices]
             longest = max(len(o) for o in outs)
             if longest >= self.seq_len:
-                raise ValueError(f"a choice of {longest} tokens does not fit the model's context of {self.seq_len}")
+                raise FrenzyError(f"a choice of {longest} tokens does not fit the model's context of {self.seq_len}")
             keep = self.seq_len - longest
             ctx = ctx[-keep:] if len(ctx) > keep else ctx
             if not ctx:  # nothing to condition on: start from the end-of-text token (or a newline)

@@ -11,8 +11,25 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
+from tasks.userfiles import LIMITS, UserFileError, json_loads, path_kind, read_text
+
+
+class HistoryEntry(BaseModel):
+    """One line of a run's `history.jsonl`: one checkpoint's scores on one suite."""
+
+    run: str
+    step: int
+    uri: str
+    """The checkpoint evaluated (its step directory)."""
+    suite: str
+    scores: dict[str, dict[str, float]]
+    """{dataset: {metric: value}}."""
+    time: str = ""
+    """When the score was recorded (UTC, ISO 8601)."""
 
 
 def history_file(history_dir: str | Path, run: str) -> Path:
@@ -31,18 +48,21 @@ def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, s
     return p
 
 
-def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[dict]:
+def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[HistoryEntry]:
     """Entries oldest step first; the newest entry wins when a step was evaluated twice."""
     p = history_file(history_dir, run)
-    if not p.exists():
+    if path_kind(p, "score history") == "missing":
         return []
     by_step: dict[tuple[str, int], dict] = {}
-    for line in p.read_text().splitlines():
+    for n, line in enumerate(read_text(p, "score history", LIMITS["jsonl"]).splitlines(), 1):
         if line.strip():
-            e = json.loads(line)
+            e = json_loads(line, f"{p}:{n}")
+            if not (isinstance(e, dict) and isinstance(e.get("suite"), str) and isinstance(e.get("step"), int)):
+                raise UserFileError(f"{p}:{n}: not a score history entry (an object with suite and step); delete "
+                                    "the line (the next evaluation of that step writes it again)")
             if suite is None or e["suite"] == suite:
                 by_step[(e["suite"], e["step"])] = e
-    return sorted(by_step.values(), key=lambda e: (e["suite"], e["step"]))
+    return [HistoryEntry.model_validate(e) for e in sorted(by_step.values(), key=lambda e: (e["suite"], e["step"]))]
 
 
 def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:
@@ -54,9 +74,9 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
 
     series: dict[str, list[tuple[int, float]]] = {}
     for e in entries:
-        for ds, metrics in e["scores"].items():
+        for ds, metrics in e.scores.items():
             for m, v in metrics.items():
-                series.setdefault(f"{ds} {m}", []).append((e["step"], v))
+                series.setdefault(f"{ds} {m}", []).append((e.step, v))
     n = len(series)
     cols = min(3, n)
     rows = (n + cols - 1) // cols
@@ -72,7 +92,11 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     fig.suptitle(f"{run}: suite {suite}")
     fig.tight_layout()
     out = out or history_file(history_dir, run).with_name(f"history-{suite}.png")
-    fig.savefig(out, dpi=90)
+    from tasks.outdir import atomic_path
+
+    # redrawn after every evaluation (two at once take turns): never half a PNG
+    with atomic_path(out, "the score history plot", by_content=True, wait=True) as tmp:
+        fig.savefig(tmp, dpi=90)
     return out
 
 
@@ -81,7 +105,7 @@ def pending(root_uri: str, history_dir: str | Path, suite: str) -> list[str]:
     storage = Storage(root_uri)
     out = []
     for m in sorted(ck.committed(storage), key=lambda m: m.step):
-        done = {e["step"] for e in read(history_dir, m.run, suite)}
+        done = {e.step for e in read(history_dir, m.run, suite)}
         if m.step not in done:
             out.append(storage.url(ck.step_dir(m.step)))
     return out

@@ -7,12 +7,17 @@ moving average; `apply_priors` returns a suite whose priors are the learned ones
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from tasks.evaluation.suite import Suite
 from tasks.training.data import cache_dir
+from tasks.userfiles import UserFileError, load_json, path_kind
 
 ALPHA = 0.5
 """Weight of the newest run in the moving average."""
@@ -27,14 +32,42 @@ def model_key(device: str, model: dict) -> str:
     return f"{device}/gpt-l{model.get('layers')}-h{model.get('hidden')}-v{model.get('vocab')}"
 
 
+_Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _DatasetPrior(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    infer_s_per_example: _Seconds
+    metric_s_per_example: _Seconds
+    runs: int = Field(0, ge=0)
+
+
+class _Entry(BaseModel):
+    datasets: dict[str, _DatasetPrior] = Field(default_factory=dict)
+    model_load_s: dict[str, _Seconds] = Field(default_factory=dict)
+
+
+_PRIORS = TypeAdapter(dict[str, _Entry])
+
+
 def load_priors(path: Path | None = None) -> dict:
+    """The priors file as written by `update_priors` ({} when there is none); a file that is not one (not JSON, a
+    negative or non-finite time, a FIFO) is refused naming the file and the fix, never half-used."""
     p = path or priors_path()
     try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        return {}
-    except json.JSONDecodeError as err:
-        raise ValueError(f"priors file {p} is not JSON ({err}); delete it to start over") from None
+        if path_kind(p, "priors file") == "missing":
+            return {}
+        data = load_json(p, "evaluation priors file")
+        _PRIORS.validate_python(data)
+        return data
+    except UserFileError as err:
+        raise UserFileError(f"{err}; or delete the priors file to start over (they are relearned)") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise UserFileError(f"{p}: not a priors file: {where}: {first['msg']}; delete it to start over (the priors "
+                            "are relearned from the next runs)") from None
 
 
 def apply_priors(suite: Suite, key: str, path: Path | None = None) -> tuple[Suite, list[str]]:
@@ -58,6 +91,13 @@ def update_priors(key: str, datasets: dict[str, dict[str, float]], model_load_s:
                   path: Path | None = None) -> Path:
     """Fold one run's measurements in: `datasets[name] = {infer_s_per_example, metric_s_per_example}`."""
     p = path or priors_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p.parent / f".{p.name}.lock", "a") as lock:  # one read-modify-write at a time: no update is lost
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _fold(p, key, datasets, model_load_s)
+
+
+def _fold(p: Path, key: str, datasets: dict[str, dict[str, float]], model_load_s: dict[str, float]) -> Path:
     allp = load_priors(p)
     entry = allp.setdefault(key, {"datasets": {}, "model_load_s": {}})
 
@@ -70,7 +110,6 @@ def update_priors(key: str, datasets: dict[str, dict[str, float]], model_load_s:
             {"runs": int(cur.get("runs", 0)) + 1}
     for k, v in model_load_s.items():
         entry["model_load_s"][k] = ema(entry["model_load_s"].get(k), v)
-    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(allp, indent=1))
     os.replace(tmp, p)

@@ -7,8 +7,6 @@ cannot drift apart: results go to `<history_dir>/<run>/step_<N>/<suite>/` unless
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +16,8 @@ from tasks.evaluation import history
 from tasks.evaluation.engine import resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
+from tasks.outdir import OutputError, check_dir_target, fill_dir, held, machine_errors
+from tasks.userfiles import LIMITS, read_bytes
 
 
 class EvalSummary(BaseModel):
@@ -34,56 +34,68 @@ class EvalSummary(BaseModel):
     history_plot: str | None
 
 
-WRITER_LOCK = ".writer.lock"
-"""In an evaluation directory: held (flock) by the one process evaluating into it. The kernel drops it when that
-process dies, so a SIGKILLed evaluation never leaves the directory locked."""
-
-
 @contextlib.contextmanager
-def sole_writer(out_dir: str | Path) -> Iterator[None]:
-    """Hold the evaluation directory `out_dir` alone: a second evaluation of the same step and suite (an in-flow
-    evaluation and an event-triggered deployment run, say) waits here until the first is done. Two writers would mix
+def sole_writer(out_dir: str | Path, wait: bool = True) -> Iterator[None]:
+    """Hold the evaluation directory `out_dir` alone (tasks/outdir.py's lock, `.NAME.lock` beside it): a second
+    evaluation of the same step and suite (an in-flow evaluation and an event-triggered deployment run, say) waits
+    here until the first is done, or with `wait` False is refused at once, naming the first. Two writers would mix
     their chunk files (`humaneval: 32 of 16 examples scored`)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / WRITER_LOCK, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    out = Path(out_dir).expanduser().absolute()
+    with held(out, "frenzy evaluate", wait=wait):
+        yield
 
 
 def recorded(history_dir: str, run: str, step: int, suite: str) -> EvalSummary | None:
     """The history's summary of `step` of `run` on `suite`, None when it has no score for it."""
     for e in history.read(history_dir, run, suite):
-        if e["step"] == step:
+        if e.step == step:
             res = Path(history_dir) / run / f"step_{step:08d}" / suite / "result.json"
-            return EvalSummary(uri=e["uri"], run=run, step=step, suite=suite, scores=e["scores"], makespan_s=0.0,
+            return EvalSummary(uri=e.uri, run=run, step=step, suite=suite, scores=e.scores, makespan_s=0.0,
                                predicted_makespan_s=0.0, result=str(res), history_plot=None)
     return None
 
 
 def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: str = "evals",
                         progress: Callable[[str, float], None] | None = None,
-                        reevaluate: bool = True) -> tuple[EvalResult, EvalSummary]:
+                        reevaluate: bool = True, overwrite: bool = False) -> tuple[EvalResult, EvalSummary]:
     """Evaluate `uri` (a committed step or a root's newest) on `suite`, append the score to the run's history
     and redraw its plot; returns the full result and the summary. With `reevaluate` False, a step the history
     already scores on `suite` (or that another process is scoring now: this waits for it) is not evaluated again;
-    its recorded result comes back."""
+    its recorded result comes back. With it True, a second evaluation into the same directory is refused at once.
+
+    The results are written whole or not at all: into a temp directory beside the target, renamed over it when the
+    evaluation is complete (tasks/outdir.py), so a kill leaves the previous results as they were. A target that holds
+    results is replaced only with `overwrite` (`--overwrite`)."""
     _, m = resolve_manifest(uri)
-    if opts.out_dir is None:
-        opts = opts.model_copy(update={"out_dir": f"{history_dir}/{m.run}/step_{m.step:08d}/{suite.name}"})
-    with sole_writer(opts.out_dir):
+    out = Path(opts.out_dir or f"{history_dir}/{m.run}/step_{m.step:08d}/{suite.name}").expanduser().absolute()
+    check_dir_target(out, "frenzy evaluate", by_content=True)  # its own layout is evals/<run>/step_<N>/<suite>
+    with sole_writer(out, wait=not reevaluate):
         done = None if reevaluate else recorded(history_dir, m.run, m.step, suite.name)
         if done is not None and Path(done.result).exists():
             return EvalResult.model_validate_json(Path(done.result).read_text()), done
-        for part in ("predictions", "scores"):  # a previous evaluation's chunks may be split differently
-            shutil.rmtree(Path(opts.out_dir) / part, ignore_errors=True)
-        res = evaluate(uri, suite, opts, progress)
+        if not overwrite:
+            _refuse_results(out)
+        with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
+            res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), progress)
+            res = res.model_copy(update={"out_dir": str(out)})  # where it will be once renamed into place
+            (tmp / "result.json").write_text(res.model_dump_json(indent=1))
         history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores)
         plot = history.plot(history_dir, res.run, suite.name)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                           result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None)
     return res, summary
+
+
+def _refuse_results(out: Path) -> None:
+    """Refuse a target that holds anything, naming the evaluation whose results it holds."""
+    if not (out.is_dir() and any(out.iterdir())):
+        return
+    what = "files"
+    try:
+        prev = EvalResult.model_validate_json(read_bytes(out / "result.json", "evaluation result", LIMITS["json"]))
+        what = f"the results of {prev.run} step {prev.step} on {prev.suite}"
+    except (OSError, ValueError):
+        pass
+    raise OutputError(f"{out} already holds {what}; frenzy evaluate replaces them only with --overwrite (or give "
+                      "another --out-dir)")

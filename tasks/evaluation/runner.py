@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.errors import FrenzyError
 from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
@@ -40,7 +41,7 @@ from tasks.evaluation.suite import Suite
 from tasks.evaluation.trial import score_chunk
 
 
-class EvalError(RuntimeError):
+class EvalError(FrenzyError, RuntimeError):
     """An evaluation that could not finish; names the trial and its error."""
 
 
@@ -231,8 +232,10 @@ class _Run:
             if isinstance(line, dict):  # the process ended
                 if self.opts.executor != "local":
                     (self.out / "trials" / f"{name}.stderr").write_text(line["stderr"])
-                if line["rc"] != 0:
-                    raise EvalError(f"{name} exited with status {line['rc']}: {line['stderr'].strip() or 'no output'}")
+                if line["rc"] != 0:  # its last line (the error), not its traceback: that stays in the log
+                    last = [ln for ln in line["stderr"].splitlines() if ln.strip()][-1:] or ["no output"]
+                    raise EvalError(f"{name} exited with status {line['rc']}: {last[0].strip()} (its log: "
+                                    f"{self.out / 'trials' / (name + '.stderr')})")
                 return
             try:
                 ev = json.loads(line)

@@ -290,18 +290,19 @@ def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 1024, cpu_s: 
     finally:
         _kill_cgroup(cg)
         shutil.rmtree(work, ignore_errors=True)
-    if rc == _SETUP_FAILED and "sandbox setup:" in stderr:
-        status = "error"
-    elif rc == 124 or rc == 128 + signal.SIGXCPU or rc == -signal.SIGXCPU:
-        status = "timeout"
-    elif rc in _STATUS:
-        status = _STATUS[rc]
-    elif rc > 128 or rc < 0:
-        status = "killed"
-    else:
-        status = "failed"
-    return SandboxResult(status=status, returncode=rc, duration_s=dur, stdout=stdout, stderr=stderr,
+    return SandboxResult(status=_status(rc, stderr), returncode=rc, duration_s=dur, stdout=stdout, stderr=stderr,
                          isolation=layers)
+
+
+def _status(rc: int, stderr: str) -> str:
+    """What the supervisor's exit code says happened to the program."""
+    if rc == _SETUP_FAILED and "sandbox setup:" in stderr:
+        return "error"
+    if rc == 124 or rc == 128 + signal.SIGXCPU or rc == -signal.SIGXCPU:
+        return "timeout"
+    if rc in _STATUS:
+        return _STATUS[rc]
+    return "killed" if rc > 128 or rc < 0 else "failed"
 
 
 def _kill_cgroup(cg: Path | None) -> None:

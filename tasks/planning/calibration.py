@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from tasks.jobspec import JobSpec
+from tasks.userfiles import LIMITS, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def load_observations(path: Path | None = None) -> list[OomObservation]:
     if not path.is_file():
         return []
     out = []
-    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+    for n, raw in enumerate(read_bytes(path, "OOM observations file", LIMITS["jsonl"]).splitlines(), 1):
         try:
             out.append(OomObservation.model_validate_json(raw))
         except ValueError as err:

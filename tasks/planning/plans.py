@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from cluster.catalog import Catalog, GPUType, default_catalog
 from cluster.inventory import Cluster
+from tasks.errors import FrenzyError
 from tasks.jobspec import JobSpec
 from tasks.planning.calibration import Calibration, OomObservation, calibrate, observations_path
 from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
@@ -59,7 +60,7 @@ class ResourcePlan(BaseModel):
     (tasks/planning/calibration.py); 1 when none was recorded."""
 
 
-class InfeasibleJobError(ValueError):
+class InfeasibleJobError(FrenzyError, ValueError):
     """No layout fits any GPU of the cluster; the message names the memory, the largest GPU and a fix."""
 
 

@@ -172,6 +172,63 @@ class Slowdowns(BaseModel):
     analysis_s: float
 
 
+@dataclass
+class _WhatIf:
+    """The simulations of one analysis: the ideal durations everywhere but where some ops keep their original ones."""
+
+    g: Graph
+    p: Prepared
+    ideal_mat: np.ndarray
+    t_ideal: float
+    t_nodelay: float
+
+    def put_back(self, rows: np.ndarray | None = None, cols: np.ndarray | None = None, ideal_for: bool = False) -> float:
+        """Mean step time with original durations on the selected rows x cols (or ideal there if ideal_for)."""
+        src, dst = (self.ideal_mat, self.p.dur) if ideal_for else (self.p.dur, self.ideal_mat)
+        d = np.array(dst)
+        r = slice(None) if rows is None else rows
+        if cols is None:
+            d[r] = src[r]
+        else:
+            sub = d[r]
+            sub[:, cols] = np.asarray(src[r])[:, cols]
+            d[r] = sub
+        return float(step_times(self.g, *simulate(self.g, d)).mean())
+
+    def explained(self, t_rem: float) -> float:
+        """Share of the straggler slowdown that ideal durations on some ops remove."""
+        spread = self.t_nodelay - self.t_ideal
+        return float((self.t_nodelay - t_rem) / spread) if spread > 1e-12 else 0.0
+
+    def attribution(self, say: Callable[[str], None]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Slowdown by op type, by stage and by DP rank: each group's original durations put back."""
+        g, groups = self.g, {}
+        for t in np.unique(g.optype):
+            groups.setdefault(ATTR_GROUP.get(OPTYPES[t], OPTYPES[t]), []).append(int(t))
+        by_optype = {name: self.put_back(rows=np.isin(g.optype, ts)) / self.t_ideal for name, ts in groups.items()}
+        say(f"attributed {len(by_optype)} op types")
+        by_stage = {str(int(s)): self.put_back(rows=g.stage == s) / self.t_ideal for s in np.unique(g.stage)}
+        by_dp = {str(int(d)): float(v) / self.t_ideal
+                 for d, v in zip(g.dp_ranks, per_rank_put_back(g, self.p), strict=True)}
+        say(f"attributed {g.n_dp} DP ranks")
+        return by_optype, by_stage, by_dp
+
+    def workers(self, exact: bool, by_stage: dict[str, float], by_dp: dict[str, float]) -> list[list[float]]:
+        """The (stage x DP rank) worker map: simulated one by one, or bounded by the stage's and the rank's."""
+        g, stages = self.g, np.unique(self.g.stage)
+        if exact:
+            return [[float(v) / self.t_ideal for v in per_rank_put_back(g, self.p, rows=g.stage == s)] for s in stages]
+        return [[min(by_stage[str(int(s))], by_dp[str(int(d))]) for d in g.dp_ranks] for s in stages]
+
+    def m_w(self, top: list[tuple[float, int, int]]) -> float:
+        """The share of the slowdown the `top` workers explain."""
+        g, col_dp = self.g, self.g.col_dp()
+        mask = np.zeros(self.p.dur.shape, bool)
+        for _, s, d in top:
+            mask[np.ix_(g.stage == s, col_dp == int(np.flatnonzero(g.dp_ranks == d)[0]))] = True
+        return self.explained(float(step_times(g, *simulate(g, np.where(mask, self.ideal_mat, self.p.dur))).mean()))
+
+
 def analyze(trace: Trace, exact_workers: int | None = None, progress: Callable[[str], None] | None = None
             ) -> tuple[Slowdowns, Prepared]:
     """The what-if analysis of a trace: S, attribution, worker map, M_W, M_S and the simulator's error."""
@@ -186,61 +243,26 @@ def analyze(trace: Trace, exact_workers: int | None = None, progress: Callable[[
     nodelay = step_times(g, *simulate(g, p.dur))
     ideal_mat = np.broadcast_to(p.ideal[:, None], p.dur.shape)
     ideal = step_times(g, *simulate(g, np.ascontiguousarray(ideal_mat)))
-    t_ideal = float(ideal.mean())
-    t_nodelay = float(nodelay.mean())
-
-    def put_back(rows: np.ndarray | None = None, cols: np.ndarray | None = None, ideal_for: bool = False) -> float:
-        """Mean step time with original durations on the selected rows x cols (or ideal there if ideal_for)."""
-        src, dst = (ideal_mat, p.dur) if ideal_for else (p.dur, ideal_mat)
-        d = np.array(dst)
-        r = slice(None) if rows is None else rows
-        if cols is None:
-            d[r] = src[r]
-        else:
-            sub = d[r]
-            sub[:, cols] = np.asarray(src[r])[:, cols]
-            d[r] = sub
-        return float(step_times(g, *simulate(g, d)).mean())
-
-    groups: dict[str, list[int]] = {}
-    for t in np.unique(g.optype):
-        groups.setdefault(ATTR_GROUP.get(OPTYPES[t], OPTYPES[t]), []).append(int(t))
-    by_optype = {name: put_back(rows=np.isin(g.optype, ts)) / t_ideal for name, ts in groups.items()}
-    say(f"attributed {len(by_optype)} op types")
+    w = _WhatIf(g=g, p=p, ideal_mat=ideal_mat, t_ideal=float(ideal.mean()), t_nodelay=float(nodelay.mean()))
+    by_optype, by_stage, by_dp = w.attribution(say)
     stages = np.unique(g.stage)
-    by_stage = {str(int(s)): put_back(rows=g.stage == s) / t_ideal for s in stages}
-    col_dp = g.col_dp()
-    by_dp = {str(int(d)): float(v) / t_ideal for d, v in zip(g.dp_ranks, per_rank_put_back(g, p), strict=True)}
-    say(f"attributed {D} DP ranks")
     n_workers = len(stages) * D
     exact = exact_workers is None or n_workers <= exact_workers
-    if exact:
-        workers = [[float(v) / t_ideal for v in per_rank_put_back(g, p, rows=g.stage == s)] for s in stages]
-    else:
-        workers = [[min(by_stage[str(int(s))], by_dp[str(int(d))]) for d in g.dp_ranks] for s in stages]
+    workers = w.workers(exact, by_stage, by_dp)
     say(f"worker map: {n_workers} workers ({'simulated' if exact else 'min(S_dp, S_stage)'})")
     flat = sorted(((workers[i][k], int(s), int(d)) for i, s in enumerate(stages) for k, d in enumerate(g.dp_ranks)),
                   reverse=True)
     n_top = max(1, math.ceil(0.03 * n_workers))
-    spread = t_nodelay - t_ideal
-
-    def explained(t_rem: float) -> float:
-        return float((t_nodelay - t_rem) / spread) if spread > 1e-12 else 0.0
-
-    top_mask = np.zeros(p.dur.shape, bool)
-    for _, s, d in flat[:n_top]:
-        top_mask[np.ix_(g.stage == s, col_dp == int(np.flatnonzero(g.dp_ranks == d)[0]))] = True
-    m_w = explained(float(step_times(g, *simulate(g, np.where(top_mask, ideal_mat, p.dur))).mean()))
-    m_s = explained(put_back(rows=g.stage == stages[-1], ideal_for=True))
     err = np.abs(orig - base) / np.maximum(base, 1e-12)
-    per_step = {str(int(s)): float(v) for s, v in zip(g.steps, nodelay / ideal, strict=True)}
     res = Slowdowns(
         trace=trace.path, ops=int(g.n * S * D), steps=S, dp_size=D, pp_size=len(stages),
-        slowdown=t_nodelay / t_ideal, launch_slowdown=float(base.mean() / t_nodelay),
-        waste=1.0 - t_ideal / t_nodelay, by_optype=by_optype, by_stage=by_stage, by_dp_rank=by_dp,
-        workers=workers, workers_method="simulated" if exact else "min(S_dp, S_stage)", m_w=m_w, m_s=m_s,
-        per_step=per_step, sim_error=float(np.median(err)), sim_error_max=float(err.max()),
-        step_time_trace_s=float(base.mean()), step_time_nodelay_s=t_nodelay, step_time_ideal_s=t_ideal,
+        slowdown=w.t_nodelay / w.t_ideal, launch_slowdown=float(base.mean() / w.t_nodelay),
+        waste=1.0 - w.t_ideal / w.t_nodelay, by_optype=by_optype, by_stage=by_stage, by_dp_rank=by_dp,
+        workers=workers, workers_method="simulated" if exact else "min(S_dp, S_stage)", m_w=w.m_w(flat[:n_top]),
+        m_s=w.explained(w.put_back(rows=g.stage == stages[-1], ideal_for=True)),
+        per_step={str(int(s)): float(v) for s, v in zip(g.steps, nodelay / ideal, strict=True)},
+        sim_error=float(np.median(err)), sim_error_max=float(err.max()),
+        step_time_trace_s=float(base.mean()), step_time_nodelay_s=w.t_nodelay, step_time_ideal_s=w.t_ideal,
         top_workers=[{"stage": s, "dp_rank": d, "slowdown": v} for v, s, d in flat[:max(n_top, 5)]],
         clock_skew_ops=p.skew_ops, dropped_steps=g.dropped_steps, analysis_s=time.perf_counter() - t0)
     return res, p

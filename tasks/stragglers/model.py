@@ -170,82 +170,116 @@ def _one_tp_rank(c: dict[str, np.ndarray]) -> np.ndarray:
 WAIT_QUORUM = 0.98
 
 
+@dataclass
+class _Stage:
+    """One pipeline stage's ops of the sampled steps: their per-step starts and ends, medians and op types."""
+
+    g: Graph
+    nodes: np.ndarray
+    S: np.ndarray
+    E: np.ndarray
+    SA: np.ndarray
+    EA: np.ndarray
+    ms: np.ndarray
+    me: np.ndarray
+    ot: np.ndarray
+
+    def waited(self, x: int, m: int) -> bool:
+        """Op `m` started after op `x` ended in (nearly) every step: it waited for it."""
+        return bool(np.mean(self.EA[x] <= self.SA[m] + self.g.tol) >= WAIT_QUORUM)
+
+    def chain(self, ops: list[int] | np.ndarray) -> None:
+        for a, b in zip(ops[:-1], ops[1:], strict=False):
+            self.g.deps[self.nodes[b]].append(int(self.nodes[a]))
+
+
 def _edges(g: Graph, nodes: np.ndarray, samp: np.ndarray) -> None:
-    tol = g.tol
-    S, E = g.start[nodes][:, samp], g.end[nodes][:, samp]
-    SA, EA = g.start[nodes], g.end[nodes]
-
-    def waited(x: int, m: int) -> bool:
-        return bool(np.mean(EA[x] <= SA[m] + tol) >= WAIT_QUORUM)
-
-    ms, me = np.median(S, axis=1), np.median(E, axis=1)
-    ot = g.optype[nodes]
-    is_comp = np.isin(ot, [_OT[x] for x in COMPUTE])
-    comp_end = me[is_comp].max() if is_comp.any() else -np.inf
-    is_tail = np.isin(ot, [_OT[x] for x in TAIL]) | ((ot == _SEP_AR) & (ms >= comp_end - tol))
-    main = np.flatnonzero(is_comp | is_tail)
-    main = main[np.lexsort((g.seq[nodes][main], ms[main]))]
-    for a, b in zip(main[:-1], main[1:], strict=False):
-        g.deps[nodes[b]].append(int(nodes[a]))
+    st = _Stage(g=g, nodes=nodes, S=g.start[nodes][:, samp], E=g.end[nodes][:, samp], SA=g.start[nodes],
+                EA=g.end[nodes], ms=np.median(g.start[nodes][:, samp], axis=1),
+                me=np.median(g.end[nodes][:, samp], axis=1), ot=g.optype[nodes])
+    main, is_tail = _main_chain(st)
+    st.chain(main)
     side = np.setdiff1d(np.arange(len(nodes)), main)
     streams: dict[str, list[int]] = {}
     for i in side:
-        name = OPTYPES[ot[i]]
+        name = OPTYPES[st.ot[i]]
         streams.setdefault(name if name in PP_COMM else "dp", []).append(int(i))
     for members in streams.values():
-        members.sort(key=lambda i: (ms[i], g.seq[nodes[i]]))
-        for a, b in zip(members[:-1], members[1:], strict=False):
-            g.deps[nodes[b]].append(int(nodes[a]))
-    main_start = ms[main]
-    pos = {int(j): q for q, j in enumerate(main)}
+        members.sort(key=lambda i: (st.ms[i], g.seq[nodes[i]]))
+        st.chain(members)
     tail = [i for i in main if is_tail[i]]
-    t0 = tail[0] if tail else None
-    producer, consumer_of = _pp_pairs(g, nodes, main, ot)
+    producer, consumer_of = _pp_pairs(g, nodes, main, st.ot)
     issued: dict[int, tuple[str, int, float]] = {}
     pred = {b: a for members in streams.values() for a, b in zip(members[:-1], members[1:], strict=False)}
-    for i in sorted(side, key=lambda i: ms[i]):
-        name = OPTYPES[ot[i]]
-        if i in producer:  # a send follows the compute that produced it
-            issued[i] = ("dep", producer[i], 0.0)
-        elif ot[i] == _RS and _last_bwd(g, nodes, main, ot, i) is not None:
-            issued[i] = ("dep", _last_bwd(g, nodes, main, ot, i), 0.0)
-        elif i in pred and pred[i] in issued and np.mean(S[i] <= E[pred[i]] + tol) >= 0.5:
-            issued[i] = issued[pred[i]]  # queued behind its stream predecessor: issued no later than it
-        else:
-            k = int(np.searchsorted(main_start, ms[i] + tol, side="right")) - 1  # the main op it was issued after
-            if k < 0:
-                issued[i] = ("none", -1, 0.0)
-            else:
-                m = main[k]
-                span = np.maximum(E[m] - S[m], 1e-12)
-                frac = float(np.clip(np.median((S[i] - S[m]) / span), 0.0, 1.0))
-                if np.mean(S[i] >= E[m] - tol) >= 0.5:
-                    issued[i] = ("dep", m, 0.0)
-                elif frac >= 0.01:
-                    issued[i] = ("anchor", m, frac)
-                else:  # issued with the main op's start: after the one before it
-                    issued[i] = ("dep", main[k - 1], 0.0) if k >= 1 else ("none", -1, 0.0)
+    for i in sorted(side, key=lambda i: st.ms[i]):
+        issued[i] = _issue_point(st, main, i, producer, issued.get(pred[i]) if i in pred else None,
+                                 pred.get(i))
         how, m, frac = issued[i]
         if how == "dep":
             g.deps[nodes[i]].append(int(nodes[m]))
         elif how == "anchor":
             g.anchor[nodes[i]] = nodes[m]
             g.frac[nodes[i]] = frac
-        consumer = None
-        if i in consumer_of:
-            consumer = consumer_of[i]
-        elif name.endswith("-recv") or ot[i] == _AG:
-            after = [j for j in main if ms[j] >= me[i] - tol]
-            if ot[i] == _AG:
-                same = [j for j in after if ot[j] == _FWD and g.mc[nodes[j]] == g.mc[nodes[i]]]
-                after = same or after
-            consumer = after[0] if after else None
-        elif name.endswith("-send") and how == "dep" and pos[m] + 1 < len(main) and waited(i, main[pos[m] + 1]):
-            consumer = main[pos[m] + 1]  # a blocking send
-        if consumer is None and t0 is not None and waited(i, t0):
-            consumer = t0
+        consumer = _consumer(st, main, i, how, m, consumer_of, tail[0] if tail else None)
         if consumer is not None:
             g.deps[nodes[consumer]].append(int(nodes[i]))
+
+
+def _main_chain(st: _Stage) -> tuple[np.ndarray, np.ndarray]:
+    """The stage's compute and tail ops in the order they ran (one chain: the worker's compute stream)."""
+    g, ot, tol = st.g, st.ot, st.g.tol
+    is_comp = np.isin(ot, [_OT[x] for x in COMPUTE])
+    comp_end = st.me[is_comp].max() if is_comp.any() else -np.inf
+    is_tail = np.isin(ot, [_OT[x] for x in TAIL]) | ((ot == _SEP_AR) & (st.ms >= comp_end - tol))
+    main = np.flatnonzero(is_comp | is_tail)
+    return main[np.lexsort((g.seq[st.nodes][main], st.ms[main]))], is_tail
+
+
+def _issue_point(st: _Stage, main: np.ndarray, i: int, producer: dict[int, int],
+                 pred_issue: tuple[str, int, float] | None, pred: int | None) -> tuple[str, int, float]:
+    """Where side op `i` was issued: after an op (`dep`), part-way through a main op (`anchor`, the fraction), or
+    at the start (`none`)."""
+    tol = st.g.tol
+    if i in producer:  # a send follows the compute that produced it
+        return ("dep", producer[i], 0.0)
+    if st.ot[i] == _RS and (last := _last_bwd(st.g, st.nodes, main, st.ot, i)) is not None:
+        return ("dep", last, 0.0)
+    if pred_issue is not None and pred is not None and np.mean(st.S[i] <= st.E[pred] + tol) >= 0.5:
+        return pred_issue  # queued behind its stream predecessor: issued no later than it
+    k = int(np.searchsorted(st.ms[main], st.ms[i] + tol, side="right")) - 1  # the main op it was issued after
+    if k < 0:
+        return ("none", -1, 0.0)
+    m = main[k]
+    span = np.maximum(st.E[m] - st.S[m], 1e-12)
+    frac = float(np.clip(np.median((st.S[i] - st.S[m]) / span), 0.0, 1.0))
+    if np.mean(st.S[i] >= st.E[m] - tol) >= 0.5:
+        return ("dep", m, 0.0)
+    if frac >= 0.01:
+        return ("anchor", m, frac)
+    return ("dep", main[k - 1], 0.0) if k >= 1 else ("none", -1, 0.0)  # issued with the main op's start
+
+
+def _consumer(st: _Stage, main: np.ndarray, i: int, how: str, m: int, consumer_of: dict[int, int],
+              tail0: int | None) -> int | None:
+    """The main op that waits for side op `i`: its receiver's compute, a forward that needs a gathered parameter,
+    the compute after a blocking send, else the step's tail when it waited."""
+    name, tol = OPTYPES[st.ot[i]], st.g.tol
+    consumer = None
+    if i in consumer_of:
+        consumer = consumer_of[i]
+    elif name.endswith("-recv") or st.ot[i] == _AG:
+        after = [j for j in main if st.ms[j] >= st.me[i] - tol]
+        if st.ot[i] == _AG:
+            same = [j for j in after if st.ot[j] == _FWD and st.g.mc[st.nodes[j]] == st.g.mc[st.nodes[i]]]
+            after = same or after
+        consumer = after[0] if after else None
+    elif name.endswith("-send") and how == "dep":
+        pos = int(np.flatnonzero(main == m)[0])
+        if pos + 1 < len(main) and st.waited(i, main[pos + 1]):
+            consumer = main[pos + 1]  # a blocking send
+    if consumer is None and tail0 is not None and st.waited(i, tail0):
+        consumer = tail0
+    return consumer
 
 
 def _pp_pairs(g: Graph, nodes: np.ndarray, main: np.ndarray, ot: np.ndarray) -> tuple[dict[int, int], dict[int, int]]:

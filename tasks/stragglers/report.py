@@ -10,12 +10,12 @@ import numpy as np
 
 from tasks.outdir import atomic_path
 from tasks.stragglers.analyze import Prepared, Slowdowns, simulate
-from tasks.stragglers.trace import OPTYPES, PP_COMM
+from tasks.stragglers.trace import OPTYPES, PP_COMM, TraceError
 
 STREAMS = ["compute", *PP_COMM, "dp-comm"]
 
 
-def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = ()) -> Path:
+def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
     """PNG: one cell per worker (x = DP rank, y = stage), its slowdown; Reds from 1 to max(1.5, worst)."""
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
@@ -38,13 +38,13 @@ def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (
     fig.colorbar(im, ax=ax, label="slowdown")
     fig.tight_layout()
     out = Path(path)
-    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs) as tmp:
+    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs, overwrite=overwrite) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
     return out
 
 
 def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_steps: int = 3,
-             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = ()) -> Path:
+             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
     """Chrome/Perfetto trace (gzipped JSON) of the original and the ideal timelines for a window of steps.
 
     One process per (timeline, DP rank), one track per (stage, stream); steps are laid end to end. A
@@ -52,11 +52,15 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
     """
     g = p.graph
     steps = list(g.steps)
-    i0 = steps.index(first_step) if first_step is not None and first_step in steps else 0
+    if first_step is not None and first_step not in steps:
+        raise TraceError(f"--timeline-step {first_step} is not a step of the trace (its steps: {steps[0]} to "
+                         f"{steps[-1]}, {len(steps)} of them); give one of those")
+    i0 = steps.index(first_step) if first_step is not None else 0
     window = list(range(i0, min(i0 + max(1, n_steps), len(steps))))
     ranks = list(g.dp_ranks[:8]) if dp_ranks is None else [r for r in dp_ranks if r in set(g.dp_ranks.tolist())]
     if not ranks:
-        raise ValueError(f"none of the DP ranks {dp_ranks} is in the trace (it has {g.dp_ranks.tolist()})")
+        raise TraceError(f"none of the DP ranks {dp_ranks} is in the trace (it has {g.dp_ranks.tolist()}); give "
+                         "some of those to --timeline-dp-ranks")
     dpi = {int(r): int(np.flatnonzero(g.dp_ranks == r)[0]) for r in ranks}
     ideal_start, ideal_end = simulate(g, np.ascontiguousarray(np.broadcast_to(p.ideal[:, None], p.dur.shape)))
     comm = np.array([OPTYPES[t] not in ("forward-compute", "backward-compute", "gc", "optimizer") for t in g.optype])
@@ -96,7 +100,8 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
                     events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                                    "args": {"sort_index": tid}})
     out = Path(path)
-    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs) as tmp, gzip.open(tmp, "wt") as f:
+    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs, overwrite=overwrite) as tmp, \
+            gzip.open(tmp, "wt") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     return out
 

@@ -19,16 +19,21 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.errors import FrenzyError
 from tasks.stragglers.trace import LOCAL, OPTYPES, JobMeta
 
 
 class SlowWorker(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     dp: int = Field(ge=0)
     stage: int = Field(ge=0)
     factor: float = Field(gt=0)
 
 
 class SlowStage(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     stage: int = Field(ge=0)
     factor: float = Field(gt=0)
 
@@ -36,22 +41,28 @@ class SlowStage(BaseModel):
 class SlowLink(BaseModel):
     """The p2p link between `stage` and `stage + 1` (both directions)."""
 
+    model_config = ConfigDict(allow_inf_nan=False)
+
     stage: int = Field(ge=0)
     factor: float = Field(gt=0)
+
+
+MAX_COMPUTE_OPS = 20_000_000
+"""The largest synthetic trace (forward and backward ops); about 1 GB of parquet and minutes to generate."""
 
 
 class SynthSpec(BaseModel):
     """A synthetic job: layout, schedule, per-op times (seconds) and injected stragglers."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
-    dp: int = Field(4, ge=1)
+    dp: int = Field(4, ge=1, le=4096)
     pp: int = Field(4, ge=1, le=127)
     vpp: int = Field(1, ge=1)
     tp: int = Field(1, ge=1)
     microbatches: int = Field(8, ge=1, le=127)
-    steps: int = Field(10, ge=1)
+    steps: int = Field(10, ge=1, le=100_000)
     fwd_s: float = Field(0.010, gt=0, description="forward of one micro-batch on one stage (all its chunks)")
     bwd_s: float = Field(0.020, gt=0)
     p2p_s: float = Field(0.0005, ge=0)
@@ -64,7 +75,7 @@ class SynthSpec(BaseModel):
     launch_delay_s: float = Field(2e-5, ge=0, description="mean CPU gap before each op (exponential)")
     slow_worker: SlowWorker | None = None
     slow_stage: SlowStage | None = None
-    seq_imbalance: float = Field(0.0, ge=0, description="s.d. of log compute time per (step, DP rank)")
+    seq_imbalance: float = Field(0.0, ge=0, le=2.0, description="s.d. of log compute time per (step, DP rank)")
     slow_link: SlowLink | None = None
     seed: int = 0
 
@@ -83,6 +94,11 @@ class SynthSpec(BaseModel):
                 raise ValueError(f"{what}.stage {x.stage} >= pp {self.pp}")
         if self.slow_worker is not None and self.slow_worker.dp >= self.dp:
             raise ValueError(f"slow_worker.dp {self.slow_worker.dp} >= dp {self.dp}")
+        ops = 2 * self.steps * self.dp * self.pp * self.vpp * self.microbatches
+        if ops > MAX_COMPUTE_OPS:
+            raise ValueError(f"{self.steps} steps x {self.dp} DP ranks x {self.pp * self.vpp} stages x "
+                             f"{self.microbatches} micro-batches is {ops:,} compute ops, more than the "
+                             f"{MAX_COMPUTE_OPS:,} a synthetic trace may hold; lower --steps or the layout")
         return self
 
     @property
@@ -262,7 +278,7 @@ def build_program(spec: SynthSpec) -> Program:
     return prog
 
 
-class Deadlock(RuntimeError):
+class Deadlock(FrenzyError, RuntimeError):
     pass
 
 

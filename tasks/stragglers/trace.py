@@ -16,7 +16,10 @@ from typing import Annotated
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, load_yaml, path_kind, refuse_bool_numbers, regular_file, validation_message
 
 COMPUTE = ("forward-compute", "backward-compute")
 PP_COMM = ("forward-send", "forward-recv", "backward-send", "backward-recv")
@@ -31,7 +34,11 @@ COLUMNS = {"dp_rank": np.int8, "stage": np.int8, "rank": np.int16, "step": np.in
            "mb_id": np.int8}
 
 
-class TraceError(ValueError):
+MAX_DEGREE = 65536
+"""The largest parallel degree a meta file may give (a job of more ranks than any cluster holds is a typo)."""
+
+
+class TraceError(FrenzyError, ValueError):
     """A trace or meta file that cannot be analysed; the message names the fix."""
 
 
@@ -43,16 +50,17 @@ class JobMeta(BaseModel):
     """The parallel layout of the traced job. The artifact's own meta files write `run_id: 0` (an int): names are
     taken as text whatever YAML made of them."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    _no_bool_numbers = field_validator("*", mode="before")(classmethod(refuse_bool_numbers))
 
     trial_name: Annotated[str, BeforeValidator(_as_text)] = ""
     run_id: Annotated[str, BeforeValidator(_as_text)] = ""
-    dp_size: int = Field(ge=1)
-    pp_size: int = Field(1, ge=1)
-    tp_size: int = Field(1, ge=1)
-    dsp_size: int = Field(1, ge=1)
-    vpp_size: int = Field(1, ge=1)
-    world_size: int = Field(0, ge=0)
+    dp_size: int = Field(ge=1, le=MAX_DEGREE)
+    pp_size: int = Field(1, ge=1, le=MAX_DEGREE)
+    tp_size: int = Field(1, ge=1, le=MAX_DEGREE)
+    dsp_size: int = Field(1, ge=1, le=MAX_DEGREE)
+    vpp_size: int = Field(1, ge=1, le=MAX_DEGREE)
+    world_size: int = Field(0, ge=0, le=MAX_DEGREE**2)
 
 
 @dataclass
@@ -78,11 +86,17 @@ def find_meta(trace_path: Path) -> Path:
 
 
 def load_meta(path: Path) -> JobMeta:
+    """The job's meta YAML, through the refusing reader and the project's strict YAML loader."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-        meta = JobMeta.model_validate(doc)
-    except (OSError, yaml.YAMLError, ValidationError) as err:
-        raise TraceError(f"cannot read the meta YAML {path}: {err}") from err
+        doc = load_yaml(path, "meta YAML")
+    except UserFileError as err:
+        raise TraceError(f"cannot read the meta YAML: {err}") from None
+    if not isinstance(doc.data, dict):
+        raise TraceError(f"{path}: a meta YAML is a mapping (dp_size, pp_size, tp_size, ...)")
+    try:
+        meta = JobMeta.model_validate(doc.data)
+    except ValidationError as err:
+        raise TraceError(validation_message(err, doc, str(path), "meta YAML")) from None
     if not meta.world_size:
         meta.world_size = meta.dp_size * meta.pp_size * meta.tp_size * meta.dsp_size
     return meta
@@ -98,8 +112,12 @@ def load_trace(path: str | Path, meta: str | Path | JobMeta | None = None) -> Tr
         if len(files) != 1:
             raise TraceError(f"{p} holds {len(files)} parquet files; name the trace file")
         p = files[0]
-    if not p.exists():
-        raise TraceError(f"no trace at {p}")
+    try:
+        if path_kind(p, "trace parquet") == "missing":
+            raise TraceError(f"no trace at {p}")
+        regular_file(p, "trace parquet")
+    except UserFileError as err:
+        raise TraceError(str(err)) from None
     if not isinstance(meta, JobMeta):
         meta = load_meta(Path(meta) if meta else find_meta(p))
     try:

@@ -22,19 +22,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from typing import Annotated
 
 import torch
 from pydantic import BaseModel, Field
 
+from tasks.errors import FrenzyError
 from tasks.jobspec import NAME_PATTERN
-from tasks.training.storage import AlreadyExists, Storage
+from tasks.training.storage import AlreadyExists, NotAFile, Storage
+from tasks.userfiles import json_loads
 
 log = logging.getLogger("frenzy.checkpoint")
 _ALIGN = 64
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(FrenzyError, RuntimeError):
     """A checkpoint that cannot be used (missing, corrupt, or from another job/layout); names the fix."""
 
 
@@ -45,9 +48,9 @@ class CheckpointMismatch(CheckpointError):
 class TensorEntry(BaseModel):
     name: str
     dtype: str
-    shape: list[int]
-    offset: int
-    nbytes: int
+    shape: list[Annotated[int, Field(ge=0)]]
+    offset: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
     global_shape: list[int] | None = None
     """For a shard of a distributed tensor: the full shape (the shard is `shape` at `global_offset`)."""
     global_offset: list[int] | None = None
@@ -56,9 +59,10 @@ class TensorEntry(BaseModel):
 class ShardRecord(BaseModel):
     """One rank's file of a checkpoint."""
 
-    rank: int
+    rank: int = Field(ge=0)
     key: str
-    bytes: int
+    bytes: int = Field(ge=0, le=1 << 44)
+    """At most 16 TiB: a record claiming more was altered (reading it would allocate that much first)."""
     sha256: str
     tensors: list[TensorEntry]
     extra: dict = Field(default_factory=dict)
@@ -474,14 +478,21 @@ def read_manifest(storage: Storage, step: int) -> Manifest | None:
     another step, raises `CheckpointError` naming the file."""
     key = f"{step_dir(step)}/manifest.json"
     try:
-        m = Manifest.model_validate_json(storage.read(key))
+        m = Manifest.model_validate(json_loads(storage.read(key), storage.url(key)))
     except FileNotFoundError:
         return None
-    except ValueError as err:  # pydantic's ValidationError (bad JSON or fields) is a ValueError
+    except NotAFile as err:
+        raise CheckpointError(f"{err}; the step is skipped") from None
+    except ValueError as err:  # strict JSON (UserFileError) or pydantic's ValidationError: both ValueErrors
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(f"{storage.url(key)} is not a valid manifest ({first}); the step is skipped") from None
     if m.step != step:
         raise CheckpointError(f"{storage.url(key)} names step {m.step}, not {step}; the step is skipped")
+    shard_key = re.compile(re.escape(step_dir(step)) + r"/rank\d{5}\.bin")
+    for sh in m.shards:
+        if not shard_key.fullmatch(sh.key):  # `../../x`, an absolute path, another step's file: never followed
+            raise CheckpointError(f"{storage.url(key)}: shard key {sh.key!r} is not a file of this step "
+                                  f"({step_dir(step)}/rankNNNNN.bin); the manifest was altered, the step is skipped")
     return m
 
 
@@ -501,10 +512,13 @@ def committed(storage: Storage) -> list[Manifest]:
 
 def read_shard(storage: Storage, shard: ShardRecord) -> dict[str, torch.Tensor]:
     """Read one shard, verifying its size and sha256; raises `CheckpointError` on any mismatch."""
-    flat = torch.empty(shard.bytes, dtype=torch.uint8)
     try:
+        size = storage.size(shard.key)
+        if size != shard.bytes:  # before allocating what the record claims
+            raise EOFError(f"the file is {size:,} bytes; the manifest says {shard.bytes:,} (truncated or extended)")
+        flat = torch.empty(shard.bytes, dtype=torch.uint8)
         sha = storage.read_into(shard.key, memoryview(flat.numpy()))
-    except (EOFError, FileNotFoundError) as err:
+    except (EOFError, FileNotFoundError, NotAFile) as err:
         raise CheckpointError(f"{storage.url(shard.key)}: {err}") from None
     if sha != shard.sha256:
         raise CheckpointError(f"{storage.url(shard.key)}: sha256 {sha[:12]}... does not match the manifest's "

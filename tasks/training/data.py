@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks.errors import FrenzyError
 from tasks.jobspec import DataSpec
 from tasks.training import shards as S
 from tasks.training.prepared import check_prepared
 from tasks.training.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from tasks.userfiles import UserFileError, path_kind
 
 #: Stdlib packages whose source text makes the built-in corpus (code and English docstrings, all offline).
 _CORPUS_PACKAGES = ("json", "email", "http", "logging", "unittest", "asyncio", "xml", "importlib",
@@ -31,7 +33,7 @@ _CORPUS_MAX_BYTES = 16 << 20
 HELDOUT_FRACTION = 0.05
 
 
-class DataError(ValueError):
+class DataError(FrenzyError, ValueError):
     """Training data that cannot be used; the message names the fix."""
 
 
@@ -89,10 +91,16 @@ def _text_corpus_bytes(spec: DataSpec) -> Path:
     if not spec.path:
         raise DataError("data.source is 'text' but data.path is not set; give a UTF-8 file or directory")
     p = Path(spec.path).expanduser()
-    if p.is_dir():
-        files = sorted(q for q in p.rglob("*") if q.is_file())
-        if not files:
-            raise DataError(f"data.path {p} is an empty directory")
+    try:
+        kind = path_kind(p, "corpus file")
+        files = [Path(u) for u, _ in S.list_files(str(p))] if kind == "dir" else [p]
+    except (UserFileError, S.ShardError) as err:
+        raise DataError(f"data.path: {err}") from None
+    if kind == "missing":
+        raise DataError(f"data.path {p} does not exist")
+    if not any(q.stat().st_size for q in files):
+        raise DataError(f"data.path {p} holds no text (every file is empty); give UTF-8 text files")
+    if kind == "dir":
         # cached per directory state (names, sizes, mtimes): rebuilt only when a file changed
         key = "\n".join(f"{q}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
         path = cache_dir() / "corpus" / f"text-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
@@ -102,9 +110,7 @@ def _text_corpus_bytes(spec: DataSpec) -> Path:
             tmp.write_bytes(b"\n".join(q.read_bytes() for q in files))
             os.replace(tmp, path)
         return path
-    if p.is_file():
-        return p
-    raise DataError(f"data.path {p} does not exist")
+    return p
 
 
 def _local_shards(spec: DataSpec) -> list[Path]:

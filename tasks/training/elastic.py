@@ -10,10 +10,12 @@ recovery record; `pool_mtbf()` gives the MTBF of the pool the job now runs on, s
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
+from cluster.ledger import LedgerEvent, LedgerNode
 from tasks.training.interval import PRIOR_GPU_MTBF_S, pooled_mtbf_s
 
 
@@ -69,44 +71,32 @@ def relayout(old: Placed, new: Placed, failure: str, action: str) -> Relayout:
     return Relayout(old=old, new=new, changed=changed, why=why)
 
 
-def pool_mtbf(events: list[dict], nodes: list[dict], gpu_type: str, gpus: int, extra_failures: int = 0,
-              now: float | None = None) -> tuple[float, str]:
+def pool_mtbf(events: Sequence[LedgerEvent], nodes: Sequence[LedgerNode], gpu_type: str, gpus: int,
+              extra_failures: int = 0, now: float | None = None) -> tuple[float, str]:
     """(job MTBF in seconds, where it came from) for `gpus` GPUs of `gpu_type`, from the ledger's `events()` and
     `nodes()`: failures are nodes of that type cordoned (the node check) and allocations on it whose lease expired
     (a holder that died), plus `extra_failures` (this flow's recoveries not in the ledger); exposure is the
     GPU-seconds of every allocation on that type. Pooled with the prior (interval.py)."""
     now = time.time() if now is None else now
-    kind = {n["name"]: n["gpu_type"] for n in nodes}
+    kind = {n.name: n.gpu_type for n in nodes}
     starts: dict[str, tuple[float, int]] = {}
     ends: dict[str, float] = {}
     failures = extra_failures
     for e in events:
-        if e["kind"] == "allocated":
-            n = sum(len(ix) for node, ix in e.get("nodes", {}).items() if kind.get(node) == gpu_type)
+        aid = e.detail.get("allocation")
+        if e.kind == "allocated":
+            n = sum(len(ix) for node, ix in e.detail.get("nodes", {}).items() if kind.get(node) == gpu_type)
             if n:
-                starts[e["allocation"]] = (e["ts"], n)
-        elif e["kind"] in ("released", "lease-expired") and e.get("allocation"):
-            ends[e["allocation"]] = e["ts"]
-            failures += e["kind"] == "lease-expired" and e["allocation"] in starts
-        elif e["kind"] == "cordoned" and kind.get(e["subject"]) == gpu_type:
+                starts[aid] = (e.ts, n)
+        elif e.kind in ("released", "lease-expired") and aid:
+            ends[aid] = e.ts
+            failures += e.kind == "lease-expired" and aid in starts
+        elif e.kind == "cordoned" and kind.get(e.subject) == gpu_type:
             failures += 1
     exposure = sum((ends.get(a, now) - t0) * n for a, (t0, n) in starts.items())
     mtbf = pooled_mtbf_s(gpus, failures, exposure)
     return mtbf, (f"ledger: {failures} failure(s) in {exposure / 3600:.1f} GPU-hours on {gpu_type}, pooled with the "
                   f"prior of one per {PRIOR_GPU_MTBF_S / 3600 / 8766:.1f} GPU-years")
-
-
-def note_placement(recoveries: list[dict], prev: Placed | None, plan: Any, alloc: Any, job: Any,
-                   logger: Any) -> Placed:
-    """The submit flow's hook after each placement: after a recovery, record the move in the newest recovery
-    record (`relayout`) and log it. Returns this attempt's `Placed` (the next call's `prev`)."""
-    now = placed(plan, alloc, job.training.global_batch, job.training.micro_batch)
-    if recoveries and prev is not None and "relayout" not in recoveries[-1]:
-        rec = recoveries[-1]
-        rl = relayout(prev, now, f"{rec['diagnosis']['type']} on {', '.join(prev.nodes)}", rec["action"]["kind"])
-        rec["relayout"] = rl.model_dump()
-        logger.warning("recovery placement: %s", rl.why)
-    return now
 
 
 def tune_auto(job: Any, ledger: Any, plan: Any, alloc: Any, failures: int, logger: Any) -> None:
@@ -118,16 +108,6 @@ def tune_auto(job: Any, ledger: Any, plan: Any, alloc: Any, failures: int, logge
     ck.mtbf_s, source = pool_mtbf(ledger.events(limit=100_000), ledger.nodes(), plan.gpu_type, alloc.gpus, failures)
     logger.info("checkpoint.every_steps auto: MTBF %.0f s for %d x %s (%s)", ck.mtbf_s, alloc.gpus, plan.gpu_type,
                 source)
-
-
-def recovery_lines(recoveries: list[dict]) -> list[str]:
-    """The run report's sentence per recovery: the diagnosis, the action, and the relayout when one was recorded."""
-    out = []
-    for rec in recoveries:
-        d, act = rec["diagnosis"], rec["action"]
-        line = f"{d['type']} ({d['category']}): {act['kind']}, {act['reason']}"
-        out.append(f"{line}. {rec['relayout']['why']}" if rec.get("relayout") else line)
-    return out
 
 
 def replan_after_oom(job: Any, cluster: Any, rank_by: str, observations: list) -> list:

@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from tasks.errors import FrenzyError
 from tasks.jobspec import SpikeSpec
 from tasks.training.spikes import SpikeDetector, Verdict
 
@@ -34,7 +35,7 @@ MAX_OVERFLOWS = 40
 2**-24, below which no loss scale makes the gradients finite."""
 
 
-class SpikeError(RuntimeError):
+class SpikeError(FrenzyError, RuntimeError):
     """The loss or gradients stay non-finite and nothing the guard may do helps; the message names the fix."""
 
 

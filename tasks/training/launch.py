@@ -20,14 +20,21 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from tasks.errors import FrenzyError
 from tasks.jobspec import JobSpec, parse_job
+from tasks.paths import resolve_job
+from tasks.training.progress import ProgressRecord, progress_record
 from tasks.training.writer import ORPHAN_GRACE_S
+
+if TYPE_CHECKING:
+    from tasks.training.request import TrainerResult
 
 _ERROR_MARK = "frenzy-train-error: "
 
 
-class TrainFailed(RuntimeError):
+class TrainFailed(FrenzyError, RuntimeError):
     """The trainer exited with an error; carries the exit code and the tail of its log."""
 
     def __init__(self, msg: str, returncode: int, log_tail: str) -> None:
@@ -96,13 +103,14 @@ def _die_with(libc: object | None, parent: int) -> Callable[[], None]:
 
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False, from_scratch: bool = False,
            device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None, tp: int = 1,
-           on_record: Callable[[dict], None] | None = None, poll_s: float = 0.5,
-           gpu_indices: list[int] | None = None) -> dict:
-    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0.
+           on_record: Callable[[ProgressRecord], None] | None = None, poll_s: float = 0.5,
+           gpu_indices: list[int] | None = None, discard_checkpoints: bool = False) -> TrainerResult:
+    """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0 (its result.json).
 
     `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
     nproc = _check(job, run_dir, nproc, tp, device, gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
+    job = resolve_job(job, Path.cwd(), run_dir)  # what the caller left relative is relative to here (idempotent)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_path = run_dir / "job.json"
     job_path.write_text(job.model_dump_json(indent=1))
@@ -111,7 +119,8 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     progress = run_dir / "progress.jsonl"
     offset = progress.stat().st_size if progress.exists() else 0
     args = ["--job", str(job_path), "--run-dir", str(run_dir), "--device", device, "--tp", str(tp)]
-    args += [flag for flag, on in (("--resume", resume), ("--from-scratch", from_scratch)) if on]
+    args += [flag for flag, on in (("--resume", resume), ("--from-scratch", from_scratch),
+                                   ("--discard-checkpoints", discard_checkpoints)) if on]
     if threads:
         args += ["--threads", str(threads)]
     if stop_after_steps is not None:
@@ -130,25 +139,27 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
             raise
     if proc.returncode != 0:
         raise _failure(proc.returncode, log_path)
-    return json.loads((run_dir / "result.json").read_text())
+    from tasks.training.request import TrainerResult  # it imports torch (the checkpoint record): not before training
+
+    return TrainerResult.model_validate(json.loads((run_dir / "result.json").read_text()))
 
 
 def _check(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str, gpu_indices: list[int] | None) -> int:
     """The launch's arguments, checked before anything starts; returns the rank count (one per GPU given)."""
     if gpu_indices:
         if nproc not in (1, len(gpu_indices)):
-            raise ValueError(f"nproc={nproc} but the allocation holds {len(gpu_indices)} GPUs; one rank per GPU")
+            raise FrenzyError(f"nproc={nproc} but the allocation holds {len(gpu_indices)} GPUs; one rank per GPU")
         nproc = len(gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
+        raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     if nproc < 1 or tp < 1 or nproc % tp:
-        raise ValueError(f"nproc={nproc} and tp={tp}: both must be >= 1 and tp must divide nproc")
+        raise FrenzyError(f"nproc={nproc} and tp={tp}: both must be >= 1 and tp must divide nproc")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
+            raise FrenzyError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
                              "use --device cpu, or auto to take a GPU when there is one")
     return nproc
 
@@ -163,7 +174,7 @@ def _rank_env(nproc: int, threads: int | None, gpu_indices: list[int] | None) ->
     return env
 
 
-def _follow(proc: subprocess.Popen, run_dir: Path, offset: int, on_record: Callable[[dict], None] | None,
+def _follow(proc: subprocess.Popen, run_dir: Path, offset: int, on_record: Callable[[ProgressRecord], None] | None,
             poll_s: float) -> None:
     """Hand every progress record to `on_record` until the trainer exits; a kill file (a hang) kills it."""
     progress, log_path = run_dir / "progress.jsonl", run_dir / "train.log"
@@ -207,7 +218,7 @@ def _stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
-def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> int:
+def _tail(path: Path, offset: int, on_record: Callable[[ProgressRecord], None] | None) -> int:
     if not path.exists():
         return offset
     with open(path, "rb") as f:
@@ -216,7 +227,7 @@ def _tail(path: Path, offset: int, on_record: Callable[[dict], None] | None) -> 
     end = data.rfind(b"\n") + 1
     for line in data[:end].splitlines():
         if line.strip() and on_record is not None:
-            on_record(json.loads(line))
+            on_record(progress_record(json.loads(line)))
     return offset + end
 
 
@@ -264,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--from-scratch", action="store_true")
+    ap.add_argument("--discard-checkpoints", action="store_true")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--stop-after-steps", type=int)
     ap.add_argument("--tp", type=int, default=1)
@@ -273,21 +285,20 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
-    from tasks.training.checkpoint import CheckpointError
-    from tasks.training.data import DataError
-    from tasks.training.guard import SpikeError
+    from tasks.errors import user_message
     from tasks.training.loop import TrainOptions, train
-    from tasks.training.storage import StorageError
-    from tasks.training.writer import WriterLeaseError
 
     try:
         job = parse_job(json.loads(Path(a.job).read_text()), a.job)
         train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, from_scratch=a.from_scratch,
+                           discard_checkpoints=a.discard_checkpoints,
                            device=a.device, threads=a.threads,
                            stop_after_steps=a.stop_after_steps, tp=a.tp))
-    except (CheckpointError, DataError, SpikeError, StorageError, WriterLeaseError, ValueError) as err:
-        # a problem the user can fix: one line, no traceback, recognised by launch()
-        print(f"{_ERROR_MARK}{err}".replace("\n", " "), file=sys.stderr, flush=True)
+    except Exception as err:
+        msg = user_message(err)  # a problem the user can fix: one line, no traceback, recognised by launch()
+        if msg is None:
+            raise  # a bug: its traceback in train.log
+        print(f"{_ERROR_MARK}{msg}".replace("\n", " "), file=sys.stderr, flush=True)
         return 2
     return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+from tasks.training.request import TrainerResult
 from tasks.training.setup import TrainOptions, init_dist
 from tasks.training.step import clip_grad_norm, dp_hook, lr_at
 from tasks.training.storage import Storage
@@ -22,7 +23,7 @@ from tasks.training.writer import trainer_lease
 __all__ = ["TrainOptions", "Trainer", "clip_grad_norm", "dp_hook", "lr_at", "train"]
 
 
-def train(opts: TrainOptions) -> dict:
+def train(opts: TrainOptions) -> TrainerResult:
     """Run (or resume) the job on this rank; returns the result record (complete on rank 0). Rank 0 holds the
     checkpoint root's writer lease (tasks/training/writer.py) from before it reads the root until it exits."""
     d, dev = init_dist(opts)

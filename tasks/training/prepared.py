@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tasks.outdir import atomic_dir
 from tasks.training import shards as S
+from tasks.userfiles import load_json
 
 MARKER = "prepared.json"
 
@@ -46,7 +47,7 @@ def check_prepared(folder: Path, found: list[Path]) -> None:
         raise S.ShardError(f"{folder} holds shard_*.bin but no {MARKER}: a `frenzy data prepare` into it did not "
                            "finish (killed?), so the shards may be partial; prepare it again with --overwrite")
     try:
-        doc = json.loads(marker.read_text(encoding="utf-8"))
+        doc = load_json(marker, "prepared-shards marker")
         named = doc.get("shard_tokens")  # per-shard counts; markers written before them name the shards only
         names = set(named) if isinstance(named, dict) else {Path(p).name for p in doc["shards"]}
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as err:

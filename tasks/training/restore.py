@@ -86,23 +86,42 @@ class Restorer:
         """The step this invocation starts from (None: step 0); refuses to overwrite or silently drop checkpoints.
         Commits newer than the start are discarded (they are not usable: another timeline)."""
         storage, resumed_from = self.storage, None
+        if opts.from_scratch:
+            self._start_over(opts)
+            return None
         existing = ck.committed(storage)
         if existing and not opts.resume:
             raise ck.CheckpointError(f"{storage.uri} already holds checkpoints (newest step {existing[0].step}); "
                                      "pass --resume to continue from them or choose another checkpoint.uri")
         if opts.resume:
             m = self.newest_valid()
-            if m is None and existing and not opts.from_scratch:
+            if m is None and existing:
                 raise ck.CheckpointError(
                     f"none of the {len(existing)} committed checkpoints under {storage.uri} verifies (newest step "
                     f"{existing[0].step}); refusing to start over from step 0. Inspect them with `frenzy checkpoints "
-                    f"{storage.uri} --verify`, or pass --from-scratch to discard them and train from step 0")
+                    f"{storage.uri} --verify`, or pass --from-scratch --discard-checkpoints to delete them and train "
+                    "from step 0 (or --from-scratch with another --checkpoint-uri to keep them)")
             if m is not None:
                 resumed_from = m.step
                 log.info("resumed from step %d (%s)", m.step, storage.url(ck.step_dir(m.step)))
                 self.prog.emit("resume", step=m.step)
         self.discard_after(resumed_from or 0, warn=True)
         return resumed_from
+
+    def _start_over(self, opts: TrainOptions) -> None:
+        """`--from-scratch`: step 0. Checkpoints already under the root are kept and the start refused, unless
+        `discard_checkpoints` asks to delete them (every step directory, committed or partial)."""
+        steps = ck.list_steps(self.storage)
+        if steps and not opts.discard_checkpoints:
+            raise ck.CheckpointError(
+                f"--from-scratch: {self.storage.uri} already holds {len(steps)} checkpoint step(s) (newest "
+                f"{ck.step_dir(steps[0])}); they are kept. Give this run another --checkpoint-uri, or add "
+                "--discard-checkpoints to delete them and train from step 0")
+        if steps:
+            log.warning("--from-scratch --discard-checkpoints: deleting %d step(s) under %s", len(steps),
+                        self.storage.uri)
+            self.prog.emit("checkpoints_discarded", steps=steps)
+        self.discard_after(-1, warn=True)
 
     def discard_after(self, step: int, warn: bool = False) -> None:
         """Rank 0 removes commits newer than `step`; every rank waits for it."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tasks.jobspec import JobSpec
+from tasks.jobspec import JobSpec, JobSpecError
 from tasks.training import data as D
 from tasks.training.model import GPT
 from tasks.training.storage import Storage
@@ -28,7 +28,10 @@ class TrainOptions:
     resume: bool = False
     """Continue from the newest checkpoint that verifies; False refuses to overwrite existing checkpoints."""
     from_scratch: bool = False
-    """With `resume`: when no committed checkpoint verifies, discard them and start at step 0 (else refuse)."""
+    """Start at step 0 whatever the checkpoint root holds; a root that holds checkpoints is refused (they are kept)
+    unless `discard_checkpoints` says to delete them first."""
+    discard_checkpoints: bool = False
+    """With `from_scratch`: delete the checkpoints already under the root before training from step 0."""
     device: str = "auto"
     """`auto` (CUDA when present), `cpu` or `cuda`."""
     threads: int | None = None
@@ -64,7 +67,7 @@ def init_dist(opts: TrainOptions) -> tuple[Dist, torch.device]:
     d = Dist(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
              int(os.environ.get("LOCAL_RANK", 0)), opts.tp)
     if d.world % d.tp:
-        raise ValueError(f"tp={d.tp} does not divide the {d.world} ranks; use --nproc a multiple of --tp")
+        raise JobSpecError(f"tp={d.tp} does not divide the {d.world} ranks; use --nproc a multiple of --tp")
     use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
     dev = torch.device(f"cuda:{d.local_rank}" if use_cuda else "cpu")
     if use_cuda:
@@ -102,22 +105,22 @@ class Data:
 
 def _check_tokenizer(job: JobSpec, tok: Tokenizer) -> None:
     if tok.name == "byte" and not job.training.data.tokenizer and job.model.vocab > 256:
-        raise ValueError(f"model vocab is {job.model.vocab} but no tokenizer is given, so the default is byte-level "
+        raise JobSpecError(f"model vocab is {job.model.vocab} but no tokenizer is given, so the default is byte-level "
                          "(256 tokens): set data.tokenizer to a tokenizer.json or model directory (`frenzy tokenizer "
                          "train` makes one), or data.tokenizer: byte to train byte-level with this vocab anyway")
     if tok.vocab_size > job.model.vocab:
-        raise ValueError(f"the tokenizer ({tok.name}) has {tok.vocab_size} tokens but model vocab is {job.model.vocab}: "
+        raise JobSpecError(f"the tokenizer ({tok.name}) has {tok.vocab_size} tokens but model vocab is {job.model.vocab}: "
                          f"set model.vocab >= {tok.vocab_size}, or choose a tokenizer that fits (data.tokenizer)")
 
 
 def _batch_shares(job: JobSpec, d: Dist) -> tuple[int, int]:
     t = job.training
     if t.global_batch % d.dp:
-        raise ValueError(f"global_batch={t.global_batch} is not divisible by {d.dp} data-parallel ranks")
+        raise JobSpecError(f"global_batch={t.global_batch} is not divisible by {d.dp} data-parallel ranks")
     local = t.global_batch // d.dp
     mb = min(t.micro_batch or local, local)
     if local % mb:
-        raise ValueError(f"per-rank batch {local} is not divisible by micro_batch={mb}")
+        raise JobSpecError(f"per-rank batch {local} is not divisible by micro_batch={mb}")
     return local, mb
 
 
@@ -183,7 +186,7 @@ def _tensor_parallel(model: torch.nn.Module, job: JobSpec, tp: int, mesh: Any) -
     spec = job.model
     for what, n in (("heads", spec.heads), ("kv_heads", spec.n_kv_heads), ("ffn", spec.ffn)):
         if n % tp:
-            raise ValueError(f"tp={tp} does not divide the model's {what}={n}; choose a tp that does")
+            raise JobSpecError(f"tp={tp} does not divide the model's {what}={n}; choose a tp that does")
     plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
             "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
     if spec.mlp == "swiglu":

@@ -19,13 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.errors import FrenzyError
+from tasks.userfiles import UserFileError, path_kind, regular_file
+
 HEADER_INTS = 256
 _FORMATS = {np.dtype(np.uint16): (20240520, 1), np.dtype(np.uint32): (20240801, 7)}
 _BY_MAGIC = {(m, v): dt for dt, (m, v) in _FORMATS.items()}
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".text", ".rst", ".c", ".h", ".json")
 
 
-class ShardError(ValueError):
+class ShardError(FrenzyError, ValueError):
     """Token shards or a corpus that cannot be read; the message names the fix."""
 
 
@@ -125,6 +128,12 @@ def list_files(path: str, suffixes: tuple[str, ...] | None = None) -> list[tuple
     `state` (size and modification time or ETag) keys the tokenization cache."""
     fs, root = _fs(path)
     proto = path.split("://", 1)[0] + "://" if "://" in path else ""
+    local = proto in ("", "file://")
+    if local and not any(c in root for c in "*?["):
+        try:  # a symlink loop or a FIFO is named as such (fsspec calls a loop missing, and a FIFO would block)
+            path_kind(root, "corpus file")
+        except UserFileError as err:
+            raise ShardError(str(err)) from None
     if any(c in root for c in "*?["):
         names = sorted(fs.glob(root))
     elif fs.isdir(root):
@@ -137,7 +146,11 @@ def list_files(path: str, suffixes: tuple[str, ...] | None = None) -> list[tuple
         names = [n for n in names if n.endswith(suffixes)] or names
     out = []
     for n in names:
-        if not proto or proto == "file://":
+        if local:
+            try:
+                regular_file(n, "corpus file")
+            except UserFileError as err:
+                raise ShardError(f"{err} (in data path {path})") from None
             # ctime and inode too: `cp -p` and `rsync -t` restore size and mtime, never ctime
             st = os.stat(n)
             state = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
@@ -172,10 +185,13 @@ def _jsonl(url: str, text_field: str) -> Iterator[str]:
                                      "the file as UTF-8") from None
                 if not line.strip():
                     continue
-                try:
+                try:  # lenient about the other fields (a NaN score beside the text is common in corpora)
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ShardError(f"{url}:{n}: not JSON ({err}); fix the line or remove it") from None
+                except RecursionError:
+                    raise ShardError(f"{url}:{n}: JSON nested too deeply to be a document; fix the line or remove "
+                                     "it") from None
                 if not isinstance(row, dict):
                     raise ShardError(f"{url}:{n}: a JSON {type(row).__name__}, not an object with a {text_field!r} "
                                      "field; each jsonl line must be one object")
@@ -308,6 +324,8 @@ def prepare(documents: Iterator[str], tokenizer: object, out_dir: Path, shard_to
             progress(docs, total)
 
     for doc in documents:
+        if not doc:  # an empty file or row is no document: it adds no end-of-text token
+            continue
         batch.append(doc)
         if len(batch) >= batch_docs:
             run_batch()
@@ -315,6 +333,6 @@ def prepare(documents: Iterator[str], tokenizer: object, out_dir: Path, shard_to
         run_batch()
     flush()
     if not shards:
-        raise ShardError("the corpus has no text to tokenize")
+        raise ShardError("the corpus has no text to tokenize (every file or row is empty); give files with text")
     return Prepared(out_dir=str(out_dir), shards=shards, tokens=total, documents=docs, bytes=nbytes,
                     seconds=time.perf_counter() - t0, dtype=str(dtype))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tasks.training.checkpoint import CheckpointMismatch
+
 
 def _local(t: torch.Tensor) -> tuple[torch.Tensor, list[int] | None, list[int] | None]:
     """(local tensor, global shape, global offset) — DTensor shards become plain tensors."""
@@ -57,7 +59,7 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[st
         params = dict(model.named_parameters())
         missing = [n for n in params if f"model.{n}" not in tensors]
         if missing:
-            raise KeyError(f"checkpoint lacks parameters {missing[:3]}...; was it written by another model shape?")
+            raise CheckpointMismatch(f"checkpoint lacks parameters {missing[:3]}...; was it written by another model shape?")
         with torch.no_grad():
             for n, p in params.items():
                 _local(p)[0].copy_(tensors[f"model.{n}"])

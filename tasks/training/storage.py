@@ -1,7 +1,8 @@
 """Checkpoint storage behind one small interface: a local directory (fsync'd) or any fsspec URL (s3:// via s3fs).
 
 Writes stream chunks while hashing them (sha256), are retried whole with backoff when the store fails for
-a while, and the manifest is written create-only (O_EXCL locally, If-None-Match on S3) so two writers can
+a while (but not when no retry can help: a full disk, a read-only mount, a permission, missing credentials), and
+the manifest is written create-only (O_EXCL locally, If-None-Match on S3) so two writers can
 never both commit the same step.
 """
 
@@ -10,17 +11,26 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from tasks.errors import FrenzyError, environment_problem, retry_cannot_fix
+from tasks.userfiles import UserFileError, path_kind
+
 log = logging.getLogger("frenzy.storage")
 T = TypeVar("T")
 
 
-class StorageError(RuntimeError):
+class StorageError(FrenzyError, RuntimeError):
     """The store kept failing past the retry budget; the message names the URI and the last error."""
+
+
+class NotAFile(StorageError):
+    """A key that is not a regular file (a FIFO, a device, a directory: reading it could block for ever) or is
+    larger than such an object can be."""
 
 
 class AlreadyExists(FileExistsError):
@@ -34,9 +44,9 @@ _PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "InvalidAcc
 
 
 def _permanent(err: BaseException) -> bool:
-    return isinstance(err, _PERMANENT) or any(type(e).__name__ in _PERMANENT_NAMES or
-                                              any(n in str(e) for n in _PERMANENT_NAMES)
-                                              for e in (err, err.__cause__, err.__context__) if e is not None)
+    return isinstance(err, _PERMANENT) or retry_cannot_fix(err) or \
+        any(type(e).__name__ in _PERMANENT_NAMES or any(n in str(e) for n in _PERMANENT_NAMES)
+            for e in (err, err.__cause__, err.__context__) if e is not None)
 
 
 def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T:
@@ -44,10 +54,13 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
     for i in range(attempts):
         try:
             return fn()
-        except (AlreadyExists, FileNotFoundError, EOFError):
-            raise  # a missing object, or one whose size is wrong (corrupt): the caller decides, no retry helps
+        except (AlreadyExists, FileNotFoundError, EOFError, FrenzyError):
+            raise  # a missing object, one whose size is wrong (corrupt) or not a file: the caller decides
         except Exception as err:  # noqa: BLE001 - any store error is retried, then surfaced with its text
             if _permanent(err):
+                machine = environment_problem(err)
+                if machine is not None:  # a full disk, a read-only mount: say so, not "check the credentials"
+                    raise StorageError(f"{what}: {machine} (not retried: retrying cannot fix this)") from err
                 raise StorageError(f"{what}: {err!r}; retrying cannot fix this: check the credentials "
                                    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), the bucket and permissions") from err
             if i == attempts - 1:
@@ -58,6 +71,9 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
             delay = min(delay * 2, 30.0)
     raise AssertionError("unreachable")
 
+
+SMALL_OBJECT_LIMIT = 256 << 20
+"""The largest manifest, shard record or lease `Storage.read` accepts (a manifest lists every tensor of every rank)."""
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "memory")
 """Object-store schemes accepted besides local paths (fsspec implementations)."""
@@ -88,7 +104,14 @@ class Storage:
             if scheme not in SCHEMES:
                 raise StorageError(f"{uri}: unsupported storage scheme {scheme}://; checkpoints go to file://DIR, "
                                    "a plain path, or s3://BUCKET/PREFIX (also gs://, az:// with their fsspec package)")
-            self.fs, self.root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+            try:
+                self.fs, self.root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+            except ImportError as err:  # gs:// without gcsfs, az:// without adlfs
+                raise StorageError(f"{uri}: {scheme}:// needs its fsspec package, which is not installed ({err}); "
+                                   "install it, or use file://DIR or s3://BUCKET/PREFIX") from None
+            except (ValueError, TypeError) as err:
+                raise StorageError(f"{uri}: not a usable storage URL ({err}); give file://DIR or "
+                                   "s3://BUCKET/PREFIX") from None
             self.root = self.root.rstrip("/")
 
     def url(self, key: str) -> str:
@@ -131,11 +154,15 @@ class Storage:
                 p = self.local / key
                 p.parent.mkdir(parents=True, exist_ok=True)
                 tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, p)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, p)
+                except BaseException:
+                    tmp.unlink(missing_ok=True)  # a full disk leaves no empty temp file behind
+                    raise
             else:
                 self.fs.pipe_file(self._path(key), data)  # one PUT: atomic on S3
 
@@ -172,11 +199,30 @@ class Storage:
         _retry(f"create {self.url(key)}", once, self.attempts, self.backoff_s)
 
     # reading ------------------------------------------------------------------------------------------
-    def read(self, key: str) -> bytes:
+    def _local_file(self, key: str, limit: int | None = None) -> Path:
+        """The local path of `key` if it is a regular file (of at most `limit` bytes): FileNotFoundError when
+        missing, `NotAFile` for a FIFO, device or directory, which an open() could block on for ever."""
+        assert self.local is not None
+        p = self.local / key
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(f"{self.url(key)} is not a regular file (a FIFO, device or directory); a checkpoint holds "
+                           "only files: remove it")
+        if limit is not None and st.st_size > limit:
+            raise NotAFile(f"{self.url(key)} is {st.st_size:,} bytes, more than such a file can be ({limit:,})")
+        return p
+
+    def read(self, key: str, limit: int = SMALL_OBJECT_LIMIT) -> bytes:
+        """A small object (a manifest, a shard record, the writer lease) of at most `limit` bytes."""
         def once() -> bytes:
             if self.local is not None:
-                return (self.local / key).read_bytes()
-            return self.fs.cat_file(self._path(key))
+                with open(self._local_file(key, limit), "rb") as f:
+                    data = f.read(limit + 1)
+            else:
+                data = self.fs.cat_file(self._path(key), end=limit + 1)
+            if len(data) > limit:
+                raise NotAFile(f"{self.url(key)} is more than {limit:,} bytes, more than such an object can be")
+            return data
 
         return _retry(f"read {self.url(key)}", once, self.attempts, self.backoff_s)
 
@@ -185,7 +231,7 @@ class Storage:
 
         def once() -> str:
             h, off = hashlib.sha256(), 0
-            opener = open(self.local / key, "rb") if self.local is not None else self.fs.open(self._path(key), "rb")
+            opener = open(self._local_file(key), "rb") if self.local is not None else self.fs.open(self._path(key), "rb")
             with opener as f:
                 while off < len(out):
                     n = f.readinto(out[off:off + chunk])
@@ -199,16 +245,36 @@ class Storage:
 
         return _retry(f"read {self.url(key)}", once, max(2, self.attempts // 2), self.backoff_s)
 
+    def size(self, key: str) -> int:
+        """Bytes of `key` (FileNotFoundError when missing; `NotAFile` for a FIFO or device)."""
+        if self.local is not None:
+            return self._local_file(key).stat().st_size
+        return int(_retry(f"stat {self.url(key)}", lambda: self.fs.size(self._path(key)), self.attempts,
+                          self.backoff_s))
+
     def exists(self, key: str) -> bool:
         if self.local is not None:
             return (self.local / key).exists()
         return _retry(f"stat {self.url(key)}", lambda: self.fs.exists(self._path(key)), self.attempts,
                       self.backoff_s)
 
+    def local_root(self) -> str:
+        """'dir' or 'missing' for a local root; a root that is a file, a FIFO, a symlink loop or a dangling link
+        raises a StorageError naming it (an exists() check would call a loop missing)."""
+        assert self.local is not None
+        try:
+            kind = path_kind(self.local, "checkpoint root")
+        except UserFileError as err:
+            raise StorageError(str(err)) from None
+        if kind == "file":
+            raise StorageError(f"{self.uri} is a file; give a directory (give the checkpoint root, the directory of "
+                               "step_* folders)")
+        return kind
+
     def list_dirs(self) -> list[str]:
         """Names of the immediate sub-directories of the root (empty if the root does not exist)."""
         if self.local is not None:
-            if not self.local.exists():
+            if self.local_root() == "missing":
                 return []
             return sorted(p.name for p in self.local.iterdir() if p.is_dir())
 

@@ -7,20 +7,21 @@ byte-level BPE from local text (what `frenzy tokenizer train` runs). Nothing her
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tasks.errors import FrenzyError
 from tasks.outdir import atomic_file
+from tasks.userfiles import LIMITS, UserFileError, json_loads, load_json, path_kind, read_bytes
 
 #: Names models use for their end-of-text token, in the order they are tried when the directory does not say.
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>", "<|eot_id|>")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(FrenzyError, ValueError):
     """A tokenizer that cannot be loaded or used; the message names the fix."""
 
 
@@ -54,10 +55,13 @@ class HFTokenizer:
         from tokenizers import Tokenizer
 
         try:
-            self.tok = Tokenizer.from_file(str(path))
+            raw = read_bytes(path, "tokenizer file", LIMITS["json"])
+            json_loads(raw, str(path))  # the project's strict JSON first: no NaN, no duplicate keys
+            self.tok = Tokenizer.from_str(raw.decode("utf-8"))
+        except UserFileError as err:
+            raise TokenizerError(str(err)) from None
         except Exception as err:  # noqa: BLE001 - the library raises a bare Exception on a bad file
             raise TokenizerError(f"{path} is not a tokenizer.json the `tokenizers` library reads: {err}") from None
-        raw = path.read_bytes()
         self.path = path
         self.name = str(path)
         self.sha256 = hashlib.sha256(raw).hexdigest()
@@ -68,9 +72,9 @@ class HFTokenizer:
         cfg = folder / "tokenizer_config.json"
         if cfg.is_file():
             try:
-                doc = json.loads(cfg.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as err:
-                raise TokenizerError(f"{cfg} is not UTF-8 JSON ({err}); fix or remove it") from None
+                doc = load_json(cfg, "tokenizer config")
+            except UserFileError as err:
+                raise TokenizerError(f"{err}; fix or remove it") from None
             if not isinstance(doc, dict):
                 raise TokenizerError(f"{cfg} holds a {type(doc).__name__}, not a JSON object; fix or remove it")
             eos = doc.get("eos_token")
@@ -106,12 +110,16 @@ def load_tokenizer(name: str | None) -> Tokenizer:
     if not name or name == "byte":
         return ByteTokenizer()
     p = Path(name).expanduser()
-    if p.is_dir():
+    try:
+        kind = path_kind(p, "tokenizer file")
+    except UserFileError as err:
+        raise TokenizerError(str(err)) from None
+    if kind == "dir":
         if not (p / "tokenizer.json").is_file():
             raise TokenizerError(f"{p} has no tokenizer.json; give the file itself, `byte`, or train one with "
                                  "`frenzy tokenizer train`")
         p = p / "tokenizer.json"
-    if not p.is_file():
+    if kind == "missing":
         raise TokenizerError(f"tokenizer {name!r} is neither `byte` nor an existing tokenizer.json or model directory")
     return HFTokenizer(p)
 
@@ -134,14 +142,20 @@ def _text_files(inputs: list[str]) -> list[Path]:
     files: list[Path] = []
     for name in inputs:
         p = Path(name).expanduser()
-        if p.is_dir():
-            files += sorted(q for q in p.rglob("*") if q.is_file())
-        elif p.is_file():
+        try:
+            kind = path_kind(p, "text file")
+        except UserFileError as err:
+            raise TokenizerError(str(err)) from None
+        if kind == "dir":
+            files += sorted(q for q in p.rglob("*") if q.is_file())  # regular files only: a FIFO would block
+        elif kind == "file":
             files.append(p)
         else:
             raise TokenizerError(f"{p} does not exist")
     if not files:
         raise TokenizerError(f"no files under {', '.join(inputs)}")
+    if not any(f.stat().st_size for f in files):
+        raise TokenizerError(f"every file under {', '.join(inputs)} is empty; a tokenizer needs text to learn from")
     return files
 
 

@@ -19,6 +19,7 @@ from tasks.training import data as D
 from tasks.training.guard import Decision, SpikeGuard
 from tasks.training.metrics import Meter, Progress
 from tasks.training.optrace import OpTracer, merge_traces
+from tasks.training.request import TrainerResult
 from tasks.training.restore import Restorer
 from tasks.training.schedule import CheckpointSchedule, Tensors
 from tasks.training.setup import Dist, TrainOptions, build_model, fingerprint, load_data
@@ -46,7 +47,7 @@ class Trainer:
         self.resumed_from: int | None = None
         self.last_loss, self.last_gnorm = math.nan, math.nan
 
-    def run(self) -> dict:
+    def run(self) -> TrainerResult:
         """Resume (or start), train to `training.steps` or a stop, commit, and return the result record."""
         self.resumed_from = self.restorer.resume(self.opts)
         self.step = self.resumed_from or 0
@@ -140,21 +141,23 @@ class Trainer:
                             # the measured checkpoint cost and step pace, for `every_steps: auto` after a restart
                             "cadence": self.schedule.cadence.memo(self.where)}}
 
-    def _finish(self) -> dict:
+    def _finish(self) -> TrainerResult:
         """Commit a stopped run's step, wait for every persist, merge the op traces, write the result."""
         d, stopped = self.d, self.shutdown.stopped
         self.schedule.finish(self.step, stopped)
         self.schedule.close()
         figures = self.meter.figures(self.runner.data_s, self.schedule.blocked_s)
         trace_path = self._traces()
-        result = {"job": self.job.name, "final_step": self.step, "resumed_from_step": self.resumed_from,
-                  "stopped_early": stopped, **self.schedule.describe(), "spikes": self.guard.records,
-                  "spike_counts": self.guard.counts.model_dump(), "last_loss": self.last_loss, **figures,
-                  "world_size": d.world, "tp": d.tp, "device": str(self.dev), "checkpoint_uri": self.storage.uri,
-                  "trace": str(trace_path) if trace_path else None, "run_dir": str(self.opts.run_dir)}
+        result = TrainerResult(
+            job=self.job.name, final_step=self.step, resumed_from_step=self.resumed_from, stopped_early=stopped,
+            **self.schedule.describe(), spikes=self.guard.records, spike_counts=self.guard.counts.model_copy(),
+            last_loss=self.last_loss, **figures, world_size=d.world, tp=d.tp, device=str(self.dev),
+            checkpoint_uri=self.storage.uri, trace=str(trace_path) if trace_path else None,
+            run_dir=str(self.opts.run_dir))
         if d.rank == 0:
             self.prog.emit("done", final_step=self.step, stopped_early=stopped)
-            (self.opts.run_dir / "result.json").write_text(json.dumps(result, indent=1))
+            # json.dumps, not model_dump_json: a NaN last loss stays NaN in the file, as launch() reads it back
+            (self.opts.run_dir / "result.json").write_text(json.dumps(result.model_dump(), indent=1))
         if d.on:
             dist.barrier()
         return result

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tasks.errors import FrenzyError
 from tasks.procs import alive, start_ticks
 from tasks.training.storage import AlreadyExists, Storage
 
@@ -40,7 +41,7 @@ LEASE_KEY = "writer.json"
 DEFAULT_TTL_S = 60.0
 
 
-class WriterLeaseError(RuntimeError):
+class WriterLeaseError(FrenzyError, RuntimeError):
     """The checkpoint root is held by another live writer, or this writer lost its lease."""
 
 

@@ -1,0 +1,298 @@
+"""The `submit` flow's stages as Prefect tasks: the collaborator (`tasks.pipeline.drive.Stages`) the state machine
+drives. Each method is one stage: it calls the stage's task (retries, artifacts, events are the task's) and turns
+what came back into the record the transition takes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import get_client, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
+from prefect.futures import PrefectFuture
+from prefect.settings import PREFECT_API_URL
+
+from cluster.inventory import Cluster
+from cluster.ledger import Allocation, LeaseKeeper, Ledger, LedgerError
+from flows.evaluate import evaluate_task
+from flows.place import place, release
+from flows.plan import plan_resources, plans_markdown
+from flows.stragglers import stragglers_task
+from flows.train import train_task
+from tasks.diagnosis.agent import config_from_env
+from tasks.diagnosis.diagnose import Diagnosis, diagnose
+from tasks.evaluation.record import EvalSummary
+from tasks.evaluation.request import EvaluateRequest
+from tasks.pipeline import attempt as at
+from tasks.pipeline.evaluations import EvalFailure, InFlowEvaluator, Verdict, collect_scores, scored
+from tasks.pipeline.request import Recovery, SubmitRequest
+from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
+from tasks.pipeline.summary import run_record, run_report
+from tasks.pipeline.watch import Controls, watch
+from tasks.planning.calibration import load_observations
+from tasks.planning.plans import ResourcePlan
+from tasks.planning.request import PlanRequest
+from tasks.report import RunReport, markdown, render_html
+from tasks.stragglers.request import StragglerReport, StragglerRequest
+from tasks.training.elastic import replan_after_oom, tune_auto
+from tasks.training.launch import TrainFailed, request_kill, request_stop
+
+EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
+
+
+def key(text: str) -> str:
+    """An artifact key from free text."""
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def evaluation_mode(request: SubmitRequest) -> str:
+    """in-flow, deployment or off: `auto` is deployment when a Prefect server has the evaluate-on-checkpoint
+    deployment (the ephemeral API runs no workers), else in-flow."""
+    if request.evaluation != "auto":
+        return request.evaluation
+    if not PREFECT_API_URL.value():
+        return "in-flow"
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(EVAL_DEPLOYMENT)
+        return "deployment"
+    except Exception:  # noqa: BLE001 - no such deployment (or no server): evaluate here
+        return "in-flow"
+
+
+class _Future:
+    """A submitted train task as the watch's Handle."""
+
+    def __init__(self, fut: PrefectFuture) -> None:
+        self.fut = fut
+
+    def done(self) -> bool:
+        return self.fut.state.is_final()
+
+    def wait(self, timeout_s: float | None) -> None:
+        self.fut.wait(timeout=timeout_s)
+
+
+class TriggeredEvaluations:
+    """The evaluate-on-checkpoint runs that the commits under `root` triggered since `since`, as the server sees
+    them: which steps' newest run ended without a score (and how), and a way to run a step again."""
+
+    def __init__(self, root: str, since: datetime, warn: Callable[[str], None]) -> None:
+        self.root, self.since, self.warn = root.rstrip("/"), since, warn
+        self.params: dict[int, dict] = {}
+        self.warned = False
+
+    def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
+        """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
+        try:
+            return self._ended()
+        except Exception as err:  # noqa: BLE001 - the scores still arrive; only the early failure report is lost
+            if not self.warned:
+                self.warn(f"cannot read the evaluation runs' states ({err}); waiting for the scores alone")
+                self.warned = True
+            return {}
+
+    def _ended(self) -> dict[int, tuple[Verdict, str]]:
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterId,
+            FlowRunFilter,
+            FlowRunFilterExpectedStartTime,
+        )
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        with get_client(sync_client=True) as client:
+            dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
+                flow_run_filter=FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=self.since)),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
+        newest: dict[int, object] = {}
+        for fr in sorted(runs, key=lambda fr: fr.created or self.since):
+            uri = str((fr.parameters.get("request") or {}).get("uri", ""))
+            m = re.fullmatch(re.escape(self.root) + r"/step_(\d+)/?", uri)
+            if m:
+                newest[int(m.group(1))] = fr
+                self.params[int(m.group(1))] = fr.parameters
+        out: dict[int, tuple[Verdict, str]] = {}
+        for step, fr in newest.items():
+            st = fr.state  # type: ignore[attr-defined]
+            if st is not None and st.type.value in ("FAILED", "CRASHED"):
+                out[step] = ("crashed" if st.type.value == "CRASHED" else "failed",
+                             st.message or f"the run {fr.name} ended {st.name}")  # type: ignore[attr-defined]
+        return out
+
+    def rerun(self, step: int) -> None:
+        from prefect.deployments import run_deployment
+
+        run_deployment(EVAL_DEPLOYMENT, parameters=self.params[step], timeout=0, as_subflow=False)
+
+
+class FlowStages:
+    """The stages of one `submit` run, as Prefect tasks on this worker."""
+
+    def __init__(self, request: SubmitRequest, ledger: Ledger, cluster: Cluster) -> None:
+        self.request, self.ledger, self.cluster = request, ledger, cluster
+        self.log = get_run_logger()
+        self.started = datetime.now(UTC)
+
+    def plan(self, run: Run) -> tuple[list[ResourcePlan], str]:
+        job, spec = self.request.job, self.request.cluster_spec
+        plans = plan_resources(PlanRequest(job=job, cluster=spec, rank_by=self.request.rank_by, top=1000),
+                               load_observations(), self.cluster)
+        runnable = [p for p in plans if p.layout.pp == 1]  # the trainer runs data x tensor parallel layouts
+        if not runnable:
+            raise at.PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer "
+                                   "does not run yet; add GPUs with more memory or enable recompute / zero_stage 3")
+        create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=spec), runnable[:10]),
+                                 key=key(f"plans-{job.name}"), description="MARP resource plans, best first")
+        return runnable, self.cluster.name
+
+    def place(self, run: Run) -> Allocation:
+        r = self.request
+        if r.executor != "local":  # nothing is placed on a node Ray already knows is gone
+            from cluster.ray_health import sync_ledger
+
+            sync_ledger(self.ledger, None if r.executor == "ray" else r.executor)
+        alloc = place(r.job.name, run.candidates, ledger_url=r.ledger, timeout_s=r.max_wait_s, lease_s=r.lease_s,
+                      precision=r.job.training.precision, steps=r.job.training.steps)
+        chosen = run.candidates[alloc.plan_index]
+        self.log.info("placed on %s: plan %d (%d x %s, %s)", ", ".join(f"{n.node}{n.gpu_indices}" for n in alloc.nodes),
+                      run.plans.index(chosen) + 1 if chosen in run.plans else alloc.plan_index + 1, chosen.gpus,
+                      chosen.gpu_type, chosen.layout.label())
+        return alloc
+
+    def log_size(self, run: Run) -> int:
+        log = Path(run.run_dir) / "train.log"
+        return log.stat().st_size if log.exists() else 0
+
+    def train(self, run: Run) -> TrainOutcome:
+        assert run.attempt is not None
+        a, r, run_dir = run.attempt, self.request, Path(run.run_dir)
+        with LeaseKeeper(self.ledger, a.allocation.id, r.lease_s) as keeper:
+            if r.executor != "local":  # every node must see the files this run writes, before it trains
+                at.check_shared_paths(r, a.allocation, run_dir)
+            treq = at.training_request(r, a.allocation, a.plan, run_dir, r.suite_spec if run.suite else "")
+            tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
+            self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
+            ev = self._evaluator(run, "cuda" if treq.gpu_indices else "cpu") if run.mode == "in-flow" else None
+            # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
+            fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
+            progress = run_dir / "progress.jsonl"
+            controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
+                                kill=lambda why: (self.log.error("%s: killing the trainer (a hang)", why),
+                                                  request_kill(run_dir, why)),
+                                stop=lambda: request_stop(run_dir), lease_lost=keeper.lost.is_set,
+                                on_poll=ev.catch_up if ev else None)
+            watch(_Future(fut), controls, r.job.name, r.hang_s)
+            try:
+                result = fut.result()
+            except TrainFailed as err:
+                return TrainOutcome(failure=TrainFailure(message=str(err), returncode=err.returncode,
+                                                         log_tail=err.log_tail))
+            if ev is not None:  # the final checkpoint, and any commit the watch had not reached
+                ev.catch_up()
+            return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [])
+
+    def _evaluator(self, run: Run, device: str) -> InFlowEvaluator:
+        r = self.request
+        return InFlowEvaluator(r.job.training.checkpoint.uri, r.history_dir, run.job, run.suite,
+                               evaluate=lambda uri: evaluate_task(EvaluateRequest(
+                                   uri=uri, suite=r.suite_spec, device=device, executor=r.executor,
+                                   history_dir=r.history_dir)),
+                               warn=self.log.warning)
+
+    def release(self, run: Run) -> None:
+        assert run.attempt is not None
+        try:
+            release(run.attempt.allocation.id, self.request.ledger)
+        except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
+            self.log.error("could not release allocation %s (%s); its lease expires in %.0f s",
+                           run.attempt.allocation.id, err, self.request.lease_s)
+
+    def diagnose(self, run: Run, failure: TrainFailure) -> Diagnosis:
+        offset = run.attempt.log_offset if run.attempt else 0
+        return diagnose_task(run.job, str(Path(run.run_dir) / "train.log"), offset)
+
+    def announce(self, run: Run, recovery: Recovery) -> None:
+        d, act, job = recovery.diagnosis, recovery.action, run.job
+        create_markdown_artifact(
+            f"## Training failure of `{job}`\n\n| | |\n|---|---|\n| type | {d.type} ({d.category}) |\n"
+            f"| where | rank {d.rank if d.rank is not None else '?'}, node {d.node or '?'} |\n"
+            f"| root cause | `{(d.root_cause_line or '-').replace('|', '/')[:300]}` (line {d.line_no}) |\n"
+            f"| symptoms | {len(d.evidence)} other error lines |\n| action | **{act.kind}**"
+            f"{' + node check' if act.node_check else ''}: {act.reason} |\n",
+            key=key(f"diagnosis-{job}"), description=f"diagnosis of a training failure of {job}")
+        emit_event(event="frenzy.training.failed", resource={"prefect.resource.id": f"frenzy.job.{job}"},
+                   payload={"type": d.type, "category": d.category, "rank": d.rank, "node": d.node,
+                            "root_cause_line": d.root_cause_line, "action": act.kind, "reason": act.reason,
+                            "restarts_done": len(run.recoveries)})
+        if act.kind != "stop":
+            self.log.warning("recovery %d/%d: %s -> %s", len(run.recoveries) + 1, self.request.max_restarts, d.type,
+                             act.kind)
+
+    def check_nodes(self, run: Run) -> None:
+        assert run.attempt is not None
+        at.check_allocation_nodes(self.ledger, run.attempt.allocation, self.log, self.request.executor)
+
+    def replan(self, run: Run, diagnosis: Diagnosis) -> list[ResourcePlan]:
+        assert run.attempt is not None
+        at.note_oom(self.request.job, run.attempt.plan, diagnosis, self.cluster)
+        return replan_after_oom(self.request.job, self.cluster, self.request.rank_by, load_observations())
+
+    def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
+        if run.mode != "deployment" or run.result is None:
+            return run.evaluations, []
+        r, steps = self.request, [c.step for c in run.result.checkpoints]
+        self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
+        triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started, self.log.warning)
+        found, failures = collect_scores(lambda: scored(r.history_dir, run.job, run.suite), steps, r.eval_timeout_s,
+                                         runs=triggered.ended_without_score, rerun=triggered.rerun)
+        for f in failures:
+            self.log.error("evaluation of step %d failed: %s", f.step, f.cause)
+        if missing := sorted(set(steps) - set(found) - {f.step for f in failures}):
+            self.log.warning("no score for step(s) %s within %.0f s of training's end", missing, r.eval_timeout_s)
+        return [found[s] for s in sorted(found)], failures
+
+    def analyse(self, run: Run) -> StragglerReport | None:
+        trace = run.result.trace if run.result else None
+        if not trace:
+            return None
+        try:  # the job trained: a trace the analysis cannot use is logged, not raised
+            return stragglers_task(StragglerRequest(trace=trace))
+        except Exception as err:  # noqa: BLE001
+            self.log.warning("straggler analysis of %s failed: %s", trace, err)
+            return None
+
+    def report(self, run: Run) -> str:
+        path = report_task(run_report(run), str(Path(run.run_dir) / "report.html"))
+        self.log.info("report: %s", path)
+        return path
+
+    def record(self, run: Run) -> None:
+        self.ledger.record_run(run_record(run))
+        emit_event(event=f"frenzy.run.{run.stage.value}", resource={"prefect.resource.id": f"frenzy.job.{run.job}"},
+                   payload={"stage": run.stage.value, "at_s": run.visits[-1].at_s if run.visits else 0.0,
+                            "run_dir": run.run_dir, "checkpoint_root": run.request.job.training.checkpoint.uri})
+
+
+@task(name="diagnose", task_run_name="diagnose-{job}")
+def diagnose_task(job: str, log: str, offset: int) -> Diagnosis:
+    """Diagnose the failed attempt's part of the training log (the LLM agent only where one is configured)."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        d = diagnose(f.read(), agent=config_from_env())
+    d.log = log
+    return d
+
+
+@task(name="report")
+def report_task(report: RunReport, path: str) -> str:
+    """The run report: HTML with plots on disk, the same as a markdown artifact."""
+    out = render_html(report, path)
+    create_markdown_artifact(markdown(report, str(out)), key=key(f"report-{report.job}"),
+                             description=f"run report of {report.job}")
+    return str(out)

@@ -1,0 +1,97 @@
+"""The run's evaluations: in-flow (each checkpoint evaluated in the run as it commits, oldest first) and the scores
+that other runs (the commit-triggered deployment) wrote to the history. No Prefect here: the evaluation itself is
+a callable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from tasks.evaluation import history
+from tasks.evaluation.record import EvalSummary
+from tasks.training import checkpoint as ck
+from tasks.training.storage import Storage
+
+
+def step_uri(root: str, step: int) -> str:
+    return f"{root.rstrip('/')}/{ck.step_dir(step)}"
+
+
+def scored(history_dir: str, run: str, suite: str) -> dict[int, EvalSummary]:
+    """The steps of `run` the history already scores on `suite` (evaluated earlier, or by another run)."""
+    out = {}
+    for e in history.read(history_dir, run, suite):
+        res = Path(history_dir) / run / ck.step_dir(e.step) / suite / "result.json"
+        out[e.step] = EvalSummary(uri=e.uri, run=run, step=e.step, suite=suite, scores=e.scores, makespan_s=0.0,
+                                  predicted_makespan_s=0.0, result=str(res), history_plot=None)
+    return out
+
+
+class InFlowEvaluator:
+    """Evaluates each newly committed checkpoint under `root`, oldest first, when asked (`catch_up`); steps the
+    history already has (a resumed job) are not evaluated again, and one that cannot be evaluated is reported once
+    and skipped: it does not fail the job."""
+
+    def __init__(self, root: str, history_dir: str, run: str, suite: str, evaluate: Callable[[str], EvalSummary],
+                 warn: Callable[[str], None]) -> None:
+        self.root, self.evaluate, self.warn = root, evaluate, warn
+        self.done: dict[int, EvalSummary] = scored(history_dir, run, suite)
+        self.missed: set[int] = set()
+
+    def catch_up(self) -> None:
+        todo = sorted(m.step for m in ck.committed(Storage(self.root)) if m.step not in self.done and m.step not in self.missed)
+        for step in todo:
+            try:
+                self.done[step] = self.evaluate(step_uri(self.root, step))
+            except Exception as err:  # noqa: BLE001 - one checkpoint that cannot be evaluated does not fail the job
+                self.missed.add(step)
+                self.warn(f"evaluation of step {step} failed: {err} (retention may have removed it: raise "
+                          "training.checkpoint.keep to evaluate every checkpoint)")
+
+    def summaries(self) -> list[EvalSummary]:
+        return [self.done[s] for s in sorted(self.done)]
+
+
+class EvalFailure(BaseModel):
+    """A committed step whose evaluation run failed (after the retries that could help)."""
+
+    step: int
+    cause: str
+
+
+Verdict = Literal["failed", "crashed"]
+"""How a triggered evaluation run ended without a score: failed (its code raised: the same checkpoint fails the same
+way, so it is not retried) or crashed (its process or worker died: worth one more run)."""
+
+
+def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,
+                   runs: Callable[[], dict[int, tuple[Verdict, str]]] = dict,
+                   rerun: Callable[[int], None] | None = None, retries: int = 1,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> tuple[dict[int, EvalSummary], list[EvalFailure]]:
+    """deployment mode: the scores the commit-triggered evaluations wrote to the history, waiting (at most
+    `timeout_s`) until every committed step in `steps` has one or its run failed. `runs()` gives the steps whose
+    newest triggered run ended without a score; a crashed one is run again (`rerun`) up to `retries` times, a failed
+    one is reported at once with its cause. The runs finish in any order: the final step's score can land before an
+    earlier step's."""
+    deadline = clock() + timeout_s
+    tries: dict[int, int] = {}
+    while True:
+        found = read()
+        failures = []
+        for step, (verdict, cause) in sorted(runs().items()):
+            if step in found or step not in steps:
+                continue
+            if verdict == "crashed" and rerun is not None and tries.get(step, 0) < retries:
+                tries[step] = tries.get(step, 0) + 1
+                rerun(step)
+                continue
+            failures.append(EvalFailure(step=step, cause=cause))
+        settled = set(found) | {f.step for f in failures}
+        if set(steps) <= settled or clock() > deadline:
+            return found, failures
+        sleep(2.0)

@@ -1,0 +1,77 @@
+"""What a finished run shows: the run report's record and the `SubmitResult` the flow returns, both built from the
+`Run` alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster.ledger import RunRecord
+from tasks.pipeline.request import SubmitRequest, SubmitResult
+from tasks.pipeline.run import Run, Stage
+from tasks.report import RunReport, StragglerSummary
+from tasks.training import checkpoint as ck
+from tasks.training.storage import Storage
+
+
+def committed_steps(root: str) -> list[int]:
+    """Every step committed under `root`, earlier attempts' included (what the report counts)."""
+    try:
+        return sorted(m.step for m in ck.committed(Storage(root)))
+    except Exception:  # noqa: BLE001 - the report falls back to this run's own checkpoints
+        return []
+
+
+def run_report(run: Run) -> RunReport:
+    """The report of a trained, evaluated run."""
+    assert run.result is not None and run.attempt is not None
+    job, res, chosen = run.request.job, run.result, run.attempt.plan
+    strag = run.stragglers
+    return RunReport(job=job.name, model=job.model.display_name, cluster=run.cluster, plans=run.plans[:10],
+                     chosen=min(run.plans.index(chosen), 9) if chosen in run.plans else 0,
+                     allocation=run.attempt.allocation, final_step=res.final_step,
+                     resumed_from_step=res.resumed_from_step, tokens_per_s=res.tokens_per_s,
+                     checkpoints=res.checkpoints, progress=str(Path(res.run_dir) / "progress.jsonl"),
+                     evaluations=run.evaluations, timings_s=run.timings_s, spikes=res.spike_counts,
+                     committed_steps=committed_steps(job.training.checkpoint.uri),
+                     recoveries=[r.line() for r in run.recoveries],
+                     stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
+                     if strag else None)
+
+
+def run_record(run: Run) -> RunRecord:
+    """The ledger's record of `run`: where its files are and how far it got (the result once reported)."""
+    r = run.request
+    return RunRecord(job=run.job, stage=run.stage.value, checkpoint_root=r.job.training.checkpoint.uri or "",
+                     run_dir=run.run_dir, history_dir=r.history_dir, suite=r.suite_spec if run.suite else "",
+                     steps=r.job.training.steps, report=run.report, error=run.error,
+                     result=submit_result(run).model_dump_json() if run.stage is Stage.REPORTED else None)
+
+
+def name_taken(rec: RunRecord | None, request: SubmitRequest, active_jobs: set[str]) -> str | None:
+    """Why this job may not run under its name now: another run of that name (another checkpoint root: another
+    user's, or another directory's) holds GPUs or waits for them. None when the name is free, or it is this very
+    job (a rerun resumes it)."""
+    if rec is None or rec.checkpoint_root == request.job.training.checkpoint.uri or rec.job not in active_jobs:
+        return None
+    return (f"{rec.job}: another run of this name is running ({rec.owner}, checkpoints in {rec.checkpoint_root}); give "
+            "the job another name, or wait for it to end")
+
+
+def already_finished(rec: RunRecord | None, request: SubmitRequest) -> SubmitResult | None:
+    """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
+    final step still committed there. Rerunning it then reports that run instead of training zero steps."""
+    root = request.job.training.checkpoint.uri
+    if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or rec.checkpoint_root != root:
+        return None
+    if request.job.training.steps not in committed_steps(root or ""):
+        return None  # more steps asked for, or the final checkpoint is gone: train
+    return SubmitResult.model_validate_json(rec.result).model_copy(update={"already_finished": True})
+
+
+def submit_result(run: Run) -> SubmitResult:
+    """What `frenzy submit --json` prints for a reported run."""
+    assert run.result is not None and run.attempt is not None and run.report is not None
+    return SubmitResult(job=run.job, plan=run.attempt.plan, plans=run.plans, allocation=run.attempt.allocation,
+                        train=run.result, evaluations=run.evaluations, stragglers=run.stragglers, report=run.report,
+                        released=not run.held, timings_s=run.timings_s, recoveries=run.recoveries,
+                        evaluation_failures=run.evaluation_failures)

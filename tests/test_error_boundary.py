@@ -1,0 +1,221 @@
+"""The CLI's one error boundary (cli/output.py): a user's error exits 2 with its message; a bug exits 1, says it is a
+bug and leaves its traceback in a file; errors of the machine are named as what they are; a closed pipe ends
+quietly. Real errors throughout: /dev/full, a tmpfs that fills up, a read-only mount, a pipe whose reader is gone."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.output import run
+from tasks.errors import FrenzyError, environment_problem, retry_cannot_fix
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cmd(fn, json: bool = False) -> argparse.Namespace:
+    return argparse.Namespace(fn=fn, command="probe", json=json)
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("FRENZY_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_a_user_error_exits_2_with_its_message(capsys):
+    def fn(args):
+        raise FrenzyError("job.yaml: training.lr: give a positive number")
+
+    assert run(_cmd(fn)) == 2
+    assert capsys.readouterr().err == "frenzy probe: error: job.yaml: training.lr: give a positive number\n"
+
+
+@pytest.mark.parametrize("exc", [ValueError("max() arg is an empty sequence"), RuntimeError("boom"), KeyError("x"),
+                                 ZeroDivisionError("division by zero")])
+def test_any_other_exception_is_a_bug_exit_1_with_the_traceback_in_a_file(exc, capsys, home):
+    def fn(args):
+        raise exc
+
+    assert run(_cmd(fn)) == 1
+    err = capsys.readouterr().err
+    assert "a bug in Frenzy" in err and type(exc).__name__ in err and "Traceback" not in err
+    crashes = list((home / "crash").iterdir())
+    assert len(crashes) == 1 and str(crashes[0]) in err
+    text = crashes[0].read_text()
+    assert "Traceback (most recent call last)" in text and "in fn" in text
+
+
+def test_a_bug_under_json_keeps_stdout_empty(capsys, home):
+    def fn(args):
+        print("chatter")
+        raise AttributeError("'NoneType' object has no attribute 'x'")
+
+    assert run(_cmd(fn, json=True)) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and "a bug in Frenzy" in out.err
+
+
+def test_the_crash_file_falls_back_to_stderr_when_it_cannot_be_written(capsys, monkeypatch, tmp_path):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("FRENZY_HOME", str(tmp_path / "afile"))  # a file: no crash/ directory can be made in it
+
+    def fn(args):
+        raise TypeError("unsupported operand")
+
+    assert run(_cmd(fn)) == 1
+    err = capsys.readouterr().err
+    assert "a bug in Frenzy" in err and "Traceback (most recent call last)" in err
+
+
+def test_a_full_disk_is_named_exit_2(capsys):
+    def fn(args):
+        with open("/dev/full", "w") as f:  # the kernel answers every write with ENOSPC
+            f.write("x" * 10000)
+            f.flush()
+
+    assert run(_cmd(fn)) == 2
+    err = capsys.readouterr().err
+    assert "no space left on the device (the disk is full)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("code", "words"), [(errno.ENOSPC, "disk is full"), (errno.EROFS, "read-only file system"),
+                                             (errno.EACCES, "permission denied"), (errno.ELOOP, "symlink loop"),
+                                             (errno.EDQUOT, "quota")])
+def test_environment_problems_are_named_and_not_retried(code, words):
+    err = OSError(code, os.strerror(code), "/data/run/x.bin")
+    assert words in environment_problem(err) and environment_problem(err).startswith("/data/run/x.bin: ")
+    assert retry_cannot_fix(err)
+    wrapped = RuntimeError("store failed")
+    wrapped.__cause__ = err
+    assert retry_cannot_fix(wrapped)
+
+
+def test_transient_errors_stay_retryable():
+    assert not retry_cannot_fix(OSError(errno.ECONNRESET, "reset"))
+    assert not retry_cannot_fix(TimeoutError("slow"))
+    assert environment_problem(ValueError("x")) is None
+
+
+def test_a_pydantic_validation_error_names_the_field(capsys):
+    from pydantic import BaseModel, Field
+
+    class Request(BaseModel):
+        max_wait_s: float = Field(gt=0)
+
+    def fn(args):
+        Request(max_wait_s=-1)
+
+    assert run(_cmd(fn)) == 2
+    err = capsys.readouterr().err
+    assert "max_wait_s" in err and "greater than 0" in err and "Traceback" not in err
+
+
+def test_ctrl_c_exits_130(capsys):
+    def fn(args):
+        raise KeyboardInterrupt
+
+    assert run(_cmd(fn)) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def _frenzy(*argv: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *argv], cwd=ROOT, env=env, stderr=subprocess.PIPE,
+                            **kw)
+
+
+@pytest.mark.parametrize("argv", [["presets"], ["gpus", "--json"]])
+def test_output_piped_into_a_closed_reader_ends_quietly(argv):
+    """`frenzy presets | head -0`: the reader is gone before frenzy writes; no traceback, no 'Exception ignored'."""
+    p = _frenzy(*argv, stdout=subprocess.PIPE)
+    p.stdout.close()  # the reader goes away at once: every write is EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert err == ""
+
+
+def test_output_piped_into_head_ends_quietly():
+    r, w = os.pipe()
+    p = _frenzy("eval-plan", "--suite", "acme63", "--nodes", "8", stdout=w)
+    os.close(w)
+    with os.fdopen(r, "rb") as reader:
+        first = reader.readline()  # `head -1`: one line, then the reader is gone
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) in (0, 141), err
+    assert first.startswith(b"suite acme63") and "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_storage_does_not_retry_a_full_disk(tmp_path, caplog):
+    """A shard whose path leads to /dev/full: the kernel answers ENOSPC; one attempt, a StorageError that says the
+    disk is full (the old loop retried it eight times with backoff, for minutes)."""
+    from tasks.training.storage import Storage, StorageError
+
+    (tmp_path / "step_00000002").mkdir()
+    (tmp_path / "step_00000002" / "rank00000.bin").symlink_to("/dev/full")
+    s = Storage(str(tmp_path), attempts=8, backoff_s=30.0)
+    caplog.set_level(logging.WARNING, logger="frenzy.storage")
+    with pytest.raises(StorageError, match="disk is full") as info:
+        s.write_stream("step_00000002/rank00000.bin", lambda: [memoryview(b"x" * 65536)] * 4)
+    assert "not retried" in str(info.value) and isinstance(info.value, FrenzyError)
+    assert not [r for r in caplog.records if "retry" in r.getMessage()]
+
+
+def _unshare() -> list[str]:
+    """`unshare` into a private mount namespace (as root, or as an unprivileged user mapped to root), or skip."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    cmd = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user", "--mount"]
+    if subprocess.run([*cmd, "true"], capture_output=True).returncode != 0:
+        pytest.skip("this kernel allows no private mount namespace")
+    return cmd
+
+
+def _in_namespace(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FRENZY_HOME": str(tmp_path / "home"), "PY": sys.executable}
+    return subprocess.run([*_unshare(), "sh", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_data_prepare_onto_a_full_disk_is_named_and_leaves_no_partial_output(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 20000)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = _in_namespace(f"mount -t tmpfs -o size=128k tmpfs {mnt}\n"
+                      f"$PY -m cli.main data prepare {corpus} --out {mnt}/shards --shard-tokens 1024; echo rc=$?\n"
+                      f"ls -A {mnt}", tmp_path)
+    assert "rc=2" in r.stdout, r.stderr
+    assert "no space left on the device" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout.split("rc=2", 1)[1].split() == [".shards.lock"]  # no half-written output, only the lock file
+    assert f"writing {mnt}/shards" in r.stderr
+
+
+def test_a_ledger_on_a_read_only_file_system_is_named(tmp_path):
+    ledger = tmp_path / "ro" / "ledger.db"
+    ledger.parent.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    init = subprocess.run([sys.executable, "-m", "cli.main", "cluster", "init", "--cluster", "phoebe", "--ledger",
+                           str(ledger)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert init.returncode == 0, init.stderr
+    r = _in_namespace(f"mount --bind -o ro {ledger.parent} {ledger.parent}\n"
+                      f"$PY -m cli.main cluster cordon ampere-0 --ledger {ledger}; echo rc=$?", tmp_path)
+    assert "rc=2" in r.stdout, r.stderr
+    assert "read-only" in r.stderr and "Traceback" not in r.stderr and "OperationalError" not in r.stderr
+
+
+def test_a_closed_stdout_is_named_before_any_work():
+    """`frenzy gpus --json >&-`: the answer has nowhere to go; say so (exit 2) rather than drop it or crash."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "cli.main", "gpus", "--json"], cwd=ROOT, env=env, capture_output=False,
+                       stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert p.returncode == 2, p.stderr
+    assert "stdout is closed" in p.stderr and "Traceback" not in p.stderr

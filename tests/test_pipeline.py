@@ -1,0 +1,326 @@
+"""The submit pipeline as a state machine (tasks/pipeline/), driven with fake stages: placement, training outcomes,
+recovery decisions, the release on every exit path, the watch over a trainer. No Prefect, no processes, no clock:
+each test runs in milliseconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from cluster.ledger import Allocation, LeaseLost, NodeAllocation
+from tasks.diagnosis.diagnose import Diagnosis
+from tasks.diagnosis.recovery import Action
+from tasks.evaluation.record import EvalSummary
+from tasks.jobspec import parse_job
+from tasks.pipeline.drive import drive
+from tasks.pipeline.request import Recovery, SubmitRequest
+from tasks.pipeline.run import NEXT, Run, Stage, TrainFailure, TrainOutcome, TransitionError
+from tasks.pipeline.summary import submit_result
+from tasks.pipeline.watch import Controls, watch
+from tasks.planning.layout import Layout
+from tasks.planning.plans import ResourcePlan
+from tasks.training.checkpoint import CheckpointRecord
+from tasks.training.request import TrainResult
+
+
+def plan(gpu_type: str, gpus: int, tp: int = 1) -> ResourcePlan:
+    return ResourcePlan(gpu_type=gpu_type, gpus=gpus, min_gpu_memory_gib=10, acceptable_gpu_types=[gpu_type],
+                        layout=Layout(dp=gpus // tp, tp=tp, micro_batch=2), predicted_device_gib=9,
+                        predicted_allocated_gib=8, est_step_time_s=0.5, gpu_seconds_per_step=gpus * 0.5,
+                        tokens_per_s=1000)
+
+
+def alloc(i: int, gpus: int, gpu_type: str, node: str, plan_index: int = 0) -> Allocation:
+    return Allocation(id=f"a{i}", job="j", plan_index=plan_index, gpus=gpus, min_mem_gib=10, lease_expiry=0,
+                      nodes=[NodeAllocation(node=node, gpu_type=gpu_type, gpu_indices=list(range(gpus)))])
+
+
+def result(step: int = 100) -> TrainResult:
+    return TrainResult(job="j", final_step=step, resumed_from_step=None, last_loss=1.0, tokens_per_s=1000, trace=None,
+                       run_dir="/runs/j", checkpoint_uri="file:///c",
+                       checkpoints=[CheckpointRecord(step=step, uri=f"file:///c/step_{step:08d}", blocked_s=0,
+                                                     persist_s=0, bytes=1)])
+
+
+def diagnosis(type_: str, category: str, restartable: bool = True, line: str = "the cause") -> Diagnosis:
+    return Diagnosis(log="train.log", category=category, type=type_, root_cause_line=line, line_no=3, rank=0,
+                     node="n0", restartable=restartable, mitigation="do the thing", evidence=[], lines=10, kept_lines=3,
+                     compression_ratio=3.0, templates=[])
+
+
+def summary(step: int) -> EvalSummary:
+    return EvalSummary(uri=f"file:///c/step_{step:08d}", run="j", step=step, suite="quick", scores={"x": {"acc": 1.0}},
+                       makespan_s=1, predicted_makespan_s=1, result="r.json", history_plot=None)
+
+
+@dataclass
+class Fake:
+    """Stages that replay scripted outcomes and record what the driver asked for."""
+
+    plans: list[ResourcePlan]
+    allocations: list[Allocation]
+    outcomes: list[TrainOutcome | BaseException]
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+    replans: list[list[ResourcePlan]] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    stages: list[Stage] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    report_error: BaseException | None = None
+
+    def plan(self, run: Run) -> tuple[list[ResourcePlan], str]:
+        self.calls.append("plan")
+        return self.plans, "test-cluster"
+
+    def place(self, run: Run) -> Allocation:
+        self.calls.append(f"place {[p.gpu_type for p in run.candidates]}")
+        return self.allocations.pop(0)
+
+    def log_size(self, run: Run) -> int:
+        return 100 * len([c for c in self.calls if c.startswith("place")])
+
+    def train(self, run: Run) -> TrainOutcome:
+        self.calls.append(f"train on {run.attempt.allocation.id}")
+        out = self.outcomes.pop(0)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def release(self, run: Run) -> None:
+        self.released.append(run.attempt.allocation.id)
+
+    def diagnose(self, run: Run, failure: TrainFailure) -> Diagnosis:
+        self.calls.append(f"diagnose from byte {run.attempt.log_offset}")
+        return self.diagnoses.pop(0)
+
+    def announce(self, run: Run, recovery: Recovery) -> None:
+        self.calls.append(f"announce {recovery.action.kind}")
+
+    def check_nodes(self, run: Run) -> None:
+        self.calls.append(f"check nodes of {run.attempt.allocation.id}")
+
+    def replan(self, run: Run, d: Diagnosis) -> list[ResourcePlan]:
+        self.calls.append("replan")
+        return self.replans.pop(0)
+
+    def evaluations(self, run: Run) -> tuple[list[EvalSummary], list]:
+        return run.evaluations, []
+
+    def analyse(self, run: Run) -> None:
+        return None
+
+    def report(self, run: Run) -> str:
+        if self.report_error:
+            raise self.report_error
+        return "/runs/j/report.html"
+
+    def record(self, run: Run) -> None:
+        self.stages.append(run.stage)
+
+
+def new_run(**request: object) -> Run:
+    job = parse_job({"name": "j", "model": {"preset": "gpt-tiny"}, "training": {"seq_len": 64, "global_batch": 8}}, "t")
+    return Run(request=SubmitRequest(job=job, **request), run_dir="/runs/j", suite="quick")
+
+
+def ticks() -> object:
+    t = [0.0]
+
+    def clock() -> float:
+        t[0] += 1.0
+        return t[0]
+    return clock
+
+
+FAILED = TrainOutcome(failure=TrainFailure(message="trainer exited with code 1", returncode=1))
+
+
+def test_a_clean_run_visits_every_stage_once_and_gives_its_gpus_back():
+    f = Fake(plans=[plan("A100", 2)], allocations=[alloc(1, 2, "A100", "n0")],
+             outcomes=[TrainOutcome(result=result(), evaluations=[summary(50), summary(100)])])
+    run = drive(new_run(), f, ticks())
+    assert f.stages == [Stage.PLANNED, Stage.PLACED, Stage.TRAINING, Stage.TRAINED, Stage.RELEASED, Stage.EVALUATED,
+                        Stage.REPORTED]
+    assert f.released == ["a1"] and not run.held
+    res = submit_result(run)
+    assert res.released and res.report == "/runs/j/report.html" and [e.step for e in res.evaluations] == [50, 100]
+    assert {"plan", "queue", "train+evaluate", "evaluate", "stragglers", "total"} <= set(res.timings_s)
+
+
+def test_an_infrastructure_failure_releases_checks_the_nodes_and_places_again():
+    f = Fake(plans=[plan("A100", 2)], allocations=[alloc(1, 2, "A100", "n0"), alloc(2, 2, "A100", "n1")],
+             outcomes=[FAILED, TrainOutcome(result=result())],
+             diagnoses=[diagnosis("NCCLTimeoutError", "infrastructure")])
+    run = drive(new_run(), f, ticks())
+    assert run.stage is Stage.REPORTED and f.released == ["a1", "a2"]
+    assert f.calls[:6] == ["plan", "place ['A100']", "train on a1", "diagnose from byte 0", "announce resume",
+                           "check nodes of a1"]
+    assert f.calls[6:] == ["place ['A100']", "train on a2"]
+    [rec] = run.recoveries
+    assert rec.action.kind == "resume" and rec.action.node_check
+    assert rec.relayout is not None and not rec.relayout.changed and "NCCLTimeoutError on n0" in rec.relayout.why
+    assert run.attempt.log_offset == 100  # the log size before the second placement: its diagnosis reads only its part
+
+
+def test_an_out_of_memory_places_the_replanned_plans_and_the_report_says_where_the_job_went():
+    bigger = [plan("A100-80GB", 2, tp=2)]
+    f = Fake(plans=[plan("A100", 2)], allocations=[alloc(1, 2, "A100", "n0"), alloc(2, 2, "A100-80GB", "n2")],
+             outcomes=[FAILED, TrainOutcome(result=result())],
+             diagnoses=[diagnosis("OutOfMemoryError", "framework")], replans=[bigger])
+    run = drive(new_run(), f, ticks())
+    assert "replan" in f.calls and "place ['A100-80GB']" in f.calls
+    assert run.plans == bigger and run.attempt.plan == bigger[0]  # the report's table is the plans it ran on
+    assert "-> 2 x A100-80GB (dp 1 x tp 2)" in run.recoveries[0].line()
+
+
+def test_an_out_of_memory_with_no_bigger_plan_fails_naming_the_fixes():
+    f = Fake(plans=[plan("A100", 2)], allocations=[alloc(1, 2, "A100", "n0")], outcomes=[FAILED],
+             diagnoses=[diagnosis("OutOfMemoryError", "framework")], replans=[[]])
+    run = drive(new_run(), f, ticks())
+    assert run.stage is Stage.FAILED and "no plan has more memory per GPU" in run.error and "recompute" in run.error
+    assert f.released == ["a1"]
+
+
+def test_a_script_error_stops_at_once_with_the_cause_not_a_restart():
+    f = Fake(plans=[plan("A100", 2)], allocations=[alloc(1, 2, "A100", "n0")], outcomes=[FAILED],
+             diagnoses=[diagnosis("FileNotFoundError", "script", restartable=False, line="No such file: data.bin")])
+    run = drive(new_run(), f, ticks())
+    assert run.stage is Stage.FAILED and "No such file: data.bin" in run.error and "/runs/j/train.log" in run.error
+    assert [c for c in f.calls if c.startswith("place")] == ["place ['A100']"] and f.released == ["a1"]
+
+
+def test_the_trainers_own_message_is_the_cause_when_it_names_one():
+    named = TrainOutcome(failure=TrainFailure(message="data.path ./corpus.txt does not exist", returncode=2))
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(1, 1, "A100", "n0")], outcomes=[named],
+             diagnoses=[diagnosis("DataError", "script", restartable=False)])
+    run = drive(new_run(), f, ticks())
+    assert run.error.startswith("j: data.path ./corpus.txt does not exist (the trainer stopped on it")
+
+
+def test_restarts_stop_at_max_restarts():
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(i, 1, "A100", f"n{i}") for i in range(3)],
+             outcomes=[FAILED, FAILED, FAILED], diagnoses=[diagnosis("ECCError", "infrastructure")] * 3)
+    run = drive(new_run(max_restarts=2), f, ticks())
+    assert run.stage is Stage.FAILED and len(run.recoveries) == 3
+    assert [r.action.kind for r in run.recoveries] == ["resume", "resume", "stop"]
+    assert "2 restart(s) already, the limit is 2" in run.error and f.released == ["a0", "a1", "a2"]
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), LeaseLost("lease lost"), RuntimeError("a bug")])
+def test_the_gpus_are_released_whatever_ends_the_run(error: BaseException):
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(1, 1, "A100", "n0")], outcomes=[error])
+    with pytest.raises(type(error)):
+        drive(new_run(), f, ticks())
+    assert f.released == ["a1"]
+
+
+def test_a_report_that_fails_after_the_release_does_not_release_twice():
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(1, 1, "A100", "n0")],
+             outcomes=[TrainOutcome(result=result())], report_error=OSError("disk full"))
+    with pytest.raises(OSError):
+        drive(new_run(), f, ticks())
+    assert f.released == ["a1"]
+
+
+def test_evaluations_of_earlier_attempts_are_kept_and_a_steps_newest_one_wins():
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(1, 1, "A100", "n0"), alloc(2, 1, "A100", "n0")],
+             outcomes=[FAILED.model_copy(update={"evaluations": [summary(50)]}),
+                       TrainOutcome(result=result(), evaluations=[summary(100)])],
+             diagnoses=[diagnosis("SegFault", "framework")])
+    run = drive(new_run(), f, ticks())
+    assert [e.step for e in run.evaluations] == [50, 100]
+
+
+def test_the_machine_refuses_a_transition_it_does_not_have():
+    run = new_run()
+    with pytest.raises(TransitionError):
+        run.to(Stage.TRAINING, 0.0)
+    assert run.to(Stage.FAILED, 0.0).stage is Stage.FAILED  # any stage may fail
+    reachable = {Stage.SUBMITTED} | {s for targets in NEXT.values() for s in targets}
+    assert reachable | {Stage.FAILED} == set(Stage)
+
+
+def test_recovery_lines_read_as_the_report_shows_them():
+    rec = Recovery(diagnosis=diagnosis("Hang", "infrastructure"), action=Action(kind="resume", reason="hung"))
+    assert rec.line() == "Hang (infrastructure): resume, hung"
+
+
+class Trainer:
+    """A trainer behind the watch's Handle: done after `runs` polls; each wait moves the fake clock."""
+
+    def __init__(self, runs: int, clock: list[float]) -> None:
+        self.runs, self.clock, self.stopped = runs, clock, False
+
+    def done(self) -> bool:
+        return self.runs <= 0 or self.stopped
+
+    def wait(self, timeout_s: float | None) -> None:
+        self.clock[0] += timeout_s or 0.0
+        self.runs -= 1
+
+
+def controls(t: Trainer, sizes: list[int], lost: list[bool] | None = None, **kw: object) -> tuple[Controls, list[str]]:
+    said: list[str] = []
+
+    def stop() -> None:
+        said.append("stop")
+        t.stopped = True
+    return Controls(progress_size=lambda: sizes[min(len(said), len(sizes) - 1)] if sizes else 0,
+                    kill=lambda why: said.append(f"kill: {why}"), stop=stop,
+                    lease_lost=lambda: bool(lost and lost.pop(0)), **kw), said
+
+
+def test_the_watch_kills_a_trainer_that_writes_no_progress_for_hang_s():
+    now = [0.0]
+    t = Trainer(runs=20, clock=now)
+    c, said = controls(t, sizes=[10])
+    watch(t, c, "j", hang_s=9, clock=lambda: now[0], poll_s=2.0)
+    assert said and said[0] == "kill: no progress record for 9 s"
+
+
+def test_the_watch_leaves_a_trainer_alone_while_its_progress_grows():
+    now = [0.0]
+    t = Trainer(runs=20, clock=now)
+    grow = iter(range(1000))
+    said: list[str] = []
+    c = Controls(progress_size=lambda: next(grow), kill=lambda why: said.append(why), stop=lambda: said.append("stop"),
+                 lease_lost=lambda: False)
+    watch(t, c, "j", hang_s=3, clock=lambda: now[0], poll_s=2.0)
+    assert said == []
+
+
+def test_a_lost_lease_stops_the_trainer_after_its_commit_and_raises():
+    now = [0.0]
+    t = Trainer(runs=20, clock=now)
+    c, said = controls(t, sizes=[1, 2, 3], lost=[False, True])
+    with pytest.raises(LeaseLost):
+        watch(t, c, "j", hang_s=100, clock=lambda: now[0])
+    assert said == ["stop"]
+
+
+def test_ctrl_c_in_the_watch_asks_the_trainer_to_commit_first():
+    now = [0.0]
+    t = Trainer(runs=20, clock=now)
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+    c, said = controls(t, sizes=[1], on_poll=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        watch(t, c, "j", hang_s=100, clock=lambda: now[0])
+    assert said == ["stop"]
+
+
+def test_a_job_name_another_running_job_holds_is_refused_and_a_finished_one_is_reported():
+    from cluster.ledger import RunRecord
+    from tasks.pipeline.summary import already_finished, name_taken
+
+    req = new_run().request.model_copy(update={"job": new_run().request.job.model_copy(deep=True)})
+    req.job.training.checkpoint.uri = "file:///alice/ckpt"
+    other = RunRecord(job="j", owner="hostb:42", stage="training", checkpoint_root="file:///bob/ckpt", run_dir="/b",
+                      history_dir="/b/evals")
+    assert "another run of this name is running (hostb:42" in name_taken(other, req, {"j"})
+    assert name_taken(other, req, set()) is None  # it ended (or its lease ran out): the name is free again
+    assert name_taken(other.model_copy(update={"checkpoint_root": "file:///alice/ckpt"}), req, {"j"}) is None  # a rerun
+    # a finished run is reported, not trained again, only while its final step is still committed
+    done = other.model_copy(update={"stage": "reported", "checkpoint_root": "file:///alice/ckpt", "result": "{}"})
+    assert already_finished(done, req) is None  # no committed step 1000 under /alice/ckpt
