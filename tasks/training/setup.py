@@ -183,10 +183,12 @@ def build_model(job: JobSpec, d: Dist, dev: torch.device) -> Model:
 def _tensor_parallel(model: torch.nn.Module, job: JobSpec, tp: int, mesh: Any) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    from tasks.training.launch import tp_misfit  # the launcher checks it first; a rank started otherwise, again
+
     spec = job.model
-    for what, n in (("heads", spec.heads), ("kv_heads", spec.n_kv_heads), ("ffn", spec.ffn)):
-        if n % tp:
-            raise JobSpecError(f"tp={tp} does not divide the model's {what}={n}; choose a tp that does")
+    misfit = tp_misfit(job, tp)
+    if misfit:
+        raise JobSpecError(misfit)
     plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
             "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
     if spec.mlp == "swiglu":
