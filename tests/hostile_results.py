@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def _existing(name: str) -> Callable[[Path], None]:
 
 
 def _trace(root: Path) -> str:
+    (root / "t").mkdir()
     assert cli("stragglers", "generate", str(root / "t" / "a.parquet"), "--dp", "2", "--pp", "2", "--steps", "2").rc == 0
     return str(root / "t" / "a.parquet")
 
@@ -141,6 +143,16 @@ def _full_disk(root: Path) -> Run:
     (root / "mnt").mkdir()
     return _unshare("mount -t tmpfs -o size=96k tmpfs mnt\n$PY -m cli data prepare corpus.txt --out mnt/shards "
                     "--shard-tokens 1024; echo rc=$?", root)
+
+
+def _history_full(root: Path) -> Run:
+    """`frenzy evaluate` whose --history-dir is on a full disk: refused, and its --out-dir never put in place."""
+    argv = _evaluate(2)(root)
+    argv[argv.index("--history-dir") + 1] = "full/h"
+    (root / "full").mkdir()
+    run = _unshare("mount -t tmpfs -o size=16k tmpfs full\nhead -c 1M /dev/zero > full/fill 2>/dev/null\n"
+                   f"$PY -m cli {shlex.join(argv)}; echo rc=$?", root)
+    return Run(0 if os.path.lexists(root / "out") else run.rc, run.out, run.err)  # results left behind: wrong
 
 
 def _read_only(root: Path) -> Run:
@@ -244,6 +256,8 @@ CASES = [
          lambda root: cli("export", str(root / "ck"), str(root / "hf")), _exports_step_2, setup=_tampered),
     Case(ENV, "data prepare onto a full disk", _full_disk, ("no space left on the device", "mnt/shards")),
     Case(ENV, "stragglers generate into a read-only directory", _read_only, ("read-only file system",)),
+    Case(ENV, "evaluate with its --history-dir on a full disk", _history_full, ("no space left on the device", "full/h"),
+         slow=True),
     Case(ENV, "output piped into a reader that is gone", _closed_stdout, lambda root, run: True),
     Case(ENV, "data prepare past the file-size limit (ulimit -f)", _file_size_limit, ("file too large", "ulimit")),
     Case(ENV, "submit with its --run-dir on a read-only mount", _read_only_run_dir,
