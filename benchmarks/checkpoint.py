@@ -10,7 +10,8 @@ Then, for the first model, step time while a persist is in flight against step t
     python benchmarks/checkpoint.py                       # both models, writes benchmarks/results/checkpoint.*
     python benchmarks/checkpoint.py --models gpt-100m --reps 3 --dir /tmp/ckbench
 
-Ratios are of medians measured in the same run on the same disk (design.md: compare as ratios).
+Ratios are of medians measured in the same run on the same disk (absolute times belong to one machine and disk;
+the ratios are what carries over).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def _srpt_flow(release: list[float], size: list[float], rate: float) -> float:
 
 def lower_bounds(cluster: Cluster, trace: Sequence[TraceJob], config: SimConfig | None = None,
                  catalog: Catalog | None = None) -> dict[str, float]:
-    """Lower bounds on average JCT and makespan under the simulator's models (notes/scheduling.md section 4).
+    """Lower bounds on average JCT and makespan under the simulator's models (derived here; reported by
+    `frenzy simulate` as `lower_bounds`, docs/commands.md).
 
     A relaxed GPU holds any allocation: the memory of the cluster's largest GPU, the speed of its fastest, its
     best links. d_j* = steps x the fastest memory-feasible layout on 1..G relaxed GPUs (a rigid job: on its own

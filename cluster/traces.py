@@ -220,9 +220,10 @@ def _flag(row: dict[str, str], col: str, default: bool, where: str) -> bool:
 
 
 def read_generic(path: str | Path, *, reference_gpu: str = REFERENCE_GPU) -> list[TraceJob]:
-    """`submit_time,duration,num_gpus[,model,global_batch]` (design.md), plus optional `name`, `precision`, `gpu_type`
-    (the type it ran on), `elastic` (0/1, default 0: the job keeps its GPU count) and `traced` (0/1, default 1: it
-    really ran as recorded; 0: a generated job whose user may ask for GPUs that cannot hold it)."""
+    """`submit_time,duration,num_gpus[,model,global_batch]` (`--format generic`, docs/commands.md), plus optional
+    `name`, `precision`, `gpu_type` (the type it ran on), `elastic` (0/1, default 0: the job keeps its GPU count) and
+    `traced` (0/1, default 1: it really ran as recorded; 0: a generated job whose user may ask for GPUs that cannot
+    hold it)."""
     p = Path(path)
     out = []
     for i, r in enumerate(_rows(p, {"submit_time", "duration", "num_gpus"}), start=2):

@@ -1,16 +1,23 @@
 """The rules of ARCHITECTURE.md, checked on the source (ast, nothing imported): no import circle among the project's
 modules, counting imports inside functions and under TYPE_CHECKING too; Prefect only in flows/ and deployments/;
-the lower layers (tasks/, cluster/) never import the upper ones (flows/, cli/); no function over 80 lines."""
+the lower layers (tasks/, cluster/) never import the upper ones (flows/, cli/); no function over 60 lines;
+docstrings, comments and docs cite only files that exist."""
 
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("cli", "cluster", "deployments", "flows", "tasks")
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 60
+# TEMPORARY: the one function over 60 lines left when the limit went from 80 to 60; it is being split on another
+# branch (issue 46) and this entry goes when that branch is merged. Never add to it: split the function instead.
+LONG_FUNCTION_EXEMPT = {"tasks/diagnosis/diagnose.py:diagnose_compressed"}
 
 
 def _modules() -> dict[str, Path]:
@@ -135,7 +142,7 @@ def test_lower_layers_never_import_upper_ones():
 
 
 def test_pure_logic_never_imports_prefect():
-    """Pure logic (tasks/, cluster/) never imports Prefect (design.md): @flow/@task wrappers live in flows/, and the
+    """Pure logic (tasks/, cluster/) never imports Prefect (ARCHITECTURE.md): @flow/@task wrappers live in flows/, and the
     front-ends (cli/, deployments/) drive them."""
     bad = []
     for name, path in _modules().items():
@@ -148,18 +155,106 @@ def test_pure_logic_never_imports_prefect():
     assert not bad, bad
 
 
-def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
+def long_functions(limit: int = MAX_FUNCTION_LINES, exempt: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """Functions longer than `limit` lines, as `path:line name (N lines)`; `exempt` holds `path:name` entries."""
     out = []
     for pkg in PACKAGES:
         for path in sorted((REPO / pkg).rglob("*.py")):
             rel = str(path.relative_to(REPO))
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and f"{rel}:{node.name}" not in exempt:
                     lines = node.end_lineno - node.lineno + 1
                     if lines > limit:
                         out.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
     return out
 
 
-def test_no_function_over_80_lines():
-    assert long_functions() == [], f"split these into named steps: {long_functions()}"
+def test_no_function_over_60_lines():
+    long = long_functions(exempt=LONG_FUNCTION_EXEMPT)
+    assert long == [], f"split these into named steps: {long}"
+
+
+def test_the_exemptions_from_the_length_limit_are_still_needed():
+    """An exempt function that was split (or renamed) must leave the list, so the list can only shrink."""
+    found = {f"{e.split(':')[0]}:{e.split()[1]}" for e in long_functions()}
+    assert LONG_FUNCTION_EXEMPT <= found, f"no longer over the limit, remove from LONG_FUNCTION_EXEMPT: " \
+        f"{sorted(LONG_FUNCTION_EXEMPT - found)}"
+
+
+# cited paths ----------------------------------------------------------------------------------------------------
+PROSE_ROOTS = (*PACKAGES, "tests", "benchmarks")
+_CITED = re.compile(r"(?<![\w./-])(?:[\w.-]+/)*[\w-]+\.(?:md|py|yaml)\b(?![\w/-])")
+
+
+def _python_text(text: str) -> tuple[list[tuple[int, str]], set[str]]:
+    """(line, text) of every comment and string statement (module, class, function and attribute docstrings), and
+    the other string constants: the names of the files the code reads and writes."""
+    prose = []
+    if any(_CITED.search(line, line.index("#")) for line in text.splitlines() if "#" in line):  # tokenize is slow
+        prose = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                 if t.type == tokenize.COMMENT]
+    docs, strings = set(), {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            prose.append((node.lineno, node.value.value))
+            docs.add(id(node.value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200:
+            strings[id(node)] = node.value
+    return prose, {v for k, v in strings.items() if k not in docs}
+
+
+def _markdown_prose(text: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of every line outside fenced code blocks (a command's example names the user's files)."""
+    fenced = False
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            yield i, line
+
+
+def missing_citations(sources: dict[Path, str], repo: Path = REPO) -> list[str]:
+    """Paths ending .md/.py/.yaml that prose cites and that are not there. A path with a directory must exist from
+    the repository root or from the citing file's folder; a bare name is checked only for .md (a bare job.yaml or
+    program.py is the user's or a run's file) and is fine when a file of that name is in the repository or the code
+    writes or reads it (it appears in a string constant, as summary.md does)."""
+    names = {p.name for root in (*PROSE_ROOTS, "docs") for p in (repo / root).rglob("*")} | \
+        {p.name for p in repo.iterdir()}
+    prose: dict[Path, list[tuple[int, str]]] = {}
+    written: set[str] = set()
+    for path, text in sources.items():
+        if path.suffix == ".py":
+            prose[path], strings = _python_text(text)
+            written |= {Path(s).name for s in strings}
+        else:
+            prose[path] = list(_markdown_prose(text))
+    out = []
+    for path, chunks in prose.items():
+        for line, chunk in chunks:
+            for cited in {m.group(0) for m in _CITED.finditer(chunk)}:
+                if "/" in cited:
+                    if not ((repo / cited).exists() or (path.parent / cited).exists()):
+                        out.append(f"{path.relative_to(repo)}:{line} cites {cited}")
+                elif cited.endswith(".md") and cited not in names and cited not in written:
+                    out.append(f"{path.relative_to(repo)}:{line} cites {cited}")
+    return sorted(set(out))
+
+
+def _prose_sources() -> dict[Path, str]:
+    paths = [p for root in PROSE_ROOTS for p in sorted((REPO / root).rglob("*.py"))]
+    paths += sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md", REPO / "ARCHITECTURE.md"]
+    return {p: p.read_text() for p in paths}
+
+
+def test_the_citation_check_finds_a_planted_missing_path_and_spares_real_and_written_files():
+    src = {REPO / "tasks" / "x.py": '"""See design.md and notes/scheduling.md, docs/commands.md and README.md."""\n'
+                                     '# also tasks/nothing_here.py; the user gives job.yaml\n'
+                                     'OUT = "summary.md"\nX = "not/prose.md"\n',
+           REPO / "docs" / "y.md": "Read [this](commands.md) and ../gone.md.\n```\nfrenzy x missing/file.yaml\n```\n"}
+    assert missing_citations(src) == ["docs/y.md:1 cites ../gone.md", "tasks/x.py:1 cites design.md",
+                                      "tasks/x.py:1 cites notes/scheduling.md", "tasks/x.py:2 cites tasks/nothing_here.py"]
+
+
+def test_docstrings_comments_and_docs_cite_only_paths_that_exist():
+    missing = missing_citations(_prose_sources())
+    assert not missing, f"point these at the file that holds it, or say it in place: {missing}"

@@ -43,13 +43,9 @@ def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (
     return out
 
 
-def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_steps: int = 3,
-             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
-    """Chrome/Perfetto trace (gzipped JSON) of the original and the ideal timelines for a window of steps.
-
-    One process per (timeline, DP rank), one track per (stage, stream); steps are laid end to end. A
-    communication op is drawn as its transfer only (the wait for its peers is left out), with the wait in args.
-    """
+def _timeline_window(p: Prepared, first_step: int | None, n_steps: int,
+                     dp_ranks: list[int] | None) -> tuple[list[int], list[int]]:
+    """The step indices and DP ranks a timeline draws; a step or ranks the trace lacks raise `TraceError`."""
     g = p.graph
     steps = list(g.steps)
     if first_step is not None and first_step not in steps:
@@ -61,6 +57,31 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
     if not ranks:
         raise TraceError(f"none of the DP ranks {dp_ranks} is in the trace (it has {g.dp_ranks.tolist()}); give "
                          "some of those to --timeline-dp-ranks")
+    return window, ranks
+
+
+def _track_names(pid: int, process: str, stages: np.ndarray) -> list[dict]:
+    """The metadata events that name one process and its (stage, stream) tracks, and keep them in order."""
+    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": process}},
+                          {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
+    for s in stages:
+        for k, name in enumerate(STREAMS):
+            tid = int(s) * 8 + k
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                           "args": {"name": f"stage {int(s)} {name}"}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    return events
+
+
+def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_steps: int = 3,
+             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
+    """Chrome/Perfetto trace (gzipped JSON) of the original and the ideal timelines for a window of steps.
+
+    One process per (timeline, DP rank), one track per (stage, stream); steps are laid end to end. A
+    communication op is drawn as its transfer only (the wait for its peers is left out), with the wait in args.
+    """
+    g = p.graph
+    window, ranks = _timeline_window(p, first_step, n_steps, dp_ranks)
     dpi = {int(r): int(np.flatnonzero(g.dp_ranks == r)[0]) for r in ranks}
     ideal_start, ideal_end = simulate(g, np.ascontiguousarray(np.broadcast_to(p.ideal[:, None], p.dur.shape)))
     comm = np.array([OPTYPES[t] not in ("forward-compute", "backward-compute", "gc", "optimizer") for t in g.optype])
@@ -89,16 +110,7 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
                                             "wait_us": round(max(b - s0, 0.0) * 1e6, 3)}})
             offset += float(span) * 1.02
         for r in ranks:
-            pid = base_pid + int(r)
-            events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{label} - DP rank {r}"}})
-            events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}})
-            for s in stages:
-                for k, name in enumerate(STREAMS):
-                    tid = int(s) * 8 + k
-                    events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                                   "args": {"name": f"stage {int(s)} {name}"}})
-                    events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                                   "args": {"sort_index": tid}})
+            events += _track_names(base_pid + int(r), f"{label} - DP rank {r}", stages)
     out = Path(path)
     with atomic_path(out, "stragglers analyze --timeline", inputs=inputs, overwrite=overwrite) as tmp, \
             gzip.open(tmp, "wt") as f:
