@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.errors import FrenzyError
-from tasks.jobspec import JobSpec, parse_job
+from tasks.jobspec import JobSpec, parse_job, tp_misfit
 from tasks.paths import resolve_job
 from tasks.training.progress import ProgressRecord, progress_record
 from tasks.training.writer import ORPHAN_GRACE_S
@@ -142,16 +142,6 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     from tasks.training.request import TrainerResult  # it imports torch (the checkpoint record): not before training
 
     return TrainerResult.model_validate(json.loads((run_dir / "result.json").read_text()))
-
-
-def tp_misfit(job: JobSpec, tp: int) -> str | None:
-    """Why `tp`-way tensor parallelism cannot split `job`'s model (each of heads, kv_heads and the MLP's hidden
-    width must divide by it), or None."""
-    m = job.model
-    for what, n in (("heads", m.heads), ("kv_heads", m.n_kv_heads), ("ffn", m.ffn)):
-        if n % tp:
-            return f"--tp {tp} does not divide the model's {what}={n}; choose a tp that does (or --nproc for data parallel)"
-    return None
 
 
 def check_launch(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str, gpu_indices: list[int] | None) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tasks.jobspec import JobSpec, JobSpecError
+from tasks.jobspec import JobSpec, JobSpecError, tp_misfit
 from tasks.training import data as D
 from tasks.training.model import GPT
 from tasks.training.storage import Storage
@@ -182,8 +182,6 @@ def build_model(job: JobSpec, d: Dist, dev: torch.device) -> Model:
 
 def _tensor_parallel(model: torch.nn.Module, job: JobSpec, tp: int, mesh: Any) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    from tasks.training.launch import tp_misfit  # the launcher checks it first; a rank started otherwise, again
 
     spec = job.model
     misfit = tp_misfit(job, tp)

@@ -331,9 +331,7 @@ def prepare(documents: Iterator[str], tokenizer: object, out_dir: Path, shard_to
         if progress:
             progress(docs, total)
 
-    for doc in documents:
-        if not doc:  # an empty file or row is no document: it adds no end-of-text token
-            continue
+    for doc in (d for d in documents if d):  # an empty file or row is no document: it adds no end-of-text token
         batch.append(doc)
         if len(batch) >= batch_docs:
             run_batch()
