@@ -90,6 +90,24 @@ def _train(*flags: str) -> Callable[[Path], Run]:
     return act
 
 
+def _nan_manifests(root: Path) -> None:
+    """Steps 2 and 4 whose manifests read `{"step": NaN}`: present, but not a checkpoint anyone can read."""
+    checkpoint_root(root / "ck")
+    for m in (root / "ck").glob("step_*/manifest.json"):
+        m.write_text('{"step": NaN}')
+
+
+def _step_loop(root: Path) -> None:
+    checkpoint_root(root / "ck")
+    os.symlink(root / "ck" / "step_00000006", root / "ck" / "step_00000008")
+    os.symlink(root / "ck" / "step_00000008", root / "ck" / "step_00000006")
+
+
+def _lists_the_loop(root: Path, run: Run) -> bool:
+    rows = {r["step"]: r for r in json.loads(run.out)["steps"]}
+    return sorted(rows) == [2, 4, 6, 8] and "symlink loop" in rows[8]["problem"] and rows[4]["committed"]
+
+
 def _trained_from_zero(root: Path, run: Run) -> bool:
     from tasks.training import checkpoint as ck
     from tasks.training.storage import Storage
@@ -219,6 +237,15 @@ CASES = [
     Case(FLAGS, "train --from-scratch on a root that holds checkpoints", _train("--from-scratch"),
          ("already holds", "they are kept", "--discard-checkpoints"),
          keep=("ck/step_00000002/manifest.json", "ck/step_00000004/manifest.json"), setup=_checkpoints, timeout_s=300),
+    Case(NONSENSE, "train --resume when every manifest reads NaN", _train("--resume"),
+         ("none of the 2 committed checkpoints", "step_00000004/manifest.json", "frenzy checkpoints"),
+         keep=("ck/step_00000002/manifest.json", "ck/step_00000002/rank00000.bin", "ck/step_00000004/manifest.json"),
+         setup=_nan_manifests, timeout_s=300),
+    Case(NONSENSE, "train (no --resume) on a root whose every manifest reads NaN", _train(),
+         ("already holds checkpoints", "unreadable", "--resume"),
+         keep=("ck/step_00000002/manifest.json", "ck/step_00000002/rank00000.bin"), setup=_nan_manifests, timeout_s=300),
+    Case(NONSENSE, "frenzy checkpoints lists a step directory that is a symlink loop",
+         lambda root: cli("checkpoints", str(root / "ck"), "--json"), _lists_the_loop, setup=_step_loop),
     Case(FLAGS, "train --from-scratch --discard-checkpoints starts at step 0",
          _train("--from-scratch", "--discard-checkpoints"), _trained_from_zero, setup=_checkpoints, timeout_s=300,
          slow=True),

@@ -281,11 +281,12 @@ class Storage:
         return kind
 
     def list_dirs(self) -> list[str]:
-        """Names of the immediate sub-directories of the root (empty if the root does not exist)."""
+        """Names of the immediate sub-directories of the root (empty if the root does not exist), and of links
+        that do not lead to one (a symlink loop, a dangling link): listed, so a reader names their problem."""
         if self.local is not None:
             if self.local_root() == "missing":
                 return []
-            return sorted(p.name for p in self.local.iterdir() if p.is_dir())
+            return sorted(p.name for p in self.local.iterdir() if p.is_dir() or p.is_symlink())
 
         def once() -> list[str]:
             try:

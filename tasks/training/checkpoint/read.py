@@ -3,6 +3,7 @@ assemble whole tensors from any layout's shards."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 
@@ -24,6 +25,7 @@ def read_manifest(storage: Storage, step: int) -> Manifest | None:
     """The step's manifest; None when it has none (never committed). A manifest that cannot be parsed, or names
     another step, raises `CheckpointError` naming the file."""
     key = f"{step_dir(step)}/manifest.json"
+    _refuse_broken_link(storage, step)
     try:
         m = Manifest.model_validate(json_loads(storage.read(key), storage.url(key)))
     except FileNotFoundError:
@@ -43,18 +45,38 @@ def read_manifest(storage: Storage, step: int) -> Manifest | None:
     return m
 
 
-def committed(storage: Storage) -> list[Manifest]:
-    """Manifests of every committed step, newest first; an unreadable manifest is logged by name and skipped."""
-    out = []
+def survey(storage: Storage) -> tuple[list[Manifest], list[CheckpointError]]:
+    """Manifests of every committed step, newest first, and the errors of the steps whose manifest is there but
+    cannot be read (NaN, not JSON, another step's): those are not "no checkpoint", a resume must say so."""
+    out, broken = [], []
     for s in list_steps(storage):
         try:
             m = read_manifest(storage, s)
         except CheckpointError as err:
             log.warning("%s", err)
+            broken.append(err)
             continue
         if m is not None:
             out.append(m)
-    return out
+    return out, broken
+
+
+def _refuse_broken_link(storage: Storage, step: int) -> None:
+    """A local step directory that is a link to no directory (a loop, a dangling link) is a step with a problem."""
+    d = storage.local / step_dir(step) if storage.local is not None else None
+    if d is None or not d.is_symlink() or d.is_dir():
+        return
+    try:
+        d.stat()
+        what = "a link to something that is not a directory"
+    except OSError as err:
+        what = "a symlink loop" if err.errno == errno.ELOOP else "a dangling link (its target is gone)"
+    raise CheckpointError(f"{storage.url(step_dir(step))} is {what}; the step is skipped: fix or remove the link")
+
+
+def committed(storage: Storage) -> list[Manifest]:
+    """Manifests of every committed step, newest first; an unreadable manifest is logged by name and skipped."""
+    return survey(storage)[0]
 
 
 def read_shard(storage: Storage, shard: ShardRecord) -> dict[str, torch.Tensor]:
