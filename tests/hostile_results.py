@@ -74,7 +74,7 @@ def _existing(name: str) -> Callable[[Path], None]:
 
 
 def _trace(root: Path) -> str:
-    (root / "t").mkdir()
+    (root / "t").mkdir(exist_ok=True)
     assert cli("stragglers", "generate", str(root / "t" / "a.parquet"), "--dp", "2", "--pp", "2", "--steps", "2").rc == 0
     return str(root / "t" / "a.parquet")
 
