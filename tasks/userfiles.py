@@ -164,15 +164,27 @@ _CONTROL = bytes([0, *range(1, 9), 11, 12, *range(14, 27), *range(28, 32), 127])
 colours)."""
 
 
+_C1 = bytes(range(0x80, 0xA0))
+
+
 def looks_binary(head: bytes) -> bool:
     """An executable, archive or image (by magic), or more than 1% NUL or 3% other control bytes in `head` (the
-    first 64 KiB of a file): random bytes hold about 11%, text in any 8-bit encoding none. A zero-filled tail,
-    which a node crash can leave in a log, does not count. Every reader of a user text file asks this first."""
+    first 64 KiB of a file): random bytes hold about 11%, text in any 8-bit encoding none. Bytes that are not UTF-8
+    count as text only while under 30% of them are 0x80-0x9f (latin-1's controls, cp1252's quotes and dashes,
+    no letter of cp1251 or KOI8-R but a few). A zero-filled tail, which a node crash can leave in a log, does not count.
+    Every reader of a user text file asks this first."""
     body = head.rstrip(b"\0")
     if body.startswith(_MAGIC):
         return True
-    ctrl = len(body) - len(body.translate(None, _CONTROL))
-    return bool(body) and (body.count(b"\0") > len(body) // 100 or ctrl > len(body) * 3 // 100)
+    n = len(body)
+    ctrl = n - len(body.translate(None, _CONTROL))
+    if not n or body.count(b"\0") > n // 100 or ctrl > n * 3 // 100:
+        return bool(n)
+    try:
+        body[: n - 4].decode("utf-8")  # the last few bytes may end mid-character at the 64 KiB cut
+        return False
+    except UnicodeDecodeError:
+        return n - len(body.translate(None, _C1)) > n * 3 // 10
 
 
 def read_text(path: str | Path, what: str, limit: int) -> str:

@@ -26,6 +26,7 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "afile").write_text("x")
     (tmp_path / "empty.csv").write_text("submit_time,duration,num_gpus\n")
     (tmp_path / "b.log").write_bytes(random.Random(0).randbytes(1 << 16))  # random bytes: no text in any encoding
+    (tmp_path / "c1.log").write_bytes(b"\x82" * (1 << 16))  # one C1 byte repeated: not UTF-8, no letter anywhere
     (tmp_path / "dup.jsonl").write_text('{"text": "a", "text": "b"}\n')
     (tmp_path / "blank.txt").write_text("")
     return tmp_path
@@ -69,6 +70,7 @@ CASES = [
     (["tokenizer", "train", "{d}/mb.yaml", "--out", "{d}/otu/tok.json"], "the directory {d}/otu does not exist"),
     # readers that refuse: a binary file is no log, corpus or tokenizer text; a key given twice is no document
     (["diagnose", "{d}/b.log"], "{d}/b.log looks binary"),
+    (["diagnose", "{d}/c1.log"], "{d}/c1.log looks binary"),
     (["data", "prepare", "{d}/b.log", "--out", "{d}/o"], "{d}/b.log looks binary"),
     (["tokenizer", "train", "{d}/b.log", "--out", "{d}/tok.json"], "{d}/b.log looks binary"),
     (["data", "prepare", "{d}/dup.jsonl", "--out", "{d}/o", "--format", "jsonl"], "{d}/dup.jsonl:1: duplicate key 'text'"),

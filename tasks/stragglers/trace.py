@@ -201,8 +201,8 @@ def write_trace(path: str | Path, cols: dict[str, np.ndarray], meta: JobMeta, *,
     run = meta.run_id or meta.trial_name or "trace"
     meta_path, meta_text = p.parent / f"meta-{run}.yaml", yaml.safe_dump(meta.model_dump(), sort_keys=False)
     if not overwrite and meta_path.is_file() and meta_path.read_text(errors="replace") != meta_text:
-        raise OutputError(f"{meta_path} already describes another trace in {p.parent}; give another directory "
-                          "(or --overwrite to replace it)")
+        raise OutputError(f"cannot write {p}: {meta_path} already describes another trace in {p.parent}; give "
+                          "another directory (or --overwrite to replace it)")
     data = {}
     for name, dtype in COLUMNS.items():
         arr = np.asarray(cols[name])
