@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tasks.diagnosis.chains import innermost, links, rank_of, segments
 from tasks.diagnosis.compress import Compressed, Kept, compress
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
-from tasks.userfiles import UserFileError, open_user_file, regular_file
+from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
 
 if TYPE_CHECKING:  # the agent (urllib, http) is imported only when it is asked
     from tasks.diagnosis.agent import AgentConfig
@@ -286,20 +286,6 @@ def check_log(path: Path | str) -> Path:
         raise UserFileError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
                             "wrote (e.g. RUN_DIR/train.log)")
     return p
-
-
-_MAGIC = (b"\x7fELF", b"\x1f\x8b", b"PK\x03\x04", b"\x89PNG", b"%PDF", b"\xfe\xed\xfa", b"\xcf\xfa\xed\xfe",
-          b"MZ\x90\x00")
-
-
-def looks_binary(head: bytes) -> bool:
-    """An executable, archive or image (by magic), or more than 1% NUL / 10% other control bytes. A zero-filled
-    tail, which a node crash can leave in a log, does not count."""
-    body = head.rstrip(b"\0")
-    if body.startswith(_MAGIC):
-        return True
-    ctrl = sum(body.count(bytes([b])) for b in (*range(1, 9), 11, 12, *range(14, 27), *range(28, 32)))
-    return bool(body) and (body.count(b"\0") > len(body) // 100 or ctrl > len(body) // 10)
 
 
 def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None,

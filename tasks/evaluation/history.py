@@ -112,7 +112,7 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     from tasks.outdir import atomic_path
 
     # redrawn after every evaluation (two at once take turns): never half a PNG
-    with atomic_path(out, "the score history plot", by_content=True, wait=True) as tmp:
+    with atomic_path(out, "the score history plot", by_content=True, wait=True, make_parent=True) as tmp:
         fig.savefig(tmp, dpi=90)
     return out
 
