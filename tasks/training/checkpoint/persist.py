@@ -244,11 +244,7 @@ class AsyncCheckpointer:
         err, self._stage_error = self._stage_error, None
         if err is not None:
             with self._lock:
-                self._free.append(job.buf)
-                self._jobs.pop(job.step, None)
-                self._inflight -= 1
-                if not self._inflight:
-                    self.persisting.clear()
+                self._release_locked(job)
                 self._error = (job.step, err)
                 self._raise_error_locked()
             return waited
@@ -264,6 +260,14 @@ class AsyncCheckpointer:
                 self._worker = threading.Thread(target=self._run, daemon=True, name="frenzy-persist")
                 self._worker.start()
             self._lock.notify_all()
+
+    def _release_locked(self, job: _Job) -> None:
+        """A save's buffer back to the free list (the caller holds the lock); the last one out clears `persisting`."""
+        self._free.append(job.buf)
+        self._jobs.pop(job.step, None)
+        self._inflight -= 1
+        if not self._inflight:
+            self.persisting.clear()
 
     def busy(self) -> bool:
         """True while a save would find no free buffer."""
@@ -335,11 +339,7 @@ class AsyncCheckpointer:
                     self._error = (job.step, err)
             finally:
                 with self._lock:
-                    self._free.append(job.buf)
-                    self._jobs.pop(job.step, None)
-                    self._inflight -= 1
-                    if not self._inflight:
-                        self.persisting.clear()
+                    self._release_locked(job)
                     self._lock.notify_all()
 
     def _persist(self, job: _Job) -> None:
