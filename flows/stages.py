@@ -190,12 +190,15 @@ class FlowStages:
             watch(_Future(fut), controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
-            except TrainFailed as err:
+            except TrainFailed as err:  # what was scored before the failure stays scored
                 return TrainOutcome(failure=TrainFailure(message=str(err), returncode=err.returncode,
-                                                         log_tail=err.log_tail))
+                                                         log_tail=err.log_tail),
+                                    evaluations=ev.summaries() if ev else [],
+                                    evaluation_failures=ev.failures() if ev else [])
             if ev is not None:  # the final checkpoint, and any commit the watch had not reached
                 ev.catch_up()
-            return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [])
+            return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [],
+                                evaluation_failures=ev.failures() if ev else [])
 
     def _evaluator(self, run: Run, device: str) -> InFlowEvaluator:
         r = self.request
@@ -244,8 +247,8 @@ class FlowStages:
         return replan_after_oom(self.request.job, self.cluster, self.request.rank_by, load_observations())
 
     def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
-        if run.mode != "deployment" or run.result is None:
-            return run.evaluations, []
+        if run.mode != "deployment" or run.result is None:  # in-flow: scored, or failed, as training ran
+            return run.evaluations, run.evaluation_failures
         r, steps = self.request, [c.step for c in run.result.checkpoints]
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
         triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started, self.log.warning)

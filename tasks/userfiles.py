@@ -399,12 +399,13 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def json_loads(text: str | bytes, source: str) -> Any:
-    """JSON without NaN/Infinity or duplicate keys; errors name `source` and the line and column."""
+def json_loads(text: str | bytes, source: str, line: int | None = None) -> Any:
+    """JSON without NaN/Infinity or duplicate keys; errors name `source` and the line and column (`line`: the
+    text is that one line of `source`, a JSONL file's)."""
     try:
         data = json.loads(text, parse_constant=_NonFinite, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as err:
-        raise UserFileError(f"{source}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
+        raise UserFileError(f"{source}:{line or err.lineno}:{err.colno}: not JSON: {err.msg}") from None
     except UnicodeDecodeError:
         raise UserFileError(f"{source}: not UTF-8 JSON") from None
     except RecursionError:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tasks.evaluation import history
 from tasks.evaluation.datasets import DatasetError, EvalContext, EvalDataset, HumanEval, register_dataset, resolve
@@ -50,6 +51,20 @@ def test_jsonl_and_module_plugins(tmp_path):
     with pytest.raises(DatasetError, match="mode ppl"):
         resolve("heldout-loss", "gen", ctx=EvalContext())
     assert resolve("tests.test_evaluation:Echo", "gen").name == "echo"
+
+
+@pytest.mark.parametrize(("line", "says"), [("this line is not JSON", "qa.jsonl:2:1: not JSON"),
+                                             ('{"prompt": "x"}', "qa.jsonl:2: a gen row needs prompt, answer"),
+                                             ("[1, 2]", "qa.jsonl:2: a row is a JSON object")])
+def test_a_suite_with_a_bad_jsonl_row_is_refused_when_loaded_before_anything_trains(tmp_path, line, says):
+    from tasks.evaluation.suite import SuiteError, load_suite
+
+    (tmp_path / "qa.jsonl").write_text(f'{{"prompt": "1+1=", "answer": "2"}}\n{line}\n')
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
+        {"name": "qa", "examples": 1, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "qa.jsonl"}]}))
+    with pytest.raises(SuiteError) as err:
+        load_suite(tmp_path / "suite.yaml")
+    assert str(err.value).startswith(f"{tmp_path / 'suite.yaml'}: dataset 'qa': ") and says in str(err.value)
 
 
 @register_dataset("echo")

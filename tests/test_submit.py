@@ -261,3 +261,32 @@ def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_
     assert got == {100: "s100"} and reruns == [100]
     assert [(f.step, f.cause) for f in failed] == [(50, "DatasetError: data.jsonl line 3 is not JSON")]
     assert now[0] <= 4  # two polls, not the 30 minutes of eval_timeout_s
+
+
+def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_retention_named_only_when_it_struck(tmp_path):
+    import torch
+
+    from tasks.pipeline.evaluations import InFlowEvaluator
+
+    st = Storage(f"file://{tmp_path}/ckpt")
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    for step in (10, 20):
+        c = ck.AsyncCheckpointer(st, 0, 1, run="t", keep=10)
+        c.save(step, [("model.w", torch.full((4,), float(step)))], fields)
+        c.close()
+    warned: list[str] = []
+
+    def evaluate(uri: str):
+        if uri.endswith("step_00000010"):  # retention removes it while it is evaluated
+            import shutil
+
+            shutil.rmtree(tmp_path / "ckpt" / "step_00000010")
+        raise ValueError(f"cannot read {uri}")
+
+    ev = InFlowEvaluator(st.uri, str(tmp_path / "evals"), "t", "quick", evaluate, warned.append)
+    ev.catch_up()
+    ev.catch_up()  # a failed step is not tried again
+    got = {f.step: f.cause for f in ev.failures()}
+    assert sorted(got) == [10, 20] and len(warned) == 2 and ev.summaries() == []
+    assert "retention" in got[10] and "training.checkpoint.keep" in got[10]
+    assert "retention" not in got[20] and got[20].startswith("cannot read")

@@ -56,7 +56,7 @@ def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[Hi
     by_step: dict[tuple[str, int], HistoryEntry] = {}
     for n, line in enumerate(read_text(p, "score history", LIMITS["jsonl"]).splitlines(), 1):
         if line.strip():
-            e = json_loads(line, f"{p}:{n}")
+            e = json_loads(line, str(p), line=n)
             try:  # the run is the file's own (a line written before entries named it has none)
                 entry = HistoryEntry.model_validate({"run": run, **e} if isinstance(e, dict) else e)
             except ValidationError as err:
