@@ -119,10 +119,17 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
 
 def pending(root_uri: str, history_dir: str | Path, suite: str) -> list[str]:
     """Step URIs of every committed checkpoint under `root_uri` not yet evaluated on `suite`, oldest first."""
+    return survey_pending(root_uri, history_dir, suite)[0]
+
+
+def survey_pending(root_uri: str, history_dir: str | Path, suite: str) -> tuple[list[str], list[str]]:
+    """`pending`'s step URIs, and why each step whose manifest is there but cannot be read is not among them (a
+    corrupt or truncated manifest: never evaluated, so it is named, not skipped in silence)."""
     storage = Storage(root_uri)
+    manifests, broken = ck.survey(storage)
     out = []
-    for m in sorted(ck.committed(storage), key=lambda m: m.step):
+    for m in sorted(manifests, key=lambda m: m.step):
         done = {e.step for e in read(history_dir, m.run, suite)}
         if m.step not in done:
             out.append(storage.url(ck.step_dir(m.step)))
-    return out
+    return out, [str(err) for err in broken]
