@@ -170,6 +170,11 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
     proc.send_signal(signal.SIGTERM)  # what a Prefect cancellation does to the flow process
     proc.wait(timeout=120)
+    err = (tmp_path / "cli.err").read_text()
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == (
+        f"frenzy submit: stopped at step {newest}, committed under file://{tmp_path}/ckpt; rerun the same command to "
+        "resume") and "Traceback" not in err, err[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["stopped_early"] is True  # the trainer was asked to stop, and committed the step it was at
     assert result["final_step"] == max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
