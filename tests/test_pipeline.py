@@ -332,9 +332,13 @@ def test_a_job_name_another_running_job_holds_is_refused_and_a_finished_one_is_r
     req.job.training.checkpoint.uri = "file:///alice/ckpt"
     other = RunRecord(job="j", owner="hostb:42", stage="training", checkpoint_root="file:///bob/ckpt", run_dir="/b",
                       history_dir="/b/evals")
-    assert "another run of this name is running (hostb:42" in name_taken(other, req, {"j"})
-    assert name_taken(other, req, set()) is None  # it ended (or its lease ran out): the name is free again
-    assert name_taken(other.model_copy(update={"checkpoint_root": "file:///alice/ckpt"}), req, {"j"}) is None  # a rerun
+    assert "another run of this name is running (hostb:42" in name_taken([other], req, {"j"})
+    assert name_taken([other], req, set()) is None  # it ended (or its lease ran out): the name is free again
+    assert name_taken([other.model_copy(update={"checkpoint_root": "file:///alice/ckpt"})], req, {"j"}) is None  # rerun
+    # Alice's own earlier run is the newest record of the name, Bob's unfinished one still holds the name
+    mine = other.model_copy(update={"checkpoint_root": "file:///alice/ckpt", "stage": "reported", "owner": "hosta:1"})
+    assert "hostb:42" in name_taken([mine, other], req, {"j"})
+    assert name_taken([mine, other.model_copy(update={"stage": "failed"})], req, {"j"}) is None  # Bob's ended
     # a finished run is reported, not trained again, only while its final step is still committed
     done = other.model_copy(update={"stage": "reported", "checkpoint_root": "file:///alice/ckpt", "result": "{}"})
     assert already_finished(done, req) is None  # no committed step 1000 under /alice/ckpt

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cluster.ledger import RunRecord
 from tasks.pipeline.request import SubmitRequest, SubmitResult
-from tasks.pipeline.run import Run, Stage
+from tasks.pipeline.run import TERMINAL, Run, Stage
 from tasks.report import RunReport, StragglerSummary
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -47,14 +47,18 @@ def run_record(run: Run) -> RunRecord:
                      result=submit_result(run).model_dump_json() if run.stage is Stage.REPORTED else None)
 
 
-def name_taken(rec: RunRecord | None, request: SubmitRequest, active_jobs: set[str]) -> str | None:
+def name_taken(recs: list[RunRecord], request: SubmitRequest, active_jobs: set[str]) -> str | None:
     """Why this job may not run under its name now: another run of that name (another checkpoint root: another
-    user's, or another directory's) holds GPUs or waits for them. None when the name is free, or it is this very
-    job (a rerun resumes it)."""
-    if rec is None or rec.checkpoint_root == request.job.training.checkpoint.uri or rec.job not in active_jobs:
+    user's, or another directory's; `recs` are the ledger's runs of the name) is not finished and its name holds GPUs
+    or waits for them. None when the name is free, or only this very run has it (a rerun resumes it)."""
+    if request.job.name not in active_jobs:
         return None
-    return (f"{rec.job}: another run of this name is running ({rec.owner}, checkpoints in {rec.checkpoint_root}); give "
-            "the job another name, or wait for it to end")
+    root = request.job.training.checkpoint.uri
+    for rec in recs:
+        if rec.checkpoint_root != root and rec.stage not in {s.value for s in TERMINAL}:
+            return (f"{rec.job}: another run of this name is running ({rec.owner}, checkpoints in "
+                    f"{rec.checkpoint_root}); give the job another name, or wait for it to end")
+    return None
 
 
 def already_finished(rec: RunRecord | None, request: SubmitRequest) -> SubmitResult | None:
