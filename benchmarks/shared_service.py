@@ -35,10 +35,10 @@ def main() -> None:
         f"# Three users on one shared service ({doc['date']}, {doc['machine']}, shared with other work)\n\n"
         f"`{doc['command']}` (tests/test_shared_service.py): a real `prefect server`, a Postgres ledger, S3 on "
         "loopback, two process workers in directories of their own; Alice (`frenzy submit`, checkpoints on S3), Bob "
-        "(a notebook through the `submit` deployment) and Carol (`frenzy submit`, a broken evaluation dataset) at "
-        "once, each with relative paths in a job file in their own directory.\n\n"
+        "(a notebook through the `submit` deployment) and Carol (`frenzy submit`, a suite whose dataset plugin the "
+        "workers lack) at once, each with relative paths in a job file in their own directory.\n\n"
         f"| | seconds |\n|---|---|\n| all three done | {doc['wall_s']} |\n| Alice's `frenzy submit` exits (0) | "
-        f"{doc['alice_s']} |\n| Carol's `frenzy submit` exits (2, her dataset's error named) | {doc['carol_s']} |\n\n"
+        f"{doc['alice_s']} |\n| Carol's `frenzy submit` exits (2, her evaluations' cause named) | {doc['carol_s']} |\n\n"
         "The three jobs share this machine's one device through the ledger's queue, so they train one after the "
         "other; their evaluations run on the workers.\n")
     print(out.with_suffix(".md").read_text())
