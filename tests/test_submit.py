@@ -139,7 +139,9 @@ def _cli(args: list[str], cwd: Path, server: bool = True) -> subprocess.Popen:
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "" if server else ""}
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True)
+                            stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True,
+                            # as from a terminal, even when pytest runs as a background job (SIGINT ignored there)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_commit(root: Path, min_step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
