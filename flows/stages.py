@@ -29,11 +29,11 @@ from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.request import EvaluateRequest
 from tasks.pipeline import attempt as at
-from tasks.pipeline.evaluations import EvalFailure, InFlowEvaluator, Verdict, collect_scores, scored
+from tasks.pipeline.evaluations import EvalFailure, InFlowEvaluator, Verdict, collect_scores, scored, step_uri
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
-from tasks.pipeline.summary import run_record, run_report
+from tasks.pipeline.summary import committed_steps, run_record, run_report
 from tasks.pipeline.watch import Controls, watch
 from tasks.planning.calibration import load_observations
 from tasks.planning.plans import ResourcePlan
@@ -91,8 +91,10 @@ class TriggeredEvaluations:
 
     def __init__(self, root: str, since: datetime, warn: Callable[[str], None],
                  info: Callable[[str], None] = lambda _: None,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC), earlier: frozenset[int] = frozenset()) -> None:
+        """`earlier`: steps an earlier invocation committed (a resumed run): their runs count from any time."""
         self.root, self.since, self.warn, self.info, self.now = root.rstrip("/"), since, warn, info, now
+        self.earlier = earlier
         self.params: dict[int, dict] = {}
         self.warned = False
         self.said_at = 0.0
@@ -119,15 +121,16 @@ class TriggeredEvaluations:
 
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
+            after = None if self.earlier else FlowRunFilterExpectedStartTime(after_=self.since)
             runs = client.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
-                flow_run_filter=FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=self.since)),
-                sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
+                flow_run_filter=FlowRunFilter(expected_start_time=after), sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+                limit=200)  # the server's most per page
             newest: dict[int, Any] = {}
             for fr in sorted(runs, key=lambda fr: fr.created or self.since):
                 uri = str((fr.parameters.get("request") or {}).get("uri", ""))
                 m = re.fullmatch(re.escape(self.root) + r"/step_(\d+)/?", uri)
-                if m:
+                if m and (int(m.group(1)) in self.earlier or (fr.expected_start_time or self.since) >= self.since):
                     newest[int(m.group(1))] = fr
                     self.params[int(m.group(1))] = fr.parameters
             out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
@@ -169,6 +172,12 @@ class TriggeredEvaluations:
         from prefect.deployments import run_deployment
 
         run_deployment(EVAL_DEPLOYMENT, parameters=self.params[step], timeout=0, as_subflow=False)
+
+    def start(self, step: int, suite: str, history_dir: str) -> None:
+        """Run the evaluation of `step` that no commit event started (an earlier invocation's, stopped first)."""
+        self.params[step] = {"request": {"uri": step_uri(self.root, step), "suite": suite, "history_dir": history_dir,
+                                         "reevaluate": False}}
+        self.rerun(step)
 
 
 class FlowStages:
@@ -294,20 +303,28 @@ class FlowStages:
     def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
         if run.mode != "deployment" or run.result is None:  # in-flow: scored, or failed, as training ran
             return run.evaluations, run.evaluation_failures
-        r, res = self.request, run.result  # the steps this run committed (a resume's start was committed before)
-        steps = [c.step for c in res.checkpoints if res.resumed_from_step is None or c.step > res.resumed_from_step]
+        r, res, root = self.request, run.result, run.request.job.training.checkpoint.uri or ""
+        mine = {c.step for c in res.checkpoints if res.resumed_from_step is None or c.step > res.resumed_from_step}
+        earlier = {s for s in committed_steps(root) if s <= res.final_step} - mine  # a resumed run's earlier steps
+        steps = sorted(mine | earlier)
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started, self.log.warning,
-                                        self.log.info)
+        triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier))
+        have = scored(r.history_dir, run.job, run.suite)
+        triggered.ended_without_score()  # which steps have a run
+        for step in sorted(earlier - set(have) - set(triggered.params)):  # stopped before its run was started
+            self.log.info("step %d has no score and no evaluation run: starting one", step)
+            triggered.start(step, r.suite_spec, r.history_dir)
+        def again(step: int) -> None:
+            self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it again",
+                             step)
+            triggered.rerun(step)
+
         found, failures = collect_scores(lambda: scored(r.history_dir, run.job, run.suite), steps, r.eval_timeout_s,
-                                         runs=triggered.ended_without_score, rerun=triggered.rerun)
+                                         runs=triggered.ended_without_score, rerun=again)
         for f in failures:
             self.log.error("evaluation of step %d failed: %s", f.step, f.cause)
         if missing := sorted(set(steps) - set(found) - {f.step for f in failures}):
             self.log.warning("no score for step(s) %s within %.0f s of training's end", missing, r.eval_timeout_s)
-        if before := sorted({c.step for c in res.checkpoints} - set(steps) - set(found)):
-            self.log.warning("step(s) %s, committed before this run resumed, have no score yet: the scheduled "
-                             "evaluate-pending covers them (or `frenzy evaluate URI`)", before)
         return [found[s] for s in sorted(found)], failures
 
     def analyse(self, run: Run) -> StragglerReport | None:

@@ -20,7 +20,7 @@ from cluster.inventory import load_cluster
 from cluster.ledger import Ledger
 from flows.naming import run_name, submission_base
 from flows.stages import FlowStages, evaluation_mode
-from tasks.evaluation.suite import load_suite
+from tasks.evaluation.suite import SuiteError, load_suite, missing_plugins
 from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
@@ -37,9 +37,14 @@ def start(request: SubmitRequest) -> Run:
     relative to the data root when a deployment runs the flow, never to the worker's working directory; run in a
     process of the user's (the CLI, a notebook), to where it runs."""
     request = request.resolved(submission_base())
-    suite = load_suite(request.suite_spec).name if request.evaluation != "off" else ""
-    return Run(request=request, run_dir=str(request.run_dir), suite=suite,
-               mode=evaluation_mode(request) if suite else "off")
+    suite = load_suite(request.suite_spec) if request.evaluation != "off" else None
+    mode = evaluation_mode(request) if suite else "off"
+    if suite is not None and (missing := missing_plugins(suite)):  # found after training otherwise
+        where = f"{request.suite_spec}: {'; '.join(missing)}"
+        if mode == "in-flow":  # the evaluation runs in this process: it would fail here, after training
+            raise SuiteError(f"{where}: install it where this runs (or put it on PYTHONPATH), or fix the suite")
+        get_run_logger().warning("%s: the workers that evaluate must have it", where)
+    return Run(request=request, run_dir=str(request.run_dir), suite=suite.name if suite else "", mode=mode)
 
 
 @flow(name="submit", flow_run_name=run_name("submit-{request.job.name}"), log_prints=True)
@@ -52,7 +57,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
     active = {a.job for a in ledger.allocations()} | {q.job for q in ledger.queue()}
     if (why := name_taken([r for r in ledger.runs() if r.job == run.job], request, active)) is not None:
         raise PipelineError(why)
-    if (done := already_finished(ledger.run(run.job, request.job.training.checkpoint.uri or None), request)) is not None:
+    rec = ledger.run(run.job, request.job.training.checkpoint.uri or None)
+    if (done := already_finished(rec, request, run.suite)) is not None:
         get_run_logger().info("%s had finished at step %d (report %s): nothing to train or evaluate again",
                               run.job, done.train.final_step, done.report)
         return done

@@ -2,6 +2,7 @@
 history, the flows on a Prefect test server and the CLI."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from tasks.evaluation import history
 from tasks.evaluation.datasets import DatasetError, EvalContext, EvalDataset, HumanEval, register_dataset, resolve
 from tasks.evaluation.runner import EvalError, EvalOptions, evaluate
 from tasks.evaluation.suite import Suite
+from tasks.training import checkpoint as ck
+from tasks.training.storage import Storage
 from tests import trainer_util as tu
 
 
@@ -286,3 +289,15 @@ def test_a_warm_trial_process_exits_quietly_when_no_trial_comes():
     p = subprocess.run([sys.executable, "-m", "tasks.evaluation.trial", "--warm"], input="", capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0 and p.stdout == ""
+
+
+def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored_at_their_own_uri(ckpt, tmp_path):
+    src = ckpt.removeprefix("file://")
+    a, b = tmp_path / "alice", tmp_path / "bob"
+    shutil.copytree(src, a)
+    shutil.copytree(src, b)  # the same run name in every manifest: two users' `exp`, or copies
+    hist = tmp_path / "evals"
+    run = ck.read_manifest(Storage(f"file://{a}"), 10).run
+    history.append(hist, run, 10, f"file://{a}/step_00000010", "small", {"x": {"acc": 1.0}})
+    assert history.pending(f"file://{a}", hist, "small") == [f"file://{a}/step_00000020"]
+    assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000010", f"file://{b}/step_00000020"]

@@ -81,6 +81,11 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     done = submit(_request(tmp_path, steps=60))
     assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
     assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
+    # the run reported before step 60's score landed (an evaluation run that ended later): the history's score counts
+    led = Ledger(str(tmp_path / "ledger.db"))
+    early = again.model_copy(update={"evaluations": again.evaluations[:2]})
+    led.record_run(rec.model_copy(update={"result": early.model_dump_json()}))
+    assert [e.step for e in submit(_request(tmp_path, steps=60)).evaluations] == [20, 40, 60]
 
     # the ledger has no word of it (stopped while it waited for its evaluations, or another ledger): the trainer
     # resumes at step 60 and trains nothing; the run reports the training that committed it, not an empty one
@@ -114,6 +119,11 @@ def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server
         submit(req.model_copy(update={"suite": "nope"}))
     with pytest.raises(InventoryError, match="phoebe"):
         submit(req.model_copy(update={"cluster": "nope"}))
+    # evaluated in this process (in-flow), a dataset plugin it cannot import would fail only after training
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
+        {"name": "qa", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "no_such_pkg_x:make"}]}))
+    with pytest.raises(SuiteError, match="plugin no_such_pkg_x:make: no module 'no_such_pkg_x' here"):
+        submit(req.model_copy(update={"suite": str(tmp_path / "s.yaml")}))
     assert not (tmp_path / "run").exists() and not (tmp_path / "ledger.db").exists()
 
 
@@ -313,6 +323,7 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
     from datetime import UTC, datetime, timedelta
 
     from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.states import Failed, Pending, Running, Scheduled
 
     from flows.stages import STUCK_S, TriggeredEvaluations
@@ -340,3 +351,11 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
         assert said and all(f"step {s}" in said[0] for s in (10, 20, 30, 40))
         t.ended_without_score()
         assert len(warned) == 1  # said once
+        # a resumed run waits for the runs an earlier invocation's commits started (before `since`) too, and starts
+        # the one that was never started
+        t2 = TriggeredEvaluations(root, datetime.now(UTC), warned.append, now=lambda: later, earlier=frozenset({20, 50}))
+        assert t2.ended_without_score() == {20: ("failed", "boom: qa.jsonl")} and 10 not in t2.params, warned
+        t2.start(50, "quick", "/data/alice/evals")
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
+        assert [fr.parameters["request"] for fr in runs if fr.parameters["request"]["uri"].endswith("50")] == [
+            {"uri": f"{root}/step_00000050", "suite": "quick", "history_dir": "/data/alice/evals", "reevaluate": False}]

@@ -154,3 +154,13 @@ def test_a_second_spike_rolls_back_to_the_newest_healthy_commit_not_the_first_ta
     # the commit at step 40 of the replayed timeline is healthy: the second spike returns there, not to 30
     assert second["rolled_back_to"] == 40 and second["step"] > 40
     assert result["final_step"] == 60
+
+
+def test_a_job_resuming_another_jobs_checkpoints_is_told_whose_they_are(tmp_path):
+    uri = f"file://{tmp_path}/ckpt"
+    run(tiny_job(uri, 20), tmp_path / "a")
+    other = tiny_job(uri, 30).model_copy(update={"name": "t2"})  # the same model and data, its own name
+    result = run(other, tmp_path / "b", resume=True)
+    assert result["resumed_from_step"] == 20
+    log = (tmp_path / "b" / "train.log").read_text()
+    assert "step 20 under" in log and "committed by job 't', not 't2'" in log and "own checkpoint.uri" in log

@@ -129,7 +129,10 @@ def survey_pending(root_uri: str, history_dir: str | Path, suite: str) -> tuple[
     manifests, broken = ck.survey(storage)
     out = []
     for m in sorted(manifests, key=lambda m: m.step):
-        done = {e.step for e in read(history_dir, m.run, suite)}
-        if m.step not in done:
-            out.append(storage.url(ck.step_dir(m.step)))
+        uri = storage.url(ck.step_dir(m.step))
+        # scored means scored at this very URI: roots that share a run name (copies, two users' `exp` named together)
+        # share a history file, and one root's score is not another's
+        done = {(e.step, e.uri.rstrip("/")) for e in read(history_dir, m.run, suite)}
+        if (m.step, uri.rstrip("/")) not in done:
+            out.append(uri)
     return out, [str(err) for err in broken]

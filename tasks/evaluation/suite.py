@@ -199,3 +199,22 @@ def _check_sizes(suite: Suite, source: str) -> None:
         if n is not None and d.examples > n:
             raise SuiteError(f"{source}: dataset {d.name!r} asks for {d.examples:,} examples; {d.source} holds {n:,}: "
                              "lower `examples`")
+
+
+def missing_plugins(suite: Suite) -> list[str]:
+    """The entries whose dataset is a `module:factory` plugin whose module this process cannot import (not
+    installed, or not on the path): an evaluation here would fail on it after training."""
+    import importlib.util
+
+    out = []
+    for d in suite.datasets:
+        mod, sep, _ = d.source.partition(":")
+        if not sep or d.source.endswith(".jsonl") or "/" in mod:
+            continue
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):  # a parent package that is missing, an empty or relative name
+            found = False
+        if not found:
+            out.append(f"dataset {d.name!r}: plugin {d.source}: no module {mod!r} here")
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster.ledger import RunRecord
+from tasks.pipeline.evaluations import scored
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import TERMINAL, Run, Stage
 from tasks.report import RunReport, StragglerSummary
@@ -61,15 +62,19 @@ def name_taken(recs: list[RunRecord], request: SubmitRequest, active_jobs: set[s
     return None
 
 
-def already_finished(rec: RunRecord | None, request: SubmitRequest) -> SubmitResult | None:
+def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str = "") -> SubmitResult | None:
     """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
-    final step still committed there. Rerunning it then reports that run instead of training zero steps."""
+    final step still committed there. Rerunning it then reports that run instead of training zero steps, with the
+    scores the history holds now (evaluations that ended after the run reported are not left out)."""
     root = request.job.training.checkpoint.uri
     if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or rec.checkpoint_root != root:
         return None
     if request.job.training.steps not in committed_steps(root or ""):
         return None  # more steps asked for, or the final checkpoint is gone: train
-    return SubmitResult.model_validate_json(rec.result).model_copy(update={"already_finished": True})
+    done = SubmitResult.model_validate_json(rec.result)
+    now = scored(rec.history_dir, rec.job, suite) if suite else {}
+    evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
+    return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)]})
 
 
 def submit_result(run: Run) -> SubmitResult:

@@ -106,6 +106,9 @@ class Restorer:
             if m is not None:
                 resumed_from = m.step
                 log.info("resumed from step %d (%s)", m.step, storage.url(ck.step_dir(m.step)))
+                if m.run != opts.job.name:  # the same model and data, so it loads; but say whose it is
+                    log.warning("step %d under %s was committed by job %r, not %r: this job continues that run (give "
+                                "it its own checkpoint.uri to start its own)", m.step, storage.uri, m.run, opts.job.name)
                 self.prog.emit("resume", step=m.step)
         self.discard_after(resumed_from or 0, warn=True)
         return resumed_from
