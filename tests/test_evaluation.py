@@ -144,6 +144,7 @@ def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):
         evaluate(f"file://{bad}", small_suite(), EvalOptions(out_dir=str(tmp_path / "o"), learn_priors=False))
 
 
+@pytest.mark.slow  # the evaluation flows on a Prefect server (about 45 s)
 def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_path, prefect_server):
     import shutil
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOW = """
@@ -22,6 +24,7 @@ print("result", hello())
 """
 
 
+@pytest.mark.slow  # a fresh Prefect home's first flow run (about 25 s)
 def test_a_first_offline_flow_run_logs_no_telemetry_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_API_URL")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(ROOT))  # a first run: a fresh database

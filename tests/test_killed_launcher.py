@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tasks.training import checkpoint as ck
@@ -26,6 +27,7 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str], err: str) -> subproces
                             stdout=subprocess.PIPE, stderr=open(cwd / err, "wb"), text=True, start_new_session=True)
 
 
+@pytest.mark.slow  # about 30 s of training and waiting
 def test_a_resume_right_after_a_killed_launcher_waits_for_the_orphan_and_continues(tmp_path):
     t = {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": STEPS, "lr": 3e-3, "warmup_steps": 5,
          "log_every_steps": 1, "checkpoint": {"every_steps": 5, "uri": f"file://{tmp_path}/ckpt", "keep": 5}}

@@ -44,6 +44,7 @@ def test_storage_roundtrip_create_only_and_retry_budget(s3):
         proxy.fail_for(0)
 
 
+@pytest.mark.slow  # training and evaluation on S3 (about 25 s each)
 def test_training_to_s3_survives_an_endpoint_outage_and_matches_local(s3, tmp_path):
     proxy, env = s3
     steps = 40
@@ -73,6 +74,7 @@ def test_training_to_s3_survives_an_endpoint_outage_and_matches_local(s3, tmp_pa
     assert_bitwise_equal(final_state(uri, steps), final_state(f"file://{tmp_path}/local", steps))
 
 
+@pytest.mark.slow  # training and evaluation on S3 (about 25 s each)
 def test_evaluation_of_a_checkpoint_on_s3_preloads_it_and_loads_remotely(s3, tmp_path):
     from tasks.evaluation.runner import EvalOptions, evaluate
     from tests.test_evaluation import small_suite

@@ -194,7 +194,8 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
     assert _trainers_of(tmp_path / "run") == []
 
 
-@pytest.mark.parametrize("server", [True, False], ids=["server", "embedded-api"])
+@pytest.mark.parametrize("server", [True, pytest.param(False, marks=pytest.mark.slow)],  # embedded: ~50 s more
+                         ids=["server", "embedded-api"])
 def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_server, tmp_path, server):
     """With a server, and with Prefect's embedded API (which Ctrl-C used to kill with the flow: connection
     tracebacks, minutes of retries, a second Ctrl-C and no line)."""
@@ -214,6 +215,7 @@ def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_serve
     assert Ledger(str(tmp_path / "l.db")).allocations() == []
 
 
+@pytest.mark.slow  # a whole submit killed and rerun (about 30 s)
 def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, tmp_path):
     Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="killme", steps=100000, every=50)))

@@ -85,17 +85,20 @@ def test_ddp_trace_covers_every_rank_and_op_type(ddp):
     assert list(fwd["mb_id"]) == list(range(len(fwd))) and (trace["duration"] > 0).all()
 
 
+@pytest.mark.slow  # two-process FSDP2/TP training runs (about 80 s together); .ci/run's slow pass
 def test_fsdp2_resumes_from_its_stop(fsdp):
     _, res = fsdp
     assert res.resumed_from_step == 10 and res.final_step == STEPS
 
 
+@pytest.mark.slow  # two-process FSDP2/TP training runs (about 80 s together); .ci/run's slow pass
 def test_fsdp2_ranks_write_their_own_row_shards(fsdp):
     m = ck.read_manifest(Storage(fsdp[0]), STEPS)
     sharded = [e for e in m.shards[1].tensors if e.global_shape is not None]
     assert sharded and all(e.global_offset[0] > 0 for e in sharded if e.name == "model.wte.weight")
 
 
+@pytest.mark.slow  # two-process FSDP2/TP training runs (about 80 s together); .ci/run's slow pass
 def test_fsdp2_stopped_and_resumed_trains_the_same_model_as_one_process(fsdp, one_process):
     _assert_same_model(_model(fsdp[0], STEPS), _model(one_process, STEPS))
 
@@ -114,11 +117,13 @@ def tp(root) -> tuple[str, str, TrainerResult]:
     return one, uri, launch(job2, root / "t2", nproc=2, tp=2, device="cpu", threads=1, resume=True)
 
 
+@pytest.mark.slow  # two-process FSDP2/TP training runs (about 80 s together); .ci/run's slow pass
 def test_tensor_parallel_resumes_from_its_stop(tp):
     res = tp[2]
     assert res.tp == 2 and res.resumed_from_step == 7 and res.final_step == TP_STEPS
 
 
+@pytest.mark.slow  # two-process FSDP2/TP training runs (about 80 s together); .ci/run's slow pass
 def test_tensor_parallel_shards_heads_and_mlp_columns(tp):
     m = ck.read_manifest(Storage(tp[1]), TP_STEPS)
     assert m.layout == {"dp": 1, "tp": 2, "zero_stage": 0}
@@ -128,6 +133,7 @@ def test_tensor_parallel_shards_heads_and_mlp_columns(tp):
     assert by_name["model.wte.weight"].global_shape is None  # norms and embeddings are whole
 
 
+@pytest.mark.slow  # two-process FSDP2/TP training runs (about 80 s together); .ci/run's slow pass
 def test_tensor_parallel_trains_the_same_model_as_one_process(tp):
     _assert_same_model(_model(tp[1], TP_STEPS), _model(tp[0], TP_STEPS))
 
