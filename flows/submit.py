@@ -25,7 +25,7 @@ from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
-from tasks.pipeline.summary import already_finished, name_taken, submit_result
+from tasks.pipeline.summary import already_finished, foreign_root, name_taken, submit_result
 from tasks.training.storage import Storage
 
 __all__ = ["PipelineError", "SubmitRequest", "SubmitResult", "submit"]
@@ -56,6 +56,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
     ledger = Ledger(request.ledger)
     active = {a.job for a in ledger.allocations()} | {q.job for q in ledger.queue()}
     if (why := name_taken([r for r in ledger.runs() if r.job == run.job], request, active)) is not None:
+        raise PipelineError(why)
+    if (why := foreign_root(request)) is not None:
         raise PipelineError(why)
     rec = ledger.run(run.job, request.job.training.checkpoint.uri or None)
     if (done := already_finished(rec, request, run.suite)) is not None:

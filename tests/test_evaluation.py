@@ -302,3 +302,10 @@ def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored
     history.append(hist, run, 10, f"file://{a}/step_00000010", "small", {"x": {"acc": 1.0}})
     assert history.pending(f"file://{a}", hist, "small") == [f"file://{a}/step_00000020"]
     assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000010", f"file://{b}/step_00000020"]
+    # and evaluating Bob's step 10 does not hand back Alice's recorded score
+    from tasks.evaluation.record import evaluate_and_record
+
+    got = evaluate_and_record(f"file://{b}/step_00000010", small_suite(), EvalOptions(), str(hist), reevaluate=False,
+                              overwrite=True)[1]
+    assert got.uri == f"file://{b}/step_00000010" and got.scores != {"x": {"acc": 1.0}}
+    assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000020"]

@@ -361,3 +361,19 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
         assert [fr.parameters["request"] for fr in runs if fr.parameters["request"]["uri"].endswith("50")] == [
             {"uri": f"{root}/step_00000050", "suite": "quick", "history_dir": "/data/alice/evals", "reevaluate": False}]
+
+
+def test_a_root_that_holds_another_jobs_checkpoints_is_refused_with_both_fixes(tmp_path):
+    import torch
+
+    from tasks.pipeline.summary import foreign_root
+
+    st = Storage(f"file://{tmp_path}/ckpt")
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    c = ck.AsyncCheckpointer(st, 0, 1, run="ivy-a", keep=10)
+    c.save(20, [("model.w", torch.zeros(4))], fields)
+    c.close()
+    why = foreign_root(_request(tmp_path, name="ivy-b"))
+    assert why is not None and "job 'ivy-a' (newest step 20)" in why and "its own training.checkpoint.uri" in why
+    assert foreign_root(_request(tmp_path, name="ivy-a")) is None  # its own: a rerun resumes it
+    assert foreign_root(_request(tmp_path / "empty", name="ivy-b")) is None

@@ -48,6 +48,8 @@ def missing(target: Target) -> str | None:
     """Why `target.root` cannot be covered (it does not exist: a typo, or a job that has not committed yet), or
     None."""
     st = Storage(target.root)
+    if st.local is not None and st.local.exists() and not st.local.is_dir():
+        return f"checkpoint root {target.root} is a file, not a directory of step_NNNNNNNN checkpoints: name the root"
     exists = st.local.is_dir() if st.local is not None else st.fs.exists(st.root)
     return None if exists else (f"checkpoint root {target.root} does not exist: nothing there to evaluate (a typo, "
                                 "or a job that has not committed a checkpoint yet)")

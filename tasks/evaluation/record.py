@@ -18,6 +18,7 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
 from tasks.outdir import OutputError, check_dir_target, fill_dir, held, machine_errors
+from tasks.training import checkpoint as ck
 from tasks.userfiles import LIMITS, read_bytes
 
 
@@ -46,10 +47,11 @@ def sole_writer(out_dir: str | Path, wait: bool = True) -> Iterator[None]:
         yield
 
 
-def recorded(history_dir: str, run: str, step: int, suite: str) -> EvalSummary | None:
-    """The history's summary of `step` of `run` on `suite`, None when it has no score for it."""
+def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None = None) -> EvalSummary | None:
+    """The history's summary of `step` of `run` on `suite` (scored at `uri`, when given: roots that share a run name
+    share a history, and one root's score is not another's), None when it has no score for it."""
     for e in history.read(history_dir, run, suite):
-        if e.step == step:
+        if e.step == step and (uri is None or e.uri.rstrip("/") == uri.rstrip("/")):
             res = Path(history_dir) / run / f"step_{step:08d}" / suite / "result.json"
             return EvalSummary(uri=e.uri, run=run, step=step, suite=suite, scores=e.scores, makespan_s=0.0,
                                predicted_makespan_s=0.0, result=str(res), history_plot=None)
@@ -68,14 +70,14 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
     evaluation is complete (tasks/outdir.py), so a kill leaves the previous results as they were. A target that holds
     results is replaced only with `overwrite` (`--overwrite`)."""
     if is_hf_dir(uri):  # a Hugging Face model directory is step 0 of a run named after it (as `evaluate` has it)
-        run, step = str(hf_info(uri)["run"]), 0
+        run, step, at = str(hf_info(uri)["run"]), 0, None
     else:
-        _, m = resolve_manifest(uri)
-        run, step = m.run, m.step
+        storage, m = resolve_manifest(uri)
+        run, step, at = m.run, m.step, storage.url(ck.step_dir(m.step))
     out = Path(opts.out_dir or f"{history_dir}/{run}/step_{step:08d}/{suite.name}").expanduser().absolute()
     check_dir_target(out, "frenzy evaluate", by_content=True)  # its own layout is evals/<run>/step_<N>/<suite>
     with sole_writer(out, wait=not reevaluate):
-        done = None if reevaluate else recorded(history_dir, run, step, suite.name)
+        done = None if reevaluate else recorded(history_dir, run, step, suite.name, at)
         if done is not None and Path(done.result).exists():
             return EvalResult.model_validate_json(Path(done.result).read_text()), done
         if not overwrite:

@@ -62,6 +62,22 @@ def name_taken(recs: list[RunRecord], request: SubmitRequest, active_jobs: set[s
     return None
 
 
+def foreign_root(request: SubmitRequest) -> str | None:
+    """Why this job may not train under its checkpoint root: the newest step committed there is another job's (its
+    evaluations and scores would be filed under that job's name, and this one would wait for scores that never
+    come). None when the root is empty, unreadable (the trainer says why) or this job's own."""
+    root = request.job.training.checkpoint.uri
+    try:
+        found = ck.committed(Storage(root or ""))
+    except Exception:  # noqa: BLE001 - the trainer's resume names a root it cannot read
+        return None
+    if not found or found[0].run == request.job.name:
+        return None
+    return (f"{root} holds the checkpoints of job {found[0].run!r} (newest step {found[0].step}): give "
+            f"{request.job.name!r} its own training.checkpoint.uri, or name the job {found[0].run!r} to continue that "
+            "run")
+
+
 def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str = "") -> SubmitResult | None:
     """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
     final step still committed there. Rerunning it then reports that run instead of training zero steps, with the
