@@ -51,7 +51,7 @@ def main() -> int:
     (ROOT / "benchmarks" / "results" / "hostile.md").write_text(
         "# Hostile and broken inputs (issue 32)\n\n`.venv/bin/python -m benchmarks.hostile`: every case of "
         "`tests/hostile_*.py`, run in a fresh directory as a user or an attacker would, classified by what they "
-        f"see.\nRan in {seconds:.0f} s on {machine} (shared 2-core machine, no GPU).\n\n{tab}\n"
+        f"see.\nRan {time.strftime('%Y-%m-%d')} in {seconds:.0f} s on {machine} (shared 2-core machine, no GPU).\n\n{tab}\n"
         + ("Cases not clear:\n" + "\n".join(notes) + "\n" if notes else "Every case ends clear.\n"))
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:  # the Guarantees page holds the markers
         text = page.read_text()

@@ -100,6 +100,7 @@ def scale(tmp: Path) -> list[dict]:
     for name, (dp, pp, tp, mb, steps) in SCALES.items():
         spec = SynthSpec(dp=dp, pp=pp, tp=tp, microbatches=mb, steps=steps,
                          slow_worker={"dp": 3, "stage": 1, "factor": 1.2})
+        (tmp / f"dp{dp}").mkdir(exist_ok=True)  # a file output's directory must exist
         path = write_trace(tmp / f"dp{dp}" / "trace.parquet", generate(spec).columns(), spec.meta)
         out = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True,
                              check=True)

@@ -88,7 +88,7 @@ def embedded_server_outlives_ctrl_c() -> None:
 def run_submit(command: str, request: object) -> object | None:
     """Run the `submit` flow for `frenzy <command>`: an infeasible job is refused with MARP's message before the
     flow starts (nothing else printed first), tracebacks stay off the terminal, and Ctrl-C ends in one line (the
-    flow has the trainer commit its step first). None when interrupted."""
+    flow has the trainer commit its step first). None when interrupted; SIGTERM prints the same line and exits 143."""
     import sys
 
     from cluster.inventory import load_cluster
@@ -101,10 +101,19 @@ def run_submit(command: str, request: object) -> object | None:
         plan_resources(request.job, load_cluster(request.cluster_spec), rank_by=request.rank_by, top=1,
                        observations=load_observations())
     one_line_console()
+    from prefect.exceptions import TerminationSignal
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
         embedded_server_outlives_ctrl_c()
+    def on_term(signum: int, _frame: object) -> None:  # Prefect's engine re-sends SIGTERM to this handler after
+        raise TerminationSignal(signal=signum)             # its own clean-up: end with the line, not a silent death
+
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
     try:
         return submit(request)
     except RuntimeError as err:
@@ -114,7 +123,9 @@ def run_submit(command: str, request: object) -> object | None:
             f"Prefect's embedded API did not start within {os.environ.get(STARTUP_VAR, '20')} s (a loaded machine): "
             f"run again with {STARTUP_VAR}=300, or start a server once (`prefect server start`) and set "
             "PREFECT_API_URL=http://127.0.0.1:4200/api") from None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TerminationSignal) as err:  # Ctrl-C; SIGTERM (`kill`, a Prefect cancellation)
         logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
         print(interrupted_message(command, request.job.training.checkpoint.uri), file=sys.stderr)
+        if isinstance(err, TerminationSignal):
+            raise SystemExit(128 + err.signal) from None  # 143: what a shell reports for a SIGTERMed command
         return None

@@ -67,7 +67,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     res = prepare_dir(S.iter_documents(kind, urls, args.text_field), tok, out, {
         "tokenizer": tok.name, "vocab_size": tok.vocab_size, "inputs": args.inputs, "format": kind},
-        shard_tokens=args.shard_tokens, overwrite=args.overwrite,
+        shard_tokens=args.shard_tokens, overwrite=args.overwrite, source=", ".join(args.inputs),
         progress=_progress(lambda d, n: f"{d:,} documents, {n:,} tokens, "
                                         f"{n / max(time.perf_counter() - t0, 1e-9):,.0f} tokens/s"))
     print(file=sys.stderr)

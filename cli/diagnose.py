@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import asdict
 
 from cli.argtypes import bounded_int
 from cli.output import emit
 from tasks.errors import FrenzyError
+
+_VIA = {"chain": "the cause inside a wrapper: the wrapper line is among the symptoms",
+        "progress": "read off the progress lines: the loss turned NaN/inf here and stayed so, with no error line"}
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -48,6 +52,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                  f"{'restartable' if d.restartable else 'not restartable'}{how}"]
         if d.root_cause_line:
             lines.append(f"  root cause, line {d.line_no}: {d.root_cause_line}")
+        if d.via in _VIA:
+            lines.append(f"  ({_VIA[d.via]})")
         lines.append(f"  do: {d.mitigation}")
         if d.evidence:
             kinds: dict[str, int] = {}
@@ -58,7 +64,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
                      "--show prints them")
         return "\n".join(lines)
 
-    emit(args, d.model_dump(), human)
+    emit(args, asdict(d), human)
     return 0
 
 

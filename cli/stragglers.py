@@ -13,6 +13,15 @@ from cli.output import emit, progress
 from tasks.errors import FrenzyError
 
 
+def _flag_error(e: Any) -> str:
+    """A SynthSpec validation error named by its flag: `--slow-worker (factor)`, not a field path."""
+    msg = e["msg"].removeprefix("Value error, ")
+    if not e["loc"]:
+        return msg
+    flag, rest = f"--{str(e['loc'][0]).replace('_', '-')}", ".".join(str(p) for p in e["loc"][1:])
+    return f"{flag}{f' ({rest})' if rest else ''}: {msg}"
+
+
 def _numbers(text: str, what: str, count: int | None = None) -> list[float]:
     """`text` as finite numbers separated by commas (exactly `count` of them when given)."""
     try:
@@ -39,8 +48,11 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
     if args.action == "generate":
         if Path(args.path).is_dir():
             raise FrenzyError(f"{args.path} is a directory; give the .parquet file to write (its meta YAML goes beside)")
+        from tasks.outdir import check_file_target
         from tasks.stragglers.synth import SynthSpec, generate
         from tasks.stragglers.trace import write_trace
+
+        check_file_target(args.path, "stragglers generate")  # before the work: its directory must exist
 
         spec: dict[str, Any] = {"schedule": args.schedule, "dp": args.dp, "pp": args.pp, "vpp": args.vpp,
                                 "microbatches": args.microbatches, "steps": args.steps, "dp_mode": args.dp_mode,
@@ -57,9 +69,7 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
         try:
             sp = SynthSpec.model_validate(spec)
         except ValidationError as err:
-            raise FrenzyError("stragglers generate: " + "; ".join(
-                f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg'].removeprefix('Value error, ')}"
-                if e["loc"] else e["msg"].removeprefix("Value error, ") for e in err.errors())) from None
+            raise FrenzyError("stragglers generate: " + "; ".join(_flag_error(e) for e in err.errors())) from None
         run = generate(sp)
         path = write_trace(Path(args.path), run.columns(), sp.meta, overwrite=args.overwrite)
         doc = {"trace": str(path), "meta": sp.meta.model_dump(), "ops": int(sum(d.size for d in run.durs)),

@@ -29,7 +29,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from tasks.outdir import run_dir_lock
     from tasks.paths import resolve_job
-    from tasks.training.launch import TrainFailed, default_run_dir, launch
+    from tasks.training.launch import TrainFailed, check_launch, default_run_dir, launch
     from tasks.training.progress import describe
 
     if args.discard_checkpoints and not args.from_scratch:
@@ -48,6 +48,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     job = resolve_job(job, Path(args.job).parent.absolute(), run_dir.absolute())  # the job's paths: its file's
     if run_dir.exists() and not run_dir.is_dir():
         raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
+    check_launch(job, run_dir, args.nproc, args.tp, args.device, None)  # before the run directory is made
     try:
         with run_dir_lock(run_dir):  # one trainer per run directory (tasks/outdir.py)
             result = launch(job, run_dir, nproc=args.nproc, resume=args.resume, from_scratch=args.from_scratch,

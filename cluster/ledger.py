@@ -122,8 +122,10 @@ lock_t = Table(
     Column("id", Integer, primary_key=True, autoincrement=False),
 )
 runs_t = Table(
-    "runs", _meta,  # added 2026-11-25: one record per job `submit` ran, where everything of the run is
-    Column("job", String(255), primary_key=True),
+    "run_records", _meta,  # one record per run `submit` ran: a run is its checkpoint root (RunRecord.key), not its
+    # job name (two users' `exp` are two runs); replaced "runs" (one per job name, 2026-11-25), copied on open
+    Column("key", String(2048), primary_key=True),
+    Column("job", String(255), nullable=False, index=True),
     Column("owner", String(255), nullable=False),
     Column("stage", String(16), nullable=False),
     Column("record", Text, nullable=False),  # JSON RunRecord
@@ -233,6 +235,7 @@ class CheckpointRoot(BaseModel, frozen=True):
 
     root: str
     suite: str = ""
+    job: str = ""
 
 
 class RunRecord(BaseModel):
@@ -256,6 +259,12 @@ class RunRecord(BaseModel):
     result: str | None = None
     """The finished run's SubmitResult as JSON (what a rerun of a finished job reports)."""
     updated_at: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """What tells this run from another of the same job name (another user's, another directory's): its
+        checkpoint root, or its run directory when it has none."""
+        return self.checkpoint_root or f"run-dir:{self.run_dir}"
 
 
 def ledger_url(spec: str | None = None) -> str:
@@ -399,6 +408,19 @@ class Ledger:
             if column not in {c["name"] for c in inspect(self.engine).get_columns(table)}:
                 with self.engine.begin() as conn:
                     conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {typ}")
+        self._migrate_runs()
+
+    def _migrate_runs(self) -> None:
+        """Copy the records of the old "runs" table (one per job name) into run_records (one per run), once."""
+        if not inspect(self.engine).has_table("runs"):
+            return
+        with self.engine.begin() as conn:
+            if conn.execute(select(runs_t.c.key).limit(1)).first() is not None:
+                return
+            for row in conn.exec_driver_sql("SELECT record FROM runs").all():
+                rec = RunRecord.model_validate_json(row[0])
+                conn.execute(insert(runs_t).values(key=rec.key, job=rec.job, owner=rec.owner, stage=rec.stage,
+                                                   record=row[0], updated_at=rec.updated_at))
 
     # -- transactions --------------------------------------------------------------------------------------
     @contextmanager
@@ -704,32 +726,38 @@ class Ledger:
         """Remember that `job` commits its checkpoints under `root`, to be evaluated on `suite` (what the scheduled
         evaluate-pending covers)."""
         with self._tx() as conn:
-            if self.checkpoint_roots(conn).get(job) != CheckpointRoot(root=root, suite=suite):
+            if self.checkpoint_roots(conn).get(root) != CheckpointRoot(root=root, suite=suite, job=job):
                 self._log(conn, "checkpoints", job, root=root, suite=suite)
 
     def checkpoint_roots(self, conn: Connection | None = None) -> dict[str, CheckpointRoot]:
-        """Each job's checkpoint root and evaluation suite as `submit` recorded them (the newest per job)."""
+        """Every checkpoint root `submit` noted, with its job and suite (the newest note of each root): two jobs of
+        one name (two users') are two roots."""
         query = select(events_t.c.subject, events_t.c.detail).where(events_t.c.kind == "checkpoints")
         if conn is None:
             with self.engine.connect() as c:
                 rows = c.execute(query.order_by(events_t.c.id)).all()
         else:
             rows = conn.execute(query.order_by(events_t.c.id)).all()
-        return {r.subject: CheckpointRoot(root=d["root"], suite=d.get("suite", "")) for r in rows
+        return {d["root"]: CheckpointRoot(root=d["root"], suite=d.get("suite", ""), job=r.subject) for r in rows
                 for d in [json.loads(r.detail)]}
 
     def record_run(self, rec: RunRecord) -> None:
-        """Create or update the record of `rec.job` (its newest stage and where its files are)."""
+        """Create or update the record of the run `rec.key` (its newest stage and where its files are)."""
         rec = rec.model_copy(update={"owner": rec.owner or owner_id(), "updated_at": self.clock()})
-        row = {"owner": rec.owner, "stage": rec.stage, "record": rec.model_dump_json(), "updated_at": rec.updated_at}
+        row = {"job": rec.job, "owner": rec.owner, "stage": rec.stage, "record": rec.model_dump_json(),
+               "updated_at": rec.updated_at}
         with self._tx() as conn:
-            if conn.execute(update(runs_t).where(runs_t.c.job == rec.job).values(**row)).rowcount == 0:
-                conn.execute(insert(runs_t).values(job=rec.job, **row))
+            if conn.execute(update(runs_t).where(runs_t.c.key == rec.key).values(**row)).rowcount == 0:
+                conn.execute(insert(runs_t).values(key=rec.key, **row))
 
-    def run(self, job: str) -> RunRecord | None:
-        """The record of `job`, if `submit` ever ran it on this ledger."""
+    def run(self, job: str, root: str | None = None) -> RunRecord | None:
+        """The record of `job`'s run whose checkpoints are under `root` (the run itself); with no root, the most
+        recently updated run of that name (the one to talk about when only a name is given)."""
+        query = select(runs_t.c.record).where(runs_t.c.job == job)
+        if root is not None:
+            query = query.where(runs_t.c.key == root)
         with self.engine.connect() as c:
-            row = c.execute(select(runs_t.c.record).where(runs_t.c.job == job)).first()
+            row = c.execute(query.order_by(runs_t.c.updated_at.desc()).limit(1)).first()
         return RunRecord.model_validate_json(row.record) if row else None
 
     def runs(self) -> list[RunRecord]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 
-from cluster.traces import BATCH_PER_GPU, MAX_JOBS, TraceError, TraceJob, fit_to_record, model_for_gpu_hours
+from cluster.traces import BATCH_PER_GPU, TraceJob, fit_to_record, model_for_gpu_hours, parse_generated
 
 FAMILIES = ("production", "mixed")
 
@@ -55,12 +55,5 @@ def mixed(n_jobs: int = 200, seed: int = 0, mean_interarrival_s: float = 600.0) 
 
 def parse_synthetic(spec: str) -> list[TraceJob]:
     """`production:N[:SEED]` or `mixed:N[:SEED]` -> the trace."""
-    parts = spec.split(":")
-    try:
-        if parts[0] not in FAMILIES or not 2 <= len(parts) <= 3 or not 1 <= int(parts[1]) <= MAX_JOBS:
-            raise ValueError
-        seed = int(parts[2]) if len(parts) == 3 else 0
-    except ValueError:
-        raise TraceError(f"{spec!r}: write production:N[:SEED] or mixed:N[:SEED] with 1 <= N <= {MAX_JOBS:,}, "
-                         "e.g. production:400:1") from None
-    return (production if parts[0] == "production" else mixed)(int(parts[1]), seed)
+    n, seed = parse_generated(spec, FAMILIES, "production:400:1")
+    return (production if spec.startswith("production:") else mixed)(n, seed)

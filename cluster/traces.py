@@ -426,16 +426,29 @@ def new_workload(n_jobs: int = 30, *, seed: int = 0, mean_interarrival_s: float 
     return out
 
 
-def parse_newworkload(spec: str) -> tuple[int, int]:
-    """`newworkload:N[:SEED]` -> (N, SEED)."""
+MAX_SEED = 2**63 - 1
+
+
+def parse_generated(spec: str, families: Sequence[str], example: str) -> tuple[int, int]:
+    """`FAMILY:N[:SEED]` -> (N, SEED), with 1 <= N <= MAX_JOBS and 0 <= SEED <= MAX_SEED; else refused with the
+    ranges and `example`."""
     parts = spec.split(":")
     try:
-        if parts[0] != "newworkload" or not 2 <= len(parts) <= 3 or not 1 <= int(parts[1]) <= MAX_JOBS:
+        if parts[0] not in families or not 2 <= len(parts) <= 3:
             raise ValueError
-        return int(parts[1]), int(parts[2]) if len(parts) == 3 else 0
+        n, seed = int(parts[1]), int(parts[2]) if len(parts) == 3 else 0
+        if not (1 <= n <= MAX_JOBS and 0 <= seed <= MAX_SEED):
+            raise ValueError
+        return n, seed
     except ValueError:
-        raise TraceError(f"{spec!r}: write newworkload:N or newworkload:N:SEED with 1 <= N <= {MAX_JOBS:,} jobs, "
-                         "e.g. newworkload:30:0") from None
+        forms = " or ".join(f"{f}:N[:SEED]" for f in families)
+        raise TraceError(f"{spec!r}: write {forms} with 1 <= N <= {MAX_JOBS:,} jobs and 0 <= SEED < 2^63, "
+                         f"e.g. {example}") from None
+
+
+def parse_newworkload(spec: str) -> tuple[int, int]:
+    """`newworkload:N[:SEED]` -> (N, SEED)."""
+    return parse_generated(spec, ("newworkload",), "newworkload:30:0")
 
 
 def write_generic(jobs: list[TraceJob], path: str | Path) -> None:

@@ -82,11 +82,14 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
             if why := missing(t):
                 logger.warning(why)
                 continue
-            uris = history.pending(t.root, t.history_dir, load_suite(t.suite).name)
+            uris, unreadable = history.survey_pending(t.root, t.history_dir, load_suite(t.suite).name)
         except Exception as err:  # noqa: BLE001 - one root that cannot be read does not stop the others
             failed.append((t.root, f"{type(err).__name__}: {err}"))
             logger.error("cannot cover %s: %s", t.root, err)
             continue
+        for why in unreadable:  # a step whose manifest cannot be read: named, the others still evaluated
+            failed.append((t.root, why))
+            logger.error("cannot evaluate a checkpoint under %s: %s", t.root, why)
         logger.info("%d checkpoint(s) to evaluate under %s on %s", len(uris), t.root, t.suite)
         for uri in uris:
             state = evaluate_checkpoint(EvaluateRequest(uri=uri, suite=t.suite, schedule=request.schedule,

@@ -28,7 +28,7 @@ def plan_resources(request: PlanRequest, observations: list[OomObservation] | No
     changed, re-plans)."""
     cluster = inventory or load_cluster(request.cluster)
     return _plan_resources(request.job, cluster, rank_by=request.rank_by, margin=request.margin,
-                           top=request.top or None, observations=observations)
+                           top=request.top, observations=observations)
 
 
 def plans_markdown(request: PlanRequest, plans: list[ResourcePlan]) -> str:

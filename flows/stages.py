@@ -5,9 +5,11 @@ what came back into the record the transition takes."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from prefect import get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -29,6 +31,7 @@ from tasks.evaluation.request import EvaluateRequest
 from tasks.pipeline import attempt as at
 from tasks.pipeline.evaluations import EvalFailure, InFlowEvaluator, Verdict, collect_scores, scored
 from tasks.pipeline.request import Recovery, SubmitRequest
+from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
 from tasks.pipeline.summary import run_record, run_report
 from tasks.pipeline.watch import Controls, watch
@@ -76,14 +79,24 @@ class _Future:
         self.fut.wait(timeout=timeout_s)
 
 
+STUCK_S = 180.0
+"""An evaluation run PENDING this long was claimed by a worker that never started it (the worker stopped): it is
+marked crashed and run again. One SCHEDULED this long waits for a worker: said, once, with the fix."""
+
+
 class TriggeredEvaluations:
     """The evaluate-on-checkpoint runs that the commits under `root` triggered since `since`, as the server sees
-    them: which steps' newest run ended without a score (and how), and a way to run a step again."""
+    them: which steps' newest run ended without a score (and how), and a way to run a step again. Says what it waits
+    for, once a minute."""
 
-    def __init__(self, root: str, since: datetime, warn: Callable[[str], None]) -> None:
-        self.root, self.since, self.warn = root.rstrip("/"), since, warn
+    def __init__(self, root: str, since: datetime, warn: Callable[[str], None],
+                 info: Callable[[str], None] = lambda _: None,
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.root, self.since, self.warn, self.info, self.now = root.rstrip("/"), since, warn, info, now
         self.params: dict[int, dict] = {}
         self.warned = False
+        self.said_at = 0.0
+        self.late_said: set[int] = set()
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
         """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
@@ -110,20 +123,47 @@ class TriggeredEvaluations:
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
                 flow_run_filter=FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=self.since)),
                 sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
-        newest: dict[int, object] = {}
-        for fr in sorted(runs, key=lambda fr: fr.created or self.since):
-            uri = str((fr.parameters.get("request") or {}).get("uri", ""))
-            m = re.fullmatch(re.escape(self.root) + r"/step_(\d+)/?", uri)
-            if m:
-                newest[int(m.group(1))] = fr
-                self.params[int(m.group(1))] = fr.parameters
-        out: dict[int, tuple[Verdict, str]] = {}
-        for step, fr in newest.items():
-            st = fr.state  # type: ignore[attr-defined]
-            if st is not None and st.type.value in ("FAILED", "CRASHED"):
-                out[step] = ("crashed" if st.type.value == "CRASHED" else "failed",
-                             st.message or f"the run {fr.name} ended {st.name}")  # type: ignore[attr-defined]
+            newest: dict[int, Any] = {}
+            for fr in sorted(runs, key=lambda fr: fr.created or self.since):
+                uri = str((fr.parameters.get("request") or {}).get("uri", ""))
+                m = re.fullmatch(re.escape(self.root) + r"/step_(\d+)/?", uri)
+                if m:
+                    newest[int(m.group(1))] = fr
+                    self.params[int(m.group(1))] = fr.parameters
+            out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
+        self._say(newest)
         return out
+
+    def _verdict(self, client: Any, step: int, fr: Any) -> tuple[Verdict, str] | None:
+        """How the run `fr` of `step` ended without a score, or None while it may still give one."""
+        st = fr.state
+        if st is None:
+            return None
+        waited = (self.now() - st.timestamp).total_seconds()
+        if st.type.value in ("FAILED", "CRASHED"):
+            return ("crashed" if st.type.value == "CRASHED" else "failed",
+                    st.message or f"the run {fr.name} ended {st.name}")
+        if st.type.value == "PENDING" and waited > STUCK_S:  # its worker claimed it and stopped
+            from prefect.states import Crashed
+
+            why = (f"the evaluation run {fr.name} was claimed by a worker and never started ({waited:.0f} s "
+                   "PENDING: the worker stopped?)")
+            client.set_flow_run_state(fr.id, Crashed(message=why), force=True)
+            return "crashed", why
+        if st.type.value == "SCHEDULED" and waited > STUCK_S and step not in self.late_said:
+            self.late_said.add(step)
+            self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: is one "
+                      f"running on the deployment's work pool? (`prefect worker start --pool POOL`)")
+        return None
+
+    def _say(self, newest: dict[int, Any], every_s: float = 60.0) -> None:
+        """Once a minute, the states of the runs waited for."""
+        now = time.monotonic()
+        if now - self.said_at < every_s or not newest:
+            return
+        self.said_at = now
+        states = ", ".join(f"step {s} {fr.state.name if fr.state else '?'}" for s, fr in sorted(newest.items()))
+        self.info(f"waiting for the evaluation runs: {states}")
 
     def rerun(self, step: int) -> None:
         from prefect.deployments import run_deployment
@@ -180,6 +220,7 @@ class FlowStages:
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
             ev = self._evaluator(run, "cuda" if treq.gpu_indices else "cpu") if run.mode == "in-flow" else None
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
+            earlier = Earlier(run_dir)  # read before the trainer replaces it
             fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
             progress = run_dir / "progress.jsonl"
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
@@ -190,12 +231,19 @@ class FlowStages:
             watch(_Future(fut), controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
-            except TrainFailed as err:
+            except TrainFailed as err:  # what was scored before the failure stays scored
                 return TrainOutcome(failure=TrainFailure(message=str(err), returncode=err.returncode,
-                                                         log_tail=err.log_tail))
+                                                         log_tail=err.log_tail),
+                                    evaluations=ev.summaries() if ev else [],
+                                    evaluation_failures=ev.failures() if ev else [])
+            if (kept := earlier.carried_over(result)) is not result:
+                self.log.info("nothing left to train: step %d was committed by an earlier run of %s; its result "
+                              "is kept", result.final_step, run.job)
+                result = kept
             if ev is not None:  # the final checkpoint, and any commit the watch had not reached
                 ev.catch_up()
-            return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [])
+            return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [],
+                                evaluation_failures=ev.failures() if ev else [])
 
     def _evaluator(self, run: Run, device: str) -> InFlowEvaluator:
         r = self.request
@@ -244,17 +292,22 @@ class FlowStages:
         return replan_after_oom(self.request.job, self.cluster, self.request.rank_by, load_observations())
 
     def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
-        if run.mode != "deployment" or run.result is None:
-            return run.evaluations, []
-        r, steps = self.request, [c.step for c in run.result.checkpoints]
+        if run.mode != "deployment" or run.result is None:  # in-flow: scored, or failed, as training ran
+            return run.evaluations, run.evaluation_failures
+        r, res = self.request, run.result  # the steps this run committed (a resume's start was committed before)
+        steps = [c.step for c in res.checkpoints if res.resumed_from_step is None or c.step > res.resumed_from_step]
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started, self.log.warning)
+        triggered = TriggeredEvaluations(r.job.training.checkpoint.uri or "", self.started, self.log.warning,
+                                        self.log.info)
         found, failures = collect_scores(lambda: scored(r.history_dir, run.job, run.suite), steps, r.eval_timeout_s,
                                          runs=triggered.ended_without_score, rerun=triggered.rerun)
         for f in failures:
             self.log.error("evaluation of step %d failed: %s", f.step, f.cause)
         if missing := sorted(set(steps) - set(found) - {f.step for f in failures}):
             self.log.warning("no score for step(s) %s within %.0f s of training's end", missing, r.eval_timeout_s)
+        if before := sorted({c.step for c in res.checkpoints} - set(steps) - set(found)):
+            self.log.warning("step(s) %s, committed before this run resumed, have no score yet: the scheduled "
+                             "evaluate-pending covers them (or `frenzy evaluate URI`)", before)
         return [found[s] for s in sorted(found)], failures
 
     def analyse(self, run: Run) -> StragglerReport | None:

@@ -52,7 +52,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     active = {a.job for a in ledger.allocations()} | {q.job for q in ledger.queue()}
     if (why := name_taken(ledger.run(run.job), request, active)) is not None:
         raise PipelineError(why)
-    if (done := already_finished(ledger.run(run.job), request)) is not None:
+    if (done := already_finished(ledger.run(run.job, request.job.training.checkpoint.uri or None), request)) is not None:
         get_run_logger().info("%s had finished at step %d (report %s): nothing to train or evaluate again",
                               run.job, done.train.final_step, done.report)
         return done

@@ -298,6 +298,16 @@ class JobSpecError(FrenzyError, ValueError):
     """A job file that cannot be used; the message names the field and the fix."""
 
 
+def tp_misfit(job: JobSpec, tp: int) -> str | None:
+    """Why `tp`-way tensor parallelism cannot split `job`'s model (heads, kv_heads and the MLP's hidden width must
+    each divide by it), or None: the launcher asks before any rank starts, each rank again."""
+    m = job.model
+    for what, n in (("heads", m.heads), ("kv_heads", m.n_kv_heads), ("ffn", m.ffn)):
+        if n % tp:
+            return f"--tp {tp} does not divide the model's {what}={n}; choose a tp that does (or --nproc for data parallel)"
+    return None
+
+
 def format_validation_error(err: ValidationError, source: str, doc: YamlDoc | None = None) -> str:
     """One line per problem, `FILE:LINE:COL: field: problem and fix` when the YAML document `doc` is known."""
     lines = [f"{source}: invalid job specification"]

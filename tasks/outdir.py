@@ -196,13 +196,30 @@ def _same_as_input(dest: Path, inputs: tuple[str | Path, ...]) -> Path | None:
     return None
 
 
+def check_parent(dest: Path, what: str) -> None:
+    """Refuse a file output whose directory does not exist: a mistyped directory (`otu/jobs.csv`) is never created,
+    as with the shell's `>`. Names the nearest missing directory and the fix."""
+    if dest.parent.is_dir():
+        return
+    missing = dest.parent
+    while not os.path.lexists(missing.parent) and missing.parent != missing:
+        missing = missing.parent
+    if os.path.lexists(missing):
+        raise OutputError(f"{what} {dest}: {missing} is not a directory; give a path in an existing directory")
+    raise OutputError(f"{what} {dest}: the directory {missing} does not exist (a mistyped directory is never "
+                      f"created); create it first (mkdir -p {dest.parent}) or give a path in an existing directory")
+
+
 def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...] = (), overwrite: bool = True,
-                      by_content: bool = False) -> Path:
-    """Refuse, before any work, a file output that is a directory, inside a checkpoint (`refuse_protected`) or one of
-    `inputs`, or (without `overwrite`) one that exists."""
+                      by_content: bool = False, make_parent: bool = False) -> Path:
+    """Refuse, before any work, a file output that is a directory, whose directory does not exist (unless
+    `make_parent`: a directory Frenzy itself keeps), inside a checkpoint (`refuse_protected`) or one of `inputs`, or
+    (without `overwrite`) one that exists."""
     dest = Path(dest).expanduser().absolute()
     if dest.is_dir():
         raise OutputError(f"{dest} is a directory; give a file path for {what}")
+    if not make_parent:
+        check_parent(dest, what)
     refuse_protected(dest.parent, what, by_content)
     same = _same_as_input(dest, tuple(i for i in inputs if i))
     if same is not None:  # before the exists check: --overwrite would not help here
@@ -215,19 +232,21 @@ def check_file_target(dest: str | Path, what: str, inputs: tuple[str | Path, ...
 
 @contextmanager
 def atomic_path(dest: str | Path, what: str, *, overwrite: bool = True, inputs: tuple[str | Path, ...] = (),
-                by_content: bool = False, wait: bool = False) -> Iterator[Path]:
+                by_content: bool = False, wait: bool = False, make_parent: bool = False) -> Iterator[Path]:
     """Yield a temp path beside `dest` for a writer that takes a path (savefig, to_parquet, gzip.open); it is
     renamed over `dest` only when the writer returns, so a SIGKILL leaves `dest` as it was. `dest` may not be one
     of `inputs` (an output pointed at the file being read would destroy it) nor inside a checkpoint directory. A
-    second writer is refused at once, or waits its turn with `wait` (a plot every evaluation redraws)."""
-    dest = check_file_target(dest, what, inputs, True, by_content)  # `overwrite` is checked again under the lock
-    with machine_errors(what, dest), _atomic_path(dest, what, overwrite, wait) as tmp:
+    second writer is refused at once, or waits its turn with `wait` (a plot every evaluation redraws). The directory
+    of `dest` must exist, unless `make_parent` (a file in a directory Frenzy keeps, not one a user typed)."""
+    dest = check_file_target(dest, what, inputs, True, by_content, make_parent)  # `overwrite` is checked again under the lock
+    with machine_errors(what, dest), _atomic_path(dest, what, overwrite, wait, make_parent) as tmp:
         yield tmp
 
 
 @contextmanager
-def _atomic_path(dest: Path, what: str, overwrite: bool, wait: bool) -> Iterator[Path]:
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def _atomic_path(dest: Path, what: str, overwrite: bool, wait: bool, make_parent: bool) -> Iterator[Path]:
+    if make_parent:
+        dest.parent.mkdir(parents=True, exist_ok=True)
     with held(dest, what, wait):
         if dest.exists() and not overwrite:
             raise OutputError(f"{dest} exists; {what} replaces it only with --overwrite (or give a new path)")
@@ -243,9 +262,9 @@ def _atomic_path(dest: Path, what: str, overwrite: bool, wait: bool) -> Iterator
 
 
 def atomic_file(dest: Path, data: bytes, what: str, overwrite: bool = False, *, by_content: bool = False,
-                wait: bool = False) -> None:
+                wait: bool = False, make_parent: bool = False) -> None:
     """Write one file by temp + rename under the same lock and overwrite rules as `atomic_path`."""
-    with atomic_path(dest, what, overwrite=overwrite, by_content=by_content, wait=wait) as tmp:
+    with atomic_path(dest, what, overwrite=overwrite, by_content=by_content, wait=wait, make_parent=make_parent) as tmp:
         tmp.write_bytes(data)
 
 

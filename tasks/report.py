@@ -286,5 +286,6 @@ def render_html(r: RunReport, out: str | Path) -> Path:
     from tasks.outdir import atomic_file
 
     # whole, or the previous one
-    atomic_file(Path(out), "\n".join(parts).encode(), "the run report", overwrite=True, by_content=True, wait=True)
+    atomic_file(Path(out), "\n".join(parts).encode(), "the run report", overwrite=True, by_content=True, wait=True,
+                make_parent=True)
     return out

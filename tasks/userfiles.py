@@ -157,6 +157,36 @@ def decode_utf8(data: bytes, source: str) -> str:
                             "right file? save it as UTF-8") from None
 
 
+_MAGIC = (b"\x7fELF", b"\x1f\x8b", b"PK\x03\x04", b"\x89PNG", b"%PDF", b"\xfe\xed\xfa", b"\xcf\xfa\xed\xfe",
+          b"MZ\x90\x00")
+_CONTROL = bytes([0, *range(1, 9), 11, 12, *range(14, 27), *range(28, 32), 127])
+"""Bytes text does not hold: NUL, DEL and the C0 controls but tab, newline, carriage return and ESC (terminal
+colours)."""
+
+
+_C1 = bytes(range(0x80, 0xA0))
+
+
+def looks_binary(head: bytes) -> bool:
+    """An executable, archive or image (by magic), or more than 1% NUL or 3% other control bytes in `head` (the
+    first 64 KiB of a file): random bytes hold about 11%, text in any 8-bit encoding none. Bytes that are not UTF-8
+    count as text only while under 30% of them are 0x80-0x9f (latin-1's controls, cp1252's quotes and dashes,
+    no letter of cp1251 or KOI8-R but a few). A zero-filled tail, which a node crash can leave in a log, does not count.
+    Every reader of a user text file asks this first."""
+    body = head.rstrip(b"\0")
+    if body.startswith(_MAGIC):
+        return True
+    n = len(body)
+    ctrl = n - len(body.translate(None, _CONTROL))
+    if not n or body.count(b"\0") > n // 100 or ctrl > n * 3 // 100:
+        return bool(n)
+    try:
+        body[: n - 4].decode("utf-8")  # the last few bytes may end mid-character at the 64 KiB cut
+        return False
+    except UnicodeDecodeError:
+        return n - len(body.translate(None, _C1)) > n * 3 // 10
+
+
 def read_text(path: str | Path, what: str, limit: int) -> str:
     """The file as UTF-8 text (regular, bounded; a bad byte named by line and column)."""
     return decode_utf8(read_bytes(path, what, limit), str(path))
@@ -355,21 +385,27 @@ def _non_finite(data: Any) -> tuple[str, str] | None:
     return None
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice (the parser would keep the last silently)."""
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`object_pairs_hook` for json.loads: every JSON reader of a user file refuses a key given twice."""
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"duplicate key {k!r}")
+            raise DuplicateKey(f"duplicate key {k!r}")
         out[k] = v
     return out
 
 
-def json_loads(text: str | bytes, source: str) -> Any:
-    """JSON without NaN/Infinity or duplicate keys; errors name `source` and the line and column."""
+def json_loads(text: str | bytes, source: str, line: int | None = None) -> Any:
+    """JSON without NaN/Infinity or duplicate keys; errors name `source` and the line and column (`line`: the
+    text is that one line of `source`, a JSONL file's)."""
     try:
-        data = json.loads(text, parse_constant=_NonFinite, object_pairs_hook=_no_duplicates)
+        data = json.loads(text, parse_constant=_NonFinite, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as err:
-        raise UserFileError(f"{source}:{err.lineno}:{err.colno}: not JSON: {err.msg}") from None
+        raise UserFileError(f"{source}:{line or err.lineno}:{err.colno}: not JSON: {err.msg}") from None
     except UnicodeDecodeError:
         raise UserFileError(f"{source}: not UTF-8 JSON") from None
     except RecursionError:

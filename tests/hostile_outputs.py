@@ -15,8 +15,10 @@ _TRACE = Path(__file__).resolve().parents[1] / "examples/traces/sia-workloads/sa
 
 
 def _gen(name: str, *extra: str) -> Callable[[Path], Run]:
-    return lambda root: cli("stragglers", "generate", str(root / "t" / name), "--dp", "2", "--pp", "2", "--steps", "2",
-                            *extra)
+    def act(root: Path) -> Run:
+        (root / "t").mkdir(exist_ok=True)  # a file output's directory must exist
+        return cli("stragglers", "generate", str(root / "t" / name), "--dp", "2", "--pp", "2", "--steps", "2", *extra)
+    return act
 
 
 def _generated(root: Path) -> None:

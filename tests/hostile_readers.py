@@ -54,6 +54,7 @@ class Reader:
 
 
 def _meta_analyze(root: Path, p: Path) -> Run:
+    (root / "t").mkdir(exist_ok=True)
     assert cli("stragglers", "generate", str(root / "t" / "a.parquet"), "--dp", "2", "--pp", "2", "--steps", "2").rc == 0
     return cli("stragglers", "analyze", str(root / "t" / "a.parquet"), "--meta", str(p))
 

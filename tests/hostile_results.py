@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def _existing(name: str) -> Callable[[Path], None]:
 
 
 def _trace(root: Path) -> str:
+    (root / "t").mkdir(exist_ok=True)
     assert cli("stragglers", "generate", str(root / "t" / "a.parquet"), "--dp", "2", "--pp", "2", "--steps", "2").rc == 0
     return str(root / "t" / "a.parquet")
 
@@ -86,6 +88,24 @@ def _train(*flags: str) -> Callable[[Path], Run]:
         return cli("train", TINY, "--steps", "2", "--checkpoint-uri", f"file://{root / 'ck'}", "--run-dir",
                    str(root / "run"), "--device", "cpu", *flags)
     return act
+
+
+def _nan_manifests(root: Path) -> None:
+    """Steps 2 and 4 whose manifests read `{"step": NaN}`: present, but not a checkpoint anyone can read."""
+    checkpoint_root(root / "ck")
+    for m in (root / "ck").glob("step_*/manifest.json"):
+        m.write_text('{"step": NaN}')
+
+
+def _step_loop(root: Path) -> None:
+    checkpoint_root(root / "ck")
+    os.symlink(root / "ck" / "step_00000006", root / "ck" / "step_00000008")
+    os.symlink(root / "ck" / "step_00000008", root / "ck" / "step_00000006")
+
+
+def _lists_the_loop(root: Path, run: Run) -> bool:
+    rows = {r["step"]: r for r in json.loads(run.out)["steps"]}
+    return sorted(rows) == [2, 4, 6, 8] and "symlink loop" in rows[8]["problem"] and rows[4]["committed"]
 
 
 def _trained_from_zero(root: Path, run: Run) -> bool:
@@ -141,6 +161,16 @@ def _full_disk(root: Path) -> Run:
     (root / "mnt").mkdir()
     return _unshare("mount -t tmpfs -o size=96k tmpfs mnt\n$PY -m cli data prepare corpus.txt --out mnt/shards "
                     "--shard-tokens 1024; echo rc=$?", root)
+
+
+def _history_full(root: Path) -> Run:
+    """`frenzy evaluate` whose --history-dir is on a full disk: refused, and its --out-dir never put in place."""
+    argv = _evaluate(2)(root)
+    argv[argv.index("--history-dir") + 1] = "full/h"
+    (root / "full").mkdir()
+    run = _unshare("mount -t tmpfs -o size=16k tmpfs full\nhead -c 1M /dev/zero > full/fill 2>/dev/null\n"
+                   f"$PY -m cli {shlex.join(argv)}; echo rc=$?", root)
+    return Run(0 if os.path.lexists(root / "out") else run.rc, run.out, run.err)  # results left behind: wrong
 
 
 def _read_only(root: Path) -> Run:
@@ -207,6 +237,15 @@ CASES = [
     Case(FLAGS, "train --from-scratch on a root that holds checkpoints", _train("--from-scratch"),
          ("already holds", "they are kept", "--discard-checkpoints"),
          keep=("ck/step_00000002/manifest.json", "ck/step_00000004/manifest.json"), setup=_checkpoints, timeout_s=300),
+    Case(NONSENSE, "train --resume when every manifest reads NaN", _train("--resume"),
+         ("none of the 2 committed checkpoints", "step_00000004/manifest.json", "frenzy checkpoints"),
+         keep=("ck/step_00000002/manifest.json", "ck/step_00000002/rank00000.bin", "ck/step_00000004/manifest.json"),
+         setup=_nan_manifests, timeout_s=300),
+    Case(NONSENSE, "train (no --resume) on a root whose every manifest reads NaN", _train(),
+         ("already holds checkpoints", "unreadable", "--resume"),
+         keep=("ck/step_00000002/manifest.json", "ck/step_00000002/rank00000.bin"), setup=_nan_manifests, timeout_s=300),
+    Case(NONSENSE, "frenzy checkpoints lists a step directory that is a symlink loop",
+         lambda root: cli("checkpoints", str(root / "ck"), "--json"), _lists_the_loop, setup=_step_loop),
     Case(FLAGS, "train --from-scratch --discard-checkpoints starts at step 0",
          _train("--from-scratch", "--discard-checkpoints"), _trained_from_zero, setup=_checkpoints, timeout_s=300,
          slow=True),
@@ -244,6 +283,8 @@ CASES = [
          lambda root: cli("export", str(root / "ck"), str(root / "hf")), _exports_step_2, setup=_tampered),
     Case(ENV, "data prepare onto a full disk", _full_disk, ("no space left on the device", "mnt/shards")),
     Case(ENV, "stragglers generate into a read-only directory", _read_only, ("read-only file system",)),
+    Case(ENV, "evaluate with its --history-dir on a full disk", _history_full, ("no space left on the device", "full/h"),
+         slow=True),
     Case(ENV, "output piped into a reader that is gone", _closed_stdout, lambda root, run: True),
     Case(ENV, "data prepare past the file-size limit (ulimit -f)", _file_size_limit, ("file too large", "ulimit")),
     Case(ENV, "submit with its --run-dir on a read-only mount", _read_only_run_dir,

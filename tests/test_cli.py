@@ -127,7 +127,7 @@ def test_train_and_checkpoints_json(capsys, tmp_path):
     doc = json.loads(out)
     assert code == 0 and doc["final_step"] == 12 and doc["resumed_from_step"] is None
     assert [c["step"] for c in doc["checkpoints"]] == [10, 12]
-    assert {"step", "uri", "blocked_s", "persist_s", "bytes", "deferred_steps"} == set(doc["checkpoints"][0])
+    assert {"step", "uri", "blocked_s", "wait_s", "drag_s", "persist_s", "bytes", "deferred_steps"} == set(doc["checkpoints"][0])
     assert "checkpoint step 10 committed" in err and "step 10/12" in err
     code, out, err = run(capsys, "train", *common)
     assert code == 2 and out == "" and "pass --resume" in err

@@ -66,7 +66,7 @@ def test_a_flag_left_out_takes_the_forms_default() -> None:
     (["submit", "JOB", "--max-restarts", "99"], ["--max-restarts", "99 is out of range: give 0 to 20"]),
     (["submit", "JOB", "--lease", "nan"], ["--lease"]),
     (["submit", "JOB", "--hang", "inf"], ["--hang"]),
-    (["plan", "JOB", "--top", "-1"], ["--top", "-1 is out of range: give 0 to 100000"]),
+    (["plan", "JOB", "--top", "-1"], ["--top", "-1 is out of range: give 1 to 100000"]),
     (["plan", "JOB", "--seq-len", "0"], ["--seq-len", "0 is out of range: give 1 to 4194304"]),
     (["plan", "JOB", "--margin", "0.5"], ["--margin", "0.5 is out of range: give 0 up to (not including) 0.5"]),
     (["evaluate", "URI", "--gpus-per-node", "65"], ["--gpus-per-node", "65 is out of range: give 1 to 64"]),

@@ -32,6 +32,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("cli_json")
     (d / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 200)
     assert frenzy("cluster", "init", "--cluster", "phoebe", "--ledger", str(d / "l.db"), cwd=d).returncode == 0
+    (d / "t").mkdir()
     r = frenzy("stragglers", "generate", str(d / "t" / "trace.parquet"), "--dp", "2", "--pp", "2", "--steps", "3",
                "--slow-worker", "1,1,1.5", cwd=d)
     assert r.returncode == 0, r.stderr

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tasks.evaluation import history
 from tasks.evaluation.datasets import DatasetError, EvalContext, EvalDataset, HumanEval, register_dataset, resolve
@@ -50,6 +51,20 @@ def test_jsonl_and_module_plugins(tmp_path):
     with pytest.raises(DatasetError, match="mode ppl"):
         resolve("heldout-loss", "gen", ctx=EvalContext())
     assert resolve("tests.test_evaluation:Echo", "gen").name == "echo"
+
+
+@pytest.mark.parametrize(("line", "says"), [("this line is not JSON", "qa.jsonl:2:1: not JSON"),
+                                             ('{"prompt": "x"}', "qa.jsonl:2: a gen row needs prompt, answer"),
+                                             ("[1, 2]", "qa.jsonl:2: a row is a JSON object")])
+def test_a_suite_with_a_bad_jsonl_row_is_refused_when_loaded_before_anything_trains(tmp_path, line, says):
+    from tasks.evaluation.suite import SuiteError, load_suite
+
+    (tmp_path / "qa.jsonl").write_text(f'{{"prompt": "1+1=", "answer": "2"}}\n{line}\n')
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
+        {"name": "qa", "examples": 1, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "qa.jsonl"}]}))
+    with pytest.raises(SuiteError) as err:
+        load_suite(tmp_path / "suite.yaml")
+    assert str(err.value).startswith(f"{tmp_path / 'suite.yaml'}: dataset 'qa': ") and says in str(err.value)
 
 
 @register_dataset("echo")
@@ -156,20 +171,30 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     led.record_run(RunRecord(job="b", stage="reported", checkpoint_root=f"file://{bad}", run_dir=str(tmp_path / "r2"),
                              history_dir=bad_hist, suite=str(suite_file)))
     led.note_checkpoints("gone", f"file://{tmp_path}/never-written", str(suite_file))  # an older ledger's note
+    # another user's run of the same job name "t", whose newest manifest is torn (cut mid-write)
+    torn, torn_hist = tmp_path / "torn", str(tmp_path / "torn-evals")
+    shutil.copytree(ckpt.removeprefix("file://"), torn)
+    (torn / "step_00000020" / "manifest.json").write_text((torn / "step_00000020" / "manifest.json").read_text()[:80])
+    led.record_run(RunRecord(job="t", stage="reported", checkpoint_root=f"file://{torn}", run_dir=str(tmp_path / "r3"),
+                             history_dir=torn_hist, suite=str(suite_file)))
     # no root named: every run's root with its own suite and history, and the one that does not exist is named
     got = targets(PendingRequest(ledger=ledger), tmp_path)
     assert got == sorted([Target(root=ckpt, suite=str(suite_file), history_dir=hist, job="t"),
                           Target(root=f"file://{bad}", suite=str(suite_file), history_dir=bad_hist, job="b"),
                           Target(root=f"file://{tmp_path}/never-written", suite=str(suite_file),
-                                 history_dir=str(tmp_path / "evals"), job="gone")], key=lambda t: t.root)
-    assert [missing(t) is not None for t in got] == [False, False, True]
+                                 history_dir=str(tmp_path / "evals"), job="gone"),
+                          Target(root=f"file://{torn}", suite=str(suite_file), history_dir=torn_hist, job="t")],
+                         key=lambda t: t.root)
+    assert [missing(t) is not None for t in got] == [False, False, True, False]
     done = evaluate_pending(PendingRequest(ledger=ledger))
-    assert sorted((d.result.startswith(hist), d.step) for d in done) == [(False, 10), (True, 20)]
+    assert sorted((d.result.startswith(hist), d.step) for d in done) == [(False, 10), (False, 10), (True, 20)]
+    assert [e.step for e in history.read(torn_hist, s.run, "small")] == [10]  # both users' "t" covered
     assert history.pending(ckpt, hist, "small") == []  # the good root, in its own history directory
     assert [e.step for e in history.read(hist, s.run, "small")] == [10, 20]
     assert history.pending(f"file://{bad}", bad_hist, "small") == [f"file://{bad}/step_00000020"]  # named, not scored
     report = str(Artifact.get("evaluate-pending").data)
-    assert "1 failed" in report and "bad/step_00000020" in report and "sha256" in report
+    assert "2 failed" in report and "bad/step_00000020" in report and "sha256" in report
+    assert f"{torn}/step_00000020/manifest.json" in report, report  # the torn manifest is named, not skipped
     good = [d for d in done if d.result.startswith(hist)]
     assert good[0].history_plot and Path(good[0].history_plot).stat().st_size > 1000
     art = Artifact.get(f"eval-{s.run}-small")

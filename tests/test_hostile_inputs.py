@@ -13,7 +13,8 @@ pytest.importorskip("transformers")  # the model directories are made by save_pr
 
 CASES = all_cases()
 PRIVATE_MOUNTS = {"environment:data prepare onto a full disk", "environment:stragglers generate into a read-only directory",
-                  "environment:submit with its --run-dir on a read-only mount"}
+                  "environment:submit with its --run-dir on a read-only mount",
+                  "environment:evaluate with its --history-dir on a full disk"}
 
 
 @pytest.fixture(scope="module")

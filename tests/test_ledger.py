@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from cluster.has import GpuRequest
 from cluster.inventory import Cluster, Node, load_cluster
-from cluster.ledger import LeaseKeeper, Ledger, LedgerError, allocations_t
+from cluster.ledger import LeaseKeeper, Ledger, LedgerError, RunRecord, allocations_t
 
 SMALL = Cluster(name="t", nodes=[Node(name="n0", gpu="A100-40GB-PCIE", count=4),
                                  Node(name="n1", gpu="A100-40GB-PCIE", count=4),
@@ -266,3 +266,41 @@ def test_a_ledger_from_before_predicted_s_is_migrated(tmp_path):
     assert [(q.job, q.predicted_s) for q in led.queue()] == [("old", None)]
     led.submit("new", [GpuRequest(1, 10)], predicted_s=5.0)
     assert [q.predicted_s for q in led.queue()] == [None, 5.0]
+
+
+def _rec(job: str, root: str, stage: str = "reported") -> RunRecord:
+    return RunRecord(job=job, stage=stage, checkpoint_root=root, run_dir=root.removeprefix("file://") + "/run",
+                     history_dir=root.removeprefix("file://") + "/evals", suite="quick", steps=20)
+
+
+def test_two_users_runs_of_one_job_name_are_two_runs(url):
+    led = Ledger(url)
+    led.record_run(_rec("exp", "file:///home/alice/runs/exp/ckpt"))
+    led.record_run(_rec("exp", "file:///home/bob/runs/exp/ckpt", stage="training"))
+    led.record_run(_rec("exp", "file:///home/alice/runs/exp/ckpt", stage="failed"))  # Alice's again: updated
+    assert sorted((r.checkpoint_root, r.stage) for r in led.runs()) == [
+        ("file:///home/alice/runs/exp/ckpt", "failed"), ("file:///home/bob/runs/exp/ckpt", "training")]
+    assert led.run("exp", "file:///home/bob/runs/exp/ckpt").stage == "training"
+    assert led.run("exp").checkpoint_root == "file:///home/alice/runs/exp/ckpt"  # by name: the newest
+    assert led.run("exp", "file:///elsewhere") is None
+    for who in ("alice", "bob"):
+        led.note_checkpoints("exp", f"file:///home/{who}/runs/exp/ckpt", "quick")
+    assert sorted(led.checkpoint_roots()) == ["file:///home/alice/runs/exp/ckpt", "file:///home/bob/runs/exp/ckpt"]
+    assert {r.job for r in led.checkpoint_roots().values()} == {"exp"}
+
+
+def test_a_ledger_with_runs_by_job_name_is_migrated_to_runs_by_root(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE runs (job VARCHAR(255) PRIMARY KEY, owner VARCHAR(255) NOT NULL, stage VARCHAR(16) "
+                "NOT NULL, record TEXT NOT NULL, updated_at FLOAT NOT NULL)")
+    rec = _rec("old", "file:///data/old/ckpt").model_copy(update={"owner": "h:1", "updated_at": 5.0})
+    con.execute("INSERT INTO runs VALUES ('old', 'h:1', 'reported', ?, 5.0)", (rec.model_dump_json(),))
+    con.commit()
+    con.close()
+    led = Ledger(str(path))
+    assert led.run("old", "file:///data/old/ckpt") == rec
+    led.record_run(_rec("new", "file:///data/new/ckpt"))
+    assert [r.job for r in Ledger(str(path)).runs()] == ["new", "old"]  # opened again: not copied twice

@@ -104,7 +104,7 @@ class Fake:
         return self.replans.pop(0)
 
     def evaluations(self, run: Run) -> tuple[list[EvalSummary], list]:
-        return run.evaluations, []
+        return run.evaluations, run.evaluation_failures  # in-flow: what training's attempts scored or could not
 
     def analyse(self, run: Run) -> None:
         return None
@@ -229,6 +229,20 @@ def test_evaluations_of_earlier_attempts_are_kept_and_a_steps_newest_one_wins():
              diagnoses=[diagnosis("SegFault", "framework")])
     run = drive(new_run(), f, ticks())
     assert [e.step for e in run.evaluations] == [50, 100]
+
+
+def test_an_in_flow_evaluation_failure_reaches_the_result_unless_a_later_attempt_scored_that_step():
+    from tasks.pipeline.evaluations import EvalFailure
+
+    bad = EvalFailure(step=50, cause="qa.jsonl:2:1: not JSON")
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(1, 1, "A100", "n0"), alloc(2, 1, "A100", "n0")],
+             outcomes=[FAILED.model_copy(update={"evaluation_failures": [bad]}),
+                       TrainOutcome(result=result(), evaluations=[summary(50)],
+                                    evaluation_failures=[bad.model_copy(update={"step": 100})])],
+             diagnoses=[diagnosis("SegFault", "framework")])
+    run = drive(new_run(), f, ticks())
+    assert [e.step for e in run.evaluations] == [50]
+    assert [(x.step, x.cause) for x in run.evaluation_failures] == [(100, "qa.jsonl:2:1: not JSON")]
 
 
 def test_the_machine_refuses_a_transition_it_does_not_have():

@@ -1,13 +1,14 @@
 """A small team on one shared service, as the mission's main use has it: a real `prefect server`, a Postgres ledger,
 S3 on loopback, two process workers started in directories of their own, and three users submitting at once from
 their own directories with relative paths in their jobs: Alice with `frenzy submit` (checkpoints on S3), Bob from a
-notebook through the `submit` deployment, Carol with `frenzy submit` and a suite whose dataset is broken. Then the
-hourly `evaluate-pending` over every run the ledger knows, a corrupt checkpoint root among them.
+notebook through the `submit` deployment, Carol with `frenzy submit` and a suite whose dataset plugin is not
+installed where evaluations run. Then the hourly `evaluate-pending` over every run the ledger knows, a corrupt
+checkpoint root among them.
 
-Holds when every good job completes with a score for every committed step, readable where its user is; Carol's
-ends promptly with the cause; evaluate-pending evaluates every good root and names the bad one; the GPUs are back
-in the ledger; no file lands in a worker's working directory or in the deployed checkout. The scenario's wall time
-goes to test-artifacts/shared-service.json."""
+Holds when every good job completes with a score for every committed step, readable where its user is; Carol's ends
+promptly with the cause; evaluate-pending evaluates every good root and names the bad one; the GPUs are back in the
+ledger; no file lands in a worker's working directory or in the deployed checkout. The scenario's wall time goes to
+test-artifacts/shared-service.json."""
 
 from __future__ import annotations
 
@@ -164,9 +165,8 @@ def test_three_users_one_server_one_ledger_and_storage(service):
     bob = _user_dir(tmp, "bob", _job("bob-run"))
     (bob / "job.json").write_text(json.dumps(_job("bob-run")))
     carol = _user_dir(tmp, "carol", {**_job("carol-run"), "evaluation": {"suite": "suite.yaml"}})
-    (carol / "suite.yaml").write_text(yaml.safe_dump({"name": "carols", "datasets": [
-        {"name": "qa", "examples": 3, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "qa.jsonl"}]}))
-    (carol / "qa.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\nthis line is not JSON\n')
+    (carol / "suite.yaml").write_text(yaml.safe_dump({"name": "carols", "datasets": [  # fails only where it runs
+        {"name": "qa", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "carol_plugin:QA"}]}))
     t0 = time.monotonic()
     procs = {"alice": _cli(alice, env), "carol": _cli(carol, env)}
     nb_out: list[str] = []
@@ -199,8 +199,8 @@ def test_three_users_one_server_one_ledger_and_storage(service):
     c_err = (carol / "err.txt").read_text()
     assert procs["carol"].returncode == 2, c_err[-3000:]
     c = json.loads((carol / "out.json").read_text())
-    assert c["evaluation_failures"] and all("not JSON" in f["cause"] for f in c["evaluation_failures"]), c
-    assert "qa.jsonl" in c["evaluation_failures"][0]["cause"]
+    assert c["evaluation_failures"] and all("carol_plugin" in f["cause"] for f in c["evaluation_failures"]), c
+    assert [f["step"] for f in c["evaluation_failures"]] == [10, 20], c
 
     # evaluate-pending: every good root evaluated (Erin's had none), the corrupt one named, Carol's named again
     erin, dave, erin_evals = _side_runs(tmp, ledger)

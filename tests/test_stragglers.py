@@ -144,6 +144,7 @@ def test_launch_delays_are_measured_apart_from_straggling():
 def test_trace_round_trip_has_the_format_dtypes_and_finds_its_meta(tmp_path):
     spec = SynthSpec(steps=2, dp=2, pp=2)
     run = generate(spec)
+    (tmp_path / "t").mkdir()
     path = write_trace(tmp_path / "t" / "trace.parquet", run.columns(), spec.meta)
     df = pd.read_parquet(path)
     assert list(df.columns) == list(COLUMNS)
@@ -239,6 +240,7 @@ def test_cli_generate_then_analyze_json_heatmap_timeline(tmp_path, capsys):
     from cli.main import main
 
     trace = tmp_path / "gen" / "trace.parquet"
+    trace.parent.mkdir()
     assert main(["stragglers", "generate", str(trace), "--schedule", "interleaved", "--slow-worker", "2,1,1.5",
                  "--steps", "4", "--json"]) == 0
     gen = json.loads(capsys.readouterr().out)
@@ -289,6 +291,7 @@ def test_the_artifacts_own_file_layout_is_read_as_it_is(tmp_path):
     integer columns and float32 timestamps. The analysis must equal that of the same ops in our own format."""
     run = generate(SynthSpec(dp=2, pp=2, microbatches=4, steps=4, slow_worker={"dp": 1, "stage": 1, "factor": 1.3}))
     cols = run.columns()
+    (tmp_path / "ours").mkdir()
     ours = write_trace(tmp_path / "ours" / "trace.parquet", cols, JobMeta(dp_size=2, pp_size=2, run_id="x"))
     cats = ["first-op", *reversed(OPTYPES)]
     frame = {name: np.asarray(cols[name]).astype(dt) for name, dt in COLUMNS.items() if dt is not None}

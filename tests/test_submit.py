@@ -46,8 +46,8 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
     assert announced == []
     # the scheduled evaluate-pending finds this job's checkpoints through the ledger
-    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite="quick")
-    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {"sub": noted}
+    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite="quick", job="sub")
+    assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {noted.root: noted}
     doc = res.model_dump(mode="json")
     for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
         assert key in doc, key
@@ -81,6 +81,16 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     done = submit(_request(tmp_path, steps=60))
     assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
     assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
+
+    # the ledger has no word of it (stopped while it waited for its evaluations, or another ledger): the trainer
+    # resumes at step 60 and trains nothing; the run reports the training that committed it, not an empty one
+    before = (tmp_path / "run" / "result.json").read_text()
+    other = submit(_request(tmp_path, steps=60).model_copy(update={"ledger": str(tmp_path / "other.db")}))
+    assert not other.already_finished and other.train.final_step == 60 and other.train.resumed_from_step == 60
+    assert other.train.last_loss == again.train.last_loss and other.train.checkpoints == again.train.checkpoints
+    assert other.train.tokens_per_s == again.train.tokens_per_s and other.stragglers is not None
+    assert [e.step for e in other.evaluations] == [20, 40, 60]
+    assert (tmp_path / "run" / "result.json").read_text() == before
 
 
 def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, tmp_path):
@@ -160,6 +170,11 @@ def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_serve
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
     proc.send_signal(signal.SIGTERM)  # what a Prefect cancellation does to the flow process
     proc.wait(timeout=120)
+    err = (tmp_path / "cli.err").read_text()
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == (
+        f"frenzy submit: stopped at step {newest}, committed under file://{tmp_path}/ckpt; rerun the same command to "
+        "resume") and "Traceback" not in err, err[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["stopped_early"] is True  # the trainer was asked to stop, and committed the step it was at
     assert result["final_step"] == max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
@@ -261,3 +276,65 @@ def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_
     assert got == {100: "s100"} and reruns == [100]
     assert [(f.step, f.cause) for f in failed] == [(50, "DatasetError: data.jsonl line 3 is not JSON")]
     assert now[0] <= 4  # two polls, not the 30 minutes of eval_timeout_s
+
+
+def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_retention_named_only_when_it_struck(tmp_path):
+    import torch
+
+    from tasks.pipeline.evaluations import InFlowEvaluator
+
+    st = Storage(f"file://{tmp_path}/ckpt")
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    for step in (10, 20):
+        c = ck.AsyncCheckpointer(st, 0, 1, run="t", keep=10)
+        c.save(step, [("model.w", torch.full((4,), float(step)))], fields)
+        c.close()
+    warned: list[str] = []
+
+    def evaluate(uri: str):
+        if uri.endswith("step_00000010"):  # retention removes it while it is evaluated
+            import shutil
+
+            shutil.rmtree(tmp_path / "ckpt" / "step_00000010")
+        raise ValueError(f"cannot read {uri}")
+
+    ev = InFlowEvaluator(st.uri, str(tmp_path / "evals"), "t", "quick", evaluate, warned.append)
+    ev.catch_up()
+    ev.catch_up()  # a failed step is not tried again
+    got = {f.step: f.cause for f in ev.failures()}
+    assert sorted(got) == [10, 20] and len(warned) == 2 and ev.summaries() == []
+    assert "retention" in got[10] and "training.checkpoint.keep" in got[10]
+    assert "retention" not in got[20] and got[20].startswith("cannot read")
+
+
+def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_said(prefect_server):
+    from datetime import UTC, datetime, timedelta
+
+    from prefect import get_client
+    from prefect.states import Failed, Pending, Running, Scheduled
+
+    from flows.stages import STUCK_S, TriggeredEvaluations
+
+    root = "file:///data/alice/ckpt"
+    later = datetime.now(UTC) + timedelta(seconds=STUCK_S + 60)  # the clock of the waiting submit
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("evaluate-checkpoint")
+        dep = client.create_deployment(flow_id, name="evaluate-on-checkpoint")
+        ids = {}
+        for step, state in ((10, Pending()), (20, Failed(message="boom: qa.jsonl")), (30, Scheduled()),
+                            (40, Running())):
+            fr = client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_{step:08d}"}})
+            client.set_flow_run_state(fr.id, state, force=True)
+            ids[step] = fr.id
+        warned, said = [], []
+        t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=60), warned.append, said.append)
+        assert t.ended_without_score() == {20: ("failed", "boom: qa.jsonl")}  # 10 pending only just: may start
+        t.now, t.said_at = lambda: later, 0.0
+        out = t.ended_without_score()
+        assert sorted(out) == [10, 20], out  # 40 runs: it may take as long as it takes
+        assert out[10][0] == "crashed" and "never started" in out[10][1] and out[20] == ("failed", "boom: qa.jsonl")
+        assert client.read_flow_run(ids[10]).state.type.value == "CRASHED"  # not left a zombie
+        assert len(warned) == 1 and "step 30" in warned[0] and "prefect worker start" in warned[0]
+        assert said and all(f"step {s}" in said[0] for s in (10, 20, 30, 40))
+        t.ended_without_score()
+        assert len(warned) == 1  # said once

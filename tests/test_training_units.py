@@ -212,6 +212,8 @@ def test_two_buffers_take_a_save_during_a_persist_and_persist_in_order(tmp_path)
     c = ck.AsyncCheckpointer(st, 0, 1, run="t", buffers=2)
     w = torch.arange(10.0)
     c.prepare([("model.w", w)])
+    c._prep.join(60)  # both buffers made (a save while the second is still being made is deferred, by design)
+    assert len(c._bufs) == 2
     assert c.save(1, [("model.w", w)], _FIELDS, block=False) is not None
     w += 1
     assert c.save(2, [("model.w", w)], _FIELDS, block=False) is not None  # the second buffer

@@ -68,7 +68,7 @@ ROOTS: dict[str, list[str]] = {
     "NetworkError": [
         "{host}:{pid}:{pid2} [{r}] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got async event : port error",
         "{host}:{pid}:{pid2} [{r}] misc/socket.cc:538 NCCL WARN Net : Connect to 10.1.4.{r}<43521> failed : "
-        "No route to host"],
+        "Software caused connection abort"],
     "ConnectionError": [
         "[rank{r}]: torch.distributed.DistNetworkError: Connection reset by peer",
         "[rank{r}]: ConnectionError: Tried to send 4 bytes to the TCPStore at 10.1.4.2:29500 and it failed: "
@@ -80,8 +80,7 @@ ROOTS: dict[str, list[str]] = {
     "AssertionError": ["[rank{r}]: AssertionError: global batch size must be divisible by micro batch x DP"],
     "AttributeError": ["[rank{r}]: AttributeError: 'NoneType' object has no attribute 'shape'"],
     "ValueError": ["[rank{r}]: ValueError: Expected input batch_size (16) to match target batch_size (8)."],
-    "RuntimeError": ["[rank{r}]: RuntimeError: Expected all tensors to be on the same device, but found at least "
-                     "two devices, cuda:0 and cpu!"],
+    "RuntimeError": ["[rank{r}]: RuntimeError: DataLoader timed out after 600 seconds"],
 }
 
 #: what the failure causes on the other ranks: (other ranks' lines, whether torchrun's summary follows)

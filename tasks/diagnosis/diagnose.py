@@ -9,18 +9,18 @@ and every other matching line as `evidence` (the symptoms). No rule matching giv
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+from tasks.diagnosis.chains import innermost, links, rank_of, segments
+from tasks.diagnosis.compress import Compressed, Kept, compress
+from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
+from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
 
-from tasks.diagnosis.agent import AgentConfig, ask, learn
-from tasks.diagnosis.compress import Compressed, compress
-from tasks.diagnosis.rules import RULES, Rule, learned_rules
-from tasks.userfiles import UserFileError, open_user_file, regular_file
+if TYPE_CHECKING:  # the agent (urllib, http) is imported only when it is asked
+    from tasks.diagnosis.agent import AgentConfig
 
-_RANK = [re.compile(p) for p in (
-    r"\[(?:rank|Rank)\s*(\d+)\]", r"\[default(\d+)\]", r"\[(?:PG [^\]]*?)?Rank (\d+)\]", r"\brank\s*[:=]?\s*(\d+)\b",
-    r"\(local_rank: (\d+)\)")]
 _NODE = [re.compile(p) for p in (
     r"^\s*host\s*:\s*(\S+)",  # torchrun's failure summary
     r"^(\S+) kernel: ",  # dmesg lines collected with the log
@@ -29,16 +29,19 @@ _NODE = [re.compile(p) for p in (
 _SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _STAMP = re.compile(r"\[[EWFI](\d{4}) (\d\d:\d\d:\d\d\.\d+)")  # glog/c10d: [E0626 05:06:30.929...
 _FRAME = re.compile(r'File "([^"]+)", line \d+')
-_GENERIC = {"KeyError", "TypeError", "ValueError", "AttributeError", "IndexError", "NameError", "AssertionError"}
 _LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d")
-_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \")")
-"""A traceback's source and frame lines: the `raise` statement above an exception is not the exception."""
+_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \"[^\"]*\", line \d+(?:, in \S+)?\s*$)")
+"""A traceback's source and frame lines: the `raise` statement above an exception is not the exception. A frame
+line with more after it is a traceback pasted as one line (its line ends lost): it holds the error."""
+_NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
+"""NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
 MAX_EVIDENCE = 100
 """Evidence entries kept in a diagnosis: a million identical error lines are one cause, not a million."""
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 
 
-class Finding(BaseModel):
+@dataclass
+class Finding:
     type: str
     category: str
     line_no: int
@@ -47,8 +50,10 @@ class Finding(BaseModel):
     node: str | None
 
 
-class Diagnosis(BaseModel):
-    """What `frenzy diagnose LOG --json` prints."""
+@dataclass
+class Diagnosis:
+    """What `frenzy diagnose LOG --json` prints (`dataclasses.asdict`). A dataclass, not a pydantic model: the
+    command answers a short log in well under a second, and pydantic alone costs a tenth of that to import."""
 
     log: str
     category: str
@@ -68,9 +73,23 @@ class Diagnosis(BaseModel):
     source: str = "rules"
     """rules; learned (no rule matched: the nearest labelled log, above the calibrated similarity); or agent (the
     LLM agent diagnosed it; its rule is learned)."""
+    via: str = "line"
+    """How the rules found the root cause: `line` (a rule names the line), `chain` (the cause inside a wrapper:
+    NCCL's `Last error:`, a re-raised worker error, `raise ... from`), `progress` (the loss turned non-finite in the
+    progress lines, with no error line)."""
     confidence: float | None = None
     """For a learned answer: the cosine similarity to the nearest labelled log (the threshold is calibrated on
     held-out projects)."""
+
+
+@dataclass
+class _Cand:
+    """A line a rule names, with the standing it competes with (a cause inherits its wrapper's)."""
+
+    rule: Rule
+    finding: Finding
+    priority: float
+    via: str = "line"
 
 
 def _first(patterns: list[re.Pattern], text: str) -> str | None:
@@ -81,16 +100,24 @@ def _first(patterns: list[re.Pattern], text: str) -> str | None:
     return None
 
 
-def _match(text: str, rules: list[Rule]) -> Rule | None:
-    for r in rules:
+def match_line(text: str, learned: list[Rule] | None = None) -> Rule | None:
+    """The rule that names a line: the innermost part of an in-line chain first, a rule that reads the message
+    before a generic exception class, built-in rules before learned ones."""
+    for seg in segments(text):
+        for r in CONTENT:
+            if r.regex.search(seg):
+                return r
+    for r in GENERIC + (learned or []):
         if r.regex.search(text):
             return r
     return None
 
 
 def _blame(kept: list, i: int, category: str) -> str:
-    """A generic Python exception (KeyError, ValueError, ...) belongs to the code that raised it: the script's own
-    file (script) or a library under site-packages (framework), read off the nearest traceback frame above it."""
+    """A generic framework exception (RuntimeError, AssertionError) raised from the script's own file is the
+    script's: read off the nearest traceback frame above it (a library under site-packages keeps the framework's)."""
+    if category != "framework":
+        return category
     for k in reversed(kept[max(0, i - 3):i]):
         m = _FRAME.search(k.text)
         if m:
@@ -98,11 +125,97 @@ def _blame(kept: list, i: int, category: str) -> str:
     return category
 
 
-def _order(rule: Rule, f: Finding) -> tuple:
+def _order(cand: _Cand) -> tuple:
     """Highest priority first; among equals the earliest by the log's own timestamps (ranks interleave out of
     order in merged logs), then by position."""
+    f = cand.finding
     m = _STAMP.search(f.line)
-    return (rule.priority, -int(bool(m)), tuple(-ord(ch) for ch in "".join(m.groups())) if m else (), -f.line_no)
+    return (cand.priority, -int(bool(m)), tuple(-ord(ch) for ch in "".join(m.groups())) if m else (), -f.line_no)
+
+
+def _finding(rule: Rule, category: str, k: Kept, rank: int | None = None, node: str | None = None) -> Finding:
+    r = rank_of(k.text)
+    return Finding(type=rule.type, category=category, line_no=k.line_no, line=k.text.strip(),
+                   rank=r if r is not None else rank, node=_first(_NODE, k.text) or node)
+
+
+def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
+    """Every kept error line a rule names (by its index in the kept lines), with the rank and host of torchrun's
+    failure summary for its exitcode lines."""
+    rank_host: dict[int, str] = {}
+    host = None
+    for k in c.kept:  # torchrun's failure summary: "host : X" then "rank : N" in each block
+        h = _SUMMARY_HOST.search(k.text)
+        if h:
+            host = h.group(1)
+        r = _SUMMARY_RANK.search(k.text)
+        if r and host:
+            rank_host.setdefault(int(r.group(1)), host)
+    out: dict[int, _Cand] = {}
+    block_rank: int | None = None
+    block_host: str | None = None
+    for i, k in enumerate(c.kept):
+        h, sr = _SUMMARY_HOST.search(k.text), _SUMMARY_RANK.search(k.text)
+        block_host = h.group(1) if h else block_host
+        block_rank = int(sr.group(1)) if sr else block_rank
+        if not k.error or _SOURCE.match(k.text) or _NCCL_INFO.match(k.text):
+            continue
+        rule = match_line(k.text, learned)
+        if rule is None:
+            continue
+        f = _finding(rule, _blame(c.kept, i, rule.category) if rule.blame else rule.category, k)
+        if rule.type == "ChildFailed" and f.rank is None:  # an exitcode line of the summary: its block's rank, host
+            f.rank, f.node = block_rank, f.node or block_host
+        if f.node is None and f.rank is not None:
+            f.node = rank_host.get(f.rank)
+        out[i] = _Cand(rule, f, rule.priority)
+    return out
+
+
+def _follow_chains(kept: list[Kept], cands: dict[int, _Cand]) -> set[int]:
+    """Each wrapper yields to the innermost cause of its chain (tasks/diagnosis/chains.py): the cause competes
+    with the wrapper's standing when that is higher, and a cause line no rule names takes the wrapper's rule.
+    Returns the wrappers, which stay evidence but are not the root cause."""
+    link = links(kept, set(cands))
+    wrappers: set[int] = set()
+    for w in sorted(link):
+        cause = innermost(w, link)
+        if w not in cands or cause == w:
+            continue
+        wc = cands[w]
+        if cause not in cands:
+            f = _finding(wc.rule, wc.finding.category, kept[cause], wc.finding.rank, wc.finding.node)
+            cands[cause] = _Cand(wc.rule, f, wc.priority, "chain")
+        cc = cands[cause]
+        cc.priority, cc.via = max(cc.priority, wc.priority), "chain"
+        wrappers.add(w)
+    return wrappers
+
+
+def _divergence(c: Compressed, cands: dict[int, _Cand]) -> None:
+    """The line where the loss turned non-finite for good, as a candidate (tasks/diagnosis/progress.py)."""
+    if c.divergence is None:
+        return
+    i = next((i for i, k in enumerate(c.kept) if k.line_no == c.divergence), None)
+    if i is not None and (i not in cands or cands[i].priority < DIVERGENCE.priority):
+        cands[i] = _Cand(DIVERGENCE, _finding(DIVERGENCE, DIVERGENCE.category, c.kept[i]), DIVERGENCE.priority,
+                         "progress")
+
+
+def _pick(c: Compressed, cands: dict[int, _Cand], wrappers: set[int]) -> _Cand:
+    """The root cause: the strongest candidate that is not a wrapper of another and not one the run survived."""
+    live = {i: x for i, x in cands.items() if i not in wrappers}
+    if c.trained_until is not None:  # what the run went on training after did not end it (progress.SURVIVED)
+        live = {i: x for i, x in live.items() if x.finding.line_no > c.trained_until} or live
+    best = max(live.values(), key=_order)
+    root_block_at = max((k.line_no for k in c.kept if "Root Cause" in k.text), default=None)
+    if best.rule.type == "ChildFailed" and root_block_at is not None:  # torchrun names the first failure after it
+        best = next((x for x in cands.values() if x.rule.type == "ChildFailed" and x.finding.line_no > root_block_at),
+                    best)
+    f = best.finding
+    if f.node is None and f.rank is not None:  # the node of the root rank, from any other line that names both
+        f.node = next((x.finding.node for x in cands.values() if x.finding.rank == f.rank and x.finding.node), None)
+    return best
 
 
 def _learned(c: Compressed, base: dict) -> Diagnosis | None:
@@ -115,84 +228,51 @@ def _learned(c: Compressed, base: dict) -> Diagnosis | None:
     if v is None:
         return None
     return Diagnosis(category=v.category, type=v.type, root_cause_line=v.line, line_no=v.line_no,
-                     rank=int(r) if v.line and (r := _first(_RANK, v.line)) else None,
+                     rank=rank_of(v.line) if v.line else None,
                      node=_first(_NODE, v.line) if v.line else None, restartable=v.restartable,
                      mitigation=f"no rule matched; this log is most like the labelled {v.neighbour} "
                                 f"(similarity {v.confidence:.2f}): check the line, and add a rule if it holds",
                      evidence=[], source="learned", confidence=v.confidence, **base)
 
 
+def _agent(c: Compressed, agent: AgentConfig, base: dict) -> Diagnosis | None:
+    """The LLM agent's answer (and its rule learned), or None when it gives no accepted verdict."""
+    from tasks.diagnosis.agent import ask, learn
+
+    verdict = ask(agent, [k.text for k in c.kept])
+    if verdict is None:
+        return None
+    learn(verdict)
+    k = next(k for k in c.kept if verdict.line in k.text)
+    return Diagnosis(category=verdict.category, type=verdict.type, root_cause_line=k.text.strip(), line_no=k.line_no,
+                     rank=rank_of(k.text), node=_first(_NODE, k.text), restartable=verdict.restartable,
+                     mitigation=verdict.mitigation, evidence=[], source="agent", **base)
+
+
 def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None,
                         use_fallback: bool = True) -> Diagnosis:
-    """The diagnosis of a compressed log: the rules; for a log no rule explains, the learned fallback (when it is
-    confident enough), then the LLM agent when `agent` is given; else `unknown`."""
-    rules = RULES + learned_rules()
-    findings: list[tuple[Rule, Finding]] = []
-    rank_host: dict[int, str] = {}
-    host = None
-    for k in c.kept:  # torchrun's failure summary: "host : X" then "rank : N" in each block
-        h = _SUMMARY_HOST.search(k.text)
-        if h:
-            host = h.group(1)
-        r = _SUMMARY_RANK.search(k.text)
-        if r and host:
-            rank_host.setdefault(int(r.group(1)), host)
-    block_rank: int | None = None
-    block_host: str | None = None
-    root_block_at: int | None = None  # torchrun names the first observed failure after "Root Cause"
-    for i, k in enumerate(c.kept):
-        if "Root Cause" in k.text:
-            root_block_at = k.line_no
-        h = _SUMMARY_HOST.search(k.text)
-        if h:
-            block_host = h.group(1)
-        sr = _SUMMARY_RANK.search(k.text)
-        if sr:
-            block_rank = int(sr.group(1))
-        if not k.error or _SOURCE.match(k.text):
-            continue
-        rule = _match(k.text, rules)
-        if rule is None:
-            continue
-        rank = _first(_RANK, k.text)
-        node = _first(_NODE, k.text)
-        rk = int(rank) if rank is not None else None
-        if rule.type == "ChildFailed" and rk is None:  # an exitcode line of the summary: its block's rank and host
-            rk, node = block_rank, node or block_host
-        category = _blame(c.kept, i, rule.category) if rule.type in _GENERIC else rule.category
-        findings.append((rule, Finding(type=rule.type, category=category, line_no=k.line_no, line=k.text.strip(),
-                                       rank=rk, node=node or (rank_host.get(rk) if rk is not None else None))))
+    """The diagnosis of a compressed log: the rules (with cause chains and the progress lines); for a log no rule
+    explains, the learned fallback (when it is confident enough), then the LLM agent when `agent` is given; else
+    `unknown`."""
+    cands = _candidates(c, learned_rules())
+    wrappers = _follow_chains(c.kept, cands)
+    _divergence(c, cands)
     base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
             "templates": c.templates}
-    if not findings and use_fallback:
-        d = _learned(c, base)
-        if d is not None:
-            return d
-    if not findings and agent is not None:
-        verdict = ask(agent, [k.text for k in c.kept])
-        if verdict is not None:
-            learn(verdict)
-            k = next(k for k in c.kept if verdict.line in k.text)
-            return Diagnosis(category=verdict.category, type=verdict.type, root_cause_line=k.text.strip(),
-                             line_no=k.line_no, rank=int(r) if (r := _first(_RANK, k.text)) else None,
-                             node=_first(_NODE, k.text), restartable=verdict.restartable,
-                             mitigation=verdict.mitigation, evidence=[], source="agent", **base)
-    if not findings:
-        return Diagnosis(category="unknown", type="Unknown", root_cause_line=None, line_no=None, rank=None, node=None,
-                         restartable=False, evidence=[], **base,
-                         mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`); a person "
-                                    "decides, and a rule for it can be added to tasks/diagnosis/rules.py")
-    best_rule, best = max(findings, key=lambda rf: _order(*rf))
-    if best_rule.type == "ChildFailed" and root_block_at is not None:
-        best_rule, best = next(((r, f) for r, f in findings if r.type == "ChildFailed" and f.line_no > root_block_at),
-                               (best_rule, best))
-    if best.node is None:  # the node of the root rank, from any other line that names both
-        best.node = next((f.node for _, f in findings if f.rank == best.rank and f.node), None) \
-            if best.rank is not None else None
-    evidence = [f for _, f in findings if f is not best][:MAX_EVIDENCE]
-    return Diagnosis(category=best.category, type=best_rule.type, root_cause_line=best.line,
-                     line_no=best.line_no, rank=best.rank, node=best.node, restartable=best_rule.restartable,
-                     mitigation=best_rule.mitigation, evidence=evidence, **base)
+    if not cands:
+        d = _learned(c, base) if use_fallback else None
+        d = d or (_agent(c, agent, base) if agent is not None else None)
+        return d or Diagnosis(
+            category="unknown", type="Unknown", root_cause_line=None, line_no=None, rank=None, node=None,
+            restartable=False, evidence=[], **base,
+            mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`); a person decides, and a rule "
+                       "for it can be added to tasks/diagnosis/rules.py")
+    best = _pick(c, cands, wrappers)
+    evidence = [x.finding for _, x in sorted(cands.items()) if x is not best][:MAX_EVIDENCE]
+    f = best.finding
+    return Diagnosis(category=f.category, type=best.rule.type, root_cause_line=f.line, line_no=f.line_no, rank=f.rank,
+                     node=f.node, restartable=best.rule.restartable, mitigation=best.rule.mitigation,
+                     evidence=evidence, via=best.via, **base)
 
 
 def check_log(path: Path | str) -> Path:
@@ -206,20 +286,6 @@ def check_log(path: Path | str) -> Path:
         raise UserFileError(f"{p} looks binary (NUL or control bytes), not a training log; give the text log the run "
                             "wrote (e.g. RUN_DIR/train.log)")
     return p
-
-
-_MAGIC = (b"\x7fELF", b"\x1f\x8b", b"PK\x03\x04", b"\x89PNG", b"%PDF", b"\xfe\xed\xfa", b"\xcf\xfa\xed\xfe",
-          b"MZ\x90\x00")
-
-
-def looks_binary(head: bytes) -> bool:
-    """An executable, archive or image (by magic), or more than 1% NUL / 10% other control bytes. A zero-filled
-    tail, which a node crash can leave in a log, does not count."""
-    body = head.rstrip(b"\0")
-    if body.startswith(_MAGIC):
-        return True
-    ctrl = sum(body.count(bytes([b])) for b in (*range(1, 9), 11, 12, *range(14, 27), *range(28, 32)))
-    return bool(body) and (body.count(b"\0") > len(body) // 100 or ctrl > len(body) // 10)
 
 
 def diagnose(source: Path | str | bytes, context: int = 2, agent: AgentConfig | None = None,

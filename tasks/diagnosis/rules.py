@@ -6,7 +6,10 @@ matching line of highest priority, the earliest among equals. Hardware and node 
 (a CUDA error on one rank makes the other ranks' NCCL collectives time out; a dead node makes its peers lose their
 connections), specific framework and script errors outrank generic ones, and pure symptoms (NCCL watchdog
 timeouts, torchrun's ChildFailedError, a bare exit code) rank lowest. Rules are tried in order; the first that
-matches a line names it.
+matches a line names it, except that a generic exception class (`blame`: RuntimeError, ValueError, KeyError, ...)
+names a line only where no rule that reads the message does: `RuntimeError: NCCL communicator was aborted ...` is
+a network fault, not a RuntimeError. Where a line holds a chain (`... Original reason for failure was: X`), the
+innermost part is read first (tasks/diagnosis/chains.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ class Rule:
     priority: int
     restartable: bool
     mitigation: str
+    blame: bool = False
+    """A generic exception class alone (KeyError, ValueError, ...): tried after every other rule. Its category is
+    the rule's: the script's for the exceptions a callee raises about what it was given (ValueError, KeyError,
+    TypeError, ...: code written for another version of a library, a config, data), even from a library's frame;
+    a runtime's own exceptions (RuntimeError, AssertionError: a library's invariant) are the framework's, unless
+    raised from the script's own file."""
     regex: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -33,6 +42,10 @@ class Rule:
 
 
 _PY = r"(?:^|[\s:\]>])(?:[\w.]+\.)?"  # an exception name, optionally module-qualified, at a token start
+_UNUSED = ("DDP: some parameters take no part in the loss (the model code, or options that freeze part of it): "
+           "pass find_unused_parameters=True or make every parameter used; a restart fails the same way")
+_ARCH = ("the environment: the installed build has no kernels for this GPU (its compute capability); install a build "
+         "for this GPU architecture, or run on GPUs it supports")
 
 # priority bands: 90 hardware/node, 70 resource & loading, 60 script, 50 network faults and storage, 40 generic
 # framework, 30 what a peer's death looks like from here (remote errors, lost connections), 20 collective
@@ -50,22 +63,49 @@ RULES: list[Rule] = [
          r"(?i)fallen off the bus|Unable to determine the device handle for GPU|Xid \([^)]*\):\s*(?:79|119|120)\b|"
          r"machine check|Hardware Error|"
          r"kernel panic|node\b[^\n]*\b(?:failed|down|unreachable|NotReady|lost)\b|"
-         r"\bNodeFailure\b|heartbeat (?:timeout|lost)", 92, True,
+         r"\bNodeFailure\b|heartbeat (?:timeout|lost)|DUE TO NODE FAILURE|"
+         r"slurmstepd: error: execve\(\)[^\n]*slurm_script", 92, True,
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
+    Rule("Preempted", "infrastructure",  # the scheduler's decision: what the tasks print after it are its symptoms
+         r"DUE TO PREEMPTION|DUE TO JOB REQUEUE|job is preempted|(?i:spot instance[^\n]*(?:interrupt|terminat))", 89,
+         True,
+         "the scheduler or the cloud took the nodes back: resume from the newest checkpoint on the next allocation"),
     Rule("DriverError", "script",
          r"(?i)driver version is insufficient for CUDA runtime|NVIDIA driver on your system is too old|"
-         r"CUDA driver initialization failed|no CUDA-capable device is detected", 93, False,
+         r"CUDA driver initialization failed|no CUDA-capable device is detected|(?-i:Torch not compiled with CUDA "
+         r"enabled)|Found no NVIDIA driver on your system|No CUDA GPUs are available", 93, False,
          "the environment: the NVIDIA driver is older than the CUDA this build needs (or there is no GPU); "
          "install a matching driver or a build for this driver"),
+    Rule("GPUArchError", "script",  # the warning that names the GPU and the build's capabilities says why
+         r"sm_\d+ is not compatible with the current PyTorch installation|only supports Ampere GPUs or newer|"
+         r"requires a GPU with compute capability", 93, False, _ARCH),
+    Rule("GPUArchError", "script",  # the build (or a kernel library) has no code for this GPU: the environment
+         r"no kernel image is available for execution on the device|CUDA error: invalid device function", 92, False,
+         _ARCH),
+    Rule("ConfigError", "script",  # the setup lacks a capability the run asks for: deterministic, not a fault
+         r"peer access is not supported|(?i:\b(?:your )?(?:setup|system|hardware|gpu|device|platform|machine)s? "
+         r"(?:doesn't|does not|don't|do not) support\b)|(?i:bf16[^\n]*(?:not supported|only supported|requires))",
+         91, False,
+         "the setup lacks what the run asks for (bf16 on a GPU without it, peer-to-peer access between these GPUs): "
+         "change the setting (fp16/fp32, NCCL_P2P_DISABLE=1) or run on hardware that has it; a restart fails the "
+         "same way"),
+    Rule("ConfigError", "script",  # NCCL's invalid usage and a device index past the node's GPUs: the launch config
+         r"invalid device ordinal|ncclInvalidUsage|(?i:NCCL error)[^\n]*invalid usage|Duplicate GPU detected", 91,
+         False,
+         "the launch configuration: more processes per node than GPUs, or two ranks on one GPU; fix "
+         "--nproc_per_node / CUDA_VISIBLE_DEVICES (a restart fails the same way)"),
     Rule("CUDAError", "infrastructure",
          r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
-         r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)|CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
+         r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)(?!invalid device (?:ordinal|function))"
+         r"(?!no kernel image)|"
+         r"CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
          r"cudaErrorIllegalAddress|unspecified launch failure|an illegal memory access was encountered|"
          r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b)", 90, True,
          "run the node check on this rank's node, cordon it if it fails, and resume"),
     # -- infrastructure: storage (errno families; a full disk fails again until space is freed) -----------------
     Rule("DiskFull", "infrastructure",
-         r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|Disk quota exceeded|StorageFull",
+         r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|Disk quota exceeded|StorageFull|"
+         r"file write failed|failed writing file",
          86, False, "the disk or quota is full: free space (old checkpoints) or point the output elsewhere, then resume"),
     Rule("StorageError", "infrastructure",
          r"Input/output error|\bEIO\b|Stale (?:NFS )?file handle|\bESTALE\b|Remote I/O error", 84, True,
@@ -73,20 +113,37 @@ RULES: list[Rule] = [
     # -- framework: resources and loading ---------------------------------------------------------------
     Rule("HostOOM", "framework",
          r"oom[-_]kill event|Some of the step tasks have been OOM Killed|task \d+: Out Of Memory|"
-         r"Out of memory: Killed process|invoked oom-killer", 81, False,
+         r"Out of memory: Killed process|invoked oom-killer|std::bad_alloc|Cannot allocate memory|\[Errno 12\]|"
+         r"low on resource: memory|\bOOMKilled\b|"
+         + _PY + r"MemoryError\b", 81, False,
          "the host (or the job's cgroup) ran out of memory: fewer data-loader workers, less CPU offload or a "
          "larger memory request"),
     Rule("OutOfMemoryError", "framework",
          r"Cuda failure '?out of memory|OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|"
-         r"HIP out of memory|Tried to allocate [\d.]+ [KMG]iB", 80, True,
+         r"HIP out of memory|Tried to allocate [\d.]+ [KMG]iB|cuda runtime error \(2\) : out of memory|error=2 : out of "
+         r"memory|ResourceExhaustedError|OOM when allocating|RESOURCE_EXHAUSTED: Out of memory", 80, True,
          "restart with the next resource plan with more memory per GPU (or a smaller micro-batch)"),
+    Rule("SharedMemoryError", "script",
+         r"(?i)error while creating shared memory segment|unable to (?:allocate|create|open) shared memory|"
+         r"shm_open|/dev/shm[^\n]*(?:no space|too small|failed)", 79, False,
+         "the container's shared memory (/dev/shm) is too small for NCCL or the data loader: run it with a larger "
+         "--shm-size (or --ipc=host); a restart fails the same way"),
+    Rule("DataloaderKilled", "script",  # a bus error in a worker: /dev/shm, the container's setting
+         r"(?i)(?:worker|dataloader)[^\n]*bus error|bus error[^\n]*worker|out of shared memory|insufficient shared "
+         r"memory|raise your shared memory limit", 76, False,
+         "the data-loader workers ran out of shared memory (/dev/shm, a container or host setting): run with a larger "
+         "--shm-size (or --ipc=host), or fewer workers; a restart fails the same way"),
     Rule("DataloaderKilled", "framework",
          r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal|"
          r"Unexpected (?:segmentation fault|bus error) encountered in worker", 75,
          True, "host memory ran out in the data loader: fewer workers or a smaller prefetch, then resume"),
     Rule("NumericalError", "framework",
-         r"(?i)loss became infinite or nan|loss scale already at minimum|non-finite loss|loss is nan|"
-         r"detected (?:nan|inf) (?:loss|in)|nan or inf found in input", 78, False,
+         r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
+         r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
+         r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
+         r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
+         r"encountered)|encountered (?:a )?nan|"
+         r"loss[ _]scale\b[^\n\d]{0,30}\bto:? 0\.\d|loss[ _]scale[ =:]+0(?:\.0+)?(?![.\d])", 78, False,
          "the loss diverged (NaN/inf, or fp16 loss scale at its floor): lower the learning rate, use bf16 or "
          "gradient clipping, and resume from a checkpoint before the divergence"),
     Rule("ModelLoadingError", "script",
@@ -94,20 +151,35 @@ RULES: list[Rule] = [
          r"(?:weights|model|config|tokenizer)|Unable to load weights|CheckpointMismatch|LocalEntryNotFoundError|"
          r"couldn't connect to 'https://huggingface.co'|is not the path to a directory containing", 72, False,
          "the checkpoint does not match the model: fix the model config or the checkpoint path"),
-    Rule("DatasetLoadingError", "framework",
+    Rule("DataError", "script",  # a data file that does not parse: the user's data
+         _PY + r"(?:JSONDecodeError|UnicodeDecodeError|EmptyDataError|ParserError|ScannerError)\b|Error tokenizing "
+         r"data", 66, False, "the data file does not parse (its format or encoding): fix the file or the path given"),
+    Rule("DatasetLoadingError", "script",
          r"DatasetNotFoundError|Couldn't find (?:a )?dataset|ArrowInvalid|DataError|corpus[^\n]*(?:not found|"
          r"empty|unreadable)", 72, False, "fix the dataset path or format; a restart will fail the same way"),
-    # -- script / configuration ---------------------------------------------------------------------------
+    # -- script / configuration and the user's environment ---------------------------------------------------
     Rule("SyntaxError", "script", _PY + r"(?:SyntaxError|IndentationError)\b", 66, False,
          "fix the syntax error in the training script"),
     Rule("ImportError", "script",
-         _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file", 65,
-         False, "the environment: install the missing package, or the build of a compiled extension that matches "
-                "this torch (an undefined symbol is an ABI mismatch)"),
+         _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file|"
+         r"No module named '|cannot import name '|DLL load failed|requires the [\w-]+ library but it was not found|"
+         r"does not exist or is not currently imported|does not recognize this architecture|CUDA Setup failed|"
+         r"did not contain \['lib[\w.]+\.so",
+         65, False, "the environment: install the missing package, or the build of a compiled extension that matches "
+                    "this torch (an undefined symbol is an ABI mismatch)"),
     Rule("ConfigError", "script",
          r"MisconfigurationException|larger than the maximum number of tokens that can be stored in KV cache|"
          r"\b(?:Config|Configuration)Error\b", 64, False,
          "fix the configuration named in the message (a restart fails the same way)"),
+    Rule("ConfigError", "script",  # the line naming the parameters is the most specific
+         r"Parameter indices which did not receive grad", 65, False, _UNUSED),
+    Rule("ConfigError", "script",
+         r"Expected to have finished reduction in the prior iteration|parameters that were not used in producing "
+         r"loss", 64, False, _UNUSED),
+    Rule("AddressInUse", "script",
+         r"Address already in use|\bEADDRINUSE\b|errno: 98\b|server socket has failed to (?:listen|bind)", 64, False,
+         "the rendezvous port is taken on this node (an earlier run still holds it, or another job): pick another "
+         "--master_port / MASTER_PORT or end the process that holds it"),
     Rule("ArgumentError", "script",
          r"ArgumentError|error: unrecognized arguments|error: argument -|the following arguments are required",
          64, False, "fix the command line"),
@@ -115,68 +187,151 @@ RULES: list[Rule] = [
          "fix the path (a restart will fail the same way)"),
     Rule("PermissionError", "script", _PY + r"PermissionError\b|Permission denied", 63, False,
          "fix the permissions or the path"),
-    Rule("NameError", "script", _PY + r"NameError\b", 62, False, "fix the script: an undefined name"),
-    Rule("KeyError", "script", _PY + r"KeyError\b", 61, False, "fix the script or config: a missing key"),
-    Rule("TypeError", "script", _PY + r"TypeError\b", 61, False, "fix the script: a wrong type"),
-    Rule("IndexError", "script", _PY + r"IndexError\b|device-side assert triggered|Assertion `[^`]*` failed", 61,
-         False,
-         "fix the script or data: an index out of range (a device-side assert is usually one)"),
+    Rule("TypeError", "script",  # a call the callee does not take: code written for another version of the API
+         r"got an unexpected keyword argument|takes (?:from )?\d+ (?:to \d+ )?positional arguments? but \d+ "
+         r"(?:were|was) given|missing \d+ required (?:positional |keyword-only )?arguments?|got multiple values for "
+         r"(?:keyword )?argument|takes no keyword arguments", 62, False,
+         "the code calls an API with arguments this version of it does not take: install the library versions the "
+         "code was written for (or update the call)"),
+    Rule("AttributeError", "script",  # a module without the name: the installed version of a library is not the one
+         r"module '[\w.]+' has no attribute '", 62, False,
+         "the environment: the installed version of the library lacks this name; install the version the code was "
+         "written for"),
+    Rule("TensorMismatch", "script",  # a torch op refusing the tensors it was given: the calling code's mistake
+         r"Expected all tensors to be on the same device|expected scalar type \w+ but found \w+|shapes cannot be "
+         r"multiplied|must match the size of tensor b|Sizes of tensors must match|Input type \([^)]*\) and weight "
+         r"type \([^)]*\) should be the same|element 0 of \w+ does not require grad|has been modified by an "
+         r"inplace operation|Trying to backward through the graph a second time|Target -?\d+ is out of bounds|"
+         r"label value of -?\d+ which is outside the valid range", 61,
+         False, "the code gives an operation tensors it cannot take (device, dtype or shape): fix the model or data "
+                "code (a restart fails the same way)"),
+    Rule("IndexError", "script", r"device-side assert triggered|Assertion `[^`]*` failed", 61,
+         False, "fix the script or data: an index out of range (a device-side assert is usually one)"),
     Rule("BuildError", "script",
-         r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped", 61,
+         r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped|"
+         r"mismatches the version that was used to compile PyTorch|CUDA_HOME environment variable is not set|"
+         r"Could not build wheels|Failed building wheel", 61,
          False, "the environment: a compiled extension does not build (compiler or CUDA toolkit against this "
                 "torch); install a prebuilt wheel or fix the toolchain"),
+    Rule("SegFault", "script",  # the shell's report: a script run on its own crashed in a native library it loaded
+         r"^\W{0,3}(?:[\w./-]+: line \d+: +\d+ )?Segmentation fault(?: \(core dumped\))?\W{0,3}$", 15, False,
+         "a script crashed in native code (SIGSEGV) when run on its own: usually the installed versions of a native "
+         "library (the framework, its CUDA build, an extension) do not match; install the versions the code was "
+         "written for"),
     Rule("SegFault", "framework",
          r"Signals\.SIGSEGV|exitcode\s*:\s*-11\b|Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault|"
-         r"Segmentation fault", 14, True,
-         "a process crashed in native code (SIGSEGV): one restart; if it recurs, a library/driver mismatch"),
-    Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 60, False,
+         r"Segmentation fault|exit(?:ed with)? (?:code|status)[:= ]*139\b|Bus error \(core dumped\)|"
+         r"Signals\.SIG(?:BUS|ABRT)|Aborted \(core dumped\)|Fatal Python error: Aborted", 14, True,
+         "a process crashed in native code (SIGSEGV, SIGBUS or SIGABRT): one restart; if it recurs, a library or "
+         "driver mismatch (a bus error in a container: too small /dev/shm)"),
+    Rule("ChildFailed", "framework",  # a launcher re-raising its child's exit status (the child's error is above)
+         r"CalledProcessError: Command '\[[^\]]*(?:python|torchrun|deepspeed|accelerate|mpirun|srun)[^\]]*\]' "
+         r"returned non-zero exit status|See root cause above|Engine core initialization failed|"
+         r"TrainingFailedError|inspect the previous error messages", 10, True,
+         "a rank exited; the root cause is in the lines before"),
+    Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 13, False,
          "a subprocess the script runs failed: see its output above"),
+    Rule("NetworkConfigError", "script",  # a connection the job's processes could never set up: the launch's config
+         r"Connect to \S+ failed\s*:\s*(?:No route to host|Network is unreachable|Cannot assign requested "
+         r"address)|no socket interface found|client socket has failed to connect|Cannot assign requested address|"
+         r"errno: 99\b|ssh: connect to host|(?:Connect|connect|connection) "
+         r"to (?:127\.0\.0\.1|localhost|\[localhost\])\b[^\n]*(?:failed|refused)", 52, False,
+         "the job's processes never connected: the launch's network settings (MASTER_ADDR and port reachable from "
+         "every node, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming the interface the nodes share, the hostfile's "
+         "addresses, a firewall); a restart fails the same way until they are fixed"),
+    Rule("NameResolutionError", "script",  # a host name that does not resolve: the URL or address the job was given
+         r"Name or service not known|nodename nor servname provided|No address associated with hostname|"
+         r"Could not resolve host", 53, False,
+         "a host name the job connects to does not resolve (a typo in the URL, MASTER_ADDR or tracker address, a host "
+         "unknown on this network, no DNS inside the container): fix the name or the DNS; a restart fails the same way"),
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
     Rule("S3StorageError", "infrastructure",
          r"botocore\.exceptions\.\w+|EndpointConnectionError|S3 ?(?:Storage)?Error|An error occurred "
          r"\((?:SlowDown|InternalError|ServiceUnavailable|RequestTimeout)\)|StorageError|s3fs[^\n]*Error", 55, True,
          "the object store failed: the run resumes from the newest committed checkpoint once it answers"),
-    Rule("NCCLRemoteError", "infrastructure",
-         r"ncclRemoteError|remote process exit(?:ing prematurely|ed)|NCCL WARN[^\n]*remote|Got completion from peer",
-         32, True, "a peer rank died or its link failed: run the node check, cordon the faulty node, resume"),
-    Rule("NetworkError", "infrastructure",
-         r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|ncclSystemError|NCCL WARN NET|No route to host|"
-         r"Network is unreachable|ncclInternalError", 50, True,
+    Rule("NetworkError", "infrastructure",  # a remote service (model or dataset hub, tracker, API) a client called
+         r"RemoteDisconnected|Remote end closed connection|Read timed out|read operation timed out|"
+         r"\bReadTimeout(?:Error)?\b|\bConnectTimeout(?:Error)?\b|\b(?:408|429|500|502|503|504) (?:Client|Server) "
+         r"Error|Too Many Requests|Temporary failure in name resolution|IncompleteRead|ChunkedEncodingError|"
+         r"Connection aborted\.", 50, True,
+         "a remote service the run calls (a model or dataset hub, a tracker, an API) timed out, refused the rate or "
+         "dropped the connection: transient; resume (cache the files locally, or raise the client's timeout and "
+         "retries, e.g. HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT, to ride it out)"),
+    Rule("NCCLRemoteError", "infrastructure",  # what a peer's death (or a lost link) looks like from here
+         r"ncclRemoteError|remote process exit(?:ing prematurely|ed)|NCCL WARN[^\n]*(?:remote|reset by peer)|"
+         r"Got completion from peer|communicator was aborted|ProcessGroupNCCL is aborted|"
+         r"(?:Process group|NCCL) watchdog thread terminated", 32, True,
+         "a peer rank died or its link failed: run the node check, cordon the faulty node, resume"),
+    Rule("NetworkError", "infrastructure",  # NCCL's system/internal errors and its socket, net and proxy warnings
+         r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|IBV_WC_(?!SUCCESS)\w+|ncclSystemError|unhandled system error|"
+         r"ncclInternalError|(?i:NCCL error)[^\n]*internal error|NCCL WARN (?:NET|Net|Socket|socket|Call to|Connect|"
+         r"connect|[Bb]ootstrap|[Pp]roxy|IB)|(?:socket|net\w*|proxy|bootstrap|ib\w*)\.cc:\d+ NCCL WARN|"
+         r"socket(?:StartConnect|PollConnect|Progress|Connect)|Software caused connection abort|"
+         r"Transport endpoint is not connected|No route to host|Network is unreachable|connectFullMesh failed|"
+         r"failed to connect to all addresses|Network error \((?:ReadTimeout|ConnectTimeout|ConnectionError)\)|"
+         r"initialization has timed out", 50, True,
          "a network fault: run the node check on the job's nodes and resume"),
     Rule("RayError", "infrastructure",
          r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed|RaySystemError|"
          r"ObjectLostError|NodeDiedError", 33, True,
          "a Ray worker process died (often the host OOM killer or a lost node): check its node, then resume"),
     Rule("ConnectionError", "infrastructure",
-         r"ConnectionError|Connection (?:reset by peer|refused|timed out)|DistNetworkError|Broken pipe|"
+         r"ConnectionError|Connection (?:reset by peer|refused|timed out|closed by peer)|DistNetworkError|"
+         r"DistStoreError|Broken pipe|Socket Timeout|failed to recv, got 0 bytes|waiting for clients\. \d+/\d+ clients|"
          r"TCPStore[^\n]*(?:failed|timed out)|RendezvousTimeoutError|RendezvousConnectionError|connect\(\) timed out|"
-         r"socket has timed out|errno: 113", 30, True,
+         r"socket has timed out|errno: 113|\bECONNRE(?:SET|FUSED)\b|store based barrier|Timed out initializing "
+         r"process group|RendezvousClosedError", 30, True,
          "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
-    # -- framework: generic --------------------------------------------------------------------------------
-    Rule("AssertionError", "framework", _PY + r"AssertionError\b", 45, False,
-         "an assertion in the training code failed: fix the code or config"),
-    Rule("AttributeError", "framework", _PY + r"AttributeError\b", 45, False, "fix the code: a missing attribute"),
-    Rule("ValueError", "framework", _PY + r"ValueError\b", 44, False, "fix the value named in the message"),
-    Rule("RuntimeError", "framework", _PY + r"RuntimeError\b", 40, True,
-         "an unclassified runtime error: one restart from the newest checkpoint, then stop"),
     # -- symptoms ----------------------------------------------------------------------------------------------
     Rule("NCCLTimeoutError", "infrastructure",
          r"Watchdog caught collective operation timeout|NCCL timeout|ProcessGroupNCCL[^\n]*Timeout|"
          r"collective operation timeout|Timed out waiting \d+ms for|watchdog got stuck|Timeout at NCCL work|"
-         r"watchdog hang", 20, True,
+         r"watchdog hang|Heartbeat monitor timed out", 20, True,
          "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
     Rule("TimeLimit", "infrastructure", r"DUE TO TIME LIMIT", 19, True,
          "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
-    Rule("Killed", "framework", r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$", 12, True,
+    Rule("Killed", "framework",
+         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$|exit(?:ed with)? (?:code|status)[:= ]*137\b|"
+         r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
+         r"(?:9\b|SIGKILL)|signal 9 \(SIGKILL\)", 12, True,
          "a rank was SIGKILLed with no error of its own: the host OOM killer or a lost node; resumed once, and if it "
          "recurs, check dmesg for the OOM killer (fewer data-loader workers, less CPU offload)"),
     Rule("ChildFailed", "framework",
          r"ChildFailedError|exitcode\s*:\s*-?\d+|failed \(exitcode: -?\d+\)|signal \d+ \(SIG\w+\) received|"
          r"trainer exited with signal \d+", 10, True,
          "a rank exited; the root cause is in the lines before"),
+    # -- generic: an exception class alone, tried only where no rule above names the line; the user's code,
+    # config or data, unless a library's own check or runtime raised it (AssertionError, RuntimeError) --------
+    Rule("NameError", "script", _PY + r"NameError\b", 62, False, "fix the script: an undefined name", blame=True),
+    Rule("KeyError", "script", _PY + r"KeyError\b", 61, False, "fix the script or config: a missing key", blame=True),
+    Rule("TypeError", "script", _PY + r"TypeError\b", 61, False, "fix the script: a wrong type", blame=True),
+    Rule("IndexError", "script", _PY + r"IndexError\b", 61, False, "fix the script or data: an index out of range",
+         blame=True),
+    Rule("AssertionError", "framework", _PY + r"AssertionError\b", 45, False,
+         "an assertion in the training code failed: fix the code or config", blame=True),
+    Rule("AttributeError", "script", _PY + r"AttributeError\b", 45, False, "fix the code: a missing attribute",
+         blame=True),
+    Rule("ValueError", "script", _PY + r"ValueError\b", 44, False,
+         "fix the value named in the message (the config, the arguments or the data given)", blame=True),
+    Rule("RuntimeError", "framework", _PY + r"RuntimeError\b", 40, True,
+         "an unclassified runtime error: one restart from the newest checkpoint, then stop", blame=True),
+    Rule("UncaughtException", "script",
+         r"^\s*(?:\[(?:rank|Rank|default)\s*\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)", 39,
+         False, "an exception no rule classifies ended the run: read it and its traceback (the script's own file: "
+                "fix the code; a library: check its version and the arguments given to it)", blame=True),
 ]
+
+
+DIVERGENCE = Rule("NumericalError", "framework", r"(?!)", 77, False,
+                  "the loss became NaN/inf at this line and stayed so (the run printed it, raised nothing): lower the "
+                  "learning rate, use bf16 or gradient clipping, and resume from a checkpoint before this step")
+"""The failure a run's progress lines show without any error line (tasks/diagnosis/progress.py); it names no line
+by pattern, and ranks one below the NumericalError rule: a line that says the loss diverged ("Loss is nan,
+stopping training") is the root cause where the run printed one."""
+CONTENT = [r for r in RULES if not r.blame]
+GENERIC = [r for r in RULES if r.blame]
 
 LEARNED_PRIORITY = 5
 """Learned rules rank below every built-in rule (the lowest built-in, ChildFailed, is 10), and a built-in rule
@@ -237,6 +392,24 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"exited with signal", b"no space left", b"quota", b"input/output", b"stale", b"undefined symbol",
     b"shared object", b"misconfiguration", b"kv cache", b"oom", b"time limit", b"died", b"loss scale",
     b"infinite or nan", b"cuda failure", b"unable to determine", b"sigkill", b"size mismatch", b"assertion",
-    b"sigsegv", b"segmentation", b"driver", b"couldn't connect", b"huggingface.co", b"building extension")
+    b"sigsegv", b"segmentation", b"driver", b"couldn't connect", b"huggingface.co", b"building extension",
+    b"caused by", b"what()", b"no module named", b"cannot import", b"keyword argument", b"positional argument",
+    b"bad_alloc", b"cannot allocate", b"already in use", b"closed by", b"connection abort", b"not connected",
+    b"no route", b"shared memory", b"ordinal", b"ibv_", b"non-finite", b"contains nan", b"contains inf",
+    b"has no attribute", b"dll load", b"socket timeout", b"waiting for clients", b"got 0 bytes", b"econnre",
+    b"eaddrinuse", b"shm_open", b"/dev/shm", b"returned nan", b"not compiled with cuda",
+    b"no cuda gpus", b"kernel image", b"sm_", b"compute capability", b"ampere", b"currently imported",
+    b"recognize this architecture", b"cuda_home", b"wheel", b"same device", b"scalar type", b"shapes cannot",
+    b"must match", b"does not require grad", b"inplace operation", b"backward through", b"out of bounds",
+    b"bus error", b"aborted", b"sigabrt", b"root cause above", b"trainingfailed", b"previous error",
+    b"barrier", b"rendezvous", b"heartbeat", b"preemption", b"spot instance", b"node failure", b"exit code",
+    b"exit status", b"encountered", b"exited with", b"nan loss", b"inf loss", b"nan value", b"inf value",
+    b"wtermsig", b"did not contain", b"cuda setup", b"low on resource", b"loss_scale", b"preempted", b"requeue",
+    b"not supported", b"n't support", b"not support", b"receive grad", b"reduction in the prior",
+    b"not used in producing", b"socket interface", b"cannot assign requested", b"ssh: connect",
+    b"remote end closed", b"remotedisconnected", b"too many requests", b"name or service", b"nodename nor servname",
+    b"address associated with hostname", b"resolve host", b"name resolution", b"incompleteread", b"return code",
+    b"valid range", b"connection aborted", b"loss is nan", b"loss is inf")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
-in C), a superset of what the rules match."""
+in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
+another digit."""

@@ -34,15 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.errors import FrenzyError
 from tasks.evaluation.engine import LM, perplexity
+from tasks.evaluation.jsonl import DatasetError, read_rows
 from tasks.evaluation.sandbox import run_python
 from tasks.evaluation.suite import HELDOUT_EXAMPLES
-from tasks.userfiles import LIMITS, json_loads, path_kind, read_text
-
-
-class DatasetError(FrenzyError, ValueError):
-    """A dataset that cannot be found or used; names the fix."""
+from tasks.userfiles import path_kind
 
 
 @dataclass
@@ -312,29 +308,6 @@ class HumanEval(EvalDataset):
 
 # ---------------------------------------------------------------------------------------------- JSONL plugin
 
-_NEEDS = {"gen": ("prompt", "answer"), "ppl": ("prompt", "choices", "label"), "exec": ("prompt", "test", "entry_point")}
-
-
-def _jsonl_row(row: Any, mode: str, where: str) -> dict:
-    """One row of a user's JSONL dataset, checked for what `mode` reads from it."""
-    if not isinstance(row, dict):
-        raise DatasetError(f"{where}: a row is a JSON object {{{', '.join(_NEEDS[mode])}}}, not {type(row).__name__}")
-    missing = [k for k in _NEEDS[mode] if k not in row]
-    if missing:
-        raise DatasetError(f"{where}: a {mode} row needs {', '.join(_NEEDS[mode])}; missing {', '.join(missing)}")
-    if not isinstance(row["prompt"], str):
-        raise DatasetError(f"{where}: prompt must be a string")
-    if mode == "ppl":
-        choices, label = row["choices"], row["label"]
-        if not (isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices)):
-            raise DatasetError(f"{where}: choices must be a non-empty list of strings")
-        if not (isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(choices)):
-            raise DatasetError(f"{where}: label must be the index of the right choice, 0 to {len(choices) - 1}; "
-                               f"got {label!r}")
-    if mode == "exec" and not all(isinstance(row[k], str) for k in ("test", "entry_point")):
-        raise DatasetError(f"{where}: test and entry_point must be strings")
-    return row
-
 
 class JsonlDataset(EvalDataset):
     """A user's JSONL file; the suite entry's mode says how to read it."""
@@ -342,12 +315,7 @@ class JsonlDataset(EvalDataset):
     def __init__(self, path: Path, mode: str, options: dict | None = None, ctx: EvalContext | None = None) -> None:
         super().__init__(options, ctx)
         self.name, self.mode = path.stem, mode
-        self.rows = []
-        for n, line in enumerate(read_text(path, "dataset file", LIMITS["jsonl"]).splitlines(), 1):
-            if line.strip():
-                self.rows.append(_jsonl_row(json_loads(line, f"{path}:{n}"), mode, f"{path}:{n}"))
-        if not self.rows:
-            raise DatasetError(f"{path} has no rows; give one JSON object per line")
+        self.rows = read_rows(path, mode)
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -56,7 +56,7 @@ def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[Hi
     by_step: dict[tuple[str, int], HistoryEntry] = {}
     for n, line in enumerate(read_text(p, "score history", LIMITS["jsonl"]).splitlines(), 1):
         if line.strip():
-            e = json_loads(line, f"{p}:{n}")
+            e = json_loads(line, str(p), line=n)
             try:  # the run is the file's own (a line written before entries named it has none)
                 entry = HistoryEntry.model_validate({"run": run, **e} if isinstance(e, dict) else e)
             except ValidationError as err:
@@ -112,17 +112,24 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     from tasks.outdir import atomic_path
 
     # redrawn after every evaluation (two at once take turns): never half a PNG
-    with atomic_path(out, "the score history plot", by_content=True, wait=True) as tmp:
+    with atomic_path(out, "the score history plot", by_content=True, wait=True, make_parent=True) as tmp:
         fig.savefig(tmp, dpi=90)
     return out
 
 
 def pending(root_uri: str, history_dir: str | Path, suite: str) -> list[str]:
     """Step URIs of every committed checkpoint under `root_uri` not yet evaluated on `suite`, oldest first."""
+    return survey_pending(root_uri, history_dir, suite)[0]
+
+
+def survey_pending(root_uri: str, history_dir: str | Path, suite: str) -> tuple[list[str], list[str]]:
+    """`pending`'s step URIs, and why each step whose manifest is there but cannot be read is not among them (a
+    corrupt or truncated manifest: never evaluated, so it is named, not skipped in silence)."""
     storage = Storage(root_uri)
+    manifests, broken = ck.survey(storage)
     out = []
-    for m in sorted(ck.committed(storage), key=lambda m: m.step):
+    for m in sorted(manifests, key=lambda m: m.step):
         done = {e.step for e in read(history_dir, m.run, suite)}
         if m.step not in done:
             out.append(storage.url(ck.step_dir(m.step)))
-    return out
+    return out, [str(err) for err in broken]

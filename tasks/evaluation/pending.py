@@ -37,10 +37,10 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
                                        history_dir=absolute(request.history_dir, base) if request.history_dir
                                        else rec.history_dir, job=rec.job)
            for rec in ledger.runs() if rec.checkpoint_root and (rec.suite or request.suite)}
-    for job, noted in ledger.checkpoint_roots().items():
+    for noted in ledger.checkpoint_roots().values():
         if noted.root not in out:
             out[noted.root] = Target(root=noted.root, suite=request.suite or noted.suite or "core", history_dir=history,
-                                     job=job)
+                                     job=noted.job)
     return sorted(out.values(), key=lambda t: t.root)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tasks.errors import FrenzyError, as_frenzy_error, environment_problem
 from tasks.evaluation import history
 from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
@@ -83,12 +84,28 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
             res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), progress)
             res = res.model_copy(update={"out_dir": str(out)})  # where it will be once renamed into place
             (tmp / "result.json").write_text(res.model_dump_json(indent=1))
-        history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores)
-        plot = history.plot(history_dir, res.run, suite.name)
+            # before the rename: a history that cannot be written (a full disk) leaves no results behind
+            with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
+                history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores)
+        plot = _plot(history_dir, res, suite.name, out)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                           result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None)
     return res, summary
+
+
+def _plot(history_dir: str, res: EvalResult, suite: str, out: Path) -> Path | None:
+    """Redraw the history plot once the results are in place; a failure says they were kept."""
+    try:
+        return history.plot(history_dir, res.run, suite)
+    except FrenzyError as err:  # the plot's writer names a machine error (a full disk) as one
+        problem: FrenzyError = err
+    except OSError as err:
+        if environment_problem(err) is None:
+            raise
+        problem = as_frenzy_error(err, "drawing the history plot")
+    raise FrenzyError(f"{problem}; the evaluation itself is complete and kept: {out}/result.json, and its line in "
+                      f"{history.history_file(history_dir, res.run)} (only the plot is missing)") from problem
 
 
 def _refuse_results(out: Path) -> None:

@@ -16,12 +16,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import FrenzyError
+from tasks.evaluation.jsonl import read_rows
 from tasks.userfiles import (
-    LIMITS,
     UserFileError,
     named_yaml,
     path_kind,
-    read_text,
     refuse_bool_numbers,
     validation_message,
 )
@@ -186,14 +185,17 @@ def dataset_size(d: SuiteDataset) -> int | None:
             return None
         return len(read_problems())
     if src.endswith(".jsonl") and path_kind(src, "dataset file") == "file":
-        return sum(1 for line in read_text(src, "dataset file", LIMITS["jsonl"]).splitlines() if line.strip())
+        return len(read_rows(src, d.mode))  # every row checked here: a bad line fails the suite, not a trial
     return None
 
 
 def _check_sizes(suite: Suite, source: str) -> None:
     """Refuse an entry that asks for more examples than its dataset holds (it would plan work that never exists)."""
     for d in suite.datasets:
-        n = dataset_size(d)
+        try:
+            n = dataset_size(d)
+        except FrenzyError as err:  # a bad row, a file that cannot be read
+            raise SuiteError(f"{source}: dataset {d.name!r}: {err}") from None
         if n is not None and d.examples > n:
             raise SuiteError(f"{source}: dataset {d.name!r} asks for {d.examples:,} examples; {d.source} holds {n:,}: "
                              "lower `examples`")

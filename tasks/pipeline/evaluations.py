@@ -34,13 +34,13 @@ def scored(history_dir: str, run: str, suite: str) -> dict[int, EvalSummary]:
 class InFlowEvaluator:
     """Evaluates each newly committed checkpoint under `root`, oldest first, when asked (`catch_up`); steps the
     history already has (a resumed job) are not evaluated again, and one that cannot be evaluated is reported once
-    and skipped: it does not fail the job."""
+    (`failures`, with its cause) and skipped: it does not stop training."""
 
     def __init__(self, root: str, history_dir: str, run: str, suite: str, evaluate: Callable[[str], EvalSummary],
                  warn: Callable[[str], None]) -> None:
         self.root, self.evaluate, self.warn = root, evaluate, warn
         self.done: dict[int, EvalSummary] = scored(history_dir, run, suite)
-        self.missed: set[int] = set()
+        self.missed: dict[int, str] = {}
 
     def catch_up(self) -> None:
         todo = sorted(m.step for m in ck.committed(Storage(self.root)) if m.step not in self.done and m.step not in self.missed)
@@ -48,12 +48,17 @@ class InFlowEvaluator:
             try:
                 self.done[step] = self.evaluate(step_uri(self.root, step))
             except Exception as err:  # noqa: BLE001 - one checkpoint that cannot be evaluated does not fail the job
-                self.missed.add(step)
-                self.warn(f"evaluation of step {step} failed: {err} (retention may have removed it: raise "
-                          "training.checkpoint.keep to evaluate every checkpoint)")
+                cause = str(err) or type(err).__name__
+                if step not in {m.step for m in ck.committed(Storage(self.root))}:
+                    cause += " (retention removed the checkpoint first: raise training.checkpoint.keep)"
+                self.missed[step] = cause
+                self.warn(f"evaluation of step {step} failed: {cause}")
 
     def summaries(self) -> list[EvalSummary]:
         return [self.done[s] for s in sorted(self.done)]
+
+    def failures(self) -> list[EvalFailure]:
+        return [EvalFailure(step=s, cause=self.missed[s]) for s in sorted(self.missed) if s not in self.done]
 
 
 class EvalFailure(BaseModel):

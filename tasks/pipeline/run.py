@@ -70,6 +70,8 @@ class TrainOutcome(BaseModel):
     result: TrainResult | None = None
     failure: TrainFailure | None = None
     evaluations: list[EvalSummary] = []
+    evaluation_failures: list[EvalFailure] = []
+    """Committed steps whose in-flow evaluation failed, with the cause."""
 
 
 class Attempt(BaseModel):
@@ -154,12 +156,19 @@ def placed_on(run: Run, alloc: Allocation, log_offset: int, at_s: float) -> Run:
 def trained(run: Run, outcome: TrainOutcome, at_s: float) -> Run:
     """Training ended: with a result the run is trained; with a failure it goes to recovery."""
     if outcome.failure is not None:
-        return run.to(Stage.RECOVERING, at_s, pending_failure=outcome.failure,
-                      evaluations=_merge(run.evaluations, outcome.evaluations))
+        return run.to(Stage.RECOVERING, at_s, pending_failure=outcome.failure, **_evaluated(run, outcome))
     if outcome.result is None:
         raise TransitionError(f"{run.job}: training ended with neither a result nor a failure")
-    return run.to(Stage.TRAINED, at_s, result=outcome.result, pending_failure=None,
-                  evaluations=_merge(run.evaluations, outcome.evaluations))
+    return run.to(Stage.TRAINED, at_s, result=outcome.result, pending_failure=None, **_evaluated(run, outcome))
+
+
+def _evaluated(run: Run, outcome: TrainOutcome) -> dict[str, list]:
+    """The run's in-flow evaluations after an attempt: scores merged by step; a failure only for a step that no
+    attempt scored (a resumed attempt may score a step an earlier one could not)."""
+    evals = _merge(run.evaluations, outcome.evaluations)
+    ok = {e.step for e in evals}
+    failed = {f.step: f for f in run.evaluation_failures} | {f.step: f for f in outcome.evaluation_failures}
+    return {"evaluations": evals, "evaluation_failures": [failed[s] for s in sorted(failed) if s not in ok]}
 
 
 def _merge(old: list[EvalSummary], new: list[EvalSummary]) -> list[EvalSummary]:

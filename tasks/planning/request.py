@@ -24,6 +24,6 @@ class PlanRequest(BaseModel):
     each GPU's peak TFLOPS (compute), or balanced (the fastest among plans within 25% of the cheapest compute)."""
     margin: float = Field(0.05, ge=0, lt=0.5, json_schema_extra={"position": 3})
     """Fraction of each GPU's memory kept free, 0 up to 0.5."""
-    top: int = Field(10, ge=0, le=100_000, json_schema_extra={"position": 4})
-    """How many plans to return, best first; 0: all."""
+    top: int = Field(10, ge=1, le=100_000, json_schema_extra={"position": 4})
+    """How many plans to return, best first, 1 to 100,000 (a job has fewer plans than that: 100000 shows all)."""
 

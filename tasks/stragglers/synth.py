@@ -91,9 +91,11 @@ class SynthSpec(BaseModel):
         for what, x in (("slow_worker", self.slow_worker), ("slow_stage", self.slow_stage),
                         ("slow_link", self.slow_link)):
             if x is not None and x.stage >= self.pp:
-                raise ValueError(f"{what}.stage {x.stage} >= pp {self.pp}")
+                raise ValueError(f"--{what.replace('_', '-')} ({what}.stage): stage {x.stage} is out of range "
+                                 f"0..{self.pp - 1} for --pp {self.pp}; give a stage below pp")
         if self.slow_worker is not None and self.slow_worker.dp >= self.dp:
-            raise ValueError(f"slow_worker.dp {self.slow_worker.dp} >= dp {self.dp}")
+            raise ValueError(f"--slow-worker (slow_worker.dp): DP rank {self.slow_worker.dp} is out of range "
+                             f"0..{self.dp - 1} for --dp {self.dp}; give a rank below dp")
         ops = 2 * self.steps * self.dp * self.pp * self.vpp * self.microbatches
         if ops > MAX_COMPUTE_OPS:
             raise ValueError(f"{self.steps} steps x {self.dp} DP ranks x {self.pp * self.vpp} stages x "

@@ -97,9 +97,28 @@ def load_meta(path: Path) -> JobMeta:
         meta = JobMeta.model_validate(doc.data)
     except ValidationError as err:
         raise TraceError(validation_message(err, doc, str(path), "meta YAML")) from None
-    if not meta.world_size:
-        meta.world_size = meta.dp_size * meta.pp_size * meta.tp_size * meta.dsp_size
+    ranks = meta.dp_size * meta.pp_size * meta.tp_size * meta.dsp_size
+    if meta.world_size and meta.world_size != ranks:
+        raise TraceError(f"{path}: world_size {meta.world_size} is not dp_size x pp_size x tp_size x dsp_size = "
+                         f"{meta.dp_size} x {meta.pp_size} x {meta.tp_size} x {meta.dsp_size} = {ranks}; fix the "
+                         "meta YAML (or drop world_size: it is computed)")
+    meta.world_size = ranks
     return meta
+
+
+def check_layout(meta: JobMeta, cols: dict[str, np.ndarray], trace: Path, source: str) -> None:
+    """Refuse a meta whose layout is not the trace's: every DP rank and stage the meta names must be traced, and no
+    traced rank, stage or model chunk may lie outside it (an analysis against the wrong layout is a wrong answer)."""
+    for col, key, size in (("dp_rank", "dp_size", meta.dp_size), ("stage", "pp_size", meta.pp_size),
+                           ("mc", "vpp_size", meta.vpp_size)):
+        seen = np.unique(cols[col])
+        if not len(seen):
+            continue
+        outside, count = int(seen.min()) < 0 or int(seen.max()) >= size, len(seen)
+        if outside or (col != "mc" and count != size):
+            raise TraceError(f"{source}: {key} {size} does not match the trace {trace}, whose {col} values are "
+                             f"{int(seen.min())}..{int(seen.max())} ({count} distinct); give the job's own meta YAML "
+                             "with --meta, or fix it")
 
 
 def load_trace(path: str | Path, meta: str | Path | JobMeta | None = None) -> Trace:
@@ -118,8 +137,9 @@ def load_trace(path: str | Path, meta: str | Path | JobMeta | None = None) -> Tr
         regular_file(p, "trace parquet")
     except UserFileError as err:
         raise TraceError(str(err)) from None
+    source = "the meta given" if isinstance(meta, JobMeta) else str(Path(meta) if meta else find_meta(p))
     if not isinstance(meta, JobMeta):
-        meta = load_meta(Path(meta) if meta else find_meta(p))
+        meta = load_meta(Path(source))
     try:
         table = pq.read_table(p)
     except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
@@ -143,6 +163,7 @@ def load_trace(path: str | Path, meta: str | Path | JobMeta | None = None) -> Tr
             raise TraceError(f"column {name} of {p} has NaN or infinite values; drop those rows")
     if (cols["duration"] < 0).any():
         raise TraceError(f"{int((cols['duration'] < 0).sum())} ops of {p} have negative durations")
+    check_layout(meta, cols, p, source)
     return Trace(meta=meta, cols=cols, path=str(p))
 
 
@@ -180,8 +201,8 @@ def write_trace(path: str | Path, cols: dict[str, np.ndarray], meta: JobMeta, *,
     run = meta.run_id or meta.trial_name or "trace"
     meta_path, meta_text = p.parent / f"meta-{run}.yaml", yaml.safe_dump(meta.model_dump(), sort_keys=False)
     if not overwrite and meta_path.is_file() and meta_path.read_text(errors="replace") != meta_text:
-        raise OutputError(f"{meta_path} already describes another trace in {p.parent}; give another directory "
-                          "(or --overwrite to replace it)")
+        raise OutputError(f"cannot write {p}: {meta_path} already describes another trace in {p.parent}; give "
+                          "another directory (or --overwrite to replace it)")
     data = {}
     for name, dtype in COLUMNS.items():
         arr = np.asarray(cols[name])

@@ -160,7 +160,8 @@ def _tokenized_cache(spec: DataSpec, tok: Tokenizer) -> list[Path]:
     if not (out / "done.json").exists():
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        res = S.prepare(S.iter_documents(kind, [u for u, _ in urls], spec.text_field), tok, tmp)
+        res = S.prepare(S.iter_documents(kind, [u for u, _ in urls], spec.text_field), tok, tmp,
+                        source=f"data.path {spec.path}")
         (tmp / "done.json").write_text(json.dumps({"tokens": res.tokens, "documents": res.documents}))
         try:  # several ranks may tokenize at once: the first rename wins, the others drop their copy
             os.replace(tmp, out)

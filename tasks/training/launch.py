@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.errors import FrenzyError
-from tasks.jobspec import JobSpec, parse_job
+from tasks.jobspec import JobSpec, parse_job, tp_misfit
 from tasks.paths import resolve_job
 from tasks.training.progress import ProgressRecord, progress_record
 from tasks.training.writer import ORPHAN_GRACE_S
@@ -108,7 +108,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0 (its result.json).
 
     `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
-    nproc = _check(job, run_dir, nproc, tp, device, gpu_indices)
+    nproc = check_launch(job, run_dir, nproc, tp, device, gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
     job = resolve_job(job, Path.cwd(), run_dir)  # what the caller left relative is relative to here (idempotent)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
     return TrainerResult.model_validate(json.loads((run_dir / "result.json").read_text()))
 
 
-def _check(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str, gpu_indices: list[int] | None) -> int:
+def check_launch(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str, gpu_indices: list[int] | None) -> int:
     """The launch's arguments, checked before anything starts; returns the rank count (one per GPU given)."""
     if gpu_indices:
         if nproc not in (1, len(gpu_indices)):
@@ -155,6 +155,13 @@ def _check(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device: str,
         raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     if nproc < 1 or tp < 1 or nproc % tp:
         raise FrenzyError(f"nproc={nproc} and tp={tp}: both must be >= 1 and tp must divide nproc")
+    from tasks.training.storage import check_scheme
+
+    if job.training.checkpoint.uri:
+        check_scheme(job.training.checkpoint.uri)
+    misfit = tp_misfit(job, tp)
+    if misfit:  # before any rank starts: a rank would find it after seconds of start-up
+        raise FrenzyError(misfit)
     if device == "cuda":
         import torch
 
@@ -200,8 +207,8 @@ def _failure(returncode: int, log_path: Path) -> TrainFailed:
             lf.write(f"frenzy: trainer exited with signal {-returncode} ({signal.Signals(-returncode).name})\n")
     text = log_path.read_text(errors="replace")
     marked = [ln[len(_ERROR_MARK):] for ln in text.splitlines() if ln.startswith(_ERROR_MARK)]
-    if marked:
-        return TrainFailed(marked[-1], returncode, text[-4000:])
+    if marked:  # a rank's user error (its exit 2), which torchrun reports as its own exit 1
+        return TrainFailed(marked[-1], 2 if returncode > 0 else returncode, text[-4000:])
     tail = text[-4000:]
     return TrainFailed(f"trainer exited with code {returncode}; log: {log_path}\n{tail[-1500:]}", returncode, tail)
 

@@ -19,11 +19,12 @@ MARKER = "prepared.json"
 
 
 def prepare_dir(documents: Iterator[str], tokenizer: object, out: str | Path, meta: dict, shard_tokens: int,
-                overwrite: bool = False, progress: Callable[[int, int], None] | None = None) -> S.Prepared:
+                overwrite: bool = False, progress: Callable[[int, int], None] | None = None,
+                source: str = "the corpus") -> S.Prepared:
     """Tokenize into a temp directory, write the marker last, then rename it onto `out` (one writer at a time)."""
     out = Path(out).expanduser().absolute()
     with atomic_dir(out, "data prepare", overwrite=overwrite) as tmp:
-        res = S.prepare(documents, tokenizer, tmp, shard_tokens=shard_tokens, progress=progress)
+        res = S.prepare(documents, tokenizer, tmp, shard_tokens=shard_tokens, progress=progress, source=source)
         counts = {Path(p).name: len(S.read_shard(Path(p))) for p in res.shards}
         res.out_dir, res.shards = str(out), [str(out / Path(p).name) for p in res.shards]
         doc = {**res.__dict__, **meta, "shard_tokens": counts}

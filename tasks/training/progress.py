@@ -41,8 +41,8 @@ class StepProgress(ProgressRecord):
 
 
 class CommitProgress(ProgressRecord):
-    """`checkpoint`: a checkpoint committed; the fields of tasks/training/checkpoint.py's CheckpointRecord, repeated
-    because this module is the launcher's and imports no torch (tests/test_trainer_parts.py keeps them the same)."""
+    """`checkpoint`: a checkpoint committed; the fields of CheckpointRecord (tasks/training/checkpoint/manifest.py),
+    repeated because this module is the launcher's and imports no torch (tests/test_trainer_parts.py keeps them the same)."""
 
     event: Literal["checkpoint"]
     step: int

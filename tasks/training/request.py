@@ -4,10 +4,11 @@ and a notebook share these."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
@@ -84,6 +85,12 @@ class TrainResult(BaseModel):
     """What the spike guard did: spikes seen, rollbacks, updates and samples skipped (this invocation)."""
     stragglers: StragglerReport | None = None
     """The straggler analysis of the run's traces (a StragglerReport) when train_flow ran it."""
+
+    @field_validator("last_loss", mode="before")
+    @classmethod
+    def _nan_from_json(cls, v: object) -> object:
+        """A NaN last loss (no step ran) is written to JSON as null: read back as NaN."""
+        return math.nan if v is None else v
 
 
 class NodeRanks(BaseModel):

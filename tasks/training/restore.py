@@ -89,16 +89,18 @@ class Restorer:
         if opts.from_scratch:
             self._start_over(opts)
             return None
-        existing = ck.committed(storage)
-        if existing and not opts.resume:
-            raise ck.CheckpointError(f"{storage.uri} already holds checkpoints (newest step {existing[0].step}); "
-                                     "pass --resume to continue from them or choose another checkpoint.uri")
+        existing, broken = ck.survey(storage)  # a manifest that cannot be read is never "no checkpoint"
+        if (existing or broken) and not opts.resume:
+            newest = f"newest step {existing[0].step}" if existing else f"unreadable: {broken[0]}"
+            raise ck.CheckpointError(f"{storage.uri} already holds checkpoints ({newest}); pass --resume to continue "
+                                     "from them or choose another checkpoint.uri")
         if opts.resume:
             m = self.newest_valid()
-            if m is None and existing:
+            if m is None and (existing or broken):
+                why = f"newest step {existing[0].step}" if existing else f"{len(broken)} manifest(s) unreadable: {broken[0]}"
                 raise ck.CheckpointError(
-                    f"none of the {len(existing)} committed checkpoints under {storage.uri} verifies (newest step "
-                    f"{existing[0].step}); refusing to start over from step 0. Inspect them with `frenzy checkpoints "
+                    f"none of the {len(existing) + len(broken)} committed checkpoints under {storage.uri} verifies "
+                    f"({why}); refusing to start over from step 0. Inspect them with `frenzy checkpoints "
                     f"{storage.uri} --verify`, or pass --from-scratch --discard-checkpoints to delete them and train "
                     "from step 0 (or --from-scratch with another --checkpoint-uri to keep them)")
             if m is not None:

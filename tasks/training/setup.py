@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tasks.jobspec import JobSpec, JobSpecError
+from tasks.jobspec import JobSpec, JobSpecError, tp_misfit
 from tasks.training import data as D
 from tasks.training.model import GPT
 from tasks.training.storage import Storage
@@ -184,9 +184,9 @@ def _tensor_parallel(model: torch.nn.Module, job: JobSpec, tp: int, mesh: Any) -
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     spec = job.model
-    for what, n in (("heads", spec.heads), ("kv_heads", spec.n_kv_heads), ("ffn", spec.ffn)):
-        if n % tp:
-            raise JobSpecError(f"tp={tp} does not divide the model's {what}={n}; choose a tp that does")
+    misfit = tp_misfit(job, tp)
+    if misfit:
+        raise JobSpecError(misfit)
     plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "proj": RowwiseParallel(),
             "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
     if spec.mlp == "swiglu":

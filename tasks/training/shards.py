@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.errors import FrenzyError
-from tasks.userfiles import UserFileError, path_kind, regular_file
+from tasks.userfiles import DuplicateKey, UserFileError, looks_binary, no_duplicate_keys, path_kind, regular_file
 
 HEADER_INTS = 256
 _FORMATS = {np.dtype(np.uint16): (20240520, 1), np.dtype(np.uint32): (20240801, 7)}
@@ -185,10 +185,12 @@ def _jsonl(url: str, text_field: str) -> Iterator[str]:
                                      "the file as UTF-8") from None
                 if not line.strip():
                     continue
-                try:  # lenient about the other fields (a NaN score beside the text is common in corpora)
-                    row = json.loads(line)
+                try:  # lenient about NaN in other fields (a NaN score beside the text is common in corpora)
+                    row = json.loads(line, object_pairs_hook=no_duplicate_keys)
                 except json.JSONDecodeError as err:
                     raise ShardError(f"{url}:{n}: not JSON ({err}); fix the line or remove it") from None
+                except DuplicateKey as err:  # which one is the document? refused, never guessed
+                    raise ShardError(f"{url}:{n}: {err} in one object; keep one of them") from None
                 except RecursionError:
                     raise ShardError(f"{url}:{n}: JSON nested too deeply to be a document; fix the line or remove "
                                      "it") from None
@@ -238,11 +240,15 @@ def iter_documents(source: str, urls: list[str], text_field: str = "text") -> It
 
     for url in urls:
         if source == "text":
-            with fsspec.open(url, "rt", encoding="utf-8", errors="replace", compression="infer") as fh:
+            with fsspec.open(url, "rb", compression="infer") as fh:
                 try:
-                    yield fh.read()
+                    data = fh.read()
                 except (OSError, EOFError) as err:
                     raise ShardError(f"{url}: cannot be read ({err}); a .gz file must be complete gzip") from None
+            if looks_binary(data[:1 << 16]):
+                raise ShardError(f"{url} looks binary (NUL or control bytes), not text; give text files, or --format "
+                                 "for a jsonl or parquet corpus")
+            yield data.decode("utf-8", errors="replace")
         elif source == "jsonl":
             yield from _jsonl(url, text_field)
         elif source == "parquet":
@@ -277,9 +283,11 @@ class Prepared:
 
 
 def prepare(documents: Iterator[str], tokenizer: object, out_dir: Path, shard_tokens: int = 100_000_000,
-            progress: Callable[[int, int], None] | None = None, batch_docs: int = 256) -> Prepared:
+            progress: Callable[[int, int], None] | None = None, batch_docs: int = 256,
+            source: str = "the corpus") -> Prepared:
     """Tokenize `documents` (end-of-text between them, or a newline for tokenizers without one) into shards
-    `out_dir/shard_NNNNNN.bin` of at most `shard_tokens` tokens; `progress(documents, tokens)` after each batch."""
+    `out_dir/shard_NNNNNN.bin` of at most `shard_tokens` tokens; `progress(documents, tokens)` after each batch;
+    `source` names the input in errors."""
     from tasks.training.tokenizer import token_dtype
 
     t0 = time.perf_counter()
@@ -323,9 +331,7 @@ def prepare(documents: Iterator[str], tokenizer: object, out_dir: Path, shard_to
         if progress:
             progress(docs, total)
 
-    for doc in documents:
-        if not doc:  # an empty file or row is no document: it adds no end-of-text token
-            continue
+    for doc in (d for d in documents if d):  # an empty file or row is no document: it adds no end-of-text token
         batch.append(doc)
         if len(batch) >= batch_docs:
             run_batch()
@@ -333,6 +339,6 @@ def prepare(documents: Iterator[str], tokenizer: object, out_dir: Path, shard_to
         run_batch()
     flush()
     if not shards:
-        raise ShardError("the corpus has no text to tokenize (every file or row is empty); give files with text")
+        raise ShardError(f"{source}: no text to tokenize (every file or row is empty); give files with text")
     return Prepared(out_dir=str(out_dir), shards=shards, tokens=total, documents=docs, bytes=nbytes,
                     seconds=time.perf_counter() - t0, dtype=str(dtype))

@@ -79,6 +79,18 @@ SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "memory")
 """Object-store schemes accepted besides local paths (fsspec implementations)."""
 
 
+def check_scheme(uri: str) -> str:
+    """The storage scheme of a checkpoint URI (`file` for a plain path), or refused naming the ones offered; checked
+    by the launcher before anything is made."""
+    if "://" not in uri:
+        return "file"
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme != "file" and scheme not in SCHEMES:
+        raise StorageError(f"{uri}: unsupported storage scheme {scheme}://; checkpoints go to file://DIR, "
+                           "a plain path, or s3://BUCKET/PREFIX (also gs://, az:// with their fsspec package)")
+    return scheme
+
+
 class Storage:
     """A checkpoint root: keys are '/'-separated paths below it."""
 
@@ -100,10 +112,7 @@ class Storage:
         else:
             import fsspec
 
-            scheme = uri.split("://", 1)[0].lower()
-            if scheme not in SCHEMES:
-                raise StorageError(f"{uri}: unsupported storage scheme {scheme}://; checkpoints go to file://DIR, "
-                                   "a plain path, or s3://BUCKET/PREFIX (also gs://, az:// with their fsspec package)")
+            scheme = check_scheme(uri)
             try:
                 self.fs, self.root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
             except ImportError as err:  # gs:// without gcsfs, az:// without adlfs
@@ -272,11 +281,12 @@ class Storage:
         return kind
 
     def list_dirs(self) -> list[str]:
-        """Names of the immediate sub-directories of the root (empty if the root does not exist)."""
+        """Names of the immediate sub-directories of the root (empty if the root does not exist), and of links
+        that do not lead to one (a symlink loop, a dangling link): listed, so a reader names their problem."""
         if self.local is not None:
             if self.local_root() == "missing":
                 return []
-            return sorted(p.name for p in self.local.iterdir() if p.is_dir())
+            return sorted(p.name for p in self.local.iterdir() if p.is_dir() or p.is_symlink())
 
         def once() -> list[str]:
             try:

@@ -15,7 +15,7 @@ import numpy as np
 
 from tasks.errors import FrenzyError
 from tasks.outdir import atomic_file
-from tasks.userfiles import LIMITS, UserFileError, json_loads, load_json, path_kind, read_bytes
+from tasks.userfiles import LIMITS, UserFileError, json_loads, load_json, looks_binary, path_kind, read_bytes
 
 #: Names models use for their end-of-text token, in the order they are tried when the directory does not say.
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>", "<|eot_id|>")
@@ -154,6 +154,10 @@ def _text_files(inputs: list[str]) -> list[Path]:
             raise TokenizerError(f"{p} does not exist")
     if not files:
         raise TokenizerError(f"no files under {', '.join(inputs)}")
+    for f in files:  # before the training: a binary file would teach it merges of noise
+        with f.open("rb") as fh:
+            if looks_binary(fh.read(1 << 16)):
+                raise TokenizerError(f"{f} looks binary (NUL or control bytes), not text; give text files")
     if not any(f.stat().st_size for f in files):
         raise TokenizerError(f"every file under {', '.join(inputs)} is empty; a tokenizer needs text to learn from")
     return files
@@ -211,6 +215,8 @@ def train_bpe(inputs: list[str], out: str | Path, vocab_size: int = 8192, min_fr
                                   special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_lines(files, progress), trainer=trainer)
-    atomic_file(dest, tok.to_str().encode(), "tokenizer train", overwrite=overwrite)
+    # `--out DIR` names a directory for tokenizer.json: made, as a directory output is; a file's directory must exist
+    named_dir = dest.parent == Path(out).expanduser() and dest.parent.parent.is_dir()
+    atomic_file(dest, tok.to_str().encode(), "tokenizer train", overwrite=overwrite, make_parent=named_dir)
     return TrainedTokenizer(path=str(dest), vocab_size=tok.get_vocab_size(with_added_tokens=True), files=len(files),
                             bytes=sum(f.stat().st_size for f in files), seconds=time.perf_counter() - t0)

@@ -1,4 +1,5 @@
-"""Asynchronous checkpointing (Acme section 6.1): snapshot into preallocated CPU buffers, persist in the background.
+"""The threaded background writer: `AsyncCheckpointer` snapshots into preallocated CPU buffers, persists in the
+background and commits the step.
 
 The training loop blocks only for `AsyncCheckpointer.save()`: a copy of every tensor into one flat CPU buffer
 (pinned when the tensors live on a GPU). A background thread streams that buffer to storage while hashing
@@ -17,191 +18,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
 
 import torch
-from pydantic import BaseModel, Field
 
-from tasks.errors import FrenzyError
-from tasks.jobspec import NAME_PATTERN
-from tasks.training.pinning import PAGE, PIN_CHUNK, CudaPinner, Pinner, PinState, page_up
-from tasks.training.storage import AlreadyExists, NotAFile, Storage
-from tasks.userfiles import json_loads
+from tasks.training.checkpoint.manifest import CheckpointError, CheckpointRecord, Manifest, ShardRecord, step_dir
+from tasks.training.checkpoint.retention import apply_retention
+from tasks.training.checkpoint.snapshot import SnapshotBuffer, snapshot_buffers
+from tasks.training.pinning import PIN_CHUNK, CudaPinner, Pinner
+from tasks.training.storage import AlreadyExists, Storage
 
 log = logging.getLogger("frenzy.checkpoint")
-_ALIGN = 64
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-
-
-class CheckpointError(FrenzyError, RuntimeError):
-    """A checkpoint that cannot be used (missing, corrupt, or from another job/layout); names the fix."""
-
-
-class CheckpointMismatch(CheckpointError):
-    """A valid checkpoint of another job (corpus, model shape, batch or layout differ): never loaded."""
-
-
-class TensorEntry(BaseModel):
-    name: str
-    dtype: str
-    shape: list[Annotated[int, Field(ge=0)]]
-    offset: int = Field(ge=0)
-    nbytes: int = Field(ge=0)
-    global_shape: list[int] | None = None
-    """For a shard of a distributed tensor: the full shape (the shard is `shape` at `global_offset`)."""
-    global_offset: list[int] | None = None
-
-
-class ShardRecord(BaseModel):
-    """One rank's file of a checkpoint."""
-
-    rank: int = Field(ge=0)
-    key: str
-    bytes: int = Field(ge=0, le=1 << 44)
-    """At most 16 TiB: a record claiming more was altered (reading it would allocate that much first)."""
-    sha256: str
-    tensors: list[TensorEntry]
-    extra: dict = Field(default_factory=dict)
-
-
-class Manifest(BaseModel):
-    """The commit record of one checkpoint step; written last, create-only."""
-
-    version: int = 1
-    step: int
-    run: str = Field(pattern=NAME_PATTERN)
-    """The job name: evaluation writes under evals/<run>/, so it must be a name, not a path."""
-    created: str
-    world_size: int
-    layout: dict
-    cursor: dict
-    """Data cursor: samples consumed and the skipped (spike) ranges."""
-    loss: dict
-    """Loss statistics at the snapshot: last loss, rolling mean/std, grad norm."""
-    healthy: bool
-    """No loss spike was flagged in the steps before this snapshot."""
-    trainer: dict
-    """Scheduler, scaler, spike-detector and other small state."""
-    fingerprint: dict
-    """What must match to resume: corpus sha256, model shape, batch."""
-    shards: list[ShardRecord]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
-
-
-class CheckpointRecord(BaseModel):
-    """What the trainer reports per committed checkpoint."""
-
-    step: int
-    uri: str
-    blocked_s: float
-    """Seconds the training loop lost to this save: `wait_s` plus `drag_s`."""
-    wait_s: float = 0.0
-    """Seconds the loop waited inside the checkpointer: the snapshot's launch (a copy that is not staged, a
-    snapshot buffer still being made) and the barrier before the next optimizer step."""
-    drag_s: float = 0.0
-    """The rest of what the steps after the save lost (their time beyond the running median of clean steps, less
-    `wait_s`): on a GPU, the staged device-to-host copy competing with the next forward and backward. Measured by
-    the loop (`CheckpointSchedule`); 0 where no step follows (the final save)."""
-    persist_s: float
-    """Seconds the background persist took (write, hash, fsync, commit)."""
-    bytes: int
-    deferred_steps: int = 0
-    """Steps this checkpoint came after it was due, because every snapshot buffer was still persisting."""
-
-
-def step_dir(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-class SnapshotBuffer:
-    """One flat, preallocated CPU byte buffer with a typed view per tensor. Its alignment padding is zeroed, so it
-    is the same in every checkpoint (no heap bytes in files; identical runs give identical checksums).
-
-    The memory is pageable when made; `pin` (a `PinState`) registers it for DMA range by range afterwards
-    (pinning.py). The layout starts a new page-aligned range after every `PIN_CHUNK` bytes of whole tensors, the
-    same with or without pinning, so a copy into one tensor never spans two registrations."""
-
-    def __init__(self, tensors: list[tuple[str, torch.Tensor]], chunk: int = PIN_CHUNK) -> None:
-        self.signature = [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
-        self.entries: list[TensorEntry] = []
-        ranges: list[tuple[int, int]] = []
-        off = start = 0
-        for name, t in tensors:
-            if off - start >= chunk:
-                off = page_up(off)
-                ranges.append((start, off))
-                start = off
-            nbytes = t.numel() * t.element_size()
-            self.entries.append(TensorEntry(name=name, dtype=str(t.dtype).removeprefix("torch."),
-                                            shape=list(t.shape), offset=off, nbytes=nbytes))
-            off += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-        self.nbytes = off
-        if off > start:
-            ranges.append((start, page_up(off)))
-        # page-aligned start, whole pages: ranges can be registered without sharing a page
-        self._raw = torch.empty(page_up(off) + PAGE, dtype=torch.uint8)
-        shift = -self._raw.data_ptr() % PAGE
-        self._region = self._raw[shift:shift + page_up(off)]
-        self.flat = self._region[:off]
-        # only the padding needs zeroing (the tensors overwrite the rest): zero-filling the whole buffer would
-        # touch every page now, competing with the training steps for memory bandwidth
-        ends = [e.offset for e in self.entries[1:]] + [off]
-        for e, nxt in zip(self.entries, ends, strict=True):
-            if nxt > e.offset + e.nbytes:
-                self.flat[e.offset + e.nbytes:nxt].zero_()
-        self.views = [self.flat[e.offset:e.offset + e.nbytes].view(t.dtype).view(t.shape) for e, (_, t) in
-                      zip(self.entries, tensors, strict=True)]
-        self.pin = PinState(self, self._region.data_ptr(), ranges)
-
-    def prefault(self, page: int = PAGE) -> None:
-        """Touch every page now (one byte each), so neither the first snapshot nor the registration faults them
-        in: a fault per 4 KiB cost 2.2-2.7 s per GB on the benchmark machine's first copy, and inside
-        `cudaHostRegister` it would lengthen the driver lock. Done by the background allocation."""
-        if self._region.numel():
-            self._region[::page].zero_()
-
-    def matches(self, tensors: list[tuple[str, torch.Tensor]]) -> bool:
-        return self.signature == [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
-
-    def copy_from(self, tensors: list[tuple[str, torch.Tensor]], sync: bool = True) -> None:
-        on_gpu = False
-        for v, (_, t) in zip(self.views, tensors, strict=True):
-            on_gpu |= t.device.type == "cuda"
-            v.copy_(t.detach(), non_blocking=t.device.type == "cuda")
-        if on_gpu and sync:
-            torch.cuda.synchronize()
-
-    def chunks(self, size: int = 16 << 20) -> Iterator[memoryview]:
-        mv = memoryview(self.flat.numpy())
-        for i in range(0, self.nbytes, size):
-            yield mv[i:i + size]
-
-
-def snapshot_buffers(nbytes: int, ranks_on_host: int = 1, memory: tuple[int, int] | None = None) -> int:
-    """How many snapshot buffers to use: 2 (a save never waits for the previous persist) when every rank on this
-    host can hold a second copy and still leave max(4 GiB, 15%) of RAM available, else 1 (a save that comes due
-    during a persist is deferred). `FRENZY_SNAPSHOT_BUFFERS=1|2` decides instead. `memory` is (available, total)
-    bytes; None reads this host's."""
-    forced = os.environ.get("FRENZY_SNAPSHOT_BUFFERS")
-    if forced:
-        return max(1, min(2, int(forced)))
-    if memory is None:
-        try:
-            page = os.sysconf("SC_PAGE_SIZE")
-            memory = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
-        except (ValueError, OSError):
-            return 1
-    avail, total = memory
-    # the first buffer is part of what is "available" now too: count both copies of every rank
-    return 2 if avail - 2 * nbytes * ranks_on_host > max(4 << 30, 0.15 * total) else 1
 
 
 class _Job:
@@ -414,11 +244,7 @@ class AsyncCheckpointer:
         err, self._stage_error = self._stage_error, None
         if err is not None:
             with self._lock:
-                self._free.append(job.buf)
-                self._jobs.pop(job.step, None)
-                self._inflight -= 1
-                if not self._inflight:
-                    self.persisting.clear()
+                self._release_locked(job)
                 self._error = (job.step, err)
                 self._raise_error_locked()
             return waited
@@ -434,6 +260,14 @@ class AsyncCheckpointer:
                 self._worker = threading.Thread(target=self._run, daemon=True, name="frenzy-persist")
                 self._worker.start()
             self._lock.notify_all()
+
+    def _release_locked(self, job: _Job) -> None:
+        """A save's buffer back to the free list (the caller holds the lock); the last one out clears `persisting`."""
+        self._free.append(job.buf)
+        self._jobs.pop(job.step, None)
+        self._inflight -= 1
+        if not self._inflight:
+            self.persisting.clear()
 
     def busy(self) -> bool:
         """True while a save would find no free buffer."""
@@ -505,11 +339,7 @@ class AsyncCheckpointer:
                     self._error = (job.step, err)
             finally:
                 with self._lock:
-                    self._free.append(job.buf)
-                    self._jobs.pop(job.step, None)
-                    self._inflight -= 1
-                    if not self._inflight:
-                        self.persisting.clear()
+                    self._release_locked(job)
                     self._lock.notify_all()
 
     def _persist(self, job: _Job) -> None:
@@ -574,133 +404,3 @@ def _fault_delay(step: int) -> None:
         from_step, seconds = spec.split(":")
         if step >= int(from_step):
             time.sleep(float(seconds))
-
-
-# reading ------------------------------------------------------------------------------------------------
-def list_steps(storage: Storage) -> list[int]:
-    """Steps with a directory (committed or not), newest first."""
-    return sorted((int(m.group(1)) for n in storage.list_dirs() if (m := _STEP_DIR.match(n))), reverse=True)
-
-
-def read_manifest(storage: Storage, step: int) -> Manifest | None:
-    """The step's manifest; None when it has none (never committed). A manifest that cannot be parsed, or names
-    another step, raises `CheckpointError` naming the file."""
-    key = f"{step_dir(step)}/manifest.json"
-    try:
-        m = Manifest.model_validate(json_loads(storage.read(key), storage.url(key)))
-    except FileNotFoundError:
-        return None
-    except NotAFile as err:
-        raise CheckpointError(f"{err}; the step is skipped") from None
-    except ValueError as err:  # strict JSON (UserFileError) or pydantic's ValidationError: both ValueErrors
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(f"{storage.url(key)} is not a valid manifest ({first}); the step is skipped") from None
-    if m.step != step:
-        raise CheckpointError(f"{storage.url(key)} names step {m.step}, not {step}; the step is skipped")
-    shard_key = re.compile(re.escape(step_dir(step)) + r"/rank\d{5}\.bin")
-    for sh in m.shards:
-        if not shard_key.fullmatch(sh.key):  # `../../x`, an absolute path, another step's file: never followed
-            raise CheckpointError(f"{storage.url(key)}: shard key {sh.key!r} is not a file of this step "
-                                  f"({step_dir(step)}/rankNNNNN.bin); the manifest was altered, the step is skipped")
-    return m
-
-
-def committed(storage: Storage) -> list[Manifest]:
-    """Manifests of every committed step, newest first; an unreadable manifest is logged by name and skipped."""
-    out = []
-    for s in list_steps(storage):
-        try:
-            m = read_manifest(storage, s)
-        except CheckpointError as err:
-            log.warning("%s", err)
-            continue
-        if m is not None:
-            out.append(m)
-    return out
-
-
-def read_shard(storage: Storage, shard: ShardRecord) -> dict[str, torch.Tensor]:
-    """Read one shard, verifying its size and sha256; raises `CheckpointError` on any mismatch."""
-    try:
-        size = storage.size(shard.key)
-        if size != shard.bytes:  # before allocating what the record claims
-            raise EOFError(f"the file is {size:,} bytes; the manifest says {shard.bytes:,} (truncated or extended)")
-        flat = torch.empty(shard.bytes, dtype=torch.uint8)
-        sha = storage.read_into(shard.key, memoryview(flat.numpy()))
-    except (EOFError, FileNotFoundError, NotAFile) as err:
-        raise CheckpointError(f"{storage.url(shard.key)}: {err}") from None
-    if sha != shard.sha256:
-        raise CheckpointError(f"{storage.url(shard.key)}: sha256 {sha[:12]}... does not match the manifest's "
-                              f"{shard.sha256[:12]}... (corrupted)")
-    out = {}
-    for e in shard.tensors:
-        try:
-            if e.offset < 0 or e.offset + e.nbytes > shard.bytes:
-                raise ValueError(f"bytes {e.offset}..{e.offset + e.nbytes} lie outside the shard")
-            out[e.name] = flat[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape)
-        except (RuntimeError, ValueError, AttributeError, TypeError) as err:
-            raise CheckpointError(f"{storage.url(shard.key)}: tensor {e.name} does not match its record "
-                                  f"(dtype {e.dtype}, shape {e.shape}): {err}") from None
-    return out
-
-
-def read_full(storage: Storage, manifest: Manifest, prefix: str = "model.") -> dict[str, torch.Tensor]:
-    """Whole tensors whose names start with `prefix` (prefix removed), assembled from every rank's shards.
-
-    Evaluation loads models this way whatever layout trained them (one rank, DDP, FSDP2)."""
-    out: dict[str, torch.Tensor] = {}
-    for shard in manifest.shards:
-        entries = {e.name: e for e in shard.tensors if e.name.startswith(prefix)}
-        if not entries:
-            continue
-        tensors = read_shard(storage, shard)
-        for name, e in entries.items():
-            key = name[len(prefix):]
-            t = tensors[name]
-            if e.global_shape is None:
-                out[key] = t
-                continue
-            full = out.setdefault(key, torch.empty(e.global_shape, dtype=t.dtype))
-            idx = tuple(slice(o, o + n) for o, n in zip(e.global_offset, e.shape, strict=True))
-            full[idx] = t
-    return out
-
-
-def verify(storage: Storage, manifest: Manifest) -> None:
-    for s in manifest.shards:
-        read_shard(storage, s)
-
-
-def apply_retention(storage: Storage, keep: int) -> list[int]:
-    """Keep the newest `keep` committed steps plus the newest healthy one; drop the rest and stale partials.
-
-    Returns the removed steps. Manifests go first so a half-finished removal never leaves a committed step
-    with missing shards.
-    """
-    steps = list_steps(storage)
-    manifests = {s: m for s in steps if (m := read_manifest(storage, s)) is not None}
-    if not manifests:
-        return []
-    newest = max(manifests)
-    keep_set = set(sorted(manifests, reverse=True)[:keep])
-    healthy = [s for s in sorted(manifests, reverse=True) if manifests[s].healthy]
-    if healthy and not keep_set & set(healthy):
-        keep_set.add(healthy[0])
-    removed = []
-    for s in steps:
-        if s in keep_set or (s not in manifests and s > newest):
-            continue  # uncommitted and newer than every commit: possibly a persist in flight elsewhere
-        if s in manifests:
-            storage.delete(f"{step_dir(s)}/manifest.json")
-        storage.remove_dir(step_dir(s))
-        removed.append(s)
-    return removed
-
-
-def discard_after(storage: Storage, step: int) -> list[int]:
-    """Remove every step directory newer than `step` (a resume or rollback abandons that timeline)."""
-    removed = [s for s in list_steps(storage) if s > step]
-    for s in removed:
-        storage.delete(f"{step_dir(s)}/manifest.json")
-        storage.remove_dir(step_dir(s))
-    return removed

@@ -1,0 +1,145 @@
+"""Cause chains: where one error line wraps another, which line states the cause (issue 45, family 1 and 4).
+
+A failed run's log often holds a wrapper and, beneath or above it, the line that says what went wrong:
+
+- NCCL's `Last error:` (the line after it, or the rest of its line, is the cause of the `NCCL error in: ...` /
+  `ncclSystemError: ...` lines above it); `Caused by:` and transformers' `because of the following error` likewise;
+- Python's `The above exception was the direct cause of the following exception:` (the exception above the marker
+  caused the one below it);
+- an exception re-raised from another process: torch's `Original Traceback` (a DataLoader worker, a replica),
+  `-- Process N terminated with the following error:` (torch.multiprocessing), Ray's `RayTaskError(...)`: the
+  wrapper line is above, the cause is the exception that ends the traceback below it;
+- an exception whose message ends in a colon (`Error(s) in loading state_dict for Model:`): the detail line after it
+  (`size mismatch for ...`) is the cause, where a rule names it;
+- an exception class with its message on the next line (a paste that moved a line end, a debugger's banner): the
+  next line is the cause;
+- inside one line: `Original reason for failure was:`, `terminated with exception:`, `what():`: the text after the
+  marker is the cause (`segments`).
+
+`links(kept)` maps each wrapper line (an index into the kept lines) to the line that states its cause; the
+diagnosis follows the links to the innermost cause, which takes the wrapper's place and standing. Lines are paired
+within one rank: merged multi-rank logs interleave, and a `[rankN]:` prefix says whose line it is (a wrapper with no
+prefix, a launcher's line, pairs with any rank's marker below it). Python's
+`During handling of the above exception` is not a link: there the first error is often one the code expected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Protocol
+
+RANK = [re.compile(p) for p in (
+    r"\[(?:rank|Rank)\s*(\d+)\]", r"\[default(\d+)\]", r"\[(?:PG [^\]]*?)?Rank (\d+)\]", r"\brank\s*[:=]?\s*(\d+)\b",
+    r"\(local_rank: (\d+)\)")]
+_PREFIX = re.compile(r"^\s*(?:\[(?:rank|Rank|default)\s*(\d+)\]:?|\((?:pid=\d+|\w+ pid=\d+)[^)]*\)|\d+:)")
+"""The per-process prefix a launcher puts on a line: torchrun's `[rankN]:`, Ray's `(pid=N)`, `N:` of srun -l."""
+EXCEPTION = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*|\([^)]*pid=\d+[^)]*\)\s*|\d+:\s*)?(?:[A-Za-z_][\w]*\.)*"
+                       r"[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?:\([\w.]*\))?(?::|\s*$)")
+"""A Python exception line as the interpreter prints it: a (module-qualified) class name ending in Error,
+Exception, ..., at the start of the line (after a launcher's prefix), then a colon or nothing."""
+NEXT_LINE = re.compile(r"(?:Last error:|because of the following error[^:]*:|Caused by:)\s*$")
+"""A marker whose cause is the next line: NCCL's `Last error:`, transformers' lazy-import error, `Caused by:`."""
+_SAME_LINE = re.compile(r"(?:Last error:|Caused by:)\s*(\S.*)$")
+_DIRECT = re.compile(r"The above exception was the direct cause of the following exception")
+_REMOTE = re.compile(r"Original Traceback \(most recent call last\)|-- Process \d+ terminated with the following "
+                     r"error|RemoteTraceback|\bRayTaskError\b|\bRaySystemError\b: System error: ")
+"""A traceback re-raised from another process: the cause is the exception that ends it."""
+_DETAIL = re.compile(r":\s*$")
+"""An exception whose message ends in a colon: its details follow on the next lines (the first names the cause)."""
+_MESSAGE_BELOW = re.compile(r"(?:^|\s)(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):?\s*$|"
+                            r"(?:Exception has occurred|发生异常): *[A-Z]\w*")
+"""An exception class whose message is on the next line: a pasted log that lost a line end after `IndexError:`, a
+debugger's banner (VS Code's `Exception has occurred: OutOfMemoryError`, in English or Chinese)."""
+INLINE = re.compile(r"Original reason for failure was:|terminated with exception:|\bwhat\(\):|Caused by:|"
+                    r"because of the following error[^:]*:|Last error:")
+"""In-line chain markers: the text after the last one is the innermost cause."""
+WINDOW = 6
+"""How far (in log lines) a wrapper may be from its marker, and a marker from the cause it announces."""
+
+
+class Line(Protocol):
+    line_no: int
+    text: str
+
+
+def rank_of(text: str) -> int | None:
+    for p in RANK:
+        m = p.search(text)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _who(text: str) -> str | None:
+    """The process a line belongs to, from its launcher prefix (None: no prefix)."""
+    m = _PREFIX.match(text)
+    return m.group(0).strip() if m else None
+
+
+def segments(text: str) -> list[str]:
+    """A line cut at its in-line chain markers, innermost (the last) first; one segment when there is none."""
+    parts = INLINE.split(text)
+    return [p for p in reversed(parts) if p.strip()] or [text]
+
+
+def _after(kept: Sequence[Line], i: int, limit: int, want) -> int | None:
+    """The first kept line after i, of i's process and within `limit` log lines, for which `want(j)` holds."""
+    who, start = _who(kept[i].text), kept[i].line_no
+    for j in range(i + 1, len(kept)):
+        if kept[j].line_no - start > limit:
+            return None
+        if _who(kept[j].text) == who and want(j):
+            return j
+    return None
+
+
+def _before(kept: Sequence[Line], i: int, limit: int, want) -> list[int]:
+    """The kept lines before i (nearest first), of i's process and within `limit` log lines, for which `want(j)`
+    holds."""
+    who, start, out = _who(kept[i].text), kept[i].line_no, []
+    for j in range(i - 1, -1, -1):
+        if start - kept[j].line_no > limit:
+            break
+        if _who(kept[j].text) in (who, None) and want(j):  # a line with no prefix: the launcher's, any process's
+            out.append(j)
+    return out
+
+
+def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
+    """Wrapper line -> the line that states its cause, as indices into `kept`; `found` holds the indices of the lines
+    a rule names (the wrappers and causes worth linking)."""
+    out: dict[int, int] = {}
+    is_exc = [bool(EXCEPTION.match(k.text)) for k in kept]
+    for i, k in enumerate(kept):
+        text = k.text
+        if NEXT_LINE.search(text) or _SAME_LINE.search(text):  # the cause is the next line (or the rest of this one)
+            cause = i if _SAME_LINE.search(text) else _after(kept, i, 2, lambda j: bool(kept[j].text.strip()))
+            if cause is not None:
+                for w in [i] * (cause != i) + _before(kept, i, 3, lambda j: j in found):
+                    out.setdefault(w, cause)
+        elif i in found and ((is_exc[i] and _DETAIL.search(text)) or _MESSAGE_BELOW.search(text)):
+            cause = _after(kept, i, 1, lambda j: bool(kept[j].text.strip()))
+            if cause is not None and (cause in found or _MESSAGE_BELOW.search(text)):
+                out.setdefault(i, cause)
+        elif _DIRECT.search(text):  # the exception above the marker caused the one below it
+            above = _before(kept, i, 4 * WINDOW, lambda j: is_exc[j])
+            below = _after(kept, i, 8 * WINDOW, lambda j: is_exc[j])
+            if above and below is not None:
+                out.setdefault(below, above[0])
+        elif _REMOTE.search(text):  # re-raised from another process: the exception that ends the inner traceback
+            cause = _after(kept, i, 40 * WINDOW, lambda j: is_exc[j] and not _REMOTE.search(kept[j].text))
+            if cause is not None:
+                for w in ([i] if i in found else []) + _before(kept, i, 3, lambda j: j in found):
+                    if w != cause:
+                        out.setdefault(w, cause)
+    return out
+
+
+def innermost(start: int, link: dict[int, int]) -> int:
+    """Follow the links from `start` to the innermost cause (a cycle stops where it closes)."""
+    seen = {start}
+    while start in link and link[start] not in seen:
+        start = link[start]
+        seen.add(start)
+    return start

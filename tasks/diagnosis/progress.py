@@ -1,0 +1,191 @@
+"""Divergence read off the progress lines (issue 45, family 2): a loss that became NaN or inf and never came back.
+
+A run that diverges often raises nothing: it keeps printing its ordinary metric lines with a non-finite loss
+(`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, `loss=inf`, a JSON `NaN`) until
+it ends or is stopped. A person reading the log says "the loss diverged at step N": the first line of the last run
+of non-finite losses, when no finite loss follows it. A non-finite gradient norm is the same failure seen one step
+earlier (the loss printed is often the one before the update). A NaN that the run recovered from (fp16 overflow
+steps that were skipped: one or a few prints) is not the failure, and a `loss scale` is not a loss; but STREAK
+non-finite prints in a row are a divergence even where finite losses follow (a sweep's next configuration, a
+restart from a checkpoint): that run did not recover by itself.
+
+`track(low, chunk)` reads one chunk of a log (whole lines, lower-cased) and visits only the transitions: the next
+non-finite token (`nan`, `inf`: a literal search in C, cheap even in a gigabyte of INFO lines), the line holding it
+checked for a loss key, then the next finite loss (one regex search). A run of a million NaN lines costs one search.
+`fold` joins the chunks of a file in order. `trained_until`: an error line followed by SURVIVED lines that print a
+finite loss is one the run went on training after (a start-up warning, a retried request), not what ended it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_TOKENS = (re.compile(rb"nan(?![a-z0-9_]| iterations)"), re.compile(rb"inf(?:inity)?(?![a-z0-9_])"))
+"""Non-finite values as Python, torch and JSON print them (lower-cased); Megatron's `nan iterations` column is not
+one."""
+_KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=]?\s*['\"]?(?:tensor\(\s*)?"
+_NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
+_FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
+_DIGIT = re.compile(rb"\d")
+_LOSS_TERMS = frozenset({b"box", b"obj", b"cls", b"dfl", b"giou", b"seg", b"total"})
+"""Table columns that are losses without saying so: YOLO's loss terms."""
+_NONFINITE_CELLS = frozenset({b"nan", b"inf", b"-inf", b"+inf", b"infinity", b"-infinity"})
+STREAK = 10
+"""Non-finite loss prints in a row that make a divergence even where finite losses follow them."""
+SURVIVED = 64
+"""Lines printing a finite loss after an error line that show the run went on training after it."""
+MAX_LINE = 8192
+"""Bytes of a line read for a loss key: a huge line cannot make the check quadratic."""
+
+
+@dataclass(frozen=True)
+class LossTrack:
+    """One chunk's loss history, as line numbers within the chunk (1-based)."""
+
+    first: int | None = None
+    """The first non-finite loss line, when no finite loss comes before it in the chunk (it may continue a
+    divergence that began in an earlier chunk)."""
+    last_start: int | None = None
+    """The last non-finite loss line that follows a finite one in this chunk: where the last divergence began."""
+    end: str | None = None
+    """The loss at the chunk's end: `nan` (non-finite), `finite`, or None when the chunk prints no loss."""
+    finite: tuple[int, ...] = ()
+    """The last (up to SURVIVED) lines that print a finite loss: the run was still training there."""
+    streak: int | None = None
+    """The first line of the chunk's last run of at least STREAK non-finite loss prints (within the chunk)."""
+
+    def shifted(self, lines: int) -> LossTrack:
+        first, start, streak = (None if x is None else x + lines for x in (self.first, self.last_start, self.streak))
+        return LossTrack(first, start, self.end, tuple(x + lines for x in self.finite), streak)
+
+
+def _line_at(low: bytes, pos: int) -> tuple[int, int]:
+    start = low.rfind(b"\n", 0, pos) + 1
+    end = low.find(b"\n", pos)
+    return start, len(low) if end < 0 else end
+
+
+def _table_nonfinite(low: bytes, start: int, end: int) -> bool:
+    """A table row (YOLO's `1/300  3.4G  nan  nan ...`) whose loss column is non-finite: the header is the nearest
+    line above (within 64 KB) that names a loss or an epoch and holds no digit; a loss column is one named `*loss*`
+    or one of YOLO's loss terms (older versions print `box obj cls`, `giou obj cls total`)."""
+    lo = max(0, start - 65536)
+    at = max(low.rfind(b"loss", lo, start), low.rfind(b"epoch", lo, start))
+    if at < 0:
+        return False
+    hs, he = _line_at(low, at)
+    header = low[hs:he]
+    if _DIGIT.search(header):
+        return False
+    row = low[start:min(end, start + MAX_LINE)].split()
+    return any(i < len(row) and row[i] in _NONFINITE_CELLS for i, h in enumerate(header.split())
+               if b"loss" in h or h in _LOSS_TERMS)
+
+
+def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
+    """The (start, end) of the next line at or after `pos` that gives a loss a non-finite value (by its key, or by
+    its column in a table)."""
+    hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]
+    while hits:
+        at = min(hits)
+        start, end = _line_at(low, at)
+        if start >= pos and (_NONFINITE.search(low, start, min(end, start + MAX_LINE))
+                             or _table_nonfinite(low, start, end)):
+            return start, end
+        pos = end + 1
+        hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]
+    return None
+
+
+def _is_streak(low: bytes, start: int, until: int) -> bool:
+    """Whether STREAK non-finite loss lines begin at `start` before `until` (at most STREAK searches)."""
+    pos = start
+    for _ in range(STREAK):
+        hit = _next_nonfinite(low, pos)
+        if hit is None or hit[0] >= until:
+            return False
+        pos = hit[1] + 1
+    return True
+
+
+def track(low: bytes) -> tuple[LossTrack, list[int]]:
+    """The chunk's loss history and the byte offsets of the lines it names (to keep them in the compressed log)."""
+    first = last_start = end = streak = None
+    pos = 0
+    while (hit := _next_nonfinite(low, pos)) is not None:
+        start, stop = hit
+        if _FINITE.search(low, pos, start):
+            last_start = start
+        elif first is None and last_start is None:
+            first = start
+        end = "nan"
+        back = _FINITE.search(low, stop)
+        until = len(low) if back is None else _line_at(low, back.start())[0]
+        if _is_streak(low, start, until):
+            streak = start
+        if back is None:
+            break
+        pos, end = until, "finite"
+    else:
+        if end is None and _FINITE.search(low):
+            end = "finite"
+    offsets = [o for o in (first, last_start, streak) if o is not None]
+    finite = _last_finite(low)
+    line = _line_numbers(low, offsets + finite)
+    return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in finite),
+                     line.get(streak)), sorted(set(offsets))
+
+
+def _line_numbers(low: bytes, offsets: list[int]) -> dict[int, int]:
+    """Offset -> 1-based line number, counting the newlines once over the chunk."""
+    out, at, n = {}, 0, 1
+    for o in sorted(set(offsets)):
+        n += low.count(b"\n", at, o)
+        out[o], at = n, o
+    return out
+
+
+def _last_finite(low: bytes) -> list[int]:
+    """The offsets of the last SURVIVED lines that print a finite loss (oldest first), looking back over at most
+    4 x SURVIVED lines that mention a loss."""
+    end, out = len(low), []
+    for _ in range(4 * SURVIVED):
+        at = low.rfind(b"loss", 0, end)
+        if at < 0 or len(out) == SURVIVED:
+            break
+        start, stop = _line_at(low, at)
+        if _FINITE.search(low, start, min(stop, start + MAX_LINE)):
+            out.append(start)
+        end = start
+    return out[::-1]
+
+
+def trained_until(tracks: Iterable[LossTrack]) -> int | None:
+    """The line before which the run printed at least SURVIVED finite losses (line numbers file-wide): an error line
+    above it is one the run went on training after. None when it printed fewer."""
+    last: list[int] = []
+    for t in tracks:
+        last = (last + list(t.finite))[-SURVIVED:]
+    return last[0] if len(last) == SURVIVED else None
+
+
+def fold(tracks: Iterable[LossTrack]) -> int | None:
+    """The line where the loss diverged, over a file's chunks (line numbers already file-wide): the start of the
+    last run of non-finite losses when no finite loss follows it; else the start of the last STREAK-long run of
+    them; else None."""
+    root, state, streak = None, None, None
+    for t in tracks:
+        streak = t.streak if t.streak is not None else streak
+        if t.end is None:
+            continue
+        if t.end == "finite":
+            root, state = None, "finite"
+            continue
+        if t.last_start is not None:
+            root = t.last_start
+        elif state != "nan":
+            root = t.first
+        state = "nan"
+    return root if state == "nan" else streak

@@ -1,0 +1,30 @@
+"""Asynchronous, checksummed checkpoints (Acme section 6.1), one idea per module:
+
+- `manifest`: the on-disk format (`Manifest`, `ShardRecord`, `TensorEntry`, `step_dir`) and the errors;
+- `snapshot`: the copy of the training state into preallocated CPU buffers (`SnapshotBuffer`, `snapshot_buffers`);
+- `persist`: `AsyncCheckpointer`, the background thread that streams a snapshot to storage and commits the step;
+- `read`: readers of committed steps (`committed`, `survey`, `read_manifest`, `read_shard`, `read_full`, `verify`);
+- `retention`: which steps a run keeps (`apply_retention`) and the removal of an abandoned timeline (`discard_after`).
+
+Import from here (`from tasks.training import checkpoint as ck`): the modules are how the code is kept, this is
+what the rest of Frenzy uses."""
+
+from tasks.training.checkpoint.manifest import (
+    CheckpointError,
+    CheckpointMismatch,
+    CheckpointRecord,
+    Manifest,
+    ShardRecord,
+    TensorEntry,
+    step_dir,
+)
+from tasks.training.checkpoint.persist import AsyncCheckpointer
+from tasks.training.checkpoint.read import committed, list_steps, read_full, read_manifest, read_shard, survey, verify
+from tasks.training.checkpoint.retention import apply_retention, discard_after
+from tasks.training.checkpoint.snapshot import SnapshotBuffer, snapshot_buffers
+
+__all__ = [
+    "AsyncCheckpointer", "CheckpointError", "CheckpointMismatch", "CheckpointRecord", "Manifest", "ShardRecord",
+    "SnapshotBuffer", "TensorEntry", "apply_retention", "committed", "discard_after", "list_steps", "read_full",
+    "read_manifest", "read_shard", "snapshot_buffers", "step_dir", "survey", "verify",
+]

@@ -1,0 +1,44 @@
+"""Retention: which step directories a run keeps (the newest committed ones plus the newest healthy one) and the
+removal of a timeline a resume or rollback abandons. Manifests go first, so a half-finished removal never leaves a
+committed step with missing shards."""
+
+from __future__ import annotations
+
+from tasks.training.checkpoint.manifest import step_dir
+from tasks.training.checkpoint.read import list_steps, read_manifest
+from tasks.training.storage import Storage
+
+
+def apply_retention(storage: Storage, keep: int) -> list[int]:
+    """Keep the newest `keep` committed steps plus the newest healthy one; drop the rest and stale partials.
+
+    Returns the removed steps. Manifests go first so a half-finished removal never leaves a committed step
+    with missing shards.
+    """
+    steps = list_steps(storage)
+    manifests = {s: m for s in steps if (m := read_manifest(storage, s)) is not None}
+    if not manifests:
+        return []
+    newest = max(manifests)
+    keep_set = set(sorted(manifests, reverse=True)[:keep])
+    healthy = [s for s in sorted(manifests, reverse=True) if manifests[s].healthy]
+    if healthy and not keep_set & set(healthy):
+        keep_set.add(healthy[0])
+    removed = []
+    for s in steps:
+        if s in keep_set or (s not in manifests and s > newest):
+            continue  # uncommitted and newer than every commit: possibly a persist in flight elsewhere
+        if s in manifests:
+            storage.delete(f"{step_dir(s)}/manifest.json")
+        storage.remove_dir(step_dir(s))
+        removed.append(s)
+    return removed
+
+
+def discard_after(storage: Storage, step: int) -> list[int]:
+    """Remove every step directory newer than `step` (a resume or rollback abandons that timeline)."""
+    removed = [s for s in list_steps(storage) if s > step]
+    for s in removed:
+        storage.delete(f"{step_dir(s)}/manifest.json")
+        storage.remove_dir(step_dir(s))
+    return removed
