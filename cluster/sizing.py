@@ -25,12 +25,15 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
   `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
   refuses now becomes a plan to wait for, from the reservation's start.
-- **Predicted start** (`Backlog`): list scheduling of the GPUs a plan's types can use: those free now, then those
-  released by running allocations in order of predicted end; each job ahead of it in this pass that chose to wait
-  for the same types takes the earliest GPUs it needs and gives them back after its predicted run, so a short job
-  ahead delays it by its run, not by a long job's release (counting each claim against a fresh release instead
-  overestimated the wait for the faster type 14-1300x on the red team's Philly windows, and `has` put short jobs
-  on 5.8x slower RTX 2080 Ti rather than wait: 1.07x fcfs's average JCT on philly-1020 at load 0.9).
+- **Predicted start** (`Backlog`): the queue walk replayed on the GPUs a plan's types can use: those free now, then
+  those released by running allocations in order of predicted end; at each release every job ahead of it in this
+  pass that chose to wait for the same types and fits starts, in walk order, and gives its GPUs back after its
+  predicted run; a wide job ahead that does not fit yet holds nothing (the walk backfills around it until the
+  head's reservation). So a short job ahead delays it by its run, not by a long job's release (counting each claim
+  against a fresh release overestimated the wait 14-1300x on the red team's Philly windows, and `has` put short jobs
+  on 5.8x slower RTX 2080 Ti rather than wait), and a 4-GPU job ahead waiting for a long release does not hold the
+  GPUs freed meanwhile (holding them predicted a 49,000 s wait for an H100 on red team 43's `oldmix` cluster where
+  fcfs waited 1,100 s, and `has` ran 1-GPU jobs on T4s 15x slower: 1.02x fcfs's average JCT).
   Per-node fragmentation is ignored (an estimate, as every prediction here).
 - **The decision record** says which plan ran and why, the load that chose it, whether it runs on fewer or more
   GPUs than its user asked for (`shrunk`/`widened`, where the caller knows the count asked), and whether it starts
@@ -221,27 +224,34 @@ class Backlog:
 def _list_schedule(now_s: float, have: int, ends: np.ndarray, claims: Sequence[tuple[int, float]],
                    gpus: int) -> float:
     """When `gpus` GPUs are free for a job behind `claims` ((GPUs, run s) of the jobs ahead that wait for the same
-    GPUs, in walk order): `have` GPUs free now, one more at each of `ends` (sorted); each job ahead takes the earliest
-    free GPUs it needs and gives them back at its start plus its run (list scheduling)."""
-    later: list[float] = []  # GPUs given back by the jobs ahead
-    nxt = 0  # the next GPU of `have` + `ends` not yet taken
-
-    def pop() -> float:
-        nonlocal nxt
-        first = now_s if nxt < have else float(ends[nxt - have]) if nxt - have < len(ends) else math.inf
-        if later and later[0] < first:
-            return heapq.heappop(later)
-        nxt += 1
-        return first
-
-    for g, run_s in claims:
-        got = [pop() for _ in range(g)]
-        start = max(got)
-        if math.isinf(start):
+    GPUs, in walk order): `have` GPUs free now, one more at each of `ends` (sorted). At each release the queue walk
+    is replayed: every job ahead that fits the free GPUs starts (in walk order) and gives them back after its run;
+    one that does not fit holds nothing, so the jobs behind it backfill (as the walk does before the head's
+    reservation). Holding GPUs idle for a wide job ahead instead (the previous list schedule) predicted a 1-GPU job
+    a 49,000 s wait for an H100 behind three 4-GPU jobs on red team 43's `oldmix` cluster, where it waited 1,100 s
+    under fcfs, and `has` ran it on a T4 15x slower."""
+    free, k, t = have, 0, now_s
+    later: list[tuple[float, int]] = []  # (release time, GPUs) of the jobs ahead once started
+    pending = list(claims)
+    while True:
+        if pending and free >= min(g for g, _ in pending):
+            wait = []
+            for g, run_s in pending:
+                if g <= free:
+                    free -= g
+                    heapq.heappush(later, (t + run_s, g))
+                else:
+                    wait.append((g, run_s))
+            pending = wait
+        if free >= gpus:
+            return t
+        t = min(float(ends[k]) if k < len(ends) else math.inf, later[0][0] if later else math.inf)
+        if math.isinf(t):
             return math.inf
-        for _ in range(g):
-            heapq.heappush(later, start + run_s)
-    return max(now_s, max(pop() for _ in range(gpus)))
+        while k < len(ends) and ends[k] <= t:
+            free, k = free + 1, k + 1
+        while later and later[0][0] <= t:
+            free += heapq.heappop(later)[1]
 
 
 def _gpu_s(r: GpuRequest) -> float:

@@ -111,6 +111,19 @@ def test_claims_of_jobs_ahead_lengthen_the_predicted_wait():
     assert backlog.start_s(GpuRequest(1, 8, 1, SLOW, run_s=1.0)) == 0.0  # other GPUs are not claimed
 
 
+def test_a_wide_job_ahead_that_does_not_fit_holds_no_gpus_the_jobs_behind_backfill():
+    pool = _pool(0, 8)  # one A100 frees at t=100, the other seven at t=10,000
+    running = [Running(end_s=100.0, nodes=(("a0", 1),)), Running(end_s=10_000.0, nodes=(("a0", 7),))]
+    backlog = Backlog(pool, running, now_s=0.0)
+    req = GpuRequest(1, 8, 1, FAST, run_s=50.0)
+    backlog.claim(GpuRequest(4, 8, 1, FAST, run_s=30_000.0))  # a wide job ahead: four A100s only at t=10,000
+    assert backlog.start_s(req) == 100.0  # the walk starts it on the A100 freed at t=100 (was 10,000: held idle)
+    backlog.claim(GpuRequest(1, 8, 1, FAST, run_s=500.0))  # a 1-GPU job ahead takes that A100 first
+    assert backlog.start_s(req) == 600.0
+    assert backlog.start_s(GpuRequest(4, 8, 1, FAST, run_s=1.0)) == 10_000.0  # beside the wide one: 8 free then
+    assert backlog.start_s(GpuRequest(5, 8, 1, FAST, run_s=1.0)) == 40_000.0  # five only once the wide one ends
+
+
 def test_the_checker_counts_a_job_left_waiting_beside_idle_gpus():
     pool = _pool(0, 4)
     slow = [GpuRequest(1, 8, 1, SLOW, run_s=100.0)]
