@@ -15,11 +15,13 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   arrivals), and GPUs nobody is using cost nothing to take. A wider plan, or one on a slower type, wins only when
   the time it saves the job exceeds what it costs the others; with an empty queue and no arrivals the fastest plan
   that scales wins.
-- **Work conservation.** Per type set the cheapest candidate, preferring one that fits now; across types the
-  cheapest. A job waits for a plan that does not fit now only when that plan (its predicted start + run + cost to
-  the others) is cheaper than every plan that fits now; then any other plan that fits and is cheaper than the wait
-  still runs now. So a slower plan on an older type beats waiting exactly when the predicted wait for the faster
-  one is longer than the slowdown and the extra GPU-seconds it costs. A job waits with GPUs it could use idle only
+- **Work conservation.** Per type set the cheapest candidate that fits now and, where cheaper still, the cheapest
+  to wait for among all its plans that scale (a wider one once GPUs free up: the spare rule limits what starts now,
+  not what a job may wait for); across types the cheapest. A job waits for a plan that does not fit now only when
+  that plan (its predicted start + run + cost to the others) is cheaper than every plan that fits now; then any
+  other plan that fits and is cheaper than the wait still runs now. So a slower plan on an older type beats waiting
+  exactly when the predicted wait for the faster one is longer than the slowdown and the extra GPU-seconds it
+  costs. A job waits with GPUs it could use idle only
   for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
   after every scheduling pass.
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
@@ -426,7 +428,7 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     fit = free.fit_all(requests, prof)
     widen = spare > prof.min_gpus and prof.max_gpus > prof.min_gpus
     pen = goodput_penalty(requests, backlog, behind, arrivals_per_s)
-    prefs = [_preferred(free, fit, backlog, requests, g, spare, min_scaling, pen) for g in prof.groups]
+    prefs = [c for g in prof.groups for c in _preferred(free, fit, backlog, requests, g, spare, min_scaling, pen)]
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
     wait_cost = waiting.cost if waiting is not None else math.inf
     ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
@@ -449,26 +451,34 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
 
 
 def _preferred(free: _Free, fit: list[bool], backlog: Backlog, requests: Sequence[GpuRequest], g: _Group, spare: int,
-               min_scaling: float, pen: Callable[[int], float]) -> Candidate:
-    """The candidate of one GPU type set: among its plans that may run (wider than its narrowest only into spare GPUs,
-    while they scale), the cheapest that fits now, else the cheapest to wait for. `fit`: which requests fit now."""
+               min_scaling: float, pen: Callable[[int], float]) -> list[Candidate]:
+    """The candidates of one GPU type set: among its plans that may run now (wider than its narrowest only into spare
+    GPUs, while they scale), the cheapest that fits now; and the cheapest to wait for among all its plans that scale,
+    where it may cost less than that (a wider plan once GPUs free up can beat the narrow one now: a job shrunk to one
+    GPU for 29 h where 8 GPUs took 4 h set red team 43's Sia makespan). `fit`: which requests fit now."""
     prof = _profile(requests)
-    ok = g.idx[(g.gpus <= max(g.narrow, spare)) & (g.gpu_s * min_scaling <= prof.best)].tolist()
-    ok = ok or g.idx[g.gpus == g.narrow].tolist()
+    scaling = g.gpu_s * min_scaling <= prof.best
+    ok = g.idx[scaling & (g.gpus <= max(g.narrow, spare))].tolist() or g.idx[g.gpus == g.narrow].tolist()
 
     def score(k: int) -> float:
         return (requests[k].run_s or math.inf) + pen(k)
     now_ok = [k for k in ok if fit[k]]
+    out: list[Candidate] = []
+    bound = math.inf
     if now_ok:
         k = min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))
-        return _candidate(free, backlog, requests, k, pen(k))
-    best: dict[int, int] = {}  # none fits now: per GPU count the best-scoring, each with its own predicted start
-    for k in ok:
-        g = requests[k].gpus
-        if g not in best or score(k) < score(best[g]):
-            best[g] = k
-    return min((_candidate(free, backlog, requests, k, pen(k)) for k in best.values()),
-               key=lambda c: (c.cost, c.request.gpus, c.index))
+        out.append(_candidate(free, backlog, requests, k, pen(k)))
+        bound = out[0].cost - backlog.now_s
+    best: dict[int, int] = {}  # per GPU count the best-scoring plan to wait for, each with its own predicted start
+    for k in ok if not now_ok else (k for k in g.idx[scaling].tolist() if not fit[k]):
+        n = requests[k].gpus
+        if score(k) < bound and (n not in best or score(k) < score(best[n])):
+            best[n] = k
+    waits = [c for c in (_candidate(free, backlog, requests, k, pen(k)) for k in best.values())
+             if not out or c.cost < out[0].cost]
+    if waits:
+        out.append(min(waits, key=lambda c: (c.cost, c.request.gpus, c.index)))
+    return out
 
 
 def min_gpus(requests: Iterable[GpuRequest]) -> int:

@@ -124,6 +124,20 @@ def test_a_wide_job_ahead_that_does_not_fit_holds_no_gpus_the_jobs_behind_backfi
     assert backlog.start_s(GpuRequest(5, 8, 1, FAST, run_s=1.0)) == 40_000.0  # five only once the wide one ends
 
 
+@pytest.mark.parametrize("release_s, waits", [(100.0, True), (10_000.0, False)])
+def test_a_job_waits_for_a_wider_plan_of_the_same_type_when_that_finishes_sooner(release_s, waits):
+    pool = _pool(1, 0)  # one A100 free now, the other seven free at `release_s`; no spare GPUs to widen into now
+    backlog = Backlog(pool, [Running(end_s=release_s, nodes=(("a0", 7),))], now_s=0.0)
+    reqs = [GpuRequest(1, 8, 1, FAST, run_s=8000.0), GpuRequest(8, 8, 1, FAST, run_s=1100.0)]
+    ch = choose(pool, reqs, backlog, spare=0)
+    first = ch.candidates[0]
+    assert (first.nodes is None) == waits  # 8 GPUs at t=100 finish at 1,200 < 8,000; at t=10,000 they do not
+    assert first.request.gpus == (8 if waits else 1)
+    if waits:
+        assert first.finish_s == pytest.approx(release_s + 1100.0)
+        assert "waits for 8 GPU(s) of A100-40GB-SXM" in ch.record(None, 0.0)
+
+
 def test_the_checker_counts_a_job_left_waiting_beside_idle_gpus():
     pool = _pool(0, 4)
     slow = [GpuRequest(1, 8, 1, SLOW, run_s=100.0)]
