@@ -15,19 +15,27 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   arrivals), and GPUs nobody is using cost nothing to take. A wider plan, or one on a slower type, wins only when
   the time it saves the job exceeds what it costs the others; with an empty queue and no arrivals the fastest plan
   that scales wins.
-- **Work conservation.** Per type set the cheapest candidate, preferring one that fits now; across types the
-  cheapest. A job waits for a plan that does not fit now only when that plan (its predicted start + run + cost to
-  the others) is cheaper than every plan that fits now; then any other plan that fits and is cheaper than the wait
-  still runs now. So a slower plan on an older type beats waiting exactly when the predicted wait for the faster
-  one is longer than the slowdown and the extra GPU-seconds it costs. A job waits with GPUs it could use idle only
+- **Work conservation.** Per type set the cheapest candidate that fits now and, where cheaper still, the cheapest
+  to wait for among all its plans that scale (a wider one once GPUs free up: the spare rule limits what starts now,
+  not what a job may wait for); across types the cheapest. A job waits for a plan that does not fit now only when
+  that plan (its predicted start + run + cost to the others) is cheaper than every plan that fits now; then any
+  other plan that fits and is cheaper than the wait still runs now. So a slower plan on an older type beats waiting
+  exactly when the predicted wait for the faster one is longer than the slowdown and the extra GPU-seconds it
+  costs. A job waits with GPUs it could use idle only
   for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
   after every scheduling pass.
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
   `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
   refuses now becomes a plan to wait for, from the reservation's start.
-- **Predicted start** (`Backlog`): the free GPUs a plan's types can use, plus those released by running
-  allocations in order of predicted end, less what the jobs ahead of it in this pass that chose to wait for the
-  same types claimed. Past the last known release, the claimed work drains at the rate of those types' GPUs.
+- **Predicted start** (`Backlog`): the queue walk replayed on the GPUs a plan's types can use: those free now, then
+  those released by running allocations in order of predicted end; at each release every job ahead of it in this
+  pass that chose to wait for the same types and fits starts, in walk order, and gives its GPUs back after its
+  predicted run; a wide job ahead that does not fit yet holds nothing (the walk backfills around it until the
+  head's reservation). So a short job ahead delays it by its run, not by a long job's release (counting each claim
+  against a fresh release overestimated the wait 14-1300x on the red team's Philly windows, and `has` put short jobs
+  on 5.8x slower RTX 2080 Ti rather than wait), and a 4-GPU job ahead waiting for a long release does not hold the
+  GPUs freed meanwhile (holding them predicted a 49,000 s wait for an H100 on red team 43's `oldmix` cluster where
+  fcfs waited 1,100 s, and `has` ran 1-GPU jobs on T4s 15x slower: 1.02x fcfs's average JCT).
   Per-node fragmentation is ignored (an estimate, as every prediction here).
 - **The decision record** says which plan ran and why, the load that chose it, whether it runs on fewer or more
   GPUs than its user asked for (`shrunk`/`widened`, where the caller knows the count asked), and whether it starts
@@ -40,6 +48,7 @@ fit in rank order, the paper's Algorithm 1.
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import math
 import time
@@ -147,7 +156,7 @@ class Backlog:
         self._end = np.array([e for e, _, _ in flat], dtype=np.float64)
         self._node = np.array([n for _, n, _ in flat], dtype=np.int64)
         self._k = np.array([k for _, _, k in flat], dtype=np.int64)
-        self._claims: dict[tuple[frozenset[str] | None, float], list[float]] = {}  # key -> [gpus, gpu-seconds]
+        self._claims: list[tuple[tuple[frozenset[str] | None, float], int, float]] = []  # (key, gpus, run s), in order
         self._nodes: dict[tuple[frozenset[str] | None, float], frozenset[str]] = {}
         self._mask: dict[tuple[frozenset[str] | None, float], np.ndarray] = {}
         self._tl: dict[tuple[frozenset[str] | None, float], list] = {}  # key -> [ends, GPUs freed, cumulative or None]
@@ -183,21 +192,15 @@ class Backlog:
 
     def start_s(self, req: GpuRequest, usable: int | None = None) -> float:
         mine = self._admitted(req)
-        need, work = req.gpus, 0.0
-        for key, (g, w) in self._claims.items():
-            if self._nodes[key] & mine:
-                need, work = need + int(g), work + w
         have = self.pool.usable(req) if usable is None else usable
-        if have >= need:
+        mine_claims = [c for c in self._claims if self._nodes[c[0]] & mine]
+        if have >= req.gpus + sum(g for _, g, _ in mine_claims):
             return self.now_s
         ends, cum = self._timeline(req)
-        i = int(np.searchsorted(cum, need - have, side="left"))
-        if i < len(ends):
-            return max(self.now_s, float(ends[i]))
-        if not len(cum) or have + int(cum[-1]) < req.gpus:  # the rest are held by allocations with no predicted end
+        if have + (int(cum[-1]) if len(cum) else 0) < req.gpus:  # the rest are held by allocations with no predicted end
             return math.inf
-        # past the known releases: the claims drain at the rate of the GPUs `req` admits
-        return max(self.now_s, float(ends[-1])) + work / self.capacity(req)
+        per_gpu = np.repeat(ends, np.diff(cum, prepend=0))  # one entry per GPU released
+        return _list_schedule(self.now_s, have, per_gpu, [(g, r) for _, g, r in mine_claims], req.gpus)
 
     def started(self, nodes: Sequence[tuple[str, int]], run_s: float | None) -> None:
         """A job of this pass took `nodes`: they free up at its predicted end."""
@@ -217,9 +220,40 @@ class Backlog:
     def claim(self, req: GpuRequest) -> None:
         """A job ahead chose to wait for `req`: later jobs that want the same GPUs queue behind it."""
         self._admitted(req)
-        c = self._claims.setdefault((req.types, req.min_mem_gib), [0.0, 0.0])
-        c[0] += req.gpus
-        c[1] += req.gpus * (req.run_s or 0.0)
+        self._claims.append(((req.types, req.min_mem_gib), req.gpus, math.inf if req.run_s is None else req.run_s))
+
+
+def _list_schedule(now_s: float, have: int, ends: np.ndarray, claims: Sequence[tuple[int, float]],
+                   gpus: int) -> float:
+    """When `gpus` GPUs are free for a job behind `claims` ((GPUs, run s) of the jobs ahead that wait for the same
+    GPUs, in walk order): `have` GPUs free now, one more at each of `ends` (sorted). At each release the queue walk
+    is replayed: every job ahead that fits the free GPUs starts (in walk order) and gives them back after its run;
+    one that does not fit holds nothing, so the jobs behind it backfill (as the walk does before the head's
+    reservation). Holding GPUs idle for a wide job ahead instead (the previous list schedule) predicted a 1-GPU job
+    a 49,000 s wait for an H100 behind three 4-GPU jobs on red team 43's `oldmix` cluster, where it waited 1,100 s
+    under fcfs, and `has` ran it on a T4 15x slower."""
+    free, k, t = have, 0, now_s
+    later: list[tuple[float, int]] = []  # (release time, GPUs) of the jobs ahead once started
+    pending = list(claims)
+    while True:
+        if pending and free >= min(g for g, _ in pending):
+            wait = []
+            for g, run_s in pending:
+                if g <= free:
+                    free -= g
+                    heapq.heappush(later, (t + run_s, g))
+                else:
+                    wait.append((g, run_s))
+            pending = wait
+        if free >= gpus:
+            return t
+        t = min(float(ends[k]) if k < len(ends) else math.inf, later[0][0] if later else math.inf)
+        if math.isinf(t):
+            return math.inf
+        while k < len(ends) and ends[k] <= t:
+            free, k = free + 1, k + 1
+        while later and later[0][0] <= t:
+            free += heapq.heappop(later)[1]
 
 
 def _gpu_s(r: GpuRequest) -> float:
@@ -394,7 +428,7 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     fit = free.fit_all(requests, prof)
     widen = spare > prof.min_gpus and prof.max_gpus > prof.min_gpus
     pen = goodput_penalty(requests, backlog, behind, arrivals_per_s)
-    prefs = [_preferred(free, fit, backlog, requests, g, spare, min_scaling, pen) for g in prof.groups]
+    prefs = [c for g in prof.groups for c in _preferred(free, fit, backlog, requests, g, spare, min_scaling, pen)]
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
     wait_cost = waiting.cost if waiting is not None else math.inf
     ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
@@ -417,26 +451,34 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
 
 
 def _preferred(free: _Free, fit: list[bool], backlog: Backlog, requests: Sequence[GpuRequest], g: _Group, spare: int,
-               min_scaling: float, pen: Callable[[int], float]) -> Candidate:
-    """The candidate of one GPU type set: among its plans that may run (wider than its narrowest only into spare GPUs,
-    while they scale), the cheapest that fits now, else the cheapest to wait for. `fit`: which requests fit now."""
+               min_scaling: float, pen: Callable[[int], float]) -> list[Candidate]:
+    """The candidates of one GPU type set: among its plans that may run now (wider than its narrowest only into spare
+    GPUs, while they scale), the cheapest that fits now; and the cheapest to wait for among all its plans that scale,
+    where it may cost less than that (a wider plan once GPUs free up can beat the narrow one now: a job shrunk to one
+    GPU for 29 h where 8 GPUs took 4 h set red team 43's Sia makespan). `fit`: which requests fit now."""
     prof = _profile(requests)
-    ok = g.idx[(g.gpus <= max(g.narrow, spare)) & (g.gpu_s * min_scaling <= prof.best)].tolist()
-    ok = ok or g.idx[g.gpus == g.narrow].tolist()
+    scaling = g.gpu_s * min_scaling <= prof.best
+    ok = g.idx[scaling & (g.gpus <= max(g.narrow, spare))].tolist() or g.idx[g.gpus == g.narrow].tolist()
 
     def score(k: int) -> float:
         return (requests[k].run_s or math.inf) + pen(k)
     now_ok = [k for k in ok if fit[k]]
+    out: list[Candidate] = []
+    bound = math.inf
     if now_ok:
         k = min(now_ok, key=lambda k: (score(k), requests[k].gpus, k))
-        return _candidate(free, backlog, requests, k, pen(k))
-    best: dict[int, int] = {}  # none fits now: per GPU count the best-scoring, each with its own predicted start
-    for k in ok:
-        g = requests[k].gpus
-        if g not in best or score(k) < score(best[g]):
-            best[g] = k
-    return min((_candidate(free, backlog, requests, k, pen(k)) for k in best.values()),
-               key=lambda c: (c.cost, c.request.gpus, c.index))
+        out.append(_candidate(free, backlog, requests, k, pen(k)))
+        bound = out[0].cost - backlog.now_s
+    best: dict[int, int] = {}  # per GPU count the best-scoring plan to wait for, each with its own predicted start
+    for k in ok if not now_ok else (k for k in g.idx[scaling].tolist() if not fit[k]):
+        n = requests[k].gpus
+        if score(k) < bound and (n not in best or score(k) < score(best[n])):
+            best[n] = k
+    waits = [c for c in (_candidate(free, backlog, requests, k, pen(k)) for k in best.values())
+             if not out or c.cost < out[0].cost]
+    if waits:
+        out.append(min(waits, key=lambda c: (c.cost, c.request.gpus, c.index)))
+    return out
 
 
 def min_gpus(requests: Iterable[GpuRequest]) -> int:

@@ -111,6 +111,33 @@ def test_claims_of_jobs_ahead_lengthen_the_predicted_wait():
     assert backlog.start_s(GpuRequest(1, 8, 1, SLOW, run_s=1.0)) == 0.0  # other GPUs are not claimed
 
 
+def test_a_wide_job_ahead_that_does_not_fit_holds_no_gpus_the_jobs_behind_backfill():
+    pool = _pool(0, 8)  # one A100 frees at t=100, the other seven at t=10,000
+    running = [Running(end_s=100.0, nodes=(("a0", 1),)), Running(end_s=10_000.0, nodes=(("a0", 7),))]
+    backlog = Backlog(pool, running, now_s=0.0)
+    req = GpuRequest(1, 8, 1, FAST, run_s=50.0)
+    backlog.claim(GpuRequest(4, 8, 1, FAST, run_s=30_000.0))  # a wide job ahead: four A100s only at t=10,000
+    assert backlog.start_s(req) == 100.0  # the walk starts it on the A100 freed at t=100 (was 10,000: held idle)
+    backlog.claim(GpuRequest(1, 8, 1, FAST, run_s=500.0))  # a 1-GPU job ahead takes that A100 first
+    assert backlog.start_s(req) == 600.0
+    assert backlog.start_s(GpuRequest(4, 8, 1, FAST, run_s=1.0)) == 10_000.0  # beside the wide one: 8 free then
+    assert backlog.start_s(GpuRequest(5, 8, 1, FAST, run_s=1.0)) == 40_000.0  # five only once the wide one ends
+
+
+@pytest.mark.parametrize("release_s, waits", [(100.0, True), (10_000.0, False)])
+def test_a_job_waits_for_a_wider_plan_of_the_same_type_when_that_finishes_sooner(release_s, waits):
+    pool = _pool(1, 0)  # one A100 free now, the other seven free at `release_s`; no spare GPUs to widen into now
+    backlog = Backlog(pool, [Running(end_s=release_s, nodes=(("a0", 7),))], now_s=0.0)
+    reqs = [GpuRequest(1, 8, 1, FAST, run_s=8000.0), GpuRequest(8, 8, 1, FAST, run_s=1100.0)]
+    ch = choose(pool, reqs, backlog, spare=0)
+    first = ch.candidates[0]
+    assert (first.nodes is None) == waits  # 8 GPUs at t=100 finish at 1,200 < 8,000; at t=10,000 they do not
+    assert first.request.gpus == (8 if waits else 1)
+    if waits:
+        assert first.finish_s == pytest.approx(release_s + 1100.0)
+        assert "waits for 8 GPU(s) of A100-40GB-SXM" in ch.record(None, 0.0)
+
+
 def test_the_checker_counts_a_job_left_waiting_beside_idle_gpus():
     pool = _pool(0, 4)
     slow = [GpuRequest(1, 8, 1, SLOW, run_s=100.0)]
