@@ -8,6 +8,7 @@ recall (issue 45's four families: realbench.FAMILIES), the time per log, per pro
 
     python benchmarks/diagnosis_real.py      # writes benchmarks/results/diagnosis_real.{json,md}
     python benchmarks/diagnosis_real.py --fresh-since REV   # writes benchmarks/results/diagnosis_real_fresh.{json,md}
+    python benchmarks/diagnosis_real.py --half tune   # one half, printed only (the tune half while rules change)
 
 `--fresh-since REV` scores only the fresh held-out logs: the test half's logs from projects that the corpus did not
 hold at git revision REV (its `manifest.jsonl` there), i.e. logs no rule was ever tuned on and from projects no one
@@ -121,12 +122,28 @@ def fresh(rev: str) -> int:
     return 0
 
 
+def one_half(half: str) -> int:
+    """Score one half and print it, writing no result file: the tune half while rules change, so that the test
+    half's figures and misses are not read."""
+    logs = load(half)
+    outcomes = run(logs, diagnose)
+    print("\n".join(_half(half, score(outcomes), len({lg.project for lg in logs}))[:8]))
+    if half == "tune":
+        for o in outcomes:
+            if not (o.category_ok and o.root_ok):
+                print(f"miss {o.log.id}: label {o.log.type}/{o.log.category}, got {o.type}/{o.category}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fresh-since", metavar="REV", help="score only the test half's projects new since REV")
+    ap.add_argument("--half", choices=("tune", "test"), help="score only this half; print it, write no file")
     args = ap.parse_args(argv)
     if args.fresh_since:
         return fresh(args.fresh_since)
+    if args.half:
+        return one_half(args.half)
     results, lines = {}, []
     for half in ("test", "tune"):
         logs = load(half)

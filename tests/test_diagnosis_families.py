@@ -555,3 +555,87 @@ def test_a_line_that_says_the_loss_diverged_beats_the_progress_line():
     log = _hf(3, 1) + "Loss is nan, stopping training\n"
     d = diagnose(log.encode(), use_fallback=False)
     assert (d.type, d.line_no, d.via) == ("NumericalError", 4, "line")
+
+
+# -- round 4 (red-team set 4): the families its misses showed ---------------------------------------------------
+
+def _d(log: str):
+    return diagnose(log.encode(), use_fallback=False)
+
+
+def test_ncclerror_code_line_under_the_nccl_error_is_the_cause():
+    log = ("RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system error, "
+           "NCCL version 2.7.8\nncclSystemError: System call (socket, malloc, munmap, etc) failed.\n")
+    d = _d(log)
+    assert (d.category, d.line_no, d.via) == ("infrastructure", 2, "chain")
+    assert d.root_cause_line.startswith("ncclSystemError:")
+
+
+def test_ncclerror_code_line_yields_to_its_last_error():
+    log = (f"{DIST}unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.6\n"
+           "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.\n"
+           "Last error:\nsocketStartConnect: Connect to 10.0.0.2<43123> failed : Software caused connection abort\n")
+    d = _d(log)
+    assert (d.category, d.line_no) == ("infrastructure", 4)
+
+
+@pytest.mark.parametrize("line", [
+    "ValueError:Network outputs is NAN! Stop Training",
+    "RuntimeError: the gradients became inf at step 120",
+    "AssertionError: loss is nan",
+])
+def test_an_exception_that_says_a_value_became_nan_is_a_divergence(line):
+    d = _d(f"epoch 3 step 10 loss 0.52\n{line}\n")
+    assert (d.type, d.category, d.line_no) == ("NumericalError", "framework", 2)
+
+
+def test_a_table_with_spaced_column_names_and_bracketed_cells_diverges_under_its_loss_column():
+    head = "Step      Train loss    Test loss     Test metric\n"
+    rows = ["0         [5.47e+03]    [6.44e+03]    [1.00e+00]", "1000      [5.47e+03]    [6.44e+03]    [1.00e+00]",
+            "2000      [nan]         [nan]         [nan]", "3000      [nan]         [nan]         [nan]"]
+    d = _d(head + "\n".join(rows) + "\n")
+    assert (d.type, d.via, d.line_no) == ("NumericalError", "progress", 4)
+
+
+def test_a_nan_only_under_a_metric_column_is_not_a_divergence():
+    head = "Step      Train loss    Test loss     Test metric\n"
+    rows = ["0         [5.47e+03]    [6.44e+03]    [nan]", "1000      [4.1e+03]     [6.0e+03]     [nan]"]
+    assert _d(head + "\n".join(rows) + "\n").category == "unknown"
+
+
+def test_killed_at_the_end_of_a_progress_bar_is_a_sigkill():
+    log = "Training with a single process on 1 GPUs.\n 31%|#####     | 331/1063 [01:06<03:59,  3.06it/s]Killed\n"
+    d = _d(log)
+    assert (d.type, d.category, d.line_no) == ("Killed", "framework", 2)
+
+
+def test_a_slurm_step_cancelled_with_no_reason_is_the_scheduler_and_restartable():
+    log = "epoch 4 step 900 loss 1.2\nslurmstepd: error: *** STEP 4714782.0 ON ib12gpu-001 CANCELLED AT 2023-11-29T15:47:21 ***\n"
+    d = _d(log)
+    assert (d.type, d.category, d.restartable) == ("Preempted", "infrastructure", True)
+    limit = _d("slurmstepd: error: *** JOB 867816 ON c0700a-s1 CANCELLED AT 2021-05-11T12:06:17 DUE TO TIME LIMIT ***\n")
+    assert limit.type == "TimeLimit"
+
+
+def test_a_node_that_failed_to_do_something_is_not_a_node_failure():
+    log = ("WARNING:torch.distributed.elastic.rendezvous.dynamic_rendezvous:The node 'gpu3_4121_0' has failed to "
+           "shutdown the rendezvous '1' due to an error of type RendezvousConnectionError.\n")
+    d = _d(log)
+    assert d.type != "NodeFailure" and d.category == "infrastructure"
+    assert _d("srun: error: node gpu-12 failed, job step terminated\n").type == "NodeFailure"
+
+
+def test_dataloader_workers_that_exited_with_no_signal_are_the_scripts_setup():
+    exited = "RuntimeError: DataLoader worker (pid(s) 12048, 7612) exited unexpectedly\n"
+    d = _d(exited)
+    assert (d.type, d.category, d.restartable) == ("DataloaderKilled", "script", False)
+    killed = "RuntimeError: DataLoader worker (pid 1817) is killed by signal: Killed.\n" + exited
+    assert (_d(killed).category, _d(killed).line_no) == ("framework", 1)
+
+
+def test_no_space_from_the_shared_memory_machinery_is_shm_not_the_disk():
+    shm = ("/opt/conda/lib/python3.8/site-packages/joblib/_multiprocessing_helpers.py:46: UserWarning: [Errno 28] "
+           "No space left on device.  joblib will operate in serial mode\n")
+    assert (_d(shm).type, _d(shm).category) == ("SharedMemoryError", "script")
+    disk = "  File \"train.py\", line 9, in save\nOSError: [Errno 28] No space left on device\n"
+    assert (_d(disk).type, _d(disk).category) == ("DiskFull", "infrastructure")

@@ -2,7 +2,8 @@
 
 A failed run's log often holds a wrapper and, beneath or above it, the line that says what went wrong:
 
-- NCCL's `Last error:` (the line after it, or the rest of its line, is the cause of the `NCCL error in: ...` /
+- NCCL's error-code line under its `NCCL error ...` (`ncclSystemError: System call (socket, ...) failed.`), and
+  NCCL's `Last error:` (the line after it, or the rest of its line, is the cause of the `NCCL error in: ...` /
   `ncclSystemError: ...` lines above it); `Caused by:` and transformers' `because of the following error` likewise;
 - Python's `The above exception was the direct cause of the following exception:` (the exception above the marker
   caused the one below it);
@@ -51,6 +52,10 @@ _MESSAGE_BELOW = re.compile(r"(?:^|\s)(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Except
                             r"(?:Exception has occurred|发生异常): *[A-Z]\w*")
 """An exception class whose message is on the next line: a pasted log that lost a line end after `IndexError:`, a
 debugger's banner (VS Code's `Exception has occurred: OutOfMemoryError`, in English or Chinese)."""
+NCCL_WRAPPER = re.compile(r"(?i)\bNCCL error\b")
+NCCL_DETAIL = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?nccl[A-Z]\w*Error:\s*\S")
+"""NCCL's error-code explanation under the error it raised (`NCCL error in: ..., unhandled system error` then
+`ncclSystemError: System call (socket, malloc, munmap, etc) failed.`): the line that says which call failed."""
 INLINE = re.compile(r"Original reason for failure was:|terminated with exception:|\bwhat\(\):|Caused by:|"
                     r"because of the following error[^:]*:|Last error:")
 """In-line chain markers: the text after the last one is the innermost cause."""
@@ -113,10 +118,15 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
     is_exc = [bool(EXCEPTION.match(k.text)) for k in kept]
     for i, k in enumerate(kept):
         text = k.text
+        if i in found and NCCL_WRAPPER.search(text) and not NCCL_DETAIL.match(text):  # NCCL's code, then what failed
+            detail = _after(kept, i, 1, lambda j: bool(NCCL_DETAIL.match(kept[j].text)))
+            if detail is not None:
+                out.setdefault(i, detail)
         if NEXT_LINE.search(text) or _SAME_LINE.search(text):  # the cause is the next line (or the rest of this one)
             cause = i if _SAME_LINE.search(text) else _after(kept, i, 2, lambda j: bool(kept[j].text.strip()))
             if cause is not None:
-                for w in [i] * (cause != i) + _before(kept, i, 3, lambda j: j in found):
+                above = _before(kept, i, 3, lambda j: j in found or bool(NCCL_DETAIL.match(kept[j].text)))
+                for w in [i] * (cause != i) + above:
                     out.setdefault(w, cause)
         elif i in found and ((is_exc[i] and _DETAIL.search(text)) or _MESSAGE_BELOW.search(text)):
             cause = _after(kept, i, 1, lambda j: bool(kept[j].text.strip()))

@@ -32,6 +32,8 @@ _DIGIT = re.compile(rb"\d")
 _LOSS_TERMS = frozenset({b"box", b"obj", b"cls", b"dfl", b"giou", b"seg", b"total"})
 """Table columns that are losses without saying so: YOLO's loss terms."""
 _NONFINITE_CELLS = frozenset({b"nan", b"inf", b"-inf", b"+inf", b"infinity", b"-infinity"})
+_BRACKETS = b"[](),"
+_CELL = re.compile(rb"\S+")
 STREAK = 10
 """Non-finite loss prints in a row that make a divergence even where finite losses follow them."""
 SURVIVED = 64
@@ -79,9 +81,24 @@ def _table_nonfinite(low: bytes, start: int, end: int) -> bool:
     header = low[hs:he]
     if _DIGIT.search(header):
         return False
-    row = low[start:min(end, start + MAX_LINE)].split()
-    return any(i < len(row) and row[i] in _NONFINITE_CELLS for i, h in enumerate(header.split())
-               if b"loss" in h or h in _LOSS_TERMS)
+    line = low[start:min(end, start + MAX_LINE)]
+    row = [c.strip(_BRACKETS) for c in line.split()]
+    if any(i < len(row) and row[i] in _NONFINITE_CELLS for i, h in enumerate(header.split())
+           if b"loss" in h or h in _LOSS_TERMS):
+        return True
+    return _under_loss(header, line)
+
+
+def _under_loss(header: bytes, line: bytes) -> bool:
+    """A left-aligned table whose column names hold spaces (`Step  Train loss  Test loss`, DeepXDE's `[nan]`
+    cells): a non-finite cell whose column span (from its start to the next cell's) lies under a `loss` heading."""
+    cells = [(m.start(), m.group().strip(_BRACKETS)) for m in _CELL.finditer(line)]
+    for n, (at, cell) in enumerate(cells):
+        if cell in _NONFINITE_CELLS:
+            until = cells[n + 1][0] if n + 1 < len(cells) else len(header)
+            if b"loss" in header[at:until]:
+                return True
+    return False
 
 
 def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:

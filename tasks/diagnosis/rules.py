@@ -62,12 +62,13 @@ RULES: list[Rule] = [
     Rule("NodeFailure", "infrastructure",
          r"(?i)fallen off the bus|Unable to determine the device handle for GPU|Xid \([^)]*\):\s*(?:79|119|120)\b|"
          r"machine check|Hardware Error|"
-         r"kernel panic|node\b[^\n]*\b(?:failed|down|unreachable|NotReady|lost)\b|"
+         r"kernel panic|node\b[^\n]*\b(?:failed(?! to\b)|down|unreachable|NotReady|lost)\b|"
          r"\bNodeFailure\b|heartbeat (?:timeout|lost)|DUE TO NODE FAILURE|"
          r"slurmstepd: error: execve\(\)[^\n]*slurm_script", 92, True,
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
     Rule("Preempted", "infrastructure",  # the scheduler's decision: what the tasks print after it are its symptoms
-         r"DUE TO PREEMPTION|DUE TO JOB REQUEUE|job is preempted|(?i:spot instance[^\n]*(?:interrupt|terminat))", 89,
+         r"DUE TO PREEMPTION|DUE TO JOB REQUEUE|job is preempted|(?i:spot instance[^\n]*(?:interrupt|terminat))|"
+         r"(?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ \*\*\*\s*$", 89,  # cancelled, no reason given: by the scheduler
          True,
          "the scheduler or the cloud took the nodes back: resume from the newest checkpoint on the next allocation"),
     Rule("DriverError", "script",
@@ -103,6 +104,11 @@ RULES: list[Rule] = [
          r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b)", 90, True,
          "run the node check on this rank's node, cordon it if it fails, and resume"),
     # -- infrastructure: storage (errno families; a full disk fails again until space is freed) -----------------
+    Rule("SharedMemoryError", "script",  # ENOSPC from the shared-memory machinery, not from a disk
+         r"(?i)(?:/dev/shm|\bshm\b|semaphore|SemLock|joblib|_multiprocessing)[^\n]*(?:No space left on device|\[Errno 28\])|"
+         r"(?:No space left on device|\[Errno 28\])[^\n]*(?:/dev/shm|\bshm\b|semaphore|SemLock|joblib)", 87, False,
+         "shared memory (/dev/shm, where semaphores and worker tensors live) is full, not the disk: run the "
+         "container with a larger --shm-size (or --ipc=host), or fewer workers; a restart fails the same way"),
     Rule("DiskFull", "infrastructure",
          r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|Disk quota exceeded|StorageFull|"
          r"file write failed|failed writing file",
@@ -134,15 +140,21 @@ RULES: list[Rule] = [
          "the data-loader workers ran out of shared memory (/dev/shm, a container or host setting): run with a larger "
          "--shm-size (or --ipc=host), or fewer workers; a restart fails the same way"),
     Rule("DataloaderKilled", "framework",
-         r"DataLoader worker \(pid[^\n]*(?:killed|exited unexpectedly)|worker process[^\n]*killed by signal|"
+         r"DataLoader worker \(pid[^\n]*killed|worker process[^\n]*killed by signal|"
          r"Unexpected (?:segmentation fault|bus error) encountered in worker", 75,
          True, "host memory ran out in the data loader: fewer workers or a smaller prefetch, then resume"),
+    Rule("DataloaderKilled", "script",  # no signal named: below a "killed by signal" line (framework, 75) here
+         r"DataLoader worker \(pid\(?s?\)?[^\n]*exited unexpectedly", 74, False,
+         "the data-loader workers exited with no signal named: their start-up (spawn on Windows, a too small "
+         "/dev/shm) or the dataset code in them; run with num_workers=0 to see the worker's own error, then fix it"),
     Rule("NumericalError", "framework",
          r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
          r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
          r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
          r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
          r"encountered)|encountered (?:a )?nan|"
+         r"\b(?:loss(?:es)?|outputs?|logits|gradients?|grads?|weights?|param(?:eter)?s?|activations?|predictions?)\s+"
+         r"(?:is|are|was|were|became|become|becomes|went|goes|turned)\s+(?:to\s+)?(?:nan|inf)\b|"
          r"loss[ _]scale\b[^\n\d]{0,30}\bto:? 0\.\d|loss[ _]scale[ =:]+0(?:\.0+)?(?![.\d])", 78, False,
          "the loss diverged (NaN/inf, or fp16 loss scale at its floor): lower the learning rate, use bf16 or "
          "gradient clipping, and resume from a checkpoint before the divergence"),
@@ -293,7 +305,8 @@ RULES: list[Rule] = [
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
     Rule("Killed", "framework",
-         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$|exit(?:ed with)? (?:code|status)[:= ]*137\b|"
+         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$|(?:it/s|s/it|\d%)\]?\s*Killed\s*$|"
+         r"exit(?:ed with)? (?:code|status)[:= ]*137\b|"
          r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
          r"(?:9\b|SIGKILL)|signal 9 \(SIGKILL\)", 12, True,
          "a rank was SIGKILLed with no error of its own: the host OOM killer or a lost node; resumed once, and if it "
