@@ -760,10 +760,13 @@ class Ledger:
             row = c.execute(query.order_by(runs_t.c.updated_at.desc()).limit(1)).first()
         return RunRecord.model_validate_json(row.record) if row else None
 
-    def runs(self) -> list[RunRecord]:
-        """Every run's record, the most recently updated first."""
+    def runs(self, job: str | None = None) -> list[RunRecord]:
+        """Every run's record (of `job`'s name, when given), the most recently updated first."""
+        query = select(runs_t.c.record).order_by(runs_t.c.updated_at.desc())
+        if job is not None:
+            query = query.where(runs_t.c.job == job)
         with self.engine.connect() as c:
-            rows = c.execute(select(runs_t.c.record).order_by(runs_t.c.updated_at.desc())).all()
+            rows = c.execute(query).all()
         return [RunRecord.model_validate_json(r.record) for r in rows]
 
     def allocation(self, allocation_id: str) -> Allocation:

@@ -55,7 +55,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     cluster = load_cluster(request.cluster_spec)  # an unknown cluster fails before anything starts
     ledger = Ledger(request.ledger)
     active = {a.job for a in ledger.allocations()} | {q.job for q in ledger.queue()}
-    if (why := name_taken([r for r in ledger.runs() if r.job == run.job], request, active)) is not None:
+    if (why := name_taken(ledger.runs(run.job), request, active)) is not None:
         raise PipelineError(why)
     if (why := foreign_root(request)) is not None:
         raise PipelineError(why)

@@ -283,6 +283,7 @@ def test_two_users_runs_of_one_job_name_are_two_runs(url):
     assert led.run("exp", "file:///home/bob/runs/exp/ckpt").stage == "training"
     assert led.run("exp").checkpoint_root == "file:///home/alice/runs/exp/ckpt"  # by name: the newest
     assert led.run("exp", "file:///elsewhere") is None
+    assert len(led.runs("exp")) == 2 and led.runs("other") == []
     for who in ("alice", "bob"):
         led.note_checkpoints("exp", f"file:///home/{who}/runs/exp/ckpt", "quick")
     assert sorted(led.checkpoint_roots()) == ["file:///home/alice/runs/exp/ckpt", "file:///home/bob/runs/exp/ckpt"]
