@@ -639,3 +639,96 @@ def test_no_space_from_the_shared_memory_machinery_is_shm_not_the_disk():
     assert (_d(shm).type, _d(shm).category) == ("SharedMemoryError", "script")
     disk = "  File \"train.py\", line 9, in save\nOSError: [Errno 28] No space left on device\n"
     assert (_d(disk).type, _d(disk).category) == ("DiskFull", "infrastructure")
+
+
+# -- round 5: the families red-team set 5 showed (tests/data/diagnosis/redteam5) ---------------------------------
+
+def test_cloud_preemption_notices_and_a_lost_tpu_worker_are_the_scheduler():
+    gcp = ("Mar 02 10:11:12Z worker-7 start-worker 2025/03/02 10:11:12 GCP Metadata Service says termination is "
+           "imminent\nMar 02 10:11:20Z worker-7 systemd-logind Power key pressed.\n")
+    tpu = ("I0302 10:11:12.5 1402 tpu_estimator.py:616] Enqueue next (100) batch(es) of data to infeed.\n"
+           "INFO:tensorflow:ShutdownHook: lame workers found: HeartbeatManager(/job:worker/replica:0/task:0/device:CPU:0)\n")
+    for log in (gcp, tpu):
+        d = _d(log)
+        assert (d.type, d.category, d.restartable) == ("Preempted", "infrastructure", True), log
+    assert _d("INFO: the run reached max_steps; termination of the trainer follows\n").type != "Preempted"
+
+
+def test_a_gpu_the_driver_cannot_bring_up_is_a_node_failure():
+    log = ("[   38.77] NVRM: GPU 0000:81:00.0: RmInitAdapter failed! (0x26:0xffff:1127)\n"
+           "[   38.78] NVRM: GPU 0000:81:00.0: rm_init_adapter failed, device minor number 0\n")
+    d = _d(log)
+    assert (d.type, d.category, d.line_no) == ("NodeFailure", "infrastructure", 1)
+
+
+def test_hccl_errors_on_npus_read_like_their_nccl_counterparts():
+    chain = ("[rank1]:     work = group.allreduce([tensor], opts)\n"
+             "[rank1]: RuntimeError: InnerRunOpApi:torch_npu/csrc/framework/OpParamMaker.cpp:281 OPS function error: "
+             "HcclAllreduce, error code is 6\n"
+             "[rank1]: [ERROR] 2025-04-08-18:07:20 (PID:129, Device:1, RankID:1) ERR01100 OPS call acl api failed.\n"
+             "[rank1]: EI0006: [PID: 129] 2025-04-08-18:07:20.444.436 Getting socket times out. Reason: Remote Rank "
+             "did not send the data in time.\n")
+    d = _d(chain)
+    assert (d.type, d.category, d.line_no) == ("NetworkError", "infrastructure", 4)
+    alone = _d("\n".join(chain.splitlines()[:2]) + "\n")
+    assert (alone.category, alone.line_no) == ("infrastructure", 2)
+    sync = _d("EE1002: 2025-01-03-16:50:00.041.231 Stream synchronize timeout. rtDeviceSynchronize execute failed, "
+              "reason=[stream sync timeout]\n")
+    assert (sync.type, sync.category) == ("NCCLTimeoutError", "infrastructure")
+
+
+def test_a_bare_killed_pasted_with_emphasis_or_in_the_shells_language_is_a_sigkill():
+    for last in ("**Killed**", "已杀死", "Killed"):
+        d = _d(f"iter 144: loss 0.58\nWriting metrics: /logs/metrics.jsonl\n{last}\n")
+        assert (d.type, d.category, d.line_no) == ("Killed", "framework", 3), last
+    assert _d("cleanup: Killed 3 stale workers from the last run\n").type != "Killed"
+
+
+def test_overflow_exhaustion_and_nan_distribution_parameters_are_divergence():
+    overflow = ('  File "megatron/utils.py", line 353, in check\n    raise Exception(\n'
+                "Exception: Skipped 50 iterations in a row due to Overflow - Exiting training.\n")
+    dist = ("ValueError: Expected parameter loc (Tensor of shape (2, 3)) of distribution Normal(loc: torch.Size([2, 3]), "
+            "scale: torch.Size([2, 3])) to satisfy the constraint Real(), but found invalid values:\n"
+            "tensor([[nan, nan, nan],\n        [nan, nan, nan]], device='cuda:0')\n")
+    for log in (overflow, dist):
+        d = _d(log)
+        assert (d.type, d.category) == ("NumericalError", "framework"), log
+    other = _d("ValueError: Expected parameter lr to be a positive float, got -1\n")
+    assert other.category == "script"
+
+
+def test_torchs_shared_memory_files_are_shm_not_the_framework():
+    for log in ("RuntimeError: unable to write to file </torch_76_3625483894> at /pytorch/aten/src/TH/THAllocator.c:383\n",
+                "RuntimeError: unable to open shared memory object </torch_30997_2076642173> in read-write mode\n"):
+        d = _d(log)
+        assert (d.type, d.category, d.restartable) == ("SharedMemoryError", "script", False), log
+
+
+def test_ncclS_proxy_passing_on_a_failure_yields_to_the_socket_warning_beneath_it():
+    log = ("h:6015:6225 [1] proxy.cc:1119 NCCL WARN [Proxy Service 1] Failed to execute operation Connect from rank 1, "
+           "retcode 6\n\n"
+           "h:6015:6224 [1] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer node4<59227>\n"
+           "h:6015:6224 [1] NCCL INFO misc/socket.cc:546 -> 6\n")
+    d = _d(log)
+    assert (d.category, d.line_no) == ("infrastructure", 3)
+    assert _d(log.splitlines()[0] + "\n").category == "infrastructure"
+
+
+def test_the_watchdogs_summary_yields_to_the_line_that_names_the_collective():
+    log = ("[rank3]:[E ProcessGroupNCCL.cpp:1537] [PG 1 Rank 3] Timeout at NCCL work: 15734, last enqueued NCCL work: "
+           "15735, last completed NCCL work: 15733.\n"
+           "[rank3]:[E ProcessGroupNCCL.cpp:1414] [PG 1 Rank 3] Process group watchdog thread terminated with exception: "
+           "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=15734, OpType=ALLREDUCE, "
+           "Timeout(ms)=600000) ran for 600098 milliseconds before timing out.\n")
+    d = _d(log)
+    assert (d.type, d.line_no) == ("NCCLTimeoutError", 2)
+    assert _d(log.splitlines()[0] + "\n").type == "NCCLTimeoutError"
+
+
+def test_a_loss_printed_in_a_list_or_as_a_tensor_repr_diverges():
+    rows = [f"Epoch:{i}|Loss:[tensor({v}, device='cuda:0', grad_fn=<AddBackward0>)]|: 100%|" for i, v in
+            ((1, "0.8123"), (2, "0.7511"), (3, "nan"), (4, "nan"))]
+    d = _d("\n".join(rows) + "\n")
+    assert (d.type, d.category, d.line_no) == ("NumericalError", "framework", 3)
+    recovered = _d("\n".join(rows[:3] + [rows[0].replace("Epoch:1", "Epoch:4")] * 80) + "\n")
+    assert recovered.type != "NumericalError"

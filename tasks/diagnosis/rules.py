@@ -60,7 +60,8 @@ RULES: list[Rule] = [
          r"(?i)nvlink[^\n]*(?:error|fault|down|inactive)|Xid \([^)]*\):\s*74\b", 95, True,
          "cordon the node (NVLink fault) and resume on healthy GPUs"),
     Rule("NodeFailure", "infrastructure",
-         r"(?i)fallen off the bus|Unable to determine the device handle for GPU|Xid \([^)]*\):\s*(?:79|119|120)\b|"
+         r"(?i)fallen off the bus|Unable to determine the device handle for GPU|RmInitAdapter failed|"
+         r"rm_init_adapter failed|Cannot attach gpu|GPU is lost|Xid \([^)]*\):\s*(?:79|119|120)\b|"
          r"machine check|Hardware Error|"
          r"kernel panic|node\b[^\n]*\b(?:failed(?! to\b)|down|unreachable|NotReady|lost)\b|"
          r"\bNodeFailure\b|heartbeat (?:timeout|lost)|DUE TO NODE FAILURE|"
@@ -68,6 +69,8 @@ RULES: list[Rule] = [
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
     Rule("Preempted", "infrastructure",  # the scheduler's decision: what the tasks print after it are its symptoms
          r"DUE TO PREEMPTION|DUE TO JOB REQUEUE|job is preempted|(?i:spot instance[^\n]*(?:interrupt|terminat))|"
+         r"(?i:termination is imminent|preemption notice|instance (?:was |is |has been )?preempted)|"
+         r"lame workers found|"
          r"(?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ \*\*\*\s*$", 89,  # cancelled, no reason given: by the scheduler
          True,
          "the scheduler or the cloud took the nodes back: resume from the newest checkpoint on the next allocation"),
@@ -131,6 +134,7 @@ RULES: list[Rule] = [
          "restart with the next resource plan with more memory per GPU (or a smaller micro-batch)"),
     Rule("SharedMemoryError", "script",
          r"(?i)error while creating shared memory segment|unable to (?:allocate|create|open) shared memory|"
+         r"unable to (?:write to|open|mmap) (?:file|shared memory object) </torch_|"
          r"shm_open|/dev/shm[^\n]*(?:no space|too small|failed)", 79, False,
          "the container's shared memory (/dev/shm) is too small for NCCL or the data loader: run it with a larger "
          "--shm-size (or --ipc=host); a restart fails the same way"),
@@ -149,6 +153,7 @@ RULES: list[Rule] = [
          "/dev/shm) or the dataset code in them; run with num_workers=0 to see the worker's own error, then fix it"),
     Rule("NumericalError", "framework",
          r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
+         r"iterations in a row due to (?:overflow|nan)|(?-i:to satisfy the constraint \w+\(\), but found invalid values)|"
          r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
          r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
          r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
@@ -274,6 +279,15 @@ RULES: list[Rule] = [
          r"Got completion from peer|communicator was aborted|ProcessGroupNCCL is aborted|"
          r"(?:Process group|NCCL) watchdog thread terminated", 32, True,
          "a peer rank died or its link failed: run the node check, cordon the faulty node, resume"),
+    Rule("NetworkError", "infrastructure",  # the proxy passing on a failure: the socket/net warning is the cause
+         r"\[Proxy Service \d+\] Failed to execute operation|Proxy Call to rank \d+ failed", 31, True,
+         "a network fault: run the node check on the job's nodes and resume"),
+    Rule("NetworkError", "infrastructure",  # HCCL (Ascend NPUs), NCCL's counterpart: a socket that timed out
+         r"Getting socket times out|\bEI000[26]\b|(?i:HCCL[^\n]*(?:socket|connect)[^\n]*(?:time|fail|refused))", 50, True,
+         "a network fault between NPUs (HCCL): run the node check on the job's nodes and resume"),
+    Rule("NCCLRemoteError", "infrastructure",  # HCCL's collective failing with an error code: the cause follows
+         r"OPS function error: Hccl\w+, error code is \d+|HCCL error in:", 32, True,
+         "a collective failed on the NPUs (HCCL): run the node check, cordon the faulty node, resume"),
     Rule("NetworkError", "infrastructure",  # NCCL's system/internal errors and its socket, net and proxy warnings
          r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|IBV_WC_(?!SUCCESS)\w+|ncclSystemError|unhandled system error|"
          r"ncclInternalError|(?i:NCCL error)[^\n]*internal error|NCCL WARN (?:NET|Net|Socket|socket|Call to|Connect|"
@@ -296,16 +310,20 @@ RULES: list[Rule] = [
          "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
     # -- symptoms ----------------------------------------------------------------------------------------------
     Rule("NCCLTimeoutError", "infrastructure",
-         r"Watchdog caught collective operation timeout|NCCL timeout|ProcessGroupNCCL[^\n]*Timeout|"
-         r"collective operation timeout|Timed out waiting \d+ms for|watchdog got stuck|Timeout at NCCL work|"
-         r"watchdog hang|Heartbeat monitor timed out", 20, True,
+         r"Watchdog caught collective operation timeout|NCCL timeout|ProcessGroupNCCL[^\n]*Timeout(?! at NCCL work)|"
+         r"collective operation timeout|Timed out waiting \d+ms for|watchdog got stuck|"
+         r"watchdog hang|Heartbeat monitor timed out|Stream synchronize timeout|stream sync timeout", 20, True,
+         "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
+    Rule("NCCLTimeoutError", "infrastructure",  # the watchdog's summary: below the line that names the collective
+         r"Timeout at NCCL work|Exception \(either an error or timeout\) detected by watchdog", 19, True,
          "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
     Rule("TimeLimit", "infrastructure", r"DUE TO TIME LIMIT", 19, True,
          "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
     Rule("Killed", "framework",
-         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^Killed$|(?:it/s|s/it|\d%)\]?\s*Killed\s*$|"
+         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
+         r"(?:it/s|s/it|\d%)\]?\s*Killed\s*$|"
          r"exit(?:ed with)? (?:code|status)[:= ]*137\b|"
          r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
          r"(?:9\b|SIGKILL)|signal 9 \(SIGKILL\)", 12, True,
@@ -422,7 +440,9 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"not used in producing", b"socket interface", b"cannot assign requested", b"ssh: connect",
     b"remote end closed", b"remotedisconnected", b"too many requests", b"name or service", b"nodename nor servname",
     b"address associated with hostname", b"resolve host", b"name resolution", b"incompleteread", b"return code",
-    b"valid range", b"connection aborted", b"loss is nan", b"loss is inf")
+    b"valid range", b"connection aborted", b"loss is nan", b"loss is inf", b"times out", b"hccl", b"imminent",
+    b"lame worker", b"rminitadapter", b"rm_init_adapter", b"attach gpu", b"gpu is lost", b"overflow",
+    "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
