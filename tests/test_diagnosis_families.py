@@ -732,3 +732,13 @@ def test_a_loss_printed_in_a_list_or_as_a_tensor_repr_diverges():
     assert (d.type, d.category, d.line_no) == ("NumericalError", "framework", 3)
     recovered = _d("\n".join(rows[:3] + [rows[0].replace("Epoch:1", "Epoch:4")] * 80) + "\n")
     assert recovered.type != "NumericalError"
+
+
+def test_ranks_running_different_collectives_and_a_diverged_fit_are_not_restarted():
+    mismatch = _d("RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: "
+                  "CollectiveFingerPrint(SequenceNumber=485, OpType=ALLREDUCE), but Rank 0 is running collective: "
+                  "CollectiveFingerPrint(SequenceNumber=485, OpType=BROADCAST).\n")
+    assert (mismatch.type, mismatch.category, mismatch.restartable) == ("CollectiveMismatch", "framework", False)
+    diverged = _d('  File "sknn/mlp.py", line 248, in _fit\n    raise e\nRuntimeError: Training diverged and returned NaN.\n')
+    assert (diverged.type, diverged.restartable) == ("NumericalError", False)
+    assert _d("RuntimeError: the sampler and the model diverged in their device placement\n").type == "RuntimeError"

@@ -153,7 +153,7 @@ RULES: list[Rule] = [
          "/dev/shm) or the dataset code in them; run with num_workers=0 to see the worker's own error, then fix it"),
     Rule("NumericalError", "framework",
          r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
-         r"iterations in a row due to (?:overflow|nan)|(?-i:to satisfy the constraint \w+\(\), but found invalid values)|"
+         r"iterations in a row due to (?:overflow|nan)|training (?:has )?diverged|(?-i:to satisfy the constraint \w+\(\), but found invalid values)|"
          r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
          r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
          r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
@@ -241,6 +241,10 @@ RULES: list[Rule] = [
          r"Signals\.SIG(?:BUS|ABRT)|Aborted \(core dumped\)|Fatal Python error: Aborted", 14, True,
          "a process crashed in native code (SIGSEGV, SIGBUS or SIGABRT): one restart; if it recurs, a library or "
          "driver mismatch (a bus error in a container: too small /dev/shm)"),
+    Rule("CollectiveMismatch", "framework",  # ranks took different code paths: deterministic, a restart repeats it
+         r"Detected mismatch between collectives on ranks", 41, False,
+         "the ranks ran different collectives (a code path that differs between ranks: a rank-dependent branch, "
+         "uneven data, a hook that runs on one rank only): fix the code; a restart fails the same way"),
     Rule("ChildFailed", "framework",  # a launcher re-raising its child's exit status (the child's error is above)
          r"CalledProcessError: Command '\[[^\]]*(?:python|torchrun|deepspeed|accelerate|mpirun|srun)[^\]]*\]' "
          r"returned non-zero exit status|See root cause above|Engine core initialization failed|"
@@ -441,7 +445,7 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"remote end closed", b"remotedisconnected", b"too many requests", b"name or service", b"nodename nor servname",
     b"address associated with hostname", b"resolve host", b"name resolution", b"incompleteread", b"return code",
     b"valid range", b"connection aborted", b"loss is nan", b"loss is inf", b"times out", b"hccl", b"imminent",
-    b"lame worker", b"rminitadapter", b"rm_init_adapter", b"attach gpu", b"gpu is lost", b"overflow",
+    b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter", b"attach gpu", b"gpu is lost", b"overflow",
     "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
