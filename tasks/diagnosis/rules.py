@@ -153,7 +153,8 @@ RULES: list[Rule] = [
          "/dev/shm) or the dataset code in them; run with num_workers=0 to see the worker's own error, then fix it"),
     Rule("NumericalError", "framework",
          r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
-         r"iterations in a row due to (?:overflow|nan)|training (?:has )?diverged|(?-i:to satisfy the constraint \w+\(\), but found invalid values)|"
+         r"iterations in a row due to (?:overflow|nan)|training (?:has )?diverged|"
+         r"(?-i:to satisfy the constraint \w+\(\), but found invalid values)|"
          r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
          r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
          r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
@@ -445,7 +446,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"remote end closed", b"remotedisconnected", b"too many requests", b"name or service", b"nodename nor servname",
     b"address associated with hostname", b"resolve host", b"name resolution", b"incompleteread", b"return code",
     b"valid range", b"connection aborted", b"loss is nan", b"loss is inf", b"times out", b"hccl", b"imminent",
-    b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter", b"attach gpu", b"gpu is lost", b"overflow",
+    b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter",
+    b"attach gpu", b"gpu is lost", b"overflow",
     "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
