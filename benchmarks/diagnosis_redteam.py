@@ -1,5 +1,5 @@
 """Score `frenzy diagnose` on a red-team set: logs from projects outside the corpus, labelled from their threads
-before the diagnosis was run (tests/data/diagnosis/redteam4, PROVENANCE.md there).
+before the diagnosis was run (tests/data/diagnosis/redteam4 by default, redteam5 with `--set`; PROVENANCE.md in each).
 
     python benchmarks/diagnosis_redteam.py [--set DIR] [--json OUT]
 
