@@ -377,3 +377,51 @@ def test_a_root_that_holds_another_jobs_checkpoints_is_refused_with_both_fixes(t
     assert why is not None and "job 'ivy-a' (newest step 20)" in why and "its own training.checkpoint.uri" in why
     assert foreign_root(_request(tmp_path, name="ivy-a")) is None  # its own: a rerun resumes it
     assert foreign_root(_request(tmp_path / "empty", name="ivy-b")) is None
+
+
+def test_triggered_runs_are_matched_however_the_root_is_spelled_and_the_causes_of_a_silent_wait_are_named(
+        prefect_server, tmp_path, monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.states import Failed
+
+    from flows.stages import ORPHAN_S, DeploymentGone, TriggeredEvaluations
+
+    monkeypatch.chdir(tmp_path)
+    root = f"file://{tmp_path}/ck-suite"  # what the commit events carry, whatever the job's `uri:` said
+    clock = [datetime.now(UTC)]
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="pool-41e"), overwrite=True)
+        dep = client.create_deployment(client.create_flow_from_name("evaluate-checkpoint"), name="evaluate-on-checkpoint",
+                                       work_pool_name="pool-41e")
+        fr = client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_00000010"}})
+        client.set_flow_run_state(fr.id, Failed(message="unknown dataset 'data'"), force=True)
+        for spelled in ("ck-suite", "./ck-suite/", f"{tmp_path}/ck-suite", f"{root}/"):  # `uri: ck-suite` and kin
+            t = TriggeredEvaluations(spelled, clock[0] - timedelta(seconds=60), print, now=lambda: clock[0])
+            assert t.ended_without_score() == {10: ("failed", "unknown dataset 'data'")}, spelled
+        # step 20 committed, but its commit made no run: started once ORPHAN_S has passed (the clock is injected)
+        assert t.orphans({20}) == []
+        clock[0] += timedelta(seconds=ORPHAN_S)
+        assert t.orphans({20}) == [20]
+        t.start(20, "quick", str(tmp_path / "evals"))
+        assert t.orphans({20}) == []
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
+        mine = sorted(u for r in runs if (u := r.parameters["request"]["uri"]).startswith(root))
+        assert mine == [f"{root}/step_00000010", f"{root}/step_00000020"]
+        # the pool paused: said at once, with the command that resumes it (not "is a worker running?")
+        client.update_work_pool("pool-41e", WorkPoolUpdate(is_paused=True))
+        warned: list[str] = []
+        t = TriggeredEvaluations("ck-suite", clock[0] - timedelta(seconds=600), warned.append, now=lambda: clock[0])
+        t.ended_without_score()
+        t.ended_without_score()
+        assert warned == ["the work pool pool-41e is paused: the evaluation runs wait until it is resumed "
+                          "(`prefect work-pool resume pool-41e`)"]
+        # the deployment deleted while submit waits: named, so that submit evaluates the steps left in-flow
+        client.delete_deployment(dep)
+        with pytest.raises(DeploymentGone, match="evaluate-on-checkpoint deployment is not on the server"):
+            t.ended_without_score()
+        with pytest.raises(DeploymentGone):
+            t.rerun(20)
