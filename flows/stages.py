@@ -122,7 +122,7 @@ class TriggeredEvaluations:
             raise DeploymentGone(f"the {EVAL_DEPLOYMENT} deployment is not on the server (deleted?)") from err
         except Exception as err:  # noqa: BLE001 - the scores still arrive; only the early failure report is lost
             if not self.warned:
-                self.warn(f"cannot read the evaluation runs' states ({err}); waiting for the scores alone")
+                self.warn(f"cannot read the evaluation runs' states ({type(err).__name__}: {err}); waiting for the scores alone")
                 self.warned = True
             return {}
 
@@ -182,7 +182,12 @@ class TriggeredEvaluations:
         self.pool = dep.work_pool_name or ""
         if self.pool_said:
             return
-        pool = client.read_work_pool(dep.work_pool_name) if dep.work_pool_name else None
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            pool = client.read_work_pool(dep.work_pool_name) if dep.work_pool_name else None
+        except ObjectNotFound:  # a pool not made yet: the first worker makes it (not the deployment gone)
+            pool = None
         if dep.paused or (pool is not None and pool.is_paused):
             self.pool_said = True
             what, fix = ((f"the work pool {pool.name}", f"prefect work-pool resume {pool.name}") if pool is not None

@@ -124,7 +124,32 @@ def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server
         {"name": "qa", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "no_such_pkg_x:make"}]}))
     with pytest.raises(SuiteError, match="plugin no_such_pkg_x:make: no module 'no_such_pkg_x' here"):
         submit(req.model_copy(update={"suite": str(tmp_path / "s.yaml")}))
+    # a dataset that names a directory (where its .jsonl files were meant) fails every evaluation, on any worker:
+    # refused before training, also when workers evaluate (deployment), naming the suite, the dataset and the fix
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump({"name": "d", "datasets": [
+        {"name": "qa", "examples": 1, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "data"}]}))
+    for mode in ("in-flow", "deployment"):
+        with pytest.raises(SuiteError, match=r"d.yaml: dataset 'qa': data is a directory .*`dataset: data/a.jsonl`"):
+            submit(req.model_copy(update={"suite": str(tmp_path / "d.yaml"), "evaluation": mode}))
     assert not (tmp_path / "run").exists() and not (tmp_path / "ledger.db").exists()
+
+
+def test_dataset_problems_are_what_evaluation_would_refuse(tmp_path):
+    from tasks.evaluation.datasets import DatasetError, resolve
+    from tasks.evaluation.suite import Suite, dataset_problems
+
+    (tmp_path / "notes.txt").write_text("x")
+    entries = {"ok": "heldout-loss", "file": "notes.txt", "typo": "heldout-los", "jl": "a.jsonl", "dir": "."}
+    suite = Suite.model_validate({"name": "s", "datasets": [
+        {"name": n, "examples": 1, "mode": "ppl", "infer_s_per_example": 0.1, "dataset": src}
+        for n, src in entries.items()]})
+    got = {p.text.split("'")[1]: p.everywhere for p in dataset_problems(suite, tmp_path)}
+    assert got == {"file": True, "typo": False, "dir": True}  # a name a worker's plugin may have is only "here"
+    for name in got:  # each is what resolve() refuses
+        with pytest.raises(DatasetError):
+            resolve(str(tmp_path / entries[name]) if name != "typo" else entries[name], "ppl")
 
 
 def test_a_job_no_node_can_ever_hold_fails_at_once_instead_of_waiting(tmp_path):
