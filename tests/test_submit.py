@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from cluster.ledger import CheckpointRoot, Ledger
+from tasks.evaluation import history
 from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -450,3 +451,34 @@ def test_triggered_runs_are_matched_however_the_root_is_spelled_and_the_causes_o
             t.ended_without_score()
         with pytest.raises(DeploymentGone):
             t.rerun(20)
+
+
+def test_submit_evaluates_in_flow_when_the_evaluation_deployment_is_gone_while_it_waits(prefect_server, tmp_path):
+    from prefect import flow, get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from cluster.inventory import load_cluster
+    from flows.stages import EVAL_DEPLOYMENT, FlowStages
+    from tasks.pipeline.run import Run
+    from tasks.training.request import TrainResult
+    from tests import trainer_util as tu
+
+    res = TrainResult.model_validate(tu.run(tu.tiny_job(f"file://{tmp_path}/ckpt", steps=20, every=10), tmp_path / "t"))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
+        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    req = _request(tmp_path, name="t", steps=20, every=10).model_copy(
+        update={"evaluation": "deployment", "suite": str(tmp_path / "s.yaml"), "eval_timeout_s": 600.0})
+    with get_client(sync_client=True) as client:  # deleted (by an admin) before submit looks for its runs
+        try:
+            client.delete_deployment(client.read_deployment_by_name(EVAL_DEPLOYMENT).id)
+        except ObjectNotFound:
+            pass
+    run = Run(request=req, run_dir=str(tmp_path / "run"), suite="s", mode="deployment", result=res)
+
+    @flow
+    def waiting() -> tuple[list, list]:
+        return FlowStages(req, Ledger(str(tmp_path / "l.db")), load_cluster("local")).evaluations(run)
+
+    found, failures = waiting()
+    assert [e.step for e in found] == [10, 20] and failures == []
+    assert {e.step for e in history.read(str(tmp_path / "evals"), "t", "s")} == {10, 20}
