@@ -22,7 +22,8 @@ from cluster.inventory import load_cluster
 from cluster.ledger import Ledger
 from flows.naming import run_name, submission_base
 from flows.stages import FlowStages, evaluation_mode
-from tasks.evaluation.suite import SuiteError, dataset_problems, load_suite
+from tasks.evaluation.datasets import dataset_problems
+from tasks.evaluation.suite import SuiteError, load_suite
 from tasks.paths import path_like
 from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive

@@ -138,8 +138,8 @@ def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server
 
 
 def test_dataset_problems_are_what_evaluation_would_refuse(tmp_path):
-    from tasks.evaluation.datasets import DatasetError, resolve
-    from tasks.evaluation.suite import Suite, dataset_problems
+    from tasks.evaluation.datasets import DatasetError, dataset_problems, resolve
+    from tasks.evaluation.suite import Suite
 
     (tmp_path / "notes.txt").write_text("x")
     entries = {"ok": "heldout-loss", "file": "notes.txt", "typo": "heldout-los", "jl": "a.jsonl", "dir": "."}
