@@ -28,6 +28,7 @@ from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.request import EvaluateRequest
+from tasks.paths import place_key
 from tasks.pipeline import attempt as at
 from tasks.pipeline.evaluations import EvalFailure, InFlowEvaluator, Verdict, collect_scores, scored, step_uri
 from tasks.pipeline.request import Recovery, SubmitRequest
@@ -83,6 +84,14 @@ STUCK_S = 180.0
 """An evaluation run PENDING this long was claimed by a worker that never started it (the worker stopped): it is
 marked crashed and run again. One SCHEDULED this long waits for a worker: said, once, with the fix."""
 
+ORPHAN_S = 120.0
+"""A committed step with neither a score nor an evaluation run this long after submit first looked for one (its commit
+event reached the server, but no run was created): submit starts its run itself."""
+
+
+class DeploymentGone(Exception):  # noqa: N818 - a condition, not a failure: the waiting submit evaluates in-flow
+    """The evaluate-on-checkpoint deployment is not on the server (deleted while submit waited)."""
+
 
 class TriggeredEvaluations:
     """The evaluate-on-checkpoint runs that the commits under `root` triggered since `since`, as the server sees
@@ -94,19 +103,26 @@ class TriggeredEvaluations:
                  now: Callable[[], datetime] = lambda: datetime.now(UTC), earlier: frozenset[int] = frozenset()) -> None:
         """`earlier`: steps an earlier invocation committed (a resumed run): their runs count from any time."""
         self.root, self.since, self.warn, self.info, self.now = root.rstrip("/"), since, warn, info, now
-        self.earlier = earlier
+        self.earlier, self.key = earlier, place_key(root)
         self.params: dict[int, dict] = {}
+        self.read_ok = False
+        self.unseen: dict[int, datetime] = {}
         self.warned = False
+        self.pool_said, self.pool = False, ""
         self.said_at = 0.0
         self.late_said: set[int] = set()
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
         """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
+        from prefect.exceptions import ObjectNotFound
+
         try:
             return self._ended()
+        except ObjectNotFound as err:
+            raise DeploymentGone(f"the {EVAL_DEPLOYMENT} deployment is not on the server (deleted?)") from err
         except Exception as err:  # noqa: BLE001 - the scores still arrive; only the early failure report is lost
             if not self.warned:
-                self.warn(f"cannot read the evaluation runs' states ({err}); waiting for the scores alone")
+                self.warn(f"cannot read the evaluation runs' states ({type(err).__name__}: {err}); waiting for the scores alone")
                 self.warned = True
             return {}
 
@@ -121,6 +137,7 @@ class TriggeredEvaluations:
 
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
+            self._paused(client, dep)
             after = None if self.earlier else FlowRunFilterExpectedStartTime(after_=self.since)
             runs = client.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
@@ -129,11 +146,12 @@ class TriggeredEvaluations:
             newest: dict[int, Any] = {}
             for fr in sorted(runs, key=lambda fr: fr.created or self.since):
                 uri = str((fr.parameters.get("request") or {}).get("uri", ""))
-                m = re.fullmatch(re.escape(self.root) + r"/step_(\d+)/?", uri)
+                m = re.fullmatch(re.escape(self.key) + r"/step_(\d+)", place_key(uri)) if uri else None
                 if m and (int(m.group(1)) in self.earlier or (fr.expected_start_time or self.since) >= self.since):
                     newest[int(m.group(1))] = fr
                     self.params[int(m.group(1))] = fr.parameters
             out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
+        self.read_ok = True
         self._say(newest)
         return out
 
@@ -153,11 +171,39 @@ class TriggeredEvaluations:
                    "PENDING: the worker stopped?)")
             client.set_flow_run_state(fr.id, Crashed(message=why), force=True)
             return "crashed", why
-        if st.type.value == "SCHEDULED" and waited > STUCK_S and step not in self.late_said:
+        if st.type.value == "SCHEDULED" and waited > STUCK_S and step not in self.late_said and not self.pool_said:
             self.late_said.add(step)
             self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: is one "
-                      f"running on the deployment's work pool? (`prefect worker start --pool POOL`)")
+                      f"running on the deployment's work pool? (`prefect worker start --pool {self.pool or 'POOL'}`)")
         return None
+
+    def _paused(self, client: Any, dep: Any) -> None:
+        """Say once that the deployment or its work pool is paused (its runs wait until it is resumed), with the fix."""
+        self.pool = dep.work_pool_name or ""
+        if self.pool_said:
+            return
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            pool = client.read_work_pool(dep.work_pool_name) if dep.work_pool_name else None
+        except ObjectNotFound:  # a pool not made yet: the first worker makes it (not the deployment gone)
+            pool = None
+        if dep.paused or (pool is not None and pool.is_paused):
+            self.pool_said = True
+            what, fix = ((f"the work pool {pool.name}", f"prefect work-pool resume {pool.name}") if pool is not None
+                         and pool.is_paused else (f"the deployment {EVAL_DEPLOYMENT}", f"prefect deployment resume {EVAL_DEPLOYMENT}"))
+            self.warn(f"{what} is paused: the evaluation runs wait until it is resumed (`{fix}`)")
+
+    def orphans(self, unscored: set[int]) -> list[int]:
+        """The steps of `unscored` that have had no evaluation run for ORPHAN_S since first seen without one (their
+        commit event made no run); [] while the server's runs cannot be read."""
+        if not self.read_ok:
+            return []
+        now = self.now()
+        for step in unscored - set(self.params):
+            self.unseen.setdefault(step, now)
+        return sorted(s for s, t in self.unseen.items() if s in unscored and s not in self.params
+                      and (now - t).total_seconds() >= ORPHAN_S)
 
     def _say(self, newest: dict[int, Any], every_s: float = 60.0) -> None:
         """Once a minute, the states of the runs waited for."""
@@ -170,12 +216,16 @@ class TriggeredEvaluations:
 
     def rerun(self, step: int) -> None:
         from prefect.deployments import run_deployment
+        from prefect.exceptions import ObjectNotFound
 
-        run_deployment(EVAL_DEPLOYMENT, parameters=self.params[step], timeout=0, as_subflow=False)
+        try:
+            run_deployment(EVAL_DEPLOYMENT, parameters=self.params[step], timeout=0, as_subflow=False)
+        except ObjectNotFound as err:
+            raise DeploymentGone(f"the {EVAL_DEPLOYMENT} deployment is not on the server (deleted?)") from err
 
     def start(self, step: int, suite: str, history_dir: str) -> None:
         """Run the evaluation of `step` that no commit event started (an earlier invocation's, stopped first)."""
-        self.params[step] = {"request": {"uri": step_uri(self.root, step), "suite": suite, "history_dir": history_dir,
+        self.params[step] = {"request": {"uri": step_uri(self.key, step), "suite": suite, "history_dir": history_dir,
                                          "reevaluate": False}}
         self.rerun(step)
 
@@ -187,6 +237,7 @@ class FlowStages:
         self.request, self.ledger, self.cluster = request, ledger, cluster
         self.log = get_run_logger()
         self.started = datetime.now(UTC)
+        self.device = "cpu"
 
     def plan(self, run: Run) -> tuple[list[ResourcePlan], str]:
         job, spec = self.request.job, self.request.cluster_spec
@@ -227,7 +278,8 @@ class FlowStages:
             treq = at.training_request(r, a.allocation, a.plan, run_dir, r.suite_spec if run.suite else "")
             tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
-            ev = self._evaluator(run, "cuda" if treq.gpu_indices else "cpu") if run.mode == "in-flow" else None
+            self.device = "cuda" if treq.gpu_indices else "cpu"  # where evaluations run in-flow (also as a fallback)
+            ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
             fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
@@ -309,18 +361,30 @@ class FlowStages:
         steps = sorted(mine | earlier)
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
         triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier))
-        have = scored(r.history_dir, run.job, run.suite)
-        triggered.ended_without_score()  # which steps have a run
-        for step in sorted(earlier - set(have) - set(triggered.params)):  # stopped before its run was started
-            self.log.info("step %d has no score and no evaluation run: starting one", step)
-            triggered.start(step, r.suite_spec, r.history_dir)
+        read = lambda: scored(r.history_dir, run.job, run.suite)  # noqa: E731
+
+        def runs() -> dict[int, tuple[Verdict, str]]:
+            ended = triggered.ended_without_score()
+            for step in triggered.orphans(set(steps) - set(read())):  # its commit made no run (or was stopped first)
+                self.log.info("step %d has no score and no evaluation run: starting one", step)
+                triggered.start(step, r.suite_spec, r.history_dir)
+            return ended
+
         def again(step: int) -> None:
             self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it again",
                              step)
             triggered.rerun(step)
 
-        found, failures = collect_scores(lambda: scored(r.history_dir, run.job, run.suite), steps, r.eval_timeout_s,
-                                         runs=triggered.ended_without_score, rerun=again)
+        try:
+            triggered.ended_without_score()  # which steps have a run: an earlier invocation's without one start now
+            triggered.unseen = dict.fromkeys(earlier, datetime.min.replace(tzinfo=UTC))
+            found, failures = collect_scores(read, steps, r.eval_timeout_s, runs=runs, rerun=again)
+        except DeploymentGone as gone:
+            self.log.warning("%s: evaluating the steps left in this run (in-flow); `bash deployments/deploy.sh` "
+                             "deploys it again", gone)
+            ev = self._evaluator(run, self.device)
+            ev.catch_up()
+            found, failures = {s: ev.done[s] for s in steps if s in ev.done}, [f for f in ev.failures() if f.step in steps]
         for f in failures:
             self.log.error("evaluation of step %d failed: %s", f.step, f.cause)
         if missing := sorted(set(steps) - set(found) - {f.step for f in failures}):

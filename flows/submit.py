@@ -14,13 +14,17 @@ from the newest verified checkpoint.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import flow, get_run_logger
 
 from cluster.inventory import load_cluster
 from cluster.ledger import Ledger
 from flows.naming import run_name, submission_base
 from flows.stages import FlowStages, evaluation_mode
-from tasks.evaluation.suite import SuiteError, load_suite, missing_plugins
+from tasks.evaluation.datasets import dataset_problems
+from tasks.evaluation.suite import SuiteError, load_suite
+from tasks.paths import path_like
 from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
@@ -39,11 +43,13 @@ def start(request: SubmitRequest) -> Run:
     request = request.resolved(submission_base())
     suite = load_suite(request.suite_spec) if request.evaluation != "off" else None
     mode = evaluation_mode(request) if suite else "off"
-    if suite is not None and (missing := missing_plugins(suite)):  # found after training otherwise
-        where = f"{request.suite_spec}: {'; '.join(missing)}"
-        if mode == "in-flow":  # the evaluation runs in this process: it would fail here, after training
-            raise SuiteError(f"{where}: install it where this runs (or put it on PYTHONPATH), or fix the suite")
-        get_run_logger().warning("%s: the workers that evaluate must have it", where)
+    problems = dataset_problems(suite, Path(request.suite_spec).parent if path_like(request.suite_spec) else None) \
+        if suite is not None else []  # found after training, by every evaluation, otherwise
+    # in-flow the evaluation runs in this process: what it lacks fails here; a worker may have a plugin this lacks
+    if refused := [p.text for p in problems if p.everywhere or mode == "in-flow"]:
+        raise SuiteError(f"{request.suite_spec}: {'; '.join(refused)}")
+    for p in problems:
+        get_run_logger().warning("%s: %s (the workers that evaluate must have it)", request.suite_spec, p.text)
     return Run(request=request, run_dir=str(request.run_dir), suite=suite.name if suite else "", mode=mode)
 
 

@@ -10,6 +10,7 @@ loop which of them no retry can fix (a full disk stays full for the seconds a ba
 from __future__ import annotations
 
 import errno
+import os
 
 
 class FrenzyError(Exception):
@@ -91,4 +92,33 @@ def user_message(err: BaseException) -> str | None:
             loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
             lines.append(f"  {loc}: {e['msg'].removeprefix('Value error, ')} (got {str(e.get('input'))[:80]!r})")
         return "\n".join(lines)
-    return environment_problem(err)
+    return environment_problem(err) or unreachable_api(err)
+
+
+_CONNECT_ERRORS = ("ConnectError", "ConnectTimeout", "ConnectionRefusedError", "PoolTimeout")
+
+
+def unreachable_api(err: BaseException) -> str | None:
+    """The Prefect API (PREFECT_API_URL) does not answer: Prefect's "Failed to reach API at URL", or a connection
+    error (httpx's ConnectError, a refused connection) of a request to that URL, anywhere in `err`'s causes. A
+    configuration of the user's (the URL, or a server not started), not a bug: named with its URL and the fix. Names
+    only the types, so this module stays a leaf."""
+    api = os.environ.get("PREFECT_API_URL", "")
+    chain: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        text = str(e)
+        url = text.split("Failed to reach API at ", 1)[1].rstrip(".") if "Failed to reach API at " in text else ""
+        request = getattr(e, "_request", None)  # httpx keeps the request of a transport error here
+        target = str(getattr(request, "url", "")) if request is not None else ""
+        if url or (type(e).__name__ in _CONNECT_ERRORS and api and (not target or target.startswith(api.rstrip("/")))):
+            root = chain[-1]
+            return (f"cannot reach the Prefect API at {url or api} (PREFECT_API_URL{'' if api else ' is not set'}): "
+                    f"nothing answers there ({type(root).__name__}: {str(root)[:120] or 'no reply'}). Start the server "
+                    "(`prefect server start`) and point PREFECT_API_URL at it (`prefect config set "
+                    "PREFECT_API_URL=http://HOST:4200/api`), or unset PREFECT_API_URL to run on the embedded API of "
+                    "this process")
+    return None

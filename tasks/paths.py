@@ -53,3 +53,14 @@ def resolve_job(job: JobSpec, base: Path, run_dir: Path) -> JobSpec:
     if job.evaluation and path_like(job.evaluation.suite):
         job.evaluation.suite = absolute(job.evaluation.suite, base)
     return job
+
+
+def place_key(uri: str, base: Path | None = None) -> str:
+    """One spelling of the place `uri` names, for comparing roots and step URIs: a plain path (absolute, or relative
+    to `base`, else to the working directory) and a file:// URI of the same directory give the same key (file://,
+    normalised, no trailing slash); a remote URI loses only its trailing slashes. Every comparison of checkpoint roots
+    or step URIs goes through here, so a job whose `checkpoint.uri` is `ck`, `./ck/`, `/abs/ck` or `file:///abs/ck`
+    is matched against the commit events (always file://) and the score history alike."""
+    if is_remote(uri):
+        return uri.rstrip("/")
+    return "file://" + absolute(uri.removeprefix("file://") or ".", base or Path.cwd())

@@ -219,3 +219,45 @@ def test_a_closed_stdout_is_named_before_any_work():
                        stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
     assert p.returncode == 2, p.stderr
     assert "stdout is closed" in p.stderr and "Traceback" not in p.stderr
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound and closed at once: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_prefect_api_is_a_configuration_error_exit_2_naming_the_url(capsys, home, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    monkeypatch.setenv("PREFECT_API_URL", url)
+
+    def fn(args):  # a real request of the Prefect client to a port nothing listens on
+        from prefect import get_client
+
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            with get_client(sync_client=True) as client:
+                client.read_deployment_by_name("evaluate-checkpoint/evaluate-on-checkpoint")
+
+    assert run(_cmd(fn)) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach the Prefect API at {url}" in err and "Connection refused" in err
+    assert "prefect server start" in err and "unset PREFECT_API_URL" in err and "a bug" not in err
+    assert not (home / "crash").exists()
+
+
+def test_submit_with_a_wrong_prefect_api_url_exits_2_without_a_crash_file(tmp_path, home):
+    url = f"http://127.0.0.1:{_closed_port()}/api/"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": url, "PREFECT_CLIENT_MAX_RETRIES": "0",
+           "FRENZY_HOME": str(home)}
+    ledger = str(tmp_path / "ledger.db")
+    subprocess.run([sys.executable, "-m", "cli", "cluster", "init", "--ledger", ledger, "--cluster", "local"], env=env,
+                   cwd=tmp_path, check=True, capture_output=True)
+    p = subprocess.run([sys.executable, "-m", "cli", "submit", str(ROOT / "examples/jobs/tiny.yaml"), "--device", "cpu",
+                        "--ledger", ledger], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"cannot reach the Prefect API at {url}" in p.stderr and "prefect server start" in p.stderr
+    assert not (home / "crash").exists()

@@ -309,3 +309,47 @@ def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored
                               overwrite=True)[1]
     assert got.uri == f"file://{b}/step_00000010" and got.scores != {"x": {"acc": 1.0}}
     assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000020"]
+
+
+def test_a_root_is_one_place_however_it_is_spelled(tmp_path, monkeypatch):
+    from tasks.paths import place_key
+
+    monkeypatch.chdir(tmp_path)
+    spellings = ["ck", "./ck/", f"{tmp_path}/ck", f"{tmp_path}/ck/", f"file://{tmp_path}/ck", f"file://{tmp_path}//ck/"]
+    assert {place_key(s) for s in spellings} == {f"file://{tmp_path}/ck"}
+    assert place_key("ck", tmp_path / "sub") == f"file://{tmp_path}/sub/ck"
+    assert place_key("s3://b/x/") == "s3://b/x" != place_key("s3://b/y")
+    assert place_key(f"{tmp_path}/ck2") != place_key(f"{tmp_path}/ck")
+
+
+def test_a_step_scored_under_one_spelling_of_its_root_is_not_pending_under_another(ckpt, tmp_path):
+    src = ckpt.removeprefix("file://")
+    hist = tmp_path / "evals"
+    run = ck.read_manifest(Storage(ckpt), 10).run
+    history.append(hist, run, 10, f"{src}/step_00000010/", "small", {"x": {"acc": 1.0}})  # a plain path's score
+    assert history.pending(ckpt, hist, "small") == [f"{ckpt}/step_00000020"]
+    assert history.pending(f"{src}/", hist, "small") == [f"file://{src}/step_00000020"]
+    from tasks.evaluation.record import recorded
+
+    assert recorded(str(hist), run, 10, "small", f"{ckpt}/step_00000010") is not None
+
+
+def test_evaluate_pending_on_a_named_root_uses_its_recorded_run_suite_and_history(ckpt, tmp_path):
+    from cluster.ledger import Ledger, RunRecord
+    from tasks.evaluation.pending import Target, targets
+    from tasks.evaluation.request import PendingRequest
+
+    src = ckpt.removeprefix("file://")
+    ledger = str(tmp_path / "ledger.db")
+    hist = str(tmp_path / "alice" / "evals")
+    # submit recorded the run with its plain-path root (a job's `uri: ck`), its own suite and history
+    Ledger(ledger).record_run(RunRecord(job="a-s10", stage="training", checkpoint_root=src, run_dir=str(tmp_path / "r"),
+                                        history_dir=hist, suite="quick"))
+    run = ck.read_manifest(Storage(ckpt), 10).run
+    history.append(hist, run, 10, f"{ckpt}/step_00000010", "quick", {"x": {"acc": 1.0}})
+    got = targets(PendingRequest(roots=[f"{ckpt}/"], ledger=ledger), tmp_path / "cwd")
+    assert got == [Target(root=src, suite="quick", history_dir=hist, job="a-s10")]
+    assert history.pending(got[0].root, got[0].history_dir, got[0].suite) == [f"file://{src}/step_00000020"]  # 10 done
+    # what the request names wins; a root no run records takes the request's (core, evals under the base)
+    got = targets(PendingRequest(roots=[ckpt, str(tmp_path / "other")], ledger=ledger, suite="core"), tmp_path)
+    assert [(t.suite, t.history_dir) for t in got] == [("core", hist), ("core", str(tmp_path / "evals"))]

@@ -335,6 +335,8 @@ def test_a_job_name_another_running_job_holds_is_refused_and_a_finished_one_is_r
     assert "another run of this name is running (hostb:42" in name_taken([other], req, {"j"})
     assert name_taken([other], req, set()) is None  # it ended (or its lease ran out): the name is free again
     assert name_taken([other.model_copy(update={"checkpoint_root": "file:///alice/ckpt"})], req, {"j"}) is None  # rerun
+    # the same root spelled as a plain path (a job's `uri: /alice/ckpt/`) is this very run too
+    assert name_taken([other.model_copy(update={"checkpoint_root": "/alice/ckpt/"})], req, {"j"}) is None
     # Alice's own earlier run is the newest record of the name, Bob's unfinished one still holds the name
     mine = other.model_copy(update={"checkpoint_root": "file:///alice/ckpt", "stage": "reported", "owner": "hosta:1"})
     assert "hostb:42" in name_taken([mine, other], req, {"j"})

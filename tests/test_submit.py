@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from cluster.ledger import CheckpointRoot, Ledger
+from tasks.evaluation import history
 from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -124,7 +125,32 @@ def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server
         {"name": "qa", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "no_such_pkg_x:make"}]}))
     with pytest.raises(SuiteError, match="plugin no_such_pkg_x:make: no module 'no_such_pkg_x' here"):
         submit(req.model_copy(update={"suite": str(tmp_path / "s.yaml")}))
+    # a dataset that names a directory (where its .jsonl files were meant) fails every evaluation, on any worker:
+    # refused before training, also when workers evaluate (deployment), naming the suite, the dataset and the fix
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump({"name": "d", "datasets": [
+        {"name": "qa", "examples": 1, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "data"}]}))
+    for mode in ("in-flow", "deployment"):
+        with pytest.raises(SuiteError, match=r"d.yaml: dataset 'qa': data is a directory .*`dataset: data/a.jsonl`"):
+            submit(req.model_copy(update={"suite": str(tmp_path / "d.yaml"), "evaluation": mode}))
     assert not (tmp_path / "run").exists() and not (tmp_path / "ledger.db").exists()
+
+
+def test_dataset_problems_are_what_evaluation_would_refuse(tmp_path):
+    from tasks.evaluation.datasets import DatasetError, dataset_problems, resolve
+    from tasks.evaluation.suite import Suite
+
+    (tmp_path / "notes.txt").write_text("x")
+    entries = {"ok": "heldout-loss", "file": "notes.txt", "typo": "heldout-los", "jl": "a.jsonl", "dir": "."}
+    suite = Suite.model_validate({"name": "s", "datasets": [
+        {"name": n, "examples": 1, "mode": "ppl", "infer_s_per_example": 0.1, "dataset": src}
+        for n, src in entries.items()]})
+    got = {p.text.split("'")[1]: p.everywhere for p in dataset_problems(suite, tmp_path)}
+    assert got == {"file": True, "typo": False, "dir": True}  # a name a worker's plugin may have is only "here"
+    for name in got:  # each is what resolve() refuses
+        with pytest.raises(DatasetError):
+            resolve(str(tmp_path / entries[name]) if name != "typo" else entries[name], "ppl")
 
 
 def test_a_job_no_node_can_ever_hold_fails_at_once_instead_of_waiting(tmp_path):
@@ -377,3 +403,82 @@ def test_a_root_that_holds_another_jobs_checkpoints_is_refused_with_both_fixes(t
     assert why is not None and "job 'ivy-a' (newest step 20)" in why and "its own training.checkpoint.uri" in why
     assert foreign_root(_request(tmp_path, name="ivy-a")) is None  # its own: a rerun resumes it
     assert foreign_root(_request(tmp_path / "empty", name="ivy-b")) is None
+
+
+def test_triggered_runs_are_matched_however_the_root_is_spelled_and_the_causes_of_a_silent_wait_are_named(
+        prefect_server, tmp_path, monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.states import Failed
+
+    from flows.stages import ORPHAN_S, DeploymentGone, TriggeredEvaluations
+
+    monkeypatch.chdir(tmp_path)
+    root = f"file://{tmp_path}/ck-suite"  # what the commit events carry, whatever the job's `uri:` said
+    clock = [datetime.now(UTC)]
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="pool-41e"), overwrite=True)
+        dep = client.create_deployment(client.create_flow_from_name("evaluate-checkpoint"), name="evaluate-on-checkpoint",
+                                       work_pool_name="pool-41e")
+        fr = client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_00000010"}})
+        client.set_flow_run_state(fr.id, Failed(message="unknown dataset 'data'"), force=True)
+        for spelled in ("ck-suite", "./ck-suite/", f"{tmp_path}/ck-suite", f"{root}/"):  # `uri: ck-suite` and kin
+            t = TriggeredEvaluations(spelled, clock[0] - timedelta(seconds=60), print, now=lambda: clock[0])
+            assert t.ended_without_score() == {10: ("failed", "unknown dataset 'data'")}, spelled
+        # step 20 committed, but its commit made no run: started once ORPHAN_S has passed (the clock is injected)
+        assert t.orphans({20}) == []
+        clock[0] += timedelta(seconds=ORPHAN_S)
+        assert t.orphans({20}) == [20]
+        t.start(20, "quick", str(tmp_path / "evals"))
+        assert t.orphans({20}) == []
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
+        mine = sorted(u for r in runs if (u := r.parameters["request"]["uri"]).startswith(root))
+        assert mine == [f"{root}/step_00000010", f"{root}/step_00000020"]
+        # the pool paused: said at once, with the command that resumes it (not "is a worker running?")
+        client.update_work_pool("pool-41e", WorkPoolUpdate(is_paused=True))
+        warned: list[str] = []
+        t = TriggeredEvaluations("ck-suite", clock[0] - timedelta(seconds=600), warned.append, now=lambda: clock[0])
+        t.ended_without_score()
+        t.ended_without_score()
+        assert warned == ["the work pool pool-41e is paused: the evaluation runs wait until it is resumed "
+                          "(`prefect work-pool resume pool-41e`)"]
+        # the deployment deleted while submit waits: named, so that submit evaluates the steps left in-flow
+        client.delete_deployment(dep)
+        with pytest.raises(DeploymentGone, match="evaluate-on-checkpoint deployment is not on the server"):
+            t.ended_without_score()
+        with pytest.raises(DeploymentGone):
+            t.rerun(20)
+
+
+def test_submit_evaluates_in_flow_when_the_evaluation_deployment_is_gone_while_it_waits(prefect_server, tmp_path):
+    from prefect import flow, get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from cluster.inventory import load_cluster
+    from flows.stages import EVAL_DEPLOYMENT, FlowStages
+    from tasks.pipeline.run import Run
+    from tasks.training.request import TrainResult
+    from tests import trainer_util as tu
+
+    res = TrainResult.model_validate(tu.run(tu.tiny_job(f"file://{tmp_path}/ckpt", steps=20, every=10), tmp_path / "t"))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
+        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    req = _request(tmp_path, name="t", steps=20, every=10).model_copy(
+        update={"evaluation": "deployment", "suite": str(tmp_path / "s.yaml"), "eval_timeout_s": 600.0})
+    with get_client(sync_client=True) as client:  # deleted (by an admin) before submit looks for its runs
+        try:
+            client.delete_deployment(client.read_deployment_by_name(EVAL_DEPLOYMENT).id)
+        except ObjectNotFound:
+            pass
+    run = Run(request=req, run_dir=str(tmp_path / "run"), suite="s", mode="deployment", result=res)
+
+    @flow
+    def waiting() -> tuple[list, list]:
+        return FlowStages(req, Ledger(str(tmp_path / "l.db")), load_cluster("local")).evaluations(run)
+
+    found, failures = waiting()
+    assert [e.step for e in found] == [10, 20] and failures == []
+    assert {e.step for e in history.read(str(tmp_path / "evals"), "t", "s")} == {10, 20}

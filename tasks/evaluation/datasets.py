@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from tasks.evaluation.engine import LM, perplexity
 from tasks.evaluation.jsonl import DatasetError, read_rows
 from tasks.evaluation.sandbox import run_python
-from tasks.evaluation.suite import HELDOUT_EXAMPLES
+from tasks.evaluation.suite import HELDOUT_EXAMPLES, Suite, missing_plugins
 from tasks.userfiles import path_kind
 
 
@@ -401,4 +402,42 @@ def describe() -> list[dict]:
         out.append({"name": name, "mode": getattr(cls, "mode", "?"), "description": getattr(cls, "description", ""),
                     "prior_infer_s_per_example": getattr(cls, "prior_infer_s_per_example", math.nan),
                     "prior_metric_s_per_example": getattr(cls, "prior_metric_s_per_example", math.nan)})
+    return out
+
+
+class DatasetProblem(BaseModel):
+    """A suite entry whose dataset evaluation would refuse: `text` names the entry, the dataset and the fix."""
+
+    text: str
+    everywhere: bool
+    """True: no machine could run it (a directory, a path that is not a .jsonl file, a name no registry has here and
+    that is a file or directory on disk); False: only this process lacks it (a plugin a worker may have)."""
+
+
+def dataset_problems(suite: Suite, suite_dir: Path | None = None) -> list[DatasetProblem]:
+    """What `datasets.resolve` would refuse of `suite`'s entries, found before training: a `module:factory` plugin
+    whose module is missing here, and a dataset that is neither a registered name, a .jsonl file nor a plugin (a
+    directory such as `data`, named where its .jsonl files were meant). `suite_dir`: the suite file's directory,
+    against which a relative dataset path is read (None for a built-in suite)."""
+    reg = registry()
+    out = [DatasetProblem(text=f"{m}: install it where the evaluation runs (or put it on PYTHONPATH), or fix the suite",
+                          everywhere=False) for m in missing_plugins(suite)]
+    for d in suite.datasets:
+        src = d.source
+        if src.endswith(".jsonl") or src in reg or (":" in src and "/" not in src.partition(":")[0]):
+            continue
+        p = Path(src).expanduser()
+        p = p if p.is_absolute() or suite_dir is None else suite_dir / p
+        kind = path_kind(p, "dataset")
+        if kind == "dir":
+            files = sorted(f.name for f in p.glob("*.jsonl"))[:3]
+            hint = f"name one of its .jsonl files (e.g. `dataset: {src.rstrip('/')}/{files[0]}`)" if files else \
+                "name a .jsonl file"
+            out.append(DatasetProblem(text=f"dataset {d.name!r}: {src} is a directory ({p}), not a dataset: {hint}, "
+                                           "one entry per file", everywhere=True))
+        else:
+            what = f"{src} is a file but not a .jsonl file" if kind == "file" else f"unknown dataset {src!r}"
+            out.append(DatasetProblem(
+                text=f"dataset {d.name!r}: {what}: give a built-in name ({', '.join(sorted(reg))}), a .jsonl file or "
+                     "module:factory", everywhere=kind == "file" or "/" in src))
     return out

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from tasks.paths import place_key
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 from tasks.userfiles import LIMITS, UserFileError, json_loads, path_kind, read_text
@@ -132,7 +133,7 @@ def survey_pending(root_uri: str, history_dir: str | Path, suite: str) -> tuple[
         uri = storage.url(ck.step_dir(m.step))
         # scored means scored at this very URI: roots that share a run name (copies, two users' `exp` named together)
         # share a history file, and one root's score is not another's
-        done = {(e.step, e.uri.rstrip("/")) for e in read(history_dir, m.run, suite)}
-        if (m.step, uri.rstrip("/")) not in done:
+        done = {(e.step, place_key(e.uri)) for e in read(history_dir, m.run, suite)}
+        if (m.step, place_key(uri)) not in done:
             out.append(uri)
     return out, [str(err) for err in broken]

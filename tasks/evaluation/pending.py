@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from cluster.ledger import Ledger
 from tasks.evaluation.request import PendingRequest
-from tasks.paths import absolute
+from tasks.paths import absolute, place_key
 from tasks.training.storage import Storage
 
 
@@ -24,24 +24,32 @@ class Target(BaseModel):
 
 
 def targets(request: PendingRequest, base: Path) -> list[Target]:
-    """The roots to cover, each with its suite and history directory: with roots named, those (suite and history
-    from the request, relative to `base`); else every run the ledger records (its own), and the roots older ledgers
-    noted without a run record (the request's history directory)."""
-    suite = request.suite or "core"
+    """The roots to cover, each with its suite and history directory: every run the ledger records (its own), and
+    the roots older ledgers noted without a run record (the request's history directory); with roots named, only
+    those, each taking its run's suite and history from the ledger when a recorded run commits there (however the
+    root is spelled), else the request's (relative to `base`). A suite or history directory in the request wins."""
     history = absolute(request.history_dir or "evals", base)
-    if request.roots:
-        return [Target(root=absolute(r, base), suite=absolute(suite, base) if suite.endswith((".yaml", ".yml"))
-                       else suite, history_dir=history) for r in request.roots]
     ledger = Ledger(request.ledger or None)
-    out = {rec.checkpoint_root: Target(root=rec.checkpoint_root, suite=request.suite or rec.suite or "core",
-                                       history_dir=absolute(request.history_dir, base) if request.history_dir
-                                       else rec.history_dir, job=rec.job)
-           for rec in ledger.runs() if rec.checkpoint_root and (rec.suite or request.suite)}
+    known: dict[str, Target] = {}
     for noted in ledger.checkpoint_roots().values():
-        if noted.root not in out:
-            out[noted.root] = Target(root=noted.root, suite=request.suite or noted.suite or "core", history_dir=history,
-                                     job=noted.job)
-    return sorted(out.values(), key=lambda t: t.root)
+        known[place_key(noted.root)] = Target(root=noted.root, suite=noted.suite or "core", history_dir=history,
+                                              job=noted.job)
+    for rec in reversed(ledger.runs()):  # the most recently updated run of a root last: it wins
+        if rec.checkpoint_root and (rec.suite or request.suite):
+            known[place_key(rec.checkpoint_root)] = Target(root=rec.checkpoint_root, suite=rec.suite or "core",
+                                                           history_dir=rec.history_dir, job=rec.job)
+    if request.roots:
+        named = [absolute(r, base) for r in request.roots]
+        found = [known.get(place_key(r)) or Target(root=r, suite="core", history_dir=history) for r in named]
+    else:
+        found = list(known.values())
+    out = [t.model_copy(update={"suite": _suite(request.suite, base) if request.suite else t.suite,
+                                "history_dir": history if request.history_dir else t.history_dir}) for t in found]
+    return sorted(out, key=lambda t: t.root)
+
+
+def _suite(suite: str, base: Path) -> str:
+    return absolute(suite, base) if suite.endswith((".yaml", ".yml")) else suite
 
 
 def missing(target: Target) -> str | None:

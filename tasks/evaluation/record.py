@@ -18,6 +18,7 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
 from tasks.outdir import OutputError, check_dir_target, fill_dir, held, machine_errors
+from tasks.paths import place_key
 from tasks.training import checkpoint as ck
 from tasks.userfiles import LIMITS, read_bytes
 
@@ -51,7 +52,7 @@ def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None 
     """The history's summary of `step` of `run` on `suite` (scored at `uri`, when given: roots that share a run name
     share a history, and one root's score is not another's), None when it has no score for it."""
     for e in history.read(history_dir, run, suite):
-        if e.step == step and (uri is None or e.uri.rstrip("/") == uri.rstrip("/")):
+        if e.step == step and (uri is None or place_key(e.uri) == place_key(uri)):
             res = Path(history_dir) / run / f"step_{step:08d}" / suite / "result.json"
             return EvalSummary(uri=e.uri, run=run, step=step, suite=suite, scores=e.scores, makespan_s=0.0,
                                predicted_makespan_s=0.0, result=str(res), history_plot=None)

@@ -218,3 +218,4 @@ def missing_plugins(suite: Suite) -> list[str]:
         if not found:
             out.append(f"dataset {d.name!r}: plugin {d.source}: no module {mod!r} here")
     return out
+

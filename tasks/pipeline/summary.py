@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster.ledger import RunRecord
+from tasks.paths import place_key
 from tasks.pipeline.evaluations import scored
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import TERMINAL, Run, Stage
@@ -56,7 +57,7 @@ def name_taken(recs: list[RunRecord], request: SubmitRequest, active_jobs: set[s
         return None
     root = request.job.training.checkpoint.uri
     for rec in recs:
-        if rec.checkpoint_root != root and rec.stage not in {s.value for s in TERMINAL}:
+        if place_key(rec.checkpoint_root) != place_key(root or "") and rec.stage not in {s.value for s in TERMINAL}:
             return (f"{rec.job}: another run of this name is running ({rec.owner}, checkpoints in "
                     f"{rec.checkpoint_root}); give the job another name, or wait for it to end")
     return None
