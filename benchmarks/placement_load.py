@@ -43,7 +43,7 @@ from placement_report import render  # noqa: E402
 from placement_runs import LOADS, POLICIES, families, latency, row_for  # noqa: E402
 
 MACHINE = "2-core x86_64 shared with other work, no GPU"
-DATE = "2026-11-25"
+DATE = "2026-11-26"
 
 
 def main() -> int:
