@@ -247,15 +247,15 @@ def main() -> int:
             path, fmt, mj = window_file(w, into)
             print(w.key, path, fmt, mj or "", cluster_path(w.cluster))
         return 0
-    rows = []
-    for w in sel:
-        rows.append(run_row(w, into, not args.no_ilp))
-        print(f"{w.key}: has/fcfs {rows[-1]['vs_fcfs']} ({rows[-1]['wall_s']} s)", file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
     doc = {"machine": MACHINE, "date": DATE, "command": " ".join(["python benchmarks/placement_fresh.py", *sys.argv[1:]]),
            "rows": rows}
-    Path(args.out + ".json").write_text(json.dumps(doc, indent=1))
-    Path(args.out + ".md").write_text(f"# {args.title} ({DATE}, {MACHINE})\n\n`{doc['command']}`\n\n"
-                                      + render(rows, args.title))
+    for w in sel:  # the report is rewritten after every row: a run cut short keeps the rows it finished
+        rows.append(run_row(w, into, not args.no_ilp))
+        print(f"{w.key}: has/fcfs {rows[-1]['vs_fcfs']} ({rows[-1]['wall_s']} s)", file=sys.stderr, flush=True)
+        Path(args.out + ".json").write_text(json.dumps(doc, indent=1))
+        Path(args.out + ".md").write_text(f"# {args.title} ({DATE}, {MACHINE})\n\n`{doc['command']}`\n\n"
+                                          + render(rows, args.title))
     return 0
 
 
