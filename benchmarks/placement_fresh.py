@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from placement_runs import run_window, runnable  # noqa: E402
+from placement_runs import runnable  # noqa: E402
 
 from cluster.inventory import Cluster, load_cluster  # noqa: E402
 from cluster.traces import OPENB_END_S, TraceJob, load_trace, read_philly  # noqa: E402
