@@ -34,10 +34,12 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from placement_runs import runnable  # noqa: E402
+from placement_runs import rate_bound, runnable  # noqa: E402
 
 from cluster.inventory import Cluster, load_cluster  # noqa: E402
-from cluster.traces import OPENB_END_S, TraceJob, load_trace, read_philly  # noqa: E402
+from cluster.report import write_jobs_csv  # noqa: E402
+from cluster.simulator import lower_bounds, simulate  # noqa: E402
+from cluster.traces import OPENB_END_S, TraceJob, at_load, load_trace, read_philly  # noqa: E402
 
 TRACES = ROOT.parent / "examples" / "traces"
 CLUSTERS = ROOT / "clusters"
