@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
@@ -331,7 +331,6 @@ class Ledger:
         self.clock = clock
         self.idle_violations = 0
         """Scheduling passes of this process that left a job waiting beside GPUs it could use (should stay 0)."""
-        self._promised: dict[Hashable, float] = {}  # cluster/sizing.py Sizer: starts predicted when jobs chose to wait
         self.url = ledger_url(url)
         self.order: QueueOrder = order or os.environ.get("FRENZY_QUEUE_ORDER") or DEFAULT_ORDER  # type: ignore[assignment]
         if self.order not in get_args(QueueOrder):
@@ -676,8 +675,7 @@ class Ledger:
         waiting = [_waiting(q) for q in rows.values()]
         recent = conn.execute(select(queue_t.c.submitted_at).order_by(queue_t.c.submitted_at.desc())
                               .limit(ARRIVAL_WINDOW)).scalars().all()  # the sizer weighs widening by arrivals too
-        queue = Sizer(pool, running, now, ordered(waiting, order, now), reqs_of, arrivals_per_s=arrival_rate(recent, now),
-                      promised=self._promised)
+        queue = Sizer(pool, running, now, ordered(waiting, order, now), reqs_of, arrivals_per_s=arrival_rate(recent, now))
 
         def try_place(w: Waiting, admit: Admit) -> bool:  # the discipline is cluster/queue.py's, as in the simulator
             q = rows[w.job]

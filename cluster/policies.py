@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -115,7 +114,6 @@ class Has:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self._options: dict[int, Options | None] = {}
-        self._promised: dict[Hashable, float] = {}  # cluster/sizing.py Sizer: starts predicted when jobs chose to wait
 
     def options(self, sim: Engine, i: int) -> Options | None:
         """What job `i` may run on (cached); None: nothing of the cluster holds it."""
@@ -206,7 +204,7 @@ class Has:
         asked = {w.job: sim.jobs[int(w.job)].trace.num_gpus for w in waiting}  # type: ignore[call-overload]
         sizer = Sizer(sim.pool, list(sim.running.values()), now,
                       ordered(waiting, self.cfg.queue_order, now, self.cfg.aging), reqs_of, self.cfg.min_scaling,
-                      arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after, self._promised)
+                      arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after)
 
         def try_place(w: Waiting, admit: Admit) -> bool:
             i = int(w.job)  # type: ignore[call-overload]

@@ -37,11 +37,6 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   GPUs freed meanwhile (holding them predicted a 49,000 s wait for an H100 on red team 43's `oldmix` cluster where
   fcfs waited 1,100 s, and `has` ran 1-GPU jobs on T4s 15x slower: 1.02x fcfs's average JCT).
   Per-node fragmentation is ignored (an estimate, as every prediction here).
-- **Broken promises.** The start predicted when a job first chose to wait is kept (`Sizer.promised`, across passes:
-  the simulator's policy and the ledger hold it). Once the job is still waiting past it, the prediction has failed
-  (jobs that arrived later and are shorter went ahead under the `shortest` order, or a running job overran), and it
-  no longer waits for a plan as wide as one that fits now: it takes the cheapest that fits. On round 6's fresh Philly
-  windows median jobs waited 1,000-3,700 s for an A100 where a Quadro ran them in 400 s (p50 1.62x fcfs's).
 - **The decision record** says which plan ran and why, the load that chose it, whether it runs on fewer or more
   GPUs than its user asked for (`shrunk`/`widened`, where the caller knows the count asked), and whether it starts
   ahead of jobs that arrived before it and still wait (`ahead of N earlier arrivals`).
@@ -57,7 +52,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -415,15 +410,13 @@ def _penalties(prof: _Profile, backlog: Backlog, behind: int, arrivals_per_s: fl
 
 
 def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int, behind: int = 0,
-           min_scaling: float = MIN_SCALING, arrivals_per_s: float = 0.0, overdue: bool = False) -> Choice:
+           min_scaling: float = MIN_SCALING, arrivals_per_s: float = 0.0) -> Choice:
     """The job's candidate plans, cheapest first: predicted finish plus what the plan costs the others (ties: the one
     that starts now, fewer GPUs).
 
     Per GPU type set, the plan the load calls for (module docstring), preferring one that fits now; `behind` is the
     number of jobs waiting behind this one, `arrivals_per_s` the recent arrival rate. Waiting is chosen only when it is
-    predicted to cost less than every plan that fits now. `overdue`: the job already waited past the start predicted
-    when it first chose to wait (module docstring, broken promises): it no longer waits for a plan as wide as one that
-    fits now."""
+    predicted to cost less than every plan that fits now."""
     now = backlog.now_s
     prof = _profile(requests)
     if not prof.predicted:  # no predictions: HAS's first fit in rank order
@@ -437,12 +430,10 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     pen = goodput_penalty(requests, backlog, behind, arrivals_per_s)
     prefs = [c for g in prof.groups for c in _preferred(free, fit, backlog, requests, g, spare, min_scaling, pen)]
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
-    if overdue and waiting is not None and any(f and r.gpus >= waiting.request.gpus for f, r in zip(fit, requests, strict=True)):
-        waiting = None  # its prediction failed once: what fits now, at no narrower width, beats waiting again
     wait_cost = waiting.cost if waiting is not None else math.inf
     ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
                     key=lambda c: (c.cost, c.request.gpus, c.index))
-    if not ranked and (waiting is not None or overdue):
+    if not ranked and waiting is not None:
         # the load's plans that fit now cost more than waiting; any other plan that fits and costs less than waiting
         # still beats leaving GPUs idle (the most efficient of them first)
         seen = {c.index for c in prefs}
@@ -549,9 +540,8 @@ class Sizer:
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
                  reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING,
                  arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None,
-                 reserve_after: float = RESERVE_AFTER, promised: MutableMapping[Hashable, float] | None = None) -> None:
+                 reserve_after: float = RESERVE_AFTER) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
-        self.promised = promised if promised is not None else {}  # per job: the start predicted when it first waited
         self.reserve_after = reserve_after
         self.min_scaling, self.arrivals_per_s, self.asked = min_scaling, arrivals_per_s, asked or {}
         self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
@@ -580,7 +570,7 @@ class Sizer:
         t0 = time.perf_counter()
         n, demand = self.behind.get(w.job, (0, 0))
         ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling,
-                    self.arrivals_per_s, overdue=self.now_s > self.promised.get(w.job, math.inf))
+                    self.arrivals_per_s)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
         self._penalties[w.job] = goodput_penalty(reqs, self.backlog, n, self.arrivals_per_s)
         refused: Candidate | None = None  # the earliest-finishing plan the reservation refused, as a plan to wait for
@@ -592,7 +582,6 @@ class Sizer:
             run_s = c.request.run_s if c.request.run_s is not None else w.predicted_s  # the queue entry's prediction
             if admit(c.nodes, run_s):
                 self.backlog.started(c.nodes, run_s)
-                self.promised.pop(w.job, None)
                 self.records[w.job] = ch.record(c, self.now_s) + self._notes(w, c.request.gpus)
                 return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
             self.refused += 1
@@ -612,7 +601,6 @@ class Sizer:
 
     def _wait(self, w: Waiting, reqs: Sequence[GpuRequest], ch: Choice, c: Candidate) -> None:
         self.backlog.claim(c.request)
-        self.promised.setdefault(w.job, c.start_s)  # the first promise stands: a later, later one does not extend it
         self.target[w.job] = c.request
         self.waits[w.job] = (reqs, c.cost, self._penalties[w.job])
         self.records[w.job] = ch.record(None, self.now_s) if c is ch.candidates[0] else (

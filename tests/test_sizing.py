@@ -253,27 +253,3 @@ def test_cli_shows_the_decision_record(capsys, tmp_path):
     assert "load: 44 free GPUs left after the smallest plans of the 0 jobs behind it" in text  # phoebe: 44 GPUs, none busy
     code = main(["cluster", "show", "--ledger", led, "--json"])
     assert json.loads(capsys.readouterr().out)["allocations"][0]["decision"].startswith("widen: 2 GPU(s)")
-
-
-def test_a_job_whose_predicted_start_passed_takes_what_fits_now_instead_of_waiting_again():
-    """A job that chose to wait for the faster type and is still waiting past the start predicted then (the prediction
-    failed: here the running job overran) runs on the slower type that fits now; a job with no broken promise still
-    waits. Found on round 6's fresh Philly windows: median jobs waited 1,000-3,700 s for an A100 instead of running
-    400 s on a Quadro."""
-    from cluster.queue import Waiting
-    from cluster.sizing import Sizer
-
-    reqs = {"j": [GpuRequest(1, 8, 1, FAST, run_s=1000.0), GpuRequest(1, 8, 1, SLOW, run_s=5000.0)]}
-    w = Waiting("j", 0, 0.0, 1000.0)
-    pool = _pool(0, 8)
-    promised: dict = {}
-    first = Sizer(pool, [Running(end_s=500.0, nodes=(("a0", 8),))], 0.0, [w], reqs, promised=promised)
-    assert first.pick(w, lambda nodes, run_s: True) is None  # waits: A100 at 500 s + 1000 s beats 5000 s now
-    assert promised == {"j": 500.0}
-    overran = [Running(end_s=2000.0, nodes=(("a0", 8),))]  # at 600 s the A100s are now predicted free at 2000 s
-    fresh = Sizer(pool, overran, 600.0, [w], reqs)
-    assert fresh.pick(w, lambda nodes, run_s: True) is None  # no promise broken: waiting (2400 s) still beats 5000 s
-    again = Sizer(pool, overran, 600.0, [w], reqs, promised=promised)
-    picked = again.pick(w, lambda nodes, run_s: True)
-    assert picked is not None and picked[0].request.types == SLOW
-    assert promised == {}  # started: its promise is settled
