@@ -33,6 +33,7 @@ import argparse
 import json
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ from placement_report import render  # noqa: E402
 from placement_runs import LOADS, POLICIES, families, latency, row_for  # noqa: E402
 
 MACHINE = "2-core x86_64 shared with other work, no GPU"
-DATE = "2026-11-25"
+DATE = datetime.now(UTC).date().isoformat()  # the day of the run
 
 
 def main() -> int:
