@@ -24,6 +24,7 @@ from flows.place import place, release
 from flows.plan import plan_resources, plans_markdown
 from flows.stragglers import stragglers_task
 from flows.train import train_task
+from tasks.artifactkey import run_key
 from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation.record import EvalSummary
@@ -44,11 +45,6 @@ from tasks.training.elastic import replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, request_kill, request_stop
 
 EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
-
-
-def key(text: str) -> str:
-    """An artifact key from free text."""
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
 def evaluation_mode(request: SubmitRequest) -> str:
@@ -197,7 +193,8 @@ class FlowStages:
             raise at.PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer "
                                    "does not run yet; add GPUs with more memory or enable recompute / zero_stage 3")
         create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=spec), runnable[:10]),
-                                 key=key(f"plans-{job.name}"), description="MARP resource plans, best first")
+                                 key=run_key("plans", job.name, job.training.checkpoint.uri or ""),
+                                 description="MARP resource plans, best first")
         return runnable, self.cluster.name
 
     def place(self, run: Run) -> Allocation:
@@ -282,7 +279,8 @@ class FlowStages:
             f"| root cause | `{(d.root_cause_line or '-').replace('|', '/')[:300]}` (line {d.line_no}) |\n"
             f"| symptoms | {len(d.evidence)} other error lines |\n| action | **{act.kind}**"
             f"{' + node check' if act.node_check else ''}: {act.reason} |\n",
-            key=key(f"diagnosis-{job}"), description=f"diagnosis of a training failure of {job}")
+            key=run_key("diagnosis", job, run.request.job.training.checkpoint.uri or ""),
+            description=f"diagnosis of a training failure of {job}")
         emit_event(event="frenzy.training.failed", resource={"prefect.resource.id": f"frenzy.job.{job}"},
                    payload={"type": d.type, "category": d.category, "rank": d.rank, "node": d.node,
                             "root_cause_line": d.root_cause_line, "action": act.kind, "reason": act.reason,
@@ -338,7 +336,8 @@ class FlowStages:
             return None
 
     def report(self, run: Run) -> str:
-        path = report_task(run_report(run), str(Path(run.run_dir) / "report.html"))
+        path = report_task(run_report(run), str(Path(run.run_dir) / "report.html"),
+                           run.request.job.training.checkpoint.uri or "")
         self.log.info("report: %s", path)
         return path
 
@@ -360,9 +359,10 @@ def diagnose_task(job: str, log: str, offset: int) -> Diagnosis:
 
 
 @task(name="report")
-def report_task(report: RunReport, path: str) -> str:
-    """The run report: HTML with plots on disk, the same as a markdown artifact."""
+def report_task(report: RunReport, path: str, root: str) -> str:
+    """The run report: HTML with plots on disk, the same as a markdown artifact keyed by the run (job name and
+    checkpoint root `root`: see tasks/artifactkey.py)."""
     out = render_html(report, path)
-    create_markdown_artifact(markdown(report, str(out)), key=key(f"report-{report.job}"),
+    create_markdown_artifact(markdown(report, str(out)), key=run_key("report", report.job, root),
                              description=f"run report of {report.job}")
     return str(out)

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tasks.artifactkey import run_key
 from tasks.stragglers.analyze import analyze
 from tasks.stragglers.synth import SynthSpec, build_program, execute, generate, step_times
 from tasks.stragglers.trace import COLUMNS, OPTYPES, JobMeta, Trace, TraceError, load_trace, write_trace
@@ -281,7 +282,7 @@ def test_stragglers_flow_writes_report_and_artifacts(prefect_server, tmp_path):
     assert rep.worst_stage == "1" and rep.slowdown > 1.05
     assert json.loads(open(rep.report).read())["slowdown"] == pytest.approx(rep.slowdown)
     assert rep.heatmap and rep.timeline
-    art = Artifact.get("stragglers-flowtest")
+    art = Artifact.get(run_key("stragglers", "flowtest", str(tmp_path / "trace.parquet")))
     assert art is not None and "Straggler what-if analysis" in str(art.data)
 
 

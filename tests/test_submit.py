@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from cluster.ledger import CheckpointRoot, Ledger
+from tasks.artifactkey import run_key
 from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
@@ -67,7 +68,8 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     html = Path(res.report).read_text()
     assert html.count("data:image/png;base64,") >= 3  # loss curve, scores by step, straggler heatmap
     assert "chosen" in html and "heldout-loss loss" in html
-    assert Artifact.get("report-sub") is not None and Artifact.get("plans-sub") is not None
+    root = f"file://{tmp_path}/ckpt"  # artifacts are keyed by the run: job name and checkpoint root
+    assert Artifact.get(run_key("report", "sub", root)) is not None and Artifact.get(run_key("plans", "sub", root)) is not None
 
     # a re-run of the same job resumes from the newest verified checkpoint instead of starting over
     again = submit(_request(tmp_path, steps=60))
