@@ -32,8 +32,9 @@ def stragglers_task(request: StragglerRequest) -> StragglerReport:
     atomic_file(out / "slowdowns.json", json.dumps(res.model_dump(), indent=1).encode(), "stragglers", True, wait=True)
     md = markdown(res)
     atomic_file(out / "summary.md", md.encode(), "stragglers", True, wait=True)
-    hm = str(heatmap(res, out / "heatmap.png")) if request.heatmap else None
-    tl = str(timeline(prep, out / "timeline.json.gz", n_steps=request.timeline_steps)) \
+    # two analyses of one run (two submits of one job at once) take turns on its files; both reports carry them
+    hm = str(heatmap(res, out / "heatmap.png", wait=True)) if request.heatmap else None
+    tl = str(timeline(prep, out / "timeline.json.gz", n_steps=request.timeline_steps, wait=True)) \
         if request.timeline_steps else None
     run = tr.meta.run_id or tr.meta.trial_name or Path(tr.path).parent.name  # keyed by the trace: one per run
     trace_id = str(Path(tr.path).absolute())
