@@ -79,6 +79,10 @@ STUCK_S = 180.0
 """An evaluation run PENDING this long was claimed by a worker that never started it (the worker stopped): it is
 marked crashed and run again. One SCHEDULED this long waits for a worker: said, once, with the fix."""
 
+QUIET_S = 300.0
+"""An evaluation run RUNNING that has logged nothing this long (a stopped or stuck process: the evaluation logs each
+piece of work it finishes) is named, once, with the command that shows its logs; it is still waited for."""
+
 
 class TriggeredEvaluations:
     """The evaluate-on-checkpoint runs that the commits under `root` triggered since `since`, as the server sees
@@ -95,6 +99,10 @@ class TriggeredEvaluations:
         self.warned = False
         self.said_at = 0.0
         self.late_said: set[int] = set()
+        self.quiet_said: set[int] = set()
+        self.quiet: dict[int, tuple[float, float]] = {}
+        """Per RUNNING step: seconds since it started running, seconds since its newest log line (or its start)."""
+        self.pool = "POOL"
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
         """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
@@ -117,6 +125,7 @@ class TriggeredEvaluations:
 
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
+            self.pool = dep.work_pool_name or self.pool
             after = None if self.earlier else FlowRunFilterExpectedStartTime(after_=self.since)
             runs = client.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
@@ -139,7 +148,7 @@ class TriggeredEvaluations:
         if st is None:
             return None
         waited = (self.now() - st.timestamp).total_seconds()
-        if st.type.value in ("FAILED", "CRASHED"):
+        if st.type.value in ("FAILED", "CRASHED", "CANCELLED"):  # a cancelled one (a person's stop) is not rerun
             return ("crashed" if st.type.value == "CRASHED" else "failed",
                     st.message or f"the run {fr.name} ended {st.name}")
         if st.type.value == "PENDING" and waited > STUCK_S:  # its worker claimed it and stopped
@@ -152,8 +161,29 @@ class TriggeredEvaluations:
         if st.type.value == "SCHEDULED" and waited > STUCK_S and step not in self.late_said:
             self.late_said.add(step)
             self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: is one "
-                      f"running on the deployment's work pool? (`prefect worker start --pool POOL`)")
+                      f"running on the deployment's work pool? (`prefect worker start --pool {self.pool}`)")
+        if st.type.value == "RUNNING":
+            self._watch_running(client, step, fr)
         return None
+
+    def _watch_running(self, client: Any, step: int, fr: Any) -> None:
+        """How long the RUNNING run `fr` has run and been quiet (no log line: its process may be stopped); a run
+        quiet for QUIET_S is named once, with the command that shows its logs."""
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+        from prefect.client.schemas.sorting import LogSort
+
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])), limit=1,
+                                sort=LogSort.TIMESTAMP_DESC)
+        started = fr.state.timestamp
+        last = max([started, *(log.timestamp for log in logs)])
+        running_s, quiet_s = ((self.now() - t).total_seconds() for t in (started, last))
+        self.quiet[step] = (running_s, quiet_s)
+        if quiet_s > QUIET_S and step not in self.quiet_said:
+            self.quiet_said.add(step)
+            self.warn(f"the evaluation run of step {step} ({fr.name}) has been Running {running_s:.0f} s and logged "
+                      f"nothing for {quiet_s:.0f} s: is its process stopped or stuck? see `prefect flow-run logs "
+                      f"{fr.id}` (it is waited for until eval_timeout_s; cancel it with `prefect flow-run cancel "
+                      f"{fr.id}`)")
 
     def _say(self, newest: dict[int, Any], every_s: float = 60.0) -> None:
         """Once a minute, the states of the runs waited for."""
@@ -161,8 +191,15 @@ class TriggeredEvaluations:
         if now - self.said_at < every_s or not newest:
             return
         self.said_at = now
-        states = ", ".join(f"step {s} {fr.state.name if fr.state else '?'}" for s, fr in sorted(newest.items()))
-        self.info(f"waiting for the evaluation runs: {states}")
+        self.info(f"waiting for the evaluation runs: {', '.join(self._state_words(s, fr) for s, fr in sorted(newest.items()))}")
+
+    def _state_words(self, step: int, fr: Any) -> str:
+        """`step 20 Running` with, for a RUNNING run, how long it ran and how long it has been quiet."""
+        words = f"step {step} {fr.state.name if fr.state else '?'}"
+        if fr.state is None or fr.state.type.value != "RUNNING" or step not in self.quiet:
+            return words
+        running_s, quiet_s = self.quiet[step]
+        return f"{words} {running_s:.0f} s (last log {quiet_s:.0f} s ago)"
 
     def rerun(self, step: int) -> None:
         from prefect.deployments import run_deployment

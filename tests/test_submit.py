@@ -365,6 +365,43 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
             {"uri": f"{root}/step_00000050", "suite": "quick", "history_dir": "/data/alice/evals", "reevaluate": False}]
 
 
+def test_a_quiet_running_evaluation_is_named_with_how_long_and_how_to_look(prefect_server):
+    """Red team 41c S17: a SIGSTOPped evaluation showed only "step 20 Running" each minute until eval_timeout_s."""
+    from datetime import timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import LogCreate
+    from prefect.states import Cancelled, Running
+
+    from flows.stages import QUIET_S, TriggeredEvaluations
+
+    root = "file:///data/quiet/ckpt"
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("evaluate-checkpoint")
+        dep = client.create_deployment(flow_id, name="evaluate-on-checkpoint")
+        runs = {}
+        for step in (10, 20, 30):
+            runs[step] = client.create_flow_run_from_deployment(
+                dep, parameters={"request": {"uri": f"{root}/step_{step:08d}"}})
+            client.set_flow_run_state(runs[step].id, Running(), force=True)
+        started = client.read_flow_run(runs[20].id).state.timestamp
+        later = started + timedelta(seconds=QUIET_S + 100)  # the waiting submit's clock
+        client.create_logs([LogCreate(name="prefect.flow_runs", level=20, message="trial 3/4 done",
+                                      timestamp=later - timedelta(seconds=30), flow_run_id=runs[10].id)])
+        client.set_flow_run_state(runs[30].id, Cancelled(message="cancelled by alice"), force=True)
+        warned, said = [], []
+        t = TriggeredEvaluations(root, started - timedelta(seconds=60), warned.append, said.append, now=lambda: later)
+        assert t.ended_without_score() == {30: ("failed", "cancelled by alice")}  # not waited out, not rerun
+        # step 10 logged 30 s ago: working; step 20 logged nothing since it started: named once, with the commands
+        assert len(warned) == 1 and "step 20" in warned[0] and f"prefect flow-run logs {runs[20].id}" in warned[0]
+        assert f"logged nothing for {QUIET_S + 100:.0f} s" in warned[0]
+        assert "step 10 Running" in said[0] and "(last log 30 s ago)" in said[0], said
+        assert f"step 20 Running {QUIET_S + 100:.0f} s (last log {QUIET_S + 100:.0f} s ago)" in said[0], said
+        t.said_at = 0.0
+        t.ended_without_score()
+        assert len(warned) == 1 and len(said) == 2  # the warning once, the waiting line each minute
+
+
 def test_a_root_that_holds_another_jobs_checkpoints_is_refused_with_both_fixes(tmp_path):
     import torch
 
