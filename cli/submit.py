@@ -65,6 +65,7 @@ def _check_inputs(req: object) -> None:
     from tasks.evaluation.suite import load_suite
     from tasks.outdir import check_writable
     from tasks.pipeline.request import SubmitRequest
+    from tasks.training.data import check_cache
 
     assert isinstance(req, SubmitRequest)
     if req.suite:
@@ -73,6 +74,7 @@ def _check_inputs(req: object) -> None:
         load_cluster(req.cluster)
     check_writable(req.run_dir or "", "--run-dir")
     check_writable(req.history_dir, "--history-dir")
+    check_cache()  # the trainer's corpus cache: an unusable HOME is named here, not after placement
     require_existing(req.ledger)
 
 

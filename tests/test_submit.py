@@ -416,3 +416,30 @@ def test_a_root_that_holds_another_jobs_checkpoints_is_refused_with_both_fixes(t
     assert why is not None and "job 'ivy-a' (newest step 20)" in why and "its own training.checkpoint.uri" in why
     assert foreign_root(_request(tmp_path, name="ivy-a")) is None  # its own: a rerun resumes it
     assert foreign_root(_request(tmp_path / "empty", name="ivy-b")) is None
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_an_unusable_cache_is_refused_before_placement_naming_home_or_frenzy_cache(tmp_path, monkeypatch, moved):
+    """Red team 41c S10: HOME a regular file was found by the trainer, after placement, and HOME was never named."""
+    from tasks.errors import FrenzyError
+    from tasks.training.data import cache_subdir
+    from tests.hostile_kit import cli
+
+    (tmp_path / "homefile").write_text("not a directory")
+    monkeypatch.setenv("HOME", str(tmp_path / "homefile"))
+    if moved:
+        monkeypatch.setenv("FRENZY_CACHE", str(tmp_path / "homefile" / "cache"))
+    else:
+        monkeypatch.delenv("FRENZY_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="hana")))
+    run = cli("submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu")
+    assert run.rc == 2, run
+    want = f"FRENZY_CACHE={tmp_path}/homefile/cache" if moved else f"HOME={tmp_path}/homefile"
+    assert want in run.err and "set FRENZY_CACHE to a directory you may write" in run.err, run.err
+    assert "is a file" in run.err and "Traceback" not in run.err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "ckpt").exists() and not (tmp_path / "l.db").exists()
+    with pytest.raises(FrenzyError, match="set FRENZY_CACHE"):  # what the trainer meets, with the same words
+        cache_subdir("corpus")
+    monkeypatch.setenv("FRENZY_CACHE", str(tmp_path / "cache"))
+    assert cache_subdir("corpus") == tmp_path / "cache" / "corpus" and (tmp_path / "cache" / "corpus").is_dir()
