@@ -28,13 +28,13 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
     from the request, relative to `base`); else every run the ledger records (its own), and the roots older ledgers
     noted without a run record (the request's history directory)."""
     suite = request.suite or "core"
-    history = absolute(request.history_dir or "evals", base)
+    history = absolute(request.history_dir or "evals", base, "history_dir")
     if request.roots:
-        return [Target(root=absolute(r, base), suite=absolute(suite, base) if suite.endswith((".yaml", ".yml"))
+        return [Target(root=absolute(r, base, "roots"), suite=absolute(suite, base, "suite") if suite.endswith((".yaml", ".yml"))
                        else suite, history_dir=history) for r in request.roots]
     ledger = Ledger(request.ledger or None)
     out = {rec.checkpoint_root: Target(root=rec.checkpoint_root, suite=request.suite or rec.suite or "core",
-                                       history_dir=absolute(request.history_dir, base) if request.history_dir
+                                       history_dir=absolute(request.history_dir, base, "history_dir") if request.history_dir
                                        else rec.history_dir, job=rec.job)
            for rec in ledger.runs() if rec.checkpoint_root and (rec.suite or request.suite)}
     for noted in ledger.checkpoint_roots().values():
