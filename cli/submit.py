@@ -46,6 +46,7 @@ def _human(res: object, wall_s: float) -> str:
              + (f"; {t.spike_counts.summary()}" if t.spike_counts.summary() else "")
              + (" (it had already finished: nothing trained again)" if res.already_finished else ""),
              "", "scores by checkpoint:", table(rows), ""]
+    lines += [f"note: {n}" for n in res.notes]
     for f in res.evaluation_failures:
         lines.append(f"evaluation of step {f.step} FAILED: {f.cause}")
     for r in res.recoveries:

@@ -83,6 +83,13 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     done = submit(_request(tmp_path, steps=60))
     assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
     assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
+    assert done.notes == []
+    # the job edited to fewer steps than its run holds (red team 41c S9): the 60-step run is reported, and said so
+    fewer = submit(_request(tmp_path, steps=40))
+    assert fewer.already_finished and fewer.train.final_step == 60 and len(fewer.notes) == 1
+    assert "sub now asks for 40 steps, but its run" in fewer.notes[0] and "holds 60" in fewer.notes[0]
+    assert "new name or a new training.checkpoint.uri" in fewer.notes[0]
+    assert f"note: {fewer.notes[0]}" in _human(fewer, 1.0)
     # the run reported before step 60's score landed (an evaluation run that ended later): the history's score counts
     led = Ledger(str(tmp_path / "ledger.db"))
     early = again.model_copy(update={"evaluations": again.evaluations[:2]})

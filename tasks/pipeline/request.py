@@ -132,3 +132,6 @@ class SubmitResult(BaseModel):
     already_finished: bool = False
     """The job had finished before this submission (its final step committed, its report written): nothing was
     trained or evaluated again, and this is that run's result."""
+    notes: list[str] = []
+    """What the submitter should know about this result that is not a failure (the job asks for fewer steps than its
+    run holds)."""
