@@ -400,6 +400,7 @@ def report_task(report: RunReport, path: str, root: str) -> str:
     """The run report: HTML with plots on disk, the same as a markdown artifact keyed by the run (job name and
     checkpoint root `root`: see tasks/artifactkey.py)."""
     out = render_html(report, path)
-    create_markdown_artifact(markdown(report, str(out)), key=run_key("report", report.job, root),
-                             description=f"run report of {report.job}")
+    key = run_key("report", report.job, root)
+    create_markdown_artifact(markdown(report, str(out)), key=key, description=f"run report of {report.job}")
+    get_run_logger().info("run report %s, artifact %s", out, key)  # the key to search for in the UI
     return str(out)
