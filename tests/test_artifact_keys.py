@@ -44,11 +44,18 @@ def _keys(tree: ast.AST) -> list[ast.expr]:
             for kw in node.keywords if kw.arg == "key"]
 
 
+def _is_run_key(value: ast.expr) -> bool:
+    return isinstance(value, ast.Call) and getattr(value.func, "id", "") == "run_key"
+
+
 def test_every_artifact_key_in_the_flows_is_a_run_key_or_a_global_one():
     bad = []
     for path in sorted((ROOT / "flows").glob("*.py")):
-        for value in _keys(ast.parse(path.read_text())):
-            is_run_key = isinstance(value, ast.Call) and getattr(value.func, "id", "") == "run_key"
+        tree = ast.parse(path.read_text())
+        bound = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _is_run_key(node.value)
+                 for t in node.targets if isinstance(t, ast.Name)}  # `key = run_key(...)`, then `key=key`
+        for value in _keys(tree):
+            is_run_key = _is_run_key(value) or (isinstance(value, ast.Name) and value.id in bound)
             is_global = isinstance(value, ast.Constant) and value.value in GLOBAL_KEYS
             if not (is_run_key or is_global):
                 bad.append(f"{path.name}:{value.lineno}: {ast.unparse(value)}")
