@@ -46,6 +46,7 @@ def _human(res: object, wall_s: float) -> str:
              + (f"; {t.spike_counts.summary()}" if t.spike_counts.summary() else "")
              + (" (it had already finished: nothing trained again)" if res.already_finished else ""),
              "", "scores by checkpoint:", table(rows), ""]
+    lines += [f"note: {n}" for n in res.notes]
     for f in res.evaluation_failures:
         lines.append(f"evaluation of step {f.step} FAILED: {f.cause}")
     for r in res.recoveries:
@@ -65,6 +66,7 @@ def _check_inputs(req: object) -> None:
     from tasks.evaluation.suite import load_suite
     from tasks.outdir import check_writable
     from tasks.pipeline.request import SubmitRequest
+    from tasks.training.data import check_cache
 
     assert isinstance(req, SubmitRequest)
     if req.suite:
@@ -73,6 +75,7 @@ def _check_inputs(req: object) -> None:
         load_cluster(req.cluster)
     check_writable(req.run_dir or "", "--run-dir")
     check_writable(req.history_dir, "--history-dir")
+    check_cache()  # the trainer's corpus cache: an unusable HOME is named here, not after placement
     require_existing(req.ledger)
 
 

@@ -9,15 +9,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 
 from flows.naming import run_name, submission_base
+from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
 from tasks.evaluation.pending import missing, targets
 from tasks.evaluation.record import EvalSummary, evaluate_and_record
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.suite import load_suite
-
-
-def _key(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
 @task(name="evaluate", task_run_name="evaluate-{request.uri}")
@@ -41,7 +38,7 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
 def _publish(summary: EvalSummary, history_dir: str) -> None:
     rows = [{"dataset": ds, "metric": k, "value": round(v, 5)} for ds, ms in summary.scores.items()
             for k, v in ms.items()]
-    create_table_artifact(rows, key=_key(f"eval-{summary.run}-{summary.suite}"),
+    create_table_artifact(rows, key=run_key(f"eval-{summary.suite}", summary.run, step_root(summary.uri)),
                           description=f"{summary.run} step {summary.step}: suite {summary.suite}")
     entries = history.read(history_dir, summary.run, summary.suite)
     cols = sorted({f"{ds} {m}" for e in entries for ds, ms in e.scores.items() for m in ms})
@@ -52,7 +49,7 @@ def _publish(summary: EvalSummary, history_dir: str) -> None:
         lines.append(f"| {e.step} | " + " | ".join(f"{vals[c]:.4g}" if c in vals else "" for c in cols) + " |")
     if summary.history_plot:
         lines += ["", f"Plot: `{summary.history_plot}`"]
-    create_markdown_artifact("\n".join(lines), key=_key(f"eval-history-{summary.run}-{summary.suite}"),
+    create_markdown_artifact("\n".join(lines), key=run_key(f"eval-history-{summary.suite}", summary.run, step_root(summary.uri)),
                              description="score history of the run")
 
 

@@ -24,6 +24,7 @@ from flows.place import place, release
 from flows.plan import plan_resources, plans_markdown
 from flows.stragglers import stragglers_task
 from flows.train import train_task
+from tasks.artifactkey import run_key
 from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation.record import EvalSummary
@@ -45,11 +46,6 @@ from tasks.training.elastic import replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, request_kill, request_stop
 
 EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
-
-
-def key(text: str) -> str:
-    """An artifact key from free text."""
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
 def evaluation_mode(request: SubmitRequest) -> str:
@@ -93,6 +89,11 @@ class DeploymentGone(Exception):  # noqa: N818 - a condition, not a failure: the
     """The evaluate-on-checkpoint deployment is not on the server (deleted while submit waited)."""
 
 
+QUIET_S = 300.0
+"""An evaluation run RUNNING that has logged nothing this long (a stopped or stuck process: the evaluation logs each
+piece of work it finishes) is named, once, with the command that shows its logs; it is still waited for."""
+
+
 class TriggeredEvaluations:
     """The evaluate-on-checkpoint runs that the commits under `root` triggered since `since`, as the server sees
     them: which steps' newest run ended without a score (and how), and a way to run a step again. Says what it waits
@@ -111,6 +112,9 @@ class TriggeredEvaluations:
         self.pool_said, self.pool = False, ""
         self.said_at = 0.0
         self.late_said: set[int] = set()
+        self.quiet_said: set[int] = set()
+        self.quiet: dict[int, tuple[float, float]] = {}
+        """Per RUNNING step: seconds since it started running, seconds since its newest log line (or its start)."""
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
         """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
@@ -161,7 +165,7 @@ class TriggeredEvaluations:
         if st is None:
             return None
         waited = (self.now() - st.timestamp).total_seconds()
-        if st.type.value in ("FAILED", "CRASHED"):
+        if st.type.value in ("FAILED", "CRASHED", "CANCELLED"):  # a cancelled one (a person's stop) is not rerun
             return ("crashed" if st.type.value == "CRASHED" else "failed",
                     st.message or f"the run {fr.name} ended {st.name}")
         if st.type.value == "PENDING" and waited > STUCK_S:  # its worker claimed it and stopped
@@ -175,6 +179,8 @@ class TriggeredEvaluations:
             self.late_said.add(step)
             self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: is one "
                       f"running on the deployment's work pool? (`prefect worker start --pool {self.pool or 'POOL'}`)")
+        if st.type.value == "RUNNING":
+            self._watch_running(client, step, fr)
         return None
 
     def _paused(self, client: Any, dep: Any) -> None:
@@ -205,14 +211,40 @@ class TriggeredEvaluations:
         return sorted(s for s, t in self.unseen.items() if s in unscored and s not in self.params
                       and (now - t).total_seconds() >= ORPHAN_S)
 
+    def _watch_running(self, client: Any, step: int, fr: Any) -> None:
+        """How long the RUNNING run `fr` has run and been quiet (no log line: its process may be stopped); a run
+        quiet for QUIET_S is named once, with the command that shows its logs."""
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+        from prefect.client.schemas.sorting import LogSort
+
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fr.id])), limit=1,
+                                sort=LogSort.TIMESTAMP_DESC)
+        started = fr.state.timestamp
+        last = max([started, *(log.timestamp for log in logs)])
+        running_s, quiet_s = ((self.now() - t).total_seconds() for t in (started, last))
+        self.quiet[step] = (running_s, quiet_s)
+        if quiet_s > QUIET_S and step not in self.quiet_said:
+            self.quiet_said.add(step)
+            self.warn(f"the evaluation run of step {step} ({fr.name}) has been Running {running_s:.0f} s and logged "
+                      f"nothing for {quiet_s:.0f} s: is its process stopped or stuck? see `prefect flow-run logs "
+                      f"{fr.id}` (it is waited for until eval_timeout_s; cancel it with `prefect flow-run cancel "
+                      f"{fr.id}`)")
+
     def _say(self, newest: dict[int, Any], every_s: float = 60.0) -> None:
         """Once a minute, the states of the runs waited for."""
         now = time.monotonic()
         if now - self.said_at < every_s or not newest:
             return
         self.said_at = now
-        states = ", ".join(f"step {s} {fr.state.name if fr.state else '?'}" for s, fr in sorted(newest.items()))
-        self.info(f"waiting for the evaluation runs: {states}")
+        self.info(f"waiting for the evaluation runs: {', '.join(self._state_words(s, fr) for s, fr in sorted(newest.items()))}")
+
+    def _state_words(self, step: int, fr: Any) -> str:
+        """`step 20 Running` with, for a RUNNING run, how long it ran and how long it has been quiet."""
+        words = f"step {step} {fr.state.name if fr.state else '?'}"
+        if fr.state is None or fr.state.type.value != "RUNNING" or step not in self.quiet:
+            return words
+        running_s, quiet_s = self.quiet[step]
+        return f"{words} {running_s:.0f} s (last log {quiet_s:.0f} s ago)"
 
     def rerun(self, step: int) -> None:
         from prefect.deployments import run_deployment
@@ -248,7 +280,8 @@ class FlowStages:
             raise at.PipelineError(f"{job.name}: every plan needs pipeline parallelism (pp > 1), which the trainer "
                                    "does not run yet; add GPUs with more memory or enable recompute / zero_stage 3")
         create_markdown_artifact(plans_markdown(PlanRequest(job=job, cluster=spec), runnable[:10]),
-                                 key=key(f"plans-{job.name}"), description="MARP resource plans, best first")
+                                 key=run_key("plans", job.name, job.training.checkpoint.uri or ""),
+                                 description="MARP resource plans, best first")
         return runnable, self.cluster.name
 
     def place(self, run: Run) -> Allocation:
@@ -334,7 +367,8 @@ class FlowStages:
             f"| root cause | `{(d.root_cause_line or '-').replace('|', '/')[:300]}` (line {d.line_no}) |\n"
             f"| symptoms | {len(d.evidence)} other error lines |\n| action | **{act.kind}**"
             f"{' + node check' if act.node_check else ''}: {act.reason} |\n",
-            key=key(f"diagnosis-{job}"), description=f"diagnosis of a training failure of {job}")
+            key=run_key("diagnosis", job, run.request.job.training.checkpoint.uri or ""),
+            description=f"diagnosis of a training failure of {job}")
         emit_event(event="frenzy.training.failed", resource={"prefect.resource.id": f"frenzy.job.{job}"},
                    payload={"type": d.type, "category": d.category, "rank": d.rank, "node": d.node,
                             "root_cause_line": d.root_cause_line, "action": act.kind, "reason": act.reason,
@@ -402,7 +436,8 @@ class FlowStages:
             return None
 
     def report(self, run: Run) -> str:
-        path = report_task(run_report(run), str(Path(run.run_dir) / "report.html"))
+        path = report_task(run_report(run), str(Path(run.run_dir) / "report.html"),
+                           run.request.job.training.checkpoint.uri or "")
         self.log.info("report: %s", path)
         return path
 
@@ -424,9 +459,11 @@ def diagnose_task(job: str, log: str, offset: int) -> Diagnosis:
 
 
 @task(name="report")
-def report_task(report: RunReport, path: str) -> str:
-    """The run report: HTML with plots on disk, the same as a markdown artifact."""
+def report_task(report: RunReport, path: str, root: str) -> str:
+    """The run report: HTML with plots on disk, the same as a markdown artifact keyed by the run (job name and
+    checkpoint root `root`: see tasks/artifactkey.py)."""
     out = render_html(report, path)
-    create_markdown_artifact(markdown(report, str(out)), key=key(f"report-{report.job}"),
-                             description=f"run report of {report.job}")
+    key = run_key("report", report.job, root)
+    create_markdown_artifact(markdown(report, str(out)), key=key, description=f"run report of {report.job}")
+    get_run_logger().info("run report %s, artifact %s", out, key)  # the key to search for in the UI
     return str(out)

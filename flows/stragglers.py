@@ -14,15 +14,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.naming import run_name
+from tasks.artifactkey import run_key
 from tasks.outdir import atomic_file
 from tasks.stragglers.analyze import analyze
 from tasks.stragglers.report import heatmap, markdown, timeline
 from tasks.stragglers.request import StragglerReport, StragglerRequest
 from tasks.stragglers.trace import load_trace
-
-
-def _key(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "trace"
 
 
 @task(name="stragglers", task_run_name="stragglers-{request.trace}")
@@ -35,13 +32,16 @@ def stragglers_task(request: StragglerRequest) -> StragglerReport:
     atomic_file(out / "slowdowns.json", json.dumps(res.model_dump(), indent=1).encode(), "stragglers", True, wait=True)
     md = markdown(res)
     atomic_file(out / "summary.md", md.encode(), "stragglers", True, wait=True)
-    hm = str(heatmap(res, out / "heatmap.png")) if request.heatmap else None
-    tl = str(timeline(prep, out / "timeline.json.gz", n_steps=request.timeline_steps)) \
+    # two analyses of one run (two submits of one job at once) take turns on its files; both reports carry them
+    hm = str(heatmap(res, out / "heatmap.png", wait=True)) if request.heatmap else None
+    tl = str(timeline(prep, out / "timeline.json.gz", n_steps=request.timeline_steps, wait=True)) \
         if request.timeline_steps else None
-    run = _key(tr.meta.run_id or tr.meta.trial_name or Path(tr.path).parent.name)
-    create_markdown_artifact(md, key=f"stragglers-{run}", description=f"straggler what-if analysis of {tr.path}")
+    run = tr.meta.run_id or tr.meta.trial_name or Path(tr.path).parent.name  # keyed by the trace: one per run
+    trace_id = str(Path(tr.path).absolute())
+    create_markdown_artifact(md, key=run_key("stragglers", run, trace_id),
+                             description=f"straggler what-if analysis of {tr.path}")
     create_table_artifact([{"op type": k, "slowdown": round(v, 4)} for k, v in res.by_optype.items()],
-                          key=f"stragglers-{run}-optypes", description="slowdown attributed to each op type")
+                          key=run_key("stragglers-optypes", run, trace_id), description="slowdown attributed to each op type")
     logger.info("S = %.3f (waste %.1f%%), launch slowdown %.3f, simulator error %.2f%%", res.slowdown,
                 100 * res.waste, res.launch_slowdown, 100 * res.sim_error)
     return StragglerReport(trace=tr.path, slowdown=res.slowdown, waste=res.waste,

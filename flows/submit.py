@@ -69,6 +69,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
     if (done := already_finished(rec, request, run.suite)) is not None:
         get_run_logger().info("%s had finished at step %d (report %s): nothing to train or evaluate again",
                               run.job, done.train.final_step, done.report)
+        for note in done.notes:
+            get_run_logger().warning(note)
         return done
     ledger.sync(cluster)
     if run.suite:  # the scheduled evaluate-pending covers the roots the ledger knows
@@ -76,4 +78,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     run = drive(run, FlowStages(request, ledger, cluster))
     if run.stage is Stage.FAILED:
         raise PipelineError(run.error or f"{run.job}: the run failed")
-    return submit_result(run)
+    result = submit_result(run)
+    for note in result.notes:
+        get_run_logger().warning(note)
+    return result

@@ -7,7 +7,6 @@ can be triggered by it. It returns a small record with URIs, never tensors.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -16,6 +15,7 @@ from prefect.events import emit_event
 
 from flows.naming import run_name, submission_base
 from flows.stragglers import StragglerRequest, stragglers_task
+from tasks.artifactkey import run_key
 from tasks.errors import FrenzyError
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import WARNING_EVENTS, CommitProgress, ProgressRecord, StepProgress, describe
@@ -48,7 +48,7 @@ def train_task(request: TrainRequest) -> TrainResult:
     request = request.resolved(submission_base())
     job = request.job
     suite = request.evaluation_suite or (job.evaluation.suite if job.evaluation else "core")
-    art = create_progress_artifact(0.0, key=re.sub(r"[^a-z0-9-]+", "-", f"train-{job.name}".lower()),
+    art = create_progress_artifact(0.0, key=run_key("train", job.name, job.training.checkpoint.uri or ""),
                                    description=f"{job.name}: step 0/{job.training.steps}")
 
     def on_record(rec: ProgressRecord) -> None:
@@ -82,7 +82,7 @@ def train_task(request: TrainRequest) -> TrainResult:
 def train_flow(request: TrainRequest) -> TrainResult:
     """Train a job with asynchronous checkpoints; a table artifact lists the committed checkpoints."""
     result = train_task(request)
-    create_table_artifact([c.model_dump() for c in result.checkpoints], key="frenzy-checkpoints",
+    create_table_artifact([c.model_dump() for c in result.checkpoints], key=run_key("checkpoints", result.job, result.checkpoint_uri),
                           description=f"{result.job}: committed checkpoints")
     if request.analyze_stragglers and result.trace:
         try:  # the run trained; a trace the analysis cannot use is reported, not a failed training run

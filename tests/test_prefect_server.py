@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -50,11 +51,13 @@ def _evaluated_steps(history: Path) -> list[int]:
     return sorted(json.loads(line)["step"] for line in history.read_text().splitlines())
 
 
-def _artifact_text(client, key: str) -> str:
+def _artifact_text(client, prefix: str) -> str:
+    """The newest artifact whose key starts with `prefix` (a run's keys end in a hash of its checkpoint root)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    assert arts, f"no artifact {key}"
+    arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=prefix)))
+    arts = [a for a in arts if a.key and a.key.startswith(prefix)]
+    assert arts, f"no artifact {prefix}*"
     return str(max(arts, key=lambda a: a.created).data)
 
 
@@ -110,7 +113,7 @@ def test_submit_from_the_deployment_form_trains_and_each_commit_is_evaluated(sta
     hist = (stack.data / "evals" / "served" / "history.jsonl").read_text().splitlines()
     assert len(hist) == 2
     keys = {a.key for a in client.read_artifacts()}
-    assert {"report-served", "plans-served"} <= keys
+    assert {"report-served", "plans-served"} <= {k.rsplit("-", 1)[0] for k in keys if k}  # <kind>-<job>-<hash>
     # the form's relative paths are the data root's, not the worker's working directory (the checkout)
     assert (stack.data / "runs" / "served" / "report.html").exists()
     assert not (stack.workdir / "runs").exists() and not (stack.workdir / "evals").exists()
@@ -197,14 +200,14 @@ def test_a_user_runs_submit_from_the_prefect_ui_and_finds_its_artifacts(stack, c
         assert run.state.is_completed(), run.state.message
         steps = _evaluated_steps(stack.data / "evals" / "tiny-submit" / "history.jsonl")
         assert steps == [50, 100]  # each commit of the default run, evaluated once
-        report = _artifact_text(client, "report-tiny-submit")
+        report = _artifact_text(client, "report-tiny-submit-")
         assert all(f"step {s} " in report for s in steps), report
         warnings = _warnings_of(client, run_id)
         assert len(warnings) < 50, warnings[:20]
         page.goto(f"{stack.ui_url}/runs/flow-run/{run_id}")
         page.get_by_text("Artifacts", exact=True).first.click()
-        page.get_by_text("report-tiny-submit", exact=True).first.wait_for(timeout=60_000)
-        assert page.get_by_text("plans-tiny-submit", exact=True).count() >= 1
+        page.get_by_text(re.compile(r"^report-tiny-submit-[0-9a-f]{8}$")).first.wait_for(timeout=60_000)
+        assert page.get_by_text(re.compile(r"^plans-tiny-submit-[0-9a-f]{8}$")).count() >= 1
         page.screenshot(path=str(shots / "2-flow-run-artifacts.png"), full_page=True)
         page.get_by_text("report-tiny-submit", exact=True).first.click()  # the report itself, rendered
         page.get_by_text("Scores by checkpoint").first.wait_for(timeout=30_000)

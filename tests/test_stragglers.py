@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from tasks.artifactkey import run_key
 from tasks.stragglers.analyze import analyze
 from tasks.stragglers.synth import SynthSpec, build_program, execute, generate, step_times
 from tasks.stragglers.trace import COLUMNS, OPTYPES, JobMeta, Trace, TraceError, load_trace, write_trace
@@ -281,7 +283,7 @@ def test_stragglers_flow_writes_report_and_artifacts(prefect_server, tmp_path):
     assert rep.worst_stage == "1" and rep.slowdown > 1.05
     assert json.loads(open(rep.report).read())["slowdown"] == pytest.approx(rep.slowdown)
     assert rep.heatmap and rep.timeline
-    art = Artifact.get("stragglers-flowtest")
+    art = Artifact.get(run_key("stragglers", "flowtest", str(tmp_path / "trace.parquet")))
     assert art is not None and "Straggler what-if analysis" in str(art.data)
 
 
@@ -313,3 +315,43 @@ def test_the_artifacts_own_file_layout_is_read_as_it_is(tmp_path):
     pd.DataFrame(frame).to_parquet(art / "trace.parquet", index=False)
     with pytest.raises(TraceError, match=r"unknown op types \['mystery-op'\]"):
         load_trace(art)
+
+
+def _someone_waits_on(path) -> bool:
+    """A blocked flock request on `path`'s inode (a `->` line of /proc/locks)."""
+    ino = os.stat(path).st_ino
+    return any("->" in line and line.split()[-3].endswith(f":{ino}") for line in open("/proc/locks"))
+
+
+def test_a_second_analysis_of_one_run_waits_for_the_heatmap_and_gets_it(tmp_path):
+    """Red team 41c S3: two analyses of one run raced on trace/stragglers/heatmap.png and the loser failed."""
+    import threading
+    import time
+
+    from tasks.outdir import held
+    from tasks.stragglers.report import heatmap
+
+    write_trace(tmp_path / "trace.parquet", generate(SynthSpec(steps=2)).columns(), JobMeta(run_id="race", dp_size=4,
+                                                                                          pp_size=4))
+    res, _ = analyze(load_trace(str(tmp_path / "trace.parquet")))
+    dest = tmp_path / "stragglers" / "heatmap.png"
+    errors: list[BaseException] = []
+    with held(dest, "stragglers analyze --heatmap"):  # the first analysis is writing it
+        with pytest.raises(Exception, match="is writing"):  # a path a person typed: refused at once, naming the writer
+            heatmap(res, dest)
+        second = threading.Thread(target=lambda: errors.extend(_run(lambda: heatmap(res, dest, wait=True))))
+        second.start()
+        deadline = time.monotonic() + 60
+        while not _someone_waits_on(tmp_path / "stragglers" / ".heatmap.png.lock"):
+            assert second.is_alive() and time.monotonic() < deadline, errors
+    second.join(60)
+    assert not second.is_alive() and errors == []
+    assert dest.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _run(fn) -> list[BaseException]:
+    try:
+        fn()
+    except BaseException as err:  # noqa: BLE001 - handed to the test thread
+        return [err]
+    return []

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from cluster.ledger import CheckpointRoot, Ledger
+from tasks.artifactkey import run_key
 from tasks.evaluation import history
 from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
@@ -68,7 +69,8 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     html = Path(res.report).read_text()
     assert html.count("data:image/png;base64,") >= 3  # loss curve, scores by step, straggler heatmap
     assert "chosen" in html and "heldout-loss loss" in html
-    assert Artifact.get("report-sub") is not None and Artifact.get("plans-sub") is not None
+    root = f"file://{tmp_path}/ckpt"  # artifacts are keyed by the run: job name and checkpoint root
+    assert Artifact.get(run_key("report", "sub", root)) is not None and Artifact.get(run_key("plans", "sub", root)) is not None
 
     # a re-run of the same job resumes from the newest verified checkpoint instead of starting over
     again = submit(_request(tmp_path, steps=60))
@@ -82,6 +84,13 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     done = submit(_request(tmp_path, steps=60))
     assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
     assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
+    assert done.notes == []
+    # the job edited to fewer steps than its run holds (red team 41c S9): the 60-step run is reported, and said so
+    fewer = submit(_request(tmp_path, steps=40))
+    assert fewer.already_finished and fewer.train.final_step == 60 and len(fewer.notes) == 1
+    assert "sub now asks for 40 steps, but its run" in fewer.notes[0] and "holds 60" in fewer.notes[0]
+    assert "new name or a new training.checkpoint.uri" in fewer.notes[0]
+    assert f"note: {fewer.notes[0]}" in _human(fewer, 1.0)
     # the run reported before step 60's score landed (an evaluation run that ended later): the history's score counts
     led = Ledger(str(tmp_path / "ledger.db"))
     early = again.model_copy(update={"evaluations": again.evaluations[:2]})
@@ -389,6 +398,43 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
             {"uri": f"{root}/step_00000050", "suite": "quick", "history_dir": "/data/alice/evals", "reevaluate": False}]
 
 
+def test_a_quiet_running_evaluation_is_named_with_how_long_and_how_to_look(prefect_server):
+    """Red team 41c S17: a SIGSTOPped evaluation showed only "step 20 Running" each minute until eval_timeout_s."""
+    from datetime import timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import LogCreate
+    from prefect.states import Cancelled, Running
+
+    from flows.stages import QUIET_S, TriggeredEvaluations
+
+    root = "file:///data/quiet/ckpt"
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("evaluate-checkpoint")
+        dep = client.create_deployment(flow_id, name="evaluate-on-checkpoint")
+        runs = {}
+        for step in (10, 20, 30):
+            runs[step] = client.create_flow_run_from_deployment(
+                dep, parameters={"request": {"uri": f"{root}/step_{step:08d}"}})
+            client.set_flow_run_state(runs[step].id, Running(), force=True)
+        started = client.read_flow_run(runs[20].id).state.timestamp
+        later = started + timedelta(seconds=QUIET_S + 100)  # the waiting submit's clock
+        client.create_logs([LogCreate(name="prefect.flow_runs", level=20, message="trial 3/4 done",
+                                      timestamp=later - timedelta(seconds=30), flow_run_id=runs[10].id)])
+        client.set_flow_run_state(runs[30].id, Cancelled(message="cancelled by alice"), force=True)
+        warned, said = [], []
+        t = TriggeredEvaluations(root, started - timedelta(seconds=60), warned.append, said.append, now=lambda: later)
+        assert t.ended_without_score() == {30: ("failed", "cancelled by alice")}  # not waited out, not rerun
+        # step 10 logged 30 s ago: working; step 20 logged nothing since it started: named once, with the commands
+        assert len(warned) == 1 and "step 20" in warned[0] and f"prefect flow-run logs {runs[20].id}" in warned[0]
+        assert f"logged nothing for {QUIET_S + 100:.0f} s" in warned[0]
+        assert "step 10 Running" in said[0] and "(last log 30 s ago)" in said[0], said
+        assert f"step 20 Running {QUIET_S + 100:.0f} s (last log {QUIET_S + 100:.0f} s ago)" in said[0], said
+        t.said_at = 0.0
+        t.ended_without_score()
+        assert len(warned) == 1 and len(said) == 2  # the warning once, the waiting line each minute
+
+
 def test_a_root_that_holds_another_jobs_checkpoints_is_refused_with_both_fixes(tmp_path):
     import torch
 
@@ -482,3 +528,30 @@ def test_submit_evaluates_in_flow_when_the_evaluation_deployment_is_gone_while_i
     found, failures = waiting()
     assert [e.step for e in found] == [10, 20] and failures == []
     assert {e.step for e in history.read(str(tmp_path / "evals"), "t", "s")} == {10, 20}
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_an_unusable_cache_is_refused_before_placement_naming_home_or_frenzy_cache(tmp_path, monkeypatch, moved):
+    """Red team 41c S10: HOME a regular file was found by the trainer, after placement, and HOME was never named."""
+    from tasks.errors import FrenzyError
+    from tasks.training.data import cache_subdir
+    from tests.hostile_kit import cli
+
+    (tmp_path / "homefile").write_text("not a directory")
+    monkeypatch.setenv("HOME", str(tmp_path / "homefile"))
+    if moved:
+        monkeypatch.setenv("FRENZY_CACHE", str(tmp_path / "homefile" / "cache"))
+    else:
+        monkeypatch.delenv("FRENZY_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="hana")))
+    run = cli("submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu")
+    assert run.rc == 2, run
+    want = f"FRENZY_CACHE={tmp_path}/homefile/cache" if moved else f"HOME={tmp_path}/homefile"
+    assert want in run.err and "set FRENZY_CACHE to a directory you may write" in run.err, run.err
+    assert "is a file" in run.err and "Traceback" not in run.err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "ckpt").exists() and not (tmp_path / "l.db").exists()
+    with pytest.raises(FrenzyError, match="set FRENZY_CACHE"):  # what the trainer meets, with the same words
+        cache_subdir("corpus")
+    monkeypatch.setenv("FRENZY_CACHE", str(tmp_path / "cache"))
+    assert cache_subdir("corpus") == tmp_path / "cache" / "corpus" and (tmp_path / "cache" / "corpus").is_dir()

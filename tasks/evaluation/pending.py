@@ -28,7 +28,7 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
     the roots older ledgers noted without a run record (the request's history directory); with roots named, only
     those, each taking its run's suite and history from the ledger when a recorded run commits there (however the
     root is spelled), else the request's (relative to `base`). A suite or history directory in the request wins."""
-    history = absolute(request.history_dir or "evals", base)
+    history = absolute(request.history_dir or "evals", base, "history_dir")
     ledger = Ledger(request.ledger or None)
     known: dict[str, Target] = {}
     for noted in ledger.checkpoint_roots().values():
@@ -39,7 +39,7 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
             known[place_key(rec.checkpoint_root)] = Target(root=rec.checkpoint_root, suite=rec.suite or "core",
                                                            history_dir=rec.history_dir, job=rec.job)
     if request.roots:
-        named = [absolute(r, base) for r in request.roots]
+        named = [absolute(r, base, "roots") for r in request.roots]
         found = [known.get(place_key(r)) or Target(root=r, suite="core", history_dir=history) for r in named]
     else:
         found = list(known.values())
@@ -49,7 +49,7 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
 
 
 def _suite(suite: str, base: Path) -> str:
-    return absolute(suite, base) if suite.endswith((".yaml", ".yml")) else suite
+    return absolute(suite, base, "suite") if suite.endswith((".yaml", ".yml")) else suite
 
 
 def missing(target: Target) -> str | None:

@@ -68,9 +68,9 @@ class EvaluateRequest(BaseModel):
         from tasks.paths import absolute, path_like
 
         return self.model_copy(update={
-            "uri": absolute(self.uri, base), "history_dir": absolute(self.history_dir, base),
-            "out_dir": absolute(self.out_dir, base) if self.out_dir else None,
-            "suite": absolute(self.suite, base) if path_like(self.suite) else self.suite})
+            "uri": absolute(self.uri, base, "uri"), "history_dir": absolute(self.history_dir, base, "history_dir"),
+            "out_dir": absolute(self.out_dir, base, "out_dir") if self.out_dir else None,
+            "suite": absolute(self.suite, base, "suite") if path_like(self.suite) else self.suite})
 
     def options(self) -> EvalOptions:
         """How the evaluation runs (tasks.evaluation.runner), as the flow and `frenzy evaluate` both run it."""

@@ -75,15 +75,15 @@ class SubmitRequest(BaseModel):
         from tasks.paths import absolute, path_like, resolve_job
 
         base = base.absolute()
-        run_dir = Path(absolute(self.run_dir, base) if self.run_dir else base / "runs" / self.job.name)
-        changes: dict[str, object] = {"run_dir": str(run_dir), "history_dir": absolute(self.history_dir, base),
+        run_dir = Path(absolute(self.run_dir, base, "run_dir") if self.run_dir else base / "runs" / self.job.name)
+        changes: dict[str, object] = {"run_dir": str(run_dir), "history_dir": absolute(self.history_dir, base, "history_dir"),
                                       "job": resolve_job(self.job, (job_base or base).absolute(), run_dir)}
         if self.ledger and "://" not in self.ledger:
-            changes["ledger"] = absolute(self.ledger, base)
+            changes["ledger"] = absolute(self.ledger, base, "ledger")
         for name in ("cluster", "suite"):
             value = getattr(self, name)
             if value and value not in ("local", "ray") and "://" not in value and path_like(value):
-                changes[name] = absolute(value, base)
+                changes[name] = absolute(value, base, name)
         return self.model_copy(update=changes)
 
     @property
@@ -132,3 +132,6 @@ class SubmitResult(BaseModel):
     already_finished: bool = False
     """The job had finished before this submission (its final step committed, its report written): nothing was
     trained or evaluated again, and this is that run's result."""
+    notes: list[str] = []
+    """What the submitter should know about this result that is not a failure (the job asks for fewer steps than its
+    run holds)."""

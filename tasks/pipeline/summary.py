@@ -91,7 +91,21 @@ def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str =
     done = SubmitResult.model_validate_json(rec.result)
     now = scored(rec.history_dir, rec.job, suite) if suite else {}
     evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
-    return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)]})
+    notes = [n for n in [fewer_steps(request, done.train.final_step)] if n]
+    return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)],
+                                   "notes": notes})
+
+
+def fewer_steps(request: SubmitRequest, final_step: int) -> str | None:
+    """What to say when the job asks for fewer steps than its run holds (the job was edited after it ran): the result
+    is the longer run's, and a shorter run needs its own checkpoint root."""
+    job, asked = request.job, request.job.training.steps
+    if final_step <= asked:
+        return None
+    return (f"{job.name} now asks for {asked} steps, but its run (checkpoints in {job.training.checkpoint.uri}) holds "
+            f"{final_step}: this is the {final_step}-step run, not a {asked}-step one (its step {asked} was trained on "
+            f"a {final_step}-step schedule). To train {asked} steps, give the job a new name or a new "
+            "training.checkpoint.uri")
 
 
 def submit_result(run: Run) -> SubmitResult:
@@ -100,4 +114,5 @@ def submit_result(run: Run) -> SubmitResult:
     return SubmitResult(job=run.job, plan=run.attempt.plan, plans=run.plans, allocation=run.attempt.allocation,
                         train=run.result, evaluations=run.evaluations, stragglers=run.stragglers, report=run.report,
                         released=not run.held, timings_s=run.timings_s, recoveries=run.recoveries,
-                        evaluation_failures=run.evaluation_failures)
+                        evaluation_failures=run.evaluation_failures,
+                        notes=[n for n in [fewer_steps(run.request, run.result.final_step)] if n])

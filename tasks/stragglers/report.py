@@ -15,8 +15,11 @@ from tasks.stragglers.trace import OPTYPES, PP_COMM, TraceError
 STREAMS = ["compute", *PP_COMM, "dp-comm"]
 
 
-def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
-    """PNG: one cell per worker (x = DP rank, y = stage), its slowdown; Reds from 1 to max(1.5, worst)."""
+def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (), overwrite: bool = True, *,
+            wait: bool = False) -> Path:
+    """PNG: one cell per worker (x = DP rank, y = stage), its slowdown; Reds from 1 to max(1.5, worst). A second
+    writer of `path` is refused (a path a person typed), or with `wait` takes its turn and replaces it (the pipeline's
+    own file, which two analyses of one run may write at once)."""
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
     data = np.array(res.workers)
@@ -38,7 +41,7 @@ def heatmap(res: Slowdowns, path: str | Path, inputs: tuple[str | Path, ...] = (
     fig.colorbar(im, ax=ax, label="slowdown")
     fig.tight_layout()
     out = Path(path)
-    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs, overwrite=overwrite) as tmp:
+    with atomic_path(out, "stragglers analyze --heatmap", inputs=inputs, overwrite=overwrite, wait=wait) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
     return out
 
@@ -74,7 +77,8 @@ def _track_names(pid: int, process: str, stages: np.ndarray) -> list[dict]:
 
 
 def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_steps: int = 3,
-             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = (), overwrite: bool = True) -> Path:
+             dp_ranks: list[int] | None = None, inputs: tuple[str | Path, ...] = (), overwrite: bool = True, *,
+             wait: bool = False) -> Path:
     """Chrome/Perfetto trace (gzipped JSON) of the original and the ideal timelines for a window of steps.
 
     One process per (timeline, DP rank), one track per (stage, stream); steps are laid end to end. A
@@ -112,7 +116,7 @@ def timeline(p: Prepared, path: str | Path, first_step: int | None = None, n_ste
         for r in ranks:
             events += _track_names(base_pid + int(r), f"{label} - DP rank {r}", stages)
     out = Path(path)
-    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs, overwrite=overwrite) as tmp, \
+    with atomic_path(out, "stragglers analyze --timeline", inputs=inputs, overwrite=overwrite, wait=wait) as tmp, \
             gzip.open(tmp, "wt") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     return out

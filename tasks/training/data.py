@@ -47,13 +47,38 @@ def decode(tokens: np.ndarray | list[int]) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FRENZY_CACHE", Path.home() / ".cache" / "frenzy"))
+    """Frenzy's cache (tokenized corpora, tokenizers, evaluation priors): $FRENZY_CACHE, else ~/.cache/frenzy."""
+    return Path(os.environ.get("FRENZY_CACHE") or Path.home() / ".cache" / "frenzy").expanduser()
+
+
+def check_cache(sub: str = "corpus") -> Path:
+    """`cache_dir()/sub` if it can be written (nothing is created), else an error that names where the cache's place
+    comes from ($FRENZY_CACHE, or HOME) and how to move it: what `frenzy submit` checks before placement and what
+    the trainer meets."""
+    from tasks.outdir import check_writable
+
+    d = cache_dir() / sub
+    try:
+        return check_writable(d, "the cache directory")
+    except FrenzyError as err:
+        src = (f"FRENZY_CACHE={os.environ['FRENZY_CACHE']}" if os.environ.get("FRENZY_CACHE")
+               else f"HOME={os.environ.get('HOME', Path.home())} (the cache is $HOME/.cache/frenzy)")
+        raise type(err)(f"{err}. Frenzy's cache (tokenized corpora, tokenizers, evaluation priors) comes from {src}; "
+                        "set FRENZY_CACHE to a directory you may write (e.g. FRENZY_CACHE=/tmp/$USER-frenzy), "
+                        "or fix HOME") from None
+
+
+def cache_subdir(sub: str) -> Path:
+    """`cache_dir()/sub`, made (checked first, so that an unusable cache names HOME / FRENZY_CACHE)."""
+    d = check_cache(sub)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def build_builtin_corpus(dest: Path | None = None) -> Path:
     """Concatenate the source of a fixed list of stdlib packages into one byte file (built once, cached)."""
     ver = f"py{sys.version_info.major}{sys.version_info.minor}"
-    dest = dest or cache_dir() / "corpus" / f"builtin-{ver}.bin"
+    dest = dest or cache_subdir("corpus") / f"builtin-{ver}.bin"
     if dest.exists():
         return dest
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -103,7 +128,7 @@ def _text_corpus_bytes(spec: DataSpec) -> Path:
     if kind == "dir":
         # cached per directory state (names, sizes, mtimes): rebuilt only when a file changed
         key = "\n".join(f"{q}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
-        path = cache_dir() / "corpus" / f"text-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+        path = cache_subdir("corpus") / f"text-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -156,7 +181,7 @@ def _tokenized_cache(spec: DataSpec, tok: Tokenizer) -> list[Path]:
         urls = S.list_files(spec.path, {"jsonl": (".jsonl",), "parquet": (".parquet",)}.get(spec.source))
         kind = spec.source
     key = hashlib.sha256(json.dumps([urls, kind, spec.text_field, tok.sha256]).encode()).hexdigest()[:16]
-    out = cache_dir() / "corpus" / f"tok-{key}"
+    out = cache_subdir("corpus") / f"tok-{key}"
     if not (out / "done.json").exists():
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -143,6 +143,6 @@ class TrainRequest(BaseModel):
         from tasks.paths import absolute, resolve_job
 
         base = base.absolute()
-        run_dir = Path(absolute(self.run_dir, base)) if self.run_dir else base / "runs" / self.job.name
-        return self.model_copy(update={"run_dir": str(run_dir), "history_dir": absolute(self.history_dir, base),
+        run_dir = Path(absolute(self.run_dir, base, "run_dir")) if self.run_dir else base / "runs" / self.job.name
+        return self.model_copy(update={"run_dir": str(run_dir), "history_dir": absolute(self.history_dir, base, "history_dir"),
                                        "job": resolve_job(self.job, base, run_dir)})
