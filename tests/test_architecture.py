@@ -316,16 +316,13 @@ DICT_RETURNS_ALLOWED = {
     # write their keys in two orders). Convert one and take it off this list.
     "tasks/diagnosis/fallback.py::Fallback.nearest",
     "tasks/diagnosis/fallback.py::fit",
-    "tasks/diagnosis/fallback.py::train",
     "tasks/evaluation/priors.py::load_priors",
     "tasks/jobspec.py::ModelSpec.shape_dump",
     "tasks/training/guard.py::SpikeGuard.skipped",
     "tasks/training/interval.py::Cadence.memo",
     "tasks/training/interval.py::Cadence.describe",
-    "tasks/training/metrics.py::Meter.figures",
     "tasks/training/schedule.py::CheckpointSchedule.describe",
     "tasks/training/setup.py::fingerprint",
-    "tasks/training/spikes.py::SpikeDetector.stats",
     "tasks/training/spikes.py::SpikeDetector.state",
 }
 

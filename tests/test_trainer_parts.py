@@ -92,8 +92,8 @@ def test_the_meter_emits_step_records_on_its_interval_with_tokens_per_second(tmp
     assert steps[0]["tokens_per_s"] == pytest.approx(4 * 32 / 0.5) and steps[1]["eta_s"] == 0
     clock.now += 3.0  # after the last update (the final checkpoint): not in tokens/s, in elapsed
     f = meter.figures(data_s=1.0, blocked_s=0.2)
-    assert f["tokens_per_s"] == pytest.approx(10 * 4 * 32 / 5.0) and f["elapsed_s"] == pytest.approx(8.0)
-    assert f["data_fraction"] == pytest.approx(0.2) and f["steps_run"] == 10
+    assert f.tokens_per_s == pytest.approx(10 * 4 * 32 / 5.0) and f.elapsed_s == pytest.approx(8.0)
+    assert f.data_fraction == pytest.approx(0.2) and f.steps_run == 10
     Progress(tmp_path / "other.jsonl", 1).emit("step")
     assert not (tmp_path / "other.jsonl").exists()  # only rank 0 writes
 

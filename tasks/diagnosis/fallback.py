@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 MODEL = Path(__file__).with_name("fallback_model.json")
@@ -152,8 +152,26 @@ def training_examples() -> tuple[list[Example], list[str]]:
     return out, ids
 
 
-def train(path: Path = MODEL) -> dict:
-    """Fit on the training examples, calibrate the threshold, write the model; returns a summary."""
+@dataclass(frozen=True)
+class FallbackFit:
+    """What `train` fitted and wrote (`frenzy diagnose --retrain-fallback`)."""
+
+    examples: int
+    """Labelled logs it was fitted on."""
+    threshold: float
+    """The calibrated similarity below which it does not answer (3 places)."""
+    held_out_answered: int
+    held_out_right: int
+    path: str
+    """The model file written."""
+
+    def to_json(self) -> dict[str, int | float | str]:
+        """The JSON object `frenzy diagnose --retrain-fallback --json` prints (fields in declaration order)."""
+        return asdict(self)
+
+
+def train(path: Path = MODEL) -> FallbackFit:
+    """Fit on the training examples, calibrate the threshold, write the model; returns what it fitted."""
     examples, ids = training_examples()
     threshold, pairs = calibrate(examples, ids)
     idf, docs = fit(examples, ids)
@@ -162,9 +180,9 @@ def train(path: Path = MODEL) -> dict:
     path.write_text(json.dumps({"threshold": threshold, "idf": {t: round(x, 4) for t, x in idf.items()},
                                 "docs": docs}, sort_keys=True) + "\n")
     accepted = [ok for s, ok in pairs if s >= threshold]
-    return {"examples": len(examples), "threshold": round(threshold, 3), "held_out_answered": len(accepted),
-            "held_out_right": sum(accepted), "path": str(path)}
+    return FallbackFit(examples=len(examples), threshold=round(threshold, 3), held_out_answered=len(accepted),
+                       held_out_right=sum(accepted), path=str(path))
 
 
 if __name__ == "__main__":
-    print(json.dumps(train()))
+    print(json.dumps(train().to_json()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -130,7 +131,7 @@ class Trainer:
         healthy = det.last_spike_step is None or step - det.last_spike_step > t.spike.window
         return {"layout": {"dp": self.d.dp, "tp": self.d.tp, "zero_stage": t.zero_stage},
                 "cursor": self.cursor.to_dict(),
-                "loss": {"last": self.last_loss, "grad_norm": self.last_gnorm, **det.stats()},
+                "loss": {"last": self.last_loss, "grad_norm": self.last_gnorm, **det.stats().to_dict()},
                 "healthy": healthy, "fingerprint": self.fp,
                 "trainer": {"spike": det.state(), "scaler": scaler.state_dict() if scaler.is_enabled() else None,
                             "lr": lr_at(step, self.job),
@@ -151,7 +152,7 @@ class Trainer:
         result = TrainerResult(
             job=self.job.name, final_step=self.step, resumed_from_step=self.resumed_from, stopped_early=stopped,
             **self.schedule.describe(), spikes=self.guard.records, spike_counts=self.guard.counts.model_copy(),
-            last_loss=self.last_loss, **figures, world_size=d.world, tp=d.tp, device=str(self.dev),
+            last_loss=self.last_loss, **asdict(figures), world_size=d.world, tp=d.tp, device=str(self.dev),
             checkpoint_uri=self.storage.uri, trace=str(trace_path) if trace_path else None,
             run_dir=str(self.opts.run_dir))
         if d.rank == 0:
