@@ -84,14 +84,12 @@ class Meter:
 
 @dataclass(frozen=True)
 class SpeedFigures:
-    """How fast one trainer invocation ran: the speed part of its `TrainerResult` (the same field names)."""
+    """How fast one trainer invocation ran: the speed part of its `TrainerResult`, whose fields of these names
+    (tasks/training/request.py) say what each means."""
 
     steps_run: int
     elapsed_s: float
     tokens_per_s: float
-    """Over the loop, up to the last optimizer update."""
     blocked_s_total: float
-    """Seconds the loop was blocked by checkpoint snapshots."""
     data_s_total: float
     data_fraction: float
-    """Reading and batching the data, on this rank, against the loop's time (the loader keeping up)."""
