@@ -316,7 +316,6 @@ DICT_RETURNS_ALLOWED = {
     # write their keys in two orders). Convert one and take it off this list.
     "tasks/diagnosis/fallback.py::Fallback.nearest",
     "tasks/diagnosis/fallback.py::fit",
-    "tasks/evaluation/priors.py::load_priors",
     "tasks/jobspec.py::ModelSpec.shape_dump",
     "tasks/training/guard.py::SpikeGuard.skipped",
     "tasks/training/interval.py::Cadence.memo",
