@@ -320,7 +320,6 @@ DICT_RETURNS_ALLOWED = {
     "tasks/training/guard.py::SpikeGuard.skipped",
     "tasks/training/interval.py::Cadence.memo",
     "tasks/training/interval.py::Cadence.describe",
-    "tasks/training/schedule.py::CheckpointSchedule.describe",
     "tasks/training/setup.py::fingerprint",
     "tasks/training/spikes.py::SpikeDetector.state",
 }

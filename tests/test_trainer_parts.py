@@ -126,7 +126,8 @@ def test_front_ends_read_progress_lines_as_records_of_their_kind(tmp_path):
 
 def test_the_trainer_result_keeps_result_json_keys_in_order_and_a_nan_loss():
     doc = {"job": "t", "final_step": 12, "resumed_from_step": 12, "stopped_early": False, "checkpoints": [],
-           "checkpoint_interval": {"every_steps": 5}, "failed_checkpoints": [{"step": 10, "error": "disk full"}],
+           "snapshot_pin_s": None, "checkpoint_interval": {"every_steps": 5},
+           "failed_checkpoints": [{"step": 10, "error": "disk full"}],
            "spikes": [], "spike_counts": SpikeCounts().model_dump(), "last_loss": math.nan, "steps_run": 0,
            "elapsed_s": 0.1, "tokens_per_s": 0.0, "blocked_s_total": 0.0, "data_s_total": 0.0, "data_fraction": 0.0,
            "world_size": 1, "tp": 1, "device": "cpu", "checkpoint_uri": "file:///c", "trace": None, "run_dir": "/r"}
@@ -190,7 +191,7 @@ def test_the_schedule_checkpoints_on_its_interval_and_the_restorer_loads_it_back
         sched.after_update(step, meter, prepare=step == 1)
     sched.finish(6, stopped=True)  # stopped at 6: the step is committed before the engine closes
     sched.close()
-    assert [c["step"] for c in sched.describe()["checkpoints"]] == [4, 6]
+    assert [c.step for c in sched.describe().checkpoints] == [4, 6]
     assert [r["step"] for r in prog.records if r["event"] == "checkpoint"] == [4, 6]
     # a fresh rank restores step 6: weights, cursor, detector history
     saved = {n: p.detach().clone() for n, p in m.core.named_parameters()}

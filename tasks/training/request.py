@@ -35,6 +35,9 @@ class TrainerResult(BaseModel):
     """It stopped before `training.steps` (a stop file, a signal, `--stop-after-steps`), its step committed."""
     checkpoints: list[CheckpointRecord]
     """The commits of this invocation."""
+    snapshot_pin_s: float | None = None
+    """Seconds until the snapshot buffers were page-locked (checkpoint/persist.py); None: not pinned (no CUDA, or
+    pinning failed)."""
     checkpoint_interval: dict[str, Any]
     """`every_steps`, with the interval's inputs under `every_steps: auto` (interval.py's IntervalInputs)."""
     failed_checkpoints: list[FailedCheckpoint]

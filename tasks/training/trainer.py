@@ -151,7 +151,7 @@ class Trainer:
         trace_path = self._traces()
         result = TrainerResult(
             job=self.job.name, final_step=self.step, resumed_from_step=self.resumed_from, stopped_early=stopped,
-            **self.schedule.describe(), spikes=self.guard.records, spike_counts=self.guard.counts.model_copy(),
+            **vars(self.schedule.describe()), spikes=self.guard.records, spike_counts=self.guard.counts.model_copy(),
             last_loss=self.last_loss, **asdict(figures), world_size=d.world, tp=d.tp, device=str(self.dev),
             checkpoint_uri=self.storage.uri, trace=str(trace_path) if trace_path else None,
             run_dir=str(self.opts.run_dir))
