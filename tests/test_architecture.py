@@ -314,8 +314,6 @@ DICT_RETURNS_ALLOWED = {
     # write (a checkpoint manifest's fields, result.json's spike records, the fallback model file). Each is built and
     # read inside its package; the key order of the files they make must stay as it is (spike records of two kinds
     # write their keys in two orders). Convert one and take it off this list.
-    "tasks/diagnosis/fallback.py::Fallback.nearest",
-    "tasks/diagnosis/fallback.py::fit",
     "tasks/jobspec.py::ModelSpec.shape_dump",
     "tasks/training/guard.py::SpikeGuard.skipped",
     "tasks/training/interval.py::Cadence.memo",
