@@ -315,7 +315,6 @@ DICT_RETURNS_ALLOWED = {
     # read inside its package; the key order of the files they make must stay as it is (spike records of two kinds
     # write their keys in two orders). Convert one and take it off this list.
     "tasks/jobspec.py::ModelSpec.shape_dump",
-    "tasks/training/guard.py::SpikeGuard.skipped",
     "tasks/training/interval.py::Cadence.memo",
     "tasks/training/interval.py::Cadence.describe",
     "tasks/training/setup.py::fingerprint",

@@ -128,12 +128,17 @@ def test_the_trainer_result_keeps_result_json_keys_in_order_and_a_nan_loss():
     doc = {"job": "t", "final_step": 12, "resumed_from_step": 12, "stopped_early": False, "checkpoints": [],
            "snapshot_pin_s": None, "checkpoint_interval": {"every_steps": 5},
            "failed_checkpoints": [{"step": 10, "error": "disk full"}],
-           "spikes": [], "spike_counts": SpikeCounts().model_dump(), "last_loss": math.nan, "steps_run": 0,
+           "spikes": [{"step": 7, "loss": 9.0, "grad_norm": 1.0, "reason": "loss z-score 7.0 > 6", "skipped_samples": [8, 16],
+                       "rolled_back_to": None, "action": "update_skipped"},
+                      {"step": 9, "loss": math.inf, "grad_norm": 1.0, "reason": "non-finite loss or gradient norm",
+                       "action": "trained_through", "rolled_back_to": None, "skipped_samples": None}],
+           "spike_counts": SpikeCounts().model_dump(), "last_loss": math.nan, "steps_run": 0,
            "elapsed_s": 0.1, "tokens_per_s": 0.0, "blocked_s_total": 0.0, "data_s_total": 0.0, "data_fraction": 0.0,
            "world_size": 1, "tp": 1, "device": "cpu", "checkpoint_uri": "file:///c", "trace": None, "run_dir": "/r"}
     res = TrainerResult.model_validate(json.loads(json.dumps(doc)))
     assert json.dumps(res.model_dump(), indent=1) == json.dumps(doc, indent=1)  # NaN stays NaN, keys as written
     assert res.failed_checkpoints[0].error == "disk full" and math.isnan(res.last_loss)
+    assert [type(s).__name__ for s in res.spikes] == ["SkippedSpike", "TrainedThroughSpike"]
     flow = res.train_result()
     assert (flow.final_step, flow.resumed_from_step, flow.checkpoint_uri, flow.stragglers) == (12, 12, "file:///c", None)
 

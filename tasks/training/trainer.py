@@ -86,7 +86,7 @@ class Trainer:
         self.last_loss, self.last_gnorm = self.runner.compute(nxt, mine, traced)
         decision = self.guard.judge(nxt, self.last_loss, self.last_gnorm)
         if decision.record is not None:
-            self.prog.emit("spike", **decision.record)
+            self.prog.emit("spike", **decision.record.model_dump())
         if decision.action != "apply":
             self.runner.discard(nxt)
             if decision.action == "skip":
@@ -114,7 +114,7 @@ class Trainer:
             self.restorer.discard_after(self.step)
         rec = self.guard.skipped(spike_step, self.last_loss, self.last_gnorm, decision.verdict, window,
                                  target.step if target is not None else None)
-        self.prog.emit("spike", **rec)
+        self.prog.emit("spike", **rec.model_dump())
 
     def _tensors(self) -> Tensors:
         return training_tensors(self.m.core, self.m.optimizer, with_model=self.m.owns_model)
