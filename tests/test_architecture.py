@@ -310,15 +310,16 @@ DICT_RETURNS_ALLOWED = {
     "tasks/training/data.py::sample_order",  # rank -> sample indices
     "tasks/training/reshard.py::layout_changes",  # setting -> (checkpoint's, this run's)
     "tasks/training/state.py::training_tensors",  # tensor name -> its shard's offsets and shape
-    # NOT YET CONVERTED (item 5 of issue 46, left): JSON-shaped pieces of files the trainer and the diagnosis model
-    # write (a checkpoint manifest's fields, result.json's spike records, the fallback model file). Each is built and
-    # read inside its package; the key order of the files they make must stay as it is (spike records of two kinds
-    # write their keys in two orders). Convert one and take it off this list.
+    # a record's or a component's own serialisation, saved in a checkpoint manifest and given back to it on resume
+    # (the state()/load() pair of torch's state_dict, a model_dump of the fields that make a model's shape)
     "tasks/jobspec.py::ModelSpec.shape_dump",
-    "tasks/training/interval.py::Cadence.memo",
+    "tasks/training/spikes.py::SpikeDetector.state",
+    "tasks/training/interval.py::Cadence.memo",  # read back by Cadence.seed after a restart
+    # NOT YET CONVERTED (item 5 of issue 46, left): the manifest's job fingerprint, compared field by field with a
+    # checkpoint's (reshard.layout_changes), and the result's checkpoint_interval (IntervalInputs or every_steps).
+    # Convert one and take it off this list.
     "tasks/training/interval.py::Cadence.describe",
     "tasks/training/setup.py::fingerprint",
-    "tasks/training/spikes.py::SpikeDetector.state",
 }
 
 
