@@ -95,9 +95,9 @@ def run_window(cluster: Cluster, trace: list[TraceJob], load: float, policies: S
     t2 = at_load(trace, sum(n.count for n in cluster.nodes), load)
     out: dict[str, Any] = {"jobs": len(t2)}
     for p in policies:
-        out[p] = simulate(cluster, t2, p).summary()  # type: ignore[arg-type]
+        out[p] = simulate(cluster, t2, p).summary().to_json()  # type: ignore[arg-type]
     rb, demand = rate_bound(cluster, t2)
-    out["lower_bound_avg_jct_s"] = max(lower_bounds(cluster, t2)["avg_jct_s"], rb)
+    out["lower_bound_avg_jct_s"] = max(lower_bounds(cluster, t2).avg_jct_s, rb)
     out["demand_over_capacity"] = demand
     return out
 

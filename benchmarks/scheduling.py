@@ -45,7 +45,7 @@ def run_all(cluster: Cluster, trace: list, names: list[str]) -> dict[str, dict[s
     out = {}
     for name in names:
         pol, cfg = VARIANTS[name]
-        out[name] = simulate(cluster, trace, pol, cfg).summary()  # type: ignore[arg-type]
+        out[name] = simulate(cluster, trace, pol, cfg).summary().to_json()  # type: ignore[arg-type]
     return out
 
 
@@ -58,7 +58,7 @@ def part_a(seeds: int) -> dict[str, Any]:
         for seed in range(seeds):
             trace = new_workload(n, seed=seed)
             r = run_all(c, trace, list(VARIANTS))
-            r["lower_bound"] = lower_bounds(c, trace)
+            r["lower_bound"] = lower_bounds(c, trace).to_json()
             runs.append(r)
             print(f"  newworkload {n} seed {seed}: " + ", ".join(
                 f"{k} {v['avg_jct_s']:.0f}" for k, v in r.items() if k != "lower_bound"), file=sys.stderr)
@@ -92,7 +92,7 @@ def part_b(limit: int | None) -> dict[str, Any]:
             trace = load_trace(f, "sia")
             t0 = time.perf_counter()
             r = run_all(c, trace, list(VARIANTS))
-            r["lower_bound"] = lower_bounds(c, trace)
+            r["lower_bound"] = lower_bounds(c, trace).to_json()
             runs.append({"file": f.name, **r})
             print(f"  {kind}/{f.name} ({time.perf_counter() - t0:.0f} s): " + ", ".join(
                 f"{k} {v['avg_jct_s']:.0f}" for k, v in r.items() if k != "lower_bound"), file=sys.stderr)

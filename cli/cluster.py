@@ -110,27 +110,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             check_file_target(out, f"cluster simulate {flag}", (args.trace,), overwrite=args.overwrite)
     cfg = SimConfig(reference_gpu=args.reference_gpu, rank_by=args.rank_by, queue_order=args.queue_order,
                     elastic=args.elastic)
-    doc, results = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
-                                    max_jobs=args.max_jobs, load=args.load, progress=progress)
-    cluster_name, n_jobs = doc["cluster"], doc["jobs"]
+    comp = compare_policies(args.cluster, args.trace, args.policy or list(POLICIES), cfg, fmt=args.format,
+                            max_jobs=args.max_jobs, load=args.load, progress=progress)
+    doc = comp.to_json()
     if args.plot:
         from cluster.report import plot_jct_cdf
 
-        plot_jct_cdf(results, args.plot, title=f"{args.trace} on {cluster_name}", overwrite=args.overwrite)
+        plot_jct_cdf(comp.results, args.plot, title=f"{args.trace} on {comp.cluster}", overwrite=args.overwrite)
         doc["plot"] = args.plot
     if args.jobs_csv:
         from cluster.report import write_jobs_csv
 
-        doc["jobs_csv"] = {"path": args.jobs_csv, "rows": write_jobs_csv(results, args.jobs_csv, args.overwrite)}
+        doc["jobs_csv"] = {"path": args.jobs_csv, "rows": write_jobs_csv(comp.results, args.jobs_csv, args.overwrite)}
 
     def human() -> str:
         from cluster.report import summary_rows
 
-        lb = doc["lower_bounds"]
-        given = doc["offered_load_as_given"]
-        load = f"offered load {doc['offered_load']:.2f}" + (f" (rescaled from {given:.2f})" if args.load else "")
-        return (f"{n_jobs} jobs on {cluster_name}, {load}; lower bounds: avg JCT {lb['avg_jct_s']:.0f} s, "
-                f"makespan {lb['makespan_s']:.0f} s\n" + table(summary_rows(doc["policies"])))
+        lb, given = comp.lower_bounds, comp.offered_load_as_given
+        load = f"offered load {comp.offered_load:.2f}" + (f" (rescaled from {given:.2f})" if args.load else "")
+        return (f"{comp.jobs} jobs on {comp.cluster}, {load}; lower bounds: avg JCT {lb.avg_jct_s:.0f} s, "
+                f"makespan {lb.makespan_s:.0f} s\n" + table(summary_rows(comp.policies)))
 
     emit(args, doc, human)
     return 0

@@ -21,10 +21,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.retrain_fallback:
         from tasks.diagnosis.fallback import train
 
-        out = train()
-        emit(args, out, lambda: f"learned fallback retrained on {out['examples']} labelled logs: threshold "
-             f"{out['threshold']}, held-out projects answered {out['held_out_answered']}, right "
-             f"{out['held_out_right']}; written to {out['path']}")
+        fit = train()
+        emit(args, fit.to_json(), lambda: f"learned fallback retrained on {fit.examples} labelled logs: threshold "
+             f"{fit.threshold}, held-out projects answered {fit.held_out_answered}, right "
+             f"{fit.held_out_right}; written to {fit.path}")
         return 0
     if args.log is None:
         raise FrenzyError("give the run's log (e.g. frenzy diagnose RUN_DIR/train.log), or --retrain-fallback")

@@ -68,7 +68,7 @@ def cmd_eval_datasets(args: argparse.Namespace) -> int:
     from tasks.evaluation.datasets import describe
     from tasks.evaluation.suite import builtin_suites
 
-    doc = {"datasets": describe(), "suites": builtin_suites()}
+    doc = {"datasets": [d.to_json() for d in describe()], "suites": builtin_suites()}
     emit(args, doc, lambda: table(doc["datasets"]) + f"\n\nsuites: {', '.join(doc['suites'])}")
     return 0
 

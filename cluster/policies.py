@@ -30,7 +30,7 @@ import numpy as np
 from cluster.has import GpuRequest, decide, place, requests_from_plans
 from cluster.jobperf import INTER_NODE_GBS, best_layout
 from cluster.queue import Admit, QueueOrder, Reservation, Waiting, ordered, reserve, walk
-from cluster.sim_engine import Options, silent_highs
+from cluster.sim_engine import Options, Policy, silent_highs
 from cluster.sizing import Sizer, arrival_rate, exact_type_requests, prepare
 
 if TYPE_CHECKING:
@@ -351,7 +351,7 @@ class Ilp:
         return [cols[k] for k in range(len(cols)) if x[k] > 0.5]
 
 
-def make_policy(name: str, cfg: SimConfig) -> tuple[Fcfs | Has | Ilp, SimConfig]:
+def make_policy(name: str, cfg: SimConfig) -> tuple[Policy, SimConfig]:
     """The policy called `name` (cluster/traces.py `ALL_POLICIES`) and the configuration it runs with."""
     if name == "has-sjf":  # the old name of the default
         cfg = dataclasses.replace(cfg, queue_order="shortest")

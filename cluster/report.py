@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cluster.sim_engine import SimResult, SimSummary
 
 
-def summary_rows(policies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
-    """One row per policy with the headline metrics, formatted. The JCT figures are over every job, an unfinished one
-    counted up to the end of the simulation (cluster/simulator.py): `done` says how many finished."""
+def summary_rows(policies: Mapping[str, SimSummary]) -> list[dict[str, str]]:
+    """One display row per policy (column title -> cell text) with the headline metrics, formatted. The JCT figures
+    are over every job, an unfinished one counted up to the end of the simulation (cluster/simulator.py): `done` says
+    how many finished."""
     rows = []
     for name, s in policies.items():
-        def sec(key: str, s: Mapping[str, Any] = s) -> str:  # "-" where no job finished, never "-0"
-            return f"{round(s[key])}" if s["completed"] else "-"
+        def sec(value: float, s: SimSummary = s) -> str:  # "-" where no job finished, never "-0"
+            return f"{round(value)}" if s.completed else "-"
 
-        done = f"{s['completed']}/{s['jobs']}" + (f" ({s['unschedulable']} never fit)" if s.get("unschedulable")
-                                                   else "")
-        rows.append({"policy": name, "done": done, "avg JCT s": sec("avg_jct_s"),
-                     "p50 JCT s": sec("p50_jct_s"), "p99 JCT s": sec("p99_jct_s"),
-                     "avg queue s": sec("avg_queue_s"), "makespan s": f"{round(s['makespan_s'])}",
-                     "OOM": str(s["oom_failures"]), "decision p50/p99 ms":
-                     f"{s['decision_p50_ms']:.3f}/{s['decision_p99_ms']:.3f}",
-                     "round p50/p99 ms": f"{s.get('round_p50_ms', 0.0):.2f}/{s.get('round_p99_ms', 0.0):.2f}",
-                     "util": " ".join(f"{t}:{u:.0%}" for t, u in s["utilisation"].items())})
+        done = f"{s.completed}/{s.jobs}" + (f" ({s.unschedulable} never fit)" if s.unschedulable else "")
+        rows.append({"policy": name, "done": done, "avg JCT s": sec(s.avg_jct_s),
+                     "p50 JCT s": sec(s.p50_jct_s), "p99 JCT s": sec(s.p99_jct_s),
+                     "avg queue s": sec(s.avg_queue_s), "makespan s": f"{round(s.makespan_s)}",
+                     "OOM": str(s.oom_failures), "decision p50/p99 ms": f"{s.decision_p50_ms:.3f}/{s.decision_p99_ms:.3f}",
+                     "round p50/p99 ms": f"{s.round_p50_ms:.2f}/{s.round_p99_ms:.2f}",
+                     "util": " ".join(f"{t}:{u:.0%}" for t, u in s.utilisation.items())})
     return rows
 
 
@@ -35,7 +37,7 @@ def markdown_table(rows: list[dict[str, str]]) -> str:
     return "\n".join(out)
 
 
-def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "", overwrite: bool = True) -> None:
+def plot_jct_cdf(results: Mapping[str, SimResult], path: str, title: str = "", overwrite: bool = True) -> None:
     """CDF of job completion times, one line per policy."""
     import numpy as np
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
@@ -62,7 +64,7 @@ def plot_jct_cdf(results: Mapping[str, Any], path: str, title: str = "", overwri
         fig.savefig(tmp, dpi=120)
 
 
-def write_jobs_csv(results: Mapping[str, Any], path: str, overwrite: bool = True) -> int:
+def write_jobs_csv(results: Mapping[str, SimResult], path: str, overwrite: bool = True) -> int:
     """One row per policy and job: times, where it ran and, for `has`, which plan it chose and why (the decision
     record of cluster/sizing.py). Returns the rows written."""
     import csv

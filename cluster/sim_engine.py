@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -105,7 +105,7 @@ class SimResult:
         return np.array([(j.finish if j.finish is not None else max(end, j.trace.submit_s)) - j.trace.submit_s
                          for j in self.jobs] or [0.0])
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SimSummary:
         done = [j for j in self.jobs if j.finish is not None]
         jct = self.jcts()
         queue = np.array([j.finish - j.trace.submit_s - j.run_s for j in done]) if done else np.zeros(1)
@@ -113,23 +113,55 @@ class SimResult:
         makespan = max((j.finish for j in done), default=first) - first
         dec = np.array(self.decisions_ms or [0.0])
         rnd = np.array(self.rounds_ms or [0.0])
-        return {
-            "jobs": len(self.jobs), "completed": len(done), "unfinished": len(self.jobs) - len(done),
-            "avg_jct_s": float(jct.mean()), "p50_jct_s": float(np.percentile(jct, 50)),
-            "p99_jct_s": float(np.percentile(jct, 99)), "avg_queue_s": float(queue.mean()),
-            "max_queue_s": float(queue.max()),
-            "makespan_s": float(makespan),
-            "decision_p50_ms": float(np.percentile(dec, 50)), "decision_p99_ms": float(np.percentile(dec, 99)),
-            "decisions": len(self.decisions_ms),
-            "round_p50_ms": float(np.percentile(rnd, 50)), "round_p99_ms": float(np.percentile(rnd, 99)),
-            "rounds": len(self.rounds_ms),
-            "oom_failures": sum(j.ooms for j in self.jobs),
-            "backfills_refused": self.backfills_refused,
-            "idle_violations": self.idle_violations,
-            "unschedulable": sum(1 for j in self.jobs if j.unschedulable),
-            "utilisation": {t: round(self.busy_gpu_s.get(t, 0.0) / (n * makespan), 4) if makespan > 0 else 0.0
-                            for t, n in self.gpus_by_type.items()},
-        }
+        return SimSummary(
+            jobs=len(self.jobs), completed=len(done), unfinished=len(self.jobs) - len(done),
+            avg_jct_s=float(jct.mean()), p50_jct_s=float(np.percentile(jct, 50)),
+            p99_jct_s=float(np.percentile(jct, 99)), avg_queue_s=float(queue.mean()), max_queue_s=float(queue.max()),
+            makespan_s=float(makespan),
+            decision_p50_ms=float(np.percentile(dec, 50)), decision_p99_ms=float(np.percentile(dec, 99)),
+            decisions=len(self.decisions_ms),
+            round_p50_ms=float(np.percentile(rnd, 50)), round_p99_ms=float(np.percentile(rnd, 99)),
+            rounds=len(self.rounds_ms),
+            oom_failures=sum(j.ooms for j in self.jobs),
+            backfills_refused=self.backfills_refused,
+            idle_violations=self.idle_violations,
+            unschedulable=sum(1 for j in self.jobs if j.unschedulable),
+            utilisation={t: round(self.busy_gpu_s.get(t, 0.0) / (n * makespan), 4) if makespan > 0 else 0.0
+                         for t, n in self.gpus_by_type.items()},
+        )
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    """One policy's headline figures over a trace (`frenzy simulate`'s `policies.<name>`, docs/commands.md). JCTs
+    count an unfinished job up to the end of the simulation; queue times are over the jobs that finished."""
+
+    jobs: int
+    completed: int
+    unfinished: int
+    avg_jct_s: float
+    p50_jct_s: float
+    p99_jct_s: float
+    avg_queue_s: float
+    max_queue_s: float
+    makespan_s: float
+    decision_p50_ms: float
+    decision_p99_ms: float
+    decisions: int
+    round_p50_ms: float
+    round_p99_ms: float
+    rounds: int
+    oom_failures: int
+    backfills_refused: int
+    idle_violations: int
+    unschedulable: int
+    """Jobs no node of the cluster could ever hold."""
+    utilisation: dict[str, float]
+    """GPU type -> busy GPU-seconds / (its GPUs x makespan), rounded to 4 places."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object `frenzy simulate --json` prints for the policy (fields in declaration order)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)

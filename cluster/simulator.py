@@ -34,16 +34,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 
 from cluster.catalog import Catalog
 from cluster.inventory import Cluster
 from cluster.jobperf import fits, layouts_exact, step_time
 from cluster.policies import make_policy
-from cluster.sim_engine import Engine, Options, Perf, SimConfig, SimJob, SimResult
+from cluster.sim_engine import Engine, Options, Perf, SimConfig, SimJob, SimResult, SimSummary
 from cluster.traces import ALL_POLICIES, PolicyName, TraceJob
 from tasks.errors import FrenzyError
 
-__all__ = ["Options", "Perf", "SimConfig", "SimJob", "SimResult", "Simulator", "lower_bounds", "simulate"]
+__all__ = ["LowerBounds", "Options", "Perf", "SimConfig", "SimJob", "SimResult", "SimSummary", "Simulator",
+           "lower_bounds", "simulate"]
 
 
 class Simulator(Engine):
@@ -86,8 +88,21 @@ def _srpt_flow(release: list[float], size: list[float], rate: float) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class LowerBounds:
+    """What no schedule of the trace can beat under the simulator's models (`lower_bounds`); 0.0 for a trace of
+    which no job fits."""
+
+    avg_jct_s: float
+    makespan_s: float
+
+    def to_json(self) -> dict[str, float]:
+        """The JSON object `frenzy simulate --json` prints as `lower_bounds`."""
+        return asdict(self)
+
+
 def lower_bounds(cluster: Cluster, trace: Sequence[TraceJob], config: SimConfig | None = None,
-                 catalog: Catalog | None = None) -> dict[str, float]:
+                 catalog: Catalog | None = None) -> LowerBounds:
     """Lower bounds on average JCT and makespan under the simulator's models (derived here; reported by
     `frenzy simulate` as `lower_bounds`, docs/commands.md).
 
@@ -116,9 +131,9 @@ def lower_bounds(cluster: Cluster, trace: Sequence[TraceJob], config: SimConfig 
         work.append(j.steps * min(t * c for t, c in times))
         rel.append(j.trace.submit_s)
     if not d_star:
-        return {"avg_jct_s": 0.0, "makespan_s": 0.0}
+        return LowerBounds(avg_jct_s=0.0, makespan_s=0.0)
     avg = max(sum(d_star) / len(d_star), _srpt_flow(rel, work, g_total) / len(d_star))
     mk = max(max(a + d for a, d in zip(rel, d_star, strict=True)), min(rel) + sum(work) / g_total) - min(rel)
-    return {"avg_jct_s": avg, "makespan_s": mk}
+    return LowerBounds(avg_jct_s=avg, makespan_s=mk)
 
 

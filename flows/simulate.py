@@ -19,11 +19,11 @@ def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
     cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by,
                     elastic=request.elastic)
-    doc, _ = compare_policies(request.cluster, request.trace, request.policies, cfg, fmt=request.format,
-                              load=request.load, progress=print)
-    lb, pols = doc["lower_bounds"], doc["policies"]
-    md = (f"### {request.trace} on {doc['cluster']} ({doc['jobs']} jobs, offered load {doc['offered_load']:.2f})"
+    comp = compare_policies(request.cluster, request.trace, request.policies, cfg, fmt=request.format,
+                            load=request.load, progress=print)
+    lb = comp.lower_bounds
+    md = (f"### {request.trace} on {comp.cluster} ({comp.jobs} jobs, offered load {comp.offered_load:.2f})"
           "\n\nLower bounds: avg JCT "
-          f"{lb['avg_jct_s']:.0f} s, makespan {lb['makespan_s']:.0f} s\n\n" + markdown_table(summary_rows(pols)))
+          f"{lb.avg_jct_s:.0f} s, makespan {lb.makespan_s:.0f} s\n\n" + markdown_table(summary_rows(comp.policies)))
     create_markdown_artifact(key="frenzy-simulation", markdown=md, description="policy comparison")
-    return doc
+    return comp.to_json()

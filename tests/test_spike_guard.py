@@ -37,7 +37,7 @@ def test_a_level_change_with_nothing_to_roll_back_to_is_skipped_at_most_max_cons
     d = g.judge(step, 3.0, 5.0)
     actions.append(d.action)
     assert actions == ["skip", "skip", "apply"]
-    assert d.record is not None and d.record["action"] == "trained_through"
+    assert d.record is not None and d.record.action == "trained_through"
     assert g.counts.model_dump() == {"spikes": 3, "rollbacks": 0, "skipped_updates": 2, "skipped_samples": 32,
                                      "trained_through": 1, "overflow_skips": 0}
     # the history restarted at the new level: that level is healthy now, and the guard needs history again
@@ -60,7 +60,7 @@ def test_a_rollback_is_counted_and_a_healthy_update_past_the_spike_ends_the_stre
     d = g.judge(step, 9.0, 1.0)
     assert d.action == "skip"
     rec = g.skipped(step, 9.0, 1.0, d.verdict, g.window(80, rolled_back=True), rolled_back_to=step - 5)
-    assert rec["action"] == "rolled_back" and rec["skipped_samples"] == [80, 112]
+    assert rec.action == "rolled_back" and rec.skipped_samples == [80, 112]
     assert g.counts.rollbacks == 1 and g.counts.skipped_samples == 32
     # the replay below the spike step does not end the streak; passing it does
     g.passed(step - 1)

@@ -92,8 +92,8 @@ def test_the_meter_emits_step_records_on_its_interval_with_tokens_per_second(tmp
     assert steps[0]["tokens_per_s"] == pytest.approx(4 * 32 / 0.5) and steps[1]["eta_s"] == 0
     clock.now += 3.0  # after the last update (the final checkpoint): not in tokens/s, in elapsed
     f = meter.figures(data_s=1.0, blocked_s=0.2)
-    assert f["tokens_per_s"] == pytest.approx(10 * 4 * 32 / 5.0) and f["elapsed_s"] == pytest.approx(8.0)
-    assert f["data_fraction"] == pytest.approx(0.2) and f["steps_run"] == 10
+    assert f.tokens_per_s == pytest.approx(10 * 4 * 32 / 5.0) and f.elapsed_s == pytest.approx(8.0)
+    assert f.data_fraction == pytest.approx(0.2) and f.steps_run == 10
     Progress(tmp_path / "other.jsonl", 1).emit("step")
     assert not (tmp_path / "other.jsonl").exists()  # only rank 0 writes
 
@@ -126,13 +126,19 @@ def test_front_ends_read_progress_lines_as_records_of_their_kind(tmp_path):
 
 def test_the_trainer_result_keeps_result_json_keys_in_order_and_a_nan_loss():
     doc = {"job": "t", "final_step": 12, "resumed_from_step": 12, "stopped_early": False, "checkpoints": [],
-           "checkpoint_interval": {"every_steps": 5}, "failed_checkpoints": [{"step": 10, "error": "disk full"}],
-           "spikes": [], "spike_counts": SpikeCounts().model_dump(), "last_loss": math.nan, "steps_run": 0,
+           "snapshot_pin_s": None, "checkpoint_interval": {"every_steps": 5},
+           "failed_checkpoints": [{"step": 10, "error": "disk full"}],
+           "spikes": [{"step": 7, "loss": 9.0, "grad_norm": 1.0, "reason": "loss z-score 7.0 > 6", "skipped_samples": [8, 16],
+                       "rolled_back_to": None, "action": "update_skipped"},
+                      {"step": 9, "loss": math.inf, "grad_norm": 1.0, "reason": "non-finite loss or gradient norm",
+                       "action": "trained_through", "rolled_back_to": None, "skipped_samples": None}],
+           "spike_counts": SpikeCounts().model_dump(), "last_loss": math.nan, "steps_run": 0,
            "elapsed_s": 0.1, "tokens_per_s": 0.0, "blocked_s_total": 0.0, "data_s_total": 0.0, "data_fraction": 0.0,
            "world_size": 1, "tp": 1, "device": "cpu", "checkpoint_uri": "file:///c", "trace": None, "run_dir": "/r"}
     res = TrainerResult.model_validate(json.loads(json.dumps(doc)))
     assert json.dumps(res.model_dump(), indent=1) == json.dumps(doc, indent=1)  # NaN stays NaN, keys as written
     assert res.failed_checkpoints[0].error == "disk full" and math.isnan(res.last_loss)
+    assert [type(s).__name__ for s in res.spikes] == ["SkippedSpike", "TrainedThroughSpike"]
     flow = res.train_result()
     assert (flow.final_step, flow.resumed_from_step, flow.checkpoint_uri, flow.stragglers) == (12, 12, "file:///c", None)
 
@@ -190,7 +196,7 @@ def test_the_schedule_checkpoints_on_its_interval_and_the_restorer_loads_it_back
         sched.after_update(step, meter, prepare=step == 1)
     sched.finish(6, stopped=True)  # stopped at 6: the step is committed before the engine closes
     sched.close()
-    assert [c["step"] for c in sched.describe()["checkpoints"]] == [4, 6]
+    assert [c.step for c in sched.describe().checkpoints] == [4, 6]
     assert [r["step"] for r in prog.records if r["event"] == "checkpoint"] == [4, 6]
     # a fresh rank restores step 6: weights, cursor, detector history
     saved = {n: p.detach().clone() for n, p in m.core.named_parameters()}

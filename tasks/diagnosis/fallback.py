@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 MODEL = Path(__file__).with_name("fallback_model.json")
@@ -59,23 +59,34 @@ class Verdict:
     neighbour: str
 
 
+@dataclass(frozen=True)
+class Neighbour:
+    """A labelled log of the model: its label and its TF-IDF vector (term -> weight, unit length)."""
+
+    id: str
+    category: str
+    type: str
+    restartable: bool
+    vec: dict[str, float]
+
+
 class Fallback:
-    def __init__(self, idf: dict[str, float], docs: list[dict], threshold: float) -> None:
+    def __init__(self, idf: dict[str, float], docs: list[Neighbour], threshold: float) -> None:
         self.idf, self.docs, self.threshold = idf, docs, threshold
 
     @classmethod
     def load(cls, path: Path = MODEL) -> Fallback | None:
         try:
             d = json.loads(path.read_text())
-            return cls(d["idf"], d["docs"], float(d["threshold"]))
+            return cls(d["idf"], [Neighbour(**n) for n in d["docs"]], float(d["threshold"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def nearest(self, text: str) -> tuple[float, dict | None]:
+    def nearest(self, text: str) -> tuple[float, Neighbour | None]:
         v = _vector(Counter(tokens(text)), self.idf)
         best, doc = 0.0, None
         for d in self.docs:
-            s = _cos(v, d["vec"])
+            s = _cos(v, d.vec)
             if s > best:
                 best, doc = s, d
         return best, doc
@@ -86,21 +97,22 @@ class Fallback:
         if doc is None or score < self.threshold:
             return None
         # the cause's line: the kept line that shares the most weight with the neighbour
-        best = max(lines, key=lambda lt: _cos(_vector(Counter(tokens(lt[1])), self.idf), doc["vec"]), default=None)
-        return Verdict(doc["category"], doc["type"], doc["restartable"], round(score, 3),
-                       best[1].strip() if best else None, best[0] if best else None, doc["id"])
+        best = max(lines, key=lambda lt: _cos(_vector(Counter(tokens(lt[1])), self.idf), doc.vec), default=None)
+        return Verdict(doc.category, doc.type, doc.restartable, round(score, 3),
+                       best[1].strip() if best else None, best[0] if best else None, doc.id)
 
 
-def fit(examples: list[Example], ids: list[str]) -> tuple[dict[str, float], list[dict]]:
+def fit(examples: list[Example], ids: list[str]) -> Fallback:
+    """The model of `examples` (labelled `ids`), its threshold left at 0 (`calibrate` sets it)."""
     df: Counter = Counter()
     counts = [Counter(tokens(e.text)) for e in examples]
     for c in counts:
         df.update(c.keys())
     n = len(examples)
     idf = {t: math.log((1 + n) / (1 + k)) + 1 for t, k in df.items() if k < n}
-    docs = [{"id": i, "category": e.category, "type": e.type, "restartable": e.restartable,
-             "vec": _vector(c, idf)} for i, e, c in zip(ids, examples, counts, strict=True)]
-    return idf, docs
+    docs = [Neighbour(i, e.category, e.type, e.restartable, _vector(c, idf))
+            for i, e, c in zip(ids, examples, counts, strict=True)]
+    return Fallback(idf, docs, 0.0)
 
 
 def calibrate(examples: list[Example], ids: list[str]) -> tuple[float, list[tuple[float, bool]]]:
@@ -110,12 +122,11 @@ def calibrate(examples: list[Example], ids: list[str]) -> tuple[float, list[tupl
     pairs = []
     for g in sorted({e.group for e in examples}):
         train = [(e, i) for e, i in zip(examples, ids, strict=True) if e.group != g]
-        idf, docs = fit([e for e, _ in train], [i for _, i in train])
-        model = Fallback(idf, docs, 0.0)
+        model = fit([e for e, _ in train], [i for _, i in train])
         for e in examples:
             if e.group == g:
                 s, d = model.nearest(e.text)
-                pairs.append((s, d is not None and d["category"] == e.category))
+                pairs.append((s, d is not None and d.category == e.category))
     pairs.sort(reverse=True)
     threshold, right = 1.0, 0
     for k, (s, ok) in enumerate(pairs, 1):
@@ -152,19 +163,37 @@ def training_examples() -> tuple[list[Example], list[str]]:
     return out, ids
 
 
-def train(path: Path = MODEL) -> dict:
-    """Fit on the training examples, calibrate the threshold, write the model; returns a summary."""
+@dataclass(frozen=True)
+class FallbackFit:
+    """What `train` fitted and wrote (`frenzy diagnose --retrain-fallback`)."""
+
+    examples: int
+    """Labelled logs it was fitted on."""
+    threshold: float
+    """The calibrated similarity below which it does not answer (3 places)."""
+    held_out_answered: int
+    held_out_right: int
+    path: str
+    """The model file written."""
+
+    def to_json(self) -> dict[str, int | float | str]:
+        """The JSON object `frenzy diagnose --retrain-fallback --json` prints (fields in declaration order)."""
+        return asdict(self)
+
+
+def train(path: Path = MODEL) -> FallbackFit:
+    """Fit on the training examples, calibrate the threshold, write the model; returns what it fitted."""
     examples, ids = training_examples()
     threshold, pairs = calibrate(examples, ids)
-    idf, docs = fit(examples, ids)
-    for d in docs:
-        d["vec"] = {t: round(x, 4) for t, x in sorted(d["vec"].items(), key=lambda kv: -kv[1])[:60]}
-    path.write_text(json.dumps({"threshold": threshold, "idf": {t: round(x, 4) for t, x in idf.items()},
-                                "docs": docs}, sort_keys=True) + "\n")
+    model = fit(examples, ids)
+    docs = [replace(d, vec={t: round(x, 4) for t, x in sorted(d.vec.items(), key=lambda kv: -kv[1])[:60]})
+            for d in model.docs]
+    path.write_text(json.dumps({"threshold": threshold, "idf": {t: round(x, 4) for t, x in model.idf.items()},
+                                "docs": [asdict(d) for d in docs]}, sort_keys=True) + "\n")
     accepted = [ok for s, ok in pairs if s >= threshold]
-    return {"examples": len(examples), "threshold": round(threshold, 3), "held_out_answered": len(accepted),
-            "held_out_right": sum(accepted), "path": str(path)}
+    return FallbackFit(examples=len(examples), threshold=round(threshold, 3), held_out_answered=len(accepted),
+                       held_out_right=sum(accepted), path=str(path))
 
 
 if __name__ == "__main__":
-    print(json.dumps(train()))
+    print(json.dumps(train().to_json()))

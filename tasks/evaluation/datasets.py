@@ -26,7 +26,7 @@ import os
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -394,14 +394,30 @@ def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContex
     return ds
 
 
-def describe() -> list[dict]:
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A registered dataset as `frenzy eval-datasets` lists it: its mode and documented prior costs (seconds per
+    example; NaN and mode "?" for a factory that is not an EvalDataset class, whose values are known once built)."""
+
+    name: str
+    mode: str
+    description: str
+    prior_infer_s_per_example: float
+    prior_metric_s_per_example: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of `frenzy eval-datasets --json` (fields in declaration order)."""
+        return asdict(self)
+
+
+def describe() -> list[DatasetInfo]:
     """The registered datasets with their modes and prior costs (for `frenzy eval-datasets`)."""
     out = []
     for name, f in sorted(registry().items()):
         cls = f if isinstance(f, type) else None
-        out.append({"name": name, "mode": getattr(cls, "mode", "?"), "description": getattr(cls, "description", ""),
-                    "prior_infer_s_per_example": getattr(cls, "prior_infer_s_per_example", math.nan),
-                    "prior_metric_s_per_example": getattr(cls, "prior_metric_s_per_example", math.nan)})
+        out.append(DatasetInfo(name=name, mode=getattr(cls, "mode", "?"), description=getattr(cls, "description", ""),
+                               prior_infer_s_per_example=getattr(cls, "prior_infer_s_per_example", math.nan),
+                               prior_metric_s_per_example=getattr(cls, "prior_metric_s_per_example", math.nan)))
     return out
 
 

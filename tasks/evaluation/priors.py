@@ -35,7 +35,9 @@ def model_key(device: str, model: dict) -> str:
 _Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
-class _DatasetPrior(BaseModel):
+class DatasetPrior(BaseModel):
+    """One dataset's learned seconds per example (moving averages over `runs` runs)."""
+
     model_config = ConfigDict(extra="allow")
 
     infer_s_per_example: _Seconds
@@ -43,24 +45,25 @@ class _DatasetPrior(BaseModel):
     runs: int = Field(0, ge=0)
 
 
-class _Entry(BaseModel):
-    datasets: dict[str, _DatasetPrior] = Field(default_factory=dict)
+class PriorEntry(BaseModel):
+    """The priors of one device kind and model shape (`model_key`)."""
+
+    datasets: dict[str, DatasetPrior] = Field(default_factory=dict)
     model_load_s: dict[str, _Seconds] = Field(default_factory=dict)
+    """`remote` / `shm` -> seconds to load the model that way."""
 
 
-_PRIORS = TypeAdapter(dict[str, _Entry])
+_PRIORS = TypeAdapter(dict[str, PriorEntry])
 
 
-def load_priors(path: Path | None = None) -> dict:
+def load_priors(path: Path | None = None) -> dict[str, PriorEntry]:
     """The priors file as written by `update_priors` ({} when there is none); a file that is not one (not JSON, a
     negative or non-finite time, a FIFO) is refused naming the file and the fix, never half-used."""
     p = path or priors_path()
     try:
         if path_kind(p, "priors file") == "missing":
             return {}
-        data = load_json(p, "evaluation priors file")
-        _PRIORS.validate_python(data)
-        return data
+        return _PRIORS.validate_python(load_json(p, "evaluation priors file"))
     except UserFileError as err:
         raise UserFileError(f"{err}; or delete the priors file to start over (they are relearned)") from None
     except ValidationError as err:
@@ -72,18 +75,17 @@ def load_priors(path: Path | None = None) -> dict:
 
 def apply_priors(suite: Suite, key: str, path: Path | None = None) -> tuple[Suite, list[str]]:
     """The suite with learned priors substituted; also the names of the datasets that had one."""
-    learned = load_priors(path).get(key, {})
-    ds = learned.get("datasets", {})
+    learned = load_priors(path).get(key, PriorEntry())
     s = suite.model_copy(deep=True)
     used = []
     for d in s.datasets:
-        if d.name in ds:
-            d.infer_s_per_example = ds[d.name]["infer_s_per_example"]
-            d.metric_s_per_example = ds[d.name]["metric_s_per_example"]
+        if (prior := learned.datasets.get(d.name)) is not None:
+            d.infer_s_per_example = prior.infer_s_per_example
+            d.metric_s_per_example = prior.metric_s_per_example
             used.append(d.name)
     for k in ("remote", "shm"):
-        if k in learned.get("model_load_s", {}):
-            setattr(s.model_load_s, k, learned["model_load_s"][k])
+        if k in learned.model_load_s:
+            setattr(s.model_load_s, k, learned.model_load_s[k])
     return s, used
 
 
@@ -99,18 +101,18 @@ def update_priors(key: str, datasets: dict[str, dict[str, float]], model_load_s:
 
 def _fold(p: Path, key: str, datasets: dict[str, dict[str, float]], model_load_s: dict[str, float]) -> Path:
     allp = load_priors(p)
-    entry = allp.setdefault(key, {"datasets": {}, "model_load_s": {}})
+    entry = allp.setdefault(key, PriorEntry())
 
     def ema(old: float | None, new: float) -> float:
         return new if old is None else (1 - ALPHA) * old + ALPHA * new
 
     for name, m in datasets.items():
-        cur = entry["datasets"].get(name, {})
-        entry["datasets"][name] = {k: ema(cur.get(k), v) for k, v in m.items()} | \
-            {"runs": int(cur.get("runs", 0)) + 1}
+        cur = entry.datasets[name].model_dump() if name in entry.datasets else {}
+        entry.datasets[name] = DatasetPrior.model_validate({k: ema(cur.get(k), v) for k, v in m.items()} |
+                                                           {"runs": int(cur.get("runs", 0)) + 1})
     for k, v in model_load_s.items():
-        entry["model_load_s"][k] = ema(entry["model_load_s"].get(k), v)
+        entry.model_load_s[k] = ema(entry.model_load_s.get(k), v)
     tmp = p.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(allp, indent=1))
+    tmp.write_text(json.dumps({k: e.model_dump() for k, e in allp.items()}, indent=1))
     os.replace(tmp, p)
     return p

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tasks.errors import FrenzyError
 from tasks.jobspec import SpikeSpec
@@ -66,13 +66,41 @@ class SpikeCounts(BaseModel):
         return f"{self.spikes} loss spikes: " + ", ".join(parts)
 
 
+class _Spike(BaseModel):
+    step: int
+    loss: float
+    grad_norm: float
+    reason: str
+
+
+class SkippedSpike(_Spike):
+    """A spike whose update was not applied (result.json `spikes`, the `spike` progress record; keys in this order)."""
+
+    skipped_samples: list[int]
+    """[first, end) of the samples left out."""
+    rolled_back_to: int | None
+    action: Literal["rolled_back", "update_skipped"]
+
+
+class TrainedThroughSpike(_Spike):
+    """A spike applied after `max_consecutive` in a row: the history restarted from it."""
+
+    action: Literal["trained_through"] = "trained_through"
+    rolled_back_to: None = None
+    skipped_samples: None = None
+
+
+SpikeRecord = Annotated[SkippedSpike | TrainedThroughSpike, Field(discriminator="action")]
+"""One spike the guard handled, in result.json's `spikes`."""
+
+
 @dataclass
 class Decision:
     """The guard's answer for one step, before its update."""
 
     action: Literal["apply", "skip", "overflow"]
     verdict: Verdict
-    record: dict | None = None
+    record: TrainedThroughSpike | None = None
     """A progress record to emit (a spike trained through)."""
 
 
@@ -82,7 +110,7 @@ class SpikeGuard:
     global_batch: int
     scaler_enabled: bool = False
     counts: SpikeCounts = field(default_factory=SpikeCounts)
-    records: list[dict] = field(default_factory=list)
+    records: list[SkippedSpike | TrainedThroughSpike] = field(default_factory=list)
     _streak: int = 0
     _top: int = 0
     _overflows: int = 0
@@ -114,7 +142,7 @@ class SpikeGuard:
                              "training.grad_clip, or resume from an earlier checkpoint")
         return Decision("apply", verdict, self._train_through(step, loss, grad_norm, verdict))
 
-    def _train_through(self, step: int, loss: float, grad_norm: float, verdict: Verdict) -> dict:
+    def _train_through(self, step: int, loss: float, grad_norm: float, verdict: Verdict) -> TrainedThroughSpike:
         self.counts.trained_through += 1
         self.detector.restart(loss, grad_norm)
         self.detector.last_spike_step = step  # checkpoints right after it are not rollback targets
@@ -122,8 +150,7 @@ class SpikeGuard:
                     "restarts at loss %.4f (a change of level, not a bad batch)", step, verdict.reason,
                     self._streak, loss)
         self._streak = 0
-        rec = {"step": step, "loss": loss, "grad_norm": grad_norm, "reason": verdict.reason,
-               "action": "trained_through", "rolled_back_to": None, "skipped_samples": None}
+        rec = TrainedThroughSpike(step=step, loss=loss, grad_norm=grad_norm, reason=verdict.reason)
         self.records.append(rec)
         return rec
 
@@ -135,16 +162,16 @@ class SpikeGuard:
         return first_sample, first_sample + (self.spec.skip_batches if rolled_back else 1) * self.global_batch
 
     def skipped(self, step: int, loss: float, grad_norm: float, verdict: Verdict, window: tuple[int, int],
-                rolled_back_to: int | None) -> dict:
+                rolled_back_to: int | None) -> SkippedSpike:
         """Count and log a skipped spike; returns its progress record."""
         self.counts.skipped_updates += 1
         self.counts.skipped_samples += window[1] - window[0]
         # after a rollback the spike lies in an abandoned timeline (its batches are skipped): commits of the new
         # timeline are healthy, so a later spike rolls back to them, not again past them
         self.detector.last_spike_step = step if rolled_back_to is None else None
-        rec = {"step": step, "loss": loss, "grad_norm": grad_norm, "reason": verdict.reason,
-               "skipped_samples": list(window), "rolled_back_to": rolled_back_to,
-               "action": "rolled_back" if rolled_back_to is not None else "update_skipped"}
+        rec = SkippedSpike(step=step, loss=loss, grad_norm=grad_norm, reason=verdict.reason,
+                           skipped_samples=list(window), rolled_back_to=rolled_back_to,
+                           action="rolled_back" if rolled_back_to is not None else "update_skipped")
         self.records.append(rec)
         if rolled_back_to is not None:
             self.counts.rollbacks += 1

@@ -73,12 +73,23 @@ class Meter:
                        eta_s=eta, lr=lr_at(step, self.job))
         log.info("step %d/%d loss %.4f gnorm %.3f %.0f tok/s ETA %.0fs", step, t.steps, loss, grad_norm, tps, eta)
 
-    def figures(self, data_s: float, blocked_s: float) -> dict:
+    def figures(self, data_s: float, blocked_s: float) -> SpeedFigures:
         """The speed part of the result record."""
         loop_s = self.t_last_update - self.t_start
         ran = self.steps_run
-        return {"steps_run": ran, "elapsed_s": self.clock() - self.t_start,
-                "tokens_per_s": ran * self.tokens_per_step / loop_s if ran else 0.0,
-                "blocked_s_total": blocked_s,
-                # reading and batching the data, on this rank, against the loop's time (the loader keeping up)
-                "data_s_total": data_s, "data_fraction": data_s / loop_s if ran and loop_s > 0 else 0.0}
+        return SpeedFigures(steps_run=ran, elapsed_s=self.clock() - self.t_start,
+                            tokens_per_s=ran * self.tokens_per_step / loop_s if ran else 0.0, blocked_s_total=blocked_s,
+                            data_s_total=data_s, data_fraction=data_s / loop_s if ran and loop_s > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class SpeedFigures:
+    """How fast one trainer invocation ran: the speed part of its `TrainerResult`, whose fields of these names
+    (tasks/training/request.py) say what each means."""
+
+    steps_run: int
+    elapsed_s: float
+    tokens_per_s: float
+    blocked_s_total: float
+    data_s_total: float
+    data_fraction: float

@@ -14,7 +14,7 @@ from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.stragglers.request import StragglerReport
 from tasks.training.checkpoint import CheckpointRecord
-from tasks.training.guard import SpikeCounts
+from tasks.training.guard import SpikeCounts, SpikeRecord
 
 
 class FailedCheckpoint(BaseModel):
@@ -35,11 +35,14 @@ class TrainerResult(BaseModel):
     """It stopped before `training.steps` (a stop file, a signal, `--stop-after-steps`), its step committed."""
     checkpoints: list[CheckpointRecord]
     """The commits of this invocation."""
+    snapshot_pin_s: float | None = None
+    """Seconds until the snapshot buffers were page-locked (checkpoint/persist.py); None: not pinned (no CUDA, or
+    pinning failed)."""
     checkpoint_interval: dict[str, Any]
     """`every_steps`, with the interval's inputs under `every_steps: auto` (interval.py's IntervalInputs)."""
     failed_checkpoints: list[FailedCheckpoint]
-    spikes: list[dict[str, Any]]
-    """The spike guard's progress records (guard.py), in order."""
+    spikes: list[SpikeRecord]
+    """The spikes the guard handled (guard.py), in order."""
     spike_counts: SpikeCounts
     last_loss: float
     """NaN when no step ran (a resume at the final step)."""

@@ -12,7 +12,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ from tasks.jobspec import JobSpec
 from tasks.training import checkpoint as ck
 from tasks.training.interval import Cadence, agree_max
 from tasks.training.metrics import Meter, Progress
+from tasks.training.request import FailedCheckpoint
 from tasks.training.setup import Dist, agree
 from tasks.training.storage import Storage
 from tasks.training.writer import WriterLease
@@ -185,9 +187,19 @@ class CheckpointSchedule:
             self._settle(d)
         self.engine.close()
 
-    def describe(self) -> dict:
+    def describe(self) -> ScheduleReport:
         """The result's record of it: commits, failures, the interval and its inputs."""
         e = self.engine
-        return {"checkpoints": [r.model_dump() for r in e.records], "snapshot_pin_s": e.pin_s,
-                "checkpoint_interval": self.cadence.describe(),  # [elastic hook] the interval and its inputs
-                "failed_checkpoints": [{"step": s_, "error": e_} for s_, e_ in e.failed]}
+        return ScheduleReport(checkpoints=list(e.records), snapshot_pin_s=e.pin_s,
+                              checkpoint_interval=self.cadence.describe(),  # [elastic hook] the interval and its inputs
+                              failed_checkpoints=[FailedCheckpoint(step=s_, error=e_) for s_, e_ in e.failed])
+
+
+@dataclass(frozen=True)
+class ScheduleReport:
+    """The checkpoint part of a `TrainerResult` (its fields of these names, tasks/training/request.py)."""
+
+    checkpoints: list[ck.CheckpointRecord]
+    snapshot_pin_s: float | None
+    checkpoint_interval: dict[str, Any]
+    failed_checkpoints: list[FailedCheckpoint]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass
@@ -19,6 +19,20 @@ class Verdict:
     loss_z: float
     grad_z: float
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """The loss history's mean, standard deviation and length (a manifest's `loss` figures)."""
+
+    mean: float
+    """NaN for an empty history."""
+    std: float
+    window_len: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        """The manifest's keys, in this order."""
+        return asdict(self)
 
 
 class SpikeDetector:
@@ -58,11 +72,11 @@ class SpikeDetector:
         self.loss = deque([loss], maxlen=self.window)
         self.grad = deque([grad_norm], maxlen=self.window)
 
-    def stats(self) -> dict:
+    def stats(self) -> WindowStats:
         n = len(self.loss)
         mean = sum(self.loss) / n if n else float("nan")
         std = math.sqrt(sum((h - mean) ** 2 for h in self.loss) / max(n - 1, 1)) if n > 1 else 0.0
-        return {"mean": mean, "std": std, "window_len": n}
+        return WindowStats(mean=mean, std=std, window_len=n)
 
     def state(self) -> dict:
         return {"loss": list(self.loss), "grad": list(self.grad), "last_spike_step": self.last_spike_step}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -85,7 +86,7 @@ class Trainer:
         self.last_loss, self.last_gnorm = self.runner.compute(nxt, mine, traced)
         decision = self.guard.judge(nxt, self.last_loss, self.last_gnorm)
         if decision.record is not None:
-            self.prog.emit("spike", **decision.record)
+            self.prog.emit("spike", **decision.record.model_dump())
         if decision.action != "apply":
             self.runner.discard(nxt)
             if decision.action == "skip":
@@ -113,7 +114,7 @@ class Trainer:
             self.restorer.discard_after(self.step)
         rec = self.guard.skipped(spike_step, self.last_loss, self.last_gnorm, decision.verdict, window,
                                  target.step if target is not None else None)
-        self.prog.emit("spike", **rec)
+        self.prog.emit("spike", **rec.model_dump())
 
     def _tensors(self) -> Tensors:
         return training_tensors(self.m.core, self.m.optimizer, with_model=self.m.owns_model)
@@ -130,7 +131,7 @@ class Trainer:
         healthy = det.last_spike_step is None or step - det.last_spike_step > t.spike.window
         return {"layout": {"dp": self.d.dp, "tp": self.d.tp, "zero_stage": t.zero_stage},
                 "cursor": self.cursor.to_dict(),
-                "loss": {"last": self.last_loss, "grad_norm": self.last_gnorm, **det.stats()},
+                "loss": {"last": self.last_loss, "grad_norm": self.last_gnorm, **det.stats().to_dict()},
                 "healthy": healthy, "fingerprint": self.fp,
                 "trainer": {"spike": det.state(), "scaler": scaler.state_dict() if scaler.is_enabled() else None,
                             "lr": lr_at(step, self.job),
@@ -150,8 +151,8 @@ class Trainer:
         trace_path = self._traces()
         result = TrainerResult(
             job=self.job.name, final_step=self.step, resumed_from_step=self.resumed_from, stopped_early=stopped,
-            **self.schedule.describe(), spikes=self.guard.records, spike_counts=self.guard.counts.model_copy(),
-            last_loss=self.last_loss, **figures, world_size=d.world, tp=d.tp, device=str(self.dev),
+            **vars(self.schedule.describe()), spikes=self.guard.records, spike_counts=self.guard.counts.model_copy(),
+            last_loss=self.last_loss, **asdict(figures), world_size=d.world, tp=d.tp, device=str(self.dev),
             checkpoint_uri=self.storage.uri, trace=str(trace_path) if trace_path else None,
             run_dir=str(self.opts.run_dir))
         if d.rank == 0:
