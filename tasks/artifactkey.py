@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from tasks.paths import place_key
+
 _SLUG_MAX = 96
 """Characters of the name kept in the key (the hash, not the slug, keeps keys apart)."""
 
@@ -22,8 +24,9 @@ def slug(text: str) -> str:
 
 
 def root_identity(root: str) -> str:
-    """The spelling-independent form of a checkpoint root: no `file://`, no trailing `/`."""
-    return root.removeprefix("file://").rstrip("/") or "/"
+    """The spelling-independent form of a checkpoint root (tasks.paths.place_key, the one comparison of roots),
+    without its `file://`."""
+    return place_key(root).removeprefix("file://")
 
 
 def run_key(kind: str, name: str, root: str) -> str:
