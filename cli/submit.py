@@ -83,10 +83,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from cli.console import run_submit
     from cli.fields import build, given
     from tasks.jobspec import load_job
+    from tasks.paths import job_dir
     from tasks.pipeline.request import SubmitRequest
 
     req = build(SubmitRequest, {"job": load_job(args.job), **given(args, SubmitRequest, skip={"job"})})
-    req = req.resolved(Path.cwd(), job_base=Path(args.job).parent)  # the job's paths are relative to its file
+    req = req.resolved(Path.cwd(), job_base=job_dir(args.job))  # the job's paths are relative to its file
     _check_inputs(req)
     t0 = time.monotonic()
     res = run_submit("submit", req)

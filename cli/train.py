@@ -28,7 +28,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tasks.outdir import run_dir_lock
-    from tasks.paths import resolve_job
+    from tasks.paths import job_dir, resolve_job
     from tasks.training.launch import TrainFailed, check_launch, default_run_dir, launch
     from tasks.training.progress import describe
 
@@ -45,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(describe(rec), file=sys.stderr, flush=True)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(job)
-    job = resolve_job(job, Path(args.job).parent.absolute(), run_dir.absolute())  # the job's paths: its file's
+    job = resolve_job(job, job_dir(args.job), run_dir.absolute())  # the job's paths: its file's
     if run_dir.exists() and not run_dir.is_dir():
         raise FrenzyError(f"run directory {run_dir} is a file; give a directory (--run-dir)")
     check_launch(job, run_dir, args.nproc, args.tp, args.device, None)  # before the run directory is made

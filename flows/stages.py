@@ -188,6 +188,11 @@ class TriggeredEvaluations:
         self.pool = dep.work_pool_name or ""
         if self.pool_said:
             return
+        if not dep.work_pool_name:  # its pool was deleted (a worker makes a new one, but the deployment stays unbound)
+            self.pool_said = True
+            self.warn(f"the deployment {EVAL_DEPLOYMENT} has no work pool (its pool was deleted): no worker will run "
+                      "its evaluation runs until it is deployed again (`bash deployments/deploy.sh`)")
+            return
         from prefect.exceptions import ObjectNotFound
 
         try:

@@ -29,7 +29,7 @@ from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
-from tasks.pipeline.summary import already_finished, foreign_root, name_taken, submit_result
+from tasks.pipeline.summary import already_finished, foreign_root, name_taken, submit_result, this_run
 from tasks.training.storage import Storage
 
 __all__ = ["PipelineError", "SubmitRequest", "SubmitResult", "submit"]
@@ -65,7 +65,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
         raise PipelineError(why)
     if (why := foreign_root(request)) is not None:
         raise PipelineError(why)
-    rec = ledger.run(run.job, request.job.training.checkpoint.uri or None)
+    rec = this_run(ledger.runs(run.job), request.job.training.checkpoint.uri or None)
     if (done := already_finished(rec, request, run.suite)) is not None:
         get_run_logger().info("%s had finished at step %d (report %s): nothing to train or evaluate again",
                               run.job, done.train.final_step, done.report)

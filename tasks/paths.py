@@ -56,6 +56,13 @@ def path_like(value: str, suffixes: tuple[str, ...] = (".yaml", ".yml")) -> bool
     return "/" in value or value.startswith(("~", ".")) or value.endswith(suffixes)
 
 
+def job_dir(job_file: str | Path) -> Path:
+    """The directory a job file's relative paths start from: the file's own directory as the file system has it
+    (symbolic links in the directory's path followed), so `../data` means one place whether the command runs in that
+    directory (whose working directory the OS gives physically) or names the file through a link."""
+    return Path(os.path.realpath(Path(job_file).absolute().parent))
+
+
 def resolve_job(job: JobSpec, base: Path, run_dir: Path) -> JobSpec:
     """`job` with every path made absolute against `base` (the job file's directory), and its checkpoints, where the
     job names no place for them, under the run directory (`<run_dir>/ckpt`)."""
@@ -78,8 +85,9 @@ def place_key(uri: str, base: Path | None = None) -> str:
     """One spelling of the place `uri` names, for comparing roots and step URIs: a plain path (absolute, or relative
     to `base`, else to the working directory) and a file:// URI of the same directory give the same key (file://,
     normalised, no trailing slash); a remote URI loses only its trailing slashes. Every comparison of checkpoint roots
-    or step URIs goes through here, so a job whose `checkpoint.uri` is `ck`, `./ck/`, `/abs/ck` or `file:///abs/ck`
-    is matched against the commit events (always file://) and the score history alike."""
+    or step URIs goes through here, so a job whose `checkpoint.uri` is `ck`, `./ck/`, `/abs/ck`, `file:///abs/ck` or a
+    symbolic link to that directory is matched against the commit events (always file://) and the score history
+    alike: symbolic links are followed (a link to another user's root is that root)."""
     if is_remote(uri):
         return uri.rstrip("/")
-    return "file://" + absolute(uri.removeprefix("file://") or ".", base or Path.cwd())
+    return "file://" + os.path.realpath(absolute(uri.removeprefix("file://") or ".", base or Path.cwd()))

@@ -49,3 +49,40 @@ def test_inside_the_root_absolute_elsewhere_and_a_users_own_directory_are_allowe
     with pytest.raises(PathError, match="uri 'file://../x'"):  # a file:// URI is a path too
         absolute("file://../x", Path(root), "uri")
     assert absolute("s3://bucket/../x", Path(root), "uri") == "s3://bucket/../x"  # remote: not a path under the root
+
+
+def test_a_job_file_in_a_linked_directory_means_one_place_from_wherever_it_is_named(tmp_path, monkeypatch):
+    """Red team 41e: `users/dave/proj -> real/proj` with `data.path: ../corpus.txt` trained on users/dave/corpus.txt
+    when named as proj/job.yaml from users/dave, and on real/corpus.txt when run inside proj (the OS gives the working
+    directory physically): one job file, two datasets and two runs."""
+    from tasks.paths import job_dir, resolve_job
+
+    (tmp_path / "real" / "proj").mkdir(parents=True)
+    (tmp_path / "dave").mkdir()
+    (tmp_path / "dave" / "proj").symlink_to(tmp_path / "real" / "proj", target_is_directory=True)
+    job = parse_job(_job("../ckpts/symdir", data="../corpus.txt"))
+    monkeypatch.chdir(tmp_path / "dave")
+    through_link = resolve_job(job, job_dir("proj/job.yaml"), tmp_path / "run")
+    monkeypatch.chdir(tmp_path / "dave" / "proj")
+    inside = resolve_job(job, job_dir("job.yaml"), tmp_path / "run")
+    assert through_link.training.data.path == inside.training.data.path == str(tmp_path / "real" / "corpus.txt")
+    assert through_link.training.checkpoint.uri == inside.training.checkpoint.uri == str(tmp_path / "real" / "ckpts" / "symdir")
+
+
+def test_a_root_named_through_a_symbolic_link_is_the_run_at_its_target(tmp_path):
+    """Red team 41e: bob resubmitted alice's finished `tilde` through a link to her root; it was taken for a new run
+    (a summary of nan loss and 0 checkpoints, both steps evaluated again)."""
+    from cluster.ledger import RunRecord
+    from tasks.paths import place_key
+    from tasks.pipeline.summary import same_place, this_run
+
+    (tmp_path / "alice" / "ck").mkdir(parents=True)
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "alice-ck").symlink_to(tmp_path / "alice" / "ck", target_is_directory=True)
+    linked, real = str(tmp_path / "bob" / "alice-ck"), f"file://{tmp_path}/alice/ck/"
+    assert place_key(linked) == place_key(real) == f"file://{tmp_path}/alice/ck"
+    assert same_place(linked, real) and not same_place(linked, str(tmp_path / "bob")) and not same_place(None, real)
+    runs = [RunRecord(job="tilde", stage="reported", checkpoint_root=str(tmp_path / "other"), run_dir="r", history_dir="h"),
+            RunRecord(job="tilde", stage="reported", checkpoint_root=real, run_dir="r", history_dir="h")]
+    assert this_run(runs, linked) is runs[1]
+    assert this_run(runs, str(tmp_path / "elsewhere")) is None and this_run(runs, None) is runs[0]

@@ -555,3 +555,20 @@ def test_an_unusable_cache_is_refused_before_placement_naming_home_or_frenzy_cac
         cache_subdir("corpus")
     monkeypatch.setenv("FRENZY_CACHE", str(tmp_path / "cache"))
     assert cache_subdir("corpus") == tmp_path / "cache" / "corpus" and (tmp_path / "cache" / "corpus").is_dir()
+
+
+def test_a_deployment_left_without_its_deleted_work_pool_is_named_with_the_redeploy_command():
+    """Red team 41e: `prefect work-pool delete frenzy` leaves every deployment without a pool (a worker makes a new
+    pool, which the deployments are not bound to); submit said "is a worker running ... --pool POOL" while one was."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from flows.stages import TriggeredEvaluations
+
+    warned: list[str] = []
+    t = TriggeredEvaluations("file:///r/ck", datetime.now(UTC), warned.append)
+    unbound = SimpleNamespace(work_pool_name=None, paused=False)
+    t._paused(client=None, dep=unbound)
+    t._paused(client=None, dep=unbound)  # said once
+    assert len(warned) == 1 and "has no work pool (its pool was deleted)" in warned[0]
+    assert "bash deployments/deploy.sh" in warned[0] and "POOL" not in warned[0] and t.pool_said

@@ -79,12 +79,26 @@ def foreign_root(request: SubmitRequest) -> str | None:
             "run")
 
 
+def same_place(a: str | None, b: str | None) -> bool:
+    """Whether two checkpoint roots are one place, however spelled (tasks.paths.place_key: file://, relative, a
+    trailing slash, a symbolic link)."""
+    return a is not None and b is not None and place_key(a) == place_key(b)
+
+
+def this_run(records: list[RunRecord], root: str | None) -> RunRecord | None:
+    """Of `records` (one job name's runs, the most recently updated first), the run at `root` however it is spelled;
+    with no root, the newest."""
+    if root is None:
+        return records[0] if records else None
+    return next((r for r in records if same_place(r.checkpoint_root, root)), None)
+
+
 def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str = "") -> SubmitResult | None:
     """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
     final step still committed there. Rerunning it then reports that run instead of training zero steps, with the
     scores the history holds now (evaluations that ended after the run reported are not left out)."""
     root = request.job.training.checkpoint.uri
-    if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or rec.checkpoint_root != root:
+    if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or not same_place(rec.checkpoint_root, root):
         return None
     if request.job.training.steps not in committed_steps(root or ""):
         return None  # more steps asked for, or the final checkpoint is gone: train
