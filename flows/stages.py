@@ -177,21 +177,24 @@ class TriggeredEvaluations:
             return "crashed", why
         if st.type.value == "SCHEDULED" and waited > STUCK_S and step not in self.late_said and not self.pool_said:
             self.late_said.add(step)
-            self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: is one "
-                      f"running on the deployment's work pool? (`prefect worker start --pool {self.pool or 'POOL'}`)")
+            self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: "
+                      + self._no_worker_hint())
         if st.type.value == "RUNNING":
             self._watch_running(client, step, fr)
         return None
+
+    def _no_worker_hint(self) -> str:
+        """What to check when no worker takes the runs: the deployment's pool, or, for a deployment with none (served
+        by a process, or its pool deleted: a worker makes a new pool the deployment is not bound to), both causes."""
+        if self.pool:
+            return f"is one running on the deployment's work pool? (`prefect worker start --pool {self.pool}`)"
+        return (f"the deployment {EVAL_DEPLOYMENT} has no work pool: if a process serves it, is that process running? "
+                "if its work pool was deleted, deploy it again (`bash deployments/deploy.sh`)")
 
     def _paused(self, client: Any, dep: Any) -> None:
         """Say once that the deployment or its work pool is paused (its runs wait until it is resumed), with the fix."""
         self.pool = dep.work_pool_name or ""
         if self.pool_said:
-            return
-        if not dep.work_pool_name:  # its pool was deleted (a worker makes a new one, but the deployment stays unbound)
-            self.pool_said = True
-            self.warn(f"the deployment {EVAL_DEPLOYMENT} has no work pool (its pool was deleted): no worker will run "
-                      "its evaluation runs until it is deployed again (`bash deployments/deploy.sh`)")
             return
         from prefect.exceptions import ObjectNotFound
 

@@ -384,7 +384,8 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
         assert sorted(out) == [10, 20], out  # 40 runs: it may take as long as it takes
         assert out[10][0] == "crashed" and "never started" in out[10][1] and out[20] == ("failed", "boom: qa.jsonl")
         assert client.read_flow_run(ids[10]).state.type.value == "CRASHED"  # not left a zombie
-        assert len(warned) == 1 and "step 30" in warned[0] and "prefect worker start" in warned[0]
+        # this test server's deployment has no work pool: the hint names both causes (served, or its pool deleted)
+        assert len(warned) == 1 and "step 30" in warned[0] and "waited" in warned[0] and "deploy.sh" in warned[0]
         assert said and all(f"step {s}" in said[0] for s in (10, 20, 30, 40))
         t.ended_without_score()
         assert len(warned) == 1  # said once
@@ -557,18 +558,19 @@ def test_an_unusable_cache_is_refused_before_placement_naming_home_or_frenzy_cac
     assert cache_subdir("corpus") == tmp_path / "cache" / "corpus" and (tmp_path / "cache" / "corpus").is_dir()
 
 
-def test_a_deployment_left_without_its_deleted_work_pool_is_named_with_the_redeploy_command():
-    """Red team 41e: `prefect work-pool delete frenzy` leaves every deployment without a pool (a worker makes a new
-    pool, which the deployments are not bound to); submit said "is a worker running ... --pool POOL" while one was."""
+def test_runs_waiting_on_a_deployment_without_a_work_pool_name_both_causes_not_a_literal_pool():
+    """Red team 41e: `prefect work-pool delete frenzy` leaves the deployments without a pool (a worker makes a new
+    pool, which they are not bound to); the late-run hint said `prefect worker start --pool POOL` while a worker ran.
+    A deployment with no pool may also be served by a process (`.serve()`): the hint names both, and the real pool
+    when there is one."""
     from datetime import UTC, datetime
-    from types import SimpleNamespace
 
     from flows.stages import TriggeredEvaluations
 
-    warned: list[str] = []
-    t = TriggeredEvaluations("file:///r/ck", datetime.now(UTC), warned.append)
-    unbound = SimpleNamespace(work_pool_name=None, paused=False)
-    t._paused(client=None, dep=unbound)
-    t._paused(client=None, dep=unbound)  # said once
-    assert len(warned) == 1 and "has no work pool (its pool was deleted)" in warned[0]
-    assert "bash deployments/deploy.sh" in warned[0] and "POOL" not in warned[0] and t.pool_said
+    t = TriggeredEvaluations("file:///r/ck", datetime.now(UTC), print)
+    t.pool = ""
+    hint = t._no_worker_hint()
+    assert "has no work pool" in hint and "bash deployments/deploy.sh" in hint and "serves it" in hint
+    assert "POOL" not in hint
+    t.pool = "frenzy"
+    assert "`prefect worker start --pool frenzy`" in t._no_worker_hint()
