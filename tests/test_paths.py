@@ -53,8 +53,8 @@ def test_inside_the_root_absolute_elsewhere_and_a_users_own_directory_are_allowe
 
 def test_a_job_file_in_a_linked_directory_means_one_place_from_wherever_it_is_named(tmp_path, monkeypatch):
     """Red team 41e: `users/dave/proj -> real/proj` with `data.path: ../corpus.txt` trained on users/dave/corpus.txt
-    when named as proj/job.yaml from users/dave, and on real/corpus.txt when run inside proj (the OS gives the working
-    directory physically): one job file, two datasets and two runs."""
+    when the job file was named through the link from users/dave, and on real/corpus.txt when run inside it (the OS
+    gives the working directory physically): one job file, two datasets and two runs."""
     from tasks.paths import job_dir, resolve_job
 
     (tmp_path / "real" / "proj").mkdir(parents=True)
