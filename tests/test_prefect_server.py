@@ -209,7 +209,7 @@ def test_a_user_runs_submit_from_the_prefect_ui_and_finds_its_artifacts(stack, c
         page.get_by_text(re.compile(r"^report-tiny-submit-[0-9a-f]{8}$")).first.wait_for(timeout=60_000)
         assert page.get_by_text(re.compile(r"^plans-tiny-submit-[0-9a-f]{8}$")).count() >= 1
         page.screenshot(path=str(shots / "2-flow-run-artifacts.png"), full_page=True)
-        page.get_by_text("report-tiny-submit", exact=True).first.click()  # the report itself, rendered
+        page.get_by_text(re.compile(r"^report-tiny-submit-[0-9a-f]{8}$")).first.click()  # the report itself, rendered
         page.get_by_text("Scores by checkpoint").first.wait_for(timeout=30_000)
         for s in steps:  # the report the user sees lists every evaluated step
             assert page.get_by_text(f"step {s}", exact=True).count() >= 1, s
