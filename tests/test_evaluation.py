@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
 from tasks.evaluation.datasets import DatasetError, EvalContext, EvalDataset, HumanEval, register_dataset, resolve
 from tasks.evaluation.runner import EvalError, EvalOptions, evaluate
@@ -201,7 +202,7 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     assert f"{torn}/step_00000020/manifest.json" in report, report  # the torn manifest is named, not skipped
     good = [d for d in done if d.result.startswith(hist)]
     assert good[0].history_plot and Path(good[0].history_plot).stat().st_size > 1000
-    art = Artifact.get(f"eval-{s.run}-small")
+    art = Artifact.get(run_key("eval-small", s.run, step_root(s.uri)))  # keyed by the run (its root), not the name
     assert art is not None and "pass@1" in str(art.data)
 
 
