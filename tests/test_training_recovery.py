@@ -63,6 +63,22 @@ def test_kill_during_persist_leaves_no_manifest_and_resume_uses_previous(tmp_pat
     assert_bitwise_equal(final_state(uri, STEPS), reference)
 
 
+def test_an_error_right_after_a_checkpoint_commits_the_snapshot_in_memory_first(tmp_path, reference):
+    uri = f"file://{tmp_path}/ckpt"
+    job = tiny_job(uri, STEPS)
+    run_dir = tmp_path / "run"
+    # the persist of step 10 stalls for 2 s, so the error at step 11 comes while its snapshot is only in memory
+    p = start(job, run_dir, env={"FRENZY_FAULT_PERSIST_DELAY": "10:2",
+                                 "FRENZY_FAULT_RAISE": "11:torch.OutOfMemoryError: CUDA out of memory."})
+    assert p.wait(timeout=120) == 1
+    log = (run_dir / "train.log").read_text()
+    assert "committing the checkpoint already in memory first" in log
+    assert [m.step for m in ck.committed(Storage(uri))] == [10]  # the process ended after the commit, not before
+    result = run(job, tmp_path / "resume", resume=True)
+    assert result["resumed_from_step"] == 10
+    assert_bitwise_equal(final_state(uri, STEPS), reference)
+
+
 def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(tmp_path, reference):
     uri = f"file://{tmp_path}/ckpt"
     job = tiny_job(uri, STEPS)

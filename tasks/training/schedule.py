@@ -181,6 +181,18 @@ class CheckpointSchedule:
             log.warning("stopping at step %d: taking a final checkpoint first", step)
             self.save(step, block=True)
 
+    def salvage(self, step: int, timeout_s: float) -> None:
+        """The loop failed after step `step`: commit the snapshots already taken (bounded; no new one is taken,
+        since the failure may have left the tensors mid-update)."""
+        if self.engine.idle():
+            return
+        log.warning("failing at step %d: committing the checkpoint already in memory first (up to %.0f s)",
+                    step, timeout_s)
+        lost = self.engine.salvage(timeout_s)
+        if lost:
+            log.warning("checkpoint of step(s) %s not committed before the failure ended the process",
+                        ", ".join(map(str, lost)))
+
     def close(self) -> None:
         """No step follows: the saves still being timed keep what was measured; then wait for every persist."""
         for d in list(self._drags):

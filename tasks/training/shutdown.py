@@ -23,7 +23,7 @@ log = logging.getLogger("frenzy.train")
 
 def fault_inject(step: int, run_dir: Path) -> None:
     """Drills and tests, each fired once per run directory: FRENZY_FAULT_RAISE="STEP:MESSAGE" prints MESSAGE as
-    an error line and exits 1 at STEP (e.g. a CUDA error or an OOM as the real stack prints it);
+    an error line and leaves the loop at STEP, exit status 1 (e.g. a CUDA error or an OOM as the real stack prints it);
     FRENZY_FAULT_HANG="STEP" stops making progress at STEP (a hang)."""
     for var in ("FRENZY_FAULT_RAISE", "FRENZY_FAULT_HANG"):
         spec = os.environ.get(var)
@@ -39,7 +39,7 @@ def fault_inject(step: int, run_dir: Path) -> None:
             while True:
                 time.sleep(3600)
         print(msg, file=sys.stderr, flush=True)
-        os._exit(1)
+        raise SystemExit(1)  # out of the loop as a real error leaves it (the trainer salvages its snapshot)
 
 
 class Shutdown:

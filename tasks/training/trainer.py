@@ -28,7 +28,10 @@ from tasks.training.shutdown import Shutdown
 from tasks.training.state import training_tensors
 from tasks.training.step import StepRunner, dp_hook, lr_at
 from tasks.training.storage import Storage
-from tasks.training.writer import WriterLease
+from tasks.training.writer import WriterLease, WriterLeaseError
+
+# how long a failing rank waits for the snapshots already in memory to commit before the process ends
+SALVAGE_S = 120.0
 
 
 class Trainer:
@@ -53,10 +56,18 @@ class Trainer:
         self.resumed_from = self.restorer.resume(self.opts)
         self.step = self.resumed_from or 0
         self._start()
-        while self.step < self.job.training.steps:
-            if self.shutdown.should_stop(self.step, self.meter.steps_run):
-                break
-            self._train_step()
+        try:
+            while self.step < self.job.training.steps:
+                if self.shutdown.should_stop(self.step, self.meter.steps_run):
+                    break
+                self._train_step()
+        except WriterLeaseError:
+            raise  # another trainer owns the root: commit nothing more
+        except BaseException:
+            # an error (an OOM, a CUDA error, a bad batch) ends the process, but the snapshot already in CPU
+            # memory is still good: persist it, so the restart resumes from it and not from the commit before
+            self.schedule.salvage(self.step, SALVAGE_S)
+            raise
         return self._finish()
 
     def _start(self) -> None:

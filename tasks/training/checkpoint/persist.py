@@ -269,6 +269,11 @@ class AsyncCheckpointer:
         if not self._inflight:
             self.persisting.clear()
 
+    def idle(self) -> bool:
+        """Nothing staged, queued or persisting."""
+        with self._lock:
+            return self._staging is None and not self._inflight
+
     def busy(self) -> bool:
         """True while a save would find no free buffer."""
         with self._lock:
@@ -298,6 +303,18 @@ class AsyncCheckpointer:
             while self._inflight:
                 self._lock.wait(0.1)
             self._raise_error_locked()
+
+    def salvage(self, timeout_s: float) -> list[int]:
+        """The run is failing (an exception leaves the loop): persist what is already in memory (a staged copy
+        finishes first; its tensors were not updated since), waiting at most `timeout_s`. Returns the steps still
+        uncommitted when the time ran out (their snapshots are lost with the process)."""
+        with contextlib.suppress(BaseException):
+            self.barrier()
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._inflight and time.monotonic() < deadline:
+                self._lock.wait(0.1)
+            return sorted(self._jobs)
 
     def add_drag(self, step: int, seconds: float) -> None:
         """Charge the save of `step` with `seconds` more that the loop lost to it (measured after the save)."""
