@@ -235,3 +235,20 @@ def test_a_save_is_charged_with_the_extra_time_of_the_steps_after_it(tmp_path):
     emitted = {r["step"]: r["blocked_s"] for r in prog.records if r["event"] == "checkpoint"}
     assert emitted == {4: four.blocked_s, 8: eight.blocked_s}  # the progress record waited for the drag
     assert sched.blocked_s == pytest.approx(four.blocked_s + eight.blocked_s)
+
+
+def test_the_result_types_its_checkpoint_interval_fixed_or_measured():
+    from tasks.training.interval import FixedInterval, IntervalInputs
+
+    auto = {"every_steps": 37, "interval_s": 120.0, "cost_s": 0.4, "blocked_s": 0.1, "drag_s": 0.3, "mtbf_s": 3600.0,
+            "mtbf_source": "default", "step_s": 0.2, "persist_s": 1.5, "cost_source": "measured"}
+    doc = {"job": "t", "final_step": 1, "resumed_from_step": None, "stopped_early": False, "checkpoints": [],
+           "checkpoint_interval": auto, "failed_checkpoints": [], "spikes": [], "spike_counts": SpikeCounts().model_dump(),
+           "last_loss": 1.0, "steps_run": 1, "elapsed_s": 0.1, "tokens_per_s": 0.0, "blocked_s_total": 0.0,
+           "data_s_total": 0.0, "data_fraction": 0.0, "world_size": 1, "tp": 1, "device": "cpu",
+           "checkpoint_uri": "file:///c", "trace": None, "run_dir": "/r"}
+    got = TrainerResult.model_validate(json.loads(json.dumps(doc))).checkpoint_interval
+    assert isinstance(got, IntervalInputs) and got.persist_s == 1.5  # every input kept, not cut to every_steps
+    assert TrainerResult.model_validate({**doc, "checkpoint_interval": {"every_steps": 5}}).checkpoint_interval \
+        == FixedInterval(5)
+    assert TrainerResult.model_validate(doc).model_dump()["checkpoint_interval"] == auto

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 PRIOR_GPU_MTBF_S = 16384 * 54 * 86400 / 419
 """GPU-seconds per failure in Llama 3's 54-day pretraining (419 unexpected interruptions on 16,384 H100s)."""
@@ -68,6 +68,13 @@ class IntervalInputs:
     persist_s: float
     cost_source: str = "measured"
     """`measured`, `blocked time only` (no interval measured yet) or `measured before the restart` (seeded)."""
+
+
+@dataclass(frozen=True)
+class FixedInterval:
+    """A fixed `checkpoint.every_steps` (or `auto` before its first measurement)."""
+
+    every_steps: int
 
 
 class Cadence:
@@ -184,8 +191,9 @@ class Cadence:
         if changed and self.report is not None:
             self.report(self.inputs)
 
-    def describe(self) -> dict:
-        return asdict(self.inputs) if self.inputs else {"every_steps": self.every}
+    def describe(self) -> IntervalInputs | FixedInterval:
+        """The interval in force, with its inputs once `auto` has measured them."""
+        return self.inputs or FixedInterval(self.every)
 
 
 def agree_max(value: int) -> int:

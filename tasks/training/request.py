@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -15,6 +15,7 @@ from tasks.jobspec import JobSpec
 from tasks.stragglers.request import StragglerReport
 from tasks.training.checkpoint import CheckpointRecord
 from tasks.training.guard import SpikeCounts, SpikeRecord
+from tasks.training.interval import FixedInterval, IntervalInputs
 
 
 class FailedCheckpoint(BaseModel):
@@ -38,7 +39,7 @@ class TrainerResult(BaseModel):
     snapshot_pin_s: float | None = None
     """Seconds until the snapshot buffers were page-locked (checkpoint/persist.py); None: not pinned (no CUDA, or
     pinning failed)."""
-    checkpoint_interval: dict[str, Any]
+    checkpoint_interval: IntervalInputs | FixedInterval = Field(union_mode="left_to_right")
     """`every_steps`, with the interval's inputs under `every_steps: auto` (interval.py's IntervalInputs)."""
     failed_checkpoints: list[FailedCheckpoint]
     spikes: list[SpikeRecord]

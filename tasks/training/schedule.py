@@ -13,13 +13,12 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 
 from tasks.jobspec import JobSpec
 from tasks.training import checkpoint as ck
-from tasks.training.interval import Cadence, agree_max
+from tasks.training.interval import Cadence, FixedInterval, IntervalInputs, agree_max
 from tasks.training.metrics import Meter, Progress
 from tasks.training.request import FailedCheckpoint
 from tasks.training.setup import Dist, agree
@@ -213,5 +212,5 @@ class ScheduleReport:
 
     checkpoints: list[ck.CheckpointRecord]
     snapshot_pin_s: float | None
-    checkpoint_interval: dict[str, Any]
+    checkpoint_interval: IntervalInputs | FixedInterval
     failed_checkpoints: list[FailedCheckpoint]
