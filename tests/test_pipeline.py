@@ -287,9 +287,25 @@ def controls(t: Trainer, sizes: list[int], lost: list[bool] | None = None, **kw:
 def test_the_watch_kills_a_trainer_that_writes_no_progress_for_hang_s():
     now = [0.0]
     t = Trainer(runs=20, clock=now)
-    c, said = controls(t, sizes=[10])
+    sizes = iter([10, 10, 20])  # the last attempt's records, then this one's first record, then nothing more
+    said: list[tuple[str, float]] = []
+    c = Controls(progress_size=lambda: next(sizes, 20), kill=lambda why: said.append((why, now[0])), stop=lambda: None,
+                 lease_lost=lambda: False)
     watch(t, c, "j", hang_s=9, clock=lambda: now[0], poll_s=2.0)
-    assert said and said[0] == "kill: no progress record for 9 s"
+    assert said and said[0] == ("no progress record for 9 s", 12.0)  # 9 s after its record at 2 s, polled every 2 s
+
+
+def test_the_watch_gives_a_starting_trainer_the_start_up_allowance_not_hang_s():
+    from tasks.pipeline.watch import STARTUP_S
+
+    now = [0.0]
+    t = Trainer(runs=int(STARTUP_S) // 2 + 20, clock=now)
+    c, said = controls(t, sizes=[10])  # no record of its own yet: still importing, building, reading a checkpoint
+    kills: list[float] = []
+    c.kill = lambda why: (said.append(why), kills.append(now[0]))
+    watch(t, c, "j", hang_s=9, clock=lambda: now[0], poll_s=2.0)
+    assert said[0] == f"no progress record for {STARTUP_S:.0f} s since it started"
+    assert STARTUP_S < kills[0] <= STARTUP_S + 2
 
 
 def test_the_watch_leaves_a_trainer_alone_while_its_progress_grows():

@@ -59,7 +59,7 @@ class SubmitRequest(BaseModel):
     """Automatic recoveries from training failures, each diagnosed from the log."""
     hang_s: float = Field(900.0, ge=5, le=86400)
     """Seconds without a progress record after which the trainer counts as hung (killed, treated as a node
-    fault)."""
+    fault); before its first record (start-up), this or 300 s, whichever is longer."""
     executor: str = Field("local", pattern=r"^(local|ray|ray://\S+)$")
     """local: training runs as processes on this worker's own GPUs; ray (the Ray cluster this worker joined, or
     $RAY_ADDRESS) or ray://HOST:PORT: the allocation's ranks run as Ray actors on its nodes."""

@@ -38,6 +38,10 @@ class Controls:
     """The in-flow evaluator's turn (evaluate what committed since the last poll)."""
 
 
+STARTUP_S = 300.0
+"""Before its first progress record a trainer is starting (imports, building the model, reading a checkpoint,
+which can take minutes on a loaded or slow node): it counts as hung only after max(hang_s, STARTUP_S)."""
+
 STOP_GRACE_S = 120.0
 """How long a trainer asked to stop is given to commit its step, when the watch itself is being ended."""
 
@@ -45,14 +49,16 @@ STOP_GRACE_S = 120.0
 def watch(handle: Handle, c: Controls, job: str, hang_s: float, clock: Callable[[], float] = time.monotonic,
           poll_s: float = 2.0) -> None:
     """Watch `handle` until the trainer is done. Raises LeaseLost (after the trainer stopped) when the lease is."""
-    last_size, last_change = -1, clock()
+    first_size, last_change = c.progress_size(), clock()  # a resume appends to the last attempt's records
+    last_size, started = first_size, False
     try:
         while not handle.done():
             size = c.progress_size()
+            limit = hang_s if started else max(hang_s, STARTUP_S)
             if size != last_size:
-                last_size, last_change = size, clock()
-            elif clock() - last_change > hang_s:
-                c.kill(f"no progress record for {hang_s:.0f} s")
+                last_size, last_change, started = size, clock(), True
+            elif clock() - last_change > limit:
+                c.kill(f"no progress record for {limit:.0f} s" + ("" if started else " since it started"))
                 last_change = clock()
             if c.lease_lost():
                 c.stop()
