@@ -21,7 +21,9 @@ class HFError(FrenzyError, ValueError):
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    p = Path(folder).expanduser()
+    from tasks.paths import expand_vars  # `$HOME/models/x` as tasks/paths.py expands every path field
+
+    p = Path(expand_vars(str(folder), "model.hf")).expanduser()
     try:
         kind = path_kind(p / "config.json", "model config")
     except UserFileError as err:
