@@ -354,3 +354,35 @@ def test_evaluate_pending_on_a_named_root_uses_its_recorded_run_suite_and_histor
     # what the request names wins; a root no run records takes the request's (core, evals under the base)
     got = targets(PendingRequest(roots=[ckpt, str(tmp_path / "other")], ledger=ledger, suite="core"), tmp_path)
     assert [(t.suite, t.history_dir) for t in got] == [("core", hist), ("core", str(tmp_path / "evals"))]
+
+
+def test_a_step_retention_removed_is_named_as_retention_and_is_not_a_failure_of_the_run(tmp_path):
+    """Red team 41e S14: an evaluation of a step that keep=3 had removed failed with `no manifest.json` and counted
+    as a failure of the run. Now it names retention and the setting, and nothing counts it as a failure."""
+    from tasks.evaluation.engine import resolve_manifest
+    from tasks.pipeline.evaluations import InFlowEvaluator, retired_steps
+
+    root = f"file://{tmp_path}/ckpt"
+    tu.run(tu.tiny_job(root, steps=30, every=10), tmp_path / "r")  # keep 3: steps 10, 20, 30
+    st = Storage(root)
+    said: list[str] = []
+
+    def evaluate(uri: str):  # retention runs (the trainer's next commit) while the evaluator works through the list
+        ck.apply_retention(st, 1)
+        raise ck.CheckpointError(f"{uri}: the evaluation failed" if uri.endswith("30") else f"{uri}: no manifest.json")
+
+    ev = InFlowEvaluator(root, str(tmp_path / "evals"), "t", "small", evaluate, said.append)
+    ev.catch_up()
+    assert sorted(ev.retired) == [10, 20] and [f.step for f in ev.failures()] == [30], said  # 30 failed for real
+    assert "removed by retention" in said[0] and "not a failure" in said[0], said
+    assert [m.step for m in ck.committed(st)] == [30]
+    with pytest.raises(ck.RetiredCheckpoint) as err:
+        resolve_manifest(f"{root}/step_00000010")
+    msg = str(err.value)
+    assert "removed by retention, by design" in msg and "training.checkpoint.keep = 3" in msg and "[30]" in msg, msg
+    with pytest.raises(ck.CheckpointError) as err:  # a step newer than every commit is not retention's
+        resolve_manifest(f"{root}/step_00000040")
+    assert "removed by retention" not in str(err.value) and "no manifest.json" in str(err.value)
+    # submit's wait: the removed, unscored steps are left out with why; a scored or kept one stays
+    gone = retired_steps(root, [10, 20, 30], {20})
+    assert sorted(gone) == [10] and "removed by retention" in gone[10]
