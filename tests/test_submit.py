@@ -250,6 +250,41 @@ def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_serve
     assert Ledger(str(tmp_path / "l.db")).allocations() == []
 
 
+_NOTEBOOK = """
+import json, sys
+from flows.submit import SubmitInterrupted, SubmitRequest, submit
+from tasks.jobspec import load_job
+request = SubmitRequest(job=load_job("job.yaml"), ledger=sys.argv[1], evaluation="off", device="cpu", run_dir="run")
+try:
+    submit(request)
+except KeyboardInterrupt as err:  # what a notebook cell shows: the exception's type and its message
+    print(json.dumps({"type": type(err).__name__, "says": str(err), "step": getattr(err, "stopped", None) and
+                      err.stopped.step}), flush=True)
+"""
+
+
+def test_a_submit_interrupted_in_python_says_where_it_stopped_as_the_cli_does(prefect_server, tmp_path):
+    """Red team 41e S14: a notebook's interrupted `submit(...)` raised a bare KeyboardInterrupt; only the CLI said
+    "stopped at step N, committed under URI". Now the flow itself raises the same record."""
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="nbint", steps=100000, every=50)))
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""}
+    proc = subprocess.Popen([sys.executable, "-c", _NOTEBOOK, str(tmp_path / "l.db")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "cli.err", "ab"), text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    os.kill(proc.pid, signal.SIGINT)  # the kernel's interrupt: a KeyboardInterrupt in the cell
+    out, _ = proc.communicate(timeout=120)
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"type": "SubmitInterrupted", "step": newest,
+                   "says": f"submit: stopped at step {newest}, committed under file://{tmp_path}/ckpt; call submit again "
+                           "with the same request to resume"}, (got, (tmp_path / "cli.err").read_text()[-2000:])
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+
+
 @pytest.mark.slow  # a whole submit killed and rerun (about 30 s)
 def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, tmp_path):
     Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
