@@ -410,9 +410,9 @@ class FlowStages:
         earlier = {s for s in committed_steps(root) if s <= res.final_step} - mine  # a resumed run's earlier steps
         read = lambda: scored(r.history_dir, run.job, run.suite)  # noqa: E731
         gone = retired_steps(root, sorted(mine | earlier), read())
-        for why in gone.values():  # not waited for, never started, not a failure
-            self.log.info("%s: not evaluated (not a failure of the run)", why)
-        steps = sorted((mine | earlier) - set(gone))
+        for g in gone:  # not waited for, never started, not a failure
+            self.log.info("%s: not evaluated (not a failure of the run)", g.why)
+        steps = sorted((mine | earlier) - {g.step for g in gone})
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
         triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier))
 

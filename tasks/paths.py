@@ -16,11 +16,10 @@ fills), naming the field and the limit, before anything is planned or placed."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-from tasks.errors import FrenzyError
 from tasks.jobspec import JobSpec
+from tasks.pathvars import PathError, expand_vars
 
 
 def data_root() -> Path:
@@ -32,33 +31,10 @@ def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
-class PathError(FrenzyError, ValueError):
-    """A path in a request that may not be used as given."""
-
-
-_VAR = re.compile(r"\$(?:\{([^}]*)\}?|([A-Za-z_][A-Za-z0-9_]*))")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FILLED = ("training.checkpoint.uri", "run_dir", "history_dir", "out_dir")
 """Fields naming a directory Frenzy writes files into: they keep ROOM bytes of the path limit for those files."""
 ROOM = 200
 """Bytes a directory Frenzy fills keeps for its own names (`step_00000010/model-rank00000.safetensors.tmp-...`)."""
-
-
-def expand_vars(path: str, field: str) -> str:
-    """`path` with `$NAME` and `${NAME}` replaced by their values in this process's environment; an unset variable or
-    a shell expression is refused naming `field` (module docstring). A `$` not before a name stays as it is."""
-    def value(m: re.Match) -> str:
-        name = m.group(2) if m.group(2) is not None else m.group(1)
-        if m.group(2) is None and (not m.group(0).endswith("}") or not _NAME.fullmatch(name)):
-            raise PathError(f"{field} {path!r}: {m.group(0)!r} is a shell expression, which Frenzy does not evaluate "
-                            "(it expands only $NAME and ${NAME}): write the path out, or set a variable and use ${NAME}")
-        if name not in os.environ:
-            raise PathError(f"{field} {path!r}: the environment variable ${name} is not set where the job is "
-                            f"resolved (a path is never made with a literal ${name} in it): set {name}, or write "
-                            "the path out (~ is your home)")
-        return os.environ[name]
-
-    return _VAR.sub(value, path) if "$" in path else path
 
 
 def _short(text: str) -> str:

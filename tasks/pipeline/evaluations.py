@@ -78,13 +78,20 @@ Verdict = Literal["failed", "crashed"]
 way, so it is not retried) or crashed (its process or worker died: worth one more run)."""
 
 
-def retired_steps(root: str, steps: list[int], scored: set[int] | dict) -> dict[int, str]:
-    """The steps of `steps` with no score that retention removed (by design: `ck.retired`), each with why. They are
-    not waited for, not evaluated, and not a failure of the run (red team 41e S14)."""
+class Retired(BaseModel):
+    """A step retention removed before it was scored, and why (`ck.retired`)."""
+
+    step: int
+    why: str
+
+
+def retired_steps(root: str, steps: list[int], scored: set[int] | dict) -> list[Retired]:
+    """The steps of `steps` with no score that retention removed (by design). They are not waited for, not
+    evaluated, and not a failure of the run (red team 41e S14)."""
     if not root:
-        return {}
+        return []
     storage = Storage(root)
-    return {s: why for s in steps if s not in scored and (why := ck.retired(storage, s))}
+    return [Retired(step=s, why=why) for s in steps if s not in scored and (why := ck.retired(storage, s))]
 
 
 def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,
