@@ -84,7 +84,8 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
             if why := missing(t):
                 logger.warning(why)
                 continue
-            uris, unreadable = history.survey_pending(t.root, t.history_dir, load_suite(t.suite).name)
+            suite = load_suite(t.suite).name
+            uris, unreadable = history.survey_pending(t.root, t.history_dir, suite)
         except Exception as err:  # noqa: BLE001 - one root that cannot be read does not stop the others
             failed.append((t.root, f"{type(err).__name__}: {err}"))
             logger.error("cannot cover %s: %s", t.root, err)
@@ -94,17 +95,17 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
             logger.error("cannot evaluate a checkpoint under %s: %s", t.root, why)
         logger.info("%d checkpoint(s) to evaluate under %s on %s", len(uris), t.root, t.suite)
         for uri in uris:
-            _evaluate_claimed(request, t, uri, out, failed, skipped)
+            _evaluate_claimed(request, t, suite, uri, (out, failed, skipped))
     _publish_pending(out, failed, skipped)
     return out
 
 
-def _evaluate_claimed(request: PendingRequest, t: Target, uri: str, out: list[EvalSummary],
-                      failed: list[tuple[str, str]], skipped: list[tuple[str, str]]) -> None:
+def _evaluate_claimed(request: PendingRequest, t: Target, suite: str, uri: str,
+                      into: tuple[list[EvalSummary], list[tuple[str, str]], list[tuple[str, str]]]) -> None:
     """Evaluate `uri` under a claim (tasks/evaluation/claim.py): a step another run is evaluating, or scored since
     this run listed it, is skipped and said so; the claim goes when the evaluation ends, failed or not."""
     logger = get_run_logger()
-    suite = load_suite(t.suite).name
+    out, failed, skipped = into
     by = f"evaluate-pending run {flow_run.get_name() or flow_run.get_id()}"
     with claimed(t.history_dir, uri, suite, by) as holder:
         if holder is not None:
