@@ -123,6 +123,14 @@ def test_environment_variables_and_tilde_are_expanded_in_every_path_field(tmp_pa
     tr = TrainRequest(job=_every_path_field(spelling).job, run_dir=f"{spelling}/run",
                       history_dir=f"{spelling}/evals").resolved(tmp_path)
     assert tr.run_dir.startswith(want) and tr.history_dir.startswith(want) and tr.job.training.checkpoint.uri.startswith(want)
+    from cluster.request import SimulateRequest
+    from tasks.stragglers.request import StragglerRequest
+
+    sr = StragglerRequest(trace=f"{spelling}/t.parquet", meta=f"{spelling}/m.yaml", out_dir=f"{spelling}/o").resolved(tmp_path)
+    assert all(p.startswith(want) for p in (sr.trace, sr.meta, sr.out_dir))
+    sim = SimulateRequest(cluster=f"{spelling}/c.yaml", trace=f"{spelling}/jobs.csv").resolved(tmp_path)
+    assert sim.cluster.startswith(want) and sim.trace.startswith(want)
+    assert SimulateRequest().resolved(tmp_path).trace == "newworkload:30"  # a name, not a path
     (tmp_path / "from-env").mkdir(exist_ok=True)
     (tmp_path / "home").mkdir(exist_ok=True)
     t = targets(PendingRequest(roots=[f"{spelling}/ckpt"], history_dir=f"{spelling}/evals",
