@@ -362,7 +362,7 @@ def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_
     assert now[0] <= 4  # two polls, not the 30 minutes of eval_timeout_s
 
 
-def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_retention_named_only_when_it_struck(tmp_path):
+def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_one_retention_struck_is_named_not_failed(tmp_path):
     import torch
 
     from tasks.pipeline.evaluations import InFlowEvaluator
@@ -386,8 +386,8 @@ def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_retention_n
     ev.catch_up()
     ev.catch_up()  # a failed step is not tried again
     got = {f.step: f.cause for f in ev.failures()}
-    assert sorted(got) == [10, 20] and len(warned) == 2 and ev.summaries() == []
-    assert "retention" in got[10] and "training.checkpoint.keep" in got[10]
+    assert sorted(got) == [20] and len(warned) == 2 and ev.summaries() == []  # retention's step is no failure
+    assert "removed by retention" in ev.retired[10] and "training.checkpoint.keep" in ev.retired[10], ev.retired
     assert "retention" not in got[20] and got[20].startswith("cannot read")
 
 
