@@ -11,8 +11,7 @@ import logging
 import os
 
 from tasks.errors import FrenzyError
-from tasks.training import checkpoint as ck
-from tasks.training.storage import Storage
+from tasks.pipeline.stopped import Stopped, SubmitInterrupted, stopped_at
 
 STARTUP_VAR = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 
@@ -52,15 +51,10 @@ def one_line_console() -> None:
                 h.setFormatter(OneLineFormatter(h.formatter or logging.Formatter()))
 
 
-def interrupted_message(command: str, checkpoint_uri: str) -> str:
-    """The one line Ctrl-C ends `command` with: where training stopped and how to go on."""
-    try:
-        newest = ck.committed(Storage(checkpoint_uri))
-    except Exception:  # noqa: BLE001 - the line must be printed whatever the storage says
-        newest = []
-    where = f"stopped at step {newest[0].step}, committed under {checkpoint_uri}" if newest else \
-        "stopped before the first checkpoint was committed"
-    return f"frenzy {command}: {where}; rerun the same command to resume"
+def interrupted_message(command: str, checkpoint_uri: str, stopped: Stopped | None = None) -> str:
+    """The one line Ctrl-C ends `command` with: where training stopped and how to go on (the record a Python caller
+    gets in `SubmitInterrupted`, tasks/pipeline/stopped.py)."""
+    return (stopped or stopped_at(checkpoint_uri)).line(f"frenzy {command}")
 
 
 def embedded_server_outlives_ctrl_c() -> None:
@@ -125,7 +119,8 @@ def run_submit(command: str, request: object) -> object | None:
             "PREFECT_API_URL=http://127.0.0.1:4200/api") from None
     except (KeyboardInterrupt, TerminationSignal) as err:  # Ctrl-C; SIGTERM (`kill`, a Prefect cancellation)
         logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
-        print(interrupted_message(command, request.job.training.checkpoint.uri), file=sys.stderr)
+        stopped = err.stopped if isinstance(err, SubmitInterrupted) else None
+        print(interrupted_message(command, request.job.training.checkpoint.uri, stopped), file=sys.stderr)
         if isinstance(err, TerminationSignal):
             raise SystemExit(128 + err.signal) from None  # 143: what a shell reports for a SIGTERMed command
         return None

@@ -141,6 +141,27 @@ events_t = Table(
 )
 
 
+def _disk_full(err: Exception, path: Path | None) -> str | None:
+    """What to say when `err` (a database error) means the disk is full, else None: SQLite's SQLITE_FULL ("database or
+    disk is full"), an ENOSPC from the database server ("No space left on device"), or SQLite's bare "disk I/O
+    error" (SQLITE_IOERR_*: its shared-memory file could not grow) on a file system with almost no space left."""
+    orig = getattr(err, "orig", err)
+    code = str(getattr(orig, "sqlite_errorname", "") or "")
+    text = str(orig)
+    where = f"the disk holding {path.parent}" if path is not None else "the database server's disk"
+    if code == "SQLITE_FULL" or "database or disk is full" in text or "No space left on device" in text:
+        return f"{where} is full ({code or 'ENOSPC'})"
+    if path is not None and (code.startswith("SQLITE_IOERR") or "disk I/O error" in text):
+        try:
+            st = os.statvfs(path.parent)
+        except OSError:
+            return None
+        free = st.f_bavail * st.f_frsize
+        if free < 1 << 20:
+            return f"{where} is full ({free:,} bytes free; SQLite said {code or 'disk I/O error'})"
+    return None
+
+
 class LedgerError(FrenzyError, ValueError):
     """A ledger operation that cannot proceed (unknown node, unreachable database, ...); the message names the fix."""
 
@@ -375,6 +396,9 @@ class Ledger:
         """A LedgerError for a database error, naming a read-only file system or a permission where that is why."""
         p = self._sqlite_path()
         why = f"{err.__class__.__name__}: {str(err).splitlines()[0]}"
+        if full := _disk_full(err, p):
+            return LedgerError(f"cannot {doing} the ledger at {self.url}: {full}; free space there, or give a ledger "
+                               "on another disk (--ledger or FRENZY_LEDGER)")
         if p is not None:
             d = p.parent
             if d.exists() and os.statvfs(d).f_flag & os.ST_RDONLY:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,3 +37,15 @@ class SimulateRequest(BaseModel):
     """GPU type the trace durations refer to."""
     elastic: Literal["trace", "all", "none"] = "trace"
     """Whether jobs may change their GPU count: as each trace job says, all, or none."""
+
+    def resolved(self, base: Path) -> SimulateRequest:
+        """This request with a cluster YAML or trace file made absolute against `base`, `~` and `$NAME` expanded
+        (tasks/paths.py); a preset or a synthetic trace (`newworkload:30`) is a name, left as it is."""
+        from tasks.paths import absolute, path_like
+
+        changes = {}
+        if path_like(self.cluster):
+            changes["cluster"] = absolute(self.cluster, base, "cluster")
+        if path_like(self.trace, (".csv", ".gz", ".parquet")) or "$" in self.trace:
+            changes["trace"] = absolute(self.trace, base, "trace")
+        return self.model_copy(update=changes)

@@ -5,13 +5,17 @@ artifact and a plot; the work itself is `tasks.evaluation.runner.evaluate`.
 
 from __future__ import annotations
 
+import time
+
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.runtime import flow_run
 
 from flows.naming import run_name, submission_base
 from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
-from tasks.evaluation.pending import missing, targets
+from tasks.evaluation.claim import claimed
+from tasks.evaluation.pending import Target, missing, targets
 from tasks.evaluation.record import EvalSummary, evaluate_and_record
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.suite import load_suite
@@ -74,12 +78,14 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
         logger.warning("no checkpoint roots: the ledger knows no submitted job yet and none were named")
     out: list[EvalSummary] = []
     failed: list[tuple[str, str]] = []
+    skipped: list[tuple[str, str]] = []
     for t in todo:
         try:
             if why := missing(t):
                 logger.warning(why)
                 continue
-            uris, unreadable = history.survey_pending(t.root, t.history_dir, load_suite(t.suite).name)
+            suite = load_suite(t.suite).name
+            uris, unreadable = history.survey_pending(t.root, t.history_dir, suite)
         except Exception as err:  # noqa: BLE001 - one root that cannot be read does not stop the others
             failed.append((t.root, f"{type(err).__name__}: {err}"))
             logger.error("cannot cover %s: %s", t.root, err)
@@ -89,6 +95,25 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
             logger.error("cannot evaluate a checkpoint under %s: %s", t.root, why)
         logger.info("%d checkpoint(s) to evaluate under %s on %s", len(uris), t.root, t.suite)
         for uri in uris:
+            _evaluate_claimed(request, t, suite, uri, (out, failed, skipped))
+    _publish_pending(out, failed, skipped)
+    return out
+
+
+def _evaluate_claimed(request: PendingRequest, t: Target, suite: str, uri: str,
+                      into: tuple[list[EvalSummary], list[tuple[str, str]], list[tuple[str, str]]]) -> None:
+    """Evaluate `uri` under a claim (tasks/evaluation/claim.py): a step another run is evaluating, or scored since
+    this run listed it, is skipped and said so; the claim goes when the evaluation ends, failed or not."""
+    logger = get_run_logger()
+    out, failed, skipped = into
+    by = f"evaluate-pending run {flow_run.get_name() or flow_run.get_id()}"
+    with claimed(t.history_dir, uri, suite, by) as holder:
+        if holder is not None:
+            why = f"being evaluated by {holder.describe(time.time())}"
+        elif uri not in history.pending(t.root, t.history_dir, suite):
+            why = "scored meanwhile by another run"
+        else:
+            why = ""
             state = evaluate_checkpoint(EvaluateRequest(uri=uri, suite=t.suite, schedule=request.schedule,
                                                         gpus_per_node=request.gpus_per_node,
                                                         history_dir=t.history_dir, reevaluate=False),
@@ -98,13 +123,15 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
             else:
                 failed.append((uri, state.message or state.name))
                 logger.error("evaluation of %s failed: %s", uri, state.message)
-    _publish_pending(out, failed)
-    return out
+    if why:
+        skipped.append((uri, why))
+        logger.info("%s: skipped, %s", uri, why)
 
 
-def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]]) -> None:
-    lines = [f"# evaluate-pending: {len(done)} evaluated, {len(failed)} failed", ""]
-    if failed:
-        lines += ["| checkpoint or root | why |", "|---|---|"] + [f"| `{u}` | {why.replace('|', '/')[:300]} |"
-                                                                  for u, why in failed]
+def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]]) -> None:
+    lines = [f"# evaluate-pending: {len(done)} evaluated, {len(failed)} failed, {len(skipped)} skipped", ""]
+    for title, rows in (("failed", failed), ("skipped", skipped)):
+        if rows:
+            lines += [f"| {title}: checkpoint or root | why |", "|---|---|"] + [
+                f"| `{u}` | {why.replace('|', '/')[:300]} |" for u, why in rows] + [""]
     create_markdown_artifact("\n".join(lines), key="evaluate-pending", description="the last pending evaluation pass")

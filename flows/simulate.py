@@ -11,12 +11,13 @@ from cluster.compare import compare_policies
 from cluster.report import markdown_table, summary_rows
 from cluster.request import SimulateRequest
 from cluster.simulator import SimConfig
-from flows.naming import run_name
+from flows.naming import run_name, submission_base
 
 
 @flow(name="simulate", flow_run_name=run_name("simulate-{request.cluster}"), log_prints=True)
 def simulate_flow(request: SimulateRequest) -> dict[str, Any]:
     """Trace-driven comparison of placement policies; returns the same document as `frenzy simulate --json`."""
+    request = request.resolved(submission_base())  # a form's paths: the data root's, never the worker's directory
     cfg = SimConfig(reference_gpu=request.reference_gpu, queue_order=request.queue_order, rank_by=request.rank_by,
                     elastic=request.elastic)
     comp = compare_policies(request.cluster, request.trace, request.policies, cfg, fmt=request.format,

@@ -31,7 +31,15 @@ from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.request import EvaluateRequest
 from tasks.paths import place_key
 from tasks.pipeline import attempt as at
-from tasks.pipeline.evaluations import EvalFailure, InFlowEvaluator, Verdict, collect_scores, scored, step_uri
+from tasks.pipeline.evaluations import (
+    EvalFailure,
+    InFlowEvaluator,
+    Verdict,
+    collect_scores,
+    retired_steps,
+    scored,
+    step_uri,
+)
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
@@ -400,10 +408,13 @@ class FlowStages:
         r, res, root = self.request, run.result, run.request.job.training.checkpoint.uri or ""
         mine = {c.step for c in res.checkpoints if res.resumed_from_step is None or c.step > res.resumed_from_step}
         earlier = {s for s in committed_steps(root) if s <= res.final_step} - mine  # a resumed run's earlier steps
-        steps = sorted(mine | earlier)
+        read = lambda: scored(r.history_dir, run.job, run.suite)  # noqa: E731
+        gone = retired_steps(root, sorted(mine | earlier), read())
+        for g in gone:  # not waited for, never started, not a failure
+            self.log.info("%s: not evaluated (not a failure of the run)", g.why)
+        steps = sorted((mine | earlier) - {g.step for g in gone})
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
         triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier))
-        read = lambda: scored(r.history_dir, run.job, run.suite)  # noqa: E731
 
         def runs() -> dict[int, tuple[Verdict, str]]:
             ended = triggered.ended_without_score()

@@ -13,7 +13,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.naming import run_name
+from flows.naming import run_name, submission_base
 from tasks.artifactkey import run_key
 from tasks.outdir import atomic_file
 from tasks.stragglers.analyze import analyze
@@ -25,6 +25,7 @@ from tasks.stragglers.trace import load_trace
 @task(name="stragglers", task_run_name="stragglers-{request.trace}")
 def stragglers_task(request: StragglerRequest) -> StragglerReport:
     logger = get_run_logger()
+    request = request.resolved(submission_base())  # a form's paths: the data root's, never the worker's directory
     tr = load_trace(request.trace, request.meta)
     res, prep = analyze(tr, progress=logger.info)
     out = Path(request.out_dir) if request.out_dir else Path(tr.path).parent / "stragglers"

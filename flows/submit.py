@@ -9,14 +9,16 @@ The pipeline is a state machine (tasks/pipeline/): this flow resolves the reques
 the stages of flows/stages.py, each a Prefect task. `frenzy submit`, `frenzy demo`, the `submit` deployment and a
 notebook all call this flow. The GPUs are released on every exit path (success, failure, cancellation: the trainer
 commits its current step first); a crashed flow process gives them back when its lease runs out. A re-run resumes
-from the newest verified checkpoint.
+from the newest verified checkpoint. Interrupted from Python (a notebook), it raises `SubmitInterrupted`, whose
+message is the line the CLI prints: `submit: stopped at step N, committed under URI; ...`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import Flow, flow, get_run_logger
 
 from cluster.inventory import load_cluster
 from cluster.ledger import Ledger
@@ -29,10 +31,11 @@ from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
+from tasks.pipeline.stopped import SubmitInterrupted, stopped_at
 from tasks.pipeline.summary import already_finished, foreign_root, name_taken, submit_result, this_run
 from tasks.training.storage import Storage
 
-__all__ = ["PipelineError", "SubmitRequest", "SubmitResult", "submit"]
+__all__ = ["PipelineError", "SubmitInterrupted", "SubmitRequest", "SubmitResult", "submit"]
 
 
 def start(request: SubmitRequest) -> Run:
@@ -82,3 +85,30 @@ def submit(request: SubmitRequest) -> SubmitResult:
     for note in result.notes:
         get_run_logger().warning(note)
     return result
+
+
+class _SubmitFlow(Flow):
+    """The `submit` flow called from Python (a notebook): interrupted, it raises `SubmitInterrupted` with the record
+    the CLI prints its one line from (tasks/pipeline/stopped.py), instead of a bare KeyboardInterrupt."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except SubmitInterrupted:
+            raise
+        except KeyboardInterrupt:
+            request = args[0] if args else kwargs.get("request")
+            raise SubmitInterrupted(stopped_at(_checkpoint_root(request))) from None
+
+
+def _checkpoint_root(request: object) -> str:
+    """Where the interrupted run commits, resolved as the flow resolved it."""
+    if not isinstance(request, SubmitRequest):
+        return ""
+    try:
+        return request.resolved(submission_base()).job.training.checkpoint.uri or ""
+    except Exception:  # noqa: BLE001 - the record is given whatever the request says
+        return request.job.training.checkpoint.uri or ""
+
+
+submit.__class__ = _SubmitFlow  # the decorated `def submit` stays, for Prefect's deployments (they parse the file)

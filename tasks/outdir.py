@@ -3,13 +3,15 @@ and `frenzy export`, and the files of `frenzy tokenizer train`, `stragglers gene
 
 The content goes to a hidden temp directory beside the target and is renamed over it only when complete, so a
 SIGKILL leaves the target as it was (and a `.NAME.tmp-PID` directory the next run removes). An advisory lock
-(`.NAME.lock`, flock) beside the target makes a second writer fail at once instead of interleaving files. A target
+(`.NAME.lock`, flock) beside the target makes a second writer fail at once instead of interleaving files; the
+holder removes it when done, so no lock file is left. A target
 that already holds files is refused unless the caller passes `overwrite`; a checkpoint root, a `step_*` directory
 or anything inside one is never a target, whatever the flag: writing there corrupts training state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -69,19 +71,39 @@ def held(out: Path, what: str, wait: bool = False) -> Iterator[None]:
     writer waits for it (`wait`) or is refused at once, naming the first."""
     lock = out.parent / f".{out.name}.lock"
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = _lock_file(lock, out, what, wait)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise OutputError(f"another {what} is writing {out} right now ({holder}); wait for it to finish, or "
-                              "give another directory") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()})".encode(), 0)
         yield
     finally:
-        os.close(fd)  # closing drops the flock; the lock file stays (removing it would race a waiting writer)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)  # removed while still locked: no lock file is left behind ...
+        os.close(fd)  # ... and a writer waiting on this inode sees it is gone (`_lock_file`) and locks a new one
+
+
+def _lock_file(lock: Path, out: Path, what: str, wait: bool) -> int:
+    """An open descriptor of `lock`, flock-ed: the file at the path when the lock was taken (a previous holder may
+    have removed the one this process opened and waited on: then the new one is opened and locked)."""
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise OutputError(f"another {what} is writing {out} right now ({holder}); wait for it to finish, or "
+                              "give another directory") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            st, now = os.fstat(fd), os.stat(lock)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 @contextmanager

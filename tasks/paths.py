@@ -4,15 +4,22 @@ and a path in a request that arrives from a form, with no directory of its own, 
 ~/.frenzy/data), never to a worker's working directory. Remote URIs (s3://) and names (a preset, a built-in suite,
 `byte`) are left as they are. Resolving twice changes nothing. A relative path resolved against the data root may not
 leave it (`../x`): the root is shared by every user of a server, so such a path is refused naming its field (an
-absolute path is allowed: it says where it goes)."""
+absolute path is allowed: it says where it goes).
+
+Every path field goes through `absolute`, which also: expands `~` and environment variables (`$HOME/ck`, `${USER}`)
+as a shell would, in the environment of the process that resolves it (the submitter's for `frenzy submit` and a
+notebook, the worker's for a form); a variable that is not set, or a shell expression (`${X:-d}`), is refused naming
+the field, never left as a literal directory named `$HOME`; and refuses a local path longer than the file system
+allows (a name past NAME_MAX, the path past PATH_MAX, less room for the files Frenzy writes inside a directory it
+fills), naming the field and the limit, before anything is planned or placed."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from tasks.errors import FrenzyError
 from tasks.jobspec import JobSpec
+from tasks.pathvars import PathError, expand_vars
 
 
 def data_root() -> Path:
@@ -24,15 +31,59 @@ def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
-class PathError(FrenzyError, ValueError):
-    """A path in a request that may not be used as given."""
+FILLED = ("training.checkpoint.uri", "run_dir", "history_dir", "out_dir")
+"""Fields naming a directory Frenzy writes files into: they keep ROOM bytes of the path limit for those files."""
+ROOM = 200
+"""Bytes a directory Frenzy fills keeps for its own names (`step_00000010/model-rank00000.safetensors.tmp-...`)."""
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(os.fsencode(text)):,} bytes)"
+
+
+def _limits(text: str) -> tuple[int, int]:
+    """(NAME_MAX, PATH_MAX) of the file system that holds `text`, or would (its nearest existing directory)."""
+    p = Path(text)
+    while p != p.parent:
+        try:
+            if p.is_dir():
+                break
+        except OSError:  # ENAMETOOLONG itself, a loop: look further up
+            pass
+        p = p.parent
+    try:
+        return os.pathconf(p, "PC_NAME_MAX"), os.pathconf(p, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 255, 4096
+
+
+def check_length(text: str, field: str) -> None:
+    """Refuse a local path the file system cannot hold (module docstring), naming `field` and the limit once."""
+    name_max, path_max = _limits(text)
+    for part in Path(text).parts:
+        if len(os.fsencode(part)) > name_max:
+            raise PathError(f"{field}: a name in it is {len(os.fsencode(part)):,} bytes long ({_short(part)}), past the "
+                            f"file system's limit of {name_max} bytes per name: give a shorter name")
+    room = ROOM if field in FILLED else 0
+    if len(os.fsencode(text)) + room >= path_max:
+        kept = f" (less {room} for the files Frenzy writes inside)" if room else ""
+        raise PathError(f"{field} is too long for the file system: {_short(text)}, past the limit of {path_max} bytes "
+                        f"for a whole path{kept}: give a shorter path")
 
 
 def absolute(path: str, base: Path, field: str = "a path") -> str:
-    """`path` (a plain path or a file:// URI) made absolute against `base`; a remote URI unchanged. Relative to the
-    data root, it must stay inside it (module docstring): `field` names it in the refusal."""
+    """`path` (a plain path or a file:// URI) made absolute against `base`, `~` and environment variables expanded,
+    its length checked; a remote URI only expanded. Relative to the data root, it must stay inside it (module
+    docstring): `field` names it in the refusals."""
+    path = expand_vars(path, field)
     if is_remote(path):
         return path
+    text = _joined(path, base, field)
+    check_length(text.removeprefix("file://"), field)
+    return text
+
+
+def _joined(path: str, base: Path, field: str) -> str:
     is_uri = path.startswith("file://")
     p = Path(path.removeprefix("file://")).expanduser()
     relative = not p.is_absolute()
@@ -90,4 +141,5 @@ def place_key(uri: str, base: Path | None = None) -> str:
     alike: symbolic links are followed (a link to another user's root is that root)."""
     if is_remote(uri):
         return uri.rstrip("/")
-    return "file://" + os.path.realpath(absolute(uri.removeprefix("file://") or ".", base or Path.cwd()))
+    # no expansion here: a recorded root is compared as it was written
+    return "file://" + os.path.realpath(_joined(uri.removeprefix("file://") or ".", base or Path.cwd(), "a root"))

@@ -287,12 +287,45 @@ def _marks(node: Any, path: tuple, out: dict[tuple, Any], paths: dict[int, str])
             _marks(v, path + (i,), out, paths)
 
 
+_READER_FIX = "remove it (a YAML file is text; a control character is often a paste from a terminal or a binary file)"
+_GENERIC_FIX = "fix the YAML at that place (indent with spaces, write `key: value`, quote a value holding ': ' or ' #')"
+_YAML_FIXES: tuple[tuple[str, str], ...] = (  # (words of PyYAML's problem or context, what the user should do)
+    ("mapping values are not allowed", "a value holds ': ' (quote it: `key: \"a: b\"`) or a line lacks its "
+                                       "`key:` or is indented too far: write `key: value`, nested keys indented by spaces"),
+    ("expected <block end>", "this line is not indented like the keys beside it: indent the keys of one mapping by the "
+                             "same number of spaces (a list item `- x` and a `key:` cannot share a level)"),
+    ("quoted scalar", "a quote is not closed: close it on the same value"),
+    ("flow mapping", "a `{` is not closed or its entries lack a comma: write `{a: 1, b: 2}`"),
+    ("flow sequence", "a `[` is not closed or its items lack a comma: write `[1, 2]`"),
+    ("another document", "the file holds more than one document (a second `---`): give one document per file"),
+    ("constructor for the tag", "YAML tags (`!name`) are not taken: remove it, or quote the value if it is text"),
+    ("cannot start any token", "a value cannot begin with this character: quote the value (`key: \"@x\"`)"),
+    ("scanning an alias", "`*` begins a YAML alias: quote the value (`key: \"*\"`)"),
+    ("simple key", "a key is not closed by ':' on its line: write `key: value`"),
+)
+
+
+def yaml_problem(err: yaml.MarkedYAMLError, text: str) -> str:
+    """PyYAML's problem in its words, and what to do about it: a tab (YAML indents with spaces only), the common
+    mistakes of `_YAML_FIXES`, else the generic fix."""
+    problem = "; ".join(p for p in (err.context, err.problem) if p) or str(err)
+    mark = err.problem_mark or err.context_mark
+    line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+    if "'\\t'" in problem or "\t" in line[: len(line) - len(line.lstrip())]:
+        return (f"{problem}: a tab where YAML allows only spaces; indent with spaces (and separate `key:` from its "
+                "value with a space), not tabs")
+    fix = next((f for words, f in _YAML_FIXES if words in problem), _GENERIC_FIX)
+    return f"{problem}; {fix}"
+
+
 def yaml_text(text: str, source: str) -> YamlDoc:
     """Parse YAML text strictly (module docstring); errors name `source`, the line and the column."""
     try:
         loader = _StrictLoader(text)
     except yaml.YAMLError as err:  # the reader checks the characters at once (a control character)
-        raise UserFileError(f"{source}: not valid YAML: {err}") from None
+        at = getattr(err, "position", None)
+        where = f"{source}:{text.count(chr(10), 0, at) + 1}:{at - text.rfind(chr(10), 0, at)}" if at is not None else source
+        raise UserFileError(f"{where}: not valid YAML: {str(err).splitlines()[0]}; {_READER_FIX}") from None
     loader.source = source
     try:
         node = loader.get_single_node()
@@ -303,9 +336,9 @@ def yaml_text(text: str, source: str) -> YamlDoc:
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
-        raise UserFileError(f"{_where(source, mark)}: not valid YAML: {err.problem or err.context}") from None
+        raise UserFileError(f"{_where(source, mark)}: not valid YAML: {yaml_problem(err, text)}") from None
     except yaml.YAMLError as err:
-        raise UserFileError(f"{source}: not valid YAML: {err}") from None
+        raise UserFileError(f"{source}: not valid YAML: {err}; {_GENERIC_FIX}") from None
     except RecursionError:
         raise UserFileError(f"{source}: YAML nested too deeply to be a Frenzy file") from None
     finally:

@@ -195,7 +195,7 @@ def test_data_prepare_onto_a_full_disk_is_named_and_leaves_no_partial_output(tmp
                       f"ls -A {mnt}", tmp_path)
     assert "rc=2" in r.stdout, r.stderr
     assert "no space left on the device" in r.stderr and "Traceback" not in r.stderr
-    assert r.stdout.split("rc=2", 1)[1].split() == [".shards.lock"]  # no half-written output, only the lock file
+    assert r.stdout.split("rc=2", 1)[1].split() == []  # no half-written output, and no lock file left
     assert f"writing {mnt}/shards" in r.stderr
 
 
@@ -210,6 +210,24 @@ def test_a_ledger_on_a_read_only_file_system_is_named(tmp_path):
                       f"$PY -m cli.main cluster cordon ampere-0 --ledger {ledger}; echo rc=$?", tmp_path)
     assert "rc=2" in r.stdout, r.stderr
     assert "read-only" in r.stderr and "Traceback" not in r.stderr and "OperationalError" not in r.stderr
+
+
+def test_a_ledger_on_a_full_disk_is_named_as_a_full_disk_with_its_path_and_the_fix(tmp_path):
+    """Red team 41e S15b: "disk I/O error". A new ledger on a full tmpfs, and a ledger whose disk fills after it was
+    made: both name the full disk, the directory and what to do."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = _in_namespace(f"mount -t tmpfs -o size=1m tmpfs {mnt}\n"
+                      f"$PY -m cli.main cluster init --cluster phoebe --ledger {mnt}/kept.db; echo rc=$?\n"
+                      f"head -c 2M /dev/zero > {mnt}/fill 2>/dev/null\n"
+                      f"$PY -m cli.main cluster init --cluster phoebe --ledger {mnt}/new.db; echo rc=$?\n"
+                      f"$PY -m cli.main cluster cordon ampere-0 --ledger {mnt}/kept.db; echo rc=$?", tmp_path)
+    assert [w for w in r.stdout.split() if w.startswith("rc=")] == ["rc=0", "rc=2", "rc=2"], (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2, r.stderr
+    for line in lines:  # SQLite says SQLITE_FULL, or SQLITE_IOERR_SHMSIZE ("disk I/O error") when its -shm cannot grow
+        assert "the ledger at sqlite:///" in line and f"the disk holding {mnt} is full" in line, line
+        assert "free space there" in line and "disk I/O error" not in line and "Traceback" not in line, line
 
 
 def test_a_closed_stdout_is_named_before_any_work():

@@ -354,3 +354,119 @@ def test_evaluate_pending_on_a_named_root_uses_its_recorded_run_suite_and_histor
     # what the request names wins; a root no run records takes the request's (core, evals under the base)
     got = targets(PendingRequest(roots=[ckpt, str(tmp_path / "other")], ledger=ledger, suite="core"), tmp_path)
     assert [(t.suite, t.history_dir) for t in got] == [("core", hist), ("core", str(tmp_path / "evals"))]
+
+
+def test_a_step_retention_removed_is_named_as_retention_and_is_not_a_failure_of_the_run(tmp_path):
+    """Red team 41e S14: an evaluation of a step that keep=3 had removed failed with `no manifest.json` and counted
+    as a failure of the run. Now it names retention and the setting, and nothing counts it as a failure."""
+    from tasks.evaluation.engine import resolve_manifest
+    from tasks.pipeline.evaluations import InFlowEvaluator, retired_steps
+
+    root = f"file://{tmp_path}/ckpt"
+    tu.run(tu.tiny_job(root, steps=30, every=10), tmp_path / "r")  # keep 3: steps 10, 20, 30
+    st = Storage(root)
+    said: list[str] = []
+
+    def evaluate(uri: str):  # retention runs (the trainer's next commit) while the evaluator works through the list
+        ck.apply_retention(st, 1)
+        raise ck.CheckpointError(f"{uri}: the evaluation failed" if uri.endswith("30") else f"{uri}: no manifest.json")
+
+    ev = InFlowEvaluator(root, str(tmp_path / "evals"), "t", "small", evaluate, said.append)
+    ev.catch_up()
+    assert sorted(ev.retired) == [10, 20] and [f.step for f in ev.failures()] == [30], said  # 30 failed for real
+    assert "removed by retention" in said[0] and "not a failure" in said[0], said
+    assert [m.step for m in ck.committed(st)] == [30]
+    with pytest.raises(ck.RetiredCheckpoint) as err:
+        resolve_manifest(f"{root}/step_00000010")
+    msg = str(err.value)
+    assert "removed by retention, by design" in msg and "training.checkpoint.keep = 3" in msg and "[30]" in msg, msg
+    with pytest.raises(ck.CheckpointError) as err:  # a step newer than every commit is not retention's
+        resolve_manifest(f"{root}/step_00000040")
+    assert "removed by retention" not in str(err.value) and "no manifest.json" in str(err.value)
+    # submit's wait: the removed, unscored steps are left out with why; a scored or kept one stays
+    gone = retired_steps(root, [10, 20, 30], {20})
+    assert [g.step for g in gone] == [10] and "removed by retention" in gone[0].why
+
+
+_HOLDER = """
+import sys
+from tasks.evaluation.claim import claimed
+with claimed(sys.argv[1], sys.argv[2], "small", "holder test") as h:
+    print("held" if h is None else "not held", flush=True)
+    sys.stdin.readline()
+print("released", flush=True)
+"""
+
+
+def _holder(hist: str, uri: str):
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, hist, uri], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.stdout.readline().strip() == "held"  # the claim is made: an event, not a wait
+    return p
+
+
+def test_a_step_claimed_by_a_live_run_is_skipped_and_a_dead_or_stale_claim_is_taken_over(tmp_path):
+    import os
+    import signal
+
+    from tasks.evaluation.claim import Claim, claim_path, claimed
+
+    hist, uri = str(tmp_path / "evals"), "file:///data/ck/step_00000010"
+    p = _holder(hist, uri)
+    with claimed(hist, uri, "small", "second") as holder:  # a live process on this host holds it
+        assert holder is not None and holder.pid == p.pid and "holder test" in holder.describe(holder.since)
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "released" and p.wait(60) == 0
+    assert not (tmp_path / "evals" / ".claims").exists()  # released: no claim, no directory left
+    p = _holder(hist, uri)
+    os.kill(p.pid, signal.SIGKILL)  # the holder dies mid-evaluation: its claim is taken over at once
+    p.wait(60)
+    assert claim_path(hist, uri, "small").exists()
+    with claimed(hist, uri, "small", "second") as holder:
+        assert holder is None and Claim.model_validate_json(claim_path(hist, uri, "small").read_text()).pid == os.getpid()
+    # a holder on another host cannot be checked: its claim is taken over once older than the (injected) timeout
+    path = claim_path(hist, uri, "small")
+    path.parent.mkdir(parents=True)
+    path.write_text(Claim(pid=1, host="elsewhere", since=1000.0, by="far").model_dump_json())
+    with claimed(hist, uri, "small", "second", stale_s=60, now=lambda: 1030.0) as holder:
+        assert holder is not None and holder.host == "elsewhere"
+    with claimed(hist, uri, "small", "second", stale_s=60, now=lambda: 1061.0) as holder:
+        assert holder is None
+    with pytest.raises(RuntimeError), claimed(hist, uri, "small", "second") as holder:  # released on failure
+        assert holder is None
+        raise RuntimeError("the evaluation failed")
+    assert not path.exists() and not path.parent.exists()
+
+
+def test_evaluate_pending_skips_a_step_another_run_is_evaluating_and_leaves_no_lock_files(ckpt, tmp_path,
+                                                                                        prefect_server):
+    """Red team 41e S12: two evaluate-pending runs at once evaluated every step twice and left
+    `.history-small.png.lock` in the history directory."""
+    from prefect.artifacts import Artifact
+
+    from flows.evaluate import PendingRequest, evaluate_pending
+
+    suite_file = tmp_path / "small.yaml"
+    suite_file.write_text(json.dumps(small_suite().model_dump()))
+    hist = str(tmp_path / "evals")
+    req = PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=hist, ledger=str(tmp_path / "ledger.db"))
+    p = _holder(hist, f"{ckpt}/step_00000010")  # the other run is evaluating step 10 right now
+    try:
+        done = evaluate_pending(req)
+    finally:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        p.wait(60)
+    assert [d.step for d in done] == [20]
+    report = str(Artifact.get("evaluate-pending").data)
+    assert "1 evaluated, 0 failed, 1 skipped" in report and f"pid {p.pid}" in report and "step_00000010" in report
+    done = evaluate_pending(req)  # the holder is gone: the next pass evaluates it
+    assert [d.step for d in done] == [10]
+    assert len(history.history_file(hist, done[0].run).read_text().splitlines()) == 2  # one line per step
+    left = sorted(str(f.relative_to(hist)) for f in Path(hist).rglob("*") if f.name.startswith("."))
+    assert left == [], left  # no `.history-small.png.lock`, no `.claims`

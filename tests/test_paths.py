@@ -86,3 +86,93 @@ def test_a_root_named_through_a_symbolic_link_is_the_run_at_its_target(tmp_path)
             RunRecord(job="tilde", stage="reported", checkpoint_root=real, run_dir="r", history_dir="h")]
     assert this_run(runs, linked) is runs[1]
     assert this_run(runs, str(tmp_path / "elsewhere")) is None and this_run(runs, None) is runs[0]
+
+
+def _every_path_field(value: str) -> SubmitRequest:
+    """A submit request whose every path field (the job's and the request's) is `value` with a suffix."""
+    job = _job(f"{value}/ckpt", data=f"{value}/corpus.txt")
+    job["training"]["data"]["tokenizer"] = f"{value}/tok.json"
+    job["evaluation"] = {"suite": f"{value}/suite.yaml"}
+    return SubmitRequest(job=parse_job(job), cluster=f"{value}/cluster.yaml", run_dir=f"{value}/run",
+                         history_dir=f"{value}/evals", ledger=f"{value}/ledger.db", suite=f"{value}/s.yaml")
+
+
+def _paths_of(req: SubmitRequest) -> list[str]:
+    j = req.job
+    return [j.training.data.path, j.training.data.tokenizer, j.training.checkpoint.uri, j.evaluation.suite,
+            req.cluster, req.run_dir, req.history_dir, req.ledger, req.suite]
+
+
+@pytest.mark.parametrize("spelling", ["$FRENZY_T_DIR", "${FRENZY_T_DIR}", "~/in-home"])
+def test_environment_variables_and_tilde_are_expanded_in_every_path_field(tmp_path, monkeypatch, spelling):
+    """Red team 41e S04: `uri: $HOME/ck-env` made a directory literally named `$HOME` beside the job file."""
+    monkeypatch.setenv("FRENZY_T_DIR", str(tmp_path / "from-env"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    want = str(tmp_path / "from-env") if spelling.startswith("$") else str(tmp_path / "home" / "in-home")
+    got = _paths_of(_every_path_field(spelling).resolved(tmp_path / "cwd", job_base=tmp_path / "jobdir"))
+    assert len(got) == 9 and all(p.removeprefix("file://").startswith(want + "/") for p in got), got
+    assert not any("$" in p for p in got)
+    # the forms' requests go through the same place
+    from tasks.evaluation.pending import targets
+    from tasks.evaluation.request import EvaluateRequest, PendingRequest
+    from tasks.training.request import TrainRequest
+
+    ev = EvaluateRequest(uri=f"{spelling}/ckpt/step_00000010", history_dir=f"{spelling}/evals",
+                         out_dir=f"{spelling}/out", suite=f"{spelling}/s.yaml").resolved(tmp_path)
+    assert all(p.removeprefix("file://").startswith(want) for p in (ev.uri, ev.history_dir, ev.out_dir, ev.suite))
+    tr = TrainRequest(job=_every_path_field(spelling).job, run_dir=f"{spelling}/run",
+                      history_dir=f"{spelling}/evals").resolved(tmp_path)
+    assert tr.run_dir.startswith(want) and tr.history_dir.startswith(want) and tr.job.training.checkpoint.uri.startswith(want)
+    from cluster.request import SimulateRequest
+    from tasks.stragglers.request import StragglerRequest
+
+    sr = StragglerRequest(trace=f"{spelling}/t.parquet", meta=f"{spelling}/m.yaml", out_dir=f"{spelling}/o").resolved(tmp_path)
+    assert all(p.startswith(want) for p in (sr.trace, sr.meta, sr.out_dir))
+    sim = SimulateRequest(cluster=f"{spelling}/c.yaml", trace=f"{spelling}/jobs.csv").resolved(tmp_path)
+    assert sim.cluster.startswith(want) and sim.trace.startswith(want)
+    assert SimulateRequest().resolved(tmp_path).trace == "newworkload:30"  # a name, not a path
+    (tmp_path / "from-env").mkdir(exist_ok=True)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    t = targets(PendingRequest(roots=[f"{spelling}/ckpt"], history_dir=f"{spelling}/evals",
+                               ledger=f"{spelling}/ledger.db"), tmp_path)
+    assert t[0].root.startswith(want) and t[0].history_dir.startswith(want)
+    assert Path(want, "ledger.db").exists()  # the ledger named through the variable, not `./$FRENZY_T_DIR/...`
+    assert not list(tmp_path.rglob("$*"))  # no directory named after a variable anywhere
+
+
+@pytest.mark.parametrize("spelling,words", [("$FRENZY_T_UNSET/ck", "$FRENZY_T_UNSET is not set"),
+                                            ("${FRENZY_T_UNSET}/ck", "$FRENZY_T_UNSET is not set"),
+                                            ("${FRENZY_T_DIR:-/tmp}/ck", "shell expression"),
+                                            ("${FRENZY_T_DIR/ck", "shell expression")])
+def test_a_variable_that_cannot_be_expanded_is_refused_naming_the_field(tmp_path, monkeypatch, spelling, words):
+    monkeypatch.setenv("FRENZY_T_DIR", str(tmp_path))
+    monkeypatch.delenv("FRENZY_T_UNSET", raising=False)
+    with pytest.raises(PathError) as err:
+        SubmitRequest(job=parse_job(_job(spelling)), cluster="local").resolved(tmp_path)
+    assert "training.checkpoint.uri" in str(err.value) and words in str(err.value), err.value
+    # a `$` that begins no name is a character like any other (as in a shell)
+    assert absolute("a$/b$1", tmp_path, "x") == f"{tmp_path}/a$/b$1"
+
+
+LONG_NAME = "n" * 300                      # past NAME_MAX (255 on every Linux file system)
+LONG_PATH = "/".join(["p" * 200] * 22)     # 4.4 KB: past PATH_MAX (4096)
+
+
+@pytest.mark.parametrize("bad,words", [(LONG_NAME, "bytes per name"), (LONG_PATH, "for a whole path")])
+def test_a_path_the_file_system_cannot_hold_is_refused_at_submit_once(tmp_path, capsys, monkeypatch, bad, words):
+    """Red team 41e S05: caught only after plan, place and the trainer's start, the 4.4 KB path printed twice."""
+    from cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("hello world\n" * 50)
+    job = tmp_path / "long.yaml"
+    job.write_text(f"name: long\nmodel: {{preset: gpt-tiny}}\ntraining:\n  steps: 4\n  seq_len: 64\n  global_batch: 4\n"
+                   f"  data: {{source: text, path: corpus.txt}}\n  checkpoint: {{every_steps: 2, uri: {bad}}}\n")
+    ledger = tmp_path / "ledger.db"
+    assert main(["cluster", "init", "--ledger", str(ledger)]) == 0
+    capsys.readouterr()
+    assert main(["submit", str(job), "--ledger", str(ledger), "--evaluation", "off", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 600, err  # one line, the path shortened, not 9 KB
+    assert "training.checkpoint.uri" in err and words in err and ("255" in err or "4096" in err), err
+    assert not (tmp_path / "runs").exists() and not any(p.name.startswith("p" * 200) for p in tmp_path.iterdir())

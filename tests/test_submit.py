@@ -250,6 +250,41 @@ def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_serve
     assert Ledger(str(tmp_path / "l.db")).allocations() == []
 
 
+_NOTEBOOK = """
+import json, sys
+from flows.submit import SubmitInterrupted, SubmitRequest, submit
+from tasks.jobspec import load_job
+request = SubmitRequest(job=load_job("job.yaml"), ledger=sys.argv[1], evaluation="off", device="cpu", run_dir="run")
+try:
+    submit(request)
+except KeyboardInterrupt as err:  # what a notebook cell shows: the exception's type and its message
+    print(json.dumps({"type": type(err).__name__, "says": str(err), "step": getattr(err, "stopped", None) and
+                      err.stopped.step}), flush=True)
+"""
+
+
+def test_a_submit_interrupted_in_python_says_where_it_stopped_as_the_cli_does(prefect_server, tmp_path):
+    """Red team 41e S14: a notebook's interrupted `submit(...)` raised a bare KeyboardInterrupt; only the CLI said
+    "stopped at step N, committed under URI". Now the flow itself raises the same record."""
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="nbint", steps=100000, every=50)))
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""}
+    proc = subprocess.Popen([sys.executable, "-c", _NOTEBOOK, str(tmp_path / "l.db")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "cli.err", "ab"), text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    os.kill(proc.pid, signal.SIGINT)  # the kernel's interrupt: a KeyboardInterrupt in the cell
+    out, _ = proc.communicate(timeout=120)
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"type": "SubmitInterrupted", "step": newest,
+                   "says": f"submit: stopped at step {newest}, committed under file://{tmp_path}/ckpt; call submit again "
+                           "with the same request to resume"}, (got, (tmp_path / "cli.err").read_text()[-2000:])
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+
+
 @pytest.mark.slow  # a whole submit killed and rerun (about 30 s)
 def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, tmp_path):
     Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
@@ -327,7 +362,7 @@ def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_
     assert now[0] <= 4  # two polls, not the 30 minutes of eval_timeout_s
 
 
-def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_retention_named_only_when_it_struck(tmp_path):
+def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_one_retention_struck_is_named_not_failed(tmp_path):
     import torch
 
     from tasks.pipeline.evaluations import InFlowEvaluator
@@ -351,8 +386,8 @@ def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_retention_n
     ev.catch_up()
     ev.catch_up()  # a failed step is not tried again
     got = {f.step: f.cause for f in ev.failures()}
-    assert sorted(got) == [10, 20] and len(warned) == 2 and ev.summaries() == []
-    assert "retention" in got[10] and "training.checkpoint.keep" in got[10]
+    assert sorted(got) == [20] and len(warned) == 2 and ev.summaries() == []  # retention's step is no failure
+    assert "removed by retention" in ev.retired[10] and "training.checkpoint.keep" in ev.retired[10], ev.retired
     assert "retention" not in got[20] and got[20].startswith("cannot read")
 
 

@@ -310,3 +310,52 @@ def test_a_small_file_under_a_large_limit_needs_no_large_buffer(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d.jsonl")], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "3100", r.stderr
+
+
+YAML_MISTAKES = [  # (job text, FILE:LINE:COL it is named at, words of the fix)
+    ("name: tabs\ntraining:\n\tseq_len: 64\n", ":3:1:", "indent with spaces"),
+    ("name: tabs\ntraining:\n  seq_len:\t64\n  steps: 4\n", ":3:", "indent with spaces"),
+    ("name: a: b\n", ":1:8:", "quote it"),
+    ("name: x\ntraining:\n  seq_len: 64\n steps: 4\n", ":4:2:", "same number of spaces"),
+    ("name: 'x\n", ":2:1:", "quote is not closed"),
+    ("name: x\ntraining: {seq_len: 64\n", ":3:1:", "write `{a: 1, b: 2}`"),
+    ("name: x\n---\nname: y\n", ":2:1:", "one document per file"),
+    ("name: !secret x\n", ":1:7:", "tags"),
+    ("name: @x\n", ":1:7:", "quote the value"),
+    ("name: x\x07\n", ":1:8:", "remove it"),
+]
+
+
+@pytest.mark.parametrize("text,where,fix", YAML_MISTAKES)
+def test_a_yaml_mistake_in_a_job_file_is_named_with_its_place_and_its_fix(tmp_path, text, where, fix):
+    from tasks.jobspec import JobSpecError, load_job
+
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    with pytest.raises(JobSpecError) as err:
+        load_job(job)
+    msg = str(err.value)
+    assert msg.startswith(f"{job}{where}") and "not valid YAML" in msg and fix in msg, msg
+
+
+@SETTINGS
+@given(st.text(alphabet=string.printable + "\t\x07", max_size=60))
+def test_every_yaml_parse_error_says_what_to_do(text):
+    """Whatever PyYAML stops on, the message goes on past its own words to a fix (`; ` then what to do)."""
+    try:
+        yaml_text(text, "fuzz.yaml")
+    except UserFileError as err:
+        msg = str(err)
+        if "not valid YAML" in msg:
+            assert any(w in msg for w in ("indent with spaces", "; a ", "; this line", "; the file", "; YAML tags",
+                                          "; `*`", "; remove it", "; fix the YAML", "; a quote")), msg
+
+
+def test_tabs_in_a_job_file_are_refused_by_the_cli_with_the_fix(tmp_path, capsys):
+    from cli.main import main
+
+    job = tmp_path / "tabs.yaml"
+    job.write_text("name: tabs\nmodel: {preset: gpt-tiny}\ntraining:\n\tseq_len: 64\n\tsteps: 4\n")
+    assert main(["plan", str(job), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert f"{job}:4:1:" in err and "indent with spaces" in err and err.count("\n") == 1, err

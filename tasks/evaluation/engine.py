@@ -105,6 +105,8 @@ def resolve_manifest(uri: str) -> tuple[Storage, ck.Manifest]:
             raise ck.CheckpointError(f"{root} has no committed checkpoint; train first or give a step_NNNNNNNN URI")
         return storage, found[0]
     m = ck.read_manifest(storage, step)
+    if m is None and (why := ck.retired(storage, step)):
+        raise ck.RetiredCheckpoint(why)
     if m is None:
         raise ck.CheckpointError(f"{uri} is not a committed checkpoint (no manifest.json); "
                                  f"committed steps: {[x.step for x in ck.committed(storage)]}")

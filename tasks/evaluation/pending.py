@@ -29,7 +29,7 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
     those, each taking its run's suite and history from the ledger when a recorded run commits there (however the
     root is spelled), else the request's (relative to `base`). A suite or history directory in the request wins."""
     history = absolute(request.history_dir or "evals", base, "history_dir")
-    ledger = Ledger(request.ledger or None)
+    ledger = Ledger(absolute(request.ledger, base, "ledger") if request.ledger and "://" not in request.ledger else None)
     known: dict[str, Target] = {}
     for noted in ledger.checkpoint_roots().values():
         known[place_key(noted.root)] = Target(root=noted.root, suite=noted.suite or "core", history_dir=history,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import FrenzyError
+from tasks.pathvars import expand_vars  # `$HOME/models/x`, as every path field
 from tasks.userfiles import UserFileError, load_json, path_kind
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
@@ -21,7 +22,7 @@ class HFError(FrenzyError, ValueError):
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    p = Path(folder).expanduser()
+    p = Path(expand_vars(str(folder), "model.hf")).expanduser()
     try:
         kind = path_kind(p / "config.json", "model config")
     except UserFileError as err:

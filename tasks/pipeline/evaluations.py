@@ -41,16 +41,21 @@ class InFlowEvaluator:
         self.root, self.evaluate, self.warn = root, evaluate, warn
         self.done: dict[int, EvalSummary] = scored(history_dir, run, suite)
         self.missed: dict[int, str] = {}
+        self.retired: dict[int, str] = {}
+        """Steps retention removed before they were scored (by design, not failures), with why."""
 
     def catch_up(self) -> None:
-        todo = sorted(m.step for m in ck.committed(Storage(self.root)) if m.step not in self.done and m.step not in self.missed)
+        todo = sorted(m.step for m in ck.committed(Storage(self.root))
+                      if m.step not in self.done and m.step not in self.missed and m.step not in self.retired)
         for step in todo:
             try:
                 self.done[step] = self.evaluate(step_uri(self.root, step))
             except Exception as err:  # noqa: BLE001 - one checkpoint that cannot be evaluated does not fail the job
+                if why := ck.retired(Storage(self.root), step):
+                    self.retired[step] = why
+                    self.warn(f"{why}: not evaluated (not a failure of the run)")
+                    continue
                 cause = str(err) or type(err).__name__
-                if step not in {m.step for m in ck.committed(Storage(self.root))}:
-                    cause += " (retention removed the checkpoint first: raise training.checkpoint.keep)"
                 self.missed[step] = cause
                 self.warn(f"evaluation of step {step} failed: {cause}")
 
@@ -71,6 +76,22 @@ class EvalFailure(BaseModel):
 Verdict = Literal["failed", "crashed"]
 """How a triggered evaluation run ended without a score: failed (its code raised: the same checkpoint fails the same
 way, so it is not retried) or crashed (its process or worker died: worth one more run)."""
+
+
+class Retired(BaseModel):
+    """A step retention removed before it was scored, and why (`ck.retired`)."""
+
+    step: int
+    why: str
+
+
+def retired_steps(root: str, steps: list[int], scored: set[int] | dict) -> list[Retired]:
+    """The steps of `steps` with no score that retention removed (by design). They are not waited for, not
+    evaluated, and not a failure of the run (red team 41e S14)."""
+    if not root:
+        return []
+    storage = Storage(root)
+    return [Retired(step=s, why=why) for s in steps if s not in scored and (why := ck.retired(storage, s))]
 
 
 def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,

@@ -3,6 +3,8 @@ what it answers (`StragglerReport`). No Prefect here: the CLI, the flow and a no
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.formschema import drop_null_branches
@@ -24,6 +26,13 @@ class StragglerRequest(BaseModel):
     """Draw the DP x PP worker slowdown heatmap (PNG)."""
     timeline_steps: int = Field(3, ge=0)
     """Steps in the Perfetto timeline of original vs ideal (0: none)."""
+
+    def resolved(self, base: Path) -> StragglerRequest:
+        """This request with its paths absolute against `base`, `~` and `$NAME` expanded (tasks/paths.py)."""
+        from tasks.paths import absolute
+
+        return self.model_copy(update={k: absolute(v, base, k) for k in ("trace", "meta", "out_dir")
+                                       if (v := getattr(self, k))})
 
 
 class StragglerReport(BaseModel):

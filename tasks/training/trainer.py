@@ -145,7 +145,7 @@ class Trainer:
                 "loss": {"last": self.last_loss, "grad_norm": self.last_gnorm, **det.stats().to_dict()},
                 "healthy": healthy, "fingerprint": self.fp,
                 "trainer": {"spike": det.state(), "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-                            "lr": lr_at(step, self.job),
+                            "lr": lr_at(step, self.job), "keep": t.checkpoint.keep,  # named when a step is retired
                             # evaluation rebuilds the held-out split from it (not part of the fingerprint)
                             "data": t.data.model_dump(mode="json"),
                             # the tokenizer.json beside the checkpoints (None: byte-level)

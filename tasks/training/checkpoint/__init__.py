@@ -14,17 +14,18 @@ from tasks.training.checkpoint.manifest import (
     CheckpointMismatch,
     CheckpointRecord,
     Manifest,
+    RetiredCheckpoint,
     ShardRecord,
     TensorEntry,
     step_dir,
 )
 from tasks.training.checkpoint.persist import AsyncCheckpointer
 from tasks.training.checkpoint.read import committed, list_steps, read_full, read_manifest, read_shard, survey, verify
-from tasks.training.checkpoint.retention import apply_retention, discard_after
+from tasks.training.checkpoint.retention import apply_retention, discard_after, retired
 from tasks.training.checkpoint.snapshot import SnapshotBuffer, snapshot_buffers
 
 __all__ = [
-    "AsyncCheckpointer", "CheckpointError", "CheckpointMismatch", "CheckpointRecord", "Manifest", "ShardRecord",
-    "SnapshotBuffer", "TensorEntry", "apply_retention", "committed", "discard_after", "list_steps", "read_full",
+    "AsyncCheckpointer", "CheckpointError", "CheckpointMismatch", "RetiredCheckpoint", "CheckpointRecord", "Manifest", "ShardRecord",
+    "SnapshotBuffer", "TensorEntry", "apply_retention", "committed", "discard_after", "list_steps", "read_full", "retired",
     "read_manifest", "read_shard", "snapshot_buffers", "step_dir", "survey", "verify",
 ]

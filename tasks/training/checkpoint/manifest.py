@@ -19,6 +19,10 @@ class CheckpointError(FrenzyError, RuntimeError):
     """A checkpoint that cannot be used (missing, corrupt, or from another job/layout); names the fix."""
 
 
+class RetiredCheckpoint(CheckpointError):
+    """A step that retention removed by design (`training.checkpoint.keep`): not a failure of the run."""
+
+
 class CheckpointMismatch(CheckpointError):
     """A valid checkpoint of another job (corpus, model shape, batch or layout differ): never loaded."""
 

@@ -5,7 +5,7 @@ committed step with missing shards."""
 from __future__ import annotations
 
 from tasks.training.checkpoint.manifest import step_dir
-from tasks.training.checkpoint.read import list_steps, read_manifest
+from tasks.training.checkpoint.read import committed, list_steps, read_manifest
 from tasks.training.storage import Storage
 
 
@@ -42,3 +42,17 @@ def discard_after(storage: Storage, step: int) -> list[int]:
         storage.delete(f"{step_dir(s)}/manifest.json")
         storage.remove_dir(step_dir(s))
     return removed
+
+
+def retired(storage: Storage, step: int) -> str | None:
+    """Why `step`, which has no committed manifest under `storage`, is gone by design, or None: a step older than the
+    newest committed one is not kept once newer steps are committed (`apply_retention`). Names the setting and the
+    run's value where its manifests record it."""
+    kept = committed(storage)
+    if not kept or step >= kept[0].step or any(m.step == step for m in kept):
+        return None
+    keep = kept[0].trainer.get("keep")
+    setting = f"training.checkpoint.keep = {keep}" if keep else "training.checkpoint.keep"
+    return (f"step {step} of {storage.uri} was removed by retention, by design: the run keeps only its newest "
+            f"checkpoints ({setting}; kept now: {sorted(m.step for m in kept)}); evaluate a kept step, or give the job "
+            "a larger keep to keep more")
