@@ -29,7 +29,7 @@ from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.request import EvaluateRequest
-from tasks.paths import place_key
+from tasks.paths import path_like, place_key
 from tasks.pipeline import attempt as at
 from tasks.pipeline.evaluations import (
     EvalFailure,
@@ -117,7 +117,9 @@ class TriggeredEvaluations:
         self.read_ok = False
         self.unseen: dict[int, datetime] = {}
         self.warned = False
-        self.pool_said, self.pool = False, ""
+        self.pool_said, self.pool, self.gone_said = False, "", False
+        self.completed: set[int] = set()
+        """Steps whose newest run completed (it wrote the scores its own parameters asked for)."""
         self.said_at = 0.0
         self.late_said: set[int] = set()
         self.quiet_said: set[int] = set()
@@ -162,6 +164,7 @@ class TriggeredEvaluations:
                 if m and (int(m.group(1)) in self.earlier or (fr.expected_start_time or self.since) >= self.since):
                     newest[int(m.group(1))] = fr
                     self.params[int(m.group(1))] = fr.parameters
+            self.completed = {step for step, fr in newest.items() if fr.state is not None and fr.state.type.value == "COMPLETED"}
             out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
         self.read_ok = True
         self._say(newest)
@@ -200,21 +203,41 @@ class TriggeredEvaluations:
                 "if its work pool was deleted, deploy it again (`bash deployments/deploy.sh`)")
 
     def _paused(self, client: Any, dep: Any) -> None:
-        """Say once that the deployment or its work pool is paused (its runs wait until it is resumed), with the fix."""
-        self.pool = dep.work_pool_name or ""
-        if self.pool_said:
-            return
+        """Say when the deployment or its work pool is paused (its runs wait until it is resumed), with the fix, and
+        when the pool it was bound to is deleted while submit waits (no worker takes its runs any more). Read at every
+        poll: a pause said once may be lifted, or turn into a deletion."""
         from prefect.exceptions import ObjectNotFound
 
+        had, self.pool = self.pool, dep.work_pool_name or ""
+        if had and not self.pool and not self.gone_said:
+            self.gone_said = True
+            self.warn(f"the work pool {had} was deleted: the deployment {EVAL_DEPLOYMENT} has no work pool now and no "
+                      "worker takes its runs; deploy it again (`bash deployments/deploy.sh`)")
         try:
-            pool = client.read_work_pool(dep.work_pool_name) if dep.work_pool_name else None
+            pool = client.read_work_pool(self.pool) if self.pool else None
         except ObjectNotFound:  # a pool not made yet: the first worker makes it (not the deployment gone)
             pool = None
-        if dep.paused or (pool is not None and pool.is_paused):
-            self.pool_said = True
+        paused = bool(dep.paused or (pool is not None and pool.is_paused))
+        if paused and not self.pool_said:
             what, fix = ((f"the work pool {pool.name}", f"prefect work-pool resume {pool.name}") if pool is not None
                          and pool.is_paused else (f"the deployment {EVAL_DEPLOYMENT}", f"prefect deployment resume {EVAL_DEPLOYMENT}"))
             self.warn(f"{what} is paused: the evaluation runs wait until it is resumed (`{fix}`)")
+        self.pool_said = paused or self.gone_said
+
+    def other_suite(self, unscored: set[int], suite: str, history_dir: str) -> dict[int, str]:
+        """The steps of `unscored` whose newest run completed for another suite or history directory (the job was
+        resubmitted with a new suite while the old runs were queued): {step: the suite that run evaluated}. Each
+        needs a run of its own with `suite`; once started, that run is the newest and the step leaves this list."""
+        def same(a: str, b: str) -> bool:
+            return (place_key(a) == place_key(b)) if path_like(a) and path_like(b) else a == b
+
+        out = {}
+        for step in sorted(unscored & self.completed):
+            req = self.params.get(step, {}).get("request") or {}
+            theirs, where = str(req.get("suite", "")), str(req.get("history_dir", ""))
+            if not same(theirs, suite) or (where and not same(where, history_dir)):
+                out[step] = theirs if not same(theirs, suite) else f"{theirs} into {where}"
+        return out
 
     def orphans(self, unscored: set[int]) -> list[int]:
         """The steps of `unscored` that have had no evaluation run for ORPHAN_S since first seen without one (their
@@ -418,8 +441,13 @@ class FlowStages:
 
         def runs() -> dict[int, tuple[Verdict, str]]:
             ended = triggered.ended_without_score()
-            for step in triggered.orphans(set(steps) - set(read())):  # its commit made no run (or was stopped first)
+            unscored = set(steps) - set(read())
+            for step in triggered.orphans(unscored):  # its commit made no run (or was stopped first)
                 self.log.info("step %d has no score and no evaluation run: starting one", step)
+                triggered.start(step, r.suite_spec, r.history_dir)
+            for step, theirs in triggered.other_suite(unscored, r.suite_spec, r.history_dir).items():
+                self.log.warning("the evaluation run of step %d evaluated %s (an earlier submit's), not %s: starting "
+                                 "one with this suite", step, theirs, r.suite_spec)
                 triggered.start(step, r.suite_spec, r.history_dir)
             return ended
 

@@ -609,3 +609,46 @@ def test_runs_waiting_on_a_deployment_without_a_work_pool_name_both_causes_not_a
     assert "POOL" not in hint
     t.pool = "frenzy"
     assert "`prefect worker start --pool frenzy`" in t._no_worker_hint()
+
+
+def test_a_step_evaluated_for_an_earlier_suite_gets_a_run_of_this_suite_and_a_deleted_pool_is_named(
+        prefect_server, tmp_path):
+    """Red team 41f S15: a job resubmitted with a new suite while its old runs were queued waited on their Completed
+    runs until the timeout; S21: a pool deleted after it was said paused was never named."""
+    from datetime import UTC, datetime, timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.states import Completed
+
+    from flows.stages import TriggeredEvaluations
+
+    root = f"file://{tmp_path}/ck-s15"
+    hist = str(tmp_path / "evals")
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="pool-41f"), overwrite=True)
+        dep = client.create_deployment(client.create_flow_from_name("evaluate-checkpoint"), name="evaluate-on-checkpoint",
+                                       work_pool_name="pool-41f")
+        for step, suite in ((10, str(tmp_path / "suite.yaml")), (20, str(tmp_path / "suite2.yaml"))):
+            fr = client.create_flow_run_from_deployment(dep, parameters={"request": {
+                "uri": f"{root}/step_{step:08d}", "suite": suite, "history_dir": hist}})
+            client.set_flow_run_state(fr.id, Completed(), force=True)
+        client.update_work_pool("pool-41f", WorkPoolUpdate(is_paused=True))
+        warned: list[str] = []
+        t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=60), warned.append)
+        assert t.ended_without_score() == {}  # completed runs are not failures
+        # step 10's run evaluated the old suite: it needs one of suite2 (spelled another way); step 20's is this suite's
+        assert t.other_suite({10, 20}, f"{tmp_path}/./suite2.yaml", hist) == {10: str(tmp_path / "suite.yaml")}
+        assert t.other_suite({10, 20}, str(tmp_path / "suite.yaml"), hist) == {20: str(tmp_path / "suite2.yaml")}
+        assert t.other_suite({20}, str(tmp_path / "suite2.yaml"), str(tmp_path / "elsewhere")) == \
+            {20: f"{tmp_path / 'suite2.yaml'} into {hist}"}
+        t.start(10, str(tmp_path / "suite2.yaml"), hist)  # the new run is the newest: the step leaves the list
+        t.ended_without_score()
+        assert t.other_suite({10}, str(tmp_path / "suite2.yaml"), hist) == {}
+        assert warned == ["the work pool pool-41f is paused: the evaluation runs wait until it is resumed "
+                          "(`prefect work-pool resume pool-41f`)"]
+        client.delete_work_pool("pool-41f")  # after the pause was said: the deployment is left without a pool
+        t.ended_without_score()
+        t.ended_without_score()
+        assert warned[1:] == ["the work pool pool-41f was deleted: the deployment evaluate-checkpoint/evaluate-on-checkpoint has no work "
+                              "pool now and no worker takes its runs; deploy it again (`bash deployments/deploy.sh`)"]
