@@ -360,3 +360,27 @@ def test_a_job_name_another_running_job_holds_is_refused_and_a_finished_one_is_r
     # a finished run is reported, not trained again, only while its final step is still committed
     done = other.model_copy(update={"stage": "reported", "checkpoint_root": "file:///alice/ckpt", "result": "{}"})
     assert already_finished(done, req) is None  # no committed step 1000 under /alice/ckpt
+
+
+def test_steps_left_unscored_when_the_wait_ran_out_are_named_in_the_summary(tmp_path):
+    """Red team 41f S20: `--eval-timeout 45` on a paused pool printed `scores by checkpoint: (none)` and no reason."""
+    import torch
+
+    from tasks.pipeline.summary import unscored_note
+    from tasks.training import checkpoint as ck
+    from tasks.training.storage import Storage
+
+    root = f"file://{tmp_path}/ck"
+    c = ck.AsyncCheckpointer(Storage(root), 0, 1, run="j", keep=2)
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    for step in (10, 20, 30):  # keep=2: retention removes step 10 (not waited for, not named)
+        c.save(step, [("w", torch.zeros(2))], fields)
+    c.close()
+    res = result(30).model_copy(update={"checkpoint_uri": root, "checkpoints": [
+        CheckpointRecord(step=s, uri=f"{root}/step_{s:08d}", blocked_s=0, persist_s=0, bytes=1) for s in (10, 20, 30)]})
+    run = new_run(eval_timeout_s=45.0).model_copy(update={"mode": "deployment", "result": res,
+                                                          "evaluations": [summary(30)]})
+    note = unscored_note(run)
+    assert note is not None and note.startswith("no score for step(s) 20 within eval_timeout_s (45 s")
+    assert unscored_note(run.model_copy(update={"evaluations": [summary(20), summary(30)]})) is None
+    assert unscored_note(run.model_copy(update={"mode": "in-flow"})) is None

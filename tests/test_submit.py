@@ -650,5 +650,6 @@ def test_a_step_evaluated_for_an_earlier_suite_gets_a_run_of_this_suite_and_a_de
         client.delete_work_pool("pool-41f")  # after the pause was said: the deployment is left without a pool
         t.ended_without_score()
         t.ended_without_score()
-        assert warned[1:] == ["the work pool pool-41f was deleted: the deployment evaluate-checkpoint/evaluate-on-checkpoint has no work "
-                              "pool now and no worker takes its runs; deploy it again (`bash deployments/deploy.sh`)"]
+        assert warned[1:] == ["the work pool pool-41f was deleted: the deployment evaluate-checkpoint/evaluate-on-checkpoint "
+                              "has no work pool now and no worker takes its runs; deploy it again "
+                              "(`bash deployments/deploy.sh`)"]

@@ -129,4 +129,19 @@ def submit_result(run: Run) -> SubmitResult:
                         train=run.result, evaluations=run.evaluations, stragglers=run.stragglers, report=run.report,
                         released=not run.held, timings_s=run.timings_s, recoveries=run.recoveries,
                         evaluation_failures=run.evaluation_failures,
-                        notes=[n for n in [fewer_steps(run.request, run.result.final_step)] if n])
+                        notes=[n for n in [fewer_steps(run.request, run.result.final_step), unscored_note(run)] if n])
+
+
+def unscored_note(run: Run) -> str | None:
+    """deployment mode: the committed steps (still on disk) with neither a score nor a failure when submit stopped
+    waiting (`eval_timeout_s` ran out: a paused pool, no worker, slow evaluations). Their runs may still score them."""
+    if run.mode != "deployment" or run.result is None:
+        return None
+    settled = {e.step for e in run.evaluations} | {f.step for f in run.evaluation_failures}
+    on_disk = set(committed_steps(run.result.checkpoint_uri))
+    left = sorted({c.step for c in run.result.checkpoints} & on_disk - settled)
+    if not left:
+        return None
+    return (f"no score for step(s) {', '.join(map(str, left))} within eval_timeout_s ({run.request.eval_timeout_s:.0f} s; "
+            "the warnings above say what they waited for): their evaluation runs score them when a worker takes them; "
+            "the hourly evaluate-pending run, or submitting the job again, reports them")
