@@ -183,6 +183,15 @@ class DataSpec(_Strict):
     path: str | None = None
     """A file, directory or glob, local or `s3://bucket/prefix`, for every source but `builtin`."""
     text_field: str = "text"
+
+    @field_validator("path")
+    @classmethod
+    def _local_or_s3(cls, v: str | None) -> str | None:
+        scheme = v.split("://", 1)[0].lower() if v and "://" in v else ""
+        if scheme not in ("", "file", "s3"):
+            raise ValueError(f"{v!r}: only local paths and s3:// are read ({scheme}:// is not); download it first "
+                             "(e.g. `curl -o corpus.txt URL`) and give the local path")
+        return v
     """The field (jsonl) or column (parquet) that holds each document's text."""
     tokenizer: str | None = None
     """`byte` (UTF-8 bytes, vocab 256), a tokenizer.json, or a directory holding one (a Hugging Face model);

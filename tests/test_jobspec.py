@@ -75,3 +75,29 @@ def test_example_jobs_load(tmp_path):
         load_job(bad)
     with pytest.raises(JobSpecError, match="no such job file"):
         load_job(tmp_path / "missing.yaml")
+
+
+def test_a_data_path_url_other_than_s3_is_refused_naming_the_fix():
+    """Red team 41f S07: an https:// data.path was planned and placed, then failed on DNS with a traceback."""
+    with pytest.raises(JobSpecError, match=r"only local paths and s3:// are read \(https:// is not\); download it first"):
+        parse_job({"name": "u", "model": {"preset": "gpt-tiny"},
+                   "training": {"data": {"source": "text", "path": "https://example.com/c.txt"}}}, "job.yaml")
+    for ok in ("s3://bucket/x", "corpus/*.txt", "file:///x", "/abs/c.txt"):
+        assert parse_job({"name": "u", "model": {"preset": "gpt-tiny"},
+                          "training": {"data": {"source": "text", "path": ok}}}, "job.yaml").training.data.path
+
+
+def test_a_text_glob_reads_every_file_it_matches_and_one_matching_nothing_says_so(tmp_path, monkeypatch):
+    """Red team 41f S08: `corpus/*.txt` (byte-level text) said 'does not exist', even when it matched files."""
+    from tasks.jobspec import DataSpec
+    from tasks.training.data import DataError, _text_corpus_bytes
+
+    monkeypatch.setenv("FRENZY_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "corpus").mkdir()
+    with pytest.raises(DataError, match="the pattern matches no file"):
+        _text_corpus_bytes(DataSpec(source="text", path=f"{tmp_path}/corpus/*.txt"))
+    (tmp_path / "corpus" / "a.txt").write_text("alpha")
+    (tmp_path / "corpus" / "b.txt").write_text("beta")
+    (tmp_path / "corpus" / "c.md").write_text("not matched")
+    got = _text_corpus_bytes(DataSpec(source="text", path=f"{tmp_path}/corpus/*.txt")).read_bytes()
+    assert got == b"alpha\nbeta"

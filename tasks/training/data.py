@@ -116,11 +116,14 @@ def _text_corpus_bytes(spec: DataSpec) -> Path:
     if not spec.path:
         raise DataError("data.source is 'text' but data.path is not set; give a UTF-8 file or directory")
     p = Path(spec.path).expanduser()
+    pattern = any(c in str(p) for c in "*?[")
     try:
-        kind = path_kind(p, "corpus file")
-        files = [Path(u) for u, _ in S.list_files(str(p))] if kind == "dir" else [p]
+        kind = "dir" if pattern else path_kind(p, "corpus file")  # a glob's files are cached as a directory's
+        files = [Path(u.removeprefix("file://")) for u, _ in S.list_files(str(p))] if kind == "dir" else [p]
     except (UserFileError, S.ShardError) as err:
         raise DataError(f"data.path: {err}") from None
+    if pattern and not files:
+        raise DataError(f"data.path {p}: the pattern matches no file; check the directory and the pattern")
     if kind == "missing":
         raise DataError(f"data.path {p} does not exist")
     if not any(q.stat().st_size for q in files):

@@ -136,6 +136,8 @@ def list_files(path: str, suffixes: tuple[str, ...] | None = None) -> list[tuple
             raise ShardError(str(err)) from None
     if any(c in root for c in "*?["):
         names = sorted(fs.glob(root))
+        if not names:
+            raise ShardError(f"data.path {path}: the pattern matches no file; check the directory and the pattern")
     elif fs.isdir(root):
         names = sorted(n for n in fs.find(root) if not fs.isdir(n))
     elif fs.exists(root):
