@@ -335,7 +335,10 @@ class AsyncCheckpointer:
         self._end_prep()
         if self.failed and self.failed[-1][0] == self._last_step:
             step, err = self.failed[-1]
-            raise CheckpointError(f"the final checkpoint (step {step}) was not committed: {err}")
+            newest = max((r.step for r in self.records), default=None)
+            resume = (f"; step {newest} is the newest this run committed (a rerun resumes from it)"
+                      if newest is not None else "")
+            raise CheckpointError(f"the final checkpoint (step {step}) was not committed: {err}{resume}")
 
     # background ---------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -352,6 +355,7 @@ class AsyncCheckpointer:
                 self._persist(job)
             except BaseException as err:  # noqa: BLE001 - reported by the next save() or wait()
                 log.error("persist of step %d failed: %s", job.step, err)
+                self._discard_partial(job.step)
                 with self._lock:
                     self._error = (job.step, err)
             finally:
@@ -395,6 +399,18 @@ class AsyncCheckpointer:
         apply_retention(self.storage, self.keep)
         if self.on_commit is not None:
             self.on_commit(record, manifest)
+
+    def _discard_partial(self, step: int) -> None:
+        """A persist that failed before its commit: remove this rank's part-written shard (a full disk keeps no
+        half-file); the step stays `no manifest (never committed)` until retention or a later commit of it."""
+        d = step_dir(step)
+        with contextlib.suppress(Exception):
+            if self.storage.exists(f"{d}/manifest.json"):
+                return
+            for key in (f"{d}/rank{self.rank:05d}.bin", f"{d}/rank{self.rank:05d}.json"):
+                self.storage.delete(key)
+            if self.storage.local is not None:
+                (self.storage.local / d).rmdir()  # only when no other rank's file is left in it
 
     def _gather_shards(self, d: str, own: ShardRecord) -> list[ShardRecord]:
         shards = [own]
