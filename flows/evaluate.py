@@ -83,6 +83,7 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
         try:
             if why := missing(t):
                 logger.warning(why)
+                skipped.append((t.root, why))  # in the artifact too: the UI reader sees the vanished root
                 continue
             suite = load_suite(t.suite).name
             uris, unreadable = history.survey_pending(t.root, t.history_dir, suite)
@@ -133,5 +134,11 @@ def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]], ski
     for title, rows in (("failed", failed), ("skipped", skipped)):
         if rows:
             lines += [f"| {title}: checkpoint or root | why |", "|---|---|"] + [
-                f"| `{u}` | {why.replace('|', '/')[:300]} |" for u, why in rows] + [""]
+                f"| `{u}` | {_cell(why)} |" for u, why in rows] + [""]
     create_markdown_artifact("\n".join(lines), key="evaluate-pending", description="the last pending evaluation pass")
+
+
+def _cell(text: str, limit: int = 2000) -> str:
+    """One table cell: the whole cause (paths included) on one line, cut only past `limit` and then said so."""
+    one = " ".join(text.replace("|", "/").split())
+    return one if len(one) <= limit else one[:limit] + f" … ({len(one) - limit} more characters in the flow run's log)"

@@ -465,8 +465,11 @@ def test_evaluate_pending_skips_a_step_another_run_is_evaluating_and_leaves_no_l
     assert [d.step for d in done] == [20]
     report = str(Artifact.get("evaluate-pending").data)
     assert "1 evaluated, 0 failed, 1 skipped" in report and f"pid {p.pid}" in report and "step_00000010" in report
-    done = evaluate_pending(req)  # the holder is gone: the next pass evaluates it
+    # the holder is gone: the next pass evaluates it; a root deleted by hand is a row of the artifact (red team 41f S17)
+    done = evaluate_pending(req.model_copy(update={"roots": [ckpt, str(tmp_path / "gone")]}))
     assert [d.step for d in done] == [10]
+    report = str(Artifact.get("evaluate-pending").data)
+    assert "1 evaluated, 0 failed, 1 skipped" in report and f"`{tmp_path}/gone` | checkpoint root" in report
     assert len(history.history_file(hist, done[0].run).read_text().splitlines()) == 2  # one line per step
     left = sorted(str(f.relative_to(hist)) for f in Path(hist).rglob("*") if f.name.startswith("."))
     assert left == [], left  # no `.history-small.png.lock`, no `.claims`
