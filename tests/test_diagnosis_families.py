@@ -742,3 +742,110 @@ def test_ranks_running_different_collectives_and_a_diverged_fit_are_not_restarte
     diverged = _d('  File "sknn/mlp.py", line 248, in _fit\n    raise e\nRuntimeError: Training diverged and returned NaN.\n')
     assert (diverged.type, diverged.restartable) == ("NumericalError", False)
     assert _d("RuntimeError: the sampler and the model diverged in their device placement\n").type == "RuntimeError"
+
+
+# -- round 6: the families red-team set 6 showed (tests/data/diagnosis/redteam6) ---------------------------------
+
+def test_the_markdown_a_line_was_pasted_with_is_not_part_of_it():
+    code = _d("`UnicodeDecodeError: 'charmap' codec can't decode byte 0x8d in position 238339: character maps to "
+              "<undefined>`\n")
+    assert (code.type, code.category, code.line_no) == ("DataError", "script", 1)
+    heading = _d("_**### RuntimeError: CUDA error: an illegal memory access was encountered**_\n")
+    assert (heading.type, heading.category) == ("CUDAError", "infrastructure")
+    slurm = _d("slurmstepd: error: *** STEP 4714782.0 ON gpu-001 CANCELLED AT 2023-11-29T15:47:21 ***\n")
+    assert slurm.type == "Preempted"  # a line that starts plain keeps its end
+    assert _d("`epoch 3 done in 41 s`\n").category == "unknown"
+
+
+def test_a_notebook_traceback_banner_yields_to_the_line_that_ends_the_traceback():
+    log = ("---------------------------------------------------------------------------\n"
+           "ModuleNotFoundError                       Traceback (most recent call last)\n"
+           "----> 9 import deepspeed\n     10 from torch import nn\n\n"
+           "ModuleNotFoundError: No module named 'deepspeed'\n")
+    d = _d(log)
+    assert (d.type, d.line_no) == ("ImportError", 6)
+    banner_only = _d("\n".join(log.splitlines()[:4]) + "\n")  # the traceback cut off: the banner is all there is
+    assert (banner_only.type, banner_only.line_no) == ("ImportError", 2)
+
+
+def test_an_exception_whose_message_is_on_the_next_line_is_read_off_that_line():
+    d = _d("ImportError:\nDeepSpeed is not installed => run `pip3 install deepspeed` or build it from source.\n")
+    assert (d.type, d.category, d.line_no) == ("ImportError", "script", 2)
+    other = _d("ValueError: lr must be positive, got -1\nepoch 1 finished\n")
+    assert (other.type, other.line_no) == ("ValueError", 1)
+
+
+def test_a_raise_statement_under_a_ray_actor_prefix_is_source_not_the_error():
+    log = ("(TrainActor pid=9671)     raise ValueError(\n"
+           "(TrainActor pid=9671) ValueError: Size mismatch between saved torch.Size([257152, 2048]) and current: "
+           "torch.Size([131661824])\n")
+    d = _d(log)
+    assert (d.type, d.line_no) == ("ValueError", 2)
+    plain = _d("raise ValueError(\nValueError: Size mismatch between saved and current\n")
+    assert plain.line_no == 2
+
+
+def test_the_shells_job_report_of_a_killed_command_is_a_sigkill():
+    for log in ("2020-11-24 20:18:25.069 - 24s - loss: 5.9945\n2020-11-24 20:22:28.106 /bin/bash: line 27: 318 Killed "
+                "sh start.sh\n",
+                '/argo/staging/script: line 10:    93 Killed                  pyenv exec python execute.py "$@"\n'):
+        d = _d(log)
+        assert (d.type, d.category) == ("Killed", "framework"), log
+    assert _d("cleanup: line 3: Killed 3 stale workers from the last run\n").type != "Killed"
+
+
+def test_rays_memory_monitor_killing_workers_is_host_oom():
+    for log in ("(raylet) node_manager.cc:3277: 2 Workers (tasks / actors) killed due to memory pressure (OOM), 0 "
+                "Workers crashed due to other reasons\n",
+                "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n",
+                "Refer to the documentation on how to address the out of memory issue: "
+                "https://docs.ray.io/en/latest/ray-core/scheduling/ray-oom-prevention.html.\n"):
+        d = _d(log)
+        assert (d.type, d.category, d.restartable) == ("HostOOM", "framework", False), log
+    gpu = _d("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
+    assert (gpu.type, gpu.restartable) == ("OutOfMemoryError", True)
+
+
+def _table(loss: str, step: int) -> str:
+    return ("-----------------------------\n| lg_loss_scale | -1.62e+04 |\n"
+            f"| loss          | {loss:9s} |\n| loss_q0       | {loss:9s} |\n| step          | {step:<9d} |\n"
+            "-----------------------------\n")
+
+
+def test_a_loss_in_a_key_value_table_that_turns_nan_is_a_divergence():
+    log = _table("0.0312", 100) + _table("0.0298", 200) + _table("nan", 300) + _table("nan", 400)
+    d = _d(log)
+    assert (d.type, d.category, d.via) == ("NumericalError", "framework", "progress")
+    assert d.root_cause_line.startswith("| loss ") and "nan" in d.root_cause_line and d.line_no == 15
+    finite = _d(_table("0.0312", 100) + _table("0.0298", 200).replace("-1.62e+04", "nan      "))
+    assert finite.category == "unknown"  # a loss scale that is nan is not a loss
+
+
+def test_sizes_that_do_not_divide_are_the_configuration():
+    log = (f'  File "{SITE}/megatron/training/arguments.py", line 561, in validate_args\n'
+           "[rank14]:     assert num_layers % args.transformer_pipeline_model_parallel_size == 0, \\\n"
+           "[rank14]: AssertionError: Number of layers should be divisible by the pipeline-model-parallel size\n")
+    d = _d(log)
+    assert (d.type, d.category, d.restartable, d.line_no) == ("ConfigError", "script", False, 3)
+    lib = _d(f'  File "{SITE}/torch/nn/modules/module.py", line 9, in f\nAssertionError: expected a CUDA tensor\n')
+    assert (lib.type, lib.category) == ("AssertionError", "framework")
+
+
+def test_a_service_key_that_is_not_set_is_the_configuration():
+    log = ("wandb: ERROR api_key not configured (no-tty). call wandb.login(key=[your_api_key])\n"
+           "Traceback (most recent call last):\n"
+           "torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 0 terminated with the following error:\n"
+           "Traceback (most recent call last):\n"
+           f'  File "{SITE}/wandb/sdk/wandb_init.py", line 1105, in init\n')
+    d = _d(log)
+    assert (d.type, d.category, d.line_no) == ("ConfigError", "script", 1)
+    assert _d("wandb: WARNING Serializing object of type dict that is 589912 bytes\n").category == "unknown"
+
+
+def test_a_collective_timeout_set_below_a_second_is_the_setting_not_the_network():
+    line = ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, "
+            "NumelOut=1, Timeout(ms)={}) ran for {} milliseconds before timing out.\n")
+    tiny = _d(line.format(1, 90))
+    assert (tiny.type, tiny.category, tiny.restartable) == ("ConfigError", "script", False)
+    real = _d(line.format(600000, 600081))
+    assert (real.type, real.category, real.restartable) == ("NCCLTimeoutError", "infrastructure", True)

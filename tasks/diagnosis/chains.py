@@ -48,7 +48,7 @@ _REMOTE = re.compile(r"Original Traceback \(most recent call last\)|-- Process \
 """A traceback re-raised from another process: the cause is the exception that ends it."""
 _DETAIL = re.compile(r":\s*$")
 """An exception whose message ends in a colon: its details follow on the next lines (the first names the cause)."""
-_MESSAGE_BELOW = re.compile(r"(?:^|\s)(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):?\s*$|"
+MESSAGE_BELOW = re.compile(r"(?:^|\s)(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):?\s*$|"
                             r"(?:Exception has occurred|发生异常): *[A-Z]\w*")
 """An exception class whose message is on the next line: a pasted log that lost a line end after `IndexError:`, a
 debugger's banner (VS Code's `Exception has occurred: OutOfMemoryError`, in English or Chinese)."""
@@ -128,9 +128,9 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
                 above = _before(kept, i, 3, lambda j: j in found or bool(NCCL_DETAIL.match(kept[j].text)))
                 for w in [i] * (cause != i) + above:
                     out.setdefault(w, cause)
-        elif i in found and ((is_exc[i] and _DETAIL.search(text)) or _MESSAGE_BELOW.search(text)):
+        elif i in found and ((is_exc[i] and _DETAIL.search(text)) or MESSAGE_BELOW.search(text)):
             cause = _after(kept, i, 1, lambda j: bool(kept[j].text.strip()))
-            if cause is not None and (cause in found or _MESSAGE_BELOW.search(text)):
+            if cause is not None and (cause in found or MESSAGE_BELOW.search(text)):
                 out.setdefault(i, cause)
         elif _DIRECT.search(text):  # the exception above the marker caused the one below it
             above = _before(kept, i, 4 * WINDOW, lambda j: is_exc[j])

@@ -4,7 +4,7 @@ context, and say which templates were dropped.
 A training log is millions of lines that differ only in their numbers. Candidate error lines are found by
 keyword (`rules.ERROR_KEYWORDS`, each located with `bytes.find`, in C, in the chunk's distinct templates), the
 lines where the loss turned non-finite by `progress.track`, and the line after a chain marker such as NCCL's
-`Last error:` is kept with it; a candidate is kept with `context` lines
+`Last error:` (or after an exception class whose message is on the next line) is kept with it; a candidate is kept with `context` lines
 before it when a rule matches it, or when its template (digits ignored) is still rare: a line such as "eval error
 rate 0.12" that recurs with every eval is regular, kept only the first `repeats` times per chunk. Everything else
 is counted under its template (digits mapped to 0 by one `bytes.translate` pass), and Drain3 (streaming template
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.diagnosis.chains import NEXT_LINE
+from tasks.diagnosis.chains import MESSAGE_BELOW, NEXT_LINE
 from tasks.diagnosis.progress import LossTrack, fold, track, trained_until
 from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES, learned_rules
 
@@ -148,6 +148,9 @@ class _Part:
 
 
 _NEXT_LINE = re.compile(NEXT_LINE.pattern.encode())
+_MESSAGE_BELOW = re.compile(MESSAGE_BELOW.pattern.encode())
+"""An exception class whose message is on the next line (`ImportError:` then `DeepSpeed is not installed`): that
+line states the error, and is kept with it though it holds no keyword."""
 
 
 def _mark(chunk: bytes, marks: dict[int, bool], start: int, context: int) -> None:
@@ -209,7 +212,7 @@ def _error_lines(chunk: bytes, zeroed: bytes, lines: list[bytes], counts: Counte
         if seen[t] >= limit[t]:
             done.add(t)
         _mark(chunk, marks, pos, context)
-        if end < len(chunk) and _NEXT_LINE.search(line.rstrip()):
+        if end < len(chunk) and (_NEXT_LINE.search(line.rstrip()) or _MESSAGE_BELOW.search(line.rstrip())):
             marks[end + 1] = True
     return marks
 

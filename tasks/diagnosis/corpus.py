@@ -77,7 +77,8 @@ ROOTS: dict[str, list[str]] = {
         "[rank{r}]:[E{md} {hms}.{us} ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
         "timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, Timeout(ms)=600000) "
         "ran for 600{ms3} milliseconds before timing out."],
-    "AssertionError": ["[rank{r}]: AssertionError: global batch size must be divisible by micro batch x DP"],
+    "AssertionError": ["[rank{r}]: AssertionError: expected the flat parameter to be unsharded before the forward "
+                       "pass"],  # a library's invariant (a size that does not divide is the config: ConfigError)
     "AttributeError": ["[rank{r}]: AttributeError: 'NoneType' object has no attribute 'shape'"],
     "ValueError": ["[rank{r}]: ValueError: Expected input batch_size (16) to match target batch_size (8)."],
     "RuntimeError": ["[rank{r}]: RuntimeError: DataLoader timed out after 600 seconds"],

@@ -30,9 +30,17 @@ _SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _STAMP = re.compile(r"\[[EWFI](\d{4}) (\d\d:\d\d:\d\d\.\d+)")  # glog/c10d: [E0626 05:06:30.929...
 _FRAME = re.compile(r'File "([^"]+)", line \d+')
 _LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d")
-_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?:raise\b|File \"[^\"]*\", line \d+(?:, in \S+)?\s*$)")
-"""A traceback's source and frame lines: the `raise` statement above an exception is not the exception. A frame
-line with more after it is a traceback pasted as one line (its line ends lost): it holds the error."""
+_SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*|\([^)]*pid=\d+[^)]*\)\s*|\d+:\s*)?"
+                     r"(?:raise\b|File \"[^\"]*\", line \d+(?:, in \S+)?\s*$)")
+"""A traceback's source and frame lines, after any launcher's prefix (`[rankN]:`, Ray's `(Actor pid=N)`, srun's
+`N:`): the `raise` statement above an exception is not the exception. A frame line with more after it is a
+traceback pasted as one line (its line ends lost): it holds the error."""
+_BANNER = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\s{2,}Traceback \(most recent")
+"""IPython's (a notebook's) traceback banner names the exception's class; the line that ends the traceback states
+it: the banner ranks a hair below the same rule's other lines, so it is the root cause only where nothing else is."""
+_MARKUP = re.compile(r"^\s*(?:[`*_#>]+\s*)+(.*?)[`*_]*\s*$")
+"""The markdown a line was pasted with (inline code, emphasis, a heading, a quote: at its start, closed at its end):
+not part of the line. A line that starts plain keeps its end (Slurm's `CANCELLED AT ... ***`)."""
 _NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
 """NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
 MAX_EVIDENCE = 100
@@ -103,6 +111,8 @@ def _first(patterns: list[re.Pattern], text: str) -> str | None:
 def match_line(text: str, learned: list[Rule] | None = None) -> Rule | None:
     """The rule that names a line: the innermost part of an in-line chain first, a rule that reads the message
     before a generic exception class, built-in rules before learned ones."""
+    m = _MARKUP.match(text)
+    text = m.group(1) if m else text
     for seg in segments(text):
         for r in CONTENT:
             if r.regex.search(seg):
@@ -168,7 +178,7 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
             f.rank, f.node = block_rank, f.node or block_host
         if f.node is None and f.rank is not None:
             f.node = rank_host.get(f.rank)
-        out[i] = _Cand(rule, f, rule.priority)
+        out[i] = _Cand(rule, f, rule.priority - 0.5 * bool(_BANNER.match(k.text)))
     return out
 
 

@@ -1,7 +1,8 @@
 """Divergence read off the progress lines (issue 45, family 2): a loss that became NaN or inf and never came back.
 
 A run that diverges often raises nothing: it keeps printing its ordinary metric lines with a non-finite loss
-(`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, `loss=inf`, a JSON `NaN`, a
+(`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, a key | value table's
+`| loss | nan |`, `loss=inf`, a JSON `NaN`, a
 value in a list or a tensor's repr: `Loss:[tensor(nan, device='cuda:0')]`) until
 it ends or is stopped. A person reading the log says "the loss diverged at step N": the first line of the last run
 of non-finite losses, when no finite loss follows it. A non-finite gradient norm is the same failure seen one step
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 _TOKENS = (re.compile(rb"nan(?![a-z0-9_]| iterations)"), re.compile(rb"inf(?:inity)?(?![a-z0-9_])"))
 """Non-finite values as Python, torch and JSON print them (lower-cased); Megatron's `nan iterations` column is not
 one."""
-_KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=]?\s*[\[(]?\s*['\"]?(?:tensor\(\s*)?"
+_KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=|]?\s*[\[(]?\s*['\"]?(?:tensor\(\s*)?"
 _NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
 _FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
 _DIGIT = re.compile(rb"\d")

@@ -124,6 +124,7 @@ RULES: list[Rule] = [
          r"oom[-_]kill event|Some of the step tasks have been OOM Killed|task \d+: Out Of Memory|"
          r"Out of memory: Killed process|invoked oom-killer|std::bad_alloc|Cannot allocate memory|\[Errno 12\]|"
          r"low on resource: memory|\bOOMKilled\b|"
+         r"killed due to memory pressure|running low on memory|ray-oom-prevention|"  # Ray's memory monitor
          + _PY + r"MemoryError\b", 81, False,
          "the host (or the job's cgroup) ran out of memory: fewer data-loader workers, less CPU offload or a "
          "larger memory request"),
@@ -185,6 +186,21 @@ RULES: list[Rule] = [
          r"did not contain \['lib[\w.]+\.so",
          65, False, "the environment: install the missing package, or the build of a compiled extension that matches "
                     "this torch (an undefined symbol is an ABI mismatch)"),
+    Rule("ConfigError", "script",  # the configured sizes do not divide (layers by pipeline stages, batch by GPUs)
+         r"(?i)(?:should|must|has to) be (?:evenly )?divisible by|(?:is )?not (?:evenly )?divisible by|"
+         r"(?:should|must) be (?:an? )?(?:integer )?multiple of", 64, False,
+         "the configured sizes do not divide (layers by pipeline stages, heads by tensor-parallel ranks, the batch by "
+         "the GPUs): change the sizes or the parallel layout named in the message; a restart fails the same way"),
+    Rule("ConfigError", "script",  # a collective timeout set below a second: the setting, not the network
+         r"Timeout\(ms\)=\d{1,3}\)", 64, False,
+         "the collective timeout is configured below a second (Timeout(ms) in the message): no collective fits in "
+         "it; set a realistic timeout (minutes: init_process_group(timeout=...), --ddp_timeout); a restart fails the "
+         "same way"),
+    Rule("ConfigError", "script",  # a tracker or hub the run logs in to, with no (or a wrong) key
+         r"api_key not configured|(?i:api[ _]key)[^\n]{0,40}(?:not (?:configured|set|found)|missing|invalid)|"
+         r"Invalid API key|wandb\.login\(key|401 Client Error: Unauthorized|Invalid (?:user )?token", 64, False,
+         "the run logs in to a service (an experiment tracker, a model hub) with no valid key: set the key "
+         "(e.g. WANDB_API_KEY, HF_TOKEN) or turn the service off (WANDB_MODE=disabled); a restart fails the same way"),
     Rule("ConfigError", "script",
          r"MisconfigurationException|larger than the maximum number of tokens that can be stored in KV cache|"
          r"\b(?:Config|Configuration)Error\b", 64, False,
@@ -327,7 +343,8 @@ RULES: list[Rule] = [
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
     Rule("Killed", "framework",
-         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
+         r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|line \d+:\s+\d+\s+Killed\s+\S|"  # bash's job report
+         r"^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
          r"(?:it/s|s/it|\d%)\]?\s*Killed\s*$|"
          r"exit(?:ed with)? (?:code|status)[:= ]*137\b|"
          r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
@@ -447,7 +464,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"address associated with hostname", b"resolve host", b"name resolution", b"incompleteread", b"return code",
     b"valid range", b"connection aborted", b"loss is nan", b"loss is inf", b"times out", b"hccl", b"imminent",
     b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter",
-    b"attach gpu", b"gpu is lost", b"overflow",
+    b"attach gpu", b"gpu is lost", b"overflow", b"divisible", b"multiple of", b"api_key", b"api key",
+    b"unauthorized", b"invalid token", b"memory pressure",
     "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
