@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -40,7 +39,7 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_mani
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
 from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
-from tasks.evaluation.warmstart import Warm, spawn_warm, take_precursor, trial_env
+from tasks.evaluation.warmstart import Warm, popen_trial, spawn_warm, take_precursor
 
 
 class EvalError(FrenzyError, RuntimeError):
@@ -210,8 +209,7 @@ class _Run:
         if self.opts.executor != "local":
             from cluster.ray_exec import node_process
 
-            env = {k: v for k, v in trial_env(self.opts.device, gpu).items() if k in ("OMP_NUM_THREADS",
-                                                                                    "CUDA_VISIBLE_DEVICES")}
+            env = {"OMP_NUM_THREADS": "1"} | ({"CUDA_VISIBLE_DEVICES": str(gpu)} if self.opts.device == "cuda" else {})
             lines, cancel = node_process(self.hosts[node], "tasks.evaluation.trial", spec, env, self._address)
             with self.lock:
                 self.cancels.add(cancel)
@@ -234,9 +232,7 @@ class _Run:
     def _popen(self, path: Path, gpu: int, log_path: Path) -> tuple[subprocess.Popen, Any]:
         """A local trial process for the spec at `path`."""
         log = open(log_path, "w")  # noqa: SIM115 - closed when the process ends
-        p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", str(path)], stdout=subprocess.PIPE,
-                             stderr=log, text=True, env=trial_env(self.opts.device, gpu))
-        return p, log
+        return popen_trial(str(path), self.opts.device, gpu, log), log
 
     def prewarm(self, node: int, gpu: int) -> None:
         """Start slot (node, gpu)'s next trial process now (local executor): its imports (torch: about 2 s of a

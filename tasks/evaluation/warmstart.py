@@ -49,7 +49,7 @@ class Warm:
         self.log_path.unlink(missing_ok=True)
 
 
-def trial_env(device: str, gpu: int) -> dict:
+def _trial_env(device: str, gpu: int) -> dict:
     """The environment of a trial or precursor process on GPU slot `gpu`: one OpenMP thread (a trial sets its own
     torch threads), that GPU only, and this checkout first on the path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
@@ -61,12 +61,18 @@ def trial_env(device: str, gpu: int) -> dict:
     return env
 
 
+def popen_trial(arg: str, device: str, gpu: int, log: IO) -> subprocess.Popen:
+    """`python -m tasks.evaluation.trial ARG` on slot `gpu` (ARG: a spec's path, or `--warm`: then it reads the
+    path on stdin), its stdout a pipe of events, its stderr to `log`."""
+    return subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", arg], stdout=subprocess.PIPE,
+                            stderr=log, stdin=subprocess.PIPE if arg == "--warm" else None, text=True,
+                            env=_trial_env(device, gpu))
+
+
 def spawn_warm(device: str, gpu: int, log_path: Path) -> Warm:
     """A warm trial process for slot `gpu`, its stderr to `log_path`."""
     log = open(log_path, "w")  # noqa: SIM115 - closed when the process is handed on or retired
-    p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", "--warm"], stdout=subprocess.PIPE,
-                         stderr=log, stdin=subprocess.PIPE, text=True, env=trial_env(device, gpu))
-    return Warm(p, log, log_path)
+    return Warm(popen_trial("--warm", device, gpu, log), log, log_path)
 
 
 _EARLY: list[Warm] = []
