@@ -41,18 +41,25 @@ def cmd_eval_plan(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from cli.fields import build, given
-    from tasks.evaluation.record import evaluate_and_record
     from tasks.evaluation.request import EvaluateRequest
     from tasks.evaluation.suite import load_suite
 
     req = build(EvaluateRequest, given(args, EvaluateRequest))
     suite = load_suite(req.suite)
+    from tasks.evaluation import warmstart
+
+    if req.schedule == "elastic" and req.executor == "local":  # the model copy's process starts beside our imports
+        warmstart.start_precursor(req.device)
+    from tasks.evaluation.record import evaluate_and_record
 
     def progress(msg: str, frac: float) -> None:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
-    res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress, req.reevaluate,
-                                       overwrite=req.overwrite)
+    try:
+        res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress, req.reevaluate,
+                                           overwrite=req.overwrite)
+    finally:
+        warmstart.discard_precursor()  # not taken: the evaluation failed before its copy, or was recorded already
     doc = res.model_dump(mode="json") | {"history_plot": summary.history_plot}
 
     def human() -> str:

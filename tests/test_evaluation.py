@@ -293,6 +293,24 @@ def test_a_warm_trial_process_exits_quietly_when_no_trial_comes():
     assert p.returncode == 0 and p.stdout == ""
 
 
+def test_an_early_precursor_process_makes_the_copy_and_an_unneeded_one_is_killed(ckpt, tmp_path):
+    from tasks.evaluation import warmstart
+
+    warmstart.start_precursor("cpu")  # as `frenzy evaluate` does before its imports
+    early = warmstart._EARLY[0]
+    early.log.write("early-log-marker\n")
+    early.log.flush()
+    res = evaluate(ckpt, small_suite(), EvalOptions(out_dir=str(tmp_path / "o")))
+    assert early.proc.wait(timeout=120) == 0  # it ran node 0's copy (a retired one is killed)
+    log = (tmp_path / "o" / "trials" / "precursor-n0.stderr").read_text()
+    assert log.startswith("early-log-marker") and not early.log_path.exists()
+    assert warmstart.take_precursor() is None and res.precursor_s[0] > 0 and res.scores["heldout-loss"]
+    warmstart.start_precursor("cpu")  # one nobody takes (the evaluation failed before its copy)
+    other = warmstart._EARLY[0]
+    warmstart.discard_precursor()
+    assert other.proc.wait(timeout=30) != 0 and not other.log_path.exists() and warmstart.take_precursor() is None
+
+
 def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored_at_their_own_uri(ckpt, tmp_path):
     src = ckpt.removeprefix("file://")
     a, b = tmp_path / "alice", tmp_path / "bob"

@@ -199,6 +199,27 @@ def test_six_task_types_through_a_suite_give_lm_evals_numbers(world, tmp_path):
     assert 0 < scores["frz_gen"]["exact_match,strict-match"] < 1 and 0 < scores["frz_group"]["acc,none"] < 1
 
 
+def test_lm_eval_templates_compiled_once_build_the_requests_a_fresh_compile_builds(world, monkeypatch):
+    """Every task's requests are the same whether lm-eval compiles each template for every document (its own way)
+    or once per source (Frenzy's), and a second build compiles nothing."""
+    from lm_eval import utils
+
+    from tasks.evaluation.lmeval import source
+    from tasks.evaluation.suite import LmevalSource
+
+    src = LmevalSource(tasks=kit.TASKS, include=[str(world["tasks"])])
+    tasks = source.load(src).tasks  # its loading turns compile-once on
+    env = utils.env
+    compiles = []
+    compile_one = type(env).compile
+    monkeypatch.setattr(type(env), "compile", lambda self, *a, **k: compiles.append(1) or compile_one(self, *a, **k))
+    once = {n: source.build_requests(t, src) for n, t in tasks.items()}
+    compiles.clear()
+    assert {n: source.build_requests(t, src) for n, t in tasks.items()} == once and not compiles
+    monkeypatch.setattr(env, "from_string", type(env).from_string.__get__(env))  # lm-eval's: a compile per use
+    assert {n: source.build_requests(t, src) for n, t in tasks.items()} == once and len(compiles) > 100
+
+
 def _task_manager(world):
     from lm_eval.tasks import TaskManager
 

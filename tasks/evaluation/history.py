@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -73,6 +74,20 @@ def _stderr_twin(name: str) -> str | None:
     """The metric whose standard error series `name` is (lm-eval's `acc_stderr,none` of `acc,none`), else None."""
     metric, sep, filt = name.partition(",")
     return metric.removesuffix("_stderr") + sep + filt if metric.endswith("_stderr") else None
+
+
+def preload_plotting() -> threading.Thread:
+    """Import the plotting stack (matplotlib's Figure and Agg canvas: about a second, most of drawing the plot) in a
+    daemon thread, so that the plot after an evaluation does not start with it; call it while the evaluation's
+    trials run (the calling process waits on them). Importing again later waits for this one to finish."""
+
+    def imports() -> None:
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+
+    t = threading.Thread(target=imports, name="preload-plotting", daemon=True)
+    t.start()
+    return t
 
 
 def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:

@@ -84,7 +84,8 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         if not overwrite:
             _refuse_results(out)
         with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
-            res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), progress)
+            res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), progress,
+                           history.preload_plotting)  # the plot's imports beside the trials, not after them
             res = res.model_copy(update={"out_dir": str(out)})  # where it will be once renamed into place
             (tmp / "result.json").write_text(res.model_dump_json(indent=1))
             # before the rename: a history that cannot be written (a full disk) leaves no results behind

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -40,6 +39,7 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_mani
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
 from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
+from tasks.evaluation.warmstart import Warm, popen_trial, spawn_warm, take_precursor
 
 
 class EvalError(FrenzyError, RuntimeError):
@@ -122,16 +122,6 @@ class EvalResult(BaseModel):
     """Datasets planned with learned priors (the rest with the suite's)."""
 
 
-def _trial_env(device: str, gpu: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
-    env["OMP_NUM_THREADS"] = "1"
-    if device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def _hosts(opts: EvalOptions) -> list[str]:
     """Where each of the `nodes` runs: `local` for all, or distinct Ray nodes (`ray_nodes`, else the alive ones)."""
     if opts.executor == "local":
@@ -194,7 +184,10 @@ class _Run:
         self.n_chunks = 0
         self.done_chunks = 0
         self.procs: set[subprocess.Popen] = set()
-        self.warm: dict[tuple[int, int], tuple[subprocess.Popen, Any, Path]] = {}  # (node, gpu): a trial process ahead
+        self.warm: dict[tuple[int, int], Warm] = {}  # (node, gpu): a trial process ahead; (node, -1): a precursor
+        early = take_precursor() if opts.executor == "local" else None  # started by `frenzy evaluate` before imports
+        if early is not None:
+            self.warm[(0, -1)] = early
         self.cancels: set[Callable[[], None]] = set()
         self._address = None if opts.executor in ("local", "ray") else opts.executor
         self.hosts = _hosts(opts)
@@ -216,13 +209,12 @@ class _Run:
         if self.opts.executor != "local":
             from cluster.ray_exec import node_process
 
-            env = {k: v for k, v in _trial_env(self.opts.device, gpu).items() if k in ("OMP_NUM_THREADS",
-                                                                                    "CUDA_VISIBLE_DEVICES")}
+            env = {"OMP_NUM_THREADS": "1"} | ({"CUDA_VISIBLE_DEVICES": str(gpu)} if self.opts.device == "cuda" else {})
             lines, cancel = node_process(self.hosts[node], "tasks.evaluation.trial", spec, env, self._address)
             with self.lock:
                 self.cancels.add(cancel)
             return lines
-        warm = None if spec.get("precursor") else self._adopt(node, gpu, path)
+        warm = self._adopt(node, -1 if spec.get("precursor") else gpu, path)
         p, log = warm or self._popen(path, gpu, path.with_suffix(".stderr"))
         with self.lock:
             self.procs.add(p)
@@ -237,14 +229,10 @@ class _Run:
 
         return lines()
 
-    def _popen(self, path: Path | None, gpu: int, log_path: Path) -> tuple[subprocess.Popen, Any]:
-        """A local trial process for the spec at `path` (None: a warm one, which reads its spec's path on stdin)."""
+    def _popen(self, path: Path, gpu: int, log_path: Path) -> tuple[subprocess.Popen, Any]:
+        """A local trial process for the spec at `path`."""
         log = open(log_path, "w")  # noqa: SIM115 - closed when the process ends
-        arg = str(path) if path is not None else "--warm"
-        p = subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", arg], stdout=subprocess.PIPE, stderr=log,
-                             stdin=subprocess.PIPE if path is None else None, text=True,
-                             env=_trial_env(self.opts.device, gpu))
-        return p, log
+        return popen_trial(str(path), self.opts.device, gpu, log), log
 
     def prewarm(self, node: int, gpu: int) -> None:
         """Start slot (node, gpu)'s next trial process now (local executor): its imports (torch: about 2 s of a
@@ -256,33 +244,30 @@ class _Run:
                 return
             log_path = self.out / "trials" / f"warm-n{node}-g{gpu}-{uuid.uuid4().hex[:6]}.stderr"
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            p, log = self._popen(None, gpu, log_path)
-            self.procs.add(p)
-            self.warm[(node, gpu)] = (p, log, log_path)
+            w = spawn_warm(self.opts.device, gpu, log_path)
+            self.procs.add(w.proc)
+            self.warm[(node, gpu)] = w
 
     def _adopt(self, node: int, gpu: int, spec_path: Path) -> tuple[subprocess.Popen, Any] | None:
-        """The slot's warm process, handed the spec (its log renamed to the trial's), or None when there is none."""
+        """The slot's warm process (gpu -1: the node's early precursor), handed the spec (its log moved to the
+        trial's), or None when there is none."""
         with self.lock:
             w = self.warm.pop((node, gpu), None)
+            if w is not None:
+                self.procs.add(w.proc)
         if w is None:
             return None
-        p, log, log_path = w
         try:
-            os.replace(log_path, spec_path.with_suffix(".stderr"))
-            p.stdin.write(f"{spec_path}\n")
-            p.stdin.close()
-            return p, log
+            w.hand(spec_path, spec_path.with_suffix(".stderr"), relog=gpu < 0)
+            return w.proc, w.log
         except OSError:  # it died (killed while warming): start a fresh one
-            self._retire(p, log, spec_path.with_suffix(".stderr"))
+            self._retire(w)
             return None
 
-    def _retire(self, p: subprocess.Popen, log: Any, log_path: Path) -> None:
-        p.kill()
-        p.wait()
-        log.close()
-        log_path.unlink(missing_ok=True)
+    def _retire(self, w: Warm) -> None:
+        w.retire()
         with self.lock:
-            self.procs.discard(p)
+            self.procs.discard(w.proc)
 
     def _events(self, stream, name: str):  # noqa: ANN001, ANN202
         for line in stream:
@@ -311,7 +296,7 @@ class _Run:
                 pass
             self.precursor_s[node] = time.monotonic() - t
             for g in range(self.opts.gpus_per_node):  # the first trials' processes import while the suite is planned
-                self.prewarm(node, g)  # (not beside the copy: on 2 cores that slowed the copy and the plan by more)
+                self.prewarm(node, g)  # (when the plan is done first, `gpu_worker` started them beside the copy)
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001
             self.failed = self.failed or str(err)
@@ -322,6 +307,8 @@ class _Run:
         return self.done_chunks / max(self.n_chunks, 1)
 
     def gpu_worker(self, node: int, gpu: int) -> None:
+        if self.queue:  # the suite is planned: the slot's first trial process imports now, beside the model copy
+            self.prewarm(node, gpu)
         self.ready[node].wait()
         while self.failed is None:
             with self.lock:
@@ -428,8 +415,8 @@ class _Run:
         """Stop whatever still runs (also after a failure before `execute`) and remove the shared-memory copies."""
         with self.lock:
             warm, self.warm = list(self.warm.values()), {}
-        for p, log, log_path in warm:  # started ahead for trials that went to other slots
-            self._retire(p, log, log_path)
+        for w in warm:  # started ahead for trials that went to other slots
+            self._retire(w)
         for pool in self.pools:
             pool.shutdown(wait=True, cancel_futures=True)
         with self.lock:
@@ -444,6 +431,8 @@ class _Run:
 
 def _check_datasets(suite: Suite, ctx: EvalContext) -> None:
     for d in suite.datasets:
+        if _is_lmeval(d):  # `expand` wrote its requests file and counted its documents from it a moment ago
+            continue
         ds = resolve(d.source, d.mode, d.options, ctx)
         if len(ds) < d.examples:
             raise DatasetError(f"suite {suite.name}: {d.name} asks for {d.examples} examples; the dataset has "
@@ -476,8 +465,10 @@ def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str) -> tuple[
 
 
 def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
-             progress: Callable[[str, float], None] | None = None) -> EvalResult:
-    """Evaluate one committed checkpoint on a suite; see the module docstring."""
+             progress: Callable[[str, float], None] | None = None,
+             while_running: Callable[[], object] | None = None) -> EvalResult:
+    """Evaluate one committed checkpoint on a suite; see the module docstring. `while_running` is called once the
+    suite is planned, as its trials start (work of the caller's that can overlap them: this process mostly waits)."""
     opts = opts or EvalOptions()
     progress = progress or (lambda msg, frac: None)
     uri, run_name, step, info = _model(uri)
@@ -494,6 +485,8 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
         suite, sched, used = _plan(suite, ctx, opts, key)
         progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
                  f"predicted {sched.makespan_s:.1f}s", 0.0)
+        if while_running is not None:
+            while_running()
         makespan = run.execute(suite, sched)
     finally:
         run.close()

@@ -95,13 +95,20 @@ def precursor(spec: dict) -> None:
 
 def _warm() -> str | None:
     """A process started ahead of its trial (`--warm`): the imports a trial needs now, while the runner plans or
-    another trial infers; then the spec's path from stdin (None at end of input: the trial went elsewhere)."""
+    another trial infers; then the spec's path from stdin (None at end of input: the trial went elsewhere). A line
+    `SPEC<TAB>LOG` also moves this process's stderr to the file LOG (appended to)."""
     import torch  # noqa: F401
 
     import tasks.evaluation.decode  # noqa: F401
     import tasks.evaluation.engine  # noqa: F401
 
-    return sys.stdin.readline().strip() or None
+    path, _, log = sys.stdin.readline().strip().partition("\t")
+    if log:
+        sys.stderr.flush()
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    return path or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,4 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # everything is written (predictions atomically, events flushed): skip the interpreter's teardown of torch and
+    # the engine (1-2 s on a busy CPU), which the runner would otherwise wait for at the end of every trial
+    os._exit(code)

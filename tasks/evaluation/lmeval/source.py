@@ -45,7 +45,8 @@ class LmevalTaskError(FrenzyError):
 
 
 def require_lm_eval() -> None:
-    """Set the offline switches (before `datasets` is imported) and check that lm_eval is installed."""
+    """Set the offline switches (before `datasets` is imported), check that lm_eval is installed, and have its
+    templates compiled once each (`compile_templates_once`)."""
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
@@ -53,6 +54,32 @@ def require_lm_eval() -> None:
     except ImportError:
         raise LmevalTaskError("lm-eval tasks need the lm_eval package: pip install -e '.[lmeval]' "
                               "(lm_eval==0.4.13)") from None
+    compile_templates_once()
+
+
+def compile_templates_once() -> None:
+    """lm-eval renders a task's Jinja fields (doc_to_text, doc_to_target, doc_to_choice, ...) through
+    `lm_eval.utils.apply_template`, which compiles the template source again for every document and field
+    (`env.from_string`): most of the time of building a task's requests, and of its metric jobs. Here its
+    environment keeps each compiled template by its source, so a source is compiled once per process. A compiled
+    template renders exactly what a fresh compile of the same source renders (and may be rendered from several
+    threads), so the requests and scores are unchanged."""
+    from lm_eval import utils
+
+    env = utils.env
+    with _LOCK:
+        if getattr(env, "_frenzy_compiled_once", False):
+            return
+        compile_source = env.from_string
+        cached = lru_cache(maxsize=4096)(compile_source)
+
+        def from_string(source: Any, globals: Any = None, template_class: Any = None) -> Any:  # noqa: A002
+            if globals is None and template_class is None and isinstance(source, str):
+                return cached(source)
+            return compile_source(source, globals, template_class)
+
+        env.from_string = from_string
+        env._frenzy_compiled_once = True
 
 
 def _local_files(spec: Any) -> list[str]:

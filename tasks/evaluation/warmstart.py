@@ -1,0 +1,102 @@
+"""Processes an evaluation starts before its own imports (no torch here, so it is cheap to import first).
+
+`frenzy evaluate` spends its first seconds importing (torch, the pipeline's modules, lm-eval) on one core while the
+other is idle. `start_precursor` starts the first node's precursor process at once, as a warm trial process
+(`python -m tasks.evaluation.trial --warm`): it imports torch beside the command's own imports and then waits for its
+spec. The runner adopts it (`take_precursor`) for node 0's precursor, so the model copy, and the trial processes
+started after it, are ready sooner. An early process nobody adopts is killed when the command exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+
+@dataclass
+class Warm:
+    """A started trial process waiting for its spec's path on stdin, and the file its stderr goes to so far."""
+
+    proc: subprocess.Popen
+    log: IO
+    log_path: Path
+
+    def hand(self, spec_path: Path, log_path: Path, relog: bool) -> None:
+        """Give it its spec. With `relog`, its log so far is copied to `log_path` and the process moves its stderr
+        there itself (its first log was outside the evaluation's directory); else its log file is renamed there."""
+        if relog:
+            shutil.copyfile(self.log_path, log_path)
+            self.proc.stdin.write(f"{spec_path}\t{log_path}\n")
+        else:
+            os.replace(self.log_path, log_path)
+            self.proc.stdin.write(f"{spec_path}\n")
+        self.proc.stdin.close()
+        if relog:
+            self.log_path.unlink(missing_ok=True)
+
+    def retire(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+        self.log_path.unlink(missing_ok=True)
+
+
+def _trial_env(device: str, gpu: int) -> dict:
+    """The environment of a trial or precursor process on GPU slot `gpu`: one OpenMP thread (a trial sets its own
+    torch threads), that GPU only, and this checkout first on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    env["OMP_NUM_THREADS"] = "1"
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def popen_trial(arg: str, device: str, gpu: int, log: IO) -> subprocess.Popen:
+    """`python -m tasks.evaluation.trial ARG` on slot `gpu` (ARG: a spec's path, or `--warm`: then it reads the
+    path on stdin), its stdout a pipe of events, its stderr to `log`."""
+    return subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", arg], stdout=subprocess.PIPE,
+                            stderr=log, stdin=subprocess.PIPE if arg == "--warm" else None, text=True,
+                            env=_trial_env(device, gpu))
+
+
+def spawn_warm(device: str, gpu: int, log_path: Path) -> Warm:
+    """A warm trial process for slot `gpu`, its stderr to `log_path`."""
+    log = open(log_path, "w")  # noqa: SIM115 - closed when the process is handed on or retired
+    return Warm(popen_trial("--warm", device, gpu, log), log, log_path)
+
+
+_EARLY: list[Warm] = []
+_LOCK = threading.Lock()
+
+
+def start_precursor(device: str) -> None:
+    """Start node 0's precursor process now (once per process), before the caller's heavy imports."""
+    with _LOCK:
+        if _EARLY:
+            return
+        fd, name = tempfile.mkstemp(prefix="frenzy-precursor-", suffix=".stderr")
+        os.close(fd)
+        _EARLY.append(spawn_warm(device, 0, Path(name)))
+    atexit.register(discard_precursor)
+
+
+def take_precursor() -> Warm | None:
+    """The early precursor process, once (None when none was started, or it was taken)."""
+    with _LOCK:
+        return _EARLY.pop() if _EARLY else None
+
+
+def discard_precursor() -> None:
+    """Kill the early precursor process if nobody took it (the evaluation failed before, or was not needed)."""
+    while (w := take_precursor()) is not None:
+        w.retire()
