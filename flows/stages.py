@@ -224,19 +224,20 @@ class TriggeredEvaluations:
             self.warn(f"{what} is paused: the evaluation runs wait until it is resumed (`{fix}`)")
         self.pool_said = paused or self.gone_said
 
-    def other_suite(self, unscored: set[int], suite: str, history_dir: str) -> dict[int, str]:
+    def other_suite(self, unscored: set[int], suite: str, history_dir: str) -> list[tuple[int, str]]:
         """The steps of `unscored` whose newest run completed for another suite or history directory (the job was
         resubmitted with a new suite while the old runs were queued): {step: the suite that run evaluated}. Each
-        needs a run of its own with `suite`; once started, that run is the newest and the step leaves this list."""
+        needs a run of its own with `suite`; once started, that run is the newest and the step leaves this list.
+        [(step, the suite that run evaluated)]."""
         def same(a: str, b: str) -> bool:
             return (place_key(a) == place_key(b)) if path_like(a) and path_like(b) else a == b
 
-        out = {}
+        out = []
         for step in sorted(unscored & self.completed):
             req = self.params.get(step, {}).get("request") or {}
             theirs, where = str(req.get("suite", "")), str(req.get("history_dir", ""))
             if not same(theirs, suite) or (where and not same(where, history_dir)):
-                out[step] = theirs if not same(theirs, suite) else f"{theirs} into {where}"
+                out.append((step, theirs if not same(theirs, suite) else f"{theirs} into {where}"))
         return out
 
     def orphans(self, unscored: set[int]) -> list[int]:
@@ -445,7 +446,7 @@ class FlowStages:
             for step in triggered.orphans(unscored):  # its commit made no run (or was stopped first)
                 self.log.info("step %d has no score and no evaluation run: starting one", step)
                 triggered.start(step, r.suite_spec, r.history_dir)
-            for step, theirs in triggered.other_suite(unscored, r.suite_spec, r.history_dir).items():
+            for step, theirs in triggered.other_suite(unscored, r.suite_spec, r.history_dir):
                 self.log.warning("the evaluation run of step %d evaluated %s (an earlier submit's), not %s: starting "
                                  "one with this suite", step, theirs, r.suite_spec)
                 triggered.start(step, r.suite_spec, r.history_dir)

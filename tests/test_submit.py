@@ -638,13 +638,13 @@ def test_a_step_evaluated_for_an_earlier_suite_gets_a_run_of_this_suite_and_a_de
         t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=60), warned.append)
         assert t.ended_without_score() == {}  # completed runs are not failures
         # step 10's run evaluated the old suite: it needs one of suite2 (spelled another way); step 20's is this suite's
-        assert t.other_suite({10, 20}, f"{tmp_path}/./suite2.yaml", hist) == {10: str(tmp_path / "suite.yaml")}
-        assert t.other_suite({10, 20}, str(tmp_path / "suite.yaml"), hist) == {20: str(tmp_path / "suite2.yaml")}
+        assert t.other_suite({10, 20}, f"{tmp_path}/./suite2.yaml", hist) == [(10, str(tmp_path / "suite.yaml"))]
+        assert t.other_suite({10, 20}, str(tmp_path / "suite.yaml"), hist) == [(20, str(tmp_path / "suite2.yaml"))]
         assert t.other_suite({20}, str(tmp_path / "suite2.yaml"), str(tmp_path / "elsewhere")) == \
-            {20: f"{tmp_path / 'suite2.yaml'} into {hist}"}
+            [(20, f"{tmp_path / 'suite2.yaml'} into {hist}")]
         t.start(10, str(tmp_path / "suite2.yaml"), hist)  # the new run is the newest: the step leaves the list
         t.ended_without_score()
-        assert t.other_suite({10}, str(tmp_path / "suite2.yaml"), hist) == {}
+        assert t.other_suite({10}, str(tmp_path / "suite2.yaml"), hist) == []
         assert warned == ["the work pool pool-41f is paused: the evaluation runs wait until it is resumed "
                           "(`prefect work-pool resume pool-41f`)"]
         client.delete_work_pool("pool-41f")  # after the pause was said: the deployment is left without a pool
