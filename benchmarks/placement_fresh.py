@@ -223,8 +223,8 @@ def run_row(w: Window, into: Path, ilp: bool) -> dict[str, Any]:
     res = {p: simulate(c, t2, p) for p in pols}  # type: ignore[arg-type]
     (into / "jobs").mkdir(parents=True, exist_ok=True)
     write_jobs_csv(res, str(into / "jobs" / f"{w.key}.csv"))  # per job and policy: where, when and why
-    run: dict[str, Any] = {p: r.summary() for p, r in res.items()}
-    run["lower_bound_avg_jct_s"] = max(lower_bounds(c, t2)["avg_jct_s"], rate_bound(c, t2)[0])
+    run: dict[str, Any] = {p: r.summary().to_json() for p, r in res.items()}
+    run["lower_bound_avg_jct_s"] = max(lower_bounds(c, t2).avg_jct_s, rate_bound(c, t2)[0])
     out: dict[str, Any] = {**dataclasses.asdict(w), "gpus": gpus, "jobs": len(trace), "dropped": dropped,
                            "wall_s": round(time.time() - t0, 1), "runs": {p: run[p] for p in pols},
                            "lower_bound_avg_jct_s": run["lower_bound_avg_jct_s"]}
