@@ -31,7 +31,7 @@ from cluster.has import GpuRequest, decide, place, requests_from_plans
 from cluster.jobperf import INTER_NODE_GBS, best_layout
 from cluster.queue import Admit, QueueOrder, Reservation, Waiting, ordered, reserve, walk
 from cluster.sim_engine import Options, Policy, silent_highs
-from cluster.sizing import Sizer, WaitHistory, arrival_rate, exact_type_requests, prepare
+from cluster.sizing import Sizer, arrival_rate, exact_type_requests, prepare
 
 if TYPE_CHECKING:
     from cluster.sim_engine import Engine, SimConfig
@@ -114,8 +114,6 @@ class Has:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self._options: dict[int, Options | None] = {}
-        self._history: dict[int, WaitHistory] = {}
-        """Per waiting job, its first wait for a plan that did not fit (cluster/sizing.py `WaitHistory`)."""
 
     def options(self, sim: Engine, i: int) -> Options | None:
         """What job `i` may run on (cached); None: nothing of the cluster holds it."""
@@ -206,8 +204,7 @@ class Has:
         asked = {w.job: sim.jobs[int(w.job)].trace.num_gpus for w in waiting}  # type: ignore[call-overload]
         sizer = Sizer(sim.pool, list(sim.running.values()), now,
                       ordered(waiting, self.cfg.queue_order, now, self.cfg.aging), reqs_of, self.cfg.min_scaling,
-                      arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after,
-                      self._history if self.cfg.rewait else None)
+                      arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after)
 
         def try_place(w: Waiting, admit: Admit) -> bool:
             i = int(w.job)  # type: ignore[call-overload]
@@ -219,7 +216,6 @@ class Has:
             assert o is not None
             sim.start(i, now, d.nodes, o.layouts[d.plan_index], d.request.run_s)
             sim.jobs[i].decision = why
-            self._history.pop(i, None)
             return True
 
         _, left, res = walk(waiting, self.cfg.queue_order, now, try_place, self.cfg.aging,
@@ -227,8 +223,6 @@ class Has:
         sim.decisions_ms += sizer.decision_ms
         sim.backfills_refused += sizer.refused
         sim.idle_violations += sizer.violations(left, res)
-        for j, start in sizer.promised.items():  # a job's first wait is the promise later passes hold it to
-            self._history.setdefault(int(j), WaitHistory(now, start))  # type: ignore[call-overload]
         for w in left:
             if w.job in sizer.records:
                 sim.jobs[int(w.job)].decision = sizer.records[w.job]  # type: ignore[call-overload]

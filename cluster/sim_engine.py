@@ -54,9 +54,6 @@ class SimConfig:
     sizing: bool = True
     """HAS sizes each job by load and keeps GPUs busy (cluster/sizing.py); False: the paper's first plan that fits."""
     min_scaling: float = MIN_SCALING
-    rewait: bool = True
-    """A job still waiting past its predicted start has its waits predicted again from how far it missed
-    (cluster/sizing.py `WaitHistory`); False: every pass predicts afresh (the policy before round 7)."""
     elastic: Literal["trace", "all", "none"] = "trace"
     """Whether jobs may change their GPU count: as each trace job says (default), all, or none."""
 

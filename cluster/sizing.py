@@ -37,14 +37,6 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   GPUs freed meanwhile (holding them predicted a 49,000 s wait for an H100 on red team 43's `oldmix` cluster where
   fcfs waited 1,100 s, and `has` ran 1-GPU jobs on T4s 15x slower: 1.02x fcfs's average JCT).
   Per-node fragmentation is ignored (an estimate, as every prediction here).
-- **A broken wait is predicted again** (`WaitHistory`): the prediction counts only the jobs ahead in this pass, so
-  when shorter jobs that arrive later keep going ahead (the `shortest` order), a job that chose to wait for a faster
-  type can still be waiting past its predicted start. From then on the predicted wait of every plan it could wait for
-  is stretched by how far the first promise missed: `slip` = time waited / wait predicted then. The job keeps waiting
-  only while the corrected plan still costs less than a plan that fits now (the comparison above, same margin), so a
-  promise missed by 10% changes little, one missed 10x sends it to the slower type. Dropping the wait outright once
-  the predicted start passed fixed round 6's medians but put jobs on slow GPUs that a short wait would have served
-  (openb O3: 1.28x fcfs's average, 1.76x its makespan): reverted.
 - **The decision record** says which plan ran and why, the load that chose it, whether it runs on fewer or more
   GPUs than its user asked for (`shrunk`/`widened`, where the caller knows the count asked), and whether it starts
   ahead of jobs that arrived before it and still wait (`ahead of N earlier arrivals`).
@@ -91,29 +83,6 @@ def arrival_rate(submitted_s: Iterable[float], now_s: float, window: int = ARRIV
         return 0.0
     span = max(now_s, recent[-1]) - recent[0]
     return (len(recent) - 1) / span if span > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class WaitHistory:
-    """A waiting job's first choice to wait for a plan that did not fit: when, and the start predicted then. Kept by
-    the caller across passes (`Sizer(history=...)`, `Sizer.promised`) until the job starts."""
-
-    since_s: float
-    promised_s: float
-
-    def slip(self, now_s: float) -> float:
-        """1.0 until the predicted start has passed; then the time waited over the wait predicted (at least 1 s)."""
-        if now_s <= self.promised_s:
-            return 1.0
-        return (now_s - self.since_s) / max(self.promised_s - self.since_s, 1.0)
-
-    def note(self, now_s: float) -> str:
-        """The decision record's words for a stretched prediction ('' while the promise holds)."""
-        k = self.slip(now_s)
-        if k <= 1.0:
-            return ""
-        return (f"; its wait predicted {self.promised_s - self.since_s:.0f} s has run {now_s - self.since_s:.0f} s: "
-                f"predicted waits stretched x{k:.2f}")
 
 
 @dataclass(frozen=True)
@@ -181,9 +150,7 @@ class Backlog:
     def __init__(self, pool: FreePool, running: Iterable[Running], now_s: float) -> None:
         self.pool, self.now_s = pool, now_s
         self._nidx = {n: k for k, n in enumerate(pool.info)}
-        # an allocation past its predicted end is predicted to end now, not in the past (a start predicted before now
-        # is a promise broken the moment it is made)
-        flat = sorted((max(r.end_s, now_s), self._nidx.get(n, -1), k) for r in running if not math.isinf(r.end_s)
+        flat = sorted((r.end_s, self._nidx.get(n, -1), k) for r in running if not math.isinf(r.end_s)
                       for n, k in r.nodes if k)
         # every running allocation's release, per node, by predicted end (a multi-node one gives a row per node)
         self._end = np.array([e for e, _, _ in flat], dtype=np.float64)
@@ -407,14 +374,11 @@ def prepare(requests: Sequence[GpuRequest]) -> None:
     _profile(requests)
 
 
-def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int, penalty: float = 0.0,
-               slip: float = 1.0) -> Candidate:
-    """Request k as a candidate: placed now, or with its predicted start (the wait stretched by `slip`)."""
+def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k: int, penalty: float = 0.0
+               ) -> Candidate:
     r = requests[k]
     nodes = place(free.pool, r) if free.fits(r) else None
     start = backlog.now_s if nodes is not None else backlog.start_s(r, free.usable(r))
-    if nodes is None and slip > 1.0 and math.isfinite(start):
-        start = backlog.now_s + (start - backlog.now_s) * slip
     return Candidate(k, r, start, start + (r.run_s or 0.0), nodes, penalty)
 
 
@@ -446,14 +410,13 @@ def _penalties(prof: _Profile, backlog: Backlog, behind: int, arrivals_per_s: fl
 
 
 def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spare: int, behind: int = 0,
-           min_scaling: float = MIN_SCALING, arrivals_per_s: float = 0.0, slip: float = 1.0) -> Choice:
+           min_scaling: float = MIN_SCALING, arrivals_per_s: float = 0.0) -> Choice:
     """The job's candidate plans, cheapest first: predicted finish plus what the plan costs the others (ties: the one
     that starts now, fewer GPUs).
 
     Per GPU type set, the plan the load calls for (module docstring), preferring one that fits now; `behind` is the
-    number of jobs waiting behind this one, `arrivals_per_s` the recent arrival rate, `slip` the factor its broken
-    wait stretches every predicted wait by (`WaitHistory.slip`). Waiting is chosen only when it is predicted to cost
-    less than every plan that fits now."""
+    number of jobs waiting behind this one, `arrivals_per_s` the recent arrival rate. Waiting is chosen only when it is
+    predicted to cost less than every plan that fits now."""
     now = backlog.now_s
     prof = _profile(requests)
     if not prof.predicted:  # no predictions: HAS's first fit in rank order
@@ -465,7 +428,7 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     fit = free.fit_all(requests, prof)
     widen = spare > prof.min_gpus and prof.max_gpus > prof.min_gpus
     pen = goodput_penalty(requests, backlog, behind, arrivals_per_s)
-    prefs = [c for g in prof.groups for c in _preferred(free, fit, backlog, requests, g, spare, min_scaling, pen, slip)]
+    prefs = [c for g in prof.groups for c in _preferred(free, fit, backlog, requests, g, spare, min_scaling, pen)]
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
     wait_cost = waiting.cost if waiting is not None else math.inf
     ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
@@ -488,7 +451,7 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
 
 
 def _preferred(free: _Free, fit: list[bool], backlog: Backlog, requests: Sequence[GpuRequest], g: _Group, spare: int,
-               min_scaling: float, pen: Callable[[int], float], slip: float = 1.0) -> list[Candidate]:
+               min_scaling: float, pen: Callable[[int], float]) -> list[Candidate]:
     """The candidates of one GPU type set: among its plans that may run now (wider than its narrowest only into spare
     GPUs, while they scale), the cheapest that fits now; and the cheapest to wait for among all its plans that scale,
     where it may cost less than that (a wider plan once GPUs free up can beat the narrow one now: a job shrunk to one
@@ -511,7 +474,7 @@ def _preferred(free: _Free, fit: list[bool], backlog: Backlog, requests: Sequenc
         n = requests[k].gpus
         if score(k) < bound and (n not in best or score(k) < score(best[n])):
             best[n] = k
-    waits = [c for c in (_candidate(free, backlog, requests, k, pen(k), slip) for k in best.values())
+    waits = [c for c in (_candidate(free, backlog, requests, k, pen(k)) for k in best.values())
              if not out or c.cost < out[0].cost]
     if waits:
         out.append(min(waits, key=lambda c: (c.cost, c.request.gpus, c.index)))
@@ -572,16 +535,13 @@ class Sizer:
     """One scheduling pass of `cluster/queue.py`'s walk with `choose` per job: the code the live ledger and the
     simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests; `arrivals_per_s`: the
     recent arrival rate (`arrival_rate`); `asked`: the GPU count each job's user asked for, where known (for the
-    record's shrunk/widened note); `history`: per waiting job its first wait (`WaitHistory`), which the caller keeps
-    from `promised` (each job that chose to wait in this pass: its predicted start) until the job starts."""
+    record's shrunk/widened note)."""
 
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
                  reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING,
                  arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None,
-                 reserve_after: float = RESERVE_AFTER, history: Mapping[Hashable, WaitHistory] | None = None) -> None:
+                 reserve_after: float = RESERVE_AFTER) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
-        self.history = history or {}
-        self.promised: dict[Hashable, float] = {}
         self.reserve_after = reserve_after
         self.min_scaling, self.arrivals_per_s, self.asked = min_scaling, arrivals_per_s, asked or {}
         self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
@@ -609,9 +569,8 @@ class Sizer:
             return None
         t0 = time.perf_counter()
         n, demand = self.behind.get(w.job, (0, 0))
-        hist = self.history.get(w.job)
         ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling,
-                    self.arrivals_per_s, hist.slip(self.now_s) if hist else 1.0)
+                    self.arrivals_per_s)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
         self._penalties[w.job] = goodput_penalty(reqs, self.backlog, n, self.arrivals_per_s)
         refused: Candidate | None = None  # the earliest-finishing plan the reservation refused, as a plan to wait for
@@ -623,8 +582,7 @@ class Sizer:
             run_s = c.request.run_s if c.request.run_s is not None else w.predicted_s  # the queue entry's prediction
             if admit(c.nodes, run_s):
                 self.backlog.started(c.nodes, run_s)
-                self.records[w.job] = ch.record(c, self.now_s) + self._notes(w, c.request.gpus) + (
-                    hist.note(self.now_s) if hist else "")
+                self.records[w.job] = ch.record(c, self.now_s) + self._notes(w, c.request.gpus)
                 return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
             self.refused += 1
             later = self._after_reservation(c)
@@ -644,13 +602,10 @@ class Sizer:
     def _wait(self, w: Waiting, reqs: Sequence[GpuRequest], ch: Choice, c: Candidate) -> None:
         self.backlog.claim(c.request)
         self.target[w.job] = c.request
-        self.promised[w.job] = c.start_s
         self.waits[w.job] = (reqs, c.cost, self._penalties[w.job])
         self.records[w.job] = ch.record(None, self.now_s) if c is ch.candidates[0] else (
             f"{ch.mode}: waits for {c.request.gpus} GPU(s) of {_types(c.request)} after the queue head's reservation, "
             f"predicted start in {c.start_s - self.now_s:.0f} s, finish in {c.finish_s - self.now_s:.0f} s")
-        hist = self.history.get(w.job)
-        self.records[w.job] += hist.note(self.now_s) if hist else ""
         return None
 
     def _notes(self, w: Waiting, gpus: int) -> str:

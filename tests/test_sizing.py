@@ -10,9 +10,9 @@ import pytest
 from cluster.has import FreePool, GpuRequest, NodeInfo
 from cluster.inventory import Cluster, Node, load_cluster
 from cluster.ledger import Ledger
-from cluster.queue import Running, Waiting, reserve
+from cluster.queue import Running, reserve
 from cluster.simulator import SimConfig, simulate
-from cluster.sizing import Backlog, Sizer, WaitHistory, choose, goodput_penalty, idle_violations
+from cluster.sizing import Backlog, choose, goodput_penalty, idle_violations
 from cluster.synth_traces import mixed, parse_synthetic, production
 from cluster.traces import BATCH_PER_GPU, TraceError, TraceJob, model_for_gpu_hours
 
@@ -40,29 +40,6 @@ def test_a_slower_plan_beats_waiting_only_when_the_wait_is_longer_than_the_slowd
     assert first.finish_s == pytest.approx(5000.0 if starts_now else wait_s + 1000.0)
     record = ch.record(first if starts_now else None, 0.0)
     assert ("runs now rather than wait" in record) == starts_now and ("waits for" in record) != starts_now
-
-
-@pytest.mark.parametrize("since_s, promised_s, runs_slow", [
-    (0.0, 500.0, True),      # waited 3000 s on a promise of 500: waits stretched x6, 6000 + 1000 s > the slow 5000 s
-    (0.0, 2500.0, False),    # missed by 20%: x1.2, 1200 + 1000 s still beats the slow plan, it keeps waiting
-    (2900.0, 3500.0, False),  # negative control: the predicted start has not passed, nothing is stretched
-])
-def test_a_broken_wait_is_predicted_again_from_how_far_it_missed(since_s, promised_s, runs_slow):
-    now = 3000.0
-    pool = _pool(0, 8)  # the A100s free in 1000 s (predicted); the 2080Tis are idle and run the job 5x slower
-    running = [Running(end_s=now + 1000.0, nodes=(("a0", 8),))]
-    hist = WaitHistory(since_s, promised_s)
-    sizer = Sizer(pool, running, now, [Waiting("j", 0, since_s, 1000.0)], {"j": _reqs()}, history={"j": hist})
-    picked = sizer.pick(Waiting("j", 0, since_s, 1000.0), lambda nodes, run_s: True)
-    assert (picked is not None) == runs_slow
-    record = sizer.records["j"]
-    assert ("stretched" in record) == (now > promised_s)
-    if runs_slow:
-        assert picked[0].request.types == SLOW and "runs now rather than wait 6000 s" in record
-    else:
-        assert sizer.promised["j"] == pytest.approx(now + 1000.0 * hist.slip(now)) and "waits for 2 GPU(s) of A100" in record
-    plain = Sizer(_pool(0, 8), running, now, [Waiting("j", 0, since_s, 1000.0)], {"j": _reqs()})
-    assert plain.pick(Waiting("j", 0, since_s, 1000.0), lambda nodes, run_s: True) is None  # without the history: waits
 
 
 def test_widening_only_into_spare_gpus_and_only_where_it_pays():
