@@ -77,6 +77,32 @@ WINDOWS: tuple[Window, ...] = (
     Window("O4", "openb:b+c", "phoebe-x4", 0.7),
 )
 
+WINDOWS7: tuple[Window, ...] = (
+    Window("P9", "philly:2017-09-25", "phoebe-x4", 0.5),
+    Window("P10", "philly:2017-10-05", "phoebe-x4", 0.7),
+    Window("P11", "philly:2017-10-18", "phoebe-x4", 0.9),
+    Window("P12", "philly:2017-11-10", "phoebe-x4", 1.1),
+    Window("P13", "philly:2017-10-26", "fresh-old4h100", 0.7),
+    Window("P14", "philly:2017-11-29", "fresh-two", 0.9),
+    Window("P15", "philly:2017-12-08", "fresh-mix2048", 1.1),
+    Window("P16", "philly:2017-10-13", "phoebe", 0.5),
+    Window("H5", "helios:a+b+c", "phoebe-x4", 0.7),
+    Window("H6", "helios:d+c+b", "fresh-two", 0.9),
+    Window("H7", "helios:c+a", "fresh-mix2048", 1.1),
+    Window("H8", "helios:d+b", "fresh-old4h100", 0.5),
+    Window("O5", "openb:a+d", "phoebe-x4", 0.9),
+    Window("O6", "openb:d+c+b", "fresh-old4h100", 0.7),
+    Window("O7", "openb:c+a+b", "fresh-two", 1.1),
+    Window("O8", "openb:b+a+d", "fresh-mix2048", 0.5),
+)
+"""Round 7's held-out set, written and committed on 2026-11-26 before any policy ran on it (`--set round7`). Philly
+start dates used by no earlier list (round 6's above, placement_load.py's, red team 43's), each a day with 800 or more
+submissions, so a 450-job window stays inside its day and overlaps no earlier window. Helios and openb: splices in an
+order no earlier round ran: triples, pairs reversed (the next window's jobs arrive first), and openb a+d (the one
+pair nobody spliced). Every job is as recorded; the mix and the arrival pattern across the seams are new."""
+
+SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7}
+
 FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-mix2048": [("H100-80GB", 40, 8), ("A100-40GB-SXM", 56, 8), ("L40S", 80, 8), ("V100-16GB", 80, 8)],
     "fresh-old4h100": [("V100-16GB", 6, 8), ("T4", 4, 8), ("RTX-2080Ti", 4, 8), ("Quadro-RTX-6000", 2, 4),
@@ -197,8 +223,8 @@ def run_row(w: Window, into: Path, ilp: bool) -> dict[str, Any]:
     res = {p: simulate(c, t2, p) for p in pols}  # type: ignore[arg-type]
     (into / "jobs").mkdir(parents=True, exist_ok=True)
     write_jobs_csv(res, str(into / "jobs" / f"{w.key}.csv"))  # per job and policy: where, when and why
-    run: dict[str, Any] = {p: r.summary() for p, r in res.items()}
-    run["lower_bound_avg_jct_s"] = max(lower_bounds(c, t2)["avg_jct_s"], rate_bound(c, t2)[0])
+    run: dict[str, Any] = {p: r.summary().to_json() for p, r in res.items()}
+    run["lower_bound_avg_jct_s"] = max(lower_bounds(c, t2).avg_jct_s, rate_bound(c, t2)[0])
     out: dict[str, Any] = {**dataclasses.asdict(w), "gpus": gpus, "jobs": len(trace), "dropped": dropped,
                            "wall_s": round(time.time() - t0, 1), "runs": {p: run[p] for p in pols},
                            "lower_bound_avg_jct_s": run["lower_bound_avg_jct_s"]}
@@ -240,6 +266,7 @@ def render(rows: list[dict[str, Any]], title: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", default="round6", choices=sorted(SETS), help="which list of windows (default round6)")
     ap.add_argument("--only", help="comma-separated row keys (P1,H1,...)")
     ap.add_argument("--no-ilp", action="store_true")
     ap.add_argument("--inputs", default="/tmp/frenzy-placement-fresh", help="where the window CSVs are written")
@@ -248,7 +275,7 @@ def main() -> int:
     ap.add_argument("--title", default="has against fcfs on fresh windows")
     args = ap.parse_args()
     want = set(args.only.split(",")) if args.only else None
-    sel = [w for w in WINDOWS if want is None or w.key in want]
+    sel = [w for w in SETS[args.set] if want is None or w.key in want]
     into = Path(args.inputs)
     if args.write_inputs:
         for w in sel:

@@ -46,8 +46,9 @@ def main() -> int:
             continue
         cluster = str(d / "clusters" / f"{cl}.yaml") if (d / "clusters" / f"{cl}.yaml").exists() else cl
         t0 = time.time()
-        doc, _ = compare_policies(cluster, str(d / "traces" / tr), ["has", "fcfs"], SimConfig(), fmt=fmt,
+        cmp = compare_policies(cluster, str(d / "traces" / tr), ["has", "fcfs"], SimConfig(), fmt=fmt,
                                   max_jobs=400, load=load)
+        doc = cmp.to_json()
         h, f = doc["policies"]["has"], doc["policies"]["fcfs"]
         r = {k2: round(h[v] / f[v], 3) for k2, v in (("avg", "avg_jct_s"), ("p50", "p50_jct_s"), ("p99", "p99_jct_s"),
                                                      ("makespan", "makespan_s"))}
