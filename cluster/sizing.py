@@ -36,7 +36,9 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   on 5.8x slower RTX 2080 Ti rather than wait), and a 4-GPU job ahead waiting for a long release does not hold the
   GPUs freed meanwhile (holding them predicted a 49,000 s wait for an H100 on red team 43's `oldmix` cluster where
   fcfs waited 1,100 s, and `has` ran 1-GPU jobs on T4s 15x slower: 1.02x fcfs's average JCT).
-  Per-node fragmentation is ignored (an estimate, as every prediction here).
+  Per-node fragmentation is ignored (an estimate, as every prediction here). A running allocation past its
+  predicted end is predicted to end now: a release predicted in the past made a job wait, pass after pass, for a
+  start that had already gone by (round 7).
 - **The decision record** says which plan ran and why, the load that chose it, whether it runs on fewer or more
   GPUs than its user asked for (`shrunk`/`widened`, where the caller knows the count asked), and whether it starts
   ahead of jobs that arrived before it and still wait (`ahead of N earlier arrivals`).
@@ -150,7 +152,10 @@ class Backlog:
     def __init__(self, pool: FreePool, running: Iterable[Running], now_s: float) -> None:
         self.pool, self.now_s = pool, now_s
         self._nidx = {n: k for k, n in enumerate(pool.info)}
-        flat = sorted((r.end_s, self._nidx.get(n, -1), k) for r in running if not math.isinf(r.end_s)
+        # an allocation past its predicted end is predicted to end now, not in the past: a start predicted before now
+        # is a promise broken the moment it is made (round 7: on round 6's P2 window jobs waited for an A100 that was
+        # predicted to free 1,700 s ago, pass after pass, while fcfs ran them on a Quadro at once)
+        flat = sorted((max(r.end_s, now_s), self._nidx.get(n, -1), k) for r in running if not math.isinf(r.end_s)
                       for n, k in r.nodes if k)
         # every running allocation's release, per node, by predicted end (a multi-node one gives a row per node)
         self._end = np.array([e for e, _, _ in flat], dtype=np.float64)

@@ -42,6 +42,25 @@ def test_a_slower_plan_beats_waiting_only_when_the_wait_is_longer_than_the_slowd
     assert ("runs now rather than wait" in record) == starts_now and ("waits for" in record) != starts_now
 
 
+@pytest.mark.parametrize("claim_ahead, starts_slow", [(True, True), (False, False)])
+def test_a_release_overdue_is_predicted_now_not_in_the_past(claim_ahead, starts_slow):
+    """The A100s' allocation was predicted to end at 2000 s; it is 3000 s and it still runs. Its release is predicted
+    now, never in the past: behind a job that waits 1000 s for all eight, the next one is predicted to start at 4000 s
+    (finish 5000 s), so the 2080Tis (finish 4500 s) win; predicting the release at 2000 s had the claim done by now and
+    the job waiting for a finish at 4000 s. Negative control: with no claim ahead the job still waits for the overdue
+    release (predicted start now, finish 4000 s): the clamp does not drop waits for overdue GPUs."""
+    now = 3000.0
+    pool = _pool(0, 8)
+    backlog = Backlog(pool, [Running(end_s=2000.0, nodes=(("a0", 8),))], now_s=now)
+    assert backlog.start_s(GpuRequest(8, 8, 1, FAST, run_s=1000.0)) == now
+    if claim_ahead:
+        backlog.claim(GpuRequest(8, 8, 1, FAST, run_s=1000.0))
+    assert backlog.start_s(GpuRequest(1, 8, 1, FAST, run_s=1000.0)) == now + (1000.0 if claim_ahead else 0.0)
+    first = choose(pool, _reqs(run_fast=1000.0, slowdown=1.5), backlog, spare=0, behind=10).candidates[0]
+    assert (first.nodes is not None) == starts_slow
+    assert first.request.types == (SLOW if starts_slow else FAST)
+
+
 def test_widening_only_into_spare_gpus_and_only_where_it_pays():
     pool = _pool(8, 0)
     backlog = Backlog(pool, [], now_s=0.0)
