@@ -92,7 +92,8 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 def crash_dir() -> Path:
     """Where the traceback of a bug goes: `$FRENZY_HOME/crash` (default ~/.frenzy/crash)."""
-    return Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "crash"
+    from tasks.pathvars import frenzy_home
+    return frenzy_home() / "crash"
 
 
 def _bug(command: str, err: BaseException) -> int:

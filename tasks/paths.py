@@ -19,12 +19,12 @@ import os
 from pathlib import Path
 
 from tasks.jobspec import JobSpec
-from tasks.pathvars import PathError, expand_vars
+from tasks.pathvars import PathError, expand_vars, frenzy_home
 
 
 def data_root() -> Path:
     """Where runs submitted without a directory of their own (a form, a schedule) keep their files."""
-    return Path(os.environ.get("FRENZY_DATA") or Path(os.environ.get("FRENZY_HOME", "~/.frenzy")) / "data").expanduser()
+    return (Path(os.environ["FRENZY_DATA"]).expanduser().absolute() if os.environ.get("FRENZY_DATA") else frenzy_home() / "data")
 
 
 def is_remote(uri: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from tasks.errors import FrenzyError
 
@@ -32,3 +33,9 @@ def expand_vars(path: str, field: str) -> str:
         return os.environ[name]
 
     return _VAR.sub(value, path) if "$" in path else path
+
+
+def frenzy_home() -> Path:
+    """`$FRENZY_HOME` (default ~/.frenzy), absolute: a worker started with a relative FRENZY_HOME keeps one place
+    wherever its flows run from."""
+    return Path(os.environ.get("FRENZY_HOME") or "~/.frenzy").expanduser().absolute()

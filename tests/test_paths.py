@@ -176,3 +176,18 @@ def test_a_path_the_file_system_cannot_hold_is_refused_at_submit_once(tmp_path, 
     assert err.count("\n") == 1 and len(err) < 600, err  # one line, the path shortened, not 9 KB
     assert "training.checkpoint.uri" in err and words in err and ("255" in err or "4096" in err), err
     assert not (tmp_path / "runs").exists() and not any(p.name.startswith("p" * 200) for p in tmp_path.iterdir())
+
+
+def test_a_relative_frenzy_home_or_data_is_taken_from_where_the_process_started(tmp_path, monkeypatch):
+    """Red team 41g S11: a worker started with FRENZY_HOME=fh failed every evaluate-pending run with "Can't mix
+    absolute and relative paths" (the data root was relative, a path under it absolute)."""
+    from tasks.paths import absolute, data_root
+    from tasks.pathvars import frenzy_home
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FRENZY_DATA", raising=False)
+    monkeypatch.setenv("FRENZY_HOME", "fh")
+    assert frenzy_home() == tmp_path / "fh" and data_root() == tmp_path / "fh" / "data"
+    assert absolute("evals", data_root(), "history_dir") == str(tmp_path / "fh" / "data" / "evals")
+    monkeypatch.setenv("FRENZY_DATA", "shared")
+    assert data_root() == tmp_path / "shared"

@@ -55,7 +55,8 @@ def config_from_env() -> AgentConfig | None:
 
 
 def learned_path() -> Path:
-    return Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "diagnosis-rules.jsonl"
+    from tasks.pathvars import frenzy_home
+    return frenzy_home() / "diagnosis-rules.jsonl"
 
 
 _TYPES = {r.type: r for r in RULES}

@@ -411,10 +411,9 @@ def learned_rules() -> list[Rule]:
     the file and line."""
     import json
     import logging
-    import os
-    from pathlib import Path
 
-    path = Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "diagnosis-rules.jsonl"
+    from tasks.pathvars import frenzy_home
+    path = frenzy_home() / "diagnosis-rules.jsonl"
     base = {r.type: r for r in RULES}
     out = []
     try:

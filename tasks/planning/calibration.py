@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -45,7 +44,8 @@ def model_key(job: JobSpec) -> str:
 
 
 def observations_path() -> Path:
-    return Path(os.environ.get("FRENZY_HOME", "~/.frenzy")).expanduser() / "oom-observations.jsonl"
+    from tasks.pathvars import frenzy_home
+    return frenzy_home() / "oom-observations.jsonl"
 
 
 def record_oom(obs: OomObservation, path: Path | None = None) -> None:
