@@ -95,8 +95,13 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
             failed.append((t.root, why))
             logger.error("cannot evaluate a checkpoint under %s: %s", t.root, why)
         logger.info("%d checkpoint(s) to evaluate under %s on %s", len(uris), t.root, t.suite)
-        for uri in uris:
-            _evaluate_claimed(request, t, suite, uri, (out, failed, skipped))
+        for i, uri in enumerate(uris, 1):
+            logger.info("%d/%d under %s: %s", i, len(uris), t.root, uri)
+            try:
+                _evaluate_claimed(request, t, suite, uri, (out, failed, skipped))
+            except Exception as err:  # noqa: BLE001 - one step (a server error starting its run) does not end the pass
+                failed.append((uri, f"{type(err).__name__}: {err}"))
+                logger.error("evaluation of %s could not run: %s; the pass goes on", uri, err)
     _publish_pending(out, failed, skipped)
     return out
 

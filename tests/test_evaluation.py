@@ -491,3 +491,22 @@ def test_evaluate_pending_skips_a_step_another_run_is_evaluating_and_leaves_no_l
     assert len(history.history_file(hist, done[0].run).read_text().splitlines()) == 2  # one line per step
     left = sorted(str(f.relative_to(hist)) for f in Path(hist).rglob("*") if f.name.startswith("."))
     assert left == [], left  # no `.history-small.png.lock`, no `.claims`
+
+
+def test_one_step_that_cannot_start_does_not_end_the_evaluate_pending_pass(ckpt, tmp_path, prefect_server):
+    """Red team 41g S23: one server error starting one step's evaluation ended the whole pass (the steps after it
+    never tried, no artifact). Here the step's claim cannot be taken (a directory where its claim file goes)."""
+    from prefect.artifacts import Artifact
+
+    from flows.evaluate import PendingRequest, evaluate_pending
+    from tasks.evaluation.claim import claim_path
+
+    suite_file = tmp_path / "small.yaml"
+    suite_file.write_text(json.dumps(small_suite().model_dump()))
+    hist = str(tmp_path / "evals")
+    claim_path(hist, f"{ckpt}/step_00000010", small_suite().name).mkdir(parents=True)
+    done = evaluate_pending(PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=hist,
+                                           ledger=str(tmp_path / "ledger.db")))
+    assert [d.step for d in done] == [20]
+    report = str(Artifact.get("evaluate-pending").data)
+    assert "1 evaluated, 1 failed, 0 skipped" in report and "step_00000010` | IsADirectoryError" in report
