@@ -32,7 +32,7 @@ from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
 from tasks.pipeline.stopped import SubmitInterrupted, stopped_at
-from tasks.pipeline.summary import already_finished, foreign_root, name_taken, submit_result, this_run
+from tasks.pipeline.summary import already_finished, foreign_root, foreign_run_dir, name_taken, submit_result, this_run
 from tasks.training.storage import Storage
 
 __all__ = ["PipelineError", "SubmitInterrupted", "SubmitRequest", "SubmitResult", "submit"]
@@ -66,7 +66,7 @@ def submit(request: SubmitRequest) -> SubmitResult:
     active = {a.job for a in ledger.allocations()} | {q.job for q in ledger.queue()}
     if (why := name_taken(ledger.runs(run.job), request, active)) is not None:
         raise PipelineError(why)
-    if (why := foreign_root(request)) is not None:
+    if (why := foreign_root(request) or foreign_run_dir(request)) is not None:
         raise PipelineError(why)
     rec = this_run(ledger.runs(run.job), request.job.training.checkpoint.uri or None)
     if (done := already_finished(rec, request, run.suite)) is not None:

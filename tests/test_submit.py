@@ -653,3 +653,17 @@ def test_a_step_evaluated_for_an_earlier_suite_gets_a_run_of_this_suite_and_a_de
         assert warned[1:] == ["the work pool pool-41f was deleted: the deployment evaluate-checkpoint/evaluate-on-checkpoint "
                               "has no work pool now and no worker takes its runs; deploy it again "
                               "(`bash deployments/deploy.sh`)"]
+
+
+def test_a_run_directory_holding_another_jobs_run_is_refused_before_anything_runs(tmp_path):
+    """Red team 41g S22: two jobs given one --run-dir: the second overwrote the first's report and result, and its
+    straggler analysis failed on the two jobs' mixed traces."""
+    from tasks.pipeline.summary import foreign_run_dir
+
+    req = _request(tmp_path, name="k2")
+    assert foreign_run_dir(req) is None  # empty: the trainer writes its job.json
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "job.json").write_text(parse_job(_job(tmp_path, name="k1")).model_dump_json())
+    why = foreign_run_dir(req)
+    assert why is not None and "holds the run of job 'k1'" in why and "give each job its own --run-dir" in why
+    assert foreign_run_dir(_request(tmp_path, name="k1")) is None  # its own: a rerun resumes there

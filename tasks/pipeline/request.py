@@ -50,7 +50,8 @@ class SubmitRequest(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device kind for training and evaluation; auto: CUDA when the allocation holds GPUs."""
     run_dir: str | None = None
-    """Progress, log, op traces, result and report; default runs/<job name>."""
+    """Progress, log, op traces, result and report; default runs/<job name>. One job's: a directory holding
+    another job's run is refused."""
     history_dir: str = "evals"
     """Evaluation results and the per-run score history (on Ray, a directory every node sees)."""
     eval_timeout_s: float = Field(1800.0, gt=0)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from cluster.ledger import RunRecord
@@ -77,6 +78,19 @@ def foreign_root(request: SubmitRequest) -> str | None:
     return (f"{root} holds the checkpoints of job {found[0].run!r} (newest step {found[0].step}): give "
             f"{request.job.name!r} its own training.checkpoint.uri, or name the job {found[0].run!r} to continue that "
             "run")
+
+
+def foreign_run_dir(request: SubmitRequest) -> str | None:
+    """Why this job may not use its run directory: it holds another job's run (its job.json), whose report, result
+    and trace this one would overwrite or mix with its own. None when it is empty or this job's."""
+    try:
+        other = json.loads((Path(str(request.run_dir)) / "job.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None  # none yet (the trainer writes it), or not a job file of ours
+    if not other or other == request.job.name:
+        return None
+    return (f"the run directory {request.run_dir} holds the run of job {other!r} (its job.json), not "
+            f"{request.job.name!r}: give each job its own --run-dir (the default is runs/<job name>)")
 
 
 def same_place(a: str | None, b: str | None) -> bool:
