@@ -352,6 +352,10 @@ class FlowStages:
             tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
             self.device = "cuda" if treq.gpu_indices else "cpu"  # where evaluations run in-flow (also as a fallback)
+            if r.device == "cuda" and not treq.gpu_indices:
+                self.log.warning("--device cuda, but the allocation on %s holds no CUDA GPU: training runs on the CPU "
+                                 "(give a cluster with GPUs, or --device cpu to say so)",
+                                 ", ".join(n.node for n in a.allocation.nodes))
             ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
