@@ -97,6 +97,9 @@ class DeploymentGone(Exception):  # noqa: N818 - a condition, not a failure: the
     """The evaluate-on-checkpoint deployment is not on the server (deleted while submit waited)."""
 
 
+CANCEL_POLL_S = 10.0
+"""How often a running submit asks the server whether its flow run was cancelled from the UI or API."""
+
 QUIET_S = 300.0
 """An evaluation run RUNNING that has logged nothing this long (a stopped or stuck process: the evaluation logs each
 piece of work it finishes) is named, once, with the command that shows its logs; it is still waited for."""
@@ -310,6 +313,30 @@ class FlowStages:
         self.log = get_run_logger()
         self.started = datetime.now(UTC)
         self.device = "cpu"
+        self._cancel_checked = 0.0
+
+    def cancelled(self) -> None:
+        """A cancel of this flow run from the Prefect UI or API. A run a worker started gets SIGTERM from it; one a
+        CLI or a notebook started gets nothing, so its state is read here (at most every CANCEL_POLL_S) and the run
+        ends as SIGTERM ends it: the trainer commits its step, the GPUs are released, the one line is printed."""
+        now = time.monotonic()
+        if now - self._cancel_checked < CANCEL_POLL_S:
+            return
+        self._cancel_checked = now
+        import signal
+
+        from prefect.exceptions import TerminationSignal
+        from prefect.runtime import flow_run
+
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(flow_run.get_id()).state
+        except Exception:  # noqa: BLE001 - the server unreachable for a moment: the next poll asks again
+            return
+        if state is not None and state.type.value in ("CANCELLING", "CANCELLED"):
+            self.log.warning("this run was cancelled from the Prefect UI or API: stopping (the trainer commits its "
+                             "step first)")
+            raise TerminationSignal(signal=signal.SIGTERM)
 
     def plan(self, run: Run) -> tuple[list[ResourcePlan], str]:
         job, spec = self.request.job, self.request.cluster_spec
@@ -365,7 +392,7 @@ class FlowStages:
                                 kill=lambda why: (self.log.error("%s: killing the trainer (a hang)", why),
                                                   request_kill(run_dir, why)),
                                 stop=lambda: request_stop(run_dir), lease_lost=keeper.lost.is_set,
-                                on_poll=ev.catch_up if ev else None)
+                                on_poll=lambda: (self.cancelled(), ev.catch_up() if ev else None))
             watch(_Future(fut), controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
@@ -445,6 +472,7 @@ class FlowStages:
         triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier))
 
         def runs() -> dict[int, tuple[Verdict, str]]:
+            self.cancelled()
             ended = triggered.ended_without_score()
             unscored = set(steps) - set(read())
             for step in triggered.orphans(unscored):  # its commit made no run (or was stopped first)

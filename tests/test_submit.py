@@ -667,3 +667,28 @@ def test_a_run_directory_holding_another_jobs_run_is_refused_before_anything_run
     why = foreign_run_dir(req)
     assert why is not None and "holds the run of job 'k1'" in why and "give each job its own --run-dir" in why
     assert foreign_run_dir(_request(tmp_path, name="k1")) is None  # its own: a rerun resumes there
+
+
+def test_a_cancel_from_the_api_stops_a_cli_submit_as_sigterm_does(prefect_server, tmp_path):
+    """Red team 41g S08: `prefect flow-run cancel` of a CLI-started submit was ignored (it ran on, exit 0, and the
+    server kept the run Cancelling). A CLI run has no worker to send SIGTERM: it reads its own state."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.states import Cancelling
+
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="apicancel", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    with get_client(sync_client=True) as client:
+        [fr] = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["submit-apicancel"])))
+        client.set_flow_run_state(fr.id, Cancelling(message="cancelled in the UI"), force=True)
+    proc.wait(timeout=180)
+    err = (tmp_path / "cli.err").read_text()
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert proc.returncode == 143, err[-3000:]
+    assert "cancelled from the Prefect UI or API" in err and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
+                                            f"file://{tmp_path}/ckpt; rerun the same command to resume")
+    assert Ledger(str(tmp_path / "l.db")).allocations() == [] and _trainers_of(tmp_path / "run") == []
