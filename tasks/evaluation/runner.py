@@ -296,7 +296,7 @@ class _Run:
                 pass
             self.precursor_s[node] = time.monotonic() - t
             for g in range(self.opts.gpus_per_node):  # the first trials' processes import while the suite is planned
-                self.prewarm(node, g)  # (when the plan is done first, `gpu_worker` started them beside the copy)
+                self.prewarm(node, g)  # (not beside the copy: on 2 cores that slowed the copy and the plan by more)
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001
             self.failed = self.failed or str(err)
@@ -307,8 +307,6 @@ class _Run:
         return self.done_chunks / max(self.n_chunks, 1)
 
     def gpu_worker(self, node: int, gpu: int) -> None:
-        if self.queue:  # the suite is planned: the slot's first trial process imports now, beside the model copy
-            self.prewarm(node, gpu)
         self.ready[node].wait()
         while self.failed is None:
             with self.lock:

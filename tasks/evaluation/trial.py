@@ -131,9 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # everything is written (predictions atomically, events flushed): skip the interpreter's teardown of torch and
-    # the engine (1-2 s on a busy CPU), which the runner would otherwise wait for at the end of every trial
-    os._exit(code)
+    sys.exit(main())
