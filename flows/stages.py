@@ -229,9 +229,8 @@ class TriggeredEvaluations:
 
     def other_suite(self, unscored: set[int], suite: str, history_dir: str) -> list[tuple[int, str]]:
         """The steps of `unscored` whose newest run completed for another suite or history directory (the job was
-        resubmitted with a new suite while the old runs were queued): {step: the suite that run evaluated}. Each
-        needs a run of its own with `suite`; once started, that run is the newest and the step leaves this list.
-        [(step, the suite that run evaluated)]."""
+        resubmitted with a new suite while the old runs were queued): [(step, the suite that run evaluated)]. Each
+        needs a run of its own with `suite`; once started, that run is the newest and the step leaves this list."""
         def same(a: str, b: str) -> bool:
             return (place_key(a) == place_key(b)) if path_like(a) and path_like(b) else a == b
 
@@ -330,9 +329,12 @@ class FlowStages:
 
         try:
             with get_client(sync_client=True) as client:
-                state = client.read_flow_run(flow_run.get_id()).state
+                fr = client.read_flow_run(flow_run.get_id())
         except Exception:  # noqa: BLE001 - the server unreachable for a moment: the next poll asks again
             return
+        if fr.deployment_id is not None:  # a worker runs it: its cancellation arrives as SIGTERM, with Prefect's intent
+            return
+        state = fr.state
         if state is not None and state.type.value in ("CANCELLING", "CANCELLED"):
             self.log.warning("this run was cancelled from the Prefect UI or API: stopping (the trainer commits its "
                              "step first)")
