@@ -45,13 +45,7 @@ def static_forward(model, idx, pos, valid, cache):
         a = q.shape[1]
         o = F.scaled_dot_product_attention(q, cache.k[i], cache.v[i], attn_mask=mask, enable_gqa=cache.k[i].shape[1] != a)
         x = x + blk.proj(o.transpose(1, 2).reshape(b, 1, a * hd))
-        hn = D._cast_once(blk.norm2(x))
-        if blk.fc3 is not None:
-            gate, up = F.linear(hn, f.up, f.up_bias).chunk(2, dim=-1)
-            u = F.silu(gate) * up
-        else:
-            u = F.gelu(blk.fc1(hn), approximate="tanh")
-        x = x + blk.fc2(u)
+        x = x + D.mlp(blk, f, x)
     cache.length = t0 + 1
     return model.lm_head(model.norm_f(x[:, -1])).float()
 

@@ -64,13 +64,7 @@ def run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tenso
         a = q.shape[1]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=k.shape[1] != a)
         x = x + blk.proj(o.transpose(1, 2).reshape(b, s, a * hd))
-        hn = _cast_once(blk.norm2(x))
-        if blk.fc3 is not None:
-            gate, up = F.linear(hn, f.up, f.up_bias).chunk(2, dim=-1)
-            u = F.silu(gate) * up
-        else:
-            u = F.gelu(blk.fc1(hn), approximate="tanh")
-        x = x + blk.fc2(u)
+        x = x + mlp(blk, f, x)
     if cache is not None:
         cache.length = t0 + s
     return x
@@ -89,6 +83,17 @@ class _Fusion:
 
 
 _FUSED: weakref.WeakKeyDictionary[torch.nn.Module, _Fusion] = weakref.WeakKeyDictionary()
+
+
+def mlp(blk: torch.nn.Module, f: _Fusion, x: torch.Tensor) -> torch.Tensor:
+    """A block's feed-forward half on the residual stream `x` (SwiGLU with its fused up/gate weight, or GELU)."""
+    hn = _cast_once(blk.norm2(x))
+    if blk.fc3 is not None:
+        gate, up = F.linear(hn, f.up, f.up_bias).chunk(2, dim=-1)
+        u = F.silu(gate) * up
+    else:
+        u = F.gelu(blk.fc1(hn), approximate="tanh")
+    return blk.fc2(u)
 
 
 def _fused(blk: torch.nn.Module) -> _Fusion:
