@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tasks.training.model import GPT, _cast_once, _rotate
+from tasks.training.model import GPT, _cast_once, _rotate, attention_backends
 
 
 class KVCache:
@@ -46,6 +46,12 @@ def run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tenso
     the keys `mask` [b, 1, s, keys] allows. With a `cache` the keys are its columns 0 .. cache.length + s (this
     call's keys and values are written at cache.length and the length advances); without one, they are the s
     inputs themselves (any mask: causal, or a tree of shared prefixes; None: causal, for right-padded rows)."""
+    with attention_backends(x.device):
+        return _run_blocks(model, x, pos, mask, cache)
+
+
+def _run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None = None) -> torch.Tensor:
     b, s = x.shape[:2]
     t0 = cache.length if cache is not None else 0
     rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None]) if model.spec.position == "rope" else None

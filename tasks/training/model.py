@@ -8,11 +8,13 @@ in `tasks/planning/memory.py` counts exactly these tensors.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tasks.jobspec import ModelSpec
 
@@ -191,6 +193,18 @@ class Block(nn.Module):
         return x + self.fc2(u)
 
 
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
+    """The attention kernels inference may use on `device`: on CUDA every one but cuDNN's, which builds a plan for
+    each new sequence length; evaluation meets a new one every batch and a decode step every token, so a bf16
+    batch's first generation ran 10-20x slower than the next on an H100, and scoring 64 new lengths 30x
+    (benchmarks/results/decode_gpu_first.md). Elsewhere torch's own choice. Training keeps torch's choice (its
+    sequence length is fixed)."""
+    return sdpa_kernel(NO_CUDNN) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class GPT(nn.Module):
     """Decoder-only transformer; `forward(idx, targets)` returns the mean cross-entropy (fp32)."""
 
@@ -225,7 +239,8 @@ class GPT(nn.Module):
 
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
         """Next-token logits (fp32) for every position of `idx` [batch, seq] (inference, evaluation)."""
-        return self.lm_head(self.norm_f(self._trunk(idx))).float()
+        with attention_backends(idx.device):
+            return self.lm_head(self.norm_f(self._trunk(idx))).float()
 
     def _trunk(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx)
