@@ -418,7 +418,7 @@ MORE = [  # one line per family member added in this round, as the software prin
     ("terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc", "HostOOM",
      "framework"),
     ("WARNING: nan loss detected, ending training", "NumericalError", "framework"),
-    ("Bus error (core dumped)", "SegFault", "framework"),
+    ("Bus error (core dumped)", "SharedMemoryError", "script"),  # round 7: the shell's bus error is /dev/shm
     ("train.sh: line 3: 4711 exited with code 137", "Killed", "framework"),
     ("ERROR 11-04 18:02:56 RuntimeError: Engine core initialization failed. See root cause above.", "ChildFailed",
      "framework"),
@@ -849,3 +849,76 @@ def test_a_collective_timeout_set_below_a_second_is_the_setting_not_the_network(
     assert (tiny.type, tiny.category, tiny.restartable) == ("ConfigError", "script", False)
     real = _d(line.format(600000, 600081))
     assert (real.type, real.category, real.restartable) == ("NCCLTimeoutError", "infrastructure", True)
+
+
+# -- round 7: the families red-team set 7 showed (tests/data/diagnosis/redteam7) ---------------------------------
+
+def test_a_dtype_mismatch_in_backward_is_the_calling_codes():
+    for line in ("RuntimeError: Found dtype Float but expected Double\n",
+                 "RuntimeError: expected dtype Double but got dtype Float (validate_dtype at /pytorch/aten/src/ATen/"
+                 "native/TensorIterator.cpp:143)\n"):
+        d = _d(f'  File "{SITE}/torch/autograd/__init__.py", line 149, in backward\n' + line)
+        assert (d.type, d.category, d.restartable) == ("TensorMismatch", "script", False), line
+    other = _d(f'  File "{SITE}/torch/autograd/__init__.py", line 149, in backward\nRuntimeError: unknown op\n')
+    assert (other.type, other.category) == ("RuntimeError", "framework")
+
+
+def test_the_kernels_assertion_is_the_cause_and_cuda_errors_after_it_its_consequences():
+    assertion = ("/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:60: block: [562,0,0], thread: [32,0,0] "
+                 'Assertion `index >= -sizes[i] && index < sizes[i] && "index out of bounds"` failed.\n')
+    d = _d("RuntimeError: CUDA error: device-side assert triggered\n" + assertion)
+    assert (d.type, d.category, d.line_no) == ("IndexError", "script", 2)
+    after = _d(assertion + "RuntimeError: cuda runtime error (59) : device-side assert triggered\n"
+               "terminate called after throwing an instance of 'at::Error'\n"
+               "  what():  CUDA error: invalid device pointer (CudaCachingDeleter at /opt/conda/)\n")
+    assert (after.type, after.category, after.line_no) == ("IndexError", "script", 1)
+    alone = _d("  what():  CUDA error: invalid device pointer (CudaCachingDeleter at /opt/conda/)\n")
+    assert (alone.type, alone.category) == ("CUDAError", "infrastructure")  # no assert before it: the GPU's
+
+
+def test_the_shells_report_of_a_bus_error_is_shared_memory_and_its_segfault_report_may_be_padded():
+    bus = _d("2019-04-16 11:58:14  Initializing global model...\nBus error (core dumped)\n")
+    assert (bus.type, bus.category, bus.restartable) == ("SharedMemoryError", "script", False)
+    seg = _d("Segmentation fault      (core dumped)\n")
+    assert (seg.type, seg.category) == ("SegFault", "script")
+    launcher = _d("subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGBUS: 7>.\n")
+    assert launcher.type != "SharedMemoryError"
+
+
+def test_a_hangup_of_the_launching_terminal_is_the_launch_not_a_fault():
+    log = ("22-09-01 03:06:01.631 : <epoch:  0, iter:     800, lr:4.000e-04> G_loss: 7.941e-02\n"
+           "WARNING:torch.distributed.elastic.agent.server.api:Received 1 death signal, shutting down workers\n"
+           "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 2704351 closing signal SIGHUP\n"
+           "torch.distributed.elastic.multiprocessing.api.SignalException: Process 2704350 got signal: 1\n")
+    d = _d(log)
+    assert (d.type, d.category, d.restartable, d.line_no) == ("Hangup", "script", False, 2)
+    term = _d("WARNING:torch.distributed.elastic.agent.server.api:Received 15 death signal, shutting down workers\n")
+    assert term.type != "Hangup"
+
+
+def test_an_image_that_does_not_decode_is_the_data():
+    for line in ("Exception while training: cannot identify image file '/data/class/recarray_from_file.fits'\n",
+                 "PIL.UnidentifiedImageError: cannot identify image file 'img.jpg'\n",
+                 "OSError: image file is truncated (3 bytes not processed)\n"):
+        d = _d(line)
+        assert (d.type, d.category, d.restartable) == ("DataError", "script", False), line
+    assert _d("loading image file list: 3 folders\n").category == "unknown"
+
+
+def test_a_running_average_that_turns_nan_is_where_the_loss_diverged():
+    row = ("2020-12-28 12:3{m}:00,000 fcos_core.trainer INFO: eta: 7 days  iter: {i}  loss: {v} ({a})  "
+           "loss_cls: {v} ({a})  lr: 0.003333  max mem: 9314\n")
+    log = (row.format(m=6, i=20, v="13.8627", a="14.0002") + row.format(m=7, i=40, v="23.3687", a="nan")
+           + row.format(m=8, i=60, v="nan", a="nan") + row.format(m=9, i=80, v="nan", a="nan"))
+    d = _d(log)
+    assert (d.type, d.via, d.line_no) == ("NumericalError", "progress", 2)
+    finite = _d(row.format(m=6, i=20, v="13.8627", a="14.0002") + row.format(m=7, i=40, v="12.1", a="13.9"))
+    assert finite.category == "unknown"
+
+
+def test_the_source_line_of_an_image_error_in_a_traceback_is_not_the_error():
+    log = (f'  File "{SITE}/PIL/Image.py", line 2896, in open\n'
+           '    "cannot identify image file %r" % (filename if filename else fp)\n'
+           "PIL.UnidentifiedImageError: cannot identify image file <_io.BytesIO object at 0x000001DD0B030048>\n")
+    d = _d(log)
+    assert (d.type, d.line_no) == ("DataError", 3)

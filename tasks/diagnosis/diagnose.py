@@ -46,6 +46,9 @@ _NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL I
 MAX_EVIDENCE = 100
 """Evidence entries kept in a diagnosis: a million identical error lines are one cause, not a million."""
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_DEVICE_ASSERT = re.compile(r"device-side assert triggered|Assertion `[^`]*` failed")
+"""A device-side assert leaves the CUDA context unusable: every CUDA error the process reports after it (an invalid
+device pointer as its tensors are freed, a launch failure) is its consequence, not a fault of the GPU."""
 
 
 @dataclass
@@ -179,7 +182,18 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
         if f.node is None and f.rank is not None:
             f.node = rank_host.get(f.rank)
         out[i] = _Cand(rule, f, rule.priority - 0.5 * bool(_BANNER.match(k.text)))
+    _after_device_assert(out)
     return out
+
+
+def _after_device_assert(cands: dict[int, _Cand]) -> None:
+    """The CUDA errors after the first device-side assert rank just below it: its consequences (`_DEVICE_ASSERT`)."""
+    at = min((i for i, x in cands.items() if _DEVICE_ASSERT.search(x.finding.line)), default=None)
+    if at is None:
+        return
+    for i, x in cands.items():
+        if i > at and x.rule.type == "CUDAError":
+            x.priority = min(x.priority, cands[at].priority - 1)
 
 
 def _follow_chains(kept: list[Kept], cands: dict[int, _Cand]) -> set[int]:

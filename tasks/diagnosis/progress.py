@@ -30,6 +30,10 @@ one."""
 _KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=|]?\s*[\[(]?\s*['\"]?(?:tensor\(\s*)?"
 _NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
 _FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
+_AVERAGE = re.compile(_KEY + rb"[-+]?\d[\d.e+-]*\s*\(\s*[-+]?(?:nan|inf(?:inity)?)\s*\)")
+"""A loss printed with its running average in parentheses (maskrcnn-benchmark's and FCOS's `loss: 23.37 (nan)`,
+median then global average): an average that is non-finite means a non-finite loss went into it, the first sign of
+the divergence, a print or more before the median turns."""
 _DIGIT = re.compile(rb"\d")
 _LOSS_TERMS = frozenset({b"box", b"obj", b"cls", b"dfl", b"giou", b"seg", b"total"})
 """Table columns that are losses without saying so: YOLO's loss terms."""
@@ -111,6 +115,7 @@ def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
         at = min(hits)
         start, end = _line_at(low, at)
         if start >= pos and (_NONFINITE.search(low, start, min(end, start + MAX_LINE))
+                             or _AVERAGE.search(low, start, min(end, start + MAX_LINE))
                              or _table_nonfinite(low, start, end)):
             return start, end
         pos = end + 1

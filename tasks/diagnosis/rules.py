@@ -44,6 +44,9 @@ class Rule:
 _PY = r"(?:^|[\s:\]>])(?:[\w.]+\.)?"  # an exception name, optionally module-qualified, at a token start
 _UNUSED = ("DDP: some parameters take no part in the loss (the model code, or options that freeze part of it): "
            "pass find_unused_parameters=True or make every parameter used; a restart fails the same way")
+_ASSERT = ("a device-side assert: usually an index out of range in the data (a label at or past the number of "
+           "classes, a class id not zero-based): check the labels against the model's class count; a restart fails the "
+           "same way")
 _ARCH = ("the environment: the installed build has no kernels for this GPU (its compute capability); install a build "
          "for this GPU architecture, or run on GPUs it supports")
 
@@ -172,7 +175,9 @@ RULES: list[Rule] = [
          "the checkpoint does not match the model: fix the model config or the checkpoint path"),
     Rule("DataError", "script",  # a data file that does not parse: the user's data
          _PY + r"(?:JSONDecodeError|UnicodeDecodeError|EmptyDataError|ParserError|ScannerError)\b|Error tokenizing "
-         r"data", 66, False, "the data file does not parse (its format or encoding): fix the file or the path given"),
+         r"data|UnidentifiedImageError|(?<![\"'])(?:cannot identify image file|image file is truncated)", 66, False,
+         "the data file does not parse (its format or encoding, a broken or non-image file in an image folder): fix "
+         "the file or the path given"),
     Rule("DatasetLoadingError", "script",
          r"DatasetNotFoundError|Couldn't find (?:a )?dataset|ArrowInvalid|DataError|corpus[^\n]*(?:not found|"
          r"empty|unreadable)", 72, False, "fix the dataset path or format; a restart will fail the same way"),
@@ -236,19 +241,26 @@ RULES: list[Rule] = [
          r"multiplied|must match the size of tensor b|Sizes of tensors must match|Input type \([^)]*\) and weight "
          r"type \([^)]*\) should be the same|element 0 of \w+ does not require grad|has been modified by an "
          r"inplace operation|Trying to backward through the graph a second time|Target -?\d+ is out of bounds|"
-         r"label value of -?\d+ which is outside the valid range", 61,
+         r"label value of -?\d+ which is outside the valid range|Found dtype \w+ but expected \w+|expected dtype \w+ "
+         r"but got dtype \w+", 61,
          False, "the code gives an operation tensors it cannot take (device, dtype or shape): fix the model or data "
                 "code (a restart fails the same way)"),
-    Rule("IndexError", "script", r"device-side assert triggered|Assertion `[^`]*` failed", 61,
-         False, "fix the script or data: an index out of range (a device-side assert is usually one)"),
+    Rule("IndexError", "script",  # the kernel's assertion names the check that failed (a label past the classes)
+         r"Assertion `[^`]*` failed", 62, False, _ASSERT),
+    Rule("IndexError", "script", r"device-side assert triggered", 61, False, _ASSERT),
     Rule("BuildError", "script",
          r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped|"
          r"mismatches the version that was used to compile PyTorch|CUDA_HOME environment variable is not set|"
          r"Could not build wheels|Failed building wheel", 61,
          False, "the environment: a compiled extension does not build (compiler or CUDA toolkit against this "
                 "torch); install a prebuilt wheel or fix the toolchain"),
+    Rule("SharedMemoryError", "script",  # the shell's report of a bus error: torch's shared memory (/dev/shm) ran out
+         r"^\W{0,3}(?:[\w./-]+: line \d+: +\d+ )?Bus error(?:\s+\(core dumped\))?\W{0,3}$", 15, False,
+         "the process died of a bus error (SIGBUS), which in PyTorch is shared memory (/dev/shm, where workers and "
+         "share_memory() put tensors) running out, typically a container's 64 MB default: run it with a larger "
+         "--shm-size (or --ipc=host); a restart fails the same way"),
     Rule("SegFault", "script",  # the shell's report: a script run on its own crashed in a native library it loaded
-         r"^\W{0,3}(?:[\w./-]+: line \d+: +\d+ )?Segmentation fault(?: \(core dumped\))?\W{0,3}$", 15, False,
+         r"^\W{0,3}(?:[\w./-]+: line \d+: +\d+ )?Segmentation fault(?:\s+\(core dumped\))?\W{0,3}$", 15, False,
          "a script crashed in native code (SIGSEGV) when run on its own: usually the installed versions of a native "
          "library (the framework, its CUDA build, an extension) do not match; install the versions the code was "
          "written for"),
@@ -342,6 +354,10 @@ RULES: list[Rule] = [
          "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
+    Rule("Hangup", "script",  # the terminal the job ran in went away: the way it was launched, not a fault
+         r"Received 1 death signal|closing signal SIGHUP|got signal: 1\b|Signals\.SIGHUP|\bSIGHUP\b", 41, False,
+         "the job got SIGHUP: the terminal or SSH session it was started from closed and took it down; launch it "
+         "detached (nohup, tmux/screen, a batch scheduler) and resume from the newest checkpoint"),
     Rule("Killed", "framework",
          r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|line \d+:\s+\d+\s+Killed\s+\S|"  # bash's job report
          r"^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
@@ -464,7 +480,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"valid range", b"connection aborted", b"loss is nan", b"loss is inf", b"times out", b"hccl", b"imminent",
     b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter",
     b"attach gpu", b"gpu is lost", b"overflow", b"divisible", b"multiple of", b"api_key", b"api key",
-    b"unauthorized", b"invalid token", b"memory pressure",
+    b"unauthorized", b"invalid token", b"memory pressure", b"death signal", b"sighup", b"identify image",
+    b"image file", b"dtype",
     "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
