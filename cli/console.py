@@ -86,7 +86,7 @@ def run_submit(command: str, request: object) -> object | None:
     import sys
 
     from cluster.inventory import load_cluster
-    from flows.submit import SubmitRequest, submit
+    from tasks.pipeline.request import SubmitRequest
     from tasks.planning.calibration import load_observations
     from tasks.planning.plans import plan_resources
 
@@ -97,6 +97,8 @@ def run_submit(command: str, request: object) -> object | None:
     one_line_console()
     from prefect.exceptions import TerminationSignal
     from prefect.settings import PREFECT_API_URL
+
+    from flows.submit import submit  # Prefect and the trainer's modules: after the refusal, which needs neither
 
     if not PREFECT_API_URL.value():
         embedded_server_outlives_ctrl_c()

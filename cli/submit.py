@@ -12,7 +12,6 @@ from pathlib import Path
 
 from cli.output import emit, table
 from tasks.errors import FrenzyError
-from tasks.report import straggler_line
 
 DEMO_JOB = {
     "name": "demo",
@@ -35,6 +34,7 @@ def _result_doc(res: object) -> dict:
 
 def _human(res: object, wall_s: float) -> str:
     from tasks.pipeline.request import SubmitResult
+    from tasks.report import straggler_line  # here: it imports torch, which a refused job never needs
 
     assert isinstance(res, SubmitResult)
     p, a, t = res.plan, res.allocation, res.train

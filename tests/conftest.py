@@ -10,6 +10,11 @@ import pytest
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="frenzy-prefect-"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+# One torch intra-op thread here and in every process a test starts (trainers, `frenzy` commands, evaluation trials):
+# the tests run tiny models, which a second thread does not speed up, while on a loaded 2-core machine every parallel
+# matmul or attention waits for that thread to be scheduled (test_decode's cached-vs-recompute test: 175 s with 2
+# threads, 8.9 s with 1, same load; docs/development.md). Set before torch is imported; a value given is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Prefect binds its console log handler to the sys.stderr of the moment it sets up logging (on import of
 # prefect.main). A test that first imports it under pytest's capture (an in-process `frenzy submit`) leaves the handler
