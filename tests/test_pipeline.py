@@ -462,3 +462,25 @@ def test_a_rerun_of_a_finished_job_marks_its_old_evaluation_failures_as_the_earl
     [note] = again.notes
     assert note.startswith("step(s) 10: their evaluation failed in the earlier run of j") and "from then" in note
     assert f"`frenzy evaluate {root}/step_00000010 --suite quick`" in note and "evaluate-pending" in note
+
+
+def test_a_second_signal_while_the_stop_is_asked_still_asks_it():
+    """Red team 41g S08b, reproduced: `timeout`'s two SIGTERMs, the second landing while the watch wrote the stop
+    request, left no stop request: the flow ended, its task runner waited on a trainer that trained on."""
+    now = [0.0]
+    t = Trainer(runs=10**6, clock=now)
+    asked: list[str] = []
+
+    def stop() -> None:
+        asked.append("stop")
+        if len(asked) == 1:
+            raise KeyboardInterrupt  # the second signal, before the request was written
+        t.stopped = True
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+    c = Controls(progress_size=lambda: 1, kill=lambda why: asked.append(f"kill: {why}"), stop=stop,
+                 lease_lost=lambda: False, on_poll=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        watch(t, c, "j", hang_s=100, clock=lambda: now[0])
+    assert t.done() and asked == ["stop", "stop"]

@@ -68,9 +68,8 @@ def watch(handle: Handle, c: Controls, job: str, hang_s: float, clock: Callable[
             if c.on_poll is not None:
                 c.on_poll()
             handle.wait(poll_s)
-    except BaseException:
-        if not handle.done():  # Ctrl-C, a cancellation, an evaluator's crash: commit first, then let it go on
-            stop_and_wait(handle, c, clock)
+    except BaseException:  # Ctrl-C, a cancellation, an evaluator's crash: commit first, then let it go on
+        stop_and_wait(handle, c, clock)
         raise
 
 
@@ -84,22 +83,30 @@ then its process group; a terminal's Ctrl-C reaches the group): the trainer is s
 
 def stop_and_wait(handle: Handle, c: Controls, clock: Callable[[], float] = time.monotonic) -> None:
     """Ask the trainer to commit its step and stop, and return only when it has ended: its GPUs are released after
-    this, never while it still writes on them (red team 41g S08b). A trainer still running after STOP_GRACE_S, or an
-    interrupt again later than SAME_STOP_S after the first (someone insisting), kills it; it keeps what it committed."""
-    c.stop()
-    t0 = clock()
+    this, never while it still writes on them (red team 41g S08b). Every step here survives a further interrupt: a
+    SIGTERM that arrives twice (`timeout` signals the process, then its group) used to land while the stop was being
+    asked and left the trainer training. An interrupt later than SAME_STOP_S after the first (someone insisting), or a
+    trainer still running after STOP_GRACE_S, kills it; it keeps what it committed."""
+    t0, asked = clock(), False
     why = f"asked to stop, still running after {STOP_GRACE_S:.0f} s"
-    while not handle.done() and clock() - t0 < STOP_GRACE_S:
+    while clock() - t0 < STOP_GRACE_S:
         try:
+            if handle.done():
+                return
+            if not asked:
+                c.stop()
+                asked = True
             handle.wait(min(2.0, STOP_GRACE_S - (clock() - t0)))
         except BaseException:  # noqa: BLE001 - the first interrupt goes on after this; this one is said as the reason
-            if clock() - t0 >= SAME_STOP_S:
+            if asked and clock() - t0 >= SAME_STOP_S:
                 why = "interrupted again while it committed its step"
                 break
-    if handle.done():
-        return
-    c.kill(why)
-    deadline = clock() + KILL_WAIT_S
-    while not handle.done() and clock() < deadline:
+    killed, deadline = False, clock() + KILL_WAIT_S
+    while clock() < deadline:
         with contextlib.suppress(BaseException):  # noqa: BLE001 - it is being killed: a further signal waits for that
+            if handle.done():
+                return
+            if not killed:
+                c.kill(why)
+                killed = True
             handle.wait(2.0)
