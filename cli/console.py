@@ -7,6 +7,7 @@ command ends with is the cause, in one paragraph (flows/submit.py names it from 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -39,22 +40,62 @@ class OneLineFormatter(logging.Formatter):
 
 
 def one_line_console() -> None:
-    """Make every console handler of the process (Prefect's included) print log records without tracebacks."""
+    """Make every console handler of the process (Prefect's included) print log records without tracebacks, and
+    print a message verbatim (no emoji for a `module:name:` in it)."""
     import prefect.main  # noqa: F401 - Prefect configures its handlers on import; wrap them after
 
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
-    for lg in loggers:
-        for h in lg.handlers:
-            is_console = isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-            if is_console and not isinstance(h.formatter, OneLineFormatter):
-                h.setFormatter(OneLineFormatter(h.formatter or logging.Formatter()))
+    from flows.logs import console_handlers, verbatim
+
+    for h in console_handlers():
+        if not isinstance(h.formatter, OneLineFormatter):
+            h.setFormatter(OneLineFormatter(h.formatter or logging.Formatter()))
+        verbatim(h)
 
 
-def interrupted_message(command: str, checkpoint_uri: str, stopped: Stopped | None = None) -> str:
-    """The one line Ctrl-C ends `command` with: where training stopped and how to go on (the record a Python caller
-    gets in `SubmitInterrupted`, tasks/pipeline/stopped.py)."""
-    return (stopped or stopped_at(checkpoint_uri)).line(f"frenzy {command}")
+class ApiNotThere(FrenzyError, RuntimeError):
+    """PREFECT_API_URL names no Prefect API: nothing answers, or a server answers 404 (the URL lacks `/api`)."""
+
+
+PROBE_TIMEOUT_S = 5.0
+"""The one request that checks PREFECT_API_URL before a run starts (Prefect's client would retry for many seconds)."""
+
+
+def check_prefect_api(api: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """One short request to the API's version endpoint (the one Prefect's client asks first): nothing answering (the
+    connection refused or not made), or a server answering 404 Not Found, is said at once with what was found and the
+    fix; any other answer, and a server slow to answer, is left to Prefect. A 404 is probed once more with `/api`
+    added, to name the URL that answers."""
+    import httpx
+    from prefect.client.base import ServerType, determine_server_type
+
+    from tasks.errors import api_not_found, nothing_answers
+
+    if determine_server_type() == ServerType.CLOUD:  # Prefect Cloud has no version endpoint to ask; Prefect skips it
+        return
+    base = api.rstrip("/")
+    tried = f"{base}/admin/version"
+    try:
+        status = httpx.get(tried, timeout=timeout_s).status_code
+    except (httpx.ConnectError, httpx.ConnectTimeout) as err:  # refused, no route, no such host: nothing is there
+        raise ApiNotThere(nothing_answers(api, err)) from None
+    except httpx.HTTPError:  # connected, but slow to answer (a loaded server): left to Prefect's client and its retries
+        return
+    if status != 404:
+        return
+    answers = ""
+    if not base.endswith("/api"):
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base}/api/admin/version", timeout=timeout_s).status_code == 200:
+                answers = f"{base}/api"
+    raise ApiNotThere(api_not_found(api, tried, answers))
+
+
+def interrupted_message(command: str, checkpoint_uri: str, stopped: Stopped | None = None, ledger: str | None = None,
+                        job: str = "") -> str:
+    """The one line Ctrl-C ends `command` with: where training stopped and how to go on, or, once training had
+    ended, that only the wait for the evaluations was cut (the record a Python caller gets in `SubmitInterrupted`,
+    tasks/pipeline/stopped.py)."""
+    return (stopped or stopped_at(checkpoint_uri, ledger, job)).line(f"frenzy {command}")
 
 
 def embedded_server_outlives_ctrl_c() -> None:
@@ -85,6 +126,12 @@ def run_submit(command: str, request: object) -> object | None:
     flow has the trainer commit its step first). None when interrupted; SIGTERM prints the same line and exits 143."""
     import sys
 
+    from prefect.settings import PREFECT_API_URL
+
+    if api := PREFECT_API_URL.value():  # a wrong URL is said at once, before the flow's imports and the plan
+        check_prefect_api(api)
+    else:
+        embedded_server_outlives_ctrl_c()
     from cluster.inventory import load_cluster
     from tasks.pipeline.request import SubmitRequest
     from tasks.planning.calibration import load_observations
@@ -96,12 +143,9 @@ def run_submit(command: str, request: object) -> object | None:
                        observations=load_observations())
     one_line_console()
     from prefect.exceptions import TerminationSignal
-    from prefect.settings import PREFECT_API_URL
 
-    from flows.submit import submit  # Prefect and the trainer's modules: after the refusal, which needs neither
+    from flows.submit import submit  # the trainer's modules: after the refusal, which does not need them
 
-    if not PREFECT_API_URL.value():
-        embedded_server_outlives_ctrl_c()
     def on_term(signum: int, _frame: object) -> None:  # Prefect's engine re-sends SIGTERM to this handler after
         raise TerminationSignal(signal=signum)             # its own clean-up: end with the line, not a silent death
 
@@ -122,7 +166,8 @@ def run_submit(command: str, request: object) -> object | None:
     except (KeyboardInterrupt, TerminationSignal) as err:  # Ctrl-C; SIGTERM (`kill`, a Prefect cancellation)
         logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
         stopped = err.stopped if isinstance(err, SubmitInterrupted) else None
-        print(interrupted_message(command, request.job.training.checkpoint.uri, stopped), file=sys.stderr)
+        print(interrupted_message(command, request.job.training.checkpoint.uri, stopped, request.ledger,
+                                  request.job.name), file=sys.stderr)
         if isinstance(err, TerminationSignal):
             raise SystemExit(128 + err.signal) from None  # 143: what a shell reports for a SIGTERMed command
         return None

@@ -386,6 +386,29 @@ class Ledger:
             self._create_schema()
         except SQLAlchemyError as err:
             raise self._unusable(err, "open") from None
+        self._file_id = self._file_identity()
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """The SQLite file's (device, inode) now; None for a database server or a missing file."""
+        p = self._sqlite_path()
+        try:
+            st = p.expanduser().stat() if p is not None else None
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) if st is not None else None
+
+    def vanished(self) -> str | None:
+        """Why this SQLite ledger is no longer the file it opened (deleted, or replaced by another file): what its
+        queue, allocations and run records were is gone from the path, though this process's open connection still
+        reads the old file. None while it is the same file (and always for a database server)."""
+        if self._file_id is None:
+            return None
+        p = self._sqlite_path()
+        now = self._file_identity()
+        if now == self._file_id:
+            return None
+        return (f"the ledger file {p} was {'deleted' if now is None else 'replaced by another file'} while this "
+                "process used it: its allocations, queue and run records are gone from that path")
 
     def _sqlite_path(self) -> Path | None:
         if not self.sqlite or ":///" not in self.url or self.url.endswith(":memory:"):

@@ -11,6 +11,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
+from flows.logs import verbatim_console
 from flows.naming import run_name, submission_base
 from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
@@ -60,6 +61,7 @@ def _publish(summary: EvalSummary, history_dir: str) -> None:
 @flow(name="evaluate-checkpoint", flow_run_name=run_name("evaluate-{request.uri}"), log_prints=True)
 def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
     """Evaluate one committed checkpoint on a suite: scores table, score history and its plot."""
+    verbatim_console()
     request = request.resolved(submission_base())
     summary = evaluate_task(request)
     _publish(summary, request.history_dir)
@@ -72,6 +74,7 @@ def evaluate_checkpoint(request: EvaluateRequest) -> EvalSummary:
 def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
     """Evaluate, oldest first, each committed checkpoint not yet evaluated (for a schedule). A root or checkpoint
     that cannot be evaluated fails alone: it is named (log and artifact), and every other one is still evaluated."""
+    verbatim_console()
     logger = get_run_logger()
     todo = targets(request, submission_base())
     if not todo:

@@ -313,6 +313,20 @@ class FlowStages:
         self.started = datetime.now(UTC)
         self.device = "cpu"
         self._cancel_checked = 0.0
+        self.ledger_lost = ""
+        """Set when the ledger file vanished while this run used it (red team 41g S13): said once, and nothing more
+        is written to that path (writing would create an empty ledger there, silently)."""
+
+    def ledger_gone(self, run: Run) -> bool:
+        """Whether the ledger file this run holds its allocation in was deleted or replaced; said once, as a warning
+        naming the path and the allocation."""
+        if not self.ledger_lost and (why := self.ledger.vanished()):
+            held = f"allocation {run.attempt.allocation.id} of {run.job}" if run.attempt else f"the records of {run.job}"
+            self.ledger_lost = (f"{why}: {held} is no longer recorded (another job may be placed on its GPUs); "
+                                "nothing was recreated there: make the ledger again with `frenzy cluster init --ledger "
+                                f"{self.ledger.url.split(':///', 1)[-1]} --cluster ...` before the next submit")
+            self.log.warning(self.ledger_lost)
+        return bool(self.ledger_lost)
 
     def cancelled(self) -> None:
         """A cancel of this flow run from the Prefect UI or API. A run a worker started gets SIGTERM from it; one a
@@ -391,10 +405,10 @@ class FlowStages:
             fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
             progress = run_dir / "progress.jsonl"
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
-                                kill=lambda why: (self.log.error("%s: killing the trainer (a hang)", why),
+                                kill=lambda why: (self.log.error("%s: killing the trainer", why),
                                                   request_kill(run_dir, why)),
                                 stop=lambda: request_stop(run_dir), lease_lost=keeper.lost.is_set,
-                                on_poll=lambda: (self.cancelled(), ev.catch_up() if ev else None))
+                                on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up() if ev else None))
             watch(_Future(fut), controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
@@ -422,6 +436,8 @@ class FlowStages:
 
     def release(self, run: Run) -> None:
         assert run.attempt is not None
+        if self.ledger_gone(run):  # a release would make an empty ledger at the path and say the GPUs came back
+            return
         try:
             release(run.attempt.allocation.id, self.request.ledger)
         except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
@@ -524,7 +540,8 @@ class FlowStages:
         return path
 
     def record(self, run: Run) -> None:
-        self.ledger.record_run(run_record(run))
+        if not self.ledger_gone(run):
+            self.ledger.record_run(run_record(run))
         emit_event(event=f"frenzy.run.{run.stage.value}", resource={"prefect.resource.id": f"frenzy.job.{run.job}"},
                    payload={"stage": run.stage.value, "at_s": run.visits[-1].at_s if run.visits else 0.0,
                             "run_dir": run.run_dir, "checkpoint_root": run.request.job.training.checkpoint.uri})

@@ -22,6 +22,7 @@ from prefect import Flow, flow, get_run_logger
 
 from cluster.inventory import load_cluster
 from cluster.ledger import Ledger
+from flows.logs import verbatim_console
 from flows.naming import run_name, submission_base
 from flows.stages import FlowStages, evaluation_mode
 from tasks.evaluation.datasets import dataset_problems
@@ -59,6 +60,7 @@ def start(request: SubmitRequest) -> Run:
 @flow(name="submit", flow_run_name=run_name("submit-{request.job.name}"), log_prints=True)
 def submit(request: SubmitRequest) -> SubmitResult:
     """Plan, place, train (evaluating checkpoints as they commit), release, evaluate, analyse, report."""
+    verbatim_console()
     run = start(request)
     request = run.request
     cluster = load_cluster(request.cluster_spec)  # an unknown cluster fails before anything starts
@@ -78,10 +80,13 @@ def submit(request: SubmitRequest) -> SubmitResult:
     ledger.sync(cluster)
     if run.suite:  # the scheduled evaluate-pending covers the roots the ledger knows
         ledger.note_checkpoints(request.job.name, Storage(request.job.training.checkpoint.uri).uri, request.suite_spec)
-    run = drive(run, FlowStages(request, ledger, cluster))
+    stages = FlowStages(request, ledger, cluster)
+    run = drive(run, stages)
     if run.stage is Stage.FAILED:
         raise PipelineError(run.error or f"{run.job}: the run failed")
     result = submit_result(run)
+    if stages.ledger_lost:  # the trainer has ended, but no ledger recorded the release of its GPUs
+        result = result.model_copy(update={"released": False, "notes": [*result.notes, stages.ledger_lost]})
     for note in result.notes:
         get_run_logger().warning(note)
     return result
@@ -98,7 +103,8 @@ class _SubmitFlow(Flow):
             raise
         except KeyboardInterrupt:
             request = args[0] if args else kwargs.get("request")
-            raise SubmitInterrupted(stopped_at(_checkpoint_root(request))) from None
+            ledger, job = (request.ledger, request.job.name) if isinstance(request, SubmitRequest) else (None, "")
+            raise SubmitInterrupted(stopped_at(_checkpoint_root(request), ledger, job)) from None
 
 
 def _checkpoint_root(request: object) -> str:

@@ -4,7 +4,10 @@ A key made from the job name alone is shared by every user's run of that name (a
 `report-exp`), and lowercasing plus mapping `.`/`_` to `-` makes distinct names collide (`Form.v1-x_Y` and
 `form-v1-x-y`). A run is its checkpoint root, so a run's key is `<kind>-<name, slugged>-<8 hex digits>`, the digits a
 hash of the exact job name and the checkpoint root URI (`file://` and a trailing `/` do not change it). The key stays
-what Prefect accepts: lowercase letters, digits and dashes.
+what Prefect accepts: lowercase letters, digits and dashes. The name is never shortened (a job name has at most 128
+characters and Prefect's keys have no length limit): `<kind>-<name, slugged>-` is the key's prefix for every name, so
+the search docs/prefect.md gives (`report-<job>`) finds a run's report whatever its length (red team 41g S02: a
+128-character name was cut to 96 and the search found nothing).
 """
 
 from __future__ import annotations
@@ -13,9 +16,6 @@ import hashlib
 import re
 
 from tasks.paths import place_key
-
-_SLUG_MAX = 96
-"""Characters of the name kept in the key (the hash, not the slug, keeps keys apart)."""
 
 
 def slug(text: str) -> str:
@@ -32,8 +32,7 @@ def root_identity(root: str) -> str:
 def run_key(kind: str, name: str, root: str) -> str:
     """The artifact key of `kind` (report, plans, eval, ...) for the run of job `name` at checkpoint root `root`."""
     digest = hashlib.sha256(f"{name}\0{root_identity(root)}".encode()).hexdigest()[:8]
-    head = slug(name)[:_SLUG_MAX].strip("-")
-    return "-".join(p for p in (slug(kind), head, digest) if p)
+    return "-".join(p for p in (slug(kind), slug(name), digest) if p)
 
 
 def step_root(step_uri: str) -> str:

@@ -109,16 +109,42 @@ def unreachable_api(err: BaseException) -> str | None:
     while e is not None and all(e is not c for c in chain):
         chain.append(e)
         e = e.__cause__ or e.__context__
+    base = api.rstrip("/")
+    for e in chain:  # a server answered 404 to the version request, or to any request under a URL without `/api`
+        target = _request_url(e)  # (under the API's URL, a 404 is an object not found: not this)
+        no_api = not base.endswith("/api") and "prefect.cloud" not in base  # Cloud's workspace URLs end otherwise
+        if (type(e).__name__.endswith("HTTPStatusError") and getattr(getattr(e, "response", None), "status_code", 0) == 404
+                and api and (target == f"{base}/admin/version" or (no_api and target.startswith(base)))):
+            return api_not_found(api, target)
     for e in chain:
         text = str(e)
         url = text.split("Failed to reach API at ", 1)[1].rstrip(".") if "Failed to reach API at " in text else ""
-        request = getattr(e, "_request", None)  # httpx keeps the request of a transport error here
-        target = str(getattr(request, "url", "")) if request is not None else ""
+        target = _request_url(e)
         if url or (type(e).__name__ in _CONNECT_ERRORS and api and (not target or target.startswith(api.rstrip("/")))):
-            root = chain[-1]
-            return (f"cannot reach the Prefect API at {url or api} (PREFECT_API_URL{'' if api else ' is not set'}): "
-                    f"nothing answers there ({type(root).__name__}: {str(root)[:120] or 'no reply'}). Start the server "
-                    "(`prefect server start`) and point PREFECT_API_URL at it (`prefect config set "
-                    "PREFECT_API_URL=http://HOST:4200/api`), or unset PREFECT_API_URL to run on the embedded API of "
-                    "this process")
+            return nothing_answers(url or api, chain[-1], api_set=bool(api))
     return None
+
+
+def _request_url(e: BaseException) -> str:
+    """The URL of the request an httpx error was raised for ("" when none): httpx keeps it as `_request`."""
+    request = getattr(e, "_request", None)
+    return str(getattr(request, "url", "")) if request is not None else ""
+
+
+_API_FIX = ("point PREFECT_API_URL at the server's API (`prefect config set PREFECT_API_URL=http://HOST:4200/api`), "
+            "or unset PREFECT_API_URL to run on the embedded API of this process")
+
+
+def nothing_answers(api: str, root: BaseException | str, api_set: bool = True) -> str:
+    """No server answers at `api` (a refused connection, a timeout): the URL or the server is wrong."""
+    cause = root if isinstance(root, str) else f"{type(root).__name__}: {str(root).splitlines()[0] if str(root) else 'no reply'}"
+    return (f"cannot reach the Prefect API at {api} (PREFECT_API_URL{'' if api_set else ' is not set'}): nothing "
+            f"answers there ({cause}). Start the server (`prefect server start`) and {_API_FIX}")
+
+
+def api_not_found(api: str, tried: str, api_answers: str = "") -> str:
+    """A server answered 404 at `tried` under PREFECT_API_URL=`api`: a web server is there, but not Prefect's API at
+    that path (most often the URL lacks its `/api`). `api_answers`: the URL found to answer instead."""
+    fix = (f"set PREFECT_API_URL={api_answers} (that URL answers)" if api_answers else
+           f"the URL probably lacks `/api` (e.g. PREFECT_API_URL={api.rstrip('/')}/api); {_API_FIX}")
+    return f"the Prefect API is not at {api} (PREFECT_API_URL): a server answered 404 Not Found at {tried}: {fix}"

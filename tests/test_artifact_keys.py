@@ -34,7 +34,22 @@ def test_the_spelling_of_a_root_does_not_change_the_key():
 def test_keys_are_what_prefect_accepts_even_for_odd_names():
     for name in ("Fr.ed-Run_2026.v1." + "b" * 110, "café", "___", "x"):
         k = run_key("eval-history-core", name, "s3://bucket/ckpt")
-        assert raise_on_name_alphanumeric_dashes_only(k, "key") == k and "--" not in k and len(k) < 140
+        assert raise_on_name_alphanumeric_dashes_only(k, "key") == k and "--" not in k
+
+
+def test_the_documented_search_finds_the_report_of_a_name_at_the_length_limit():
+    """Red team 41g S02: a 128-character name was cut in its keys, so the search docs/prefect.md gives
+    (`report-<job>`, the name lowercased, other characters as `-`) matched nothing. The name is never cut now."""
+    from tasks.jobspec import parse_job
+
+    name = "n" * 40 + ".X_y-" + "z" * 83
+    job = parse_job({"name": name, "model": {"preset": "gpt-tiny"}}, "job.yaml")  # the longest name a job may have
+    assert len(job.name) == 128
+    key = run_key("report", job.name, "file:///home/bob/ck")
+    documented = "report-" + "n" * 40 + "-x-y-" + "z" * 83  # the rule of docs/prefect.md, by hand
+    assert key.startswith(documented + "-") and len(key) == len(documented) + 9
+    assert raise_on_name_alphanumeric_dashes_only(key, "key") == key
+    assert run_key("report", job.name, "file:///home/kim/ck").startswith(documented + "-")  # every run of the name
 
 
 def _keys(tree: ast.AST) -> list[ast.expr]:

@@ -48,3 +48,73 @@ def test_the_interrupt_line_names_the_newest_committed_step(tmp_path):
     train_run(tiny_job(root, steps=20, every=10), Path(tmp_path / "run"))
     assert interrupted_message("submit", root) == (f"frenzy submit: stopped at step 20, committed under {root}; "
                                                    "rerun the same command to resume")
+
+
+def test_a_module_colon_name_in_a_log_line_is_printed_verbatim_not_as_an_emoji():
+    """Red team 41g S03: the submit warning for a suite dataset `badplug:factory` read `plugin badplug🏭 ...`: Prefect's
+    console handler prints through rich, which turns `:factory:` into an emoji. A process started as `frenzy` and a
+    flow run start (a worker, a notebook) see the same: the handlers Prefect configured, then `verbatim_console`."""
+    code = ("import logging, flows, prefect.main\n"
+            "logging.getLogger('prefect.frenzy-test').warning('before: badplug:factory: no module here')\n"
+            "from flows.logs import verbatim_console\n"
+            "verbatim_console()\n"
+            "logging.getLogger('prefect.frenzy-test').warning('after: badplug:factory: no module here')\n")
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONIOENCODING": "utf-8"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       encoding="utf-8")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-2000:]
+    before = next(line for line in out.splitlines() if "before: " in line)
+    after = next(line for line in out.splitlines() if "after: " in line)
+    assert "\N{FACTORY}" in before  # the control: Prefect's handler as configured does replace it
+    assert "after: badplug:factory: no module here" in after and "\N{FACTORY}" not in after
+
+
+def test_a_stop_after_training_ended_says_only_the_wait_for_evaluations_was_cut(tmp_path):
+    """Red team 41g S12: SIGTERM while submit only waited for the evaluation runs (training done, GPUs back) said
+    "stopped at step 10 ...; rerun the same command to resume", as if training had been cut. The run's ledger record
+    says how far it got: after the release, the line says what was cut and how the rest gets scored."""
+    from cluster.ledger import Ledger, RunRecord
+
+    root, ledger = f"file://{tmp_path}/ckpt", str(tmp_path / "l.db")
+    train_run(tiny_job(root, steps=20, every=10), Path(tmp_path / "run"))
+    led = Ledger(ledger)
+    rec = RunRecord(job="tiny", stage="training", checkpoint_root=root, run_dir=str(tmp_path / "run"),
+                    history_dir=str(tmp_path / "evals"))
+    led.record_run(rec)  # the control: stopped while it trained, the line is the resume line
+    assert interrupted_message("submit", root, ledger=ledger, job="tiny") == (
+        f"frenzy submit: stopped at step 20, committed under {root}; rerun the same command to resume")
+    for stage in ("released", "evaluated"):
+        led.record_run(rec.model_copy(update={"stage": stage}))
+        line = interrupted_message("submit", root, ledger=ledger, job="tiny")
+        assert line.startswith(f"frenzy submit: training had finished (step 20, committed under {root}; its GPUs were "
+                               "released); only the wait for the evaluations and the report was cut"), line
+        assert "`evaluate-pending`" in line and "resume" not in line and "rerun the same command" in line
+    assert interrupted_message("submit", root, ledger=str(tmp_path / "none.db"), job="tiny").startswith(
+        "frenzy submit: stopped at step 20")  # no ledger there: the storage's line, and no ledger made
+    assert not (tmp_path / "none.db").exists()
+
+
+def _summaries(steps: list[int], datasets: int) -> list:
+    from tasks.evaluation.record import EvalSummary
+
+    return [EvalSummary(uri=f"file:///c/step_{s:08d}", run="j", step=s, suite="big",
+                        scores={f"qa-set-{d:02d}": {"acc": 0.5 + d / 100 + s / 1000} for d in range(datasets)},
+                        makespan_s=1, predicted_makespan_s=1, result="r.json", history_plot=None) for s in steps]
+
+
+def test_the_scores_table_of_many_datasets_turns_to_one_row_per_score_and_fits_a_terminal():
+    """Red team 41g S09: a suite of 40 datasets printed a 41-column "scores by checkpoint" table ~750 characters wide."""
+    from cli.submit import TABLE_WIDTH, scores_table
+
+    few = scores_table(_summaries([10, 20], datasets=2), "/r/report.html")  # the control: one row per checkpoint
+    assert few.splitlines()[0].split() == ["step", "qa-set-00", "acc", "qa-set-01", "acc"] and len(few.splitlines()) == 4
+    many = scores_table(_summaries([10, 20], datasets=40), "/r/report.html")
+    lines = many.splitlines()
+    assert max(map(len, lines)) <= TABLE_WIDTH and lines[0].split() == ["dataset", "metric", "step", "10", "step", "20"]
+    assert len(lines) == 2 + 40 and lines[2].split() == ["qa-set-00", "acc", "0.51", "0.52"]
+    long = scores_table(_summaries(list(range(100, 3100, 100)), datasets=40), "/r/report.html")  # 30 checkpoints
+    lines = long.splitlines()
+    assert max(map(len, lines)) <= TABLE_WIDTH and "step 3000" in lines[0] and "step 100 " not in lines[0] + " "
+    assert lines[-1].startswith("(the newest ") and lines[-1].endswith("of 30 checkpoints; the report has every one: "
+                                                                      "/r/report.html)")

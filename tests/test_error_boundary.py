@@ -302,3 +302,137 @@ def test_a_persist_that_fills_the_disk_leaves_no_half_shard_and_names_the_newest
     assert "step 1 is the newest this run committed (a rerun resumes from it)" in str(info.value)
     assert not (tmp_path / "ck" / "step_00000002").exists()  # the part-written shard and its directory are gone
     assert [m.step for m in ck.committed(st)] == [1]
+
+
+class _Api404:
+    """A web server on loopback that is not Prefect's API where PREFECT_API_URL points: 404 Not Found everywhere, except
+    (with `api_below`) Prefect's version endpoint under `/api`, as a Prefect server answers a URL without its `/api`."""
+
+    def __init__(self, api_below: bool) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                ok = api_below and self.path == "/api/admin/version"
+                body = b'"3.8.8"' if ok else b'{"detail":"Not Found"}'
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("api_below", [True, False])
+def test_a_prefect_api_url_without_api_is_said_as_a_404_with_the_url_that_answers(api_below: bool):
+    """Red team 41g V1: PREFECT_API_URL without `/api` was reported as "nothing answers there", the cause cut mid-URL,
+    after 22 s. A server answering 404 is said as such, with the whole URL tried and the fix, from one probe."""
+    from cli.console import ApiNotThere, check_prefect_api
+
+    srv = _Api404(api_below)
+    try:
+        with pytest.raises(ApiNotThere) as e:
+            check_prefect_api(srv.url)
+        msg = str(e.value)
+        assert f"a server answered 404 Not Found at {srv.url}/admin/version" in msg and "nothing answers" not in msg
+        if api_below:
+            assert f"set PREFECT_API_URL={srv.url}/api (that URL answers)" in msg
+        else:
+            assert "the URL probably lacks `/api`" in msg and f"PREFECT_API_URL={srv.url}/api" in msg
+        if api_below:  # the control: the URL with `/api` passes the probe
+            check_prefect_api(f"{srv.url}/api")
+            check_prefect_api(f"{srv.url}/api/")
+    finally:
+        srv.close()
+
+
+def test_the_probe_of_a_closed_port_says_nothing_answers_with_the_whole_cause():
+    from cli.console import ApiNotThere, check_prefect_api
+
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    with pytest.raises(ApiNotThere) as e:
+        check_prefect_api(url)
+    assert f"cannot reach the Prefect API at {url} (PREFECT_API_URL): nothing answers there (ConnectError: " in str(e.value)
+    assert "Connection refused)" in str(e.value) and "prefect server start" in str(e.value)
+
+
+def test_a_prefect_clients_404_is_named_as_a_404_not_as_nothing_answering(capsys, monkeypatch):
+    """The same 404 met by Prefect's own client (a notebook, a flow calling the API): exit 2, the whole URL."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    srv = _Api404(api_below=False)
+    monkeypatch.setenv("PREFECT_API_URL", srv.url)
+    try:
+        def fn(args):
+            from prefect import get_client
+
+            with temporary_settings({PREFECT_API_URL: srv.url, PREFECT_CLIENT_MAX_RETRIES: 0}):
+                with get_client(sync_client=True) as client:
+                    client.read_deployment_by_name("evaluate-checkpoint/evaluate-on-checkpoint")
+
+        assert run(_cmd(fn)) == 2
+    finally:
+        srv.close()
+    err = capsys.readouterr().err
+    assert f"the Prefect API is not at {srv.url} (PREFECT_API_URL): a server answered 404 Not Found at {srv.url}/" in err
+    assert "the URL probably lacks `/api`" in err and "a bug" not in err
+
+
+def test_submit_against_a_url_without_api_exits_2_naming_the_404(tmp_path, home):
+    srv = _Api404(api_below=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": srv.url, "FRENZY_HOME": str(home)}
+    try:
+        ledger = str(tmp_path / "ledger.db")
+        subprocess.run([sys.executable, "-m", "cli", "cluster", "init", "--ledger", ledger, "--cluster", "local"],
+                       env=env, cwd=tmp_path, check=True, capture_output=True)
+        p = subprocess.run([sys.executable, "-m", "cli", "submit", str(ROOT / "examples/jobs/tiny.yaml"), "--device",
+                            "cpu", "--ledger", ledger], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        srv.close()
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"a server answered 404 Not Found at {srv.url}/admin/version: set PREFECT_API_URL={srv.url}/api" in p.stderr
+    assert not (home / "crash").exists()
+
+
+def test_a_404_of_another_request_is_an_object_not_found_not_a_missing_api(monkeypatch):
+    """The control: under a URL that is the API, a 404 (a deployment that does not exist) is not said as a wrong URL."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from tasks.errors import unreachable_api
+
+    srv = _Api404(api_below=True)
+    url = f"{srv.url}/api"
+    monkeypatch.setenv("PREFECT_API_URL", url)
+    try:
+        with temporary_settings({PREFECT_API_URL: url, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            with get_client(sync_client=True) as client, pytest.raises(ObjectNotFound) as e:
+                client.read_deployment_by_name("evaluate-checkpoint/evaluate-on-checkpoint")
+    finally:
+        srv.close()
+    assert unreachable_api(e.value) is None
+
+
+def test_a_server_slow_to_answer_is_left_to_prefect_not_called_unreachable():
+    """Found on a loaded machine: the probe's 5 s ran out on a test server that was up but slow, and submit said
+    "nothing answers there". A connection made is a server there: only a refused (or unmade) connection is said."""
+    import socket
+
+    from cli.console import check_prefect_api
+
+    with socket.socket() as s:  # accepts connections (the kernel's backlog) and never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        check_prefect_api(f"http://127.0.0.1:{s.getsockname()[1]}/api", timeout_s=0.5)

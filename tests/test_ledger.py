@@ -305,3 +305,14 @@ def test_a_ledger_with_runs_by_job_name_is_migrated_to_runs_by_root(tmp_path):
     assert led.run("old", "file:///data/old/ckpt") == rec
     led.record_run(_rec("new", "file:///data/new/ckpt"))
     assert [r.job for r in Ledger(str(path)).runs()] == ["new", "old"]  # opened again: not copied twice
+
+
+def test_a_sqlite_ledger_file_deleted_or_replaced_is_seen_by_the_ledger_that_opened_it(tmp_path):
+    """Red team 41g S13: the ledger file deleted while a job held GPUs in it went unnoticed (the open connection kept
+    reading the deleted file). `vanished` compares the file at the path with the one opened."""
+    path = tmp_path / "l.db"
+    led = Ledger(str(path))
+    assert led.vanished() is None  # the control: the same file
+    path.unlink()
+    assert led.vanished() == (f"the ledger file {path} was deleted while this process used it: its allocations, "
+                              "queue and run records are gone from that path")

@@ -384,3 +384,103 @@ def test_steps_left_unscored_when_the_wait_ran_out_are_named_in_the_summary(tmp_
     assert note is not None and note.startswith("no score for step(s) 20 within eval_timeout_s (45 s")
     assert unscored_note(run.model_copy(update={"evaluations": [summary(20), summary(30)]})) is None
     assert unscored_note(run.model_copy(update={"mode": "in-flow"})) is None
+
+
+class StubbornTrainer(Trainer):
+    """A trainer that does not stop when asked (its step runs long, it is rolling back): only a kill ends it."""
+
+    def __init__(self, clock: list[float], interrupt_at_wait: int | None) -> None:
+        super().__init__(runs=10**6, clock=clock)
+        self.killed, self.waits, self.interrupt_at_wait = False, 0, interrupt_at_wait
+
+    def done(self) -> bool:
+        return self.killed
+
+    def wait(self, timeout_s: float | None) -> None:
+        self.waits += 1
+        if self.waits == self.interrupt_at_wait:  # the signal lands while the watch waits for the commit
+            raise KeyboardInterrupt
+        super().wait(timeout_s)
+
+
+@pytest.mark.parametrize(("interrupt_at_wait", "why"), [
+    (None, "asked to stop, still running after 120 s"),  # a trainer that ignores the stop
+    (2, "asked to stop, still running after 120 s"),  # the same stop signalled twice (`timeout`): still its commit
+    (5, "interrupted again while it committed its step")])  # someone insisting, 8 s later
+def test_an_interrupted_watch_returns_only_when_the_trainer_is_gone(interrupt_at_wait: int | None, why: str):
+    """Red team 41g S08b: a second SIGTERM while the trainer committed let the GPUs be released while it trained on.
+    Whatever happens while it stops (a second signal, a trainer that ignores the stop), the watch ends it first."""
+    now = [0.0]
+    t = StubbornTrainer(now, interrupt_at_wait)
+    said: list[str] = []
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    c = Controls(progress_size=lambda: 1, kill=lambda why: (said.append(f"kill: {why}"), setattr(t, "killed", True)),
+                 stop=lambda: said.append("stop"), lease_lost=lambda: False, on_poll=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        watch(t, c, "j", hang_s=100, clock=lambda: now[0])
+    assert t.done() and said == ["stop", f"kill: {why}"]
+
+
+def test_a_rerun_of_a_finished_job_marks_its_old_evaluation_failures_as_the_earlier_runs(tmp_path):
+    """Red team 41g S07: a rerun of a finished job whose evaluations had failed repeated the old causes as if current
+    and did not say how to have the steps evaluated again. A step scored since drops its failure."""
+    import torch
+
+    from cluster.ledger import RunRecord
+    from tasks.evaluation import history
+    from tasks.pipeline.evaluations import EvalFailure
+    from tasks.pipeline.summary import already_finished
+    from tasks.training import checkpoint as ck
+    from tasks.training.storage import Storage
+
+    root = f"file://{tmp_path}/ck"
+    c = ck.AsyncCheckpointer(Storage(root), 0, 1, run="j", keep=2)
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    for step in (10, 20):
+        c.save(step, [("w", torch.zeros(2))], fields)
+    c.close()
+    run = new_run(history_dir=str(tmp_path / "evals"))
+    run.request.job.training.steps, run.request.job.training.checkpoint.uri = 20, root
+    old = [EvalFailure(step=10, cause="TypeError: factory() takes 0 positional arguments"),
+           EvalFailure(step=20, cause="TypeError: factory() takes 0 positional arguments")]
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(1, 1, "A100", "n0")],
+             outcomes=[TrainOutcome(result=result(20), evaluation_failures=old)])
+    done = drive(run, f, clock=ticks())
+    assert [x.line() for x in submit_result(done).evaluation_failures][0] == (
+        "evaluation of step 10 FAILED: TypeError: factory() takes 0 positional arguments")  # the run's own: current
+    rec = RunRecord(job="j", stage="reported", checkpoint_root=root, run_dir="/runs/j", history_dir=str(tmp_path / "evals"),
+                    suite="quick", result=submit_result(done).model_dump_json())
+    history.append(tmp_path / "evals", "j", 20, f"{root}/step_00000020", "quick", {"x": {"acc": 0.5}})  # scored since
+    again = already_finished(rec, run.request, "quick")
+    assert again is not None and [e.step for e in again.evaluations] == [20]
+    assert [x.line() for x in again.evaluation_failures] == [
+        "evaluation of step 10 FAILED in the earlier run (not tried again by this one): TypeError: factory() takes 0 "
+        "positional arguments"]
+    [note] = again.notes
+    assert note.startswith("step(s) 10: their evaluation failed in the earlier run of j") and "from then" in note
+    assert f"`frenzy evaluate {root}/step_00000010 --suite quick`" in note and "evaluate-pending" in note
+
+
+def test_a_second_signal_while_the_stop_is_asked_still_asks_it():
+    """Red team 41g S08b, reproduced: `timeout`'s two SIGTERMs, the second landing while the watch wrote the stop
+    request, left no stop request: the flow ended, its task runner waited on a trainer that trained on."""
+    now = [0.0]
+    t = Trainer(runs=10**6, clock=now)
+    asked: list[str] = []
+
+    def stop() -> None:
+        asked.append("stop")
+        if len(asked) == 1:
+            raise KeyboardInterrupt  # the second signal, before the request was written
+        t.stopped = True
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+    c = Controls(progress_size=lambda: 1, kill=lambda why: asked.append(f"kill: {why}"), stop=stop,
+                 lease_lost=lambda: False, on_poll=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        watch(t, c, "j", hang_s=100, clock=lambda: now[0])
+    assert t.done() and asked == ["stop", "stop"]

@@ -692,3 +692,57 @@ def test_a_cancel_from_the_api_stops_a_cli_submit_as_sigterm_does(prefect_server
     assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
                                             f"file://{tmp_path}/ckpt; rerun the same command to resume")
     assert Ledger(str(tmp_path / "l.db")).allocations() == [] and _trainers_of(tmp_path / "run") == []
+
+
+def test_device_cuda_on_an_allocation_without_a_cuda_gpu_says_it_trains_on_the_cpu(prefect_server, tmp_path):
+    """Red team 41g S15: `--device cuda` on a machine without CUDA trained on the CPU and said nothing."""
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="nocuda", steps=10, every=10)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cuda",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 0, err[-3000:]
+    assert "--device cuda, but the allocation on " in err and "holds no CUDA GPU: training runs on the CPU" in err
+    assert "10 steps on 1 x cpu" in out
+
+
+def test_a_ledger_deleted_while_a_job_holds_its_gpus_is_said_and_not_made_again(prefect_server, tmp_path):
+    """Red team 41g S13: the ledger file deleted mid-run was recreated silently (empty) and the summary said "GPUs
+    released: yes" against a ledger that no longer held the allocation."""
+    led = tmp_path / "l.db"
+    Ledger(str(led))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="noledger", steps=400, every=20)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(led), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 20, proc)
+    for f in tmp_path.glob("l.db*"):  # the database and its WAL files, as `rm ledger.db*`
+        f.unlink()
+    out, _ = proc.communicate(timeout=300)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 0, err[-3000:]
+    said = f"the ledger file {led} was deleted while this process used it"
+    assert said in err and "is no longer recorded (another job may be placed on its GPUs)" in err, err[-3000:]
+    assert f"note: {said}" in out and "GPUs released: NO" in out, out
+    assert not led.exists()  # nothing made again mid-run; `frenzy cluster init` makes a ledger
+
+
+def test_a_second_sigterm_while_the_trainer_commits_still_leaves_no_trainer(prefect_server, tmp_path):
+    """Red team 41g S08b: `timeout` sends SIGTERM to the process and then to its group; the second one, landing while
+    the trainer committed its step, released the GPUs at once while the trainer trained on and committed later steps,
+    and the line named a step that was no longer the newest. The trainer is gone before the release now."""
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="twice", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    proc.send_signal(signal.SIGTERM)  # what `timeout` does: the command, then its whole process group
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=180)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 143, err[-3000:]
+    assert _trainers_of(tmp_path / "run") == [], _describe(_trainers_of(tmp_path / "run"), tmp_path / "run")
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
+                                            f"file://{tmp_path}/ckpt; rerun the same command to resume"), err[-3000:]
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []

@@ -71,6 +71,13 @@ class EvalFailure(BaseModel):
 
     step: int
     cause: str
+    earlier: bool = False
+    """From an earlier run of the job (a rerun of a finished job reports it): not tried again by this one."""
+
+    def line(self) -> str:
+        """How the CLI and the report say it."""
+        when = " in the earlier run (not tried again by this one)" if self.earlier else ""
+        return f"evaluation of step {self.step} FAILED{when}: {self.cause}"
 
 
 Verdict = Literal["failed", "crashed"]

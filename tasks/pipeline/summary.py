@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cluster.ledger import RunRecord
 from tasks.paths import place_key
-from tasks.pipeline.evaluations import scored
+from tasks.pipeline.evaluations import EvalFailure, scored, step_uri
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import TERMINAL, Run, Stage
 from tasks.report import RunReport, StragglerSummary
@@ -119,9 +119,23 @@ def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str =
     done = SubmitResult.model_validate_json(rec.result)
     now = scored(rec.history_dir, rec.job, suite) if suite else {}
     evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
-    notes = [n for n in [fewer_steps(request, done.train.final_step)] if n]
+    failed = [f.model_copy(update={"earlier": True}) for f in done.evaluation_failures if f.step not in evals]
+    notes = [n for n in [fewer_steps(request, done.train.final_step), failed_before(failed, root or "", rec)] if n]
     return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)],
-                                   "notes": notes})
+                                   "evaluation_failures": failed, "notes": notes})
+
+
+def failed_before(failed: list[EvalFailure], root: str, rec: RunRecord) -> str | None:
+    """What to say about the steps whose evaluation failed in the finished run and that have no score since: the
+    causes shown are from then (the cause may be fixed by now), and how to have them evaluated again."""
+    if not failed:
+        return None
+    steps = [f.step for f in failed]
+    one = step_uri(root, steps[0])
+    return (f"step(s) {', '.join(map(str, steps))}: their evaluation failed in the earlier run of {rec.job} and nothing "
+            f"scored them since; the causes below are from then. To evaluate them again now: `frenzy evaluate {one} "
+            f"--suite {rec.suite or 'SUITE'}` (one per step), or a pass of the evaluate-pending deployment (hourly; "
+            "now: `prefect deployment run evaluate-pending/evaluate-pending`), then submit again to see the scores")
 
 
 def fewer_steps(request: SubmitRequest, final_step: int) -> str | None:

@@ -68,9 +68,45 @@ def watch(handle: Handle, c: Controls, job: str, hang_s: float, clock: Callable[
             if c.on_poll is not None:
                 c.on_poll()
             handle.wait(poll_s)
-    except BaseException:
-        if not handle.done():  # Ctrl-C, a cancellation, an evaluator's crash: commit first, then let it go on
-            c.stop()
-            with contextlib.suppress(Exception):
-                handle.wait(STOP_GRACE_S)
+    except BaseException:  # Ctrl-C, a cancellation, an evaluator's crash: commit first, then let it go on
+        stop_and_wait(handle, c, clock)
         raise
+
+
+KILL_WAIT_S = 60.0
+"""How long a trainer that was killed (it did not stop when asked) is given to be gone."""
+
+SAME_STOP_S = 5.0
+"""A second interrupt this soon after the first is the same stop signalled twice (`timeout` signals the process and
+then its process group; a terminal's Ctrl-C reaches the group): the trainer is still given its commit."""
+
+
+def stop_and_wait(handle: Handle, c: Controls, clock: Callable[[], float] = time.monotonic) -> None:
+    """Ask the trainer to commit its step and stop, and return only when it has ended: its GPUs are released after
+    this, never while it still writes on them (red team 41g S08b). Every step here survives a further interrupt: a
+    SIGTERM that arrives twice (`timeout` signals the process, then its group) used to land while the stop was being
+    asked and left the trainer training. An interrupt later than SAME_STOP_S after the first (someone insisting), or a
+    trainer still running after STOP_GRACE_S, kills it; it keeps what it committed."""
+    t0, asked = clock(), False
+    why = f"asked to stop, still running after {STOP_GRACE_S:.0f} s"
+    while clock() - t0 < STOP_GRACE_S:
+        try:
+            if handle.done():
+                return
+            if not asked:
+                c.stop()
+                asked = True
+            handle.wait(min(2.0, STOP_GRACE_S - (clock() - t0)))
+        except BaseException:  # noqa: BLE001 - the first interrupt goes on after this; this one is said as the reason
+            if asked and clock() - t0 >= SAME_STOP_S:
+                why = "interrupted again while it committed its step"
+                break
+    killed, deadline = False, clock() + KILL_WAIT_S
+    while clock() < deadline:
+        with contextlib.suppress(BaseException):  # noqa: BLE001 - it is being killed: a further signal waits for that
+            if handle.done():
+                return
+            if not killed:
+                c.kill(why)
+                killed = True
+            handle.wait(2.0)

@@ -1,0 +1,37 @@
+"""Log lines print as they were written, on every console a flow logs to (the CLI's terminal, a worker's, a
+notebook's): Prefect's console handler prints through rich, which replaces emoji shortcodes by default, so a plugin
+named `badplug:factory` in a message came out as `badplug🏭`. Prefect has a setting for markup (PREFECT_LOGGING_MARKUP,
+off by default) but none for emoji; its console's print is given `emoji=False`, rich's own switch."""
+
+from __future__ import annotations
+
+import logging
+
+
+def verbatim(handler: logging.Handler) -> None:
+    """Have `handler`, when it prints through a rich console (PrefectConsoleHandler), print messages verbatim."""
+    console = getattr(handler, "console", None)
+    print_ = getattr(console, "print", None)
+    if print_ is None or getattr(print_, "frenzy_verbatim", False):
+        return
+
+    def print_verbatim(*objects: object, **kwargs: object) -> None:
+        kwargs.setdefault("emoji", False)
+        print_(*objects, **kwargs)
+
+    print_verbatim.frenzy_verbatim = True  # type: ignore[attr-defined]
+    console.print = print_verbatim  # type: ignore[union-attr]
+
+
+def console_handlers() -> list[logging.Handler]:
+    """Every handler of every logger of this process that writes to a stream other than a file."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    return [h for lg in loggers for h in lg.handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+
+
+def verbatim_console() -> None:
+    """Every console handler of this process prints log messages verbatim (called as a flow starts)."""
+    for h in console_handlers():
+        verbatim(h)
