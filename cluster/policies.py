@@ -204,7 +204,7 @@ class Has:
         asked = {w.job: sim.jobs[int(w.job)].trace.num_gpus for w in waiting}  # type: ignore[call-overload]
         sizer = Sizer(sim.pool, list(sim.running.values()), now,
                       ordered(waiting, self.cfg.queue_order, now, self.cfg.aging), reqs_of, self.cfg.min_scaling,
-                      arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after, self.cfg.bound_waits)
+                      arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after)
 
         def try_place(w: Waiting, admit: Admit) -> bool:
             i = int(w.job)  # type: ignore[call-overload]

@@ -45,8 +45,6 @@ class SimConfig:
     """HAS reserves GPUs for the head of its queue; backfilling cannot delay it (cluster/queue.py)."""
     reserve_after: float = RESERVE_AFTER
     """...once the head has waited this many times its predicted run time (cluster/sizing.py)."""
-    bound_waits: bool = True
-    """HAS cuts a job's wait for a plan at its run on a plan that fits now (cluster/sizing.py `bound_wait`)."""
     ilp_p: float = -0.5
     ilp_time_limit_s: float = 30.0
     max_plans: int | None = None

@@ -24,9 +24,6 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   costs. A job waits with GPUs it could use idle only
   for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
   after every scheduling pass.
-- **A wait is bounded by the run on what is free** (`bound_wait`, `SimConfig.bound_waits`): a job that has waited at
-  least the whole predicted run of a plan that fits now stops waiting and takes it (a wait predicted again and again
-  and never met is cut where taking the free plan at the start would have been done).
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
   `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
   refuses now becomes a plan to wait for, from the reservation's start.
@@ -119,17 +116,15 @@ class Choice:
     load: str = ""
     """The load that chose the mode, e.g. `12 jobs wait behind it` (ends the record)."""
 
-    def record(self, chosen: Candidate | None, now_s: float, bounded: str | None = None) -> str:
-        """One line for the decision record: what was chosen (or waited for) and why; `bounded`: `bound_wait`'s note
-        where the job stopped waiting for its cheapest plan."""
+    def record(self, chosen: Candidate | None, now_s: float) -> str:
+        """One line for the decision record: what was chosen (or waited for) and why."""
         best = self.candidates[0]
         if chosen is not None:
             r = chosen.request
             why = (f"{self.mode}: {r.gpus} GPU(s) of {_types(r)}, predicted run {r.run_s or 0:.0f} s, "
                    f"{r.gpus * (r.run_s or 0) / 3600:.2f} GPU-h")
             if chosen is not best:
-                why += f" ({bounded})" if bounded else \
-                    f" (its cheaper plan on {_types(best.request)} was refused: reservation)"
+                why += f" (its cheaper plan on {_types(best.request)} was refused: reservation)"
             if chosen.penalty > 0:
                 why += f"; costs the queue {chosen.penalty:.0f} s for {r.gpus * (r.run_s or 0) / 3600:.2f} GPU-h"
             slower = [c for c in self.candidates if c.nodes is None and c.finish_s > chosen.finish_s]
@@ -541,35 +536,18 @@ def exact_type_requests(plans: Sequence[ResourcePlan], steps: float) -> tuple[li
                        run_s=steps * plans[k].est_step_time_s) for k in idx], idx
 
 
-def bound_wait(candidates: Sequence[Candidate], waited_s: float, now_s: float) -> tuple[list[Candidate], str | None]:
-    """A job's candidates in the order to try them, once its wait is bounded: when the cheapest is a plan to wait for
-    and the job has already waited at least the whole predicted run of a plan that fits now, the plans that fit now and
-    that it has out-waited go first (cheapest first): had it taken one when it began to wait, it would be done. A
-    prediction of the wait that keeps failing (round 6's P2: 1-GPU jobs of 2-3 minutes waited 400-2,900 s for an A100
-    while fcfs ran them on a Quadro in 6 minutes) is cut there. Also the record's note, or None where unchanged."""
-    if not candidates or candidates[0].nodes is not None:
-        return list(candidates), None
-    done = [c for c in candidates if c.nodes is not None and c.request.run_s is not None and c.request.run_s <= waited_s]
-    if not done:
-        return list(candidates), None
-    note = (f"stops waiting for {_types(candidates[0].request)} (predicted start in "
-            f"{candidates[0].start_s - now_s:.0f} s): "
-            f"waited {waited_s:.0f} s, longer than its run here")
-    return done + [c for c in candidates if c not in done], note
-
-
 class Sizer:
     """One scheduling pass of `cluster/queue.py`'s walk with `choose` per job: the code the live ledger and the
     simulator share. `seq`: the waiting jobs in walk order; `reqs_of`: each job's requests; `arrivals_per_s`: the
     recent arrival rate (`arrival_rate`); `asked`: the GPU count each job's user asked for, where known (for the
-    record's shrunk/widened note); `bound_waits`: cut a wait at the job's run on a plan that fits now (`bound_wait`)."""
+    record's shrunk/widened note)."""
 
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
                  reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING,
                  arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None,
-                 reserve_after: float = RESERVE_AFTER, bound_waits: bool = True) -> None:
+                 reserve_after: float = RESERVE_AFTER) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
-        self.reserve_after, self.bound_waits = reserve_after, bound_waits
+        self.reserve_after = reserve_after
         self.min_scaling, self.arrivals_per_s, self.asked = min_scaling, arrivals_per_s, asked or {}
         self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
         acc = 0
@@ -598,12 +576,10 @@ class Sizer:
         n, demand = self.behind.get(w.job, (0, 0))
         ch = choose(self.pool, reqs, self.backlog, self.pool.total_free() - demand, n, self.min_scaling,
                     self.arrivals_per_s)
-        order, bounded = bound_wait(ch.candidates, self.now_s - w.submitted_s, self.now_s) if self.bound_waits else (
-            ch.candidates, None)
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
         self._penalties[w.job] = goodput_penalty(reqs, self.backlog, n, self.arrivals_per_s)
         refused: Candidate | None = None  # the earliest-finishing plan the reservation refused, as a plan to wait for
-        for c in order:
+        for c in ch.candidates:
             if refused is not None and c.cost > refused.cost:
                 break
             if c.nodes is None:  # waiting for this plan is predicted to finish sooner than the rest
@@ -611,8 +587,7 @@ class Sizer:
             run_s = c.request.run_s if c.request.run_s is not None else w.predicted_s  # the queue entry's prediction
             if admit(c.nodes, run_s):
                 self.backlog.started(c.nodes, run_s)
-                self.records[w.job] = ch.record(c, self.now_s, bounded if c is not ch.candidates[0] else None) \
-                    + self._notes(w, c.request.gpus)
+                self.records[w.job] = ch.record(c, self.now_s) + self._notes(w, c.request.gpus)
                 return Decision(plan_index=c.index, request=c.request, nodes=c.nodes), self.records[w.job]
             self.refused += 1
             later = self._after_reservation(c)

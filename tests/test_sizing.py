@@ -10,9 +10,9 @@ import pytest
 from cluster.has import FreePool, GpuRequest, NodeInfo
 from cluster.inventory import Cluster, Node, load_cluster
 from cluster.ledger import Ledger
-from cluster.queue import Running, Waiting, reserve
+from cluster.queue import Running, reserve
 from cluster.simulator import SimConfig, simulate
-from cluster.sizing import Backlog, Sizer, choose, goodput_penalty, idle_violations
+from cluster.sizing import Backlog, choose, goodput_penalty, idle_violations
 from cluster.synth_traces import mixed, parse_synthetic, production
 from cluster.traces import BATCH_PER_GPU, TraceError, TraceJob, model_for_gpu_hours
 
@@ -59,29 +59,6 @@ def test_a_release_overdue_is_predicted_now_not_in_the_past(claim_ahead, starts_
     first = choose(pool, _reqs(run_fast=1000.0, slowdown=1.5), backlog, spare=0, behind=10).candidates[0]
     assert (first.nodes is not None) == starts_slow
     assert first.request.types == (SLOW if starts_slow else FAST)
-
-
-@pytest.mark.parametrize("waited_s, bound, starts_slow", [(2000.0, True, True), (1000.0, True, False),
-                                                        (2000.0, False, False)])
-def test_a_wait_for_a_faster_type_is_cut_at_the_run_on_the_free_type(waited_s, bound, starts_slow):
-    """The A100s free in 400 s: waiting for two finishes at +1150 s, the idle 2080Tis at +1500 s, so `choose` waits.
-    A job that has already waited 2000 s, longer than its whole 1500 s run on a 2080Ti, stops waiting and starts
-    there now, and the record says so. Negative controls: a job that has waited 1000 s still waits, and so does the
-    one of 2000 s with the bound off (`bound_waits=False`, the rule before round 8)."""
-    now = 10_000.0
-    pool = _pool(0, 8)
-    reqs = _reqs(run_fast=1000.0, slowdown=1.5)
-    w = Waiting(job="j", seq=0, submitted_s=now - waited_s, predicted_s=1000.0)
-    sizer = Sizer(pool, [Running(end_s=now + 400.0, nodes=(("a0", 8),))], now, [w], {"j": reqs}, bound_waits=bound)
-    assert choose(pool, reqs, sizer.backlog, spare=0).candidates[0].nodes is None  # the prediction says: wait
-    picked = sizer.pick(w, lambda nodes, run_s: True)
-    assert (picked is not None) == starts_slow
-    if starts_slow:
-        d, why = picked
-        assert d.request.types == SLOW and d.nodes == [("t0", 1)]
-        assert "stops waiting for A100-40GB-SXM (predicted start in 400 s): waited 2000 s" in why
-    else:
-        assert "waits for 2 GPU(s) of A100-40GB-SXM, predicted start in 400 s" in sizer.records["j"]
 
 
 def test_widening_only_into_spare_gpus_and_only_where_it_pays():
