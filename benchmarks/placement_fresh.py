@@ -101,7 +101,28 @@ submissions, so a 450-job window stays inside its day and overlaps no earlier wi
 order no earlier round ran: triples, pairs reversed (the next window's jobs arrive first), and openb a+d (the one
 pair nobody spliced). Every job is as recorded; the mix and the arrival pattern across the seams are new."""
 
-SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7}
+WINDOWS8: tuple[Window, ...] = (
+    Window("P17", "philly:2017-09-29", "fresh-two", 0.5),
+    Window("P18", "philly:2017-10-04", "phoebe-x4", 0.9),
+    Window("P19", "philly:2017-10-11", "fresh-old4h100", 1.1),
+    Window("P20", "philly:2017-10-23", "fresh-mix2048", 0.7),
+    Window("P21", "philly:2017-11-09", "phoebe", 0.7),
+    Window("P22", "philly:2017-11-12", "phoebe-x4", 1.1),
+    Window("H9", "helios:b+a", "fresh-old4h100", 0.9),
+    Window("H10", "helios:d+c", "phoebe-x4", 0.5),
+    Window("H11", "helios:c+b+a", "fresh-two", 0.7),
+    Window("O9", "openb:a+c+d", "fresh-mix2048", 0.9),
+    Window("O10", "openb:c+b", "fresh-old4h100", 1.1),
+    Window("O11", "openb:b+c+d", "phoebe-x4", 0.5),
+)
+"""Round 8's held-out set, written and committed on 2026-11-26 before any policy ran on it (`--set round8`). Philly
+start dates used by no earlier list (rounds 6 and 7 above, placement_load.py's, red team 43's), each a day with 800 or
+more submissions. Helios and openb: splices no earlier round ran (helios b+a, d+c and c+b+a; openb c+b, a+c+d and
+b+c+d). openb windows spliced after a later one lose the pods whose shifted deletion passes the trace's cut (d+a kept
+508 of about 1,030 pods when tried for its size, before any policy ran), so two of the three openb splices are in
+trace order. Three windows at each of the loads 0.5, 0.7, 0.9 and 1.1, spread over the five clusters."""
+
+SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8}
 
 FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-mix2048": [("H100-80GB", 40, 8), ("A100-40GB-SXM", 56, 8), ("L40S", 80, 8), ("V100-16GB", 80, 8)],
