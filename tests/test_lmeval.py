@@ -220,6 +220,28 @@ def test_lm_eval_templates_compiled_once_build_the_requests_a_fresh_compile_buil
     assert {n: source.build_requests(t, src) for n, t in tasks.items()} == once and len(compiles) > 100
 
 
+def test_a_metric_with_array_values_is_aggregated_as_lm_eval_aggregates_it(world, tmp_path):
+    """`brier_score`'s per-document value holds a numpy array (the class probabilities): the metric job writes it as
+    JSON and the aggregate equals lm-eval's own (it failed with "ndarray is not JSON serializable")."""
+    from lm_eval.tasks import TaskManager
+
+    from tasks.evaluation.runner import EvalOptions, evaluate
+    from tasks.evaluation.suite import LmevalSource, Suite
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "frz_brier.yaml").write_text(f"include: {world['tasks'] / 'frz_mc.yaml'}\ntask: frz_brier\n"
+                                          "metric_list: [{metric: brier_score}]\n")
+    suite = Suite(name="b", lmeval=LmevalSource(tasks=["frz_brier"], include=[str(extra)], limit=6, bootstrap_iters=0))
+    res = evaluate(str(world["llama"]), suite, EvalOptions(out_dir=str(tmp_path / "out"), gpus_per_node=1,
+                   learn_priors=False, cpu_workers_per_node=1, shm_root=str(tmp_path / "shm")))
+    ref = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={world['llama']},dtype=float32", device="cpu",
+                                  tasks=["frz_brier"], batch_size=8, limit=6, bootstrap_iters=0,
+                                  task_manager=TaskManager(include_path=str(extra), include_defaults=False))
+    ours, theirs = res.scores["frz_brier"]["brier_score,none"], ref["results"]["frz_brier"]["brier_score,none"]
+    assert 0 < theirs < 2 and math.isclose(ours, theirs, rel_tol=REL), (ours, theirs)
+
+
 def _task_manager(world):
     from lm_eval.tasks import TaskManager
 
@@ -367,6 +389,8 @@ def _suite(world, tmp_path, task_yaml: str, **lmeval) -> object:
      "greedily"),
     ("task: x\ndataset_path: json\ndataset_kwargs: {data_files: {test: DATA}}\noutput_type: generate_until\n"
      "test_split: test\ndoc_to_text: a\ndoc_to_target: b\nunsafe_code: true\n", "sandbox"),
+    ("task: x\ndataset_path: json\ndataset_kwargs: {data_files: {test: DATA}}\noutput_type: loglikelihood\n"
+     "test_split: test\ndoc_to_text: '{{question}}'\ndoc_to_target: '{{question[:0]}}'\n", "document 0 has an empty continuation"),
 ])
 def test_what_cannot_run_is_refused_before_anything_runs(world, tmp_path, task_yaml, says):
     from tasks.evaluation.lmeval.source import expand

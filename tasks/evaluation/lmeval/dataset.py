@@ -110,13 +110,26 @@ class LmevalDataset(EvalDataset):
         out: dict[str, Any] = {}
         for key in insts[0].filtered_resps:
             for metric, value in task.process_results(doc, [i.filtered_resps[key] for i in insts]).items():
-                out[f"{metric},{key}"] = value
+                out[f"{metric},{key}"] = plain(value)
         return out
 
     def aggregate(self, scores: list[dict]) -> dict[str, float]:
         from tasks.evaluation.lmeval.source import aggregate
 
         return aggregate(self.source, {self.name: scores})[self.name]
+
+
+def plain(value: Any) -> Any:
+    """A metric's per-document value as JSON holds it (metric jobs write their scores as JSON): numpy arrays and
+    scalars (e.g. `brier_score`'s class probabilities) become lists and Python numbers, tuples lists; float64
+    survives the round trip exactly, and lm-eval's aggregations take the lists as they take the arrays."""
+    if hasattr(value, "tolist") and type(value).__module__ == "numpy":
+        return value.tolist()
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
 
 
 def make(options: dict, ctx: EvalContext) -> LmevalDataset:

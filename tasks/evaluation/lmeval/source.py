@@ -243,6 +243,12 @@ def build_requests(task: Any, src: LmevalSource) -> list[dict]:
     task.build_all_requests(limit=get_sample_size(task, src.limit), rank=0, world_size=1)
     rows: dict[int, list] = {}
     for inst in task.instances:
+        if inst.request_type == "loglikelihood" and len(inst.args) > 1 and inst.args[1] == "":
+            raise LmevalTaskError(
+                f"lm-eval task {task.config.task}: document {inst.doc_id} has an empty continuation (its doc_to_target "
+                "or doc_to_choice gives ''), whose log-likelihood is undefined (lm-eval's HF backend stops on an "
+                "assertion there); give every document a non-empty target and choices, or drop such documents "
+                "with process_docs")
         rows.setdefault(inst.doc_id, []).append([inst.request_type, list(inst.args), inst.idx, inst.repeats])
     return [{"id": d, "requests": sorted(r, key=lambda x: x[2])} for d, r in rows.items()]
 
