@@ -345,9 +345,10 @@ def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_
     now, reruns = [0.0], []
     runs = {50: ("failed", "DatasetError: data.jsonl line 3 is not JSON"), 100: ("crashed", "worker lost")}
 
-    def rerun(step: int) -> None:  # the second run of step 100 succeeds
+    def rerun(step: int) -> bool:  # the second run of step 100 succeeds
         reruns.append(step)
         del runs[100]
+        return True
 
     def read() -> dict:
         return {100: "s100"} if reruns else {}
@@ -432,6 +433,57 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
         assert [fr.parameters["request"] for fr in runs if fr.parameters["request"]["uri"].endswith("50")] == [
             {"uri": f"{root}/step_00000050", "suite": "quick", "history_dir": "/data/alice/evals", "reevaluate": False}]
+
+
+def test_an_api_error_rerunning_one_crashed_evaluation_is_that_steps_failure_and_a_retry_that_helps_is_made(prefect_server):
+    """Red team 41h N15: a 503 on `create_flow_run` while submit re-ran one crashed evaluation run ended the whole
+    submit as a bug. The real server behind a proxy that answers 503 to that route: the step is failed with the API's
+    answer and the wait returns (the report is written); when the API recovers, the run is made and the step scores."""
+    from datetime import UTC, datetime, timedelta
+    from urllib.parse import urlparse
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    from prefect.states import Crashed
+
+    from flows.stages import START_TRIES, TriggeredEvaluations
+    from tasks.pipeline.evaluations import collect_scores
+    from tests.s3_endpoint import FlakyProxy
+
+    root = "file:///data/n15/ckpt"
+    api = PREFECT_API_URL.value()
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("evaluate-checkpoint")
+        dep = client.create_deployment(flow_id, name="evaluate-on-checkpoint")
+        for step in (10, 20):
+            fr = client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_{step:08d}"}})
+            client.set_flow_run_state(fr.id, Crashed(message="worker lost"), force=True)
+
+    def made(step: int) -> int:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
+        return sum(fr.parameters["request"]["uri"].endswith(f"{step:08d}") for fr in runs)
+
+    now = [0.0]
+    with FlakyProxy(urlparse(api).port, only="/create_flow_run") as proxy, temporary_settings(
+            {PREFECT_API_URL: f"http://127.0.0.1:{proxy.port}/api", PREFECT_CLIENT_MAX_RETRIES: 0}):
+        warned: list[str] = []
+        t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=600), warned.append, earlier=frozenset({10, 20}))
+        proxy.fail_for(3600)  # the API never recovers: both steps fail, each with the API's answer; nothing raises
+        got, failed = collect_scores(dict, [10, 20], 1800, runs=t.ended_without_score, rerun=t.rerun,
+                                     clock=lambda: now[0], sleep=lambda dt: now.__setitem__(0, now[0] + dt))
+        assert got == {} and [f.step for f in failed] == [10, 20], failed
+        assert all("could not be started" in f.cause and "503" in f.cause and f"{START_TRIES} times" in f.cause
+                   and "frenzy evaluate file:///data/n15/ckpt/step_" in f.cause for f in failed), failed
+        assert proxy.failed == 2 * START_TRIES and made(10) == 1 and any("trying again (1/" in w for w in warned)
+        # the API answers 503 twice, then recovers: the crashed run of step 10 is run again, and it scores
+        proxy.fail_for(0)
+        proxy.fail_next(2)
+        t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=600), warned.append, earlier=frozenset({10}))
+        got, failed = collect_scores(lambda: {10: "s10"} if made(10) == 2 else {}, [10], 1800, runs=t.ended_without_score,
+                                     rerun=t.rerun, clock=lambda: now[0], sleep=lambda dt: now.__setitem__(0, now[0] + dt))
+        assert got == {10: "s10"} and failed == [] and made(10) == 2 and t.balked == {}
 
 
 def test_a_quiet_running_evaluation_is_named_with_how_long_and_how_to_look(prefect_server):
