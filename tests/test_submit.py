@@ -721,6 +721,36 @@ def test_a_run_directory_holding_another_jobs_run_is_refused_before_anything_run
     assert foreign_run_dir(_request(tmp_path, name="k1")) is None  # its own: a rerun resumes there
 
 
+def test_a_checkpoint_root_holding_the_run_or_history_directory_is_refused_before_training(prefect_server, tmp_path):
+    """Red team 41h N13: `checkpoint: {uri: .}` beside the default ./runs/<name> trained every step, then exited 2
+    naming `stragglers generate`. Refused before anything is placed or trained, naming the settings to change."""
+    from tasks.pipeline.summary import outputs_in_root
+
+    job = _job(tmp_path, name="n13", steps=20, every=10)
+    job["training"]["checkpoint"]["uri"] = "."
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    Ledger(str(tmp_path / "l.db"))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu"],
+                tmp_path)
+    proc.wait(timeout=300)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    assert f"the run directory {tmp_path}/runs/n13" in err and f"(training.checkpoint.uri: {tmp_path})" in err, err[-3000:]
+    assert "--run-dir" in err and "--history-dir" in err and "stragglers" not in err and "Traceback" not in err
+    assert not list(tmp_path.glob("step_*")) and not (tmp_path / "runs" / "n13" / "train.log").exists()
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+    # controls: a root beside the directories (the usual layout), a root inside the run directory (the demo's),
+    # and an object store are not refused; a history directory inside the root alone is
+    req = _request(tmp_path)
+    assert outputs_in_root(req) is None
+    assert outputs_in_root(req.model_copy(update={"run_dir": str(tmp_path)})) is None  # ckpt inside the run dir
+    s3 = req.job.model_copy(deep=True)
+    s3.training.checkpoint.uri = "s3://bucket/ck"
+    assert outputs_in_root(req.model_copy(update={"job": s3})) is None
+    why = outputs_in_root(req.model_copy(update={"history_dir": str(tmp_path / "ckpt" / "evals")}))
+    assert why is not None and "history directory" in why and "run directory" not in why, why
+
+
 def test_a_cancel_from_the_api_stops_a_cli_submit_as_sigterm_does(prefect_server, tmp_path):
     """Red team 41g S08: `prefect flow-run cancel` of a CLI-started submit was ignored (it ran on, exit 0, and the
     server kept the run Cancelling). A CLI run has no worker to send SIGTERM: it reads its own state."""
