@@ -154,6 +154,8 @@ def run_submit(command: str, request: object) -> object | None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_term)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # the terminal closed: as SIGTERM (not under nohup)
+            signal.signal(signal.SIGHUP, on_term)  # red team 41h N23: it killed the flow, left Running, GPUs held
     try:
         return submit(request)
     except RuntimeError as err:
@@ -166,8 +168,9 @@ def run_submit(command: str, request: object) -> object | None:
     except (KeyboardInterrupt, TerminationSignal) as err:  # Ctrl-C; SIGTERM (`kill`, a Prefect cancellation)
         logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
         stopped = err.stopped if isinstance(err, SubmitInterrupted) else None
-        print(interrupted_message(command, request.job.training.checkpoint.uri, stopped, request.ledger,
-                                  request.job.name), file=sys.stderr)
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: the line goes where it can
+            print(interrupted_message(command, request.job.training.checkpoint.uri, stopped, request.ledger,
+                                      request.job.name), file=sys.stderr)
         if isinstance(err, TerminationSignal):
-            raise SystemExit(128 + err.signal) from None  # 143: what a shell reports for a SIGTERMed command
+            raise SystemExit(128 + err.signal) from None  # 143 (129 for SIGHUP): what a shell reports
         return None

@@ -209,17 +209,27 @@ def _describe(pids: list[int], run_dir: Path) -> str:
     return ps + "\n--- train.log ---\n" + (log.read_text(errors="replace")[-3000:] if log.exists() else "(none)")
 
 
-def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_server, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_server, tmp_path, sig):
+    """SIGTERM: what a Prefect cancellation does to the flow process. SIGHUP: the terminal closed (red team 41h N23:
+    it killed submit at once, no line, the flow run left Running for good, the GPUs back only a lease later)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
     Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="cancelme", steps=100000, every=50)))
+    name = f"cancelme-{sig.name.lower()}"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name=name, steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
                  "--run-dir", str(tmp_path / "run"), "--json"], tmp_path)
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
-    proc.send_signal(signal.SIGTERM)  # what a Prefect cancellation does to the flow process
+    proc.send_signal(sig)
     proc.wait(timeout=120)
     err = (tmp_path / "cli.err").read_text()
     newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
-    assert proc.returncode == 143 and err.strip().splitlines()[-1] == (
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"submit-{name}"])))
+    assert [fr.state.type.value for fr in runs] in (["CRASHED"], ["CANCELLED"]), runs  # not left RUNNING
+    assert proc.returncode == 128 + sig and err.strip().splitlines()[-1] == (
         f"frenzy submit: stopped at step {newest}, committed under file://{tmp_path}/ckpt; rerun the same command to "
         "resume") and "Traceback" not in err, err[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
