@@ -761,6 +761,37 @@ def test_a_checkpoint_root_holding_the_run_or_history_directory_is_refused_befor
     assert why is not None and "history directory" in why and "run directory" not in why, why
 
 
+def test_a_submit_whose_output_reader_exits_stops_as_sigterm_does_and_exits_141(prefect_server, tmp_path):
+    """Red team 41h N22: `frenzy submit ... 2>&1 | grep -m1 'step 3..'`: rich's console answered the broken pipe with
+    SystemExit(1) from the thread that logged; submit exited 1 (a "bug") 85 s later and no line said why. Now: the
+    trainer commits, the GPUs come back, exit 141 as `cat` does, and the flow run is not left Running."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL
+
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="n22", steps=100000, every=50)))
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
+                             "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run")],
+                            cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    assert proc.stdout is not None
+    seen = b""
+    while b"checkpoint step 50 committed" not in seen:  # the reader reads until training is well under way ...
+        line = proc.stdout.readline()
+        assert line, seen.decode(errors="replace")[-3000:]
+        seen += line
+    proc.stdout.close()  # ... and exits
+    proc.wait(timeout=240)
+    assert proc.returncode == 141, seen.decode(errors="replace")[-2000:]
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert newest >= 50 and json.loads((tmp_path / "run" / "result.json").read_text())["stopped_early"] is True
+    assert Ledger(str(tmp_path / "l.db")).allocations() == [] and _trainers_of(tmp_path / "run") == []
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["submit-n22"])))
+    assert [fr.state.type.value for fr in runs] in (["CRASHED"], ["CANCELLED"]), runs
+
+
 def test_a_cancel_from_the_api_stops_a_cli_submit_as_sigterm_does(prefect_server, tmp_path):
     """Red team 41g S08: `prefect flow-run cancel` of a CLI-started submit was ignored (it ran on, exit 0, and the
     server kept the run Cancelling). A CLI run has no worker to send SIGTERM: it reads its own state."""
