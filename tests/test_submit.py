@@ -473,7 +473,7 @@ def test_an_api_error_rerunning_one_crashed_evaluation_is_that_steps_failure_and
     def made(step: int) -> int:
         with get_client(sync_client=True) as client:
             runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
-        return sum(fr.parameters["request"]["uri"].endswith(f"{step:08d}") for fr in runs)
+        return sum(fr.parameters["request"]["uri"] == f"{root}/step_{step:08d}" for fr in runs)  # other tests' too
 
     now = [0.0]
     with FlakyProxy(urlparse(api).port, only="/create_flow_run") as proxy, temporary_settings(
