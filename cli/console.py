@@ -142,18 +142,24 @@ def run_submit(command: str, request: object) -> object | None:
         plan_resources(request.job, load_cluster(request.cluster_spec), rank_by=request.rank_by, top=1,
                        observations=load_observations())
     one_line_console()
+    import signal
+    import threading
+
     from prefect.exceptions import TerminationSignal
 
+    import flows.logs
     from flows.submit import submit  # the trainer's modules: after the refusal, which does not need them
 
     def on_term(signum: int, _frame: object) -> None:  # Prefect's engine re-sends SIGTERM to this handler after
         raise TerminationSignal(signal=signum)             # its own clean-up: end with the line, not a silent death
 
-    import signal
-    import threading
-
     if threading.current_thread() is threading.main_thread():
+        # the reader of the output went away: stop as SIGTERM does (trainer commits, GPUs released), then exit 141
+        flows.logs.PIPE_BROKEN.clear()
+        flows.logs.on_broken_pipe = lambda: os.kill(os.getpid(), signal.SIGTERM)
         signal.signal(signal.SIGTERM, on_term)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # the terminal closed: as SIGTERM (not under nohup)
+            signal.signal(signal.SIGHUP, on_term)  # red team 41h N23: it killed the flow, left Running, GPUs held
     try:
         return submit(request)
     except RuntimeError as err:
@@ -166,8 +172,11 @@ def run_submit(command: str, request: object) -> object | None:
     except (KeyboardInterrupt, TerminationSignal) as err:  # Ctrl-C; SIGTERM (`kill`, a Prefect cancellation)
         logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
         stopped = err.stopped if isinstance(err, SubmitInterrupted) else None
-        print(interrupted_message(command, request.job.training.checkpoint.uri, stopped, request.ledger,
-                                  request.job.name), file=sys.stderr)
-        if isinstance(err, TerminationSignal):
-            raise SystemExit(128 + err.signal) from None  # 143: what a shell reports for a SIGTERMed command
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: the line goes where it can
+            print(interrupted_message(command, request.job.training.checkpoint.uri, stopped, request.ledger,
+                                      request.job.name), file=sys.stderr)
+        if isinstance(err, TerminationSignal):  # 143 (129 for SIGHUP, 141 for a reader gone): what a shell reports
+            raise SystemExit(128 + (signal.SIGPIPE if flows.logs.PIPE_BROKEN.is_set() else err.signal)) from None
         return None
+    finally:
+        flows.logs.on_broken_pipe = None  # a later broken pipe of this process (a notebook's) stops nothing

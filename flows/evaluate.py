@@ -6,6 +6,7 @@ artifact and a plot; the work itself is `tasks.evaluation.runner.evaluate`.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
@@ -17,7 +18,7 @@ from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
 from tasks.evaluation.claim import claimed
 from tasks.evaluation.pending import Target, missing, targets
-from tasks.evaluation.record import EvalSummary, evaluate_and_record
+from tasks.evaluation.record import EvalSummary, evaluate_and_record, recorded
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.suite import load_suite
 
@@ -128,13 +129,35 @@ def _evaluate_claimed(request: PendingRequest, t: Target, suite: str, uri: str,
                                                         history_dir=t.history_dir, reevaluate=False),
                                         return_state=True)
             if state.is_completed():
-                out.append(state.result())
+                out.append(completed_summary(state, t.history_dir, suite, uri))
             else:
                 failed.append((uri, state.message or state.name))
                 logger.error("evaluation of %s failed: %s", uri, state.message)
     if why:
         skipped.append((uri, why))
         logger.info("%s: skipped, %s", uri, why)
+
+
+def completed_summary(state: Any, history_dir: str, suite: str, uri: str) -> EvalSummary:
+    """The summary of the Completed evaluation run of `uri` on `suite`: its result, or, where its state came back
+    from the API without its data (a dropped connection: Prefect read the state again, and results are not
+    persisted), the score that run wrote to the history. A step that was scored is never reported as failed with
+    "State data is missing" (red team 41h R4)."""
+    from prefect.exceptions import MissingResult
+
+    from tasks.evaluation.engine import resolve_manifest
+    from tasks.training import checkpoint as ck
+
+    try:
+        return state.result()
+    except MissingResult as err:
+        storage, m = resolve_manifest(uri)
+        done = recorded(history_dir, m.run, m.step, suite, storage.url(ck.step_dir(m.step)))
+        if done is None:
+            raise RuntimeError(f"its evaluation run Completed, but its state came back from the API without its result "
+                               f"and the history in {history_dir} has no score of {m.run} step {m.step} on {suite}: "
+                               "evaluate it again (the next pass does)") from err
+        return done
 
 
 def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]]) -> None:

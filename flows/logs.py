@@ -5,7 +5,18 @@ off by default) but none for emoji; its console's print is given `emoji=False`, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import threading
+from collections.abc import Callable
+
+PIPE_BROKEN = threading.Event()
+"""Set when a console's reader went away (`frenzy submit ... | grep -m1 ...`): the console prints nothing more."""
+
+on_broken_pipe: Callable[[], None] | None = None
+"""Called once, from the thread that logged, when PIPE_BROKEN is first set: the CLI stops the run there (as SIGTERM
+does: the trainer commits, the GPUs are released) and exits 141, as `cat` does (red team 41h N22)."""
 
 
 def verbatim(handler: logging.Handler) -> None:
@@ -21,6 +32,22 @@ def verbatim(handler: logging.Handler) -> None:
 
     print_verbatim.frenzy_verbatim = True  # type: ignore[attr-defined]
     console.print = print_verbatim  # type: ignore[union-attr]
+    console.on_broken_pipe = lambda: _gone_quiet(console)  # type: ignore[union-attr]
+
+
+def _gone_quiet(console: object) -> None:
+    """The reader of `console`'s stream went away. rich's own answer, SystemExit(1) from whichever thread logged,
+    ended a training submit as a crash (exit 1) 85 s later (red team 41h N22): instead the console goes quiet (its
+    stream to /dev/null) and `on_broken_pipe` is told, once."""
+    console.quiet = True  # type: ignore[attr-defined]
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, console.file.fileno())  # type: ignore[attr-defined]
+        os.close(devnull)
+    if not PIPE_BROKEN.is_set():
+        PIPE_BROKEN.set()
+        if on_broken_pipe is not None:
+            on_broken_pipe()
 
 
 def console_handlers() -> list[logging.Handler]:

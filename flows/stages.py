@@ -100,6 +100,11 @@ class DeploymentGone(Exception):  # noqa: N818 - a condition, not a failure: the
 CANCEL_POLL_S = 10.0
 """How often a running submit asks the server whether its flow run was cancelled from the UI or API."""
 
+START_TRIES = 5
+"""How many polls (about 2 s apart, each after the Prefect client's own retries) a step's evaluation run is tried to be
+started, or run again, while the API answers with an error (a server restarting answers 503); then that step's
+evaluation is failed with the API's answer as its cause, and the wait goes on for the others (red team 41h N15)."""
+
 QUIET_S = 300.0
 """An evaluation run RUNNING that has logged nothing this long (a stopped or stuck process: the evaluation logs each
 piece of work it finishes) is named, once, with the command that shows its logs; it is still waited for."""
@@ -121,6 +126,10 @@ class TriggeredEvaluations:
         self.unseen: dict[int, datetime] = {}
         self.warned = False
         self.pool_said, self.pool, self.gone_said = False, "", False
+        self.balked: dict[int, int] = {}
+        """Per step: the API errors so far starting its run (reset when one starts)."""
+        self.unstarted: dict[int, str] = {}
+        """Steps whose run could not be started START_TRIES times: their evaluation failed, with the API's answer."""
         self.completed: set[int] = set()
         """Steps whose newest run completed (it wrote the scores its own parameters asked for)."""
         self.said_at = 0.0
@@ -134,14 +143,14 @@ class TriggeredEvaluations:
         from prefect.exceptions import ObjectNotFound
 
         try:
-            return self._ended()
+            return {**self._ended(), **{s: ("failed", why) for s, why in self.unstarted.items()}}
         except ObjectNotFound as err:
             raise DeploymentGone(f"the {EVAL_DEPLOYMENT} deployment is not on the server (deleted?)") from err
         except Exception as err:  # noqa: BLE001 - the scores still arrive; only the early failure report is lost
             if not self.warned:
                 self.warn(f"cannot read the evaluation runs' states ({type(err).__name__}: {err}); waiting for the scores alone")
                 self.warned = True
-            return {}
+            return {s: ("failed", why) for s, why in self.unstarted.items()}
 
     def _ended(self) -> dict[int, tuple[Verdict, str]]:
         from prefect.client.schemas.filters import (
@@ -248,6 +257,7 @@ class TriggeredEvaluations:
         if not self.read_ok:
             return []
         now = self.now()
+        unscored = unscored - set(self.unstarted)
         for step in unscored - set(self.params):
             self.unseen.setdefault(step, now)
         return sorted(s for s, t in self.unseen.items() if s in unscored and s not in self.params
@@ -288,7 +298,10 @@ class TriggeredEvaluations:
         running_s, quiet_s = self.quiet[step]
         return f"{words} {running_s:.0f} s (last log {quiet_s:.0f} s ago)"
 
-    def rerun(self, step: int) -> None:
+    def rerun(self, step: int) -> bool:
+        """Start a run of `step` with its newest run's parameters: True when the server made it. An API error (a server
+        restarting answers 503) is this step's alone: said, and tried again at the next poll (the caller asks again);
+        after START_TRIES the step's evaluation is failed with the API's answer (`unstarted`)."""
         from prefect.deployments import run_deployment
         from prefect.exceptions import ObjectNotFound
 
@@ -296,12 +309,30 @@ class TriggeredEvaluations:
             run_deployment(EVAL_DEPLOYMENT, parameters=self.params[step], timeout=0, as_subflow=False)
         except ObjectNotFound as err:
             raise DeploymentGone(f"the {EVAL_DEPLOYMENT} deployment is not on the server (deleted?)") from err
+        except Exception as err:  # noqa: BLE001 - the API failing one start fails that step's evaluation, not the run
+            n = self.balked[step] = self.balked.get(step, 0) + 1
+            answer = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:400]
+            if n >= START_TRIES:
+                self.unstarted[step] = (f"its evaluation run could not be started: the Prefect API answered {answer} "
+                                        f"{n} times; evaluate it later with `frenzy evaluate {step_uri(self.root, step)}`")
+            else:
+                self.warn(f"the evaluation run of step {step} could not be started ({answer}): trying again "
+                          f"({n}/{START_TRIES})")
+            return False
+        self.balked.pop(step, None)
+        return True
 
     def start(self, step: int, suite: str, history_dir: str) -> None:
-        """Run the evaluation of `step` that no commit event started (an earlier invocation's, stopped first)."""
+        """Run the evaluation of `step` that no commit event started (an earlier invocation's, stopped first). When
+        the API fails it, the step is left as it was, so that the next poll starts it again."""
+        had = self.params.get(step)
         self.params[step] = {"request": {"uri": step_uri(self.key, step), "suite": suite, "history_dir": history_dir,
                                          "reevaluate": False}}
-        self.rerun(step)
+        if not self.rerun(step):
+            if had is None:
+                del self.params[step]
+            else:
+                self.params[step] = had
 
 
 class FlowStages:
@@ -502,10 +533,11 @@ class FlowStages:
                 triggered.start(step, r.suite_spec, r.history_dir)
             return ended
 
-        def again(step: int) -> None:
-            self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it again",
-                             step)
-            triggered.rerun(step)
+        def again(step: int) -> bool:
+            if step not in triggered.balked:
+                self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it again",
+                                 step)
+            return triggered.rerun(step)
 
         try:
             triggered.ended_without_score()  # which steps have a run: an earlier invocation's without one start now

@@ -33,7 +33,15 @@ from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
 from tasks.pipeline.stopped import SubmitInterrupted, stopped_at
-from tasks.pipeline.summary import already_finished, foreign_root, foreign_run_dir, name_taken, submit_result, this_run
+from tasks.pipeline.summary import (
+    already_finished,
+    foreign_root,
+    foreign_run_dir,
+    name_taken,
+    outputs_in_root,
+    submit_result,
+    this_run,
+)
 from tasks.training.storage import Storage
 
 __all__ = ["PipelineError", "SubmitInterrupted", "SubmitRequest", "SubmitResult", "submit"]
@@ -63,6 +71,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
     verbatim_console()
     run = start(request)
     request = run.request
+    if (why := outputs_in_root(request)) is not None:  # found after training otherwise (red team 41h N13)
+        raise PipelineError(why)
     cluster = load_cluster(request.cluster_spec)  # an unknown cluster fails before anything starts
     ledger = Ledger(request.ledger)
     active = {a.job for a in ledger.allocations()} | {q.job for q in ledger.queue()}

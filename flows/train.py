@@ -7,7 +7,9 @@ can be triggered by it. It returns a small record with URIs, never tensors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
@@ -17,6 +19,7 @@ from flows.naming import run_name, submission_base
 from flows.stragglers import StragglerRequest, stragglers_task
 from tasks.artifactkey import run_key
 from tasks.errors import FrenzyError
+from tasks.latest import LatestOnly
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import WARNING_EVENTS, CommitProgress, ProgressRecord, StepProgress, describe
 from tasks.training.request import TrainRequest, TrainResult
@@ -51,15 +54,29 @@ def train_task(request: TrainRequest) -> TrainResult:
     art = create_progress_artifact(0.0, key=run_key("train", job.name, job.training.checkpoint.uri or ""),
                                    description=f"{job.name}: step 0/{job.training.steps}")
 
+    # the progress bar off the relay's path: a slow API made the relay, and the release, minutes late (tasks/latest.py)
+    bar: LatestOnly[tuple[float, str]] = LatestOnly(
+        lambda v: update_progress_artifact(art, v[0], description=v[1]),
+        on_error=lambda err: logger.debug("progress artifact not updated: %s", err))
+
     def on_record(rec: ProgressRecord) -> None:
         if isinstance(rec, StepProgress):
-            update_progress_artifact(art, 100.0 * rec.step / rec.steps,
-                                     description=f"{job.name}: step {rec.step}/{rec.steps}, loss {rec.loss:.4f}, "
-                                                 f"{rec.tokens_per_s:,.0f} tok/s, ETA {rec.eta_s:.0f}s")
+            bar.put((100.0 * rec.step / rec.steps, f"{job.name}: step {rec.step}/{rec.steps}, loss {rec.loss:.4f}, "
+                                                   f"{rec.tokens_per_s:,.0f} tok/s, ETA {rec.eta_s:.0f}s"))
         elif isinstance(rec, CommitProgress) and request.announce_commits:
             checkpoint_event(rec, job.name, suite, request.history_dir)
         (logger.warning if rec.event in WARNING_EVENTS else logger.info)(describe(rec))
 
+    try:
+        result = _run_trainer(request, job, on_record)
+        bar.put((100.0, f"{job.name}: done at step {result.final_step}"))
+    finally:
+        bar.close(timeout_s=5.0)
+    return result.train_result()
+
+
+def _run_trainer(request: TrainRequest, job: Any, on_record: Callable[[ProgressRecord], None]) -> Any:
+    """The trainer's run on this worker's devices (executor local) or as Ray actors on the placement's nodes."""
     if request.executor == "local":
         result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
                         resume=request.resume, device=request.device, tp=request.tp, on_record=on_record,
@@ -74,8 +91,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                             device=request.device, tp=request.tp, on_record=on_record,
                             address=None if request.executor == "ray" else request.executor,
                             gpus=request.placement[0].gpus)
-    update_progress_artifact(art, 100.0, description=f"{job.name}: done at step {result.final_step}")
-    return result.train_result()
+    return result
 
 
 @flow(name="train", flow_run_name=run_name("train-{request.job.name}"), log_prints=True)

@@ -70,23 +70,45 @@ def held(out: Path, what: str, wait: bool = False) -> Iterator[None]:
     """The one-writer lock of output `out`: an flock on `.NAME.lock` beside it, which names its holder. A second
     writer waits for it (`wait`) or is refused at once, naming the first."""
     lock = out.parent / f".{out.name}.lock"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd = _lock_file(lock, out, what, wait)
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()})".encode(), 0)
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock)  # removed while still locked: no lock file is left behind ...
-        os.close(fd)  # ... and a writer waiting on this inode sees it is gone (`_lock_file`) and locks a new one
+        with machine_errors(what, out):  # a full disk names the output and its disk (red team 41h N8)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd = _lock_file(lock, out, what, wait)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()})".encode(), 0)
+            except BaseException:
+                _unlock(lock, fd)
+                raise
+        try:
+            yield
+        finally:
+            _unlock(lock, fd)
+    except BaseException:
+        for d in made:  # the directories made for it and left empty (it failed): none is left behind, deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+def _unlock(lock: Path, fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock)  # removed while still locked: no lock file is left behind ...
+    os.close(fd)  # ... and a writer waiting on this inode sees it is gone (`_lock_file`) and locks a new one
 
 
 def _lock_file(lock: Path, out: Path, what: str, wait: bool) -> int:
     """An open descriptor of `lock`, flock-ed: the file at the path when the lock was taken (a previous holder may
     have removed the one this process opened and waited on: then the new one is opened and locked)."""
     while True:
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        except FileNotFoundError:  # its directory removed by a writer that failed (`held`): made again
+            if lock.parent.is_dir():
+                raise
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -115,7 +137,18 @@ def machine_errors(what: str, out: Path) -> Iterator[None]:
     except OSError as err:
         if environment_problem(err) is None:
             raise
-        raise as_frenzy_error(err, f"{what} writing {out}") from err
+        disk = f" (the file system mounted at {_mount_of(out)})" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise as_frenzy_error(err, f"{what} writing {out}{disk}") from err
+
+
+def _mount_of(path: Path) -> Path:
+    """The mount point of the file system that holds `path` (or its nearest existing ancestor): the full disk's name."""
+    p = next((q for q in (path, *path.parents) if q.exists()), Path("/"))
+    with contextlib.suppress(OSError):
+        dev = p.stat().st_dev
+        while p != p.parent and p.parent.stat().st_dev == dev:
+            p = p.parent
+    return p
 
 
 @contextmanager

@@ -45,11 +45,13 @@ def free_port() -> int:
 
 
 class FlakyProxy:
-    """Forwards HTTP to `upstream_port`; while failing, answers every request 503 SlowDown (as S3 does)."""
+    """Forwards HTTP to `upstream_port`; while failing, answers every request 503 SlowDown (as S3 does). `only`: the
+    failure hits only requests whose path holds it (a Prefect API route), and `fail_next(n)` fails the next n of those."""
 
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
+    def __init__(self, upstream_port: int, only: str = "") -> None:
+        self.upstream_port, self.only = upstream_port, only
         self.fail_until = 0.0
+        self.to_fail = 0
         self.failed = 0
         self.forwarded = 0
         proxy = self
@@ -74,7 +76,7 @@ class FlakyProxy:
 
             def _handle(self) -> None:
                 body = self._body()
-                if time.monotonic() < proxy.fail_until:
+                if proxy.failing(self.path):
                     proxy.failed += 1
                     self.send_response(503)
                     self.send_header("Content-Type", "application/xml")
@@ -109,6 +111,17 @@ class FlakyProxy:
 
     def fail_for(self, seconds: float) -> None:
         self.fail_until = time.monotonic() + seconds
+
+    def fail_next(self, n: int) -> None:
+        self.to_fail = n
+
+    def failing(self, path: str) -> bool:
+        if self.only not in path:
+            return False
+        if self.to_fail > 0:
+            self.to_fail -= 1
+            return True
+        return time.monotonic() < self.fail_until
 
     def __enter__(self) -> FlakyProxy:
         self.thread.start()

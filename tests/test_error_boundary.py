@@ -230,6 +230,37 @@ def test_a_ledger_on_a_full_disk_is_named_as_a_full_disk_with_its_path_and_the_f
         assert "free space there" in line and "disk I/O error" not in line and "Traceback" not in line, line
 
 
+def test_an_evaluation_onto_a_full_history_disk_names_the_directory_and_its_disk_and_leaves_no_empty_steps(tmp_path):
+    """Red team 41h N8: `--history-dir` on a disk that filled: each step failed with a bare `OSError: [Errno 28]`
+    (the lock beside the step's directory could not be written) and left an empty step directory on the full disk."""
+    import torch
+
+    from tasks.training import checkpoint as ck
+    from tasks.training.storage import Storage
+
+    c = ck.AsyncCheckpointer(Storage(f"file://{tmp_path}/ck"), 0, 1, run="t", keep=5)
+    c.save(10, [("model.w", torch.zeros(4))], {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {},
+                                               "fingerprint": {}})
+    c.close()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    code = ("from tasks.evaluation.record import evaluate_and_record; from tasks.evaluation.suite import load_suite; "
+            "from tasks.evaluation.runner import EvalOptions\n"
+            "try:\n"
+            f"    evaluate_and_record('{tmp_path}/ck/step_00000010', load_suite('quick'), EvalOptions(device='cpu'), "
+            f"history_dir='{mnt}/hist', reevaluate=False)\n"
+            "except Exception as err:\n"
+            "    print(type(err).__name__, err)\n")
+    (tmp_path / "ev.py").write_text(code)
+    r = _in_namespace(f"mount -t tmpfs -o size=64k tmpfs {mnt}\nhead -c 1M /dev/zero > {mnt}/fill 2>/dev/null\n"
+                      f"$PY {tmp_path}/ev.py; find {mnt} | sort", tmp_path)
+    out = r.stdout.strip().splitlines()
+    assert out[0].startswith("EnvironmentProblem "), (r.stdout, r.stderr[-2000:])
+    assert f"writing {mnt}/hist/t/step_00000010/quick (the file system mounted at {mnt})" in out[0], out[0]
+    assert "disk is full" in out[0] and "free space there" in out[0], out[0]
+    assert out[1:] == [str(mnt), f"{mnt}/fill"], out  # no empty hist/t/step_N directories, no lock file
+
+
 def test_a_closed_stdout_is_named_before_any_work():
     """`frenzy gpus --json >&-`: the answer has nowhere to go; say so (exit 2) rather than drop it or crash."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

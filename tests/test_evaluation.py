@@ -510,3 +510,27 @@ def test_one_step_that_cannot_start_does_not_end_the_evaluate_pending_pass(ckpt,
     assert [d.step for d in done] == [20]
     report = str(Artifact.get("evaluate-pending").data)
     assert "1 evaluated, 1 failed, 0 skipped" in report and "step_00000010` | IsADirectoryError" in report
+
+
+def test_a_completed_evaluation_whose_state_lost_its_data_is_read_from_the_history_not_failed(tmp_path):
+    """Red team 41h R4: a 503 during an evaluate-pending pass: the child run of step 15 Completed and scored, but its
+    state came back from the API without data and the pass logged "could not run: State data is missing"."""
+    import torch
+    from prefect.states import Completed
+
+    from flows.evaluate import completed_summary
+    from tasks.evaluation import history
+    from tasks.training import checkpoint as ck
+    from tasks.training.storage import Storage
+
+    st = Storage(f"file://{tmp_path}/ck")
+    c = ck.AsyncCheckpointer(st, 0, 1, run="r4", keep=5)
+    c.save(15, [("model.w", torch.zeros(4))], {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {},
+                                               "fingerprint": {}})
+    c.close()
+    uri, hist = st.url(ck.step_dir(15)), str(tmp_path / "evals")
+    with pytest.raises(RuntimeError, match="Completed, but its state came back from the API without its result"):
+        completed_summary(Completed(), hist, "tiny", uri)  # no score in the history: said as what it is
+    history.append(hist, "r4", 15, uri, "tiny", {"heldout-loss": {"loss": 2.5}})
+    got = completed_summary(Completed(), hist, "tiny", uri)  # a state with no data, as one read from the API
+    assert (got.run, got.step, got.suite, got.scores) == ("r4", 15, "tiny", {"heldout-loss": {"loss": 2.5}})

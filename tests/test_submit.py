@@ -209,17 +209,27 @@ def _describe(pids: list[int], run_dir: Path) -> str:
     return ps + "\n--- train.log ---\n" + (log.read_text(errors="replace")[-3000:] if log.exists() else "(none)")
 
 
-def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_server, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_cancelling_submit_commits_a_final_checkpoint_and_releases(prefect_server, tmp_path, sig):
+    """SIGTERM: what a Prefect cancellation does to the flow process. SIGHUP: the terminal closed (red team 41h N23:
+    it killed submit at once, no line, the flow run left Running for good, the GPUs back only a lease later)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
     Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="cancelme", steps=100000, every=50)))
+    name = f"cancelme-{sig.name.lower()}"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name=name, steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
                  "--run-dir", str(tmp_path / "run"), "--json"], tmp_path)
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
-    proc.send_signal(signal.SIGTERM)  # what a Prefect cancellation does to the flow process
+    proc.send_signal(sig)
     proc.wait(timeout=120)
     err = (tmp_path / "cli.err").read_text()
     newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
-    assert proc.returncode == 143 and err.strip().splitlines()[-1] == (
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"submit-{name}"])))
+    assert [fr.state.type.value for fr in runs] in (["CRASHED"], ["CANCELLED"]), runs  # not left RUNNING
+    assert proc.returncode == 128 + sig and err.strip().splitlines()[-1] == (
         f"frenzy submit: stopped at step {newest}, committed under file://{tmp_path}/ckpt; rerun the same command to "
         "resume") and "Traceback" not in err, err[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -345,9 +355,10 @@ def test_a_failed_evaluation_run_ends_the_wait_at_once_and_a_crashed_one_is_run_
     now, reruns = [0.0], []
     runs = {50: ("failed", "DatasetError: data.jsonl line 3 is not JSON"), 100: ("crashed", "worker lost")}
 
-    def rerun(step: int) -> None:  # the second run of step 100 succeeds
+    def rerun(step: int) -> bool:  # the second run of step 100 succeeds
         reruns.append(step)
         del runs[100]
+        return True
 
     def read() -> dict:
         return {100: "s100"} if reruns else {}
@@ -432,6 +443,57 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
         assert [fr.parameters["request"] for fr in runs if fr.parameters["request"]["uri"].endswith("50")] == [
             {"uri": f"{root}/step_00000050", "suite": "quick", "history_dir": "/data/alice/evals", "reevaluate": False}]
+
+
+def test_an_api_error_rerunning_one_crashed_evaluation_is_that_steps_failure_and_a_retry_that_helps_is_made(prefect_server):
+    """Red team 41h N15: a 503 on `create_flow_run` while submit re-ran one crashed evaluation run ended the whole
+    submit as a bug. The real server behind a proxy that answers 503 to that route: the step is failed with the API's
+    answer and the wait returns (the report is written); when the API recovers, the run is made and the step scores."""
+    from datetime import UTC, datetime, timedelta
+    from urllib.parse import urlparse
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    from prefect.states import Crashed
+
+    from flows.stages import START_TRIES, TriggeredEvaluations
+    from tasks.pipeline.evaluations import collect_scores
+    from tests.s3_endpoint import FlakyProxy
+
+    root = "file:///data/n15/ckpt"
+    api = PREFECT_API_URL.value()
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("evaluate-checkpoint")
+        dep = client.create_deployment(flow_id, name="evaluate-on-checkpoint")
+        for step in (10, 20):
+            fr = client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_{step:08d}"}})
+            client.set_flow_run_state(fr.id, Crashed(message="worker lost"), force=True)
+
+    def made(step: int) -> int:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
+        return sum(fr.parameters["request"]["uri"] == f"{root}/step_{step:08d}" for fr in runs)  # other tests' too
+
+    now = [0.0]
+    with FlakyProxy(urlparse(api).port, only="/create_flow_run") as proxy, temporary_settings(
+            {PREFECT_API_URL: f"http://127.0.0.1:{proxy.port}/api", PREFECT_CLIENT_MAX_RETRIES: 0}):
+        warned: list[str] = []
+        t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=600), warned.append, earlier=frozenset({10, 20}))
+        proxy.fail_for(3600)  # the API never recovers: both steps fail, each with the API's answer; nothing raises
+        got, failed = collect_scores(dict, [10, 20], 1800, runs=t.ended_without_score, rerun=t.rerun,
+                                     clock=lambda: now[0], sleep=lambda dt: now.__setitem__(0, now[0] + dt))
+        assert got == {} and [f.step for f in failed] == [10, 20], failed
+        assert all("could not be started" in f.cause and "503" in f.cause and f"{START_TRIES} times" in f.cause
+                   and "frenzy evaluate file:///data/n15/ckpt/step_" in f.cause for f in failed), failed
+        assert proxy.failed == 2 * START_TRIES and made(10) == 1 and any("trying again (1/" in w for w in warned)
+        # the API answers 503 twice, then recovers: the crashed run of step 10 is run again, and it scores
+        proxy.fail_for(0)
+        proxy.fail_next(2)
+        t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=600), warned.append, earlier=frozenset({10}))
+        got, failed = collect_scores(lambda: {10: "s10"} if made(10) == 2 else {}, [10], 1800, runs=t.ended_without_score,
+                                     rerun=t.rerun, clock=lambda: now[0], sleep=lambda dt: now.__setitem__(0, now[0] + dt))
+        assert got == {10: "s10"} and failed == [] and made(10) == 2 and t.balked == {}
 
 
 def test_a_quiet_running_evaluation_is_named_with_how_long_and_how_to_look(prefect_server):
@@ -667,6 +729,67 @@ def test_a_run_directory_holding_another_jobs_run_is_refused_before_anything_run
     why = foreign_run_dir(req)
     assert why is not None and "holds the run of job 'k1'" in why and "give each job its own --run-dir" in why
     assert foreign_run_dir(_request(tmp_path, name="k1")) is None  # its own: a rerun resumes there
+
+
+def test_a_checkpoint_root_holding_the_run_or_history_directory_is_refused_before_training(prefect_server, tmp_path):
+    """Red team 41h N13: `checkpoint: {uri: .}` beside the default ./runs/<name> trained every step, then exited 2
+    naming `stragglers generate`. Refused before anything is placed or trained, naming the settings to change."""
+    from tasks.pipeline.summary import outputs_in_root
+
+    job = _job(tmp_path, name="n13", steps=20, every=10)
+    job["training"]["checkpoint"]["uri"] = "."
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    Ledger(str(tmp_path / "l.db"))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu"],
+                tmp_path)
+    proc.wait(timeout=300)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    assert f"the run directory {tmp_path}/runs/n13" in err and f"(training.checkpoint.uri: {tmp_path})" in err, err[-3000:]
+    assert "--run-dir" in err and "--history-dir" in err and "stragglers" not in err and "Traceback" not in err
+    assert not list(tmp_path.glob("step_*")) and not (tmp_path / "runs" / "n13" / "train.log").exists()
+    assert Ledger(str(tmp_path / "l.db")).allocations() == []
+    # controls: a root beside the directories (the usual layout), a root inside the run directory (the demo's),
+    # and an object store are not refused; a history directory inside the root alone is
+    req = _request(tmp_path)
+    assert outputs_in_root(req) is None
+    assert outputs_in_root(req.model_copy(update={"run_dir": str(tmp_path)})) is None  # ckpt inside the run dir
+    s3 = req.job.model_copy(deep=True)
+    s3.training.checkpoint.uri = "s3://bucket/ck"
+    assert outputs_in_root(req.model_copy(update={"job": s3})) is None
+    why = outputs_in_root(req.model_copy(update={"history_dir": str(tmp_path / "ckpt" / "evals")}))
+    assert why is not None and "history directory" in why and "run directory" not in why, why
+
+
+def test_a_submit_whose_output_reader_exits_stops_as_sigterm_does_and_exits_141(prefect_server, tmp_path):
+    """Red team 41h N22: `frenzy submit ... 2>&1 | grep -m1 'step 3..'`: rich's console answered the broken pipe with
+    SystemExit(1) from the thread that logged; submit exited 1 (a "bug") 85 s later and no line said why. Now: the
+    trainer commits, the GPUs come back, exit 141 as `cat` does, and the flow run is not left Running."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL
+
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="n22", steps=100000, every=50)))
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
+                             "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run")],
+                            cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    assert proc.stdout is not None
+    seen = b""
+    while b"checkpoint step 50 committed" not in seen:  # the reader reads until training is well under way ...
+        line = proc.stdout.readline()
+        assert line, seen.decode(errors="replace")[-3000:]
+        seen += line
+    proc.stdout.close()  # ... and exits
+    proc.wait(timeout=240)
+    assert proc.returncode == 141, seen.decode(errors="replace")[-2000:]
+    newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
+    assert newest >= 50 and json.loads((tmp_path / "run" / "result.json").read_text())["stopped_early"] is True
+    assert Ledger(str(tmp_path / "l.db")).allocations() == [] and _trainers_of(tmp_path / "run") == []
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["submit-n22"])))
+    assert [fr.state.type.value for fr in runs] in (["CRASHED"], ["CANCELLED"]), runs
 
 
 def test_a_cancel_from_the_api_stops_a_cli_submit_as_sigterm_does(prefect_server, tmp_path):

@@ -103,13 +103,14 @@ def retired_steps(root: str, steps: list[int], scored: set[int] | dict) -> list[
 
 def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,
                    runs: Callable[[], dict[int, tuple[Verdict, str]]] = dict,
-                   rerun: Callable[[int], None] | None = None, retries: int = 1,
+                   rerun: Callable[[int], bool] | None = None, retries: int = 1,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> tuple[dict[int, EvalSummary], list[EvalFailure]]:
     """deployment mode: the scores the commit-triggered evaluations wrote to the history, waiting (at most
     `timeout_s`) until every committed step in `steps` has one or its run failed. `runs()` gives the steps whose
-    newest triggered run ended without a score; a crashed one is run again (`rerun`) up to `retries` times, a failed
-    one is reported at once with its cause. The runs finish in any order: the final step's score can land before an
+    newest triggered run ended without a score; a crashed one is run again (`rerun`, False when it could not be
+    started: asked again at the next poll, not counted) up to `retries` times, a failed one is reported at once with
+    its cause. The runs finish in any order: the final step's score can land before an
     earlier step's."""
     deadline = clock() + timeout_s
     tries: dict[int, int] = {}
@@ -120,8 +121,8 @@ def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int],
             if step in found or step not in steps:
                 continue
             if verdict == "crashed" and rerun is not None and tries.get(step, 0) < retries:
-                tries[step] = tries.get(step, 0) + 1
-                rerun(step)
+                if rerun(step):
+                    tries[step] = tries.get(step, 0) + 1
                 continue
             failures.append(EvalFailure(step=step, cause=cause))
         settled = set(found) | {f.step for f in failures}

@@ -93,6 +93,27 @@ def foreign_run_dir(request: SubmitRequest) -> str | None:
             f"{request.job.name!r}: give each job its own --run-dir (the default is runs/<job name>)")
 
 
+def outputs_in_root(request: SubmitRequest) -> str | None:
+    """Why this job may not run with these directories: its run directory (the trace, log and report) or its history
+    directory (the evaluations' outputs) is its local checkpoint root or inside it (`checkpoint.uri: .` beside the
+    default `runs/<job name>`). Frenzy never writes among checkpoints, so this would fail after training (red team 41h
+    N13): refused before anything starts, naming the settings to change. None when each is outside the root."""
+    root = request.job.training.checkpoint.uri or ""
+    if not root or ("://" in root and not root.startswith("file://")):
+        return None  # an object store holds no directory of this machine
+    ckdir = Path(root.removeprefix("file://")).expanduser().resolve()
+    inside = [f"the {what} {q} ({setting})" for what, setting, p in (
+        ("run directory", "--run-dir, default ./runs/<job name>", request.run_dir),
+        ("history directory", "--history-dir, default ./evals", request.history_dir))
+        if p and ((q := Path(p).expanduser().resolve()) == ckdir or ckdir in q.parents)]
+    if not inside:
+        return None
+    return (f"{request.job.name}: {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside the checkpoint "
+            f"root {ckdir} (training.checkpoint.uri: {root}); Frenzy never writes among checkpoints, so this run would "
+            "fail after training. Give the checkpoints a directory of their own (training.checkpoint.uri: ck, say), "
+            "or move those directories outside the root")
+
+
 def same_place(a: str | None, b: str | None) -> bool:
     """Whether two checkpoint roots are one place, however spelled (tasks.paths.place_key: file://, relative, a
     trailing slash, a symbolic link)."""
