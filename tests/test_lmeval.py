@@ -245,6 +245,34 @@ def test_a_metric_with_array_values_is_aggregated_as_lm_eval_aggregates_it(world
     assert 0 < theirs < 2 and math.isclose(ours, theirs, rel_tol=REL), (ours, theirs)
 
 
+def test_bootstrapped_standard_errors_come_from_a_forkserver_pool_with_lm_evals_numbers(monkeypatch):
+    """lm-eval's bootstrap forks a pool from the metric thread (a worker forked while another thread holds a lock can
+    hang the run for ever: it hung CI twice); Frenzy's replacement draws the same chunks with the same seeds."""
+    import multiprocessing as mp
+
+    import lm_eval.api.metrics as m
+
+    from tasks.evaluation.lmeval.source import bootstrap_without_fork
+
+    xs = [(-float(i % 7) - 0.5, 3 + i % 5) for i in range(40)]  # (log-likelihood, words) items of word_perplexity
+    before = m.bootstrap_stderr  # already replaced where an earlier test of this process evaluated a suite
+    original = getattr(before, "lm_evals", before)
+    want = original(m.weighted_perplexity, xs, 2000)  # lm-eval's own, forked here from a quiet main thread
+    bootstrap_without_fork()
+    try:
+        assert m.bootstrap_stderr is not original and m.bootstrap_stderr.lm_evals is original
+
+        def no_default_pool(*a, **k):  # what lm-eval's own calls: the default (fork) start method
+            raise AssertionError("a pool of the default start method")
+
+        monkeypatch.setattr(mp, "Pool", no_default_pool)
+        with pytest.raises(AssertionError, match="default start method"):
+            original(m.weighted_perplexity, xs, 2000)  # the negative control: lm-eval's would fork
+        assert m.bootstrap_stderr(m.weighted_perplexity, xs, 2000) == want and want > 0
+    finally:
+        m.bootstrap_stderr = before
+
+
 def _task_manager(world):
     from lm_eval.tasks import TaskManager
 

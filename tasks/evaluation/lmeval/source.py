@@ -299,6 +299,37 @@ def expand(suite: Suite) -> Suite:
     return suite.model_copy(update={"datasets": [*suite.datasets, *entries]})
 
 
+def bootstrap_without_fork() -> None:
+    """lm-eval bootstraps standard errors (perplexity, median, f1, bleu, ...) on a `multiprocessing.Pool` of the
+    default start method, fork on Linux. Forked from Frenzy's metric thread while other threads of the process hold
+    locks, a worker can start deadlocked, and the pool's exit then waits for it for ever (it hung the lm-eval suite
+    test twice in CI). Replaced, in this process, by the same chunks, seeds and order on a forkserver pool, whose
+    workers fork from a clean single-threaded server: the same numbers. DISABLE_MULTIPROC keeps lm-eval's serial
+    path."""
+    import multiprocessing as mp
+
+    import lm_eval.api.metrics as m
+
+    if getattr(m.bootstrap_stderr, "frenzy", False):
+        return
+
+    def bootstrap_stderr(f: Any, xs: Any, iters: int) -> float:
+        if os.getenv("DISABLE_MULTIPROC"):
+            return m.sample_stddev(m._bootstrap_internal_no_mp(f, xs, iters))
+        chunk = min(1000, iters)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["lm_eval.api.metrics"])
+        res: list[float] = []
+        with ctx.Pool(mp.cpu_count()) as pool:
+            for part in pool.imap(m._bootstrap_internal(f, chunk), [(i, xs) for i in range(iters // chunk)]):
+                res.extend(part)
+        return m.sample_stddev(res)
+
+    bootstrap_stderr.frenzy = True  # type: ignore[attr-defined]
+    bootstrap_stderr.lm_evals = m.bootstrap_stderr  # type: ignore[attr-defined]
+    m.bootstrap_stderr = bootstrap_stderr
+
+
 def task_metrics(src: LmevalSource, name: str, scores: list[dict]) -> dict[str, Any]:
     """One task's metrics from its per-document scores, by lm-eval's aggregation (standard errors bootstrapped
     where lm-eval bootstraps them), with the sample count its group aggregation weighs by; "N/A" left out."""
@@ -311,6 +342,7 @@ def task_metrics(src: LmevalSource, name: str, scores: list[dict]) -> dict[str, 
         for key, value in sc.items():
             metric, _, filt = key.rpartition(",")
             raw[(metric, filt)].append(tuple(value) if isinstance(value, list) else value)
+    bootstrap_without_fork()
     with _LOCK:
         agg, n = _compute_task_aggregations(load(src).tasks[name], raw, src.bootstrap_iters)
     return {"sample_len": n, **{k: float(v) for k, v in agg.items() if isinstance(v, int | float)}}
