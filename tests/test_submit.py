@@ -186,7 +186,21 @@ def _cli(args: list[str], cwd: Path, server: bool = True) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True,
                             # as from a terminal, even when pytest runs as a background job (SIGINT ignored there)
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            # or under nohup (SIGHUP ignored: submit then rightly keeps going, as nohup asks)
+                            preexec_fn=_as_from_a_terminal)
+
+
+def _as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(tmp_path):
+    """A failed test must not leave its submit or trainer running beside the rest of the suite (one did, for 11
+    minutes at a full core): every process whose command line names this test's directory is killed at teardown."""
+    yield
+    subprocess.run(["pkill", "-KILL", "-f", "--", f"{tmp_path}/"], check=False)
 
 
 def _wait_for_commit(root: Path, min_step: int, proc: subprocess.Popen, timeout: float = 180) -> None:
