@@ -15,7 +15,7 @@ from cli.output import emit, table
 from tasks.errors import FrenzyError
 
 if TYPE_CHECKING:
-    from tasks.evaluation.record import EvalSummary
+    from tasks.evaluation.summary import EvalSummary
 
 DEMO_JOB = {
     "name": "demo",

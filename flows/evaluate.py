@@ -18,13 +18,15 @@ from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
 from tasks.evaluation.claim import claimed
 from tasks.evaluation.pending import Target, missing, targets
-from tasks.evaluation.record import EvalSummary, evaluate_and_record, recorded
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.suite import load_suite
+from tasks.evaluation.summary import EvalSummary
 
 
 @task(name="evaluate", task_run_name="evaluate-{request.uri}")
 def evaluate_task(request: EvaluateRequest) -> EvalSummary:
+    from tasks.evaluation.record import evaluate_and_record  # the evaluation stack and torch: when one runs, not on import
+
     logger = get_run_logger()
     request = request.resolved(submission_base())
     suite = load_suite(request.suite)
@@ -146,6 +148,7 @@ def completed_summary(state: Any, history_dir: str, suite: str, uri: str) -> Eva
     from prefect.exceptions import MissingResult
 
     from tasks.evaluation.engine import resolve_manifest
+    from tasks.evaluation.record import recorded
     from tasks.training import checkpoint as ck
 
     try:

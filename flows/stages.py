@@ -27,8 +27,8 @@ from flows.train import train_task
 from tasks.artifactkey import run_key
 from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
-from tasks.evaluation.record import EvalSummary
 from tasks.evaluation.request import EvaluateRequest
+from tasks.evaluation.summary import EvalSummary
 from tasks.paths import path_like, place_key
 from tasks.pipeline import attempt as at
 from tasks.pipeline.evaluations import (

@@ -16,7 +16,7 @@ message is the line the CLI prints: `submit: stopped at step N, committed under 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import Flow, flow, get_run_logger
 
@@ -25,8 +25,7 @@ from cluster.ledger import Ledger
 from flows.logs import verbatim_console
 from flows.naming import run_name, submission_base
 from flows.stages import FlowStages, evaluation_mode
-from tasks.evaluation.datasets import dataset_problems
-from tasks.evaluation.suite import SuiteError, load_suite
+from tasks.evaluation.suite import Suite, SuiteError, load_suite
 from tasks.paths import path_like
 from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
@@ -44,7 +43,20 @@ from tasks.pipeline.summary import (
 )
 from tasks.training.storage import Storage
 
+if TYPE_CHECKING:
+    from tasks.evaluation.datasets import DatasetProblem
+
 __all__ = ["PipelineError", "SubmitInterrupted", "SubmitRequest", "SubmitResult", "submit"]
+
+
+def _dataset_problems(request: SubmitRequest, suite: Suite | None) -> list[DatasetProblem]:
+    """What every evaluation would refuse of the suite's datasets, found before training (after it, otherwise). The
+    datasets module loads the evaluation engine and torch: a run with evaluation off does not import it."""
+    if suite is None:
+        return []
+    from tasks.evaluation.datasets import dataset_problems
+
+    return dataset_problems(suite, Path(request.suite_spec).parent if path_like(request.suite_spec) else None)
 
 
 def start(request: SubmitRequest) -> Run:
@@ -55,8 +67,7 @@ def start(request: SubmitRequest) -> Run:
     request = request.resolved(submission_base())
     suite = load_suite(request.suite_spec) if request.evaluation != "off" else None
     mode = evaluation_mode(request) if suite else "off"
-    problems = dataset_problems(suite, Path(request.suite_spec).parent if path_like(request.suite_spec) else None) \
-        if suite is not None else []  # found after training, by every evaluation, otherwise
+    problems = _dataset_problems(request, suite)
     # in-flow the evaluation runs in this process: what it lacks fails here; a worker may have a plugin this lacks
     if refused := [p.text for p in problems if p.everywhere or mode == "in-flow"]:
         raise SuiteError(f"{request.suite_spec}: {'; '.join(refused)}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from cluster.ledger import Allocation
-from tasks.evaluation.record import EvalSummary
+from tasks.evaluation.summary import EvalSummary
 from tasks.planning.plans import ResourcePlan
 from tasks.training.checkpoint import CheckpointRecord
 from tasks.training.guard import SpikeCounts

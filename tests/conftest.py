@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,19 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny_trained(tmp_path_factory) -> Path:
+    """gpt-tiny trained once for the session by the real trainer (`tiny_job(uri, steps=20, every=10)`: checkpoints
+    10 and 20 under `ckpt/`, the run directory `run/`). Read-only: a test that changes it, or whose records must name
+    its own paths, works on `trainer_util.copy_trained(...)`. Each trainer start costs its torch import; five test
+    files trained this same job."""
+    from tests.trainer_util import train_shared
+
+    d = tmp_path_factory.mktemp("tiny-trained")
+    train_shared(d)
+    return d
 
 
 @pytest.fixture(scope="session")

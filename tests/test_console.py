@@ -7,13 +7,11 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
 from cli.console import OneLineFormatter, interrupted_message
-from tests.trainer_util import run as train_run
-from tests.trainer_util import tiny_job
+from tests.trainer_util import copy_trained
 
 
 def test_an_infeasible_job_is_refused_with_marps_message_alone(tmp_path):
@@ -41,11 +39,11 @@ def test_console_records_lose_their_traceback_but_other_handlers_keep_it():
     assert "Traceback" in logging.Formatter().format(rec)  # the API log handler still sends it
 
 
-def test_the_interrupt_line_names_the_newest_committed_step(tmp_path):
+def test_the_interrupt_line_names_the_newest_committed_step(tmp_path, tiny_trained):
     root = f"file://{tmp_path}/ckpt"
     assert interrupted_message("demo", root) == ("frenzy demo: stopped before the first checkpoint was committed; "
                                                  "rerun the same command to resume")
-    train_run(tiny_job(root, steps=20, every=10), Path(tmp_path / "run"))
+    copy_trained(tiny_trained, tmp_path)  # tiny_job(root, steps=20, every=10), trained in tmp_path / "run"
     assert interrupted_message("submit", root) == (f"frenzy submit: stopped at step 20, committed under {root}; "
                                                    "rerun the same command to resume")
 
@@ -70,14 +68,14 @@ def test_a_module_colon_name_in_a_log_line_is_printed_verbatim_not_as_an_emoji()
     assert "after: badplug:factory: no module here" in after and "\N{FACTORY}" not in after
 
 
-def test_a_stop_after_training_ended_says_only_the_wait_for_evaluations_was_cut(tmp_path):
+def test_a_stop_after_training_ended_says_only_the_wait_for_evaluations_was_cut(tmp_path, tiny_trained):
     """Red team 41g S12: SIGTERM while submit only waited for the evaluation runs (training done, GPUs back) said
     "stopped at step 10 ...; rerun the same command to resume", as if training had been cut. The run's ledger record
     says how far it got: after the release, the line says what was cut and how the rest gets scored."""
     from cluster.ledger import Ledger, RunRecord
 
     root, ledger = f"file://{tmp_path}/ckpt", str(tmp_path / "l.db")
-    train_run(tiny_job(root, steps=20, every=10), Path(tmp_path / "run"))
+    copy_trained(tiny_trained, tmp_path)  # tiny_job(root, steps=20, every=10), trained in tmp_path / "run"
     led = Ledger(ledger)
     rec = RunRecord(job="tiny", stage="training", checkpoint_root=root, run_dir=str(tmp_path / "run"),
                     history_dir=str(tmp_path / "evals"))

@@ -19,10 +19,8 @@ from tests import trainer_util as tu
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    d = tmp_path_factory.mktemp("evalckpt")
-    tu.run(tu.tiny_job(f"file://{d}/ckpt", steps=20, every=10), d / "run")
-    return f"file://{d}/ckpt"
+def ckpt(tmp_path_factory, tiny_trained):
+    return tu.copy_trained(tiny_trained, tmp_path_factory.mktemp("evalckpt"))
 
 
 def small_suite(**extra) -> Suite:

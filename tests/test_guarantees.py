@@ -13,7 +13,7 @@ import torch
 from tasks.jobspec import JobSpecError, parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage, StorageError
-from tests.trainer_util import run, start, tiny_job
+from tests.trainer_util import copy_trained, start, tiny_job
 
 _FIELDS = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
 
@@ -74,9 +74,9 @@ def test_frenzy_checkpoints_lists_a_bad_manifest_and_refuses_a_missing_root(tmp_
     assert "no such checkpoint directory" in capsys.readouterr().err
 
 
-def test_a_resume_where_nothing_verifies_refuses_instead_of_starting_over(tmp_path):
+def test_a_resume_where_nothing_verifies_refuses_instead_of_starting_over(tmp_path, tiny_trained):
     job = tiny_job(f"file://{tmp_path}/ckpt", steps=20, every=10)
-    run(job, tmp_path / "a")
+    copy_trained(tiny_trained, tmp_path, "a")  # `job`, trained in tmp_path / "a"
     for shard in (tmp_path / "ckpt").glob("step_*/rank*.bin"):
         shard.write_bytes(b"\xff" * 8 + shard.read_bytes()[8:])  # every kept checkpoint fails its checksum
     p = start(job, tmp_path / "b", resume=True)

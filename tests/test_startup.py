@@ -46,6 +46,18 @@ def test_light_commands_import_no_torch_or_prefect(args: list[str], tmp_path: Pa
     assert not mods & HEAVY, f"frenzy {args[0]} imported {sorted(mods & HEAVY)}"
 
 
+@pytest.mark.parametrize("module", ["tasks.pipeline.request", "tasks.training.request", "flows.submit"])
+def test_the_submit_records_and_flow_import_no_torch(module: str, tmp_path: Path) -> None:
+    """`frenzy submit` and `frenzy train` read requests and results, and drive trainers and evaluations that are
+    processes of their own; torch loads where a model runs (an in-flow evaluation), not for the records."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mods = {ln.split("|")[-1].strip().split(".")[0] for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert module.split(".")[0] in mods  # the control: the import was seen
+    assert not mods & {"torch", "transformers", "pandas"}, f"{module} imported {sorted(mods & {'torch', 'transformers', 'pandas'})}"
+
+
 def test_every_command_is_built_by_the_module_the_table_names() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert list(sub.choices) == list(COMMANDS)

@@ -185,12 +185,13 @@ def _cli(args: list[str], cwd: Path, server: bool = True) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "" if server else ""}
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True,
-                            # as from a terminal, even when pytest runs as a background job (SIGINT ignored there)
-                            # or under nohup (SIGHUP ignored: submit then rightly keeps going, as nohup asks)
                             preexec_fn=_as_from_a_terminal)
 
 
 def _as_from_a_terminal() -> None:
+    """The signal dispositions of a command typed in a terminal, even when pytest runs as a background job (SIGINT
+    ignored there) or under nohup (SIGHUP ignored: `frenzy submit` then rightly keeps running when the terminal closes,
+    and the SIGHUP test waited 300 s for a stop that was never to come)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
@@ -297,7 +298,7 @@ def test_a_submit_interrupted_in_python_says_where_it_stopped_as_the_cli_does(pr
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""}
     proc = subprocess.Popen([sys.executable, "-c", _NOTEBOOK, str(tmp_path / "l.db")], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=open(tmp_path / "cli.err", "ab"), text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            start_new_session=True, preexec_fn=_as_from_a_terminal)
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
     os.kill(proc.pid, signal.SIGINT)  # the kernel's interrupt: a KeyboardInterrupt in the cell
     out, _ = proc.communicate(timeout=120)
@@ -611,7 +612,8 @@ def test_triggered_runs_are_matched_however_the_root_is_spelled_and_the_causes_o
             t.rerun(20)
 
 
-def test_submit_evaluates_in_flow_when_the_evaluation_deployment_is_gone_while_it_waits(prefect_server, tmp_path):
+def test_submit_evaluates_in_flow_when_the_evaluation_deployment_is_gone_while_it_waits(prefect_server, tmp_path,
+                                                                                       tiny_trained):
     from prefect import flow, get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -621,7 +623,8 @@ def test_submit_evaluates_in_flow_when_the_evaluation_deployment_is_gone_while_i
     from tasks.training.request import TrainResult
     from tests import trainer_util as tu
 
-    res = TrainResult.model_validate(tu.run(tu.tiny_job(f"file://{tmp_path}/ckpt", steps=20, every=10), tmp_path / "t"))
+    tu.copy_trained(tiny_trained, tmp_path, "t")  # tiny_job(file://tmp_path/ckpt, steps=20, every=10), trained
+    res = TrainResult.model_validate_json((tmp_path / "t" / "result.json").read_text())
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
         {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]}))
     req = _request(tmp_path, name="t", steps=20, every=10).model_copy(

@@ -10,7 +10,7 @@ import pytest
 
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
-from tests.trainer_util import assert_bitwise_equal, final_state, last_step, progress, run, start, tiny_job, wait_for
+from tests.trainer_util import assert_bitwise_equal, copy_trained, final_state, last_step, progress, run, start, tiny_job, wait_for
 
 STEPS = 60
 
@@ -172,9 +172,8 @@ def test_a_second_spike_rolls_back_to_the_newest_healthy_commit_not_the_first_ta
     assert result["final_step"] == 60
 
 
-def test_a_job_resuming_another_jobs_checkpoints_is_told_whose_they_are(tmp_path):
-    uri = f"file://{tmp_path}/ckpt"
-    run(tiny_job(uri, 20), tmp_path / "a")
+def test_a_job_resuming_another_jobs_checkpoints_is_told_whose_they_are(tmp_path, tiny_trained):
+    uri = copy_trained(tiny_trained, tmp_path, "a")  # tiny_job(uri, 20), trained in tmp_path / "a"
     other = tiny_job(uri, 30).model_copy(update={"name": "t2"})  # the same model and data, its own name
     result = run(other, tmp_path / "b", resume=True)
     assert result["resumed_from_step"] == 20

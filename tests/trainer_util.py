@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,3 +74,24 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     for k in a:
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
         assert torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)), f"{k} differs"
+
+
+TRAINED_STEPS, TRAINED_EVERY = 20, 10
+"""The session's trained gpt-tiny (conftest's `tiny_trained`): `tiny_job(uri, steps=20, every=10)`, steps 10 and 20."""
+
+
+def train_shared(d: Path) -> None:
+    """Train the session's gpt-tiny once: checkpoints under `d/ckpt`, its run directory `d/run`."""
+    run(tiny_job(f"file://{d}/ckpt", steps=TRAINED_STEPS, every=TRAINED_EVERY), d / "run")
+
+
+def copy_trained(src: Path, dst: Path, run_dir: str = "run") -> str:
+    """A copy of the session's trained run for a test that changes it or names it: `dst/ckpt` and `dst/RUN_DIR`, the run
+    directory's records (job.json, result.json, progress) pointing at the copy's checkpoints. What training the same
+    job there would leave (training is deterministic), without the trainer's start-up; returns the checkpoint URI."""
+    shutil.copytree(src / "ckpt", dst / "ckpt")
+    shutil.copytree(src / "run", dst / run_dir)
+    for f in (dst / run_dir).iterdir():
+        if f.is_file() and f.suffix in (".json", ".jsonl"):
+            f.write_text(f.read_text().replace(f"file://{src}/ckpt", f"file://{dst}/ckpt"))
+    return f"file://{dst}/ckpt"

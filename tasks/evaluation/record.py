@@ -10,31 +10,16 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from tasks.errors import FrenzyError, as_frenzy_error, environment_problem
 from tasks.evaluation import history
 from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
+from tasks.evaluation.summary import EvalSummary
 from tasks.outdir import OutputError, check_dir_target, fill_dir, held, machine_errors
 from tasks.paths import place_key
 from tasks.training import checkpoint as ck
 from tasks.userfiles import LIMITS, read_bytes
-
-
-class EvalSummary(BaseModel):
-    """A small record of one evaluation (the full result is the `result` file)."""
-
-    uri: str
-    run: str
-    step: int
-    suite: str
-    scores: dict[str, dict[str, float]]
-    makespan_s: float
-    predicted_makespan_s: float
-    result: str
-    history_plot: str | None
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from typing import Protocol
 from cluster.ledger import Allocation
 from tasks.diagnosis.diagnose import Diagnosis
 from tasks.diagnosis.recovery import decide
-from tasks.evaluation.record import EvalSummary
+from tasks.evaluation.summary import EvalSummary
 from tasks.pipeline.evaluations import EvalFailure
 from tasks.pipeline.request import Recovery
 from tasks.pipeline.run import TERMINAL, Run, Stage, TrainFailure, TrainOutcome, placed_on, planned, recovered, trained

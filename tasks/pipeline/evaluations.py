@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from tasks.evaluation import history
-from tasks.evaluation.record import EvalSummary
+from tasks.evaluation.summary import EvalSummary
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 

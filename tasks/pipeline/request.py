@@ -12,7 +12,7 @@ from pydantic.json_schema import SkipJsonSchema
 from cluster.ledger import DEFAULT_LEASE_S, Allocation
 from tasks.diagnosis.diagnose import Diagnosis
 from tasks.diagnosis.recovery import Action
-from tasks.evaluation.record import EvalSummary
+from tasks.evaluation.summary import EvalSummary
 from tasks.formschema import drop_null_branches
 from tasks.jobspec import JobSpec
 from tasks.pipeline.evaluations import EvalFailure

@@ -12,7 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from cluster.ledger import Allocation
-from tasks.evaluation.record import EvalSummary
+from tasks.evaluation.summary import EvalSummary
 from tasks.pipeline.evaluations import EvalFailure
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.planning.plans import ResourcePlan

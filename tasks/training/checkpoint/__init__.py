@@ -9,6 +9,9 @@
 Import from here (`from tasks.training import checkpoint as ck`): the modules are how the code is kept, this is
 what the rest of Frenzy uses."""
 
+import importlib
+from typing import TYPE_CHECKING
+
 from tasks.training.checkpoint.manifest import (
     CheckpointError,
     CheckpointMismatch,
@@ -19,10 +22,23 @@ from tasks.training.checkpoint.manifest import (
     TensorEntry,
     step_dir,
 )
-from tasks.training.checkpoint.persist import AsyncCheckpointer
 from tasks.training.checkpoint.read import committed, list_steps, read_full, read_manifest, read_shard, survey, verify
 from tasks.training.checkpoint.retention import apply_retention, discard_after, retired
-from tasks.training.checkpoint.snapshot import SnapshotBuffer, snapshot_buffers
+
+if TYPE_CHECKING:
+    from tasks.training.checkpoint.persist import AsyncCheckpointer
+    from tasks.training.checkpoint.snapshot import SnapshotBuffer, snapshot_buffers
+
+# The writer side (`persist`, `snapshot`) needs torch; it is imported on first use, so that reading manifests and the
+# records that name a checkpoint (the CLI, the pipeline's request and result) do not pay torch's import.
+_LAZY = {"AsyncCheckpointer": "persist", "SnapshotBuffer": "snapshot", "snapshot_buffers": "snapshot"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AsyncCheckpointer", "CheckpointError", "CheckpointMismatch", "RetiredCheckpoint", "CheckpointRecord", "Manifest", "ShardRecord",

@@ -6,12 +6,14 @@ from __future__ import annotations
 import errno
 import logging
 import re
-
-import torch
+from typing import TYPE_CHECKING
 
 from tasks.training.checkpoint.manifest import STEP_DIR, CheckpointError, Manifest, ShardRecord, step_dir
 from tasks.training.storage import NotAFile, Storage
 from tasks.userfiles import json_loads
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("frenzy.checkpoint")
 
@@ -81,6 +83,8 @@ def committed(storage: Storage) -> list[Manifest]:
 
 def read_shard(storage: Storage, shard: ShardRecord) -> dict[str, torch.Tensor]:
     """Read one shard, verifying its size and sha256; raises `CheckpointError` on any mismatch."""
+    import torch  # here, not at the top: listing and reading manifests (the CLI, the pipeline's records) needs no torch
+
     try:
         size = storage.size(shard.key)
         if size != shard.bytes:  # before allocating what the record claims
@@ -108,6 +112,8 @@ def read_full(storage: Storage, manifest: Manifest, prefix: str = "model.") -> d
     """Whole tensors whose names start with `prefix` (prefix removed), assembled from every rank's shards.
 
     Evaluation loads models this way whatever layout trained them (one rank, DDP, FSDP2)."""
+    import torch
+
     out: dict[str, torch.Tensor] = {}
     for shard in manifest.shards:
         entries = {e.name: e for e in shard.tensors if e.name.startswith(prefix)}
