@@ -93,32 +93,16 @@ def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_unchanged():
     assert mixed  # some end token made two rows or more finish while others went on: they left the batch
 
 
-def test_the_cpu_decode_step_attention_equals_sdpa_with_grouped_heads_and_padding():
-    """One query per row over cached keys (the CPU decode step's matmul-softmax-matmul) against SDPA, with grouped
-    key heads and padding columns masked out."""
-    import torch.nn.functional as F
-
-    from tasks.evaluation.decode import _attend_one
-
-    torch.manual_seed(0)
-    q, k, v = torch.randn(3, 4, 1, 16), torch.randn(3, 2, 9, 16), torch.randn(3, 2, 9, 16)
-    valid = torch.rand(3, 9) > 0.4
-    valid[:, -1] = True  # the query's own column
-    bias = torch.zeros(3, 1, 1, 9).masked_fill_(~valid[:, None, None], float("-inf"))
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None], enable_gqa=True)
-    torch.testing.assert_close(_attend_one(q, k, v, bias), ref)
-    assert not torch.allclose(_attend_one(q, k, v, torch.zeros_like(bias)), ref)  # the padding mattered
-
-
-def test_decode_step_weights_follow_in_place_updates_of_every_projection():
-    """The decode step's packed weights (MKL on the CPU) are rebuilt when any projection changes in place, the
-    output projection and the second MLP layer included: generation after the update equals a fresh model's."""
+def test_decode_weights_follow_in_place_updates_of_every_projection():
+    """The decoder's fused inference weights (q|k|v as one) are rebuilt when a projection changes in place (as
+    training between evaluations does): generation after the update equals a fresh model's with the same update."""
     lm = _lm({"preset": "gpt-tiny"}, seed=4)
     before = lm.generate_batch(PROMPTS, 20)
     fresh = _lm({"preset": "gpt-tiny"}, seed=4)
     with torch.no_grad():
         for m in (lm, fresh):
             for blk in m.model.blocks:
+                blk.q.weight.mul_(-3.0)
                 blk.proj.weight.mul_(-3.0)
                 blk.fc2.weight.mul_(2.0)
     after = lm.generate_batch(PROMPTS, 20)

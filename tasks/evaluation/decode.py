@@ -12,10 +12,9 @@ This reuses the model's own modules (projections, norms, MLP), so a checkpoint's
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -57,12 +56,10 @@ def _run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tens
     t0 = cache.length if cache is not None else 0
     rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None]) if model.spec.position == "rope" else None
     hd = model.spec.head_dim
-    step = _cpu_step(x, mask, cache)
-    bias = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask, float("-inf")) if step else None  # type: ignore[union-attr]
     for i, blk in enumerate(model.blocks):
         h = _cast_once(blk.norm1(x))
         f = _fused(blk)
-        q, k, v = f.linear("qkv", h, f.qkv, f.qkv_bias, step).split(f.qkv_split, dim=-1)
+        q, k, v = F.linear(h, f.qkv, f.qkv_bias).split(f.qkv_split, dim=-1)
         q, k, v = (t.reshape(b, s, -1, hd).transpose(1, 2) for t in (q, k, v))
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
@@ -71,34 +68,12 @@ def _run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tens
             cache.v[i][:, :, t0:t0 + s] = v
             k, v = cache.k[i][:, :, :t0 + s], cache.v[i][:, :, :t0 + s]
         a = q.shape[1]
-        if bias is not None:
-            o = _attend_one(q, k, v, bias)
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=k.shape[1] != a)
-        x = x + f.linear("proj", o.transpose(1, 2).reshape(b, s, a * hd), blk.proj.weight, blk.proj.bias, step)
-        x = x + mlp(blk, f, x, step)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=k.shape[1] != a)
+        x = x + blk.proj(o.transpose(1, 2).reshape(b, s, a * hd))
+        x = x + mlp(blk, f, x)
     if cache is not None:
         cache.length = t0 + s
     return x
-
-
-def _cpu_step(x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None) -> bool:
-    """Whether this call is a float32 decode step on the CPU (one new position per row, keys from the cache): it
-    takes the step kernels below. Elsewhere (prefill, scoring, CUDA, half precision) SDPA and plain linears."""
-    return cache is not None and mask is not None and x.shape[1] == 1 and x.device.type == "cpu" \
-        and x.dtype == torch.float32
-
-
-def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Attention of one query per row, q [b, heads, 1, hd], over the cached keys and values k, v [b, kv, t, hd],
-    with `bias` [b, 1, 1, t] (0 or -inf): two batched matmuls and a softmax. SDPA's CPU flash kernel took 3x as
-    long for this shape (per (row, head) a blocked loop built for long queries; decode_transformers.md). The query
-    heads sharing a key head are the rows of one matmul (grouped-query attention without repeating the keys)."""
-    b, a, _, hd = q.shape
-    kv = k.shape[1]
-    qg = q.reshape(b, kv, a // kv, hd)
-    scores = torch.matmul(qg, k.transpose(-2, -1)).mul_(1.0 / math.sqrt(hd)).add_(bias)
-    return torch.matmul(scores.softmax(-1), v).reshape(b, a, 1, hd)
 
 
 @dataclass
@@ -111,40 +86,25 @@ class _Fusion:
     qkv_split: list[int]
     up: torch.Tensor | None
     up_bias: torch.Tensor | None
-    packed: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
-
-    def linear(self, name: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, step: bool) -> torch.Tensor:
-        """x @ w.T + bias; in a CPU decode step with MKL's packed-weight GEMM: the weight is packed once per batch
-        size (MKL's sgemm otherwise repacks the whole weight on every call, which at 16 rows was half its time),
-        the same arithmetic (bit-identical results)."""
-        if not (step and _MKL_PACKED):
-            return F.linear(x, w, bias)
-        rows = x.numel() // x.shape[-1]
-        held = self.packed.get(name)
-        if held is None or held[0] != rows:
-            held = self.packed[name] = (rows, torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows))
-        return torch.ops.mkl._mkl_linear(x, held[1], w.detach(), None if bias is None else bias.detach(), rows)
 
 
-_MKL_PACKED = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 _FUSED: weakref.WeakKeyDictionary[torch.nn.Module, _Fusion] = weakref.WeakKeyDictionary()
 
 
-def mlp(blk: torch.nn.Module, f: _Fusion, x: torch.Tensor, step: bool = False) -> torch.Tensor:
-    """A block's feed-forward half on the residual stream `x` (SwiGLU with its fused up/gate weight, or GELU);
-    `step`: a CPU decode step (packed weights, `_Fusion.linear`)."""
+def mlp(blk: torch.nn.Module, f: _Fusion, x: torch.Tensor) -> torch.Tensor:
+    """A block's feed-forward half on the residual stream `x` (SwiGLU with its fused up/gate weight, or GELU)."""
     hn = _cast_once(blk.norm2(x))
     if blk.fc3 is not None:
-        gate, up = f.linear("up", hn, f.up, f.up_bias, step).chunk(2, dim=-1)  # type: ignore[arg-type]
+        gate, up = F.linear(hn, f.up, f.up_bias).chunk(2, dim=-1)
         u = F.silu(gate) * up
     else:
-        u = F.gelu(f.linear("fc1", hn, blk.fc1.weight, blk.fc1.bias, step), approximate="tanh")
-    return f.linear("fc2", u, blk.fc2.weight, blk.fc2.bias, step)
+        u = F.gelu(blk.fc1(hn), approximate="tanh")
+    return blk.fc2(u)
 
 
 def _fused(blk: torch.nn.Module) -> _Fusion:
     """The block's fused inference weights, made again whenever a source weight changed (version or storage)."""
-    parts = [m for m in (blk.q, blk.k, blk.v, blk.proj, blk.fc1, blk.fc3, blk.fc2) if m is not None]
+    parts = [m for m in (blk.q, blk.k, blk.v, blk.fc1, blk.fc3) if m is not None]
     key = tuple((m.weight._version, m.weight.data_ptr()) for m in parts)
     f = _FUSED.get(blk)
     if f is None or f.key != key:
