@@ -91,3 +91,20 @@ def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_unchanged():
         longest = max(len(s) for s in solo)
         mixed += sum(len(s) < longest for s in solo) >= 2
     assert mixed  # some end token made two rows or more finish while others went on: they left the batch
+
+
+def test_decode_weights_follow_in_place_updates_of_every_projection():
+    """The decoder's fused inference weights (q|k|v as one) are rebuilt when a projection changes in place (as
+    training between evaluations does): generation after the update equals a fresh model's with the same update."""
+    lm = _lm({"preset": "gpt-tiny"}, seed=4)
+    before = lm.generate_batch(PROMPTS, 20)
+    fresh = _lm({"preset": "gpt-tiny"}, seed=4)
+    with torch.no_grad():
+        for m in (lm, fresh):
+            for blk in m.model.blocks:
+                blk.q.weight.mul_(-3.0)
+                blk.proj.weight.mul_(-3.0)
+                blk.fc2.weight.mul_(2.0)
+    after = lm.generate_batch(PROMPTS, 20)
+    assert after == fresh.generate_batch(PROMPTS, 20) == [fresh.generate_recompute(p, 20) for p in PROMPTS]
+    assert after != before
