@@ -922,3 +922,66 @@ def test_the_source_line_of_an_image_error_in_a_traceback_is_not_the_error():
            "PIL.UnidentifiedImageError: cannot identify image file <_io.BytesIO object at 0x000001DD0B030048>\n")
     d = _d(log)
     assert (d.type, d.line_no) == ("DataError", 3)
+
+
+# -- round 8: the families red-team set 8 showed (tests/data/diagnosis/redteam8) ---------------------------------
+
+def test_the_shells_crash_reports_in_zsh_and_lower_case_and_sigill_are_the_installed_binaries():
+    for line in ("segmentation fault (core dumped)\n", "zsh: segmentation fault (core dumped)  python train.py\n",
+                 "Segmentation fault(core dumped)\n"):
+        d = _d(line)
+        assert (d.type, d.category, d.restartable) == ("SegFault", "script", False), line
+    for line in ("Illegal instruction (core dumped)\n", "Using c++ data loader\nIllegal instruction\n",
+                 "zsh: illegal instruction  python train.py\n"):
+        d = _d(line)
+        assert (d.type, d.category, d.restartable) == ("IllegalInstruction", "script", False), line
+    assert _d("INFO: skipped an illegal instruction set flag in the build config\n").category == "unknown"
+    assert _d("epoch 3: fixed a segmentation fault handler, continuing\n").type != "SegFault"
+
+
+def test_an_exception_pasted_in_brackets_and_the_open_file_limit_in_any_case_are_read():
+    d = _d("[ValueError : Attemting to unscale fp16 Gradients]\n")
+    assert (d.type, d.category, d.line_no) == ("ValueError", "script", 1)
+    for line in ("OSERROR: [Errno 24] Too many files open.\n", "OSError: [Errno 24] Too many open files\n"):
+        f = _d(line)
+        assert (f.type, f.category, f.restartable) == ("ResourceLimitError", "script", False), line
+    assert _d("[INFO: loaded 24 files]\n").category == "unknown"  # brackets around no exception
+    assert _d("[Epoch 3 : loss 0.2153]\n").category == "unknown"  # brackets and a colon, no exception
+
+
+def test_a_spawned_process_killed_by_a_crash_signal_is_a_crash_and_sigkill_stays_a_kill():
+    d = _d("ProcessExitedException: process 0 terminated with signal SIGSEGV\n")
+    assert (d.type, d.category, d.restartable) == ("SegFault", "framework", True)
+    kill = _d("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL\n")
+    assert (kill.type, kill.category) == ("Killed", "framework")
+    abort = _d("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGABRT\n")
+    assert abort.type != "SegFault"  # an abort is not read as a crash here (set 7: a wrong torch version)
+
+
+def test_slurms_memory_limit_kill_is_the_reason_for_the_cancel_it_prints_next():
+    log = ("Epoch 0 |   Training | Elapsed Time: 0:00:15 | Steps: 93 | Loss: 24.580695\n"
+           "slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), being killed\n"
+           "slurmstepd: error: Exceeded job memory limit\n"
+           "slurmstepd: error: *** JOB 7518 ON xantipa CANCELLED AT 2022-06-10T17:11:35 ***\n")
+    d = _d(log)
+    assert (d.type, d.category, d.restartable, d.line_no) == ("HostOOM", "framework", False, 2)
+    bare = _d("slurmstepd: error: *** JOB 7518 ON xantipa CANCELLED AT 2022-06-10T17:11:35 ***\n")
+    assert (bare.type, bare.category) == ("Preempted", "infrastructure")  # no reason given: the scheduler's
+
+
+def test_cuda_libraries_that_cannot_initialise_are_memory_or_the_setup_not_a_faulty_gpu():
+    d = _d("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`\n")
+    assert (d.type, d.category) == ("OutOfMemoryError", "framework")
+    dnn = _d(f'  File "{SITE}/torch/autograd/__init__.py", line 93, in backward\n'
+             "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR\n")
+    assert (dnn.type, dnn.category, dnn.restartable) == ("DriverError", "script", False)
+    execution = _d("RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle)`\n")
+    assert (execution.type, execution.category) == ("CUDAError", "infrastructure")  # a kernel that ran and failed
+
+
+def test_a_batch_size_that_is_not_the_product_of_its_parts_is_the_configuration():
+    d = _d("AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+           "gradient_acc_step * world_size 256 != 4 * 8 * 1\n")
+    assert (d.type, d.category, d.restartable) == ("ConfigError", "script", False)
+    other = _d("AssertionError: the loss is not equal to the reference loss\n")
+    assert other.type == "AssertionError"

@@ -41,6 +41,8 @@ it: the banner ranks a hair below the same rule's other lines, so it is the root
 _MARKUP = re.compile(r"^\s*(?:[`*_#>]+\s*)+(.*?)[`*_]*\s*$")
 """The markdown a line was pasted with (inline code, emphasis, a heading, a quote: at its start, closed at its end):
 not part of the line. A line that starts plain keeps its end (Slurm's `CANCELLED AT ... ***`)."""
+_BRACKETED = re.compile(r"^\s*[\[(]\s*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\s*:\s*\S.*?)\s*[\])]\s*$")
+"""An exception line pasted wrapped in brackets or parentheses (`[ValueError : message]`): the exception inside."""
 _NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
 """NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
 MAX_EVIDENCE = 100
@@ -115,6 +117,8 @@ def match_line(text: str, learned: list[Rule] | None = None) -> Rule | None:
     """The rule that names a line: the innermost part of an in-line chain first, a rule that reads the message
     before a generic exception class, built-in rules before learned ones."""
     m = _MARKUP.match(text)
+    text = m.group(1) if m else text
+    m = _BRACKETED.match(text)
     text = m.group(1) if m else text
     for seg in segments(text):
         for r in CONTENT:

@@ -101,6 +101,16 @@ RULES: list[Rule] = [
          False,
          "the launch configuration: more processes per node than GPUs, or two ranks on one GPU; fix "
          "--nproc_per_node / CUDA_VISIBLE_DEVICES (a restart fails the same way)"),
+    Rule("OutOfMemoryError", "framework",  # cuBLAS cannot create its handle: no GPU memory left for it
+         r"CUBLAS_STATUS_(?:NOT_INITIALIZED|ALLOC_FAILED)", 91, True,
+         "cuBLAS could not create its handle, almost always because GPU memory is full (a large batch, another "
+         "process on the GPU); if memory is free, an earlier kernel failed (an index past an embedding's size: rerun "
+         "with CUDA_LAUNCH_BLOCKING=1). Restart with more memory per GPU or a smaller micro-batch"),
+    Rule("DriverError", "script",  # cuDNN failing inside itself at setup: the installed CUDA/cuDNN, not the GPU
+         r"CUDNN_STATUS_INTERNAL_ERROR", 66, False,
+         "cuDNN failed internally: the installed CUDA, cuDNN and torch do not fit together (or fit the driver); "
+         "reinstall a matching build (or set torch.backends.cudnn.benchmark=False to rule out one kernel); a restart "
+         "fails the same way"),
     Rule("CUDAError", "infrastructure",
          r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
          r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)(?!invalid device (?:ordinal|function))"
@@ -123,6 +133,11 @@ RULES: list[Rule] = [
          r"Input/output error|\bEIO\b|Stale (?:NFS )?file handle|\bESTALE\b|Remote I/O error", 84, True,
          "the filesystem failed an I/O: check the mount on this node, then resume from the newest checkpoint"),
     # -- framework: resources and loading ---------------------------------------------------------------
+    Rule("HostOOM", "framework",  # Slurm's reason for the cancel it prints next: above the bare cancel (89)
+         r"(?i)exceeded (?:job |step )?memory limit\b[^\n]*(?:being killed|\(\d+ > \d+\))|"
+         r"slurmstepd: error: Exceeded (?:job|step) memory limit\s*$", 90, False,
+         "the job's processes went past the memory the scheduler granted it (Slurm killed them for it): ask for more "
+         "memory (--mem / --mem-per-cpu), fewer data-loader workers or less CPU offload; a restart fails the same way"),
     Rule("HostOOM", "framework",
          r"oom[-_]kill event|Some of the step tasks have been OOM Killed|task \d+: Out Of Memory|"
          r"Out of memory: Killed process|invoked oom-killer|std::bad_alloc|Cannot allocate memory|\[Errno 12\]|"
@@ -193,6 +208,7 @@ RULES: list[Rule] = [
                     "this torch (an undefined symbol is an ABI mismatch)"),
     Rule("ConfigError", "script",  # the configured sizes do not divide (layers by pipeline stages, batch by GPUs)
          r"(?i)(?:should|must|has to) be (?:evenly )?divisible by|(?:is )?not (?:evenly )?divisible by|"
+         r"is not equal to [\w.]+ \* [\w.]+|"
          r"(?:should|must) be (?:an? )?(?:integer )?multiple of", 64, False,
          "the configured sizes do not divide (layers by pipeline stages, heads by tensor-parallel ranks, the batch by "
          "the GPUs): change the sizes or the parallel layout named in the message; a restart fails the same way"),
@@ -222,6 +238,11 @@ RULES: list[Rule] = [
     Rule("ArgumentError", "script",
          r"ArgumentError|error: unrecognized arguments|error: argument -|the following arguments are required",
          64, False, "fix the command line"),
+    Rule("ResourceLimitError", "script",  # EMFILE: the process's open-file limit (ulimit -n), not the disk
+         r"\[Errno 24\]|\bEMFILE\b|(?i:too many (?:open files|files open))", 63, False,
+         "the process hit its open-file limit (ulimit -n), typically DataLoader workers passing tensors through file "
+         "descriptors: raise the limit (ulimit -n 65535), use torch.multiprocessing.set_sharing_strategy('file_system') "
+         "or fewer workers; a restart fails the same way"),
     Rule("FileNotFoundError", "script", _PY + r"FileNotFoundError\b|No such file or directory", 63, False,
          "fix the path (a restart will fail the same way)"),
     Rule("PermissionError", "script", _PY + r"PermissionError\b|Permission denied", 63, False,
@@ -260,14 +281,22 @@ RULES: list[Rule] = [
          "share_memory() put tensors) running out, typically a container's 64 MB default: run it with a larger "
          "--shm-size (or --ipc=host); a restart fails the same way"),
     Rule("SegFault", "script",  # the shell's report: a script run on its own crashed in a native library it loaded
-         r"^\W{0,3}(?:[\w./-]+: line \d+: +\d+ )?Segmentation fault(?:\s+\(core dumped\))?\W{0,3}$", 15, False,
+         r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?[Ss]egmentation fault(?:\s*\(core dumped\))?"
+         r"(?:\s{2,}\S.*)?\W{0,3}$", 15, False,
          "a script crashed in native code (SIGSEGV) when run on its own: usually the installed versions of a native "
          "library (the framework, its CUDA build, an extension) do not match; install the versions the code was "
          "written for"),
+    Rule("IllegalInstruction", "script",  # SIGILL: a binary built for instructions this CPU does not have
+         r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?[Ii]llegal instruction(?:\s*\(core dumped\))?"
+         r"(?:\s{2,}\S.*)?\W{0,3}$|Signals\.SIGILL\b|Signal 4 \(SIGILL\)|terminated with signal SIGILL\b", 16, False,
+         "a process died of an illegal instruction (SIGILL): an installed binary (the framework, an extension, a data "
+         "loader compiled elsewhere) uses CPU instructions this machine lacks, or was built wrong; install or rebuild "
+         "it for this CPU; a restart fails the same way"),
     Rule("SegFault", "framework",
          r"Signals\.SIGSEGV|exitcode\s*:\s*-11\b|Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault|"
          r"Segmentation fault|exit(?:ed with)? (?:code|status)[:= ]*139\b|Bus error \(core dumped\)|"
-         r"Signals\.SIG(?:BUS|ABRT)|Aborted \(core dumped\)|Fatal Python error: Aborted", 14, True,
+         r"Signals\.SIG(?:BUS|ABRT)|Aborted \(core dumped\)|Fatal Python error: Aborted|"
+         r"terminated with signal SIG(?:SEGV|BUS)\b", 14, True,
          "a process crashed in native code (SIGSEGV, SIGBUS or SIGABRT): one restart; if it recurs, a library or "
          "driver mismatch (a bus error in a container: too small /dev/shm)"),
     Rule("CollectiveMismatch", "framework",  # ranks took different code paths: deterministic, a restart repeats it
@@ -481,7 +510,7 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter",
     b"attach gpu", b"gpu is lost", b"overflow", b"divisible", b"multiple of", b"api_key", b"api key",
     b"unauthorized", b"invalid token", b"memory pressure", b"death signal", b"sighup", b"identify image",
-    b"image file", b"dtype",
+    b"image file", b"dtype", b"illegal instruction", b"sigill", b"too many", b"memory limit",
     "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
