@@ -194,7 +194,7 @@ class Has:
             return reserve(w.job, sim.pool, sim.running.values(), now, lambda at: decide(at, o.requests) is not None)
 
         _, left, _ = walk(waiting, self.cfg.queue_order, now, try_place, self.cfg.aging,
-                          reserve_for=reserve_for if self.cfg.reservation else None, overdue=self.cfg.overdue)
+                          reserve_for=reserve_for if self.cfg.reservation else None)
         return left
 
     def _sized(self, sim: Engine, waiting: list[Waiting], now: float) -> list[Waiting]:
@@ -203,9 +203,8 @@ class Has:
         reqs_of = {j: o.requests for j, o in opts.items() if o is not None}
         asked = {w.job: sim.jobs[int(w.job)].trace.num_gpus for w in waiting}  # type: ignore[call-overload]
         sizer = Sizer(sim.pool, list(sim.running.values()), now,
-                      ordered(waiting, self.cfg.queue_order, now, self.cfg.aging, self.cfg.overdue), reqs_of,
-                      self.cfg.min_scaling, arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after,
-                      self.cfg.overdue)
+                      ordered(waiting, self.cfg.queue_order, now, self.cfg.aging), reqs_of, self.cfg.min_scaling,
+                      arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after)
 
         def try_place(w: Waiting, admit: Admit) -> bool:
             i = int(w.job)  # type: ignore[call-overload]
@@ -220,7 +219,7 @@ class Has:
             return True
 
         _, left, res = walk(waiting, self.cfg.queue_order, now, try_place, self.cfg.aging,
-                            reserve_for=sizer.reserve_for if self.cfg.reservation else None, overdue=self.cfg.overdue)
+                            reserve_for=sizer.reserve_for if self.cfg.reservation else None)
         sim.decisions_ms += sizer.decision_ms
         sim.backfills_refused += sizer.refused
         sim.idle_violations += sizer.violations(left, res)

@@ -12,13 +12,6 @@ Orders
   waited_s`) did not: on hours-long jobs under load the aged mass of long jobs went ahead of every new short one
   (the short jobs of the production-shaped trace queued 3.6x longer than under fcfs). Jobs without a prediction go
   last, in arrival order. Backfilling: a job that does not fit now is skipped and later ones may start.
-  **Overdue jobs first** (`horizon_s`): the aging alone lets a 43,000 s job pass a 1-minute one only after waiting
-  138 times as long, and kept the longest jobs waiting on one GPU type 3-10x longer than fcfs did (round 7-8 p99 and
-  makespan misses). So a job that has waited longer than the queue's horizon, `OVERDUE_FACTOR` times the median wait
-  of the jobs waiting now (and at least their median predicted run), is overdue: overdue jobs go ahead of the rest,
-  in arrival order, as fcfs would run them, and the first that does not fit gets the head's reservation at once
-  (cluster/sizing.py `Sizer.reserve_for`). The horizon is a property of the queue, not of the job's own length, and
-  it is scale-free like the key (every time x 100 leaves the order unchanged).
 - `backfill`: arrival order, with backfilling.
 - `strict`: arrival order; the first job that does not fit blocks the rest (head-of-line).
 
@@ -53,11 +46,6 @@ aging it replaced (`predicted_s - 0.2 x waited_s`) gave +8.1% / -6.2% / 0.517: t
 tuning families, but a loss to fcfs on every production seed row at loads 0.7-1.1."""
 
 
-OVERDUE_FACTOR = 3.0
-"""A job is overdue once it has waited this many times the median wait of the jobs waiting now (`horizon_s`); 0 turns
-the rule off. 3 was set before any run, as "well past a typical wait": no value was tuned (round 9, 2026-11-26)."""
-
-
 @dataclass(frozen=True)
 class Waiting:
     """One waiting job as the queue discipline sees it."""
@@ -70,42 +58,21 @@ class Waiting:
     """Predicted run time; None sorts last under `shortest`."""
 
 
-def horizon_s(waiting: Sequence[Waiting], now_s: float, factor: float = OVERDUE_FACTOR) -> float:
-    """The wait past which a job is overdue: `factor` x the median wait of the waiting jobs that have a prediction,
-    and at least their median predicted run; `math.inf` (nobody overdue) with `factor` 0 or no such job."""
-    if factor <= 0:
-        return math.inf
-    waits = sorted(max(0.0, now_s - w.submitted_s) for w in waiting if w.predicted_s is not None)
-    if not waits:
-        return math.inf
-    runs = sorted(w.predicted_s for w in waiting if w.predicted_s is not None)  # type: ignore[misc]
-    mid = len(waits) // 2
-    med_wait = waits[mid] if len(waits) % 2 else (waits[mid - 1] + waits[mid]) / 2
-    med_run = runs[mid] if len(runs) % 2 else (runs[mid - 1] + runs[mid]) / 2
-    return max(factor * med_wait, med_run)
-
-
-def sort_key(w: Waiting, order: QueueOrder, now_s: float, aging: float = DEFAULT_AGING,
-             horizon: float = math.inf) -> tuple:
-    """The walk's key: arrival order, or under `shortest` overdue jobs (waited at least `horizon`) first in arrival
-    order, then the negated priority `waited / predicted ** aging` (`aging` is DEFAULT_AGING's beta), then the
-    shorter; jobs without a prediction last."""
+def sort_key(w: Waiting, order: QueueOrder, now_s: float, aging: float = DEFAULT_AGING) -> tuple:
+    """The walk's key: arrival order, or under `shortest` the negated priority `waited / predicted ** aging`
+    (`aging` is DEFAULT_AGING's beta), then the shorter; jobs without a prediction last."""
     if order != "shortest":
         return (w.seq,)
     if w.predicted_s is None:
-        return (2, 0.0, 0.0, w.seq)
-    waited = max(0.0, now_s - w.submitted_s)
-    if waited >= horizon:
-        return (0, 0.0, 0.0, w.seq)
+        return (True, 0.0, w.seq)
     p = max(w.predicted_s, 1e-9)
-    return (1, -waited / p ** aging, p, w.seq)
+    return (False, -max(0.0, now_s - w.submitted_s) / p ** aging, p, w.seq)
 
 
-def ordered(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, aging: float = DEFAULT_AGING,
-            overdue: float = OVERDUE_FACTOR) -> list[Waiting]:
-    """The waiting jobs in the order the scheduler tries them (`overdue`: `horizon_s`'s factor)."""
-    h = horizon_s(waiting, now_s, overdue) if order == "shortest" else math.inf
-    return sorted(waiting, key=lambda w: sort_key(w, order, now_s, aging, h))
+def ordered(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, aging: float = DEFAULT_AGING
+            ) -> list[Waiting]:
+    """The waiting jobs in the order the scheduler tries them."""
+    return sorted(waiting, key=lambda w: sort_key(w, order, now_s, aging))
 
 
 Nodes = Sequence[tuple[str, int]]
@@ -168,8 +135,8 @@ def _admit_all(nodes: Nodes, run_s: float | None) -> bool:
 
 
 def walk(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, try_place: Callable[[Waiting, Admit], bool],
-         aging: float = DEFAULT_AGING, reserve_for: Callable[[Waiting], Reservation | None] | None = None,
-         overdue: float = OVERDUE_FACTOR) -> tuple[list[Waiting], list[Waiting], Reservation | None]:
+         aging: float = DEFAULT_AGING, reserve_for: Callable[[Waiting], Reservation | None] | None = None
+         ) -> tuple[list[Waiting], list[Waiting], Reservation | None]:
     """Try each job in order. `try_place(w, admit)` places `w` now and returns True, or returns False; before it
     commits a placement it must ask `admit(nodes, predicted_run_s)`, which says no when the placement would delay
     the head's reservation. `reserve_for(head)` makes that reservation (see `reserve`); without it, plain
@@ -178,7 +145,7 @@ def walk(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, try_place:
     blocked = tried = False
     res: Reservation | None = None
     admit: Admit = _admit_all
-    for w in ordered(waiting, order, now_s, aging, overdue):
+    for w in ordered(waiting, order, now_s, aging):
         if not blocked and try_place(w, admit):
             placed.append(w)
             continue

@@ -25,7 +25,7 @@ from cluster.jobperf import (
     step_time,
     user_layout,
 )
-from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, OVERDUE_FACTOR, QueueOrder, Running
+from cluster.queue import DEFAULT_AGING, DEFAULT_ORDER, QueueOrder, Running
 from cluster.sizing import MIN_SCALING, RESERVE_AFTER
 from cluster.traces import REFERENCE_GPU, TraceJob
 from tasks.planning.layout import Layout
@@ -45,9 +45,6 @@ class SimConfig:
     """HAS reserves GPUs for the head of its queue; backfilling cannot delay it (cluster/queue.py)."""
     reserve_after: float = RESERVE_AFTER
     """...once the head has waited this many times its predicted run time (cluster/sizing.py)."""
-    overdue: float = OVERDUE_FACTOR
-    """HAS's overdue rule (cluster/queue.py `horizon_s`): jobs waiting past this many times the queue's median wait
-    go first in arrival order and get the reservation; 0 turns it off."""
     ilp_p: float = -0.5
     ilp_time_limit_s: float = 30.0
     max_plans: int | None = None

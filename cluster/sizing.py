@@ -24,10 +24,8 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   costs. A job waits with GPUs it could use idle only
   for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
   after every scheduling pass.
-- **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): once the head has waited
-  `RESERVE_AFTER` times its predicted run, or is overdue (waited past the queue's horizon, cluster/queue.py
-  `horizon_s`: then only jobs predicted to finish before its reserved start, or that leave it room, may pass it, as
-  in EASY backfilling); before that, backfilling is not held back for it. A plan the reservation
+- **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
+  `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
   refuses now becomes a plan to wait for, from the reservation's start.
 - **Predicted start** (`Backlog`): the queue walk replayed on the GPUs a plan's types can use: those free now, then
   those released by running allocations in order of predicted end; at each release every job ahead of it in this
@@ -63,7 +61,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cluster.has import Decision, FreePool, GpuRequest, decide, place
-from cluster.queue import OVERDUE_FACTOR, Admit, Reservation, Running, Waiting, horizon_s, reserve
+from cluster.queue import Admit, Reservation, Running, Waiting, reserve
 
 if TYPE_CHECKING:
     from tasks.planning.plans import ResourcePlan
@@ -547,11 +545,9 @@ class Sizer:
     def __init__(self, pool: FreePool, running: Sequence[Running], now_s: float, seq: Sequence[Waiting],
                  reqs_of: Mapping[Hashable, Sequence[GpuRequest]], min_scaling: float = MIN_SCALING,
                  arrivals_per_s: float = 0.0, asked: Mapping[Hashable, int] | None = None,
-                 reserve_after: float = RESERVE_AFTER, overdue: float = OVERDUE_FACTOR) -> None:
+                 reserve_after: float = RESERVE_AFTER) -> None:
         self.pool, self.running, self.now_s, self.reqs_of = pool, running, now_s, reqs_of
         self.reserve_after = reserve_after
-        self.horizon_s = horizon_s(seq, now_s, overdue)
-        """Jobs that have waited this long are overdue (cluster/queue.py): first in the walk, reserved for at once."""
         self.min_scaling, self.arrivals_per_s, self.asked = min_scaling, arrivals_per_s, asked or {}
         self.behind: dict[Hashable, tuple[int, int]] = {}  # per job: the jobs behind it, their smallest demand
         acc = 0
@@ -596,36 +592,10 @@ class Sizer:
             self.refused += 1
             later = self._after_reservation(c)
             refused = later if refused is None or later.cost < refused.cost else refused
-        early = None if refused is None else self._before_reservation(w, reqs, ch, refused.cost, admit)
-        if early is not None:
-            return early
         if refused is not None and math.isfinite(refused.cost):
             return self._wait(w, reqs, ch, refused)
         self.waits[w.job] = (reqs, math.inf, self._penalties[w.job])
         self.records[w.job] = f"{ch.mode}: every plan that fits now would delay the queue head's reservation"
-        return None
-
-    def _before_reservation(self, w: Waiting, reqs: Sequence[GpuRequest], ch: Choice, bound: float, admit: Admit
-                            ) -> tuple[Decision, str] | None:
-        """Once the reservation refused the job's chosen plans: the cheapest plan that fits now, that the reservation
-        admits (predicted done before its start, or leaving the head room) and that costs less than `bound`, the wait
-        it would choose instead, or is its fastest at no cost to the others (EASY backfilling: no job waits beside
-        GPUs it could use and give back in time, `idle_violations`'s invariant). None: it waits."""
-        pen, now = self._penalties[w.job], self.now_s
-        fastest = min((r.run_s for r in reqs if r.run_s is not None), default=math.inf)
-        costs = [(now + r.run_s + pen(k), r.gpus, k) for k, r in enumerate(reqs) if r.run_s is not None]
-        for cost, _, k in sorted(c for c in costs if math.isfinite(c[0])):
-            r = reqs[k]
-            if not (cost < bound or (r.run_s == fastest and pen(k) == 0)) or not self.pool.fits(r):
-                continue
-            nodes = place(self.pool, r)
-            if nodes is None or not admit(nodes, r.run_s):
-                continue
-            self.backlog.started(nodes, r.run_s)
-            c = Candidate(k, r, now, now + (r.run_s or 0.0), nodes, pen(k))
-            self.records[w.job] = (ch.record(c, now) + "; backfilled beside the queue head's reservation"
-                                   + self._notes(w, r.gpus))
-            return Decision(plan_index=k, request=r, nodes=nodes), self.records[w.job]
         return None
 
     def _after_reservation(self, c: Candidate) -> Candidate:
@@ -651,28 +621,17 @@ class Sizer:
         asked = self.asked.get(w.job)
         out = f"; {'shrunk' if gpus < asked else 'widened'} from {asked} to {gpus} GPU(s)" if asked and asked != gpus \
             else ""
-        return out + (f"; ahead of {k} earlier arrival(s)" if k else "") + self._overdue_note(w)
-
-    def _overdue_note(self, w: Waiting) -> str:
-        waited = self.now_s - w.submitted_s
-        if w.predicted_s is None or waited < self.horizon_s:
-            return ""
-        return f"; overdue: waited {waited:.0f} s, past the queue's horizon {self.horizon_s:.0f} s (arrival order)"
+        return out + (f"; ahead of {k} earlier arrival(s)" if k else "")
 
     def reserve_for(self, w: Waiting) -> Reservation | None:
         """The head's reservation, for the plan it chose to wait for (else any of its plans), once it has waited
         `reserve_after` times its predicted run time (before that, backfilling is not held back for it: a head that
         waits by choice for a faster GPU, or has not waited long, blocks no one)."""
         reqs = self.reqs_of.get(w.job)
-        waited = self.now_s - w.submitted_s
-        overdue = w.predicted_s is not None and waited >= self.horizon_s
-        if not reqs or (waited < self.reserve_after * (w.predicted_s or 0.0) and not overdue):
+        if not reqs or self.now_s - w.submitted_s < self.reserve_after * (w.predicted_s or 0.0):
             return None
         want = [self.target[w.job]] if w.job in self.target else list(reqs)
         self.reservation = reserve(w.job, self.pool, self.running, self.now_s, lambda at: decide(at, want) is not None)
-        if self.reservation is not None and w.job in self.records:
-            self.records[w.job] += (f"; holds the reservation from {self.reservation.start_s - self.now_s:.0f} s from now"
-                                    + self._overdue_note(w))
         return self.reservation
 
     def violations(self, left: Sequence[Waiting], reservation: Reservation | None) -> int:
