@@ -122,7 +122,24 @@ b+c+d). openb windows spliced after a later one lose the pods whose shifted dele
 508 of about 1,030 pods when tried for its size, before any policy ran), so two of the three openb splices are in
 trace order. Three windows at each of the loads 0.5, 0.7, 0.9 and 1.1, spread over the five clusters."""
 
-SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8}
+WINDOWS9: tuple[Window, ...] = (
+    Window("P23", "philly:2017-09-24", "fresh-two", 0.7),
+    Window("P24", "philly:2017-10-02", "phoebe-x4", 0.5),
+    Window("P25", "philly:2017-10-08", "fresh-mix2048", 1.1),
+    Window("P26", "philly:2017-10-19", "phoebe", 0.9),
+    Window("P27", "philly:2017-10-25", "fresh-old4h100", 0.5),
+    Window("H12", "helios:d+a+b", "phoebe-x4", 1.1),
+    Window("O12", "openb:d+b", "fresh-two", 0.9),
+    Window("O13", "openb:d+a", "fresh-mix2048", 0.7),
+)
+"""Round 9's held-out set, written and committed on 2026-11-26 before any policy ran on it (`--set round9`). Philly
+start dates used by no earlier list (rounds 6-8 above, placement_load.py's, red team 43's), each a day with 800 or
+more submissions (09-24 950, 10-02 1,353, 10-08 1,007, 10-19 1,001, 10-25 1,060). Helios: d+a+b, the one order whose
+first pair (d+a) no earlier splice starts with (every other pair is an earlier splice or its prefix). openb: d+b and
+d+a, the two pairs nobody ran (spliced after a later window: pods whose shifted deletion passes the trace's cut are
+dropped, as the reader does). Two windows at each of the loads 0.5, 0.7, 0.9 and 1.1, over the five clusters."""
+
+SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8, "round9": WINDOWS9}
 
 FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-mix2048": [("H100-80GB", 40, 8), ("A100-40GB-SXM", 56, 8), ("L40S", 80, 8), ("V100-16GB", 80, 8)],
