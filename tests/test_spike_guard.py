@@ -69,6 +69,12 @@ def test_only_a_loss_spike_rolls_back_a_gradient_norm_spike_with_the_loss_in_ran
     nonfinite = g.judge(step, math.nan, 1.0)
     assert nonfinite.verdict.kind == "nonfinite" and g.may_roll_back(nonfinite.verdict)
     assert not SpikeGuard(SpikeSpec(rollback=False), global_batch=8).may_roll_back(loss.verdict)
+    # its skipped update changed no weight: the checkpoints after it stay rollback targets; after a loss spike's
+    # skipped update (nothing to roll back to) they do not, for a window
+    g.skipped(step, 3.01, 9.0, grad.verdict, g.window(80, rolled_back=False), None)
+    assert g.detector.last_spike_step is None
+    g.skipped(step, 9.0, 1.0, loss.verdict, g.window(88, rolled_back=False), None)
+    assert g.detector.last_spike_step == step
 
 
 def test_a_rollback_is_counted_and_a_healthy_update_past_the_spike_ends_the_streak():

@@ -173,7 +173,9 @@ class SpikeGuard:
         self.counts.skipped_samples += window[1] - window[0]
         # after a rollback the spike lies in an abandoned timeline (its batches are skipped): commits of the new
         # timeline are healthy, so a later spike rolls back to them, not again past them
-        self.detector.last_spike_step = step if rolled_back_to is None else None
+        # a gradient-norm spike's skipped update left the weights as they were: checkpoints after it stay healthy
+        if verdict.kind != "gradient":
+            self.detector.last_spike_step = step if rolled_back_to is None else None
         rec = SkippedSpike(step=step, loss=loss, grad_norm=grad_norm, reason=verdict.reason,
                            skipped_samples=list(window), rolled_back_to=rolled_back_to,
                            action="rolled_back" if rolled_back_to is not None else "update_skipped")
