@@ -11,11 +11,13 @@ of false alarms, the steps re-trained by rollbacks (the spike's step minus the c
 time and the final loss.
 
     python benchmarks/spike_guard.py      # writes benchmarks/results/spike_guard.{json,md}
+    python benchmarks/spike_guard.py --replay benchmarks/results/spike_guard_gpu/*.jsonl.gz   # recorded runs
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import platform
 import subprocess
@@ -68,13 +70,35 @@ def one_run(lr: float, seed: int, steps: int, work: Path) -> dict:
             "steps_retrained": sum(s["step"] - s["rolled_back_to"] for s in spikes if s.get("rolled_back_to") is not None)}
 
 
+def replay(progress: Path) -> dict:
+    """The default detector over a run's recorded steps (`training.spike.zscore` set huge so that nothing was skipped,
+    `log_every_steps: 1`): which steps it flags, and of which kind."""
+    from tasks.training.spikes import SpikeDetector
+
+    opener = gzip.open if progress.suffix == ".gz" else open
+    with opener(progress, "rt") as f:
+        steps = [r for r in map(json.loads, f) if r.get("event") == "step"]
+    det, flags = SpikeDetector(), []
+    for r in steps:
+        v = det.check(r["loss"], r["grad_norm"])
+        if v.spike:
+            flags.append({"step": r["step"], "kind": v.kind, "loss_z": round(v.loss_z, 1), "grad_z": round(v.grad_z, 1)})
+    return {"run": progress.name, "steps": len(steps), "injected": [f for f in flags if f["step"] in INJECTED],
+            "false": [f for f in flags if f["step"] not in INJECTED]}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--lrs", type=float, nargs="+", default=[3e-4, 1e-3])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "spike_guard")
+    ap.add_argument("--replay", type=Path, nargs="+", help="replay recorded progress.jsonl(.gz) files instead")
     a = ap.parse_args(argv)
+    if a.replay:
+        for p in a.replay:
+            print(json.dumps(replay(p)))
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for lr in a.lrs:
