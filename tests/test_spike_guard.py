@@ -54,6 +54,29 @@ def test_without_rollback_only_the_spike_batch_is_left_out_and_after_a_rollback_
     assert g.window(320, rolled_back=True) == (320, 384)
 
 
+def test_only_a_loss_spike_rolls_back_a_gradient_norm_spike_with_the_loss_in_range_drops_its_batch():
+    """Red team 41i: the default detector flagged 8-20 ordinary steps of a 1,500-step gpt-tiny run by their gradient
+    norm alone (z 6-14, the loss in range) and rolled each back. Such a step harmed nothing: it drops only its update
+    and batch; a loss spike (and a non-finite one) still rolls back."""
+    g = SpikeGuard(SpikeSpec(window=16, min_steps=8, max_consecutive=8), global_batch=8)  # judged, not trained through
+    step = _warm(g)
+    grad = g.judge(step, 3.01, 9.0)  # gradient norm 9x, loss as before
+    assert grad.action == "skip" and grad.verdict.kind == "gradient" and not g.may_roll_back(grad.verdict)
+    loss = g.judge(step, 9.0, 1.0)  # the negative control: the loss spiked
+    assert loss.action == "skip" and loss.verdict.kind == "loss" and g.may_roll_back(loss.verdict)
+    both = g.judge(step, 9.0, 9.0)
+    assert both.verdict.kind == "loss" and g.may_roll_back(both.verdict)
+    nonfinite = g.judge(step, math.nan, 1.0)
+    assert nonfinite.verdict.kind == "nonfinite" and g.may_roll_back(nonfinite.verdict)
+    assert not SpikeGuard(SpikeSpec(rollback=False), global_batch=8).may_roll_back(loss.verdict)
+    # its skipped update changed no weight: the checkpoints after it stay rollback targets; after a loss spike's
+    # skipped update (nothing to roll back to) they do not, for a window
+    g.skipped(step, 3.01, 9.0, grad.verdict, g.window(80, rolled_back=False), None)
+    assert g.detector.last_spike_step is None
+    g.skipped(step, 9.0, 1.0, loss.verdict, g.window(88, rolled_back=False), None)
+    assert g.detector.last_spike_step == step
+
+
 def test_a_rollback_is_counted_and_a_healthy_update_past_the_spike_ends_the_streak():
     g = SpikeGuard(SpikeSpec(window=16, min_steps=8, max_consecutive=1), global_batch=8)
     step = _warm(g)

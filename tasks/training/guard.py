@@ -1,10 +1,12 @@
 """The spike guard: what the trainer does with a step the detector (spikes.py) flags, bounded, and counted.
 
-A spike is handled by skipping its update. With a healthy checkpoint before it (and `spike.rollback`), the trainer
-also rolls back there and skips `skip_batches` batches from the spike's batch on (PaLM's remedy: replaying the same
-data on the same weights would meet the same spike). With nothing to roll back to (a spike before the first
-checkpoint, or `rollback: false`) only the spike's own batch is dropped: the batches after it are unseen data, and
-skipping them would change what the model is trained on for nothing.
+A spike is handled by skipping its update. When the loss itself spiked and there is a healthy checkpoint before it
+(and `spike.rollback`), the trainer also rolls back there and skips `skip_batches` batches from the spike's batch on
+(PaLM's remedy: replaying the same data on the same weights would meet the same spike). A gradient-norm spike with
+the loss in range drops only its update and its batch: nothing was harmed, and ordinary steps reach such gradient
+norms several times per thousand (a rollback for each re-trained up to `every_steps` steps). With nothing to roll
+back to (a spike before the first checkpoint, or `rollback: false`) only the spike's own batch is dropped: the
+batches after it are unseen data, and skipping them would change what the model is trained on for nothing.
 
 Skipping an update leaves the weights as they were, so when the weights rather than a batch caused the spike (the
 loss curve changing level early in training, not a bad batch) every next batch is flagged too: the detector's
@@ -154,8 +156,11 @@ class SpikeGuard:
         self.records.append(rec)
         return rec
 
-    def may_roll_back(self) -> bool:
-        return self.spec.rollback
+    def may_roll_back(self, verdict: Verdict) -> bool:
+        """A loss spike (or a non-finite one) rolls back; a gradient-norm spike whose loss is in range only skips its
+        update and its batch: the weights are as they were, and a rollback would re-train up to `every_steps` steps
+        for a step that did no harm (a heavy-tailed gradient norm flags several ordinary steps per thousand)."""
+        return self.spec.rollback and verdict.kind != "gradient"
 
     def window(self, first_sample: int, rolled_back: bool) -> tuple[int, int]:
         """The samples a handled spike leaves out: `skip_batches` batches after a rollback, else its own batch."""
@@ -168,7 +173,9 @@ class SpikeGuard:
         self.counts.skipped_samples += window[1] - window[0]
         # after a rollback the spike lies in an abandoned timeline (its batches are skipped): commits of the new
         # timeline are healthy, so a later spike rolls back to them, not again past them
-        self.detector.last_spike_step = step if rolled_back_to is None else None
+        # a gradient-norm spike's skipped update left the weights as they were: checkpoints after it stay healthy
+        if verdict.kind != "gradient":
+            self.detector.last_spike_step = step if rolled_back_to is None else None
         rec = SkippedSpike(step=step, loss=loss, grad_norm=grad_norm, reason=verdict.reason,
                            skipped_samples=list(window), rolled_back_to=rolled_back_to,
                            action="rolled_back" if rolled_back_to is not None else "update_skipped")
@@ -177,6 +184,9 @@ class SpikeGuard:
             self.counts.rollbacks += 1
             log.warning("loss spike at step %d (%s): rolled back to step %d, skipping samples %s", step,
                         verdict.reason, rolled_back_to, window)
+        elif verdict.kind == "gradient":
+            log.info("gradient-norm spike at step %d (%s, loss in range): update skipped, samples %s", step,
+                     verdict.reason, window)
         elif self._streak == 1:  # one warning per run of spikes; the bound keeps the rest few
             log.warning("loss spike at step %d (%s): update skipped (no healthy checkpoint to roll back to), "
                         "skipping samples %s; after %d in a row the run trains through", step, verdict.reason,

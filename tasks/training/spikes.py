@@ -1,9 +1,11 @@
 """Loss-spike detection: a rolling z-score over loss and gradient norm (OLMo's rule, PaLM's remedy).
 
 A step whose loss or gradient norm sits more than `zscore` standard deviations above the mean of the
-previous `window` healthy steps (after `min_steps` of history) is a spike; so is a non-finite value. The
-trainer's spike guard (guard.py) decides what to do with it. The detector's state is small and goes into every
-manifest, so a resume sees the same history.
+previous `window` healthy steps (after `min_steps` of history) is a spike; so is a non-finite value. Its `kind`
+says which: a `loss` spike (the batch already did harm, or is bad data), a `gradient` spike (the loss is in range and
+only the gradient norm is out: a gradient norm's distribution has a heavy tail, and a small model's ordinary steps
+reach z 6-14 several times in a thousand steps), or `nonfinite`. The trainer's spike guard (guard.py) decides what
+to do with each. The detector's state is small and goes into every manifest, so a resume sees the same history.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
+from typing import Literal
+
+SpikeKind = Literal["", "loss", "gradient", "nonfinite"]
 
 
 @dataclass
@@ -19,6 +24,8 @@ class Verdict:
     loss_z: float
     grad_z: float
     reason: str = ""
+    kind: SpikeKind = ""
+    """Empty for a healthy step."""
 
 
 @dataclass(frozen=True)
@@ -54,15 +61,17 @@ class SpikeDetector:
     def check(self, loss: float, grad_norm: float) -> Verdict:
         """Judge one step before its update is applied; a healthy step joins the history."""
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            return Verdict(True, math.inf, math.inf, "non-finite loss or gradient norm")
+            return Verdict(True, math.inf, math.inf, "non-finite loss or gradient norm", "nonfinite")
         if len(self.loss) < self.min_steps:
             self.loss.append(loss)
             self.grad.append(grad_norm)
             return Verdict(False, 0.0, 0.0)
         lz, gz = self._z(self.loss, loss), self._z(self.grad, grad_norm)
         if lz > self.zscore or gz > self.zscore:
-            which = "loss" if lz > self.zscore else "gradient norm"
-            return Verdict(True, lz, gz, f"{which} z-score {max(lz, gz):.1f} > {self.zscore:g}")
+            kind: SpikeKind = "loss" if lz > self.zscore else "gradient"
+            z = lz if kind == "loss" else gz
+            return Verdict(True, lz, gz, f"{'loss' if kind == 'loss' else 'gradient norm'} z-score {z:.1f} > "
+                           f"{self.zscore:g}", kind)
         self.loss.append(loss)
         self.grad.append(grad_norm)
         return Verdict(False, lz, gz)

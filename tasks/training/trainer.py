@@ -116,7 +116,7 @@ class Trainer:
         self.schedule.wait()
         spike_step, skips = self.step + 1, list(self.cursor.skips)
         target = (self.restorer.newest_valid(before=spike_step, healthy_only=True)
-                  if self.guard.may_roll_back() else None)
+                  if self.guard.may_roll_back(decision.verdict) else None)
         window = self.guard.window(first_sample, rolled_back=target is not None)
         # a rollback restored the checkpoint's cursor: the skips made since stay skipped
         self.cursor.skips = sorted(set(self.cursor.skips) | set(skips) | {window})
