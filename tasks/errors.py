@@ -62,16 +62,22 @@ def environment_problem(err: BaseException) -> str | None:
     return f"{where}: {_WHAT[err.errno]}" if where else _WHAT[err.errno]
 
 
-def retry_cannot_fix(err: BaseException) -> bool:
-    """True for an OSError (also one under `err` as its cause) no retry can fix: disk full, read-only, permission."""
+def unfixable_oserror(err: BaseException | None) -> OSError | None:
+    """The OSError no retry can fix (disk full, read-only, permission) that is `err` or one of its causes (a
+    `StorageError` raised from it); None when there is none."""
     seen: set[int] = set()
     e: BaseException | None = err
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in RETRY_CANNOT_FIX:
-            return True
+            return e
         e = e.__cause__ or e.__context__
-    return False
+    return None
+
+
+def retry_cannot_fix(err: BaseException) -> bool:
+    """True for an OSError (also one under `err` as its cause) no retry can fix: disk full, read-only, permission."""
+    return unfixable_oserror(err) is not None
 
 
 def as_frenzy_error(err: OSError, what: str) -> FrenzyError:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -333,6 +335,37 @@ def test_a_persist_that_fills_the_disk_leaves_no_half_shard_and_names_the_newest
     assert "step 1 is the newest this run committed (a rerun resumes from it)" in str(info.value)
     assert not (tmp_path / "ck" / "step_00000002").exists()  # the part-written shard and its directory are gone
     assert [m.step for m in ck.committed(st)] == [1]
+
+
+def test_a_checkpoint_disk_that_fills_while_training_stops_the_trainer_naming_the_disk_not_a_lease_loss(tmp_path):
+    """Red team 41i N13: the checkpoint root's tmpfs filled after the first commit; every later persist failed, the
+    writer lease could not be renewed, and the trainer ended "lost the writer lease ... another trainer took it over"
+    (no other trainer existed). It must stop on the first checkpoint the full disk refused, say so with the root's
+    file system, and name the newest committed step and how to resume. A 3 s lease: a trainer that went on training
+    would lose it within the run, as the red team's did."""
+    mnt, run = tmp_path / "mnt", tmp_path / "run"
+    mnt.mkdir()
+    t = {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": 3000, "lr": 1e-3, "log_every_steps": 1,
+         "checkpoint": {"every_steps": 2, "keep": 5, "uri": f"file://{mnt}/ck"}}
+    (tmp_path / "job.yaml").write_text(json.dumps({"name": "full", "model": {"preset": "gpt-tiny"}, "training": t}))
+    r = _in_namespace(
+        f"mount -t tmpfs -o size=8m tmpfs {mnt}\n"
+        f"FRENZY_WRITER_LEASE_S=3 $PY -m cli train {tmp_path}/job.yaml --run-dir {run} --device cpu --threads 1 "
+        f"2> {tmp_path}/err &\n"
+        # the first commit is there: fill the disk under the running trainer (a poll: the event is another process's)
+        f"while [ ! -e {mnt}/ck/step_00000002/manifest.json ] && kill -0 $!; do sleep 0.1; done\n"
+        f"head -c 64M /dev/zero > {mnt}/fill 2>/dev/null\nwait $!; echo rc=$?", tmp_path)
+    err = (tmp_path / "err").read_text()
+    assert "rc=2" in r.stdout, (r.stdout, r.stderr, err[-3000:])
+    line = [ln for ln in err.splitlines() if ln.startswith("frenzy train:")][-1]
+    assert f"the checkpoint root file://{mnt}/ck (the file system mounted at {mnt}) cannot be written" in line, line
+    assert "no space left on the device (the disk is full)" in line and "Training stopped at step" in line, line
+    m = re.search(r"Training stopped at step (\d+), .*; step (\d+) is the newest committed step; once that is fixed, "
+                  r"rerun the same command with --resume: it resumes from step \2$", line)
+    assert m is not None and int(m[2]) >= 2 and int(m[2]) % 2 == 0 and int(m[1]) > int(m[2]), line
+    committed = [int(x) for x in re.findall(r"checkpoint step (\d+) committed", err)]
+    assert committed and max(committed) == int(m[2]), (committed, line)  # the step named is the newest commit
+    assert "writer lease" not in line and "another trainer" not in line and "Traceback" not in err, line
 
 
 class _Api404:

@@ -84,7 +84,9 @@ class Trainer:
         self.runner = StepRunner(self.m, self.data, self.job, d, self.dev, self.tracer)
         self.meter = Meter(self.job, self.prog)
         self.m.model.train()
-        self.shutdown = Shutdown(self.opts, d, self.lease, self.storage.uri)
+        engine = self.schedule.engine
+        self.shutdown = Shutdown(self.opts, d, self.lease, self.storage.uri, persist_fault=lambda: engine.unfixable,
+                                 newest=lambda: max((r.step for r in engine.records), default=self.resumed_from))
         self.shutdown.install()
 
     def _train_step(self) -> None:
