@@ -216,6 +216,17 @@ def _trainers_of(run_dir: Path) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _living(pids: list[int], submit_pid: int) -> list[int]:
+    """The processes of `pids` but `submit_pid` (its command line names the run directory too) that have not exited
+    (a zombie has: its parent has not reaped it yet)."""
+    def state(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "gone"
+    return [p for p in pids if p != submit_pid and state(p) not in ("Z", "X", "gone")]
+
+
 def _describe(pids: list[int], run_dir: Path) -> str:
     ps = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,wchan:20,cmd", "-p", ",".join(map(str, pids))],
                         capture_output=True, text=True).stdout
@@ -883,3 +894,44 @@ def test_a_second_sigterm_while_the_trainer_commits_still_leaves_no_trainer(pref
     assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
                                             f"file://{tmp_path}/ckpt; rerun the same command to resume"), err[-3000:]
     assert Ledger(str(tmp_path / "l.db")).allocations() == []
+
+
+def test_a_stopped_submit_keeps_its_gpus_while_its_trainer_trains_and_a_released_allocation_stops_the_trainer(
+        prefect_server, tmp_path):
+    """Red team 41i N21: `frenzy submit` stopped like Ctrl-Z (SIGSTOP of the CLI only; its trainer runs in its own
+    session) past its `--lease`: the ledger freed the device while the trainer trained on, and placed a second job
+    there. The trainer renews its allocation itself: three leases later the device is still allocated to the job.
+    Then the allocation is released under it (as `frenzy cluster` could): the trainer stops by itself, its submitter
+    still stopped, committing its step; the last line names the cause, the step and how to resume."""
+    led = str(tmp_path / "l.db")
+    Ledger(led)  # an explicit --ledger must exist (`frenzy cluster init` makes one)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="ctrlz", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", led, "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run"), "--lease", "5"], tmp_path)
+    root = Storage(f"file://{tmp_path}/ckpt")
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        start, first = time.monotonic(), max(m.step for m in ck.committed(root))
+        while time.monotonic() - start < 3 * 5 or max(m.step for m in ck.committed(root)) < first + 100:
+            assert time.monotonic() - start < 240, "the trainer made no progress while its submitter was stopped"
+            time.sleep(0.5)
+        held = Ledger(led).allocations()
+        assert [a.job for a in held] == ["ctrlz"], held  # past three leases: the device is still this job's
+        Ledger(led).release(held[0].id)
+        deadline = time.monotonic() + 180
+        while _living(_trainers_of(tmp_path / "run"), proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _living(_trainers_of(tmp_path / "run"), proc.pid)  # exited: a zombie until its stopped parent reaps it
+        assert left == [], _describe(left, tmp_path / "run")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.wait(timeout=300)
+    err = (tmp_path / "cli.err").read_text()
+    newest = max(m.step for m in ck.committed(root))
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert f"allocation {held[0].id} in the ledger sqlite:///{led} was released while its trainer ran" in last, last
+    assert f"Training stopped at step {newest} after committing it" in last, last
+    assert f"rerun the same command to place the job again and resume from step {newest}" in last, last
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["final_step"] == newest

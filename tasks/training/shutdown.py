@@ -72,11 +72,11 @@ class Shutdown:
 
     def __init__(self, opts: TrainOptions, d: Dist, lease: WriterLease | None, root: str,
                  persist_fault: Callable[[], Fault | None] = lambda: None,
-                 newest: Callable[[], int | None] = lambda: None) -> None:
+                 newest: Callable[[], int | None] = lambda: None, stop_when: Callable[[], bool] | None = None) -> None:
         """`persist_fault`: the checkpointer's first persist that failed on an error no retry can fix;
-        `newest`: the newest step committed (what a rerun resumes from)."""
+        `newest`: the newest step committed (what a rerun resumes from); `stop_when`: one more reason to stop."""
         self.opts, self.d, self.lease, self.root = opts, d, lease, root
-        self.persist_fault, self.newest = persist_fault, newest
+        self.persist_fault, self.newest, self.stop_when = persist_fault, newest, stop_when
         self.preempt = threading.Event()
         self.stop_file = opts.run_dir / "stop"
         self.stopped = False
@@ -90,7 +90,8 @@ class Shutdown:
         """This rank's own view: a signal, the stop file (request_stop(): how an executor without signals, Ray
         actors, stops the ranks), or the drill's step budget."""
         budget = self.opts.stop_after_steps
-        return self.preempt.is_set() or (budget is not None and steps_run >= budget) or self.stop_file.exists()
+        return (self.preempt.is_set() or (budget is not None and steps_run >= budget) or self.stop_file.exists()
+                or (self.stop_when is not None and self.stop_when()))
 
     def should_stop(self, step: int, steps_run: int) -> bool:
         """At a step boundary, before step `step + 1`: True on every rank when any rank must stop."""
