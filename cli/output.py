@@ -123,7 +123,7 @@ def _quiet_pipe() -> int:
     return 141
 
 
-def _finish(command: str, err: BaseException) -> int:
+def finish(command: str, err: BaseException) -> int:
     """The exit status for an exception that escaped a command (module docstring)."""
     if isinstance(err, BrokenPipeError):
         return _quiet_pipe()
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the boundary: every exception ends here
-        return _finish(command, err)
+        return finish(command, err)
 
 
 def _stdout_open() -> bool:

@@ -500,3 +500,52 @@ def test_a_server_slow_to_answer_is_left_to_prefect_not_called_unreachable():
         s.bind(("127.0.0.1", 0))
         s.listen(4)
         check_prefect_api(f"http://127.0.0.1:{s.getsockname()[1]}/api", timeout_s=0.5)
+
+
+def _address_space(limit_kib: int | None):
+    def set_limit() -> None:
+        import resource
+
+        if limit_kib is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_kib * 1024, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return set_limit
+
+
+@pytest.mark.parametrize("args", [["submit", "job.yaml"], ["submit", "--help"], ["checkpoints", "ck"]],
+                         ids=["submit", "submit-help", "checkpoints"])
+def test_a_memory_limit_that_stops_the_imports_is_named_with_the_limit_and_the_fix(tmp_path, args):
+    """Red team 41i N10: under `ulimit -v 2500000` torch cannot map its library while the argument parser imports the
+    command's module: a 25-line traceback, exit 1 (`checkpoints`: "a bug in Frenzy"). Now one line, exit 2, naming
+    the limit and the fix; without the limit (the negative control) the same `--help` works."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FRENZY_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120, preexec_fn=_address_space(2_500_000))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    line = r.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert line.startswith(f"frenzy {args[0]}: error: out of memory under this process's address-space limit "
+                           "(`ulimit -v` = 2,500,000 KiB)"), line
+    assert "raise the limit (`ulimit -v unlimited`" in line and "a bug" not in line, line
+    if args[1] == "--help":
+        ok = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+        assert ok.returncode == 0 and "usage: frenzy submit" in ok.stdout, ok.stderr[-2000:]
+
+
+def test_memory_problems_are_named_and_other_import_errors_are_not():
+    from tasks.errors import memory_problem
+
+    assert memory_problem(MemoryError()) is not None
+    assert memory_problem(OSError(errno.ENOMEM, "Cannot allocate memory")) is not None
+    wrapped = RuntimeError("loading failed")
+    wrapped.__cause__ = ImportError("libtorch_cpu.so: failed to map segment from shared object")
+    assert "out of memory" in (memory_problem(wrapped) or "")
+    assert memory_problem(ImportError("No module named 'nope'")) is None  # a missing module is not a memory limit
+    assert memory_problem(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
+    assert run_fails_with(MemoryError()) == 2
+
+
+def run_fails_with(err: BaseException) -> int:
+    def boom(_: argparse.Namespace) -> int:
+        raise err
+    return run(argparse.Namespace(command="x", fn=boom, json=False))
