@@ -935,3 +935,19 @@ def test_a_stopped_submit_keeps_its_gpus_while_its_trainer_trains_and_a_released
     assert f"Training stopped at step {newest} after committing it" in last, last
     assert f"rerun the same command to place the job again and resume from step {newest}" in last, last
     assert json.loads((tmp_path / "run" / "result.json").read_text())["final_step"] == newest
+
+
+def test_a_finished_run_that_had_evaluation_off_is_evaluated_when_submitted_again_with_it_on(prefect_server, tmp_path):
+    """Red team 41i N6: a job finished with `--evaluation off`, submitted again with evaluation on, said "nothing to
+    train or evaluate again" and scored nothing. Its committed steps were never evaluated: the rerun evaluates them
+    (the trainer resumes at the final step and trains nothing). A third submit reports the finished, scored run."""
+    from flows.submit import submit
+
+    off = submit(_request(tmp_path).model_copy(update={"evaluation": "off"}))
+    assert off.evaluations == [] and [c.step for c in off.train.checkpoints] == [20, 40]
+    on = submit(_request(tmp_path))
+    assert not on.already_finished and on.train.resumed_from_step == 40 and on.train.final_step == 40
+    assert [e.step for e in on.evaluations] == [20, 40]
+    assert all(0 < e.scores["heldout-loss"]["loss"] < 6 for e in on.evaluations)
+    again = submit(_request(tmp_path))  # now every committed step has its score: reported, nothing run
+    assert again.already_finished and [e.step for e in again.evaluations] == [20, 40]

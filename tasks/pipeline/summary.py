@@ -131,7 +131,9 @@ def this_run(records: list[RunRecord], root: str | None) -> RunRecord | None:
 def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str = "") -> SubmitResult | None:
     """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
     final step still committed there. Rerunning it then reports that run instead of training zero steps, with the
-    scores the history holds now (evaluations that ended after the run reported are not left out)."""
+    scores the history holds now (evaluations that ended after the run reported are not left out). Not when this
+    submit asks for evaluation and a committed step of the run was never evaluated (that run had evaluation off,
+    red team 41i N6): the pipeline then resumes at the final step, trains nothing and evaluates those steps."""
     root = request.job.training.checkpoint.uri
     if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or not same_place(rec.checkpoint_root, root):
         return None
@@ -141,6 +143,9 @@ def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str =
     now = scored(rec.history_dir, rec.job, suite) if suite else {}
     evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
     failed = [f.model_copy(update={"earlier": True}) for f in done.evaluation_failures if f.step not in evals]
+    tried = {f.step for f in done.evaluation_failures}
+    if suite and [s for s in committed_steps(root or "") if s <= done.train.final_step and s not in evals.keys() | tried]:
+        return None  # evaluation asked for, and committed steps never evaluated (it was off): the run evaluates them
     notes = [n for n in [fewer_steps(request, done.train.final_step), failed_before(failed, root or "", rec)] if n]
     return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)],
                                    "evaluation_failures": failed, "notes": notes})
