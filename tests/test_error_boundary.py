@@ -549,3 +549,19 @@ def run_fails_with(err: BaseException) -> int:
     def boom(_: argparse.Namespace) -> int:
         raise err
     return run(argparse.Namespace(command="x", fn=boom, json=False))
+
+
+@pytest.mark.parametrize("json_flag", [True, False], ids=["json", "table"])
+def test_an_answer_that_stdout_refuses_names_standard_output_not_a_disk(tmp_path, json_flag):
+    """Red team 41i N12: `frenzy submit ... > /dev/full` ended "no space left on the device (the disk is full): free
+    space there", naming nothing, after a run that had finished. The answer's destination is named: standard output
+    (/dev/full); negative control: the same command to /dev/null exits 0."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FRENZY_HOME": str(tmp_path / "home")}
+    args = [sys.executable, "-m", "cli", "presets", *(["--json"] if json_flag else [])]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(args, cwd=tmp_path, env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("frenzy presets: error: ") and "answer could not be written to standard output " in r.stderr
+    assert "standard output (/dev/full): no space left on the device" in r.stderr and "Traceback" not in r.stderr
+    with open(os.devnull, "w") as null:
+        assert subprocess.run(args, cwd=tmp_path, env=env, stdout=null, timeout=120).returncode == 0

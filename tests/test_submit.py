@@ -951,3 +951,22 @@ def test_a_finished_run_that_had_evaluation_off_is_evaluated_when_submitted_agai
     assert all(0 < e.scores["heldout-loss"]["loss"] < 6 for e in on.evaluations)
     again = submit(_request(tmp_path))  # now every committed step has its score: reported, nothing run
     assert again.already_finished and [e.step for e in again.evaluations] == [20, 40]
+
+
+def test_a_submit_whose_stdout_is_full_says_the_run_finished_and_names_stdout_and_the_report(prefect_server, tmp_path):
+    """Red team 41i N12: after the whole run, "the disk is full: free space there", naming nothing. Now: the run
+    finished, its report, and that standard output (/dev/full) refused the answer."""
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="fullout", steps=10, every=10)))
+    from prefect.settings import PREFECT_API_URL
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
+                            "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run"), "--json"],
+                           cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""},
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=600)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2, r.stderr[-3000:]
+    report = Ledger(str(tmp_path / "l.db")).run("fullout").report
+    assert last.startswith(f"frenzy submit: error: the command finished (its report: {report}), but its answer could "
+                           "not be written to standard output (/dev/full): no space left on the device"), last
