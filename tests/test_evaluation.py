@@ -534,3 +534,23 @@ def test_a_completed_evaluation_whose_state_lost_its_data_is_read_from_the_histo
     history.append(hist, "r4", 15, uri, "tiny", {"heldout-loss": {"loss": 2.5}})
     got = completed_summary(Completed(), hist, "tiny", uri)  # a state with no data, as one read from the API
     assert (got.run, got.step, got.suite, got.scores) == ("r4", 15, "tiny", {"heldout-loss": {"loss": 2.5}})
+
+
+def test_evaluate_pending_with_nothing_to_cover_names_the_ledger_and_why(tmp_path):
+    """Red team 41i N7/N19: "the ledger knows no submitted job yet" named no ledger, and was said of a ledger whose
+    runs were all submitted with evaluation off. Now: the ledger read, and which of the two it is."""
+    from cluster.ledger import Ledger, RunRecord
+    from tasks.evaluation.pending import no_roots, targets
+    from tasks.evaluation.request import PendingRequest
+
+    req = PendingRequest(ledger=str(tmp_path / "l.db"))
+    led = Ledger(str(tmp_path / "l.db"))
+    assert targets(req, tmp_path) == []
+    said = no_roots(req, tmp_path)
+    assert f"the ledger sqlite:///{tmp_path}/l.db records no submitted job" in said
+    led.record_run(RunRecord(job="offjob", stage="reported", checkpoint_root=f"file://{tmp_path}/ck",
+                             run_dir=str(tmp_path / "run"), history_dir=str(tmp_path / "evals")))
+    assert targets(req, tmp_path) == []  # evaluation was off: nothing to cover, and it says so
+    said = no_roots(req, tmp_path)
+    assert f"the ledger sqlite:///{tmp_path}/l.db records 1 run(s), none with an evaluation suite" in said
+    assert "evaluation off: offjob" in said and "give `suite` in the request" in said and "no submitted job" not in said
