@@ -784,6 +784,9 @@ def test_a_checkpoint_root_holding_the_run_or_history_directory_is_refused_befor
     assert outputs_in_root(req.model_copy(update={"job": s3})) is None
     why = outputs_in_root(req.model_copy(update={"history_dir": str(tmp_path / "ckpt" / "evals")}))
     assert why is not None and "history directory" in why and "run directory" not in why, why
+    # the root is the checkpoints' own already (red team 41i R-b): the fix is to move the history, not the root
+    assert "Move it outside the root" in why and "training.checkpoint.uri: ck, say" not in why, why
+    assert "training.checkpoint.uri: ck, say" in err  # `uri: .`, submitted from that directory: the root moves
 
 
 def test_a_submit_whose_output_reader_exits_stops_as_sigterm_does_and_exits_141(prefect_server, tmp_path):

@@ -108,10 +108,16 @@ def outputs_in_root(request: SubmitRequest) -> str | None:
         if p and ((q := Path(p).expanduser().resolve()) == ckdir or ckdir in q.parents)]
     if not inside:
         return None
+    # a root that holds the directory submitted from (`uri: .`, `..`) is no directory of the checkpoints' own: moving
+    # the root is a fix; a root of their own (`uri: ck` with `--history-dir ck/evals`) already is one (red team 41i)
+    cwd = Path.cwd().resolve()
+    fix = ("Give the checkpoints a directory of their own (training.checkpoint.uri: ck, say), or move those "
+           "directories outside the root" if ckdir == cwd or ckdir in cwd.parents else
+           f"Move {'it' if len(inside) == 1 else 'them'} outside the root (e.g. the default --run-dir runs/<job name> "
+           "and --history-dir evals, beside it)")
     return (f"{request.job.name}: {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside the checkpoint "
             f"root {ckdir} (training.checkpoint.uri: {root}); Frenzy never writes among checkpoints, so this run would "
-            "fail after training. Give the checkpoints a directory of their own (training.checkpoint.uri: ck, say), "
-            "or move those directories outside the root")
+            f"fail after training. {fix}")
 
 
 def same_place(a: str | None, b: str | None) -> bool:
