@@ -84,6 +84,11 @@ class Echo(EvalDataset):  # a user dataset registered by decorator
     def infer(self, lm, ex):
         if self.options.get("explode"):
             raise RuntimeError("inference exploded")
+        if self.options.get("oom_killed"):  # as the kernel's out-of-memory killer ends a process
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         return {"text": lm.generate(ex["prompt"], 4)}
 
     def score(self, ex, prediction):
@@ -129,6 +134,18 @@ def test_a_failing_trial_fails_the_evaluation_with_its_error_and_cleans_up(ckpt,
         evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
                                           learn_priors=False))
     assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_a_trial_killed_by_sigkill_is_said_as_killed_with_its_likely_sender(ckpt, tmp_path):
+    """Red team 41i N8: "trial-0000 exited with status -9: no output" was the whole cause of an evaluation that the
+    OOM killer ended. A real trial process SIGKILLs itself while it infers: the error names SIGKILL and the OOM killer."""
+    suite = small_suite(more=[{"name": "oom", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
+                               "infer_s_per_example": 0.01, "options": {"oom_killed": True}}])
+    with pytest.raises(EvalError) as info:
+        evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
+                                          learn_priors=False))
+    assert "was killed (SIGKILL: most often the kernel's out-of-memory killer; see `dmesg`)" in str(info.value)
+    assert "status -9" not in str(info.value)
 
 
 def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):
