@@ -71,7 +71,13 @@ def _command(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(_command(argv)).parse_args(argv)
+    try:  # the command's module is imported here (torch, Prefect): the error boundary covers it too (red team 41i N10)
+        parser = build_parser(_command(argv))
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - cli/output.py's boundary decides what it is
+        from cli.output import finish
+
+        return finish(_command(argv) or "", err)
+    args = parser.parse_args(argv)
     from cli.output import run
 
     return run(args)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import functools
 import io
 import json
 import os
@@ -123,7 +124,7 @@ def _quiet_pipe() -> int:
     return 141
 
 
-def _finish(command: str, err: BaseException) -> int:
+def finish(command: str, err: BaseException) -> int:
     """The exit status for an exception that escaped a command (module docstring)."""
     if isinstance(err, BrokenPipeError):
         return _quiet_pipe()
@@ -149,10 +150,62 @@ def _leave_ray() -> None:
             ray.shutdown()
 
 
+def _stdout_name() -> str:
+    """What standard output is, for a message: the file or device it is open on (and its file system's mount point)."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return "standard output"
+    if not target.startswith("/") or target.startswith("/dev/"):
+        return f"standard output ({target})"
+    from tasks.outdir import mount_of
+
+    return f"standard output ({target}, on the file system mounted at {mount_of(Path(target))})"
+
+
+def _stdout_refuses() -> bool:
+    """Whether standard output is where writes fail: /dev/full, or a file on a file system with no space left."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        fd = sys.stdout.fileno()
+        if os.readlink(f"/proc/self/fd/{fd}") == "/dev/full":
+            return True
+        st = os.fstatvfs(fd)
+        return st.f_blocks > 0 and st.f_bavail == 0
+    return False
+
+
+def _to_stdout(write: Callable[[], None], doc: Any = None, finished: bool = True) -> None:
+    """Write the command's answer; a write the machine refuses (a full disk, /dev/full) is said as stdout's, after a
+    command that itself finished (red team 41i N12: "the disk is full" named nothing, after a whole submit)."""
+    try:
+        write()
+    except OSError as err:
+        from tasks.errors import EnvironmentProblem, environment_problem
+
+        if isinstance(err, BrokenPipeError) or environment_problem(err) is None:
+            raise
+        where = doc.get("report") if isinstance(doc, dict) else None
+        done = f"the command finished{f' (its report: {where})' if where else ''}, but its" if finished else "the command's"
+        raise EnvironmentProblem(
+            f"{done} answer could not be written to {_stdout_name()}: "
+            f"{environment_problem(err)}; run it again with stdout somewhere with space (a finished `submit` is "
+            "reported again without training)") from err
+
+
+def _reraise(err: BaseException) -> None:
+    raise err
+
+
 def _run(args: argparse.Namespace) -> int:
     if not getattr(args, "json", False):
-        rc = args.fn(args)
-        sys.stdout.flush()
+        try:
+            rc = args.fn(args)
+        except OSError as err:  # a long table printed while the command ran, to a full stdout
+            if not _stdout_refuses():
+                raise
+            _to_stdout(functools.partial(_reraise, err), finished=False)
+            raise
+        _to_stdout(sys.stdout.flush)
         return rc
     holder = _Document()
     token = _document.set(holder)
@@ -165,8 +218,8 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         _document.reset(token)
     if holder.doc is not _UNSET:
-        sys.stdout.write(json.dumps(holder.doc, indent=2, default=str) + "\n")
-        sys.stdout.flush()
+        text = json.dumps(holder.doc, indent=2, default=str) + "\n"
+        _to_stdout(lambda: (sys.stdout.write(text), sys.stdout.flush()) and None, holder.doc)
     return rc
 
 
@@ -182,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the boundary: every exception ends here
-        return _finish(command, err)
+        return finish(command, err)
 
 
 def _stdout_open() -> bool:

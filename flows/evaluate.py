@@ -17,7 +17,7 @@ from flows.naming import run_name, submission_base
 from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
 from tasks.evaluation.claim import claimed
-from tasks.evaluation.pending import Target, missing, targets
+from tasks.evaluation.pending import Target, missing, no_roots, targets
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.suite import load_suite
 from tasks.evaluation.summary import EvalSummary
@@ -81,7 +81,7 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
     logger = get_run_logger()
     todo = targets(request, submission_base())
     if not todo:
-        logger.warning("no checkpoint roots: the ledger knows no submitted job yet and none were named")
+        logger.warning("%s", no_roots(request, submission_base()))
     out: list[EvalSummary] = []
     failed: list[tuple[str, str]] = []
     skipped: list[tuple[str, str]] = []

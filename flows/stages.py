@@ -18,7 +18,7 @@ from prefect.futures import PrefectFuture
 from prefect.settings import PREFECT_API_URL
 
 from cluster.inventory import Cluster
-from cluster.ledger import Allocation, LeaseKeeper, Ledger, LedgerError
+from cluster.ledger import Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError
 from flows.evaluate import evaluate_task
 from flows.place import place, release
 from flows.plan import plan_resources, plans_markdown
@@ -69,6 +69,15 @@ def evaluation_mode(request: SubmitRequest) -> str:
         return "deployment"
     except Exception:  # noqa: BLE001 - no such deployment (or no server): evaluate here
         return "in-flow"
+
+
+def _watched(handle: _Future, controls: Controls, job: str, hang_s: float) -> LeaseLost | None:
+    """`watch`; a lost lease is returned (the trainer has stopped by then) for the caller to say with the step."""
+    try:
+        watch(handle, controls, job, hang_s)
+    except LeaseLost as err:
+        return err
+    return None
 
 
 class _Future:
@@ -423,6 +432,10 @@ class FlowStages:
             if r.executor != "local":  # every node must see the files this run writes, before it trains
                 at.check_shared_paths(r, a.allocation, run_dir)
             treq = at.training_request(r, a.allocation, a.plan, run_dir, r.suite_spec if run.suite else "")
+            # the trainer renews the allocation too: its GPUs stay allocated while it uses them (red team 41i N21)
+            from tasks.training.request import AllocationHold  # it imports torch: only once a job trains
+
+            treq.allocation = AllocationHold(ledger=self.ledger.url, allocation_id=a.allocation.id, lease_s=r.lease_s)
             tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
             self.device = "cuda" if treq.gpu_indices else "cpu"  # where evaluations run in-flow (also as a fallback)
@@ -440,14 +453,19 @@ class FlowStages:
                                                   request_kill(run_dir, why)),
                                 stop=lambda: request_stop(run_dir), lease_lost=keeper.lost.is_set,
                                 on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up() if ev else None))
-            watch(_Future(fut), controls, r.job.name, r.hang_s)
+            lost = _watched(_Future(fut), controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
-            except TrainFailed as err:  # what was scored before the failure stays scored
+            # what was scored before the failure stays scored; the trainer's own account of a lost allocation (it
+            # stops on it itself: tasks/training/allocation.py) goes before the watch's
+            except TrainFailed as err:
                 return TrainOutcome(failure=TrainFailure(message=str(err), returncode=err.returncode,
                                                          log_tail=err.log_tail),
                                     evaluations=ev.summaries() if ev else [],
                                     evaluation_failures=ev.failures() if ev else [])
+            if lost is not None:
+                raise LeaseLost(f"{lost} (step {result.final_step}); rerun the same command to place the job again and "
+                                f"resume from step {result.final_step}")
             if (kept := earlier.carried_over(result)) is not result:
                 self.log.info("nothing left to train: step %d was committed by an earlier run of %s; its result "
                               "is kept", result.final_step, run.job)

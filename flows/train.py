@@ -80,7 +80,7 @@ def _run_trainer(request: TrainRequest, job: Any, on_record: Callable[[ProgressR
     if request.executor == "local":
         result = launch(job, Path(request.run_dir) if request.run_dir else None, nproc=request.nproc,
                         resume=request.resume, device=request.device, tp=request.tp, on_record=on_record,
-                        gpu_indices=request.gpu_indices)
+                        gpu_indices=request.gpu_indices, allocation=request.allocation)
     else:
         from cluster.ray_exec import launch_ray
 

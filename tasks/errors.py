@@ -62,16 +62,22 @@ def environment_problem(err: BaseException) -> str | None:
     return f"{where}: {_WHAT[err.errno]}" if where else _WHAT[err.errno]
 
 
-def retry_cannot_fix(err: BaseException) -> bool:
-    """True for an OSError (also one under `err` as its cause) no retry can fix: disk full, read-only, permission."""
+def unfixable_oserror(err: BaseException | None) -> OSError | None:
+    """The OSError no retry can fix (disk full, read-only, permission) that is `err` or one of its causes (a
+    `StorageError` raised from it); None when there is none."""
     seen: set[int] = set()
     e: BaseException | None = err
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in RETRY_CANNOT_FIX:
-            return True
+            return e
         e = e.__cause__ or e.__context__
-    return False
+    return None
+
+
+def retry_cannot_fix(err: BaseException) -> bool:
+    """True for an OSError (also one under `err` as its cause) no retry can fix: disk full, read-only, permission."""
+    return unfixable_oserror(err) is not None
 
 
 def as_frenzy_error(err: OSError, what: str) -> FrenzyError:
@@ -92,7 +98,44 @@ def user_message(err: BaseException) -> str | None:
             loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
             lines.append(f"  {loc}: {e['msg'].removeprefix('Value error, ')} (got {str(e.get('input'))[:80]!r})")
         return "\n".join(lines)
-    return environment_problem(err) or unreachable_api(err)
+    return environment_problem(err) or memory_problem(err) or unreachable_api(err)
+
+
+TORCH_ADDRESS_SPACE_KIB = 4_000_000
+"""Address space a command that loads torch needs at least: `import torch` alone peaks at 3.2 GB of virtual memory
+(VmPeak, torch 2 CPU build, 2-core x86_64, 2026-11-26), and fails under `ulimit -v 3000000`; a training run needs
+more (red team 41i N10: gpt-tiny trained under 5,000,000 KiB, not under 2,500,000)."""
+
+_NO_MEMORY = ("failed to map segment", "cannot allocate memory", "out of memory", "std::bad_alloc")
+
+
+def memory_problem(err: BaseException) -> str | None:
+    """A MemoryError, or an import or allocation the kernel refused for want of memory (ENOMEM; a shared library's
+    "failed to map segment"), anywhere in `err`'s causes: named with this process's memory limit and the fix (the
+    environment's to fix, not a bug); None for other errors. A CUDA out-of-memory is not this: its text names CUDA."""
+    chain: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    hit = next((c for c in chain if isinstance(c, MemoryError) or (isinstance(c, OSError) and c.errno == errno.ENOMEM)
+                or (isinstance(c, ImportError | OSError) and any(w in str(c).lower() for w in _NO_MEMORY)
+                    and "cuda" not in str(c).lower())), None)
+    if hit is None:
+        return None
+    said = f"{type(hit).__name__}: {str(hit).splitlines()[0] if str(hit) else 'no memory'}"[:200]
+    import resource
+
+    limits = [(name, flag, resource.getrlimit(res)[0]) for name, flag, res in
+              (("address-space", "-v", resource.RLIMIT_AS), ("data-segment", "-d", resource.RLIMIT_DATA))]
+    set_ = [(n, f, v) for n, f, v in limits if v != resource.RLIM_INFINITY]
+    if set_:
+        n, f, v = set_[0]
+        return (f"out of memory under this process's {n} limit (`ulimit {f}` = {v // 1024:,} KiB): {said}. Commands that "
+                f"load torch need at least {TORCH_ADDRESS_SPACE_KIB:,} KiB of address space, training more: raise the "
+                f"limit (`ulimit {f} unlimited`, or `ulimit {f} {2 * TORCH_ADDRESS_SPACE_KIB}`) or run where it is higher")
+    return (f"out of memory: {said}. The machine (or this job's cgroup) has no more memory for this process: free "
+            "some, or run it with more memory")
 
 
 _CONNECT_ERRORS = ("ConnectError", "ConnectTimeout", "ConnectionRefusedError", "PoolTimeout")

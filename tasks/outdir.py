@@ -137,11 +137,11 @@ def machine_errors(what: str, out: Path) -> Iterator[None]:
     except OSError as err:
         if environment_problem(err) is None:
             raise
-        disk = f" (the file system mounted at {_mount_of(out)})" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        disk = f" (the file system mounted at {mount_of(out)})" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         raise as_frenzy_error(err, f"{what} writing {out}{disk}") from err
 
 
-def _mount_of(path: Path) -> Path:
+def mount_of(path: Path) -> Path:
     """The mount point of the file system that holds `path` (or its nearest existing ancestor): the full disk's name."""
     p = next((q for q in (path, *path.parents) if q.exists()), Path("/"))
     with contextlib.suppress(OSError):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -335,6 +337,37 @@ def test_a_persist_that_fills_the_disk_leaves_no_half_shard_and_names_the_newest
     assert [m.step for m in ck.committed(st)] == [1]
 
 
+def test_a_checkpoint_disk_that_fills_while_training_stops_the_trainer_naming_the_disk_not_a_lease_loss(tmp_path):
+    """Red team 41i N13: the checkpoint root's tmpfs filled after the first commit; every later persist failed, the
+    writer lease could not be renewed, and the trainer ended "lost the writer lease ... another trainer took it over"
+    (no other trainer existed). It must stop on the first checkpoint the full disk refused, say so with the root's
+    file system, and name the newest committed step and how to resume. A 3 s lease: a trainer that went on training
+    would lose it within the run, as the red team's did."""
+    mnt, run = tmp_path / "mnt", tmp_path / "run"
+    mnt.mkdir()
+    t = {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": 3000, "lr": 1e-3, "log_every_steps": 1,
+         "checkpoint": {"every_steps": 2, "keep": 5, "uri": f"file://{mnt}/ck"}}
+    (tmp_path / "job.yaml").write_text(json.dumps({"name": "full", "model": {"preset": "gpt-tiny"}, "training": t}))
+    r = _in_namespace(
+        f"mount -t tmpfs -o size=8m tmpfs {mnt}\n"
+        f"FRENZY_WRITER_LEASE_S=3 $PY -m cli train {tmp_path}/job.yaml --run-dir {run} --device cpu --threads 1 "
+        f"2> {tmp_path}/err &\n"
+        # the first commit is there: fill the disk under the running trainer (a poll: the event is another process's)
+        f"while [ ! -e {mnt}/ck/step_00000002/manifest.json ] && kill -0 $!; do sleep 0.1; done\n"
+        f"head -c 64M /dev/zero > {mnt}/fill 2>/dev/null\nwait $!; echo rc=$?", tmp_path)
+    err = (tmp_path / "err").read_text()
+    assert "rc=2" in r.stdout, (r.stdout, r.stderr, err[-3000:])
+    line = [ln for ln in err.splitlines() if ln.startswith("frenzy train:")][-1]
+    assert f"the checkpoint root file://{mnt}/ck (the file system mounted at {mnt}) cannot be written" in line, line
+    assert "no space left on the device (the disk is full)" in line and "Training stopped at step" in line, line
+    m = re.search(r"Training stopped at step (\d+), .*; step (\d+) is the newest committed step; once that is fixed, "
+                  r"rerun the same command with --resume: it resumes from step \2$", line)
+    assert m is not None and int(m[2]) >= 2 and int(m[2]) % 2 == 0 and int(m[1]) > int(m[2]), line
+    committed = [int(x) for x in re.findall(r"checkpoint step (\d+) committed", err)]
+    assert committed and max(committed) == int(m[2]), (committed, line)  # the step named is the newest commit
+    assert "writer lease" not in line and "another trainer" not in line and "Traceback" not in err, line
+
+
 class _Api404:
     """A web server on loopback that is not Prefect's API where PREFECT_API_URL points: 404 Not Found everywhere, except
     (with `api_below`) Prefect's version endpoint under `/api`, as a Prefect server answers a URL without its `/api`."""
@@ -467,3 +500,68 @@ def test_a_server_slow_to_answer_is_left_to_prefect_not_called_unreachable():
         s.bind(("127.0.0.1", 0))
         s.listen(4)
         check_prefect_api(f"http://127.0.0.1:{s.getsockname()[1]}/api", timeout_s=0.5)
+
+
+def _address_space(limit_kib: int | None):
+    def set_limit() -> None:
+        import resource
+
+        if limit_kib is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_kib * 1024, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return set_limit
+
+
+@pytest.mark.parametrize("args", [["submit", "job.yaml"], ["submit", "--help"], ["checkpoints", "ck"]],
+                         ids=["submit", "submit-help", "checkpoints"])
+def test_a_memory_limit_that_stops_the_imports_is_named_with_the_limit_and_the_fix(tmp_path, args):
+    """Red team 41i N10: under `ulimit -v 2500000` torch cannot map its library while the argument parser imports the
+    command's module: a 25-line traceback, exit 1 (`checkpoints`: "a bug in Frenzy"). Now one line, exit 2, naming
+    the limit and the fix; without the limit (the negative control) the same `--help` works."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FRENZY_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120, preexec_fn=_address_space(2_500_000))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    line = r.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert line.startswith(f"frenzy {args[0]}: error: out of memory under this process's address-space limit "
+                           "(`ulimit -v` = 2,500,000 KiB)"), line
+    assert "raise the limit (`ulimit -v unlimited`" in line and "a bug" not in line, line
+    if args[1] == "--help":
+        ok = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+        assert ok.returncode == 0 and "usage: frenzy submit" in ok.stdout, ok.stderr[-2000:]
+
+
+def test_memory_problems_are_named_and_other_import_errors_are_not():
+    from tasks.errors import memory_problem
+
+    assert memory_problem(MemoryError()) is not None
+    assert memory_problem(OSError(errno.ENOMEM, "Cannot allocate memory")) is not None
+    wrapped = RuntimeError("loading failed")
+    wrapped.__cause__ = ImportError("libtorch_cpu.so: failed to map segment from shared object")
+    assert "out of memory" in (memory_problem(wrapped) or "")
+    assert memory_problem(ImportError("No module named 'nope'")) is None  # a missing module is not a memory limit
+    assert memory_problem(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
+    assert run_fails_with(MemoryError()) == 2
+
+
+def run_fails_with(err: BaseException) -> int:
+    def boom(_: argparse.Namespace) -> int:
+        raise err
+    return run(argparse.Namespace(command="x", fn=boom, json=False))
+
+
+@pytest.mark.parametrize("json_flag", [True, False], ids=["json", "table"])
+def test_an_answer_that_stdout_refuses_names_standard_output_not_a_disk(tmp_path, json_flag):
+    """Red team 41i N12: `frenzy submit ... > /dev/full` ended "no space left on the device (the disk is full): free
+    space there", naming nothing, after a run that had finished. The answer's destination is named: standard output
+    (/dev/full); negative control: the same command to /dev/null exits 0."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FRENZY_HOME": str(tmp_path / "home")}
+    args = [sys.executable, "-m", "cli", "presets", *(["--json"] if json_flag else [])]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(args, cwd=tmp_path, env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("frenzy presets: error: ") and "answer could not be written to standard output " in r.stderr
+    assert "standard output (/dev/full): no space left on the device" in r.stderr and "Traceback" not in r.stderr
+    with open(os.devnull, "w") as null:
+        assert subprocess.run(args, cwd=tmp_path, env=env, stdout=null, timeout=120).returncode == 0

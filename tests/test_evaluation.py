@@ -82,6 +82,11 @@ class Echo(EvalDataset):  # a user dataset registered by decorator
     def infer(self, lm, ex):
         if self.options.get("explode"):
             raise RuntimeError("inference exploded")
+        if self.options.get("oom_killed"):  # as the kernel's out-of-memory killer ends a process
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         return {"text": lm.generate(ex["prompt"], 4)}
 
     def score(self, ex, prediction):
@@ -127,6 +132,18 @@ def test_a_failing_trial_fails_the_evaluation_with_its_error_and_cleans_up(ckpt,
         evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
                                           learn_priors=False))
     assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_a_trial_killed_by_sigkill_is_said_as_killed_with_its_likely_sender(ckpt, tmp_path):
+    """Red team 41i N8: "trial-0000 exited with status -9: no output" was the whole cause of an evaluation that the
+    OOM killer ended. A real trial process SIGKILLs itself while it infers: the error names SIGKILL and the OOM killer."""
+    suite = small_suite(more=[{"name": "oom", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
+                               "infer_s_per_example": 0.01, "options": {"oom_killed": True}}])
+    with pytest.raises(EvalError) as info:
+        evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
+                                          learn_priors=False))
+    assert "was killed (SIGKILL: most often the kernel's out-of-memory killer; see `dmesg`)" in str(info.value)
+    assert "status -9" not in str(info.value)
 
 
 def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):
@@ -532,3 +549,23 @@ def test_a_completed_evaluation_whose_state_lost_its_data_is_read_from_the_histo
     history.append(hist, "r4", 15, uri, "tiny", {"heldout-loss": {"loss": 2.5}})
     got = completed_summary(Completed(), hist, "tiny", uri)  # a state with no data, as one read from the API
     assert (got.run, got.step, got.suite, got.scores) == ("r4", 15, "tiny", {"heldout-loss": {"loss": 2.5}})
+
+
+def test_evaluate_pending_with_nothing_to_cover_names_the_ledger_and_why(tmp_path):
+    """Red team 41i N7/N19: "the ledger knows no submitted job yet" named no ledger, and was said of a ledger whose
+    runs were all submitted with evaluation off. Now: the ledger read, and which of the two it is."""
+    from cluster.ledger import Ledger, RunRecord
+    from tasks.evaluation.pending import no_roots, targets
+    from tasks.evaluation.request import PendingRequest
+
+    req = PendingRequest(ledger=str(tmp_path / "l.db"))
+    led = Ledger(str(tmp_path / "l.db"))
+    assert targets(req, tmp_path) == []
+    said = no_roots(req, tmp_path)
+    assert f"the ledger sqlite:///{tmp_path}/l.db records no submitted job" in said
+    led.record_run(RunRecord(job="offjob", stage="reported", checkpoint_root=f"file://{tmp_path}/ck",
+                             run_dir=str(tmp_path / "run"), history_dir=str(tmp_path / "evals")))
+    assert targets(req, tmp_path) == []  # evaluation was off: nothing to cover, and it says so
+    said = no_roots(req, tmp_path)
+    assert f"the ledger sqlite:///{tmp_path}/l.db records 1 run(s), none with an evaluation suite" in said
+    assert "evaluation off: offjob" in said and "give `suite` in the request" in said and "no submitted job" not in said

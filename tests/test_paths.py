@@ -191,3 +191,17 @@ def test_a_relative_frenzy_home_or_data_is_taken_from_where_the_process_started(
     assert absolute("evals", data_root(), "history_dir") == str(tmp_path / "fh" / "data" / "evals")
     monkeypatch.setenv("FRENZY_DATA", "shared")
     assert data_root() == tmp_path / "shared"
+
+
+def test_a_file_url_without_an_authority_is_read_as_rfc_8089_reads_it_or_refused(tmp_path):
+    """Red team 41i N16: `checkpoint.uri: file:ck` trained into a directory literally named `file:ck`. RFC 8089's
+    `file:/abs` is `file:///abs`; `file:ck` is no file URL: refused naming the field and both fixes."""
+    from tasks.paths import resolve_job
+
+    job = parse_job(_job(f"file:{tmp_path}/ck"))
+    assert resolve_job(job, tmp_path, tmp_path / "run").training.checkpoint.uri == f"file://{tmp_path}/ck"
+    with pytest.raises(PathError, match=r"training.checkpoint.uri 'file:ck' is not a file URL \(RFC 8089") as info:
+        resolve_job(parse_job(_job("file:ck")), tmp_path, tmp_path / "run")
+    assert "write the path itself ('ck', relative to the job file)" in str(info.value)
+    assert absolute("file://ck", tmp_path, "x") == f"file://{tmp_path}/ck"  # the documented relative reading stays
+    assert absolute("./file:ck", tmp_path, "x") == f"{tmp_path}/file:ck"  # a plain path with a colon is a path

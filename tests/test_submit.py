@@ -217,6 +217,17 @@ def _trainers_of(run_dir: Path) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _living(pids: list[int], submit_pid: int) -> list[int]:
+    """The processes of `pids` but `submit_pid` (its command line names the run directory too) that have not exited
+    (a zombie has: its parent has not reaped it yet)."""
+    def state(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "gone"
+    return [p for p in pids if p != submit_pid and state(p) not in ("Z", "X", "gone")]
+
+
 def _describe(pids: list[int], run_dir: Path) -> str:
     ps = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,wchan:20,cmd", "-p", ",".join(map(str, pids))],
                         capture_output=True, text=True).stdout
@@ -776,6 +787,9 @@ def test_a_checkpoint_root_holding_the_run_or_history_directory_is_refused_befor
     assert outputs_in_root(req.model_copy(update={"job": s3})) is None
     why = outputs_in_root(req.model_copy(update={"history_dir": str(tmp_path / "ckpt" / "evals")}))
     assert why is not None and "history directory" in why and "run directory" not in why, why
+    # the root is the checkpoints' own already (red team 41i R-b): the fix is to move the history, not the root
+    assert "Move it outside the root" in why and "training.checkpoint.uri: ck, say" not in why, why
+    assert "training.checkpoint.uri: ck, say" in err  # `uri: .`, submitted from that directory: the root moves
 
 
 def test_a_submit_whose_output_reader_exits_stops_as_sigterm_does_and_exits_141(prefect_server, tmp_path):
@@ -886,3 +900,79 @@ def test_a_second_sigterm_while_the_trainer_commits_still_leaves_no_trainer(pref
     assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
                                             f"file://{tmp_path}/ckpt; rerun the same command to resume"), err[-3000:]
     assert Ledger(str(tmp_path / "l.db")).allocations() == []
+
+
+def test_a_stopped_submit_keeps_its_gpus_while_its_trainer_trains_and_a_released_allocation_stops_the_trainer(
+        prefect_server, tmp_path):
+    """Red team 41i N21: `frenzy submit` stopped like Ctrl-Z (SIGSTOP of the CLI only; its trainer runs in its own
+    session) past its `--lease`: the ledger freed the device while the trainer trained on, and placed a second job
+    there. The trainer renews its allocation itself: three leases later the device is still allocated to the job.
+    Then the allocation is released under it (as `frenzy cluster` could): the trainer stops by itself, its submitter
+    still stopped, committing its step; the last line names the cause, the step and how to resume."""
+    led = str(tmp_path / "l.db")
+    Ledger(led)  # an explicit --ledger must exist (`frenzy cluster init` makes one)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="ctrlz", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", led, "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run"), "--lease", "5"], tmp_path)
+    root = Storage(f"file://{tmp_path}/ckpt")
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        start, first = time.monotonic(), max(m.step for m in ck.committed(root))
+        while time.monotonic() - start < 3 * 5 or max(m.step for m in ck.committed(root)) < first + 100:
+            assert time.monotonic() - start < 240, "the trainer made no progress while its submitter was stopped"
+            time.sleep(0.5)
+        held = Ledger(led).allocations()
+        assert [a.job for a in held] == ["ctrlz"], held  # past three leases: the device is still this job's
+        Ledger(led).release(held[0].id)
+        deadline = time.monotonic() + 180
+        while _living(_trainers_of(tmp_path / "run"), proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _living(_trainers_of(tmp_path / "run"), proc.pid)  # exited: a zombie until its stopped parent reaps it
+        assert left == [], _describe(left, tmp_path / "run")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.wait(timeout=300)
+    err = (tmp_path / "cli.err").read_text()
+    newest = max(m.step for m in ck.committed(root))
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert f"allocation {held[0].id} in the ledger sqlite:///{led} was released while its trainer ran" in last, last
+    assert f"Training stopped at step {newest} after committing it" in last, last
+    assert f"rerun the same command to place the job again and resume from step {newest}" in last, last
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["final_step"] == newest
+
+
+def test_a_finished_run_that_had_evaluation_off_is_evaluated_when_submitted_again_with_it_on(prefect_server, tmp_path):
+    """Red team 41i N6: a job finished with `--evaluation off`, submitted again with evaluation on, said "nothing to
+    train or evaluate again" and scored nothing. Its committed steps were never evaluated: the rerun evaluates them
+    (the trainer resumes at the final step and trains nothing). A third submit reports the finished, scored run."""
+    from flows.submit import submit
+
+    off = submit(_request(tmp_path).model_copy(update={"evaluation": "off"}))
+    assert off.evaluations == [] and [c.step for c in off.train.checkpoints] == [20, 40]
+    on = submit(_request(tmp_path))
+    assert not on.already_finished and on.train.resumed_from_step == 40 and on.train.final_step == 40
+    assert [e.step for e in on.evaluations] == [20, 40]
+    assert all(0 < e.scores["heldout-loss"]["loss"] < 6 for e in on.evaluations)
+    again = submit(_request(tmp_path))  # now every committed step has its score: reported, nothing run
+    assert again.already_finished and [e.step for e in again.evaluations] == [20, 40]
+
+
+def test_a_submit_whose_stdout_is_full_says_the_run_finished_and_names_stdout_and_the_report(prefect_server, tmp_path):
+    """Red team 41i N12: after the whole run, "the disk is full: free space there", naming nothing. Now: the run
+    finished, its report, and that standard output (/dev/full) refused the answer."""
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="fullout", steps=10, every=10)))
+    from prefect.settings import PREFECT_API_URL
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "cli", "submit", "job.yaml", "--ledger", str(tmp_path / "l.db"),
+                            "--evaluation", "off", "--device", "cpu", "--run-dir", str(tmp_path / "run"), "--json"],
+                           cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or ""},
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=600)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2, r.stderr[-3000:]
+    report = Ledger(str(tmp_path / "l.db")).run("fullout").report
+    assert last.startswith(f"frenzy submit: error: the command finished (its report: {report}), but its answer could "
+                           "not be written to standard output (/dev/full): no space left on the device"), last

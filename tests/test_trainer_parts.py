@@ -146,6 +146,10 @@ def test_the_trainer_result_keeps_result_json_keys_in_order_and_a_nan_loss():
 class _Lease:
     def __init__(self) -> None:
         self.lost = threading.Event()
+        self.renew_error = None
+
+    def loss_cause(self) -> str:
+        return "another trainer took it over"
 
 
 def test_shutdown_stops_on_the_stop_file_the_budget_and_refuses_a_lost_lease(tmp_path):

@@ -29,7 +29,7 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
     those, each taking its run's suite and history from the ledger when a recorded run commits there (however the
     root is spelled), else the request's (relative to `base`). A suite or history directory in the request wins."""
     history = absolute(request.history_dir or "evals", base, "history_dir")
-    ledger = Ledger(absolute(request.ledger, base, "ledger") if request.ledger and "://" not in request.ledger else None)
+    ledger = _ledger(request, base)
     known: dict[str, Target] = {}
     for noted in ledger.checkpoint_roots().values():
         known[place_key(noted.root)] = Target(root=noted.root, suite=noted.suite or "core", history_dir=history,
@@ -46,6 +46,26 @@ def targets(request: PendingRequest, base: Path) -> list[Target]:
     out = [t.model_copy(update={"suite": _suite(request.suite, base) if request.suite else t.suite,
                                 "history_dir": history if request.history_dir else t.history_dir}) for t in found]
     return sorted(out, key=lambda t: t.root)
+
+
+def _ledger(request: PendingRequest, base: Path) -> Ledger:
+    return Ledger(absolute(request.ledger, base, "ledger") if request.ledger and "://" not in request.ledger else None)
+
+
+def no_roots(request: PendingRequest, base: Path) -> str:
+    """Why `targets` found nothing to cover, naming the ledger it read (a worker with another HOME or FRENZY_LEDGER
+    reads another one): it records no run, or only runs submitted with evaluation off (red team 41i N7, N19)."""
+    ledger = _ledger(request, base)
+    runs = ledger.runs()
+    if not runs:
+        return (f"no checkpoint roots: the ledger {ledger.url} records no submitted job and none were named (a ledger "
+                "elsewhere? give `ledger` in the request, or set FRENZY_LEDGER on the worker)")
+    off = sorted({r.job for r in runs if not r.suite})
+    if not off:
+        return f"no checkpoint roots: the ledger {ledger.url} records {len(runs)} run(s), none with a checkpoint root"
+    return (f"no checkpoint roots to evaluate: the ledger {ledger.url} records {len(runs)} run(s), none with an "
+            f"evaluation suite (submitted with evaluation off: {', '.join(off[:5])}{' ...' if len(off) > 5 else ''}); "
+            "give `suite` in the request to evaluate their checkpoints")
 
 
 def _suite(suite: str, base: Path) -> str:

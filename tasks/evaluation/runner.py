@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -40,6 +41,20 @@ from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_na
 from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
 from tasks.evaluation.warmstart import Warm, popen_trial, spawn_warm, take_precursor
+
+
+def ended(rc: int) -> str:
+    """How a trial process ended, for its error: a signal by name; SIGKILL with its most common sender (red team 41i
+    N8: "exited with status -9" was the whole cause of an evaluation the OOM killer ended)."""
+    if rc >= 0:
+        return f"exited with status {rc}"
+    try:
+        sig = signal.Signals(-rc).name
+    except ValueError:
+        return f"was killed by signal {-rc}"
+    if sig == "SIGKILL":
+        return "was killed (SIGKILL: most often the kernel's out-of-memory killer; see `dmesg`)"
+    return f"was killed ({sig})"
 
 
 class EvalError(FrenzyError, RuntimeError):
@@ -276,7 +291,7 @@ class _Run:
                     (self.out / "trials" / f"{name}.stderr").write_text(line["stderr"])
                 if line["rc"] != 0:  # its last line (the error), not its traceback: that stays in the log
                     last = [ln for ln in line["stderr"].splitlines() if ln.strip()][-1:] or ["no output"]
-                    raise EvalError(f"{name} exited with status {line['rc']}: {last[0].strip()} (its log: "
+                    raise EvalError(f"{name} {ended(line['rc'])}: {last[0].strip()} (its log: "
                                     f"{self.out / 'trials' / (name + '.stderr')})")
                 return
             try:

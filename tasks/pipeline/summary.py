@@ -108,10 +108,16 @@ def outputs_in_root(request: SubmitRequest) -> str | None:
         if p and ((q := Path(p).expanduser().resolve()) == ckdir or ckdir in q.parents)]
     if not inside:
         return None
+    # a root that holds the directory submitted from (`uri: .`, `..`) is no directory of the checkpoints' own: moving
+    # the root is a fix; a root of their own (`uri: ck` with `--history-dir ck/evals`) already is one (red team 41i)
+    cwd = Path.cwd().resolve()
+    fix = ("Give the checkpoints a directory of their own (training.checkpoint.uri: ck, say), or move those "
+           "directories outside the root" if ckdir == cwd or ckdir in cwd.parents else
+           f"Move {'it' if len(inside) == 1 else 'them'} outside the root (e.g. the default --run-dir runs/<job name> "
+           "and --history-dir evals, beside it)")
     return (f"{request.job.name}: {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside the checkpoint "
             f"root {ckdir} (training.checkpoint.uri: {root}); Frenzy never writes among checkpoints, so this run would "
-            "fail after training. Give the checkpoints a directory of their own (training.checkpoint.uri: ck, say), "
-            "or move those directories outside the root")
+            f"fail after training. {fix}")
 
 
 def same_place(a: str | None, b: str | None) -> bool:
@@ -131,7 +137,9 @@ def this_run(records: list[RunRecord], root: str | None) -> RunRecord | None:
 def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str = "") -> SubmitResult | None:
     """The result of this very job if it has already finished: the same name and checkpoint root, reported, and its
     final step still committed there. Rerunning it then reports that run instead of training zero steps, with the
-    scores the history holds now (evaluations that ended after the run reported are not left out)."""
+    scores the history holds now (evaluations that ended after the run reported are not left out). Not when this
+    submit asks for evaluation and a committed step of the run was never evaluated (that run had evaluation off,
+    red team 41i N6): the pipeline then resumes at the final step, trains nothing and evaluates those steps."""
     root = request.job.training.checkpoint.uri
     if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or not same_place(rec.checkpoint_root, root):
         return None
@@ -141,6 +149,9 @@ def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str =
     now = scored(rec.history_dir, rec.job, suite) if suite else {}
     evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
     failed = [f.model_copy(update={"earlier": True}) for f in done.evaluation_failures if f.step not in evals]
+    tried = {f.step for f in done.evaluation_failures}
+    if suite and [s for s in committed_steps(root or "") if s <= done.train.final_step and s not in evals.keys() | tried]:
+        return None  # evaluation asked for, and committed steps never evaluated (it was off): the run evaluates them
     notes = [n for n in [fewer_steps(request, done.train.final_step), failed_before(failed, root or "", rec)] if n]
     return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)],
                                    "evaluation_failures": failed, "notes": notes})

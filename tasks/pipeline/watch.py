@@ -63,8 +63,10 @@ def watch(handle: Handle, c: Controls, job: str, hang_s: float, clock: Callable[
             if c.lease_lost():
                 c.stop()
                 handle.wait(None)
-                raise LeaseLost(f"{job}: the allocation's lease was lost while training; training was stopped after "
-                                "committing its step")
+                raise LeaseLost(f"{job}: the allocation's lease lapsed while training: neither this process nor its "
+                                "trainer renewed it in time (both were stopped, e.g. Ctrl-Z, or could not reach the "
+                                "ledger), so the ledger may have given its GPUs to another job; training was stopped "
+                                "after committing its step")
             if c.on_poll is not None:
                 c.on_poll()
             handle.wait(poll_s)

@@ -29,7 +29,7 @@ from tasks.training.progress import ProgressRecord, progress_record
 from tasks.training.writer import ORPHAN_GRACE_S
 
 if TYPE_CHECKING:
-    from tasks.training.request import TrainerResult
+    from tasks.training.request import AllocationHold, TrainerResult
 
 _ERROR_MARK = "frenzy-train-error: "
 
@@ -104,10 +104,12 @@ def _die_with(libc: object | None, parent: int) -> Callable[[], None]:
 def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bool = False, from_scratch: bool = False,
            device: str = "auto", threads: int | None = None, stop_after_steps: int | None = None, tp: int = 1,
            on_record: Callable[[ProgressRecord], None] | None = None, poll_s: float = 0.5,
-           gpu_indices: list[int] | None = None, discard_checkpoints: bool = False) -> TrainerResult:
+           gpu_indices: list[int] | None = None, discard_checkpoints: bool = False,
+           allocation: AllocationHold | None = None) -> TrainerResult:
     """Train `job` on this machine with `nproc` ranks; returns the result record of rank 0 (its result.json).
 
-    `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU."""
+    `gpu_indices` (an allocation's GPUs on this node) become `CUDA_VISIBLE_DEVICES`, one rank per GPU; rank 0
+    renews `allocation`'s lease while it trains (tasks/training/allocation.py)."""
     nproc = check_launch(job, run_dir, nproc, tp, device, gpu_indices)
     run_dir = (run_dir or default_run_dir(job)).absolute()
     job = resolve_job(job, Path.cwd(), run_dir)  # what the caller left relative is relative to here (idempotent)
@@ -130,7 +132,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
                              if nproc > 1 else []), *rank_cmd]
     log_path = run_dir / "train.log"
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_rank_env(nproc, threads, gpu_indices),
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_rank_env(nproc, threads, gpu_indices, allocation),
                                 preexec_fn=_die_with(_libc(), os.getpid()))  # noqa: PLW1509
         try:
             _follow(proc, run_dir, offset, on_record, poll_s)
@@ -171,10 +173,14 @@ def check_launch(job: JobSpec, run_dir: Path | None, nproc: int, tp: int, device
     return nproc
 
 
-def _rank_env(nproc: int, threads: int | None, gpu_indices: list[int] | None) -> dict[str, str]:
+def _rank_env(nproc: int, threads: int | None, gpu_indices: list[int] | None,
+              allocation: AllocationHold | None = None) -> dict[str, str]:
     # the ranks also watch their parent (a second guard beside PDEATHSIG): reparented means orphaned, so stop
     # FRENZY_LAUNCHER_PID: the writer lease records it, so a --resume can tell an orphan of this launcher
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "FRENZY_WATCH_PARENT": "1", "FRENZY_LAUNCHER_PID": str(os.getpid())}
+    env.pop("FRENZY_ALLOCATION", None)  # only the allocation this launch was given
+    if allocation is not None:
+        env["FRENZY_ALLOCATION"] = allocation.model_dump_json()
     if gpu_indices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_indices)
     env.setdefault("OMP_NUM_THREADS", str(threads or default_threads(nproc)))

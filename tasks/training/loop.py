@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+from tasks.training.allocation import AllocationKeeper, AllocationLost
 from tasks.training.request import TrainerResult
 from tasks.training.setup import TrainOptions, init_dist
 from tasks.training.step import clip_grad_norm, dp_hook, lr_at
@@ -31,5 +32,10 @@ def train(opts: TrainOptions) -> TrainerResult:
     # [elastic hook] a --resume waits for an orphan of a killed launcher that is committing (writer.trainer_lease)
     lease = trainer_lease(storage, opts.job.name, opts.resume, opts.run_dir / "progress.jsonl") \
         if d.rank == 0 else None
-    with lease or contextlib.nullcontext():
-        return Trainer(opts, d, dev, storage, lease).run()
+    # rank 0 also renews the ledger allocation it runs on: the GPUs stay allocated while it uses them (allocation.py)
+    keeper = AllocationKeeper.from_env() if d.rank == 0 else None
+    with lease or contextlib.nullcontext(), keeper or contextlib.nullcontext():
+        result = Trainer(opts, d, dev, storage, lease, stop_when=keeper.lost.is_set if keeper else None).run()
+    if keeper is not None and keeper.lost.is_set() and result.stopped_early:  # (not when the last step was done)
+        raise AllocationLost(keeper.message(result.final_step))
+    return result

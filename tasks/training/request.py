@@ -25,6 +25,20 @@ class FailedCheckpoint(BaseModel):
     error: str
 
 
+class AllocationHold(BaseModel):
+    """The ledger allocation a trainer runs on. Rank 0 renews its lease itself, beside the submitter's heartbeat, so
+    that the GPUs stay allocated exactly as long as the process that uses them (a submitter stopped by Ctrl-Z no
+    longer lets them go to another job under a running trainer), and stops, committing its step, when the
+    allocation is gone (`tasks/training/allocation.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ledger: str
+    """The ledger's SQLAlchemy URL."""
+    allocation_id: str
+    lease_s: float = Field(gt=0)
+
+
 class TrainerResult(BaseModel):
     """Everything one trainer invocation reports: what `launch()` returns, rank 0's `<run_dir>/result.json` and
     `frenzy train --json` (these keys, in this order)."""
@@ -138,6 +152,9 @@ class TrainRequest(BaseModel):
     `ray://HOST:PORT`: Ray actors on the nodes of `placement`."""
     placement: list[NodeRanks] | None = None
     """Ray executor: ranks per node (an allocation's nodes and GPU counts)."""
+    allocation: AllocationHold | None = None
+    """The ledger allocation this run is placed on (`submit` sets it): the trainer renews its lease and stops when it
+    is gone. None: no allocation (`frenzy train`, the `train` deployment run by hand)."""
     announce_commits: bool = True
     """Emit `frenzy.checkpoint.committed` per commit (what triggers the evaluate-on-checkpoint deployment); `submit`
     turns it off when it evaluates the checkpoints itself, so that no step is evaluated twice."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,8 +37,10 @@ SALVAGE_S = 120.0
 
 class Trainer:
     def __init__(self, opts: TrainOptions, d: Dist, dev: torch.device, storage: Storage,
-                 lease: WriterLease | None) -> None:
+                 lease: WriterLease | None, stop_when: Callable[[], bool] | None = None) -> None:
+        """`stop_when`: a further reason to stop with a commit (the ledger allocation is gone)."""
         self.opts, self.d, self.dev, self.storage, self.lease = opts, d, dev, storage, lease
+        self.stop_when = stop_when
         self.job, t = opts.job, opts.job.training
         opts.run_dir.mkdir(parents=True, exist_ok=True)
         self.prog = Progress(opts.run_dir / "progress.jsonl", d.rank)
@@ -84,7 +87,10 @@ class Trainer:
         self.runner = StepRunner(self.m, self.data, self.job, d, self.dev, self.tracer)
         self.meter = Meter(self.job, self.prog)
         self.m.model.train()
-        self.shutdown = Shutdown(self.opts, d, self.lease, self.storage.uri)
+        engine = self.schedule.engine
+        self.shutdown = Shutdown(self.opts, d, self.lease, self.storage.uri, persist_fault=lambda: engine.unfixable,
+                                 newest=lambda: max((r.step for r in engine.records), default=self.resumed_from),
+                                 stop_when=self.stop_when)
         self.shutdown.install()
 
     def _train_step(self) -> None:

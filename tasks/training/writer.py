@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.errors import FrenzyError
+from tasks.errors import FrenzyError, environment_problem
 from tasks.procs import alive, start_ticks
 from tasks.training.storage import AlreadyExists, Storage
 
@@ -115,6 +115,8 @@ class WriterLease:
                          run=run, expires=0.0, launcher_pid=launcher,
                          launcher_started=start_ticks(launcher) if launcher else None)
         self.lost = threading.Event()
+        self.renew_error: BaseException | None = None
+        """The newest renewal's error (None once one succeeds): why an own lease lapsed, when it did."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -207,6 +209,19 @@ class WriterLease:
         self.storage.put(LEASE_KEY, json.dumps(asdict(self._mine())).encode())
         return True
 
+    def loss_cause(self) -> str:
+        """Why `lost` is set, as it happened: another trainer holds the root, or this writer's own lease lapsed
+        (its renewals failed, or its heartbeat did not run: the process was stopped or starved)."""
+        with contextlib.suppress(Exception):
+            cur = self.current()
+            if cur is not None and cur.owner != self.me.owner:
+                return f"another trainer took it over ({cur.describe()})"
+        if self.renew_error is not None:
+            said = environment_problem(self.renew_error) or str(self.renew_error)
+            return f"its renewals failed for {self.ttl_s:.0f} s and it lapsed ({said})"
+        return (f"it lapsed: this process renewed it for none of its {self.ttl_s:.0f} s (the process was stopped or "
+                "starved), and no other trainer holds it")
+
     def release(self) -> None:
         with contextlib.suppress(Exception):
             cur = self.current()
@@ -218,10 +233,11 @@ class WriterLease:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 if not self.renew():
-                    log.error("lost the writer lease of %s to %s", self.storage.uri,
-                              (h.describe() if (h := self.current()) else "nobody (it was removed)"))
+                    log.error("lost the writer lease of %s: %s", self.storage.uri, self.loss_cause())
                     return
+                self.renew_error = None
             except Exception as err:  # a storage hiccup: the lease has slack for two more beats
+                self.renew_error = err
                 log.warning("could not renew the writer lease of %s: %s", self.storage.uri, err)
 
     def __enter__(self) -> WriterLease:

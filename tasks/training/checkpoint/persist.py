@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 
 import torch
 
+from tasks.errors import unfixable_oserror
 from tasks.training.checkpoint.manifest import CheckpointError, CheckpointRecord, Manifest, ShardRecord, step_dir
 from tasks.training.checkpoint.retention import apply_retention
 from tasks.training.checkpoint.snapshot import SnapshotBuffer, snapshot_buffers
@@ -82,6 +83,9 @@ class AsyncCheckpointer:
         self._last_step: int | None = None
         self.failed: list[tuple[int, str]] = []
         """(step, error) of every save whose persist failed."""
+        self.unfixable: tuple[int, OSError] | None = None
+        """The first persist that failed on an error no retry can fix (a full disk, a read-only mount): the step and
+        the OSError. Every later checkpoint would fail the same way, so the trainer stops on it (`Shutdown`)."""
         self.records: list[CheckpointRecord] = []
         self.persisting = threading.Event()
         self.last_persist_s: float | None = None
@@ -358,6 +362,9 @@ class AsyncCheckpointer:
                 self._discard_partial(job.step)
                 with self._lock:
                     self._error = (job.step, err)
+                    cause = unfixable_oserror(err)
+                    if cause is not None and self.unfixable is None:
+                        self.unfixable = (job.step, cause)
             finally:
                 with self._lock:
                     self._release_locked(job)

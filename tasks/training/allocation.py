@@ -1,0 +1,90 @@
+"""The trainer's own hold on its ledger allocation (red team 41i N21).
+
+The submitter renews the allocation's lease (cluster/ledger.LeaseKeeper); a submitter stopped by Ctrl-Z (SIGSTOP)
+renews nothing, so after `--lease` seconds the ledger freed the GPUs and placed another job on them while this
+trainer, in its own session, kept training. So rank 0 renews the lease too, every `lease_s / 3`: the allocation
+lives exactly as long as the process that uses its GPUs (after the trainer exits, the submitter's heartbeat alone
+holds it, as before). When a renewal finds the allocation gone (released by hand, or lapsed because this process
+too was stopped or could not reach the ledger), `lost` is set with the cause: the trainer stops at the next step
+boundary, commits that step and exits naming it (`AllocationLost`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import UTC, datetime
+
+from tasks.errors import FrenzyError
+from tasks.training.request import AllocationHold
+
+log = logging.getLogger(__name__)
+
+ENV = "FRENZY_ALLOCATION"
+"""The allocation a launcher hands its trainer (an `AllocationHold` as JSON)."""
+
+
+class AllocationLost(FrenzyError, RuntimeError):
+    """The trainer's allocation was released or lapsed under it; it committed its step and stopped."""
+
+
+class AllocationKeeper:
+    """Renews `hold`'s lease from the trainer; `lost` is set (and `cause` says why) once the allocation is gone."""
+
+    def __init__(self, hold: AllocationHold) -> None:
+        self.hold = hold
+        self.lost = threading.Event()
+        self.cause = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="frenzy-allocation", daemon=True)
+
+    @classmethod
+    def from_env(cls) -> AllocationKeeper | None:
+        raw = os.environ.get(ENV)
+        return cls(AllocationHold.model_validate_json(raw)) if raw else None
+
+    def _run(self) -> None:
+        from cluster.ledger import Ledger
+
+        h = self.hold
+        ledger = Ledger(h.ledger)
+        while True:
+            try:
+                if not ledger.renew(h.allocation_id, h.lease_s):
+                    self.cause = self._why(ledger)
+                    log.error("%s", self.cause)
+                    self.lost.set()
+                    return
+            except Exception as err:  # a busy or unreachable ledger: the lease has slack for two more beats
+                log.warning("could not renew allocation %s in %s: %s", h.allocation_id, h.ledger, err)
+            if self._stop.wait(h.lease_s / 3):
+                return
+
+    def _why(self, ledger: object) -> str:
+        h = self.hold
+        where = f"allocation {h.allocation_id} in the ledger {h.ledger}"
+        try:
+            a = ledger.allocation(h.allocation_id)  # type: ignore[attr-defined]
+        except Exception as err:  # noqa: BLE001 - the cause is said either way
+            return f"{where} is gone ({err}); the ledger may have placed another job on its GPUs"
+        if a.state == "released":
+            return (f"{where} was released while its trainer ran (by `frenzy cluster` or another process); the "
+                    "ledger may have placed another job on its GPUs")
+        until = datetime.fromtimestamp(a.lease_expiry, UTC).strftime("%H:%M:%S UTC")
+        return (f"{where} lapsed: its lease ran out at {until}, renewed for {h.lease_s:.0f} s by neither the "
+                "submitting process nor this trainer (both were stopped, or could not reach the ledger); the ledger "
+                "may have placed another job on its GPUs")
+
+    def message(self, step: int) -> str:
+        """The trainer's last line once `lost`: the cause, the step it committed and how to go on."""
+        return (f"{self.cause}. Training stopped at step {step} after committing it, so as not to share the GPUs; "
+                f"rerun the same command to place the job again and resume from step {step}")
+
+    def __enter__(self) -> AllocationKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
