@@ -529,6 +529,12 @@ def test_a_memory_limit_that_stops_the_imports_is_named_with_the_limit_and_the_f
     ok = subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                         timeout=300)
     assert ok.returncode == 2 and "out of memory" not in ok.stderr and "none.db" in ok.stderr, ok.stderr[-2000:]
+    # the trainer process meets the same limit at its own imports: the same line, from `frenzy train`
+    trained = subprocess.run([sys.executable, "-m", "cli", "train", "job.yaml", "--steps", "2"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300, preexec_fn=_address_space(2_500_000))
+    assert trained.returncode == 2 and trained.stderr.strip().startswith(
+        "frenzy train: error: out of memory under this process's address-space limit"), trained.stderr[-2000:]
+    assert "Traceback" not in trained.stderr, trained.stderr[-2000:]
     helped = subprocess.run([sys.executable, "-m", "cli", "submit", "--help"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120, preexec_fn=_address_space(2_500_000))
     assert helped.returncode == 0 and "usage: frenzy submit" in helped.stdout, helped.stderr[-2000:]

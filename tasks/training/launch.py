@@ -299,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     from tasks.errors import user_message
-    from tasks.training.loop import TrainOptions, train
 
-    try:
+    try:  # the imports too: torch refused by a memory limit is the environment's to fix (red team 41i N10)
+        from tasks.training.loop import TrainOptions, train
+
         job = parse_job(json.loads(Path(a.job).read_text()), a.job)
         train(TrainOptions(job=job, run_dir=Path(a.run_dir), resume=a.resume, from_scratch=a.from_scratch,
                            discard_checkpoints=a.discard_checkpoints,
