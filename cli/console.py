@@ -60,6 +60,29 @@ PROBE_TIMEOUT_S = 5.0
 """The one request that checks PREFECT_API_URL before a run starts (Prefect's client would retry for many seconds)."""
 
 
+def check_prefect_home() -> None:
+    """Prefect's embedded API keeps its database in PREFECT_HOME (default ~/.prefect), which Prefect makes without its
+    parents: under a HOME that does not exist (or cannot be written) the server never starts, and the wait for it
+    ended in "did not start within 120 s (a loaded machine)", a wrong cause. Said at once, with the fix."""
+    from pathlib import Path
+
+    from prefect.settings import PREFECT_HOME
+
+    home = Path(PREFECT_HOME.value()).expanduser()
+    try:
+        home.mkdir(exist_ok=True)
+        usable = os.access(home, os.W_OK | os.X_OK)
+        why = "is not writable"
+    except OSError as err:
+        usable, why = False, (f"cannot be made: {home.parent} does not exist" if not home.parent.exists()
+                              else f"cannot be made ({err.strerror})")
+    if not usable:
+        raise EphemeralStartError(
+            f"Prefect's home directory {home} {why}, so its embedded API cannot keep its database there: set HOME to "
+            "an existing directory you can write, or PREFECT_HOME to one (or start a server once, `prefect server "
+            "start`, and set PREFECT_API_URL=http://127.0.0.1:4200/api)")
+
+
 def check_prefect_api(api: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """One short request to the API's version endpoint (the one Prefect's client asks first): nothing answering (the
     connection refused or not made), or a server answering 404 Not Found, is said at once with what was found and the
@@ -131,6 +154,7 @@ def run_submit(command: str, request: object) -> object | None:
     if api := PREFECT_API_URL.value():  # a wrong URL is said at once, before the flow's imports and the plan
         check_prefect_api(api)
     else:
+        check_prefect_home()
         embedded_server_outlives_ctrl_c()
     from cluster.inventory import load_cluster
     from tasks.pipeline.request import SubmitRequest

@@ -573,3 +573,24 @@ def test_an_answer_that_stdout_refuses_names_standard_output_not_a_disk(tmp_path
     assert "standard output (/dev/full): no space left on the device" in r.stderr and "Traceback" not in r.stderr
     with open(os.devnull, "w") as null:
         assert subprocess.run(args, cwd=tmp_path, env=env, stdout=null, timeout=120).returncode == 0
+
+
+def test_a_home_that_does_not_exist_is_named_not_called_a_slow_server(tmp_path):
+    """Found trying `frenzy demo` with HOME set to a directory not made yet: Prefect could not make ~/.prefect for its
+    embedded API's database, and the wait ended in "did not start within 120 s (a loaded machine)". Now said at once,
+    with the directory and the fix; with a HOME that exists (the negative control) the check passes and makes it."""
+    shutil.copy(ROOT / "examples" / "jobs" / "tiny.yaml", tmp_path / "job.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PYTHONPATH": str(ROOT), "FRENZY_HOME": str(tmp_path / "fh"), "HOME": str(tmp_path / "missing")}
+    r = subprocess.run([sys.executable, "-m", "cli", "submit", "job.yaml", "--evaluation", "off"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and last.startswith(
+        f"frenzy submit: error: Prefect's home directory {tmp_path}/missing/.prefect cannot be made: {tmp_path}/missing "
+        "does not exist"), r.stderr[-2000:]
+    assert "did not start within" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (tmp_path / "home").mkdir()
+    ok = subprocess.run([sys.executable, "-c", "from cli.console import check_prefect_home; check_prefect_home()"],
+                        cwd=tmp_path, env=env | {"HOME": str(tmp_path / "home")}, capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0 and (tmp_path / "home" / ".prefect").is_dir(), ok.stderr[-2000:]
