@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
-import functools
 import io
 import json
 import os
@@ -174,26 +173,28 @@ def _stdout_refuses() -> bool:
     return False
 
 
-def _to_stdout(write: Callable[[], None], doc: Any = None, finished: bool = True) -> None:
-    """Write the command's answer; a write the machine refuses (a full disk, /dev/full) is said as stdout's, after a
-    command that itself finished (red team 41i N12: "the disk is full" named nothing, after a whole submit)."""
+def _stdout_problem(err: OSError, doc: Any = None, finished: bool = True) -> Exception | None:
+    """A write of the answer the machine refused (a full disk, /dev/full), said as stdout's, after a command that itself
+    finished (red team 41i N12: "the disk is full" named nothing, after a whole submit); None for other errors."""
+    from tasks.errors import EnvironmentProblem, environment_problem
+
+    if isinstance(err, BrokenPipeError) or (said := environment_problem(err)) is None:
+        return None
+    where = doc.get("report") if isinstance(doc, dict) else None
+    done = f"the command finished{f' (its report: {where})' if where else ''}, but its" if finished else "the command's"
+    return EnvironmentProblem(
+        f"{done} answer could not be written to {_stdout_name()}: {said}; run it again with stdout somewhere with space "
+        "(a finished `submit` is reported again without training)")
+
+
+def _to_stdout(write: Callable[[], None], doc: Any = None) -> None:
+    """Write the command's answer; a refused write is said by `_stdout_problem`."""
     try:
         write()
     except OSError as err:
-        from tasks.errors import EnvironmentProblem, environment_problem
-
-        if isinstance(err, BrokenPipeError) or environment_problem(err) is None:
+        if (problem := _stdout_problem(err, doc)) is None:
             raise
-        where = doc.get("report") if isinstance(doc, dict) else None
-        done = f"the command finished{f' (its report: {where})' if where else ''}, but its" if finished else "the command's"
-        raise EnvironmentProblem(
-            f"{done} answer could not be written to {_stdout_name()}: "
-            f"{environment_problem(err)}; run it again with stdout somewhere with space (a finished `submit` is "
-            "reported again without training)") from err
-
-
-def _reraise(err: BaseException) -> None:
-    raise err
+        raise problem from err
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -201,9 +202,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             rc = args.fn(args)
         except OSError as err:  # a long table printed while the command ran, to a full stdout
-            if not _stdout_refuses():
-                raise
-            _to_stdout(functools.partial(_reraise, err), finished=False)
+            if _stdout_refuses() and (problem := _stdout_problem(err, finished=False)) is not None:
+                raise problem from err
             raise
         _to_stdout(sys.stdout.flush)
         return rc
