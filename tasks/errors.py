@@ -62,17 +62,20 @@ def environment_problem(err: BaseException) -> str | None:
     return f"{where}: {_WHAT[err.errno]}" if where else _WHAT[err.errno]
 
 
+def causes(err: BaseException | None) -> list[BaseException]:
+    """`err` and the errors it was raised from or during, outermost first (each once)."""
+    chain: list[BaseException] = []
+    e = err
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
 def unfixable_oserror(err: BaseException | None) -> OSError | None:
     """The OSError no retry can fix (disk full, read-only, permission) that is `err` or one of its causes (a
     `StorageError` raised from it); None when there is none."""
-    seen: set[int] = set()
-    e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in RETRY_CANNOT_FIX:
-            return e
-        e = e.__cause__ or e.__context__
-    return None
+    return next((e for e in causes(err) if isinstance(e, OSError) and e.errno in RETRY_CANNOT_FIX), None)
 
 
 def retry_cannot_fix(err: BaseException) -> bool:
@@ -113,12 +116,7 @@ def memory_problem(err: BaseException) -> str | None:
     """A MemoryError, or an import or allocation the kernel refused for want of memory (ENOMEM; a shared library's
     "failed to map segment"), anywhere in `err`'s causes: named with this process's memory limit and the fix (the
     environment's to fix, not a bug); None for other errors. A CUDA out-of-memory is not this: its text names CUDA."""
-    chain: list[BaseException] = []
-    e: BaseException | None = err
-    while e is not None and all(e is not c for c in chain):
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    hit = next((c for c in chain if isinstance(c, MemoryError) or (isinstance(c, OSError) and c.errno == errno.ENOMEM)
+    hit = next((c for c in causes(err) if isinstance(c, MemoryError) or (isinstance(c, OSError) and c.errno == errno.ENOMEM)
                 or (isinstance(c, ImportError | OSError) and any(w in str(c).lower() for w in _NO_MEMORY)
                     and "cuda" not in str(c).lower())), None)
     if hit is None:
