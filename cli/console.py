@@ -10,9 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from tasks.errors import FrenzyError
 from tasks.pipeline.stopped import Stopped, SubmitInterrupted, stopped_at
+
+if TYPE_CHECKING:
+    from tasks.pipeline.request import SubmitRequest
 
 STARTUP_VAR = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 
@@ -143,28 +147,35 @@ def embedded_server_outlives_ctrl_c() -> None:
     server.subprocess = types.SimpleNamespace(**names, Popen=Popen, frenzy_own_session=True)  # type: ignore[assignment]
 
 
+def refuse_before_the_flow(request: SubmitRequest) -> None:
+    """What can be said before the flow's imports: a wrong API URL or an unusable Prefect home, and an infeasible job
+    (MARP's InfeasibleJobError, which the CLI prints as the error, exit 2). Nothing else is printed first."""
+    from prefect.settings import PREFECT_API_URL
+
+    if api := PREFECT_API_URL.value():
+        check_prefect_api(api)
+    else:
+        check_prefect_home()
+        embedded_server_outlives_ctrl_c()
+    from cluster.inventory import load_cluster
+    from tasks.planning.calibration import load_observations
+    from tasks.planning.plans import plan_resources
+
+    if request.executor == "local":
+        plan_resources(request.job, load_cluster(request.cluster_spec), rank_by=request.rank_by, top=1,
+                       observations=load_observations())
+
+
 def run_submit(command: str, request: object) -> object | None:
     """Run the `submit` flow for `frenzy <command>`: an infeasible job is refused with MARP's message before the
     flow starts (nothing else printed first), tracebacks stay off the terminal, and Ctrl-C ends in one line (the
     flow has the trainer commit its step first). None when interrupted; SIGTERM prints the same line and exits 143."""
     import sys
 
-    from prefect.settings import PREFECT_API_URL
-
-    if api := PREFECT_API_URL.value():  # a wrong URL is said at once, before the flow's imports and the plan
-        check_prefect_api(api)
-    else:
-        check_prefect_home()
-        embedded_server_outlives_ctrl_c()
-    from cluster.inventory import load_cluster
     from tasks.pipeline.request import SubmitRequest
-    from tasks.planning.calibration import load_observations
-    from tasks.planning.plans import plan_resources
 
     assert isinstance(request, SubmitRequest)
-    if request.executor == "local":  # raises InfeasibleJobError, which the CLI prints as the error (exit 2)
-        plan_resources(request.job, load_cluster(request.cluster_spec), rank_by=request.rank_by, top=1,
-                       observations=load_observations())
+    refuse_before_the_flow(request)
     one_line_console()
     import signal
     import threading

@@ -104,12 +104,8 @@ def user_message(err: BaseException) -> str | None:
     return environment_problem(err) or memory_problem(err) or unreachable_api(err)
 
 
-TORCH_ADDRESS_SPACE_KIB = 4_000_000
-"""Address space a command that loads torch needs at least: `import torch` alone peaks at 3.2 GB of virtual memory
-(VmPeak, torch 2 CPU build, 2-core x86_64, 2026-11-26), and fails under `ulimit -v 3000000`; a training run needs
-more (red team 41i N10: gpt-tiny trained under 5,000,000 KiB, not under 2,500,000)."""
-
-_NO_MEMORY = ("failed to map segment", "cannot allocate memory", "out of memory", "std::bad_alloc")
+NO_MEMORY = ("failed to map segment", "cannot allocate memory", "out of memory", "std::bad_alloc")
+"""Text of a refused allocation (a shared library's mapping, glibc's thread-local data, C++'s bad_alloc), lower case."""
 
 
 def memory_problem(err: BaseException) -> str | None:
@@ -117,7 +113,7 @@ def memory_problem(err: BaseException) -> str | None:
     "failed to map segment"), anywhere in `err`'s causes: named with this process's memory limit and the fix (the
     environment's to fix, not a bug); None for other errors. A CUDA out-of-memory is not this: its text names CUDA."""
     hit = next((c for c in causes(err) if isinstance(c, MemoryError) or (isinstance(c, OSError) and c.errno == errno.ENOMEM)
-                or (isinstance(c, ImportError | OSError) and any(w in str(c).lower() for w in _NO_MEMORY)
+                or (isinstance(c, ImportError | OSError) and any(w in str(c).lower() for w in NO_MEMORY)
                     and "cuda" not in str(c).lower())), None)
     if hit is None:
         return None
@@ -129,9 +125,9 @@ def memory_problem(err: BaseException) -> str | None:
     set_ = [(n, f, v) for n, f, v in limits if v != resource.RLIM_INFINITY]
     if set_:
         n, f, v = set_[0]
-        return (f"out of memory under this process's {n} limit (`ulimit {f}` = {v // 1024:,} KiB): {said}. Commands that "
-                f"load torch need at least {TORCH_ADDRESS_SPACE_KIB:,} KiB of address space, training more: raise the "
-                f"limit (`ulimit {f} unlimited`, or `ulimit {f} {2 * TORCH_ADDRESS_SPACE_KIB}`) or run where it is higher")
+        return (f"out of memory under this process's {n} limit (`ulimit {f}` = {v // 1024:,} KiB): {said}. torch, its "
+                f"threads and the trainer's batches need more than that: raise the limit (`ulimit {f} unlimited`) or run "
+                "where it is higher")
     return (f"out of memory: {said}. The machine (or this job's cgroup) has no more memory for this process: free "
             "some, or run it with more memory")
 

@@ -132,6 +132,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
                              if nproc > 1 else []), *rank_cmd]
     log_path = run_dir / "train.log"
     with open(log_path, "ab") as logf:
+        log_start = logf.tell()  # this launch's part of the log: an earlier run's error is not this one's
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_rank_env(nproc, threads, gpu_indices, allocation),
                                 preexec_fn=_die_with(_libc(), os.getpid()))  # noqa: PLW1509
         try:
@@ -140,7 +141,7 @@ def launch(job: JobSpec, run_dir: Path | None = None, nproc: int = 1, resume: bo
             _stop_tree(proc)
             raise
     if proc.returncode != 0:
-        raise _failure(proc.returncode, log_path)
+        raise _failure(proc.returncode, log_path, log_start)
     from tasks.training.request import TrainerResult  # it imports torch (the checkpoint record): not before training
 
     return TrainerResult.model_validate(json.loads((run_dir / "result.json").read_text()))
@@ -206,15 +207,24 @@ def _follow(proc: subprocess.Popen, run_dir: Path, offset: int, on_record: Calla
         time.sleep(poll_s)
 
 
-def _failure(returncode: int, log_path: Path) -> TrainFailed:
-    """The error of a trainer that exited non-zero: its marked one-line message when it printed one."""
+def _failure(returncode: int, log_path: Path, log_start: int = 0) -> TrainFailed:
+    """The error of a trainer that exited non-zero: its marked one-line message when it printed one in this
+    launch's part of the log (from byte `log_start`)."""
     if returncode < 0:  # killed by a signal: say so in the log, where the diagnosis reads it
         with open(log_path, "a") as lf:
             lf.write(f"frenzy: trainer exited with signal {-returncode} ({signal.Signals(-returncode).name})\n")
-    text = log_path.read_text(errors="replace")
+    with open(log_path, "rb") as f:
+        f.seek(log_start)
+        text = f.read().decode(errors="replace")
     marked = [ln[len(_ERROR_MARK):] for ln in text.splitlines() if ln.startswith(_ERROR_MARK)]
     if marked:  # a rank's user error (its exit 2), which torchrun reports as its own exit 1
         return TrainFailed(marked[-1], 2 if returncode > 0 else returncode, text[-4000:])
+    from tasks.errors import NO_MEMORY, memory_problem
+
+    starved = next((ln for ln in text.splitlines()
+                    if any(w in ln.lower() for w in NO_MEMORY) and "cuda" not in ln.lower()), None)
+    if starved is not None:  # a rank refused memory before Python could say so (glibc or OpenBLAS aborting)
+        return TrainFailed(str(memory_problem(MemoryError(starved.strip()))), 2, text[-4000:])
     tail = text[-4000:]
     return TrainFailed(f"trainer exited with code {returncode}; log: {log_path}\n{tail[-1500:]}", returncode, tail)
 

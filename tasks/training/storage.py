@@ -56,6 +56,8 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
             return fn()
         except (AlreadyExists, FileNotFoundError, EOFError, FrenzyError):
             raise  # a missing object, one whose size is wrong (corrupt) or not a file: the caller decides
+        except MemoryError:
+            raise  # this process's memory, not the store's: the error boundary names the limit and the fix
         except Exception as err:  # noqa: BLE001 - any store error is retried, then surfaced with its text
             if _permanent(err):
                 machine = environment_problem(err)
