@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect import Flow, flow, get_run_logger
+from prefect.runtime import flow_run
 
 from cluster.inventory import load_cluster
 from cluster.ledger import Ledger
+from flows import guardian
 from flows.logs import verbatim_console
 from flows.naming import run_name, submission_base
 from flows.stages import FlowStages, evaluation_mode
@@ -80,6 +82,7 @@ def start(request: SubmitRequest) -> Run:
 def submit(request: SubmitRequest) -> SubmitResult:
     """Plan, place, train (evaluating checkpoints as they commit), release, evaluate, analyse, report."""
     verbatim_console()
+    guardian.tell(flow_run.id)  # a process killed outright still ends its run: Crashed (flows/guardian.py)
     run = start(request)
     request = run.request
     if (why := outputs_in_root(request)) is not None:  # found after training otherwise (red team 41h N13)
@@ -115,11 +118,13 @@ def submit(request: SubmitRequest) -> SubmitResult:
 
 class _SubmitFlow(Flow):
     """The `submit` flow called from Python (a notebook): interrupted, it raises `SubmitInterrupted` with the record
-    the CLI prints its one line from (tasks/pipeline/stopped.py), instead of a bare KeyboardInterrupt."""
+    the CLI prints its one line from (tasks/pipeline/stopped.py), instead of a bare KeyboardInterrupt; against a Prefect
+    server, a guardian process marks the run Crashed should this process be killed outright (flows/guardian.py)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().__call__(*args, **kwargs)
+            with guardian.guarded():
+                return super().__call__(*args, **kwargs)
         except SubmitInterrupted:
             raise
         except KeyboardInterrupt:

@@ -212,6 +212,22 @@ def _wait_for_commit(root: Path, min_step: int, proc: subprocess.Popen, timeout:
         time.sleep(0.2)
 
 
+def _wait_crashed_on_the_server(name_prefix: str, timeout_s: float = 60) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=name_prefix)))
+            states = [(r.name, r.state_type.value if r.state_type else None) for r in runs]
+            if states and all(t == "CRASHED" for _, t in states):
+                assert all("killed (SIGKILL" in (r.state.message or "") for r in runs), [r.state for r in runs]
+                return
+            assert time.monotonic() < deadline, f"flow runs {states}: the killed submit's run is not Crashed"
+            time.sleep(0.5)
+
+
 def _trainers_of(run_dir: Path) -> list[int]:
     out = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run_dir}"], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
@@ -336,6 +352,7 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
         time.sleep(0.2)
     left = _trainers_of(tmp_path / "run")
     assert left == [], _describe(left, tmp_path / "run")  # the trainer died with its launcher: no orphan writer
+    _wait_crashed_on_the_server("submit-killme")  # not Running for good: its guardian ended it (flows/guardian.py)
     newest = max(m.step for m in ck.committed(Storage(f"file://{tmp_path}/ckpt")))
     # the crashed run still holds this machine's one device until its 5 s lease runs out: the re-run waits in
     # the queue for that, then resumes

@@ -1,0 +1,74 @@
+"""The guardian of a flow run that a user's process runs against a Prefect server (flows/guardian.py): that process
+killed outright (SIGKILL) leaves its run Crashed with the cause, not Running for good; a process that ends its run
+normally leaves the state to Prefect. Real processes, a real server on loopback (the session's test server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flows.guardian import read_until_end
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_USER = """
+import os, signal, sys
+from flows import guardian
+with guardian.guarded():
+    guardian.tell(sys.argv[1])
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer or `kill -9` does: no finally runs
+print("ended", flush=True)
+"""
+
+
+def _running_run(client) -> object:
+    from prefect import flow
+    from prefect.states import Running
+
+    @flow(name="guarded")
+    def guarded_flow() -> None:
+        return None
+
+    run = client.create_flow_run(guarded_flow)
+    client.set_flow_run_state(run.id, Running(), force=True)
+    return run
+
+
+def _user_process(run_id: object, how: str) -> subprocess.CompletedProcess:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": PREFECT_API_URL.value()}
+    env.pop("PREFECT__FLOW_RUN_ID", None)
+    return subprocess.run([sys.executable, "-c", _USER, str(run_id), how], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_killed_process_leaves_its_run_crashed_with_the_cause(prefect_server):
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        killed, ended = _running_run(client), _running_run(client)
+        r = _user_process(killed.id, "kill")
+        assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+        # the negative control: ended normally (its guardian has exited when it returns), the state is Prefect's
+        ok = _user_process(ended.id, "end")
+        assert ok.returncode == 0 and "ended" in ok.stdout, ok.stderr[-2000:]
+        deadline = time.monotonic() + 60
+        while (state := client.read_flow_run(killed.id).state).type.value != "CRASHED":  # the guardian's own time
+            assert time.monotonic() < deadline, f"still {state.type.value}: {state.message}"
+            time.sleep(0.2)
+        assert "killed (SIGKILL" in state.message and "Run the same command again" in state.message, state.message
+        assert client.read_flow_run(ended.id).state.type.value == "RUNNING"
+
+
+def test_the_guardian_reads_the_id_and_done_until_its_pipe_ends():
+    import io
+
+    assert read_until_end(io.BytesIO(b"id 1234\n")) == ("1234", False)
+    assert read_until_end(io.BytesIO(b"id 1234\ndone\n")) == ("1234", True)
+    assert read_until_end(io.BytesIO(b"")) == (None, False)
