@@ -39,7 +39,7 @@ from tasks.paths import resolve_job
 
 if TYPE_CHECKING:
     from tasks.training.progress import ProgressRecord
-    from tasks.training.request import TrainerResult
+    from tasks.training.request import AllocationHold, TrainerResult
 
 
 def _free_port() -> int:
@@ -146,9 +146,12 @@ def _reserve(ray: Any, ranks: _Ranks, name: str, placement: Sequence[tuple[str, 
 
 
 def _start(ray: Any, ranks: _Ranks, placement: Sequence[tuple[str, int]], gpus: bool, timeout_s: float,
-           trainer_args: tuple, threads: int | None, log_path: Path) -> None:
-    """A rank actor in each bundle, rank 0's node the rendezvous, every trainer started."""
+           trainer_args: tuple, threads: int | None, log_path: Path, allocation: AllocationHold | None = None) -> None:
+    """A rank actor in each bundle, rank 0's node the rendezvous, every trainer started; rank 0 is handed the
+    allocation it renews."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from tasks.training.allocation import ENV as ALLOCATION_ENV
 
     rank_actor = ray.remote(max_restarts=0)(_Rank)
     for (node, n), pg in zip(placement, ranks.pgs, strict=True):
@@ -166,6 +169,8 @@ def _start(ray: Any, ranks: _Ranks, placement: Sequence[tuple[str, int]], gpus: 
         env = {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(n),
                "MASTER_ADDR": master, "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads or 1),
                "PYTHONUNBUFFERED": "1", "FRENZY_NODE": node}
+        if allocation is not None and r == 0:
+            env[ALLOCATION_ENV] = allocation.model_dump_json()
         ranks.refs[a.run.remote(env, *trainer_args)] = (a, node, r)
 
 
@@ -209,13 +214,15 @@ def _prepare(job: Any, run_dir: Path) -> tuple[Any, Path]:
 def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *, resume: bool = False,
                from_scratch: bool = False, device: str = "cpu", threads: int | None = None, tp: int = 1,
                on_record: Callable[[ProgressRecord], None] | None = None, poll_s: float = 0.5, address: str | None = None,
-               gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0) -> TrainerResult:
+               gpus: bool = False, place_timeout_s: float = 120.0, loss_grace_s: float = 60.0,
+               allocation: AllocationHold | None = None) -> TrainerResult:
     """Train `job` with `placement` [(node, ranks)] as Ray actors, one placement group (STRICT_PACK, one bundle per
     rank) pinned to each node; returns rank 0's result record like `launch()`. A rank that dies (its node lost)
     fails the whole group at once (every actor is killed, `frenzy: node X lost` goes to the log) with TrainFailed,
     so the recovery policy can diagnose, settle the node's fate (cluster/ray_health.py) and resume. A node that
     cannot be reserved is a node fault too (`frenzy: node X unreachable`). `request_stop(run_dir)` stops it as it
-    stops `launch()`: the ranks see the stop file at the next step boundary, commit that step and return."""
+    stops `launch()`: the ranks see the stop file at the next step boundary, commit that step and return. Rank 0
+    renews `allocation`'s lease while it trains, as `launch()`'s does (tasks/training/allocation.py)."""
     from tasks.training.launch import KILL_FILE, _tail
 
     world = sum(n for _, n in placement)
@@ -230,7 +237,7 @@ def launch_ray(job: Any, placement: Sequence[tuple[str, int]], run_dir: Path, *,
         _reserve(ray, ranks, job.name, placement, gpus, place_timeout_s, log_path)
         _start(ray, ranks, placement, gpus, place_timeout_s,
                (job.model_dump(mode="json"), str(run_dir), resume, from_scratch, device, threads, tp), threads,
-               log_path)
+               log_path, allocation)
         results: dict[int, TrainerResult] = {}
         pending = list(ranks.refs)
         while pending:

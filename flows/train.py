@@ -90,7 +90,7 @@ def _run_trainer(request: TrainRequest, job: Any, on_record: Callable[[ProgressR
                             Path(request.run_dir) if request.run_dir else default_run_dir(job), resume=request.resume,
                             device=request.device, tp=request.tp, on_record=on_record,
                             address=None if request.executor == "ray" else request.executor,
-                            gpus=request.placement[0].gpus)
+                            gpus=request.placement[0].gpus, allocation=request.allocation)
     return result
 
 

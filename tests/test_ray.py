@@ -140,6 +140,44 @@ def test_a_stop_request_commits_and_returns(cluster, tmp_path):
     assert out and out[0].stopped_early and out[0].final_step == max(_committed(uri))
 
 
+def test_rank_0_on_ray_holds_the_allocation_and_stops_when_it_is_released(cluster, tmp_path):
+    """Red team 41i: the Ray executor did not hand its trainer the allocation, so a trainer on Ray nodes trained on
+    after its GPUs were given away. Rank 0 renews it as the local trainer does: released under it, the job commits
+    its step and stops, naming the cause (without the hand-over it trains on to step 10,000)."""
+    from cluster.inventory import load_cluster
+    from cluster.ray_exec import launch_ray
+    from tasks.training.request import AllocationHold
+
+    led = Ledger(f"sqlite:///{tmp_path}/l.db")
+    led.sync(load_cluster("phoebe"))
+    alloc = led.allocate("rayheld", [GpuRequest(1, 1)], lease_s=60)
+    assert alloc is not None
+    uri, run_dir = f"file://{tmp_path}/ckpt", tmp_path / "run"
+    hold = AllocationHold(ledger=led.url, allocation_id=alloc.id, lease_s=3)
+    failed: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            launch_ray(tiny_job(uri, steps=10_000, every=20), _two_alive(cluster), run_dir, device="cpu",
+                       allocation=hold)
+        except BaseException as err:  # noqa: BLE001 - what the thread ended with is the test's subject
+            failed.append(err)
+
+    th = threading.Thread(target=train)
+    th.start()
+    deadline = time.monotonic() + 180
+    while not _committed(uri):
+        assert time.monotonic() < deadline and th.is_alive(), (run_dir / "train.log").read_text()[-3000:]
+        time.sleep(0.5)
+    led.release(alloc.id)
+    th.join(timeout=180)
+    assert not th.is_alive() and failed and isinstance(failed[0], TrainFailed), failed
+    said = str(failed[0])
+    assert f"allocation {alloc.id} in the ledger {led.url} was released while its trainer ran" in said, said
+    newest = max(_committed(uri))
+    assert f"Training stopped at step {newest} after committing it" in said and newest < 10_000, said
+
+
 def test_the_node_check_runs_on_the_ray_nodes_and_finds_the_faulty_one(cluster, monkeypatch):
     from cluster.nodecheck import check_nodes
     from cluster.ray_exec import ray_probe

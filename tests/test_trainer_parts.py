@@ -256,3 +256,27 @@ def test_the_result_types_its_checkpoint_interval_fixed_or_measured():
     assert TrainerResult.model_validate({**doc, "checkpoint_interval": {"every_steps": 5}}).checkpoint_interval \
         == FixedInterval(5)
     assert TrainerResult.model_validate(doc).model_dump()["checkpoint_interval"] == auto
+
+
+def test_the_allocation_keeper_does_not_make_a_ledger_where_the_file_is_not(tmp_path, caplog):
+    """A Ray node that does not see the submitter's SQLite ledger: opening the path would make an empty ledger there,
+    which knows no allocation, and the trainer would stop as if its GPUs were given away. The keeper leaves the
+    renewals to the submitter and says so; with the file there (the control) a released allocation is found lost."""
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+    from cluster.ledger import Ledger
+    from tasks.training.allocation import AllocationKeeper
+    from tasks.training.request import AllocationHold
+
+    gone = tmp_path / "elsewhere" / "l.db"
+    with caplog.at_level("WARNING"), AllocationKeeper(AllocationHold(ledger=str(gone), allocation_id="a" * 16,
+                                                                     lease_s=0.3)) as keeper:
+        keeper._thread.join(timeout=30)
+    assert not gone.exists() and not gone.parent.exists() and not keeper.lost.is_set()
+    assert f"the ledger file {gone} is not on this node" in caplog.text
+    led = Ledger(str(tmp_path / "l.db"))
+    led.sync(load_cluster("phoebe"))
+    alloc = led.allocate("j", [GpuRequest(1, 1)], lease_s=60)
+    led.release(alloc.id)
+    with AllocationKeeper(AllocationHold(ledger=led.url, allocation_id=alloc.id, lease_s=0.3)) as keeper:
+        assert keeper.lost.wait(timeout=30) and "was released" in keeper.cause

@@ -25,6 +25,19 @@ ENV = "FRENZY_ALLOCATION"
 """The allocation a launcher hands its trainer (an `AllocationHold` as JSON)."""
 
 
+def _missing_file(ledger: str) -> str | None:
+    """The path of a SQLite ledger that does not exist here; None for one that does, or a database server."""
+    from pathlib import Path
+
+    from cluster.ledger import ledger_url
+
+    url = ledger_url(ledger)
+    if not url.startswith("sqlite") or ":///" not in url or url.endswith(":memory:"):
+        return None
+    path = Path(url.split(":///", 1)[1]).expanduser()
+    return None if path.exists() else str(path)
+
+
 class AllocationLost(FrenzyError, RuntimeError):
     """The trainer's allocation was released or lapsed under it; it committed its step and stopped."""
 
@@ -48,6 +61,10 @@ class AllocationKeeper:
         from cluster.ledger import Ledger
 
         h = self.hold
+        if (missing := _missing_file(h.ledger)) is not None:  # a Ray node that does not see the submitter's file
+            log.warning("the ledger file %s is not on this node: the submitting process alone renews allocation %s",
+                        missing, h.allocation_id)  # (opening it would make an empty ledger that knows no allocation)
+            return
         ledger = Ledger(h.ledger)
         while True:
             try:
