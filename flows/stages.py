@@ -50,6 +50,7 @@ from tasks.planning.plans import ResourcePlan
 from tasks.planning.request import PlanRequest
 from tasks.report import RunReport, markdown, render_html
 from tasks.stragglers.request import StragglerReport, StragglerRequest
+from tasks.training.allocation import lost_cause
 from tasks.training.elastic import replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, request_kill, request_stop
 
@@ -452,6 +453,8 @@ class FlowStages:
                                 kill=lambda why: (self.log.error("%s: killing the trainer", why),
                                                   request_kill(run_dir, why)),
                                 stop=lambda: request_stop(run_dir), lease_lost=keeper.lost.is_set,
+                                lost_cause=lambda: lost_cause(self.ledger, self.ledger.url, a.allocation.id,
+                                                              r.lease_s, "its trainer"),
                                 on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up() if ev else None))
             lost = _watched(_Future(fut), controls, r.job.name, r.hang_s)
             try:

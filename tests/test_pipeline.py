@@ -484,3 +484,32 @@ def test_a_second_signal_while_the_stop_is_asked_still_asks_it():
     with pytest.raises(KeyboardInterrupt):
         watch(t, c, "j", hang_s=100, clock=lambda: now[0])
     assert t.done() and asked == ["stop", "stop"]
+
+
+def test_a_lost_lease_names_its_cause_from_the_ledger_released_or_lapsed(tmp_path):
+    """Red team 41j S09: an allocation released by hand while submit and its trainer both ran was reported as "the
+    lease lapsed ... both were stopped"; the watch now says what the ledger records: released (with the id), or
+    lapsed when nobody renewed it."""
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+    from cluster.ledger import Ledger
+    from tasks.training.allocation import lost_cause
+
+    now = [1000.0]
+    led = Ledger(f"sqlite:///{tmp_path}/l.db", clock=lambda: now[0])
+    led.sync(load_cluster("phoebe"))
+    released, lapsed = (led.allocate(j, [GpuRequest(1, 1)], lease_s=30) for j in ("rel", "lap"))
+    led.release(released.id)
+    now[0] += 60  # past lap's lease: the next transaction expires it
+    led.sync(load_cluster("phoebe"))
+    t = Trainer(runs=20, clock=[0.0])
+    c, said = controls(t, sizes=[1, 2, 3], lost=[True],
+                       lost_cause=lambda: lost_cause(led, led.url, released.id, 30, "its trainer"))
+    with pytest.raises(LeaseLost) as err:
+        watch(t, c, "rel", hang_s=100, clock=lambda: 0.0)
+    assert str(err.value).startswith(f"rel: allocation {released.id} in the ledger {led.url} was released while its "
+                                     "trainer ran"), str(err.value)
+    assert said == ["stop"] and "committing its step" in str(err.value)
+    said_lapsed = lost_cause(led, led.url, lapsed.id, 30, "its trainer")
+    assert f"allocation {lapsed.id}" in said_lapsed and "lapsed: its lease ran out at" in said_lapsed, said_lapsed
+    assert "nor its trainer" in said_lapsed

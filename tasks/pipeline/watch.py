@@ -34,6 +34,8 @@ class Controls:
     stop: Callable[[], None]
     """Ask the trainer to commit its current step and exit."""
     lease_lost: Callable[[], bool]
+    lost_cause: Callable[[], str] | None = None
+    """Why the allocation is gone (released, or lapsed), as the ledger records it; asked once it is lost."""
     on_poll: Callable[[], None] | None = None
     """The in-flow evaluator's turn (evaluate what committed since the last poll)."""
 
@@ -63,10 +65,11 @@ def watch(handle: Handle, c: Controls, job: str, hang_s: float, clock: Callable[
             if c.lease_lost():
                 c.stop()
                 handle.wait(None)
-                raise LeaseLost(f"{job}: the allocation's lease lapsed while training: neither this process nor its "
-                                "trainer renewed it in time (both were stopped, e.g. Ctrl-Z, or could not reach the "
-                                "ledger), so the ledger may have given its GPUs to another job; training was stopped "
-                                "after committing its step")
+                cause = c.lost_cause() if c.lost_cause is not None else (
+                    "the allocation's lease lapsed while training: neither this process nor its trainer renewed it in "
+                    "time (both were stopped, e.g. Ctrl-Z, or could not reach the ledger), so the ledger may have "
+                    "given its GPUs to another job")
+                raise LeaseLost(f"{job}: {cause}; training was stopped after committing its step")
             if c.on_poll is not None:
                 c.on_poll()
             handle.wait(poll_s)

@@ -38,6 +38,23 @@ def _missing_file(ledger: str) -> str | None:
     return None if path.exists() else str(path)
 
 
+def lost_cause(ledger: object, url: str, allocation_id: str, lease_s: float, other: str) -> str:
+    """Why allocation `allocation_id` is gone, as the ledger records it: released (by hand or another process) or
+    lapsed (renewed in time by neither the submitting process nor `other`, its other holder)."""
+    where = f"allocation {allocation_id} in the ledger {url}"
+    try:
+        a = ledger.allocation(allocation_id)  # type: ignore[attr-defined]
+    except Exception as err:  # noqa: BLE001 - the cause is said either way
+        return f"{where} is gone ({err}); the ledger may have placed another job on its GPUs"
+    if a.state == "released":
+        return (f"{where} was released while its trainer ran (by `frenzy cluster` or another process); the "
+                "ledger may have placed another job on its GPUs")
+    until = datetime.fromtimestamp(a.lease_expiry, UTC).strftime("%H:%M:%S UTC")
+    return (f"{where} lapsed: its lease ran out at {until}, renewed for {lease_s:.0f} s by neither the submitting "
+            f"process nor {other} (both were stopped, or could not reach the ledger); the ledger may have placed "
+            "another job on its GPUs")
+
+
 class AllocationLost(FrenzyError, RuntimeError):
     """The trainer's allocation was released or lapsed under it; it committed its step and stopped."""
 
@@ -79,19 +96,7 @@ class AllocationKeeper:
                 return
 
     def _why(self, ledger: object) -> str:
-        h = self.hold
-        where = f"allocation {h.allocation_id} in the ledger {h.ledger}"
-        try:
-            a = ledger.allocation(h.allocation_id)  # type: ignore[attr-defined]
-        except Exception as err:  # noqa: BLE001 - the cause is said either way
-            return f"{where} is gone ({err}); the ledger may have placed another job on its GPUs"
-        if a.state == "released":
-            return (f"{where} was released while its trainer ran (by `frenzy cluster` or another process); the "
-                    "ledger may have placed another job on its GPUs")
-        until = datetime.fromtimestamp(a.lease_expiry, UTC).strftime("%H:%M:%S UTC")
-        return (f"{where} lapsed: its lease ran out at {until}, renewed for {h.lease_s:.0f} s by neither the "
-                "submitting process nor this trainer (both were stopped, or could not reach the ledger); the ledger "
-                "may have placed another job on its GPUs")
+        return lost_cause(ledger, self.hold.ledger, self.hold.allocation_id, self.hold.lease_s, "this trainer")
 
     def message(self, step: int) -> str:
         """The trainer's last line once `lost`: the cause, the step it committed and how to go on."""
