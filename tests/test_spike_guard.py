@@ -39,7 +39,7 @@ def test_a_level_change_with_nothing_to_roll_back_to_is_skipped_at_most_max_cons
     assert actions == ["skip", "skip", "apply"]
     assert d.record is not None and d.record.action == "trained_through"
     assert g.counts.model_dump() == {"spikes": 3, "rollbacks": 0, "skipped_updates": 2, "skipped_samples": 32,
-                                     "trained_through": 1, "overflow_skips": 0}
+                                     "trained_through": 1, "overflow_skips": 0, "diverging_at": None}
     # the history restarted at the new level: that level is healthy now, and the guard needs history again
     g.passed(step)
     for i in range(1, 9):
@@ -154,7 +154,33 @@ def test_the_report_and_the_summary_say_what_the_guard_skipped(tmp_path):
                     final_step=100, resumed_from_step=None, tokens_per_s=1.0, checkpoints=[],
                     progress=str(tmp_path / "none.jsonl"), evaluations=[], stragglers=None, timings_s={},
                     spikes=counts)
-    line = "4 loss spikes: 3 updates skipped (48 samples not trained on), 0 rollbacks, 1 trained through"
+    line = "4 spikes (loss or gradient norm): 3 updates skipped (48 samples not trained on), 0 rollbacks, 1 trained through"
     assert counts.summary() == line
     assert line in markdown(rep) and line in render_html(rep, tmp_path / "r.html").read_text()
     assert "spikes" not in markdown(rep.model_copy(update={"spikes": SpikeCounts()})).lower()
+
+
+def test_a_loss_that_stays_above_chance_is_said_once_as_divergence():
+    """Red team 41j S15: lr 5.0 from the first step kept gpt-tiny's loss at 27-126 (a uniform guess over 256 byte
+    tokens scores 5.55) for 180 steps: no step stood out of a history that was out of range from its start, so
+    nothing was said. The guard now says it once, after 20 steps in a row above 1.5x chance, naming the fix; an
+    ordinary run (the control: the loss starts near chance and falls) says nothing."""
+    import math
+
+    from tasks.jobspec import SpikeSpec
+    from tasks.training.guard import SpikeGuard
+
+    guard = SpikeGuard(SpikeSpec(), global_batch=8, vocab=256)
+    said = [(s, d.diverging) for s in range(1, 60)
+            if (d := guard.judge(s, 40.0 + 30 * math.sin(s), 50.0)).diverging is not None]
+    assert len(said) == 1 and said[0][0] == 20, said
+    assert "above 8.32 (1.5x the 5.55 of a uniform guess over the 256 tokens) for 20 steps" in said[0][1]
+    assert "lower training.lr" in said[0][1] and guard.counts.diverging_at == 20
+    assert "diverging" in guard.counts.summary()
+    calm = SpikeGuard(SpikeSpec(), global_batch=8, vocab=256)
+    assert all(calm.judge(s, 5.6 * 0.99 ** s, 1.0).diverging is None for s in range(1, 300))
+    assert calm.counts.diverging_at is None and calm.counts.summary() == ""
+    # a brief excursion (shorter than 20 steps) is the z-score's business, not this
+    brief = SpikeGuard(SpikeSpec(), global_batch=8, vocab=256)
+    losses = [5.0] * 30 + [20.0] * 19 + [5.0] * 30
+    assert all(brief.judge(s, x, 1.0).diverging is None for s, x in enumerate(losses, 1))

@@ -114,7 +114,13 @@ def test_front_ends_read_progress_lines_as_records_of_their_kind(tmp_path):
     assert recs[0].step == 5 and recs[0].steps == 10 and recs[1].uri.endswith("step_00000005")
     assert describe(recs[1]) == ("checkpoint step 5 committed: file:///c/step_00000005 (2.0 MB, blocked 2.0 ms, "
                                  "persisted in 0.50s)")
-    assert describe(recs[2]).endswith("update skipped (nothing to roll back to), skipping samples [20, 24]")
+    assert describe(recs[2]) == ("loss spike at step 6 (z 7.1): update skipped (no healthy checkpoint to roll back "
+                                 "to), skipping samples [20, 24]")
+    # red team 41j S12: a gradient-norm-only skip was worded as a loss spike with "nothing to roll back to"
+    grad = SpikeProgress(event="spike", time=0.0, step=7, reason="gradient norm z-score 8.0 > 6", action="update_skipped",
+                         rolled_back_to=None, skipped_samples=[24, 28])
+    assert describe(grad) == ("gradient-norm spike at step 7 (gradient norm z-score 8.0 > 6): update skipped (the loss "
+                              "is in range: nothing to roll back), skipping samples [24, 28]")
     assert describe(recs[3]) == "resume: step=5" and recs[3].model_dump() == prog.records[3]
     # a line its kind's record does not fit (another trainer version's) is still shown, never an error
     odd = progress_record({"event": "step", "time": 1.0, "step": 3})

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from tasks.errors import FrenzyError
 from tasks.jobspec import SpikeSpec
-from tasks.training.spikes import SpikeDetector, Verdict
+from tasks.training.spikes import AboveChance, SpikeDetector, Verdict
 
 log = logging.getLogger("frenzy.train")
 
@@ -56,16 +56,21 @@ class SpikeCounts(BaseModel):
     """Spikes applied after `max_consecutive` in a row (the guard gave up skipping; the history restarted)."""
     overflow_skips: int = 0
     """fp16 loss-scale overflows whose update GradScaler skipped (not spikes)."""
+    diverging_at: int | None = None
+    """The step at which the loss had stayed above chance (spikes.AboveChance) long enough to be said; None if never."""
 
     def summary(self) -> str:
         """One phrase for summaries and reports; empty when nothing happened."""
+        diverged = (f"loss above chance for long from step {self.diverging_at}: diverging (lower training.lr)"
+                    if self.diverging_at is not None else "")
         if not self.spikes and not self.overflow_skips:
-            return ""
+            return diverged
         parts = [f"{self.skipped_updates} updates skipped ({self.skipped_samples:,} samples not trained on)",
                  f"{self.rollbacks} rollbacks", f"{self.trained_through} trained through"]
         if self.overflow_skips:
             parts.append(f"{self.overflow_skips} fp16 overflows")
-        return f"{self.spikes} loss spikes: " + ", ".join(parts)
+        said = f"{self.spikes} spikes (loss or gradient norm): " + ", ".join(parts)
+        return f"{said}; {diverged}" if diverged else said
 
 
 class _Spike(BaseModel):
@@ -104,6 +109,8 @@ class Decision:
     verdict: Verdict
     record: TrainedThroughSpike | None = None
     """A progress record to emit (a spike trained through)."""
+    diverging: str | None = None
+    """A warning to emit once: the loss has stayed above chance (spikes.AboveChance)."""
 
 
 @dataclass
@@ -111,6 +118,8 @@ class SpikeGuard:
     spec: SpikeSpec
     global_batch: int
     scaler_enabled: bool = False
+    vocab: int | None = None
+    """The model's vocabulary: the loss of a uniform guess (ln vocab) against which divergence is judged."""
     counts: SpikeCounts = field(default_factory=SpikeCounts)
     records: list[SkippedSpike | TrainedThroughSpike] = field(default_factory=list)
     _streak: int = 0
@@ -119,9 +128,19 @@ class SpikeGuard:
 
     def __post_init__(self) -> None:
         self.detector = SpikeDetector(self.spec.zscore, self.spec.window, self.spec.min_steps)
+        self.chance = AboveChance(self.vocab) if self.vocab else None
 
     def judge(self, step: int, loss: float, grad_norm: float) -> Decision:
-        """Step `step`'s loss and gradient norm: apply the update, skip it as a spike, or skip an fp16 overflow."""
+        """Step `step`'s loss and gradient norm: apply the update, skip it as a spike, or skip an fp16 overflow;
+        with a warning the first time the loss has stayed above chance."""
+        decision = self._judge(step, loss, grad_norm)
+        if self.chance is not None and (said := self.chance.check(step, loss)) is not None:
+            self.counts.diverging_at = step
+            log.warning("%s", said)
+            decision.diverging = said
+        return decision
+
+    def _judge(self, step: int, loss: float, grad_norm: float) -> Decision:
         if self.scaler_enabled and math.isfinite(loss) and not math.isfinite(grad_norm):
             self._overflows += 1
             self.counts.overflow_skips += 1

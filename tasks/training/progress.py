@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-WARNING_EVENTS = frozenset({"spike", "resume", "checkpoint_rejected", "resharded", "lease_wait"})
+WARNING_EVENTS = frozenset({"spike", "resume", "checkpoint_rejected", "resharded", "lease_wait", "diverging"})
 """Records a front-end should show as warnings rather than progress."""
 
 
@@ -90,12 +90,17 @@ def describe(rec: ProgressRecord) -> str:
         return (f"checkpoint step {rec.step} committed: {rec.uri} ({rec.bytes / 1e6:.1f} MB, "
                 f"blocked {rec.blocked_s * 1e3:.1f} ms, persisted in {rec.persist_s:.2f}s)")
     if isinstance(rec, SpikeProgress):
+        what = "gradient-norm spike" if rec.reason.startswith("gradient norm") else "loss spike"
         if rec.action == "trained_through":
-            return f"loss spike at step {rec.step} ({rec.reason}) after several in a row: trained through it"
-        done = (f"rolled back to step {rec.rolled_back_to}" if rec.rolled_back_to is not None
-                else "update skipped (nothing to roll back to)")
-        return f"loss spike at step {rec.step} ({rec.reason}): {done}, skipping samples {rec.skipped_samples}"
+            return f"{what} at step {rec.step} ({rec.reason}) after several in a row: trained through it"
+        if rec.rolled_back_to is not None:
+            done = f"rolled back to step {rec.rolled_back_to}"
+        elif what == "gradient-norm spike":
+            done = "update skipped (the loss is in range: nothing to roll back)"
+        else:
+            done = "update skipped (no healthy checkpoint to roll back to)"
+        return f"{what} at step {rec.step} ({rec.reason}): {done}, skipping samples {rec.skipped_samples}"
     fields = rec.model_dump()
-    if rec.event in ("lease_wait", "resharded") and "message" in fields:
+    if rec.event in ("lease_wait", "resharded", "diverging") and "message" in fields:
         return fields["message"]
     return f"{rec.event}: " + ", ".join(f"{k}={v}" for k, v in fields.items() if k not in ("event", "time"))

@@ -46,7 +46,8 @@ class Trainer:
         self.prog = Progress(opts.run_dir / "progress.jsonl", d.rank)
         self.data = load_data(self.job, d, storage)
         self.m = build_model(self.job, d, dev)
-        self.guard = SpikeGuard(t.spike, t.global_batch, scaler_enabled=self.m.scaler.is_enabled())
+        self.guard = SpikeGuard(t.spike, t.global_batch, scaler_enabled=self.m.scaler.is_enabled(),
+                                vocab=self.job.model.vocab)
         self.cursor = D.Cursor()
         self.fp = fingerprint(self.job, self.data.corpus_sha, d.world, d.tp, self.data.tok.sha256)
         self.restorer = Restorer(storage, d, self.m, self.cursor, self.guard.detector, self.fp, t.seq_len, self.prog)
@@ -104,6 +105,8 @@ class Trainer:
         decision = self.guard.judge(nxt, self.last_loss, self.last_gnorm)
         if decision.record is not None:
             self.prog.emit("spike", **decision.record.model_dump())
+        if decision.diverging is not None:
+            self.prog.emit("diverging", step=nxt, loss=self.last_loss, message=decision.diverging)
         if decision.action != "apply":
             self.runner.discard(nxt)
             if decision.action == "skip":
