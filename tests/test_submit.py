@@ -366,6 +366,26 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
     assert res["released"] is True
 
 
+@pytest.mark.slow  # the embedded API's start and a trainer's first commit (about 40 s)
+def test_a_killed_submit_on_the_embedded_api_leaves_no_server_behind(tmp_path):
+    """Red team 41j S07: `frenzy submit` SIGKILLed on the embedded API left its Prefect server (uvicorn, in a session
+    of its own so that Ctrl-C does not reach it) running as an orphan for 13 minutes and more. It now gets the
+    parent-death signal: gone within seconds, as the trainer is."""
+    import psutil
+
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="embkill", steps=100000, every=50)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path, server=False)
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    servers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(p.cmdline())]
+    assert servers, "no embedded server found under the submit process"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert alive == [], [p.cmdline() for p in alive]
+
+
 def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one():
     from tasks.pipeline.evaluations import collect_scores
 
