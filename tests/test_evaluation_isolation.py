@@ -135,3 +135,27 @@ def test_evaluate_pending_scores_the_rest_names_the_failed_dataset_and_leaves_th
     log = re.search(r"its log: (\S+\.stderr)", done[1].failed["huge"])
     assert log and Path(log[1]).is_file(), done[1].failed  # where the results were renamed to, not the temp dir
     assert history.pending(ckpt, hist, "iso") == [f"{ckpt}/step_00000010", f"{ckpt}/step_00000020"]
+
+
+def test_submit_in_flow_scores_the_rest_and_names_the_failed_dataset_in_its_summary_and_report(prefect_server,
+                                                                                             tmp_path):
+    from cli.submit import _human
+    from flows.submit import SubmitRequest, submit
+    from tasks.jobspec import parse_job
+
+    suite_file = tmp_path / "iso.yaml"
+    suite_file.write_text(json.dumps(three(kill=True).model_dump()))
+    job = {"name": "iso", "model": {"preset": "gpt-tiny"}, "evaluation": {"suite": str(suite_file)},
+           "training": {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": 20, "lr": 3e-3,
+                        "warmup_steps": 5, "log_every_steps": 5, "trace_every_steps": 10,
+                        "checkpoint": {"every_steps": 20, "uri": f"file://{tmp_path}/ckpt", "keep": 5}}}
+    res = submit(SubmitRequest(job=parse_job(job), cluster="local", ledger=str(tmp_path / "ledger.db"),
+                               evaluation="in-flow", device="cpu", run_dir=str(tmp_path / "run"),
+                               history_dir=str(tmp_path / "evals")))
+    (ev,) = res.evaluations
+    assert ev.step == 20 and set(ev.scores) == {"heldout-loss", "heldout-cloze"} and KILLED in ev.failed["huge"]
+    assert res.released and res.evaluation_failures == []
+    said = _human(res, 1.0)
+    assert "step 20: huge FAILED (not scored): its trial died, then again alone: " in said, said
+    html = Path(res.report).read_text()
+    assert "huge (not scored)" in html and "FAILED" in html and "SIGKILL" in html
