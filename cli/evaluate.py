@@ -65,9 +65,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     def human() -> str:
         rows = [{"dataset": ds, "metric": k, "value": f"{v:.4f}"} for ds, ms in res.scores.items() for k, v in ms.items()]
         return (f"{res.run} step {res.step} on {suite.name} ({res.schedule}): makespan {res.makespan_s:.1f}s "
-                f"(predicted {res.predicted_makespan_s:.1f}s)\n" + table(rows) + f"\n\nresults: {res.out_dir}")
+                f"(predicted {res.predicted_makespan_s:.1f}s)\n" + table(rows)
+                + "".join(f"\n{ds}: FAILED (not scored): {why}" for ds, why in res.failed.items())
+                + f"\n\nresults: {res.out_dir}")
 
     emit(args, doc, human)
+    if res.failed:  # the others are scored and recorded; the step stays pending for `evaluate-pending`
+        print(f"frenzy evaluate: {len(res.failed)} dataset(s) not scored: "
+              f"{', '.join(res.failed)} (causes above; logs in {res.out_dir}/trials)", file=sys.stderr)
+        return 2
     return 0
 
 

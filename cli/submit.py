@@ -50,6 +50,7 @@ def _human(res: object, wall_s: float) -> str:
              "", "scores by checkpoint:", scores_table(res.evaluations, res.report), ""]
     lines += [f"note: {n}" for n in res.notes]
     lines += [f.line() for f in res.evaluation_failures]
+    lines += [line for e in res.evaluations for line in e.failed_lines()]
     for r in res.recoveries:
         lines.append(f"recovered: {r.diagnosis.type} ({r.diagnosis.category}) -> {r.action.kind}: {r.action.reason}")
     if res.stragglers:
@@ -121,7 +122,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if res is None:
         return 130
     emit(args, _result_doc(res), lambda: _human(res, time.monotonic() - t0))
-    return 2 if res.evaluation_failures else 0  # trained, but a step's evaluation failed: the cause is printed
+    # trained, but a step's evaluation (or one of its datasets) failed: the cause is printed
+    return 2 if res.evaluation_failures or any(e.failed for e in res.evaluations) else 0
 
 
 def demo_request(base: Path) -> object:

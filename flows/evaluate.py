@@ -40,21 +40,25 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
                                      request.reevaluate, overwrite=True)  # the pipeline's own directory
     logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
                 summary.predicted_makespan_s)
+    for line in summary.failed_lines():  # the others are scored; the step stays pending (docs/evaluation.md)
+        logger.error("%s", line)
     return summary
 
 
 def _publish(summary: EvalSummary, history_dir: str) -> None:
-    rows = [{"dataset": ds, "metric": k, "value": round(v, 5)} for ds, ms in summary.scores.items()
-            for k, v in ms.items()]
+    rows: list[dict] = [{"dataset": ds, "metric": k, "value": round(v, 5)} for ds, ms in summary.scores.items()
+                        for k, v in ms.items()]
+    rows += [{"dataset": ds, "metric": "FAILED (not scored)", "value": why} for ds, why in summary.failed.items()]
     create_table_artifact(rows, key=run_key(f"eval-{summary.suite}", summary.run, step_root(summary.uri)),
                           description=f"{summary.run} step {summary.step}: suite {summary.suite}")
     entries = history.read(history_dir, summary.run, summary.suite)
     cols = sorted({f"{ds} {m}" for e in entries for ds, ms in e.scores.items() for m in ms})
-    lines = [f"# {summary.run}: {summary.suite} by step", "", "| step | " + " | ".join(cols) + " |",
-             "|---" * (len(cols) + 1) + "|"]
+    lines = [f"# {summary.run}: {summary.suite} by step", "", "| step | " + " | ".join(cols) + " | failed |",
+             "|---" * (len(cols) + 2) + "|"]
     for e in entries:
         vals = {f"{ds} {m}": v for ds, ms in e.scores.items() for m, v in ms.items()}
-        lines.append(f"| {e.step} | " + " | ".join(f"{vals[c]:.4g}" if c in vals else "" for c in cols) + " |")
+        lines.append(f"| {e.step} | " + " | ".join(f"{vals[c]:.4g}" if c in vals else "" for c in cols)
+                     + f" | {', '.join(e.failed)} |")
     if summary.history_plot:
         lines += ["", f"Plot: `{summary.history_plot}`"]
     create_markdown_artifact("\n".join(lines), key=run_key(f"eval-history-{summary.suite}", summary.run, step_root(summary.uri)),
@@ -131,7 +135,9 @@ def _evaluate_claimed(request: PendingRequest, t: Target, suite: str, uri: str,
                                                         history_dir=t.history_dir, reevaluate=False),
                                         return_state=True)
             if state.is_completed():
-                out.append(completed_summary(state, t.history_dir, suite, uri))
+                out.append(done := completed_summary(state, t.history_dir, suite, uri))
+                if done.failed:  # scored but for these: named here, and the step is pending again next pass
+                    failed.append((uri, "; ".join(done.failed_lines())))
             else:
                 failed.append((uri, state.message or state.name))
                 logger.error("evaluation of %s failed: %s", uri, state.message)
@@ -155,7 +161,7 @@ def completed_summary(state: Any, history_dir: str, suite: str, uri: str) -> Eva
         return state.result()
     except MissingResult as err:
         storage, m = resolve_manifest(uri)
-        done = recorded(history_dir, m.run, m.step, suite, storage.url(ck.step_dir(m.step)))
+        done = recorded(history_dir, m.run, m.step, suite, storage.url(ck.step_dir(m.step)), whole=False)
         if done is None:
             raise RuntimeError(f"its evaluation run Completed, but its state came back from the API without its result "
                                f"and the history in {history_dir} has no score of {m.run} step {m.step} on {suite}: "

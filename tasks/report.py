@@ -189,8 +189,11 @@ def _score_rows(r: RunReport) -> list[dict[str, str]]:
     """One row per metric, one column per evaluated step (reads left to right as training goes on)."""
     evals = sorted(r.evaluations, key=lambda e: e.step)
     metrics = sorted({(ds, m) for e in evals for ds, ms in e.scores.items() for m in ms if m not in NOT_SCORES})
+    failed = sorted({ds for e in evals for ds in e.failed})  # a visible entry per dataset an evaluation left unscored
     return [{"metric": f"{ds} {m}", **{f"step {e.step}": f"{e.scores[ds][m]:.4g}" if m in e.scores.get(ds, {}) else ""
-                                      for e in evals}} for ds, m in metrics]
+                                      for e in evals}} for ds, m in metrics] + [
+        {"metric": f"{ds} (not scored)", **{f"step {e.step}": "FAILED" if ds in e.failed else "" for e in evals}}
+        for ds in failed]
 
 
 def _html_table(rows: list[dict[str, str]]) -> str:
@@ -236,6 +239,8 @@ def markdown(r: RunReport, html_path: str | None = None) -> str:
         lines += ["## Recoveries", "", *(f"{i}. {x}" for i, x in enumerate(r.recoveries, 1)), ""]
     lines += [f"## {_plans_heading(r)}", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "",
               _md_table(_score_rows(r))]
+    if fails := [line for e in r.evaluations for line in e.failed_lines()]:
+        lines += ["", *(f"- {line}" for line in fails)]
     if cond := conditions(r.evaluations):
         lines += ["", "Evaluated with: " + ", ".join(cond) + "."]
     lines += ["", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in r.timings_s.items())]
@@ -271,6 +276,8 @@ def render_html(r: RunReport, out: str | Path) -> Path:
     if loss:
         parts.append(f"<img alt='loss curve' src='data:image/png;base64,{loss}'>")
     parts += ["<h2>Evaluation: scores by checkpoint</h2>", _html_table(_score_rows(r))]
+    if fails := [line for e in r.evaluations for line in e.failed_lines()]:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in fails) + "</ul>")
     if cond := conditions(r.evaluations):
         parts.append(f"<p class='kv'>Evaluated with: {html.escape(', '.join(cond))}.</p>")
     if scores:

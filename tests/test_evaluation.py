@@ -125,13 +125,19 @@ def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):
     assert saved["scores"] == nv.scores
 
 
-def test_a_failing_trial_fails_the_evaluation_with_its_error_and_cleans_up(ckpt, tmp_path):
+def test_a_failing_trial_fails_its_own_dataset_with_its_error_and_cleans_up(ckpt, tmp_path):
+    """Issue 41 promise 3: the dataset whose trial raises is not scored (named with its error); the others are."""
     suite = small_suite(more=[{"name": "boom", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
                                "infer_s_per_example": 0.01, "options": {"explode": True}}])
-    with pytest.raises(EvalError, match="inference exploded"):
-        evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
-                                          learn_priors=False))
+    res = evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
+                                            learn_priors=False))
+    assert list(res.failed) == ["boom"] and "RuntimeError: inference exploded" in res.failed["boom"]
+    assert set(res.scores) == {d.name for d in small_suite().datasets}
     assert list((tmp_path / "shm").iterdir()) == []
+    alone = Suite.model_validate(suite.model_dump() | {"datasets": suite.datasets[-1:]})
+    with pytest.raises(EvalError, match="scored no dataset: boom: .*inference exploded"):  # nothing scored: an error
+        evaluate(ckpt, alone, EvalOptions(out_dir=str(tmp_path / "a"), shm_root=str(tmp_path / "shm"),
+                                          learn_priors=False))
 
 
 def test_a_trial_killed_by_sigkill_is_said_as_killed_with_its_likely_sender(ckpt, tmp_path):
@@ -139,11 +145,10 @@ def test_a_trial_killed_by_sigkill_is_said_as_killed_with_its_likely_sender(ckpt
     OOM killer ended. A real trial process SIGKILLs itself while it infers: the error names SIGKILL and the OOM killer."""
     suite = small_suite(more=[{"name": "oom", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
                                "infer_s_per_example": 0.01, "options": {"oom_killed": True}}])
-    with pytest.raises(EvalError) as info:
-        evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
-                                          learn_priors=False))
-    assert "was killed (SIGKILL: most often the kernel's out-of-memory killer; see `dmesg`)" in str(info.value)
-    assert "status -9" not in str(info.value)
+    res = evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
+                                            learn_priors=False))
+    assert "was killed (SIGKILL: most often the kernel's out-of-memory killer; see `dmesg`)" in res.failed["oom"]
+    assert "status -9" not in res.failed["oom"]
 
 
 def test_a_corrupt_checkpoint_is_refused(ckpt, tmp_path):

@@ -32,17 +32,20 @@ class HistoryEntry(BaseModel):
     """{dataset: {metric: value}}."""
     time: str = ""
     """When the score was recorded (UTC, ISO 8601)."""
+    failed: dict[str, str] = {}
+    """Datasets not scored, with their causes: such a step is still pending (`survey_pending`)."""
 
 
 def history_file(history_dir: str | Path, run: str) -> Path:
     return Path(history_dir) / run / "history.jsonl"
 
 
-def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, scores: dict) -> Path:
+def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, scores: dict,
+           failed: dict[str, str] | None = None) -> Path:
     p = history_file(history_dir, run)
     p.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"run": run, "step": step, "uri": uri, "suite": suite, "scores": scores,
-                       "time": datetime.now(UTC).isoformat(timespec="seconds")})
+                       "time": datetime.now(UTC).isoformat(timespec="seconds")} | ({"failed": failed} if failed else {}))
     with open(p, "a") as f:  # one short line per append: atomic on a local filesystem
         f.write(line + "\n")
         f.flush()
@@ -134,7 +137,8 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
 
 
 def pending(root_uri: str, history_dir: str | Path, suite: str) -> list[str]:
-    """Step URIs of every committed checkpoint under `root_uri` not yet evaluated on `suite`, oldest first."""
+    """Step URIs of every committed checkpoint under `root_uri` not yet evaluated on `suite` (or whose newest
+    evaluation left a dataset unscored: `failed`), oldest first."""
     return survey_pending(root_uri, history_dir, suite)[0]
 
 
@@ -148,7 +152,8 @@ def survey_pending(root_uri: str, history_dir: str | Path, suite: str) -> tuple[
         uri = storage.url(ck.step_dir(m.step))
         # scored means scored at this very URI: roots that share a run name (copies, two users' `exp` named together)
         # share a history file, and one root's score is not another's
-        done = {(e.step, place_key(e.uri)) for e in read(history_dir, m.run, suite)}
+        # a step whose newest entry names failed datasets is not done: the next pass evaluates it again
+        done = {(e.step, place_key(e.uri)) for e in read(history_dir, m.run, suite) if not e.failed}
         if (m.step, place_key(uri)) not in done:
             out.append(uri)
     return out, [str(err) for err in broken]

@@ -33,14 +33,16 @@ def sole_writer(out_dir: str | Path, wait: bool = True) -> Iterator[None]:
         yield
 
 
-def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None = None) -> EvalSummary | None:
+def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None = None,
+             whole: bool = True) -> EvalSummary | None:
     """The history's summary of `step` of `run` on `suite` (scored at `uri`, when given: roots that share a run name
-    share a history, and one root's score is not another's), None when it has no score for it."""
+    share a history, and one root's score is not another's), None when it has no score for it or (with `whole`)
+    its newest evaluation left a dataset unscored (evaluated again, as `history.survey_pending` has it)."""
     for e in history.read(history_dir, run, suite):
-        if e.step == step and (uri is None or place_key(e.uri) == place_key(uri)):
+        if e.step == step and not (whole and e.failed) and (uri is None or place_key(e.uri) == place_key(uri)):
             res = Path(history_dir) / run / f"step_{step:08d}" / suite / "result.json"
             return EvalSummary(uri=e.uri, run=run, step=step, suite=suite, scores=e.scores, makespan_s=0.0,
-                               predicted_makespan_s=0.0, result=str(res), history_plot=None)
+                               predicted_makespan_s=0.0, result=str(res), history_plot=None, failed=e.failed)
     return None
 
 
@@ -71,15 +73,17 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
             res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), progress,
                            history.preload_plotting)  # the plot's imports beside the trials, not after them
-            res = res.model_copy(update={"out_dir": str(out)})  # where it will be once renamed into place
+            res = res.model_copy(update={"out_dir": str(out), "failed": {  # where it will be once renamed into place
+                d: why.replace(str(tmp), str(out)) for d, why in res.failed.items()}})
             (tmp / "result.json").write_text(res.model_dump_json(indent=1))
             # before the rename: a history that cannot be written (a full disk) leaves no results behind
             with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
-                history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores)
+                history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores, res.failed)
         plot = _plot(history_dir, res, suite.name, out)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
-                          result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None)
+                          result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None,
+                          failed=res.failed)
     return res, summary
 
 

@@ -61,6 +61,15 @@ class EvalError(FrenzyError, RuntimeError):
     """An evaluation that could not finish; names the trial and its error."""
 
 
+class _TrialDied(Exception):
+    """A trial process that failed (a non-zero exit, a signal, an error event), with its record and the chunks it
+    finished (landed; with metrics on its GPU, scored) before it did."""
+
+    def __init__(self, cause: str, result: TrialResult, finished: set[tuple[str, int]]) -> None:
+        super().__init__(cause)
+        self.cause, self.result, self.finished = cause, result, finished
+
+
 class EvalOptions(BaseModel):
     """How to run an evaluation."""
 
@@ -114,6 +123,12 @@ class TrialResult(BaseModel):
     chunks: list[ChunkResult]
     host: str = "local"
     """Where it ran: `local`, or the Ray node's name."""
+    datasets: list[str] = []
+    """The datasets whose chunks it was given (`chunks` holds those that landed)."""
+    error: str | None = None
+    """Why its process failed (its chunks not landed by then were retried, or their dataset failed); None: it ran."""
+    retry_of: int | None = None
+    """The failed trial whose chunks of one dataset this trial retried."""
 
 
 class EvalResult(BaseModel):
@@ -135,6 +150,8 @@ class EvalResult(BaseModel):
     out_dir: str
     priors_used: list[str]
     """Datasets planned with learned priors (the rest with the suite's)."""
+    failed: dict[str, str] = {}
+    """Datasets not scored, each with its cause (its trial died twice: the second time alone); empty: all scored."""
 
 
 def _hosts(opts: EvalOptions) -> list[str]:
@@ -189,6 +206,10 @@ class _Run:
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.failed: str | None = None
+        """What failed the whole evaluation (a precursor: nothing can be scored); one dataset's failure is in `bad`."""
+        self.bad: dict[str, str] = {}
+        self.retry_of: dict[int, int] = {}  # a retry trial's id: the failed trial whose chunks of one dataset it runs
+        self.next_id = 0
         self.results: list[TrialResult] = []
         self.metric_futures: list[Future] = []
         self.ready = [threading.Event() for _ in range(opts.nodes)]
@@ -285,10 +306,15 @@ class _Run:
             self.procs.discard(w.proc)
 
     def _events(self, stream, name: str):  # noqa: ANN001, ANN202
+        """The process's events until it ends; an error event or a failed exit raises (once the process has ended:
+        the evaluation goes on, and the process is waited for and its log closed)."""
+        error = None
         for line in stream:
             if isinstance(line, dict):  # the process ended
                 if self.opts.executor != "local":
                     (self.out / "trials" / f"{name}.stderr").write_text(line["stderr"])
+                if error is not None:
+                    raise EvalError(f"{name}: {error} (its log: {self.out / 'trials' / (name + '.stderr')})")
                 if line["rc"] != 0:  # its last line (the error), not its traceback: that stays in the log
                     last = [ln for ln in line["stderr"].splitlines() if ln.strip()][-1:] or ["no output"]
                     raise EvalError(f"{name} {ended(line['rc'])}: {last[0].strip()} (its log: "
@@ -299,8 +325,9 @@ class _Run:
             except json.JSONDecodeError:
                 continue
             if ev.get("event") == "error":
-                raise EvalError(f"{name}: {ev['error']}")
-            yield ev
+                error = error or ev["error"]
+            elif error is None:
+                yield ev
 
     def precursor(self, node: int) -> None:
         try:
@@ -330,8 +357,45 @@ class _Run:
                 tr: TrialPlan = self.queue.pop(0)
             try:
                 self.results.append(self._run_trial(tr, node, gpu))
+            except _TrialDied as died:  # its own datasets pay, not its trial-mates' nor the evaluation
+                self.results.append(died.result)
+                self._trial_died(tr, died)
             except Exception as err:  # noqa: BLE001
                 self.failed = self.failed or str(err)
+
+    def _trial_died(self, tr: TrialPlan, died: _TrialDied) -> None:
+        """Retry the chunks `tr` had not finished once, as one trial per dataset (queued; this slot takes them next
+        unless another is free); a retry that dies fails its dataset, whose queued chunks are then dropped."""
+        left = [c for c in tr.chunks if (c.dataset, c.start) not in died.finished]
+        names = list(dict.fromkeys(c.dataset for c in left))
+        with self.lock:
+            if tr.id in self.retry_of:
+                for d in names:
+                    self._drop(d, f"its trial died, then again alone: {died.cause}")
+                return
+            names = [d for d in names if d not in self.bad]
+            for d in names:
+                self.next_id += 1
+                retry = tr.model_copy(update={"id": self.next_id, "chunks": [c for c in left if c.dataset == d]})
+                self.retry_of[retry.id] = tr.id
+                self.queue.append(retry)
+        if names:
+            self.progress(f"{died.cause}; retrying {', '.join(names)}, each in a trial of its own", self._frac())
+
+    def _drop(self, dataset: str, cause: str) -> None:
+        """Mark `dataset` failed with `cause` and drop its queued chunks (the caller holds the lock)."""
+        self.bad.setdefault(dataset, cause)
+        kept = []
+        for t in self.queue:
+            chunks = [c for c in t.chunks if c.dataset != dataset]
+            self.n_chunks -= len(t.chunks) - len(chunks)
+            if chunks:
+                kept.append(t.model_copy(update={"chunks": chunks}))
+        self.queue = kept
+
+    def _fail_dataset(self, dataset: str, cause: str) -> None:
+        with self.lock:
+            self._drop(dataset, cause)
 
     def _run_trial(self, tr: TrialPlan, node: int, gpu: int) -> TrialResult:
         name = f"trial-{tr.id:04d}"
@@ -342,29 +406,41 @@ class _Run:
                 "device": "cuda" if self.opts.device == "cuda" else "cpu"}
         load_s = 0.0
         chunks: dict[tuple[str, int], ChunkResult] = {}
+        finished: set[tuple[str, int]] = set()  # landed (metrics on CPU) or scored (on its GPU): not to retry
         stream = self._spawn(spec, node, gpu)
         if self.queue:  # this slot's next trial process starts importing while this one infers
             self.prewarm(node, gpu)
-        for ev in self._events(stream, name):
-            if ev["event"] == "loaded":
-                load_s = self.now() - start
-            elif ev["event"] == "landed":
-                c = ev["chunk"]
-                cr = ChunkResult(dataset=c["dataset"], start=c["start"], stop=c["stop"], infer_s=ev["infer_s"],
-                                 landed_s=self.now(), cached=ev["cached"])
-                chunks[(c["dataset"], c["start"])] = cr
-                if tr.metrics_on == "cpu":
-                    self.metric_futures.append(self.pools[node].submit(self._metric, c, cr, node))
-                else:
-                    self._count(cr)
-            elif ev["event"] == "scored":
-                cr = chunks[(ev["chunk"]["dataset"], ev["chunk"]["start"])]
-                cr.metric_s, cr.metric_end_s = ev["metric_s"], self.now()
-        return TrialResult(id=tr.id, node=node, gpu=gpu, load=tr.load, start_s=start, load_s=load_s,
-                           end_s=self.now(), chunks=list(chunks.values()), host=self.hosts[node])
+
+        def record(error: str | None = None) -> TrialResult:
+            return TrialResult(id=tr.id, node=node, gpu=gpu, load=tr.load, start_s=start, load_s=load_s,
+                               end_s=self.now(), chunks=list(chunks.values()), host=self.hosts[node], error=error,
+                               retry_of=self.retry_of.get(tr.id), datasets=list(dict.fromkeys(c.dataset
+                                                                                           for c in tr.chunks)))
+
+        try:
+            for ev in self._events(stream, name):
+                if ev["event"] == "loaded":
+                    load_s = self.now() - start
+                elif ev["event"] == "landed":
+                    c = ev["chunk"]
+                    cr = ChunkResult(dataset=c["dataset"], start=c["start"], stop=c["stop"], infer_s=ev["infer_s"],
+                                     landed_s=self.now(), cached=ev["cached"])
+                    chunks[(c["dataset"], c["start"])] = cr
+                    if tr.metrics_on == "cpu":
+                        finished.add((c["dataset"], c["start"]))
+                        self.metric_futures.append(self.pools[node].submit(self._metric, c, cr, node))
+                    else:
+                        self._count(cr)
+                elif ev["event"] == "scored":
+                    cr = chunks[(ev["chunk"]["dataset"], ev["chunk"]["start"])]
+                    cr.metric_s, cr.metric_end_s = ev["metric_s"], self.now()
+                    finished.add((cr.dataset, cr.start))
+        except Exception as err:  # noqa: BLE001 - the process failed: its unfinished chunks are retried
+            raise _TrialDied(str(err), record(str(err)), finished) from err
+        return record()
 
     def _metric(self, chunk: dict, cr: ChunkResult, node: int) -> None:
-        if self.failed:
+        if self.failed or chunk["dataset"] in self.bad:
             return
         try:
             if self.opts.executor != "local":  # the metric job takes one CPU of the node whose trial made it
@@ -376,8 +452,9 @@ class _Run:
                 cr.metric_s = score_chunk(chunk, self.ctx, self.out)
             cr.metric_end_s = self.now()
             self._count(cr)
-        except Exception as err:  # noqa: BLE001
-            self.failed = self.failed or f"metrics of {chunk['dataset']}[{chunk['start']}:{chunk['stop']}]: {err}"
+        except Exception as err:  # noqa: BLE001 - that dataset fails, the others are scored
+            self._fail_dataset(chunk["dataset"], f"metrics of {chunk['dataset']}[{chunk['start']}:{chunk['stop']}]: "
+                                                 f"{err}")
             return
         with self.lock:
             self.left[chunk["dataset"]] -= 1
@@ -394,7 +471,7 @@ class _Run:
             tmp.write_text(json.dumps(aggregate_dataset(self.suite, self.ctx, self.out, d)))
             os.replace(tmp, dest)
         except Exception as err:  # noqa: BLE001
-            self.failed = self.failed or f"aggregating {name}: {err}"
+            self._fail_dataset(name, f"aggregating {name}: {err}")
 
     def _count(self, cr: ChunkResult) -> None:
         with self.lock:
@@ -405,6 +482,7 @@ class _Run:
         """Run `sched`'s trials (after the precursors, which start here unless they did already); the seconds from
         the first process start to the last metric."""
         self.suite, self.sched, self.queue = suite, sched, list(sched.trials)
+        self.next_id = max((t.id for t in sched.trials), default=0)
         self.left = Counter(c.dataset for t in sched.trials for c in t.chunks)  # chunks to score, per dataset
         cpus = sched.cpu_workers_per_node
         self.pools = [ThreadPoolExecutor(cpus, thread_name_prefix=f"metrics-n{n}") for n in range(self.opts.nodes)]
@@ -505,12 +583,15 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
         run.close()
     if run.failed:
         raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
-    scores = aggregate(suite, ctx, out)
+    if len(run.bad) == len(suite.datasets):
+        raise EvalError(f"evaluation of {uri} scored no dataset: " + "; ".join(f"{d}: {c}" for d, c in run.bad.items()))
+    scores = aggregate(suite, ctx, out, skip=run.bad)
     res = EvalResult(uri=uri, run=run_name, step=step, suite=suite.name, schedule=opts.schedule,
                      nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=sched.cpu_workers_per_node,
                      makespan_s=makespan, predicted_makespan_s=sched.makespan_s,
                      precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores,
-                     trials=sorted(run.results, key=lambda t: t.id), out_dir=str(out), priors_used=used)
+                     trials=sorted(run.results, key=lambda t: t.id), out_dir=str(out), priors_used=used,
+                     failed=dict(sorted(run.bad.items())))
     (out / "result.json").write_text(res.model_dump_json(indent=1))
     if opts.learn_priors:
         learn(res, suite, key, Path(opts.priors_path) if opts.priors_path else None)
@@ -535,11 +616,15 @@ def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset
     return resolve(d.source, d.mode, d.options, ctx).aggregate(per)
 
 
-def aggregate(suite: Suite, ctx: EvalContext, out: Path) -> dict[str, dict[str, float]]:
-    """Scores per dataset: the aggregate a metric job made when the dataset's last chunk was scored
-    (`aggregates/<name>.json`), or made here; lm-eval tasks then with their groups, by lm-eval's aggregation."""
+def aggregate(suite: Suite, ctx: EvalContext, out: Path,
+              skip: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
+    """Scores per dataset (but those in `skip`: failed): the aggregate a metric job made when the dataset's last chunk
+    was scored (`aggregates/<name>.json`), or made here; lm-eval tasks then with their groups (those whose tasks were
+    all scored), by lm-eval's aggregation."""
     res, lm_tasks = {}, {}
     for d in suite.datasets:
+        if d.name in (skip or {}):
+            continue
         early = out / "aggregates" / f"{d.name}.json"
         agg = json.loads(early.read_text()) if early.exists() else aggregate_dataset(suite, ctx, out, d)
         (lm_tasks if _is_lmeval(d) else res)[d.name] = agg

@@ -18,3 +18,9 @@ class EvalSummary(BaseModel):
     predicted_makespan_s: float
     result: str
     history_plot: str | None
+    failed: dict[str, str] = {}
+    """Datasets of the suite not scored, each with its cause (`EvalResult.failed`); empty: every one was."""
+
+    def failed_lines(self) -> list[str]:
+        """One line per failed dataset, as the CLI and the report say it."""
+        return [f"step {self.step}: {ds} FAILED (not scored): {why}" for ds, why in self.failed.items()]

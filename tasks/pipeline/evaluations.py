@@ -27,7 +27,7 @@ def scored(history_dir: str, run: str, suite: str) -> dict[int, EvalSummary]:
     for e in history.read(history_dir, run, suite):
         res = Path(history_dir) / run / ck.step_dir(e.step) / suite / "result.json"
         out[e.step] = EvalSummary(uri=e.uri, run=run, step=e.step, suite=suite, scores=e.scores, makespan_s=0.0,
-                                  predicted_makespan_s=0.0, result=str(res), history_plot=None)
+                                  predicted_makespan_s=0.0, result=str(res), history_plot=None, failed=e.failed)
     return out
 
 

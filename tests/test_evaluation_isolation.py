@@ -1,0 +1,161 @@
+"""Issue 41, promise 3 (isolation): a trial process that dies fails its own datasets, not the whole evaluation. Real
+trial processes; the bad dataset's own trial SIGKILLs itself while it infers (as the OOM killer ends a process that
+loads huge examples), packed beside good datasets in the same trial."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tasks.artifactkey import run_key, step_root
+from tasks.evaluation import history
+from tasks.evaluation.record import recorded
+from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
+from tasks.evaluation.suite import Suite
+from tests import trainer_util as tu
+
+KILLED = "was killed (SIGKILL: most often the kernel's out-of-memory killer"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, tiny_trained):
+    return tu.copy_trained(tiny_trained, tmp_path_factory.mktemp("isockpt"))
+
+
+def three(kill: bool) -> Suite:
+    """Two good datasets and `huge`, whose trial process is SIGKILLed when it infers (with `kill`)."""
+    return Suite.model_validate({"name": "iso", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "heldout-cloze", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "huge", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
+         "infer_s_per_example": 0.01, "options": {"oom_killed": kill}}]})
+
+
+def _opts(tmp_path: Path, name: str, **kw) -> EvalOptions:
+    return EvalOptions(out_dir=str(tmp_path / name), shm_root=str(tmp_path / "shm"), learn_priors=False,
+                       use_priors=False, **kw)
+
+
+def test_a_killed_dataset_fails_alone_after_one_retry_of_its_own_and_its_trial_mates_are_scored(ckpt, tmp_path):
+    res = evaluate(ckpt, three(kill=True), _opts(tmp_path, "bad"))
+    assert set(res.scores) == {"heldout-loss", "heldout-cloze"}
+    assert list(res.failed) == ["huge"]
+    cause = res.failed["huge"]
+    assert KILLED in cause and "then again alone" in cause and "/trials/trial-" in cause, cause
+    died = [t for t in res.trials if t.error and t.retry_of is None]
+    assert died and all("huge" in t.datasets and KILLED in t.error for t in died)
+    assert any(len(t.datasets) > 1 for t in died), [t.datasets for t in died]  # packed beside good datasets
+    retries = [t for t in res.trials if t.retry_of is not None]
+    assert all(len(t.datasets) == 1 for t in retries)  # one trial per dataset
+    assert {t.retry_of for t in retries} <= {t.id for t in died}  # a retry is never retried
+    huge = [t for t in retries if t.datasets == ["huge"]]
+    assert sorted(t.retry_of for t in huge) == sorted(t.id for t in died)  # each death: once, alone
+    assert all(KILLED in (t.error or "") for t in huge)
+    assert all(t.error is None for t in retries if t.datasets != ["huge"])  # trial-mates' retries ran
+    saved = EvalResult.model_validate_json((tmp_path / "bad" / "result.json").read_text())
+    assert saved.failed == res.failed and saved.scores == res.scores
+    assert list((tmp_path / "shm").iterdir()) == []
+    # the negative control: the same suite with nothing killed scores all three, with no failure and no retry
+    ok = evaluate(ckpt, three(kill=False), _opts(tmp_path, "ok"))
+    assert ok.failed == {} and set(ok.scores) == {"heldout-loss", "heldout-cloze", "huge"}
+    assert all(t.error is None and t.retry_of is None for t in ok.trials)
+    for name in res.scores:  # the survivors' scores are what they would have been
+        assert res.scores[name] == pytest.approx(ok.scores[name])
+
+
+def test_naive_schedule_retries_a_dead_single_dataset_trial_once(ckpt, tmp_path):
+    res = evaluate(ckpt, three(kill=True), _opts(tmp_path, "nv", schedule="naive"))
+    assert set(res.scores) == {"heldout-loss", "heldout-cloze"} and KILLED in res.failed["huge"]
+    huge = [t for t in res.trials if "huge" in t.datasets]
+    assert len(huge) == 2 and huge[1].retry_of == huge[0].id and all(t.error for t in huge)
+
+
+def test_cli_evaluate_prints_the_scores_and_each_failed_dataset_and_exits_2(ckpt, tmp_path, capsys):
+    from cli.main import main
+
+    suite_file = tmp_path / "iso.yaml"
+    suite_file.write_text(json.dumps(three(kill=True).model_dump()))
+    hist = str(tmp_path / "h")
+    args = [ckpt, "--suite", str(suite_file), "--history-dir", hist, "--no-learn"]
+    assert main(["evaluate", *args, "--out-dir", str(tmp_path / "o")]) == 2
+    out, err = capsys.readouterr()
+    assert "heldout-cloze" in out and "heldout-loss" in out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("huge: FAILED (not scored): ")]
+    assert KILLED in line and "its log: " in line
+    assert "frenzy evaluate: 1 dataset(s) not scored: huge (causes above" in err
+    # the history has the scores and names the failure; the step is not complete: still pending, not `recorded`
+    (entry,) = history.read(hist, json.loads((tmp_path / "o" / "result.json").read_text())["run"], "iso")
+    assert set(entry.scores) == {"heldout-loss", "heldout-cloze"} and list(entry.failed) == ["huge"]
+    assert history.pending(ckpt, hist, "iso") == [f"{ckpt}/step_00000010", f"{ckpt}/step_00000020"]
+    assert recorded(hist, entry.run, entry.step, "iso") is None
+    assert recorded(hist, entry.run, entry.step, "iso", whole=False).failed == entry.failed
+    assert main(["evaluate", *args, "--out-dir", str(tmp_path / "j"), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["scores"]) == {"heldout-loss", "heldout-cloze"} and KILLED in doc["failed"]["huge"]
+
+
+def test_the_report_gives_each_failed_dataset_a_visible_entry():
+    from types import SimpleNamespace
+
+    from tasks.evaluation.summary import EvalSummary
+    from tasks.report import _score_rows
+
+    def summary(step: int, failed: dict[str, str]) -> EvalSummary:
+        return EvalSummary(uri=f"file:///c/step_{step:08d}", run="r", step=step, suite="iso",
+                           scores={"heldout-loss": {"loss": 2.5}}, makespan_s=1.0, predicted_makespan_s=1.0,
+                           result="x", history_plot=None, failed=failed)
+
+    evals = [summary(10, {}), summary(20, {"huge": "trial-0003 was killed (SIGKILL ...)"})]
+    rows = _score_rows(SimpleNamespace(evaluations=evals))
+    assert rows[-1] == {"metric": "huge (not scored)", "step 10": "", "step 20": "FAILED"}
+    assert evals[1].failed_lines() == ["step 20: huge FAILED (not scored): trial-0003 was killed (SIGKILL ...)"]
+
+
+def test_evaluate_pending_scores_the_rest_names_the_failed_dataset_and_leaves_the_step_pending(ckpt, tmp_path,
+                                                                                           prefect_server):
+    from prefect.artifacts import Artifact
+
+    from flows.evaluate import PendingRequest, evaluate_pending
+
+    suite_file = tmp_path / "iso.yaml"
+    suite_file.write_text(json.dumps(three(kill=True).model_dump()))
+    hist = str(tmp_path / "evals")
+    done = evaluate_pending(PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=hist,
+                                           ledger=str(tmp_path / "ledger.db")))
+    assert [d.step for d in done] == [10, 20]
+    assert all(set(d.scores) == {"heldout-loss", "heldout-cloze"} and KILLED in d.failed["huge"] for d in done)
+    report = str(Artifact.get("evaluate-pending").data)
+    assert "2 evaluated, 2 failed" in report and "step 20: huge FAILED (not scored)" in report, report
+    key = run_key("eval-iso", done[1].run, step_root(done[1].uri))
+    assert "FAILED (not scored)" in str(Artifact.get(key).data) and "SIGKILL" in str(Artifact.get(key).data)
+    by_step = str(Artifact.get(run_key("eval-history-iso", done[1].run, step_root(done[1].uri))).data)
+    assert "| failed |" in by_step and [ln.endswith("| huge |") for ln in by_step.splitlines() if ln.startswith(
+        ("| 10 ", "| 20 "))] == [True, True], by_step
+    log = re.search(r"its log: (\S+\.stderr)", done[1].failed["huge"])
+    assert log and Path(log[1]).is_file(), done[1].failed  # where the results were renamed to, not the temp dir
+    assert history.pending(ckpt, hist, "iso") == [f"{ckpt}/step_00000010", f"{ckpt}/step_00000020"]
+
+
+def test_submit_in_flow_scores_the_rest_and_names_the_failed_dataset_in_its_summary_and_report(prefect_server,
+                                                                                             tmp_path):
+    from cli.submit import _human
+    from flows.submit import SubmitRequest, submit
+    from tasks.jobspec import parse_job
+
+    suite_file = tmp_path / "iso.yaml"
+    suite_file.write_text(json.dumps(three(kill=True).model_dump()))
+    job = {"name": "iso", "model": {"preset": "gpt-tiny"}, "evaluation": {"suite": str(suite_file)},
+           "training": {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": 20, "lr": 3e-3,
+                        "warmup_steps": 5, "log_every_steps": 5, "trace_every_steps": 10,
+                        "checkpoint": {"every_steps": 20, "uri": f"file://{tmp_path}/ckpt", "keep": 5}}}
+    res = submit(SubmitRequest(job=parse_job(job), cluster="local", ledger=str(tmp_path / "ledger.db"),
+                               evaluation="in-flow", device="cpu", run_dir=str(tmp_path / "run"),
+                               history_dir=str(tmp_path / "evals")))
+    (ev,) = res.evaluations
+    assert ev.step == 20 and set(ev.scores) == {"heldout-loss", "heldout-cloze"} and KILLED in ev.failed["huge"]
+    assert res.released and res.evaluation_failures == []
+    said = _human(res, 1.0)
+    assert "step 20: huge FAILED (not scored): its trial died, then again alone: " in said, said
+    html = Path(res.report).read_text()
+    assert "huge (not scored)" in html and "FAILED" in html and "SIGKILL" in html
