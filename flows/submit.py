@@ -39,6 +39,7 @@ from tasks.pipeline.summary import (
     foreign_root,
     foreign_run_dir,
     name_taken,
+    never_evaluated,
     outputs_in_root,
     submit_result,
     this_run,
@@ -101,6 +102,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
         for note in done.notes:
             get_run_logger().warning(note)
         return done
+    if never := never_evaluated(rec, request, run.suite):  # finished with evaluation off (red team 41j S06)
+        get_run_logger().info("%s", note := f"{run.job} had finished: nothing trained, steps {never} evaluated now")
     ledger.sync(cluster)
     if run.suite:  # the scheduled evaluate-pending covers the roots the ledger knows
         ledger.note_checkpoints(request.job.name, Storage(request.job.training.checkpoint.uri).uri, request.suite_spec)
@@ -109,6 +112,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
     if run.stage is Stage.FAILED:
         raise PipelineError(run.error or f"{run.job}: the run failed")
     result = submit_result(run)
+    if never:
+        result = result.model_copy(update={"notes": [note, *result.notes]})
     if stages.ledger_lost:  # the trainer has ended, but no ledger recorded the release of its GPUs
         result = result.model_copy(update={"released": False, "notes": [*result.notes, stages.ledger_lost]})
     for note in result.notes:

@@ -992,6 +992,8 @@ def test_a_finished_run_that_had_evaluation_off_is_evaluated_when_submitted_agai
     assert not on.already_finished and on.train.resumed_from_step == 40 and on.train.final_step == 40
     assert [e.step for e in on.evaluations] == [20, 40]
     assert all(0 < e.scores["heldout-loss"]["loss"] < 6 for e in on.evaluations)
+    # red team 41j S06: the summary said nothing of the job having finished already
+    assert on.notes[0].endswith("had finished: nothing trained, steps [20, 40] evaluated now"), on.notes
     again = submit(_request(tmp_path))  # now every committed step has its score: reported, nothing run
     assert again.already_finished and [e.step for e in again.evaluations] == [20, 40]
 

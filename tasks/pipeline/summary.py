@@ -141,20 +141,37 @@ def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str =
     submit asks for evaluation and a committed step of the run was never evaluated (that run had evaluation off,
     red team 41i N6): the pipeline then resumes at the final step, trains nothing and evaluates those steps."""
     root = request.job.training.checkpoint.uri
-    if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or not same_place(rec.checkpoint_root, root):
+    if (done := _finished(rec, request)) is None or rec is None:
         return None
-    if request.job.training.steps not in committed_steps(root or ""):
-        return None  # more steps asked for, or the final checkpoint is gone: train
-    done = SubmitResult.model_validate_json(rec.result)
     now = scored(rec.history_dir, rec.job, suite) if suite else {}
     evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
     failed = [f.model_copy(update={"earlier": True}) for f in done.evaluation_failures if f.step not in evals]
-    tried = {f.step for f in done.evaluation_failures}
-    if suite and [s for s in committed_steps(root or "") if s <= done.train.final_step and s not in evals.keys() | tried]:
+    if never_evaluated(rec, request, suite):
         return None  # evaluation asked for, and committed steps never evaluated (it was off): the run evaluates them
     notes = [n for n in [fewer_steps(request, done.train.final_step), failed_before(failed, root or "", rec)] if n]
     return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)],
                                    "evaluation_failures": failed, "notes": notes})
+
+
+def _finished(rec: RunRecord | None, request: SubmitRequest) -> SubmitResult | None:
+    """The reported result of this very job (same name and root) whose final step is still committed there."""
+    root = request.job.training.checkpoint.uri
+    if rec is None or rec.stage != Stage.REPORTED.value or rec.result is None or not same_place(rec.checkpoint_root, root):
+        return None
+    if request.job.training.steps not in committed_steps(root or ""):
+        return None  # more steps asked for, or the final checkpoint is gone: train
+    return SubmitResult.model_validate_json(rec.result)
+
+
+def never_evaluated(rec: RunRecord | None, request: SubmitRequest, suite: str = "") -> list[int]:
+    """The committed steps of this job's finished run that were never evaluated on `suite` (nor tried), when this
+    submit asks for evaluation: the rerun trains nothing and evaluates exactly these."""
+    if not suite or rec is None or (done := _finished(rec, request)) is None:
+        return []
+    evals = {s for s in scored(rec.history_dir, rec.job, suite) if s <= done.train.final_step}
+    evals |= {e.step for e in done.evaluations} | {f.step for f in done.evaluation_failures}
+    root = request.job.training.checkpoint.uri or ""
+    return [s for s in committed_steps(root) if s <= done.train.final_step and s not in evals]
 
 
 def failed_before(failed: list[EvalFailure], root: str, rec: RunRecord) -> str | None:
