@@ -985,3 +985,63 @@ def test_a_batch_size_that_is_not_the_product_of_its_parts_is_the_configuration(
     assert (d.type, d.category, d.restartable) == ("ConfigError", "script", False)
     other = _d("AssertionError: the loss is not equal to the reference loss\n")
     assert other.type == "AssertionError"
+
+
+# -- red-team set 9's families (issue 45, round 9) --------------------------------------------------------------
+
+def test_a_cxx_backtrace_frame_is_not_the_root_cause_the_message_above_it_is():
+    log = ("[rank3]:[E0301 10:02:11.500000000 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 3] Process group "
+           "watchdog thread terminated with exception: [Rank 3] Watchdog caught collective operation timeout: "
+           "WorkNCCL(SeqNum=912, OpType=ALLGATHER, NumelIn=64, NumelOut=256, Timeout(ms)=600000) ran for 600123 "
+           "milliseconds before timing out.\n"
+           "Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:609 (most "
+           "recent call first):\n"
+           "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f00 in /env/lib/libc10.so)\n"
+           "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+           "std::ratio<1l, 1000l> > >) + 0x1d2 (0x7f01 in /env/lib/libtorch_cuda.so)\n"
+           "frame #2: c10d::ProcessGroupNCCL::watchdogHandler() + 0x233 (0x7f02 in /env/lib/libtorch_cuda.so)\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category) == ("NCCLTimeoutError", "infrastructure")
+    assert "Watchdog caught collective operation timeout" in d.root_cause_line, d.root_cause_line
+
+
+def test_a_debugger_banner_s_exception_takes_its_message_from_the_next_line():
+    log = ("ImportError       (note: full exception trace is shown but execution is paused at: _run_module_as_main)\n"
+           "/srv/proj/ext/_ops.cpython-310-x86_64-linux-gnu.so: undefined symbol: _ZN2at4_ops5zeros4callEN3c108Array\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.category, d.via) == ("script", "chain")
+    assert "undefined symbol: _ZN2at4_ops5zeros4call" in d.root_cause_line, d.root_cause_line
+
+
+@pytest.mark.parametrize("bar", [
+    "Map:  73%|███████▎  | 7300/10000 [00:41<00:15, 176.20 examples/s]Killed",
+    "tokenizing: 12% 120000/1000000 [00:09<01:10, 12518.03 ba/s]Killed",
+])
+def test_killed_glued_to_a_progress_bar_of_any_unit_is_a_kill(bar):
+    d = diagnose(f"RAM used: 9123.44 MB\n{bar}\n".encode(), use_fallback=False)
+    assert (d.type, d.category) == ("Killed", "framework"), d.root_cause_line
+    assert "Killed" in d.root_cause_line
+
+
+def test_a_pbs_job_preempted_for_a_node_failure_is_infrastructure():
+    log = ("PBS Job Id: 881204.pbs-head.local\nJob Name:   train_gpt\nExec host:  gn17/3\n"
+           "job preempted (node failure)\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category, d.restartable) == ("NodeFailure", "infrastructure", True)
+    assert "node failure" in d.root_cause_line
+
+
+@pytest.mark.parametrize("inner", [
+    "RuntimeError: stack expects each tensor to be equal size, but got [3, 512, 512] at entry 0 and [3, 480, 640] "
+    "at entry 5",
+    "RuntimeError: each element in list of batch should be of equal size",
+])
+def test_a_batch_of_samples_of_different_sizes_is_the_user_s_data(inner):
+    log = ("RuntimeError: Caught RuntimeError in DataLoader worker process 1.\n"
+           "Original Traceback (most recent call last):\n"
+           f'  File "{SITE}/torch/utils/data/_utils/collate.py", line 141, in collate\n'
+           "    return torch.stack(batch, 0, out=out)\n"
+           f"{inner}\n")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category, d.restartable) == ("DataError", "script", False), d.root_cause_line
+    assert inner.split(",")[0] in d.root_cause_line

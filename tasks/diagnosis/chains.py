@@ -49,9 +49,11 @@ _REMOTE = re.compile(r"Original Traceback \(most recent call last\)|-- Process \
 _DETAIL = re.compile(r":\s*$")
 """An exception whose message ends in a colon: its details follow on the next lines (the first names the cause)."""
 MESSAGE_BELOW = re.compile(r"(?:^|\s)(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):?\s*$|"
-                            r"(?:Exception has occurred|发生异常): *[A-Z]\w*")
+                            r"(?:Exception has occurred|发生异常): *[A-Z]\w*|"
+                            r"^\s*[A-Z]\w*(?:Error|Exception)\s+\(note: full exception trace is shown")
 """An exception class whose message is on the next line: a pasted log that lost a line end after `IndexError:`, a
-debugger's banner (VS Code's `Exception has occurred: OutOfMemoryError`, in English or Chinese)."""
+debugger's banner (VS Code's `Exception has occurred: OutOfMemoryError`, in English or Chinese, or debugpy's
+`ImportError       (note: full exception trace is shown but execution is paused at: ...)`)."""
 NCCL_WRAPPER = re.compile(r"(?i)\bNCCL error\b")
 NCCL_DETAIL = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?nccl[A-Z]\w*Error:\s*\S")
 """NCCL's error-code explanation under the error it raised (`NCCL error in: ..., unhandled system error` then

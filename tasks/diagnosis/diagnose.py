@@ -43,6 +43,9 @@ _MARKUP = re.compile(r"^\s*(?:[`*_#>]+\s*)+(.*?)[`*_]*\s*$")
 not part of the line. A line that starts plain keeps its end (Slurm's `CANCELLED AT ... ***`)."""
 _BRACKETED = re.compile(r"^\s*[\[(]\s*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\s*:\s*\S.*?)\s*[\])]\s*$")
 """An exception line pasted wrapped in brackets or parentheses (`[ValueError : message]`): the exception inside."""
+_CXX_FRAME = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?frame #\d+: ")
+"""A C++ backtrace's frame line (c10's `frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(...)`): where the
+error was raised, not an error; the message above the backtrace states it."""
 _NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
 """NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
 MAX_EVIDENCE = 100
@@ -175,7 +178,7 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
         h, sr = _SUMMARY_HOST.search(k.text), _SUMMARY_RANK.search(k.text)
         block_host = h.group(1) if h else block_host
         block_rank = int(sr.group(1)) if sr else block_rank
-        if not k.error or _SOURCE.match(k.text) or _NCCL_INFO.match(k.text):
+        if not k.error or _SOURCE.match(k.text) or _NCCL_INFO.match(k.text) or _CXX_FRAME.match(k.text):
             continue
         rule = match_line(k.text, learned)
         if rule is None:

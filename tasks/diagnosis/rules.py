@@ -67,7 +67,7 @@ RULES: list[Rule] = [
          r"rm_init_adapter failed|Cannot attach gpu|GPU is lost|Xid \([^)]*\):\s*(?:79|119|120)\b|"
          r"machine check|Hardware Error|"
          r"kernel panic|node\b[^\n]*\b(?:failed(?! to\b)|down|unreachable|NotReady|lost)\b|"
-         r"\bNodeFailure\b|heartbeat (?:timeout|lost)|DUE TO NODE FAILURE|"
+         r"\bNodeFailure\b|heartbeat (?:timeout|lost)|DUE TO NODE FAILURE|preempted \(node failure\)|"
          r"slurmstepd: error: execve\(\)[^\n]*slurm_script", 92, True,
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
     Rule("Preempted", "infrastructure",  # the scheduler's decision: what the tasks print after it are its symptoms
@@ -193,6 +193,10 @@ RULES: list[Rule] = [
          r"data|UnidentifiedImageError|(?<![\"'])(?:cannot identify image file|image file is truncated)", 66, False,
          "the data file does not parse (its format or encoding, a broken or non-image file in an image folder): fix "
          "the file or the path given"),
+    Rule("DataError", "script",  # the default collate cannot batch samples of different sizes: the user's data
+         r"stack expects each tensor to be equal size|each element in list of batch should be of equal size", 62,
+         False, "the samples of a batch differ in size (images or sequences of mixed shapes in the data): resize or "
+                "pad them in the dataset, or give the DataLoader a collate_fn that does; a restart fails the same way"),
     Rule("DatasetLoadingError", "script",
          r"DatasetNotFoundError|Couldn't find (?:a )?dataset|ArrowInvalid|DataError|corpus[^\n]*(?:not found|"
          r"empty|unreadable)", 72, False, "fix the dataset path or format; a restart will fail the same way"),
@@ -390,7 +394,7 @@ RULES: list[Rule] = [
     Rule("Killed", "framework",
          r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|line \d+:\s+\d+\s+Killed\s+\S|"  # bash's job report
          r"^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
-         r"(?:it/s|s/it|\d%)\]?\s*Killed\s*$|"
+         r"(?:\w/s|s/\w+|\d%)\]?\s*Killed\s*$|"
          r"exit(?:ed with)? (?:code|status)[:= ]*137\b|"
          r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
          r"(?:9\b|SIGKILL)|signal 9 \(SIGKILL\)", 12, True,
