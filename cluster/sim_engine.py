@@ -216,6 +216,15 @@ class Perf:
             out.append((t, lay, job.steps * step_time(job.key, t, lay, self.intra[t], INTER_NODE_GBS, per_node)))
         return sorted(out, key=lambda x: (x[2], x[0]))
 
+    def split_run(self, job: SimJob, gpu_type: str, layout: Layout) -> float | None:
+        """The rigid job's run on `gpu_type` when its gang spans nodes (`run_time`'s figure for any split: the data
+        parallel all-reduce then crosses the slowest inter-node link of that type); None where one node of the type
+        cannot hold it (`rigid`'s run already counts the split) or it needs one GPU."""
+        if not 1 < job.num_gpus <= self.per_node[gpu_type]:
+            return None
+        inter = min(self.inter[n] for n, i in self.node.items() if i.gpu_type == gpu_type)
+        return job.steps * step_time(job.key, gpu_type, layout, self.intra[gpu_type], inter, job.num_gpus - 1)
+
     def mem_gib(self, gpu_type: str) -> float:
         return self.cat.get(gpu_type).memory_gib
 

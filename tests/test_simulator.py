@@ -162,3 +162,26 @@ def test_baseline_shortest_order_is_an_oracle_on_trace_durations():
     sjf = {j.trace.name: j.start for j in simulate(c, jobs, "fcfs", SimConfig(baseline_order="shortest")).jobs}
     assert arrival["long"] == 0 < arrival["short"] < arrival["mid"]
     assert sjf["short"] == 0 < sjf["mid"] < sjf["long"]
+
+
+def _split_or_wait(hold_s: float, arrive_s: float) -> dict[str, object]:
+    """Two 8-GPU A100 nodes, 5 GPUs of each held for `hold_s`; a rigid 6-GPU job arrives at `arrive_s`: 3 + 3 free GPUs
+    hold it now only across the two nodes, where its all-reduce crosses the inter-node link."""
+    c = Cluster(name="t", nodes=[Node(name="n0", gpu="A100-40GB-SXM", count=8, interconnect="nvlink"),
+                                 Node(name="n1", gpu="A100-40GB-SXM", count=8, interconnect="nvlink")])
+    kw = {"gpu_type": "A100-40GB-SXM", "elastic": False, "traced": True}
+    jobs = [TraceJob("a", 0, hold_s, 5, "gpt2-774m", 40, **kw), TraceJob("b", 0, hold_s, 5, "gpt2-774m", 40, **kw),
+            TraceJob("c", arrive_s, 20000, 6, "gpt2-774m", 48, **kw)]
+    return {pol: next(j for j in simulate(c, jobs, pol).jobs if j.trace.name == "c") for pol in ("has", "fcfs")}
+
+
+def test_has_weighs_a_gang_spread_over_nodes_against_waiting_for_one_node():
+    """A rigid job that one node can hold runs slower spread over nodes; `has` predicts that run (the decision record
+    says it) and waits for a node where the wait is shorter than the slowdown, else runs spread at once."""
+    short = _split_or_wait(600, 1)
+    assert len(short["fcfs"].nodes) == 2 and short["fcfs"].run_s > 2 * 20000  # fcfs spreads it: 2.3x slower
+    assert short["has"].nodes == [("n0", 6)] and short["has"].start == 600 and short["has"].run_s == pytest.approx(20000)
+    long = _split_or_wait(300_000, 5000)  # a node frees only after 300,000 s: spread now is sooner
+    h = long["has"]
+    assert h.start == 5000 and len(h.nodes) == 2 and h.run_s == pytest.approx(long["fcfs"].run_s)
+    assert f"predicted run {h.run_s:.0f} s" in h.decision  # the prediction is the spread run, not the one-node one
