@@ -130,8 +130,9 @@ def resolve_job(job: JobSpec, base: Path, run_dir: Path) -> JobSpec:
     """`job` with every path made absolute against `base` (the job file's directory), and its checkpoints, where the
     job names no place for them, under the run directory (`<run_dir>/ckpt`)."""
     job = job.model_copy(deep=True)
-    if job.model.hf:
-        job.model.hf = absolute(job.model.hf, base, "model.hf")
+    if job.model.hf:  # a copy with the path, not an assignment: that would re-run the shape validators on a
+        # partial model (red team 41k D4: an HF-imported model could not start training)
+        job.model = job.model.model_copy(update={"hf": absolute(job.model.hf, base, "model.hf")})
     d = job.training.data
     if d.path:
         d.path = absolute(d.path, base, "training.data.path")

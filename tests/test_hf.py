@@ -122,3 +122,19 @@ def test_a_sliding_window_shorter_than_the_context_is_refused(tmp_path):
     load_into(GPT(spec, 32), tmp_path, 32)  # within the window: the same attention
     with pytest.raises(HFError, match="sliding window of 32"):
         load_into(GPT(spec, 64), tmp_path, 64)
+
+
+def test_a_job_naming_an_hf_directory_relative_to_its_file_resolves(tmp_path, monkeypatch):
+    """Red team 41k D4: `model: {hf: DIR}` in a job file failed `frenzy train` with an internal AttributeError: making
+    the path absolute re-ran the model's shape validators on a partial model. The job resolves, its shape the config's."""
+    from pathlib import Path
+
+    from tasks.jobspec import parse_job
+    from tasks.paths import resolve_job
+
+    _make("gpt2", tmp_path / "hfdir")  # a config with no key-value heads, as Frenzy's own export writes
+    monkeypatch.chdir(tmp_path)  # where `frenzy train job.yaml` runs
+    job = parse_job({"name": "ft", "model": {"hf": "hfdir"}, "training": {"seq_len": 32, "global_batch": 4}})
+    got = resolve_job(job, tmp_path, tmp_path / "run")
+    assert got.model.hf == str(tmp_path / "hfdir") and Path(got.model.hf).is_absolute()
+    assert (got.model.layers, got.model.hidden, got.model.heads, got.model.n_kv_heads) == (2, 64, 4, 4)
