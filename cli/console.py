@@ -125,42 +125,6 @@ def interrupted_message(command: str, checkpoint_uri: str, stopped: Stopped | No
     return (stopped or stopped_at(checkpoint_uri, ledger, job)).line(f"frenzy {command}")
 
 
-def embedded_server_outlives_ctrl_c() -> None:
-    """Prefect starts its embedded API server as a child in the terminal's process group, so Ctrl-C killed it with
-    the flow: the flow's last calls (the trainer's commit, the release, the run's final state) then failed on a dead
-    server and retried for minutes, with connection tracebacks. Here the server starts in a session of its own: Ctrl-C
-    reaches `frenzy` alone, which stops cleanly, and Prefect stops the server when `frenzy` exits. A `frenzy` killed
-    outright (SIGKILL) stops nothing: the server, started from the main thread, gets SIGTERM when it dies (Linux's
-    parent-death signal) instead of running on as an orphan (red team 41j S07: 13 minutes and counting)."""
-    import subprocess
-    import threading
-    import types
-
-    from prefect.server.api import server
-
-    from tasks.training.launch import _libc
-
-    if getattr(server.subprocess, "frenzy_own_session", False):
-        return
-    libc = _libc()
-
-    def die_with_frenzy() -> None:  # in the child, before exec
-        if libc is not None:
-            with contextlib.suppress(Exception):
-                libc.prctl(1, 15)  # type: ignore[attr-defined]  # PR_SET_PDEATHSIG, SIGTERM
-
-    class Popen(subprocess.Popen):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            kwargs.setdefault("start_new_session", True)
-            # the signal comes when the starting *thread* ends: only the main thread lives as long as `frenzy`
-            if threading.current_thread() is threading.main_thread() and kwargs.get("preexec_fn") is None:
-                kwargs["preexec_fn"] = die_with_frenzy
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
-    names = {k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__") and k != "Popen"}
-    server.subprocess = types.SimpleNamespace(**names, Popen=Popen, frenzy_own_session=True)  # type: ignore[assignment]
-
-
 def refuse_before_the_flow(request: SubmitRequest) -> None:
     """What can be said before the flow's imports: a wrong API URL or an unusable Prefect home, and an infeasible job
     (MARP's InfeasibleJobError, which the CLI prints as the error, exit 2). Nothing else is printed first."""
@@ -170,6 +134,8 @@ def refuse_before_the_flow(request: SubmitRequest) -> None:
         check_prefect_api(api)
     else:
         check_prefect_home()
+        from flows.guardian import embedded_server_outlives_ctrl_c
+
         embedded_server_outlives_ctrl_c()
     from cluster.inventory import load_cluster
     from tasks.planning.calibration import load_observations

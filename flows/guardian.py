@@ -18,10 +18,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
-_guards: list[int] = []
-"""Write ends of the pipes of this process's active guardians, newest last (`tell` writes to the newest)."""
+_guards: dict[int, list[int]] = {}
+"""Write ends of the pipes of this process's active guardians, per thread that runs a flow (a notebook may run two
+submits at once in two threads: each flow tells its own guardian), newest last."""
 
 
 def _server_url() -> str:
@@ -36,9 +38,12 @@ def _server_url() -> str:
 
 @contextlib.contextmanager
 def guarded() -> Iterator[None]:
-    """Watch this process's flow run while the block runs (a no-op without a Prefect server)."""
+    """Watch this process's flow run while the block runs; without a Prefect server, see that the embedded one Prefect
+    starts goes when this process does."""
     api = _server_url()
     if not api:
+        if not os.environ.get("PREFECT__FLOW_RUN_ID"):  # the embedded API: its server must not outlive this process
+            embedded_server_outlives_ctrl_c()  # (a notebook's kernel SIGKILLed: red team 41k A5)
         yield
         return
     r, w = os.pipe()
@@ -52,11 +57,12 @@ def guarded() -> Iterator[None]:
         return
     finally:
         os.close(r)
-    _guards.append(w)
+    mine = _guards.setdefault(threading.get_ident(), [])
+    mine.append(w)
     try:
         yield
     finally:
-        _guards.remove(w)
+        mine.remove(w)
         with contextlib.suppress(OSError):
             os.write(w, b"done\n")
         os.close(w)
@@ -65,10 +71,12 @@ def guarded() -> Iterator[None]:
 
 
 def tell(flow_run_id: object) -> None:
-    """Give the newest guardian of this process the id of the flow run it watches (from inside the flow)."""
-    if _guards and flow_run_id:
+    """Give the guardian of this thread's flow call the id of the flow run it watches (from inside the flow, which a
+    sync flow runs in the caller's thread)."""
+    mine = _guards.get(threading.get_ident())
+    if mine and flow_run_id:
         with contextlib.suppress(OSError):
-            os.write(_guards[-1], f"id {flow_run_id}\n".encode())
+            os.write(mine[-1], f"id {flow_run_id}\n".encode())
 
 
 def crashed_message(pid: int) -> str:
@@ -105,6 +113,40 @@ def main(argv: list[str]) -> int:
             return 0
         client.set_flow_run_state(run_id, Crashed(message=crashed_message(pid)), force=True)  # type: ignore[arg-type]
     return 0
+
+
+def embedded_server_outlives_ctrl_c() -> None:
+    """Prefect starts its embedded API server as a child in the terminal's process group, so Ctrl-C killed it with
+    the flow: the flow's last calls (the trainer's commit, the release, the run's final state) then failed on a dead
+    server and retried for minutes, with connection tracebacks. Here the server starts in a session of its own: Ctrl-C
+    reaches `frenzy` alone, which stops cleanly, and Prefect stops the server when `frenzy` exits. A `frenzy` killed
+    outright (SIGKILL) stops nothing: the server, started from the main thread, gets SIGTERM when it dies (Linux's
+    parent-death signal) instead of running on as an orphan (red team 41j S07: 13 minutes and counting)."""
+    import types
+
+    from prefect.server.api import server
+
+    from tasks.training.launch import _libc
+
+    if getattr(server.subprocess, "frenzy_own_session", False):
+        return
+    libc = _libc()
+
+    def die_with_frenzy() -> None:  # in the child, before exec
+        if libc is not None:
+            with contextlib.suppress(Exception):
+                libc.prctl(1, 15)  # type: ignore[attr-defined]  # PR_SET_PDEATHSIG, SIGTERM
+
+    class Popen(subprocess.Popen):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs.setdefault("start_new_session", True)
+            # the signal comes when the starting *thread* ends: only the main thread lives as long as `frenzy`
+            if threading.current_thread() is threading.main_thread() and kwargs.get("preexec_fn") is None:
+                kwargs["preexec_fn"] = die_with_frenzy
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    names = {k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__") and k != "Popen"}
+    server.subprocess = types.SimpleNamespace(**names, Popen=Popen, frenzy_own_session=True)  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

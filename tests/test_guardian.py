@@ -15,6 +15,22 @@ from flows.guardian import read_until_end
 
 ROOT = Path(__file__).resolve().parents[1]
 
+_TWO_THREADS = """
+import os, signal, sys, threading
+from flows import guardian
+entered, told = threading.Barrier(2), threading.Barrier(3)
+def one(run_id):
+    with guardian.guarded():
+        entered.wait()  # both guardians started before either flow tells its id (as two cells started at once)
+        guardian.tell(run_id)
+        told.wait()
+        threading.Event().wait()  # runs until the process is killed
+for run_id in sys.argv[1:3]:
+    threading.Thread(target=one, args=(run_id,), daemon=True).start()
+told.wait()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
 _USER = """
 import os, signal, sys
 from flows import guardian
@@ -39,13 +55,21 @@ def _running_run(client) -> object:
     return run
 
 
-def _user_process(run_id: object, how: str) -> subprocess.CompletedProcess:
+def _user_process(*args: object, script: str = _USER) -> subprocess.CompletedProcess:
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": PREFECT_API_URL.value()}
     env.pop("PREFECT__FLOW_RUN_ID", None)
-    return subprocess.run([sys.executable, "-c", _USER, str(run_id), how], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
                           timeout=120)
+
+
+def _wait_crashed(client, run_id: object) -> object:
+    deadline = time.monotonic() + 60
+    while (state := client.read_flow_run(run_id).state).type.value != "CRASHED":  # the guardian's own time
+        assert time.monotonic() < deadline, f"still {state.type.value}: {state.message}"
+        time.sleep(0.2)
+    return state
 
 
 def test_a_killed_process_leaves_its_run_crashed_with_the_cause(prefect_server):
@@ -58,10 +82,7 @@ def test_a_killed_process_leaves_its_run_crashed_with_the_cause(prefect_server):
         # the negative control: ended normally (its guardian has exited when it returns), the state is Prefect's
         ok = _user_process(ended.id, "end")
         assert ok.returncode == 0 and "ended" in ok.stdout, ok.stderr[-2000:]
-        deadline = time.monotonic() + 60
-        while (state := client.read_flow_run(killed.id).state).type.value != "CRASHED":  # the guardian's own time
-            assert time.monotonic() < deadline, f"still {state.type.value}: {state.message}"
-            time.sleep(0.2)
+        state = _wait_crashed(client, killed.id)
         assert "killed (SIGKILL" in state.message and "Run the same command again" in state.message, state.message
         assert client.read_flow_run(ended.id).state.type.value == "RUNNING"
 
@@ -72,3 +93,17 @@ def test_the_guardian_reads_the_id_and_done_until_its_pipe_ends():
     assert read_until_end(io.BytesIO(b"id 1234\n")) == ("1234", False)
     assert read_until_end(io.BytesIO(b"id 1234\ndone\n")) == ("1234", True)
     assert read_until_end(io.BytesIO(b"")) == (None, False)
+
+
+def test_two_submits_in_two_threads_of_one_killed_process_both_end_crashed(prefect_server):
+    """Red team 41k A7: two `submit(...)` calls at once in threads of one notebook kernel, the kernel SIGKILLed: one
+    run ended Crashed, the other stayed Running (each flow told its id to the newest guardian). Each thread's flow now
+    tells its own."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        a, b = _running_run(client), _running_run(client)
+        r = _user_process(a.id, b.id, script=_TWO_THREADS)
+        assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+        for run in (a, b):
+            assert "killed (SIGKILL" in _wait_crashed(client, run.id).message

@@ -366,24 +366,42 @@ def test_a_killed_submit_leaves_no_trainer_and_a_rerun_resumes(prefect_server, t
     assert res["released"] is True
 
 
+def _killed_after_a_commit_leaves_no_server(proc: subprocess.Popen, tmp_path: Path) -> None:
+    """SIGKILL `proc` (a submit on the embedded API) once a step is committed: its Prefect server must be gone."""
+    import psutil
+
+    _wait_for_commit(tmp_path / "ckpt", 50, proc)
+    servers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(p.cmdline())]
+    assert servers, "no embedded server found under the process"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert alive == [], [p.cmdline() for p in alive]
+
+
 @pytest.mark.slow  # the embedded API's start and a trainer's first commit (about 40 s)
 def test_a_killed_submit_on_the_embedded_api_leaves_no_server_behind(tmp_path):
     """Red team 41j S07: `frenzy submit` SIGKILLed on the embedded API left its Prefect server (uvicorn, in a session
     of its own so that Ctrl-C does not reach it) running as an orphan for 13 minutes and more. It now gets the
     parent-death signal: gone within seconds, as the trainer is."""
-    import psutil
-
     Ledger(str(tmp_path / "l.db"))
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="embkill", steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
                  "--run-dir", str(tmp_path / "run")], tmp_path, server=False)
-    _wait_for_commit(tmp_path / "ckpt", 50, proc)
-    servers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(p.cmdline())]
-    assert servers, "no embedded server found under the submit process"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    _, alive = psutil.wait_procs(servers, timeout=30)
-    assert alive == [], [p.cmdline() for p in alive]
+    _killed_after_a_commit_leaves_no_server(proc, tmp_path)
+
+
+@pytest.mark.slow  # the embedded API's start and a trainer's first commit (about 40 s)
+def test_a_killed_notebook_submit_on_the_embedded_api_leaves_no_server_behind(tmp_path):
+    """Red team 41k A5: a notebook's `submit(...)` on the embedded API, its kernel SIGKILLed: the temporary server
+    ran on as an orphan (only the CLI armed its parent-death signal). The flow call arms it too."""
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="nbkill", steps=100000, every=50)))
+    env = {**os.environ, "PREFECT_API_URL": ""}
+    proc = subprocess.Popen([sys.executable, "-c", _NOTEBOOK, str(tmp_path / "l.db")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "cli.err", "ab"), text=True,
+                            start_new_session=True, preexec_fn=_as_from_a_terminal)
+    _killed_after_a_commit_leaves_no_server(proc, tmp_path)
 
 
 def test_the_report_waits_for_every_committed_steps_score_not_just_the_final_one():

@@ -47,7 +47,7 @@ def lost_cause(ledger: object, url: str, allocation_id: str, lease_s: float, oth
     except Exception as err:  # noqa: BLE001 - the cause is said either way
         return f"{where} is gone ({err}); the ledger may have placed another job on its GPUs"
     if a.state == "released":
-        return (f"{where} was released while its trainer ran (by `frenzy cluster` or another process); the "
+        return (f"{where} was released while its trainer ran (by hand or by another process); the "
                 "ledger may have placed another job on its GPUs")
     until = datetime.fromtimestamp(a.lease_expiry, UTC).strftime("%H:%M:%S UTC")
     return (f"{where} lapsed: its lease ran out at {until}, renewed for {lease_s:.0f} s by neither the submitting "
