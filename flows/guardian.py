@@ -26,24 +26,17 @@ _guards: dict[int, list[int]] = {}
 submits at once in two threads: each flow tells its own guardian), newest last."""
 
 
-def _server_url() -> str:
-    """The Prefect server's API URL this process talks to; empty for the embedded API (it dies with the process,
-    and its run with it) and inside a worker's flow process (the worker watches that one)."""
-    if os.environ.get("PREFECT__FLOW_RUN_ID"):
-        return ""
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value() or ""
-
-
 @contextlib.contextmanager
 def guarded() -> Iterator[None]:
     """Watch this process's flow run while the block runs; without a Prefect server, see that the embedded one Prefect
     starts goes when this process does."""
-    api = _server_url()
-    if not api:
-        if not os.environ.get("PREFECT__FLOW_RUN_ID"):  # the embedded API: its server must not outlive this process
-            embedded_server_outlives_ctrl_c()  # (a notebook's kernel SIGKILLed: red team 41k A5)
+    from prefect.settings import PREFECT_API_URL
+
+    if os.environ.get("PREFECT__FLOW_RUN_ID"):  # a worker's flow process: the worker watches it
+        yield
+        return
+    if not (api := PREFECT_API_URL.value()):  # the embedded API: its server must not outlive this process either
+        embedded_server_outlives_ctrl_c()  # (a notebook's kernel SIGKILLed: red team 41k A5)
         yield
         return
     r, w = os.pipe()

@@ -221,7 +221,7 @@ def _failure(returncode: int, log_path: Path, log_start: int = 0) -> TrainFailed
         return TrainFailed(marked[-1], 2 if returncode > 0 else returncode, text[-4000:])
     from tasks.errors import NO_MEMORY, memory_problem
 
-    starved = next((ln for ln in text.splitlines()
+    starved = next((ln for ln in reversed(text.splitlines()[-20:])  # where an abort's last words are
                     if any(w in ln.lower() for w in NO_MEMORY) and "cuda" not in ln.lower()), None)
     if starved is not None:  # a rank refused memory before Python could say so (glibc or OpenBLAS aborting)
         return TrainFailed(str(memory_problem(MemoryError(starved.strip()))), 2, text[-4000:])
