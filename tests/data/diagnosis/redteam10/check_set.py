@@ -36,15 +36,22 @@ def _names(path: Path) -> set[str]:
     return {ln.strip().lower() for ln in path.read_text().splitlines() if ln.strip()}
 
 
+def _set_number(folder: Path) -> float:
+    """The round of a red-team folder (redteam10 -> 10); a folder that is not a numbered set counts as the last."""
+    digits = folder.name.removeprefix("redteam")
+    return int(digits) if digits.isdigit() else float("inf")
+
+
 def excluded() -> set[str]:
     """Every project the set must not draw from: the lists of earlier sets, their manifests and the corpus.
 
     This set's own list carries the earlier sets' projects plus its own (so that later sets exclude them); its
     own projects are taken out of its own list only, so a project that an earlier set's list or manifest names
-    is still refused.
+    is still refused. Only sets numbered below this one count as earlier: a later set's list names this set's
+    projects on purpose and must not refuse them here.
     """
     own = _projects(HERE / "manifest.jsonl")
-    others = [d for d in sorted(DIAG.glob("redteam*")) if d != HERE]
+    others = [d for d in sorted(DIAG.glob("redteam*")) if d != HERE and _set_number(d) < _set_number(HERE)]
     out = _names(HERE / "excluded_projects.txt") - own
     out |= set().union(*(_names(d / "excluded_projects.txt") | _projects(d / "manifest.jsonl") for d in others))
     return out | _projects(DIAG / "real" / "manifest.jsonl")
