@@ -143,3 +143,11 @@ def test_head_of_takes_a_plain_first_line_only() -> None:
     assert head_of(b"Traceback (most recent call last):\nx\n") == b""  # an error line starts no run
     assert head_of(b'  File "train.py", line 3, in <module>\n') == b""  # a pasted traceback's frame
     assert head_of(b"***\n") == b""
+
+
+def test_a_first_line_that_recurs_like_a_progress_line_starts_no_runs() -> None:
+    """More than MAX_RESTARTS copies of the first line in a chunk: a regular line, not runs (digits count as 0)."""
+    log = "".join(f"Epoch {k:03d}: training\nloss: 1.{k:03d}\n" for k in range(100))
+    log += "Traceback (most recent call last):\n" + _frames(1) + "KeyError: 'x'\n" + "Epoch 100: training\n"
+    assert compress(log.encode()).restarts == ()
+    assert compress(log.encode()[: log.index("Epoch 010")]).restarts == tuple(range(3, 21, 2))

@@ -248,10 +248,10 @@ def _restarts(zeroed: bytes, counts: Counter, head: bytes) -> tuple[int, ...] | 
     """The 1-based lines of a chunk (digits as 0) that repeat the log's first line `head`; None when it recurs more
     than MAX_RESTARTS times."""
     n = counts.get(head, 0) if head else 0
-    if n > MAX_RESTARTS:
-        return None
-    padded, out, line, at = b"\n" + zeroed + b"\n", [], 1, 0
-    pos = padded.find(b"\n" + head + b"\n") if n else -1
+    if n == 0 or n > MAX_RESTARTS:
+        return () if n == 0 else None
+    padded, out, line, at = b"\n" + zeroed + b"\n", [], 1, 0  # a copy of the chunk only where its head recurs
+    pos = padded.find(b"\n" + head + b"\n")
     while pos >= 0:  # padded[pos] is the newline before the line at chunk offset pos
         line += zeroed.count(b"\n", at, pos)
         at = pos
