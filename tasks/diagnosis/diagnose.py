@@ -9,6 +9,7 @@ and every other matching line as `evidence` (the symptoms). No rule matching giv
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -283,16 +284,17 @@ def _earlier_runs(c: Compressed, cands: dict[int, _Cand], out: set[int]) -> set[
     interpreter's exception line). The last run's failure ended the log; the earlier runs' are history. A first
     line printed again after other lines (a second node's copy of a launcher's banner) is no restart."""
     at = sorted((x.finding.line_no, x.finding.line) for i, x in cands.items() if i not in out)
+    nos = [n for n, _ in at]
     for b in sorted(c.restarts, reverse=True):
-        before = [line for n, line in at if n < b]
-        if before and any(n > b for n, _ in at) and EXCEPTION.match(before[-1]):
+        k = bisect_left(nos, b)  # at[k - 1]: the last failure line before the restart
+        if 0 < k and bisect_right(nos, b) < len(nos) and EXCEPTION.match(at[k - 1][1]):
             return {i for i, x in cands.items() if x.finding.line_no < b}
     return set()
 
 
 def _pick(c: Compressed, cands: dict[int, _Cand], wrappers: set[int]) -> _Cand:
-    """The root cause: the strongest candidate that is not a wrapper of another, not a copy of a raised exception,
-    not one the run survived and not an earlier run's."""
+    """The root cause: the strongest candidate that is not a wrapper of another, not a garbled copy of a clean
+    exception line, not one the run survived and not an earlier run's."""
     out = wrappers | _garbled_copies(cands, wrappers)
     out |= _survived(c, cands, out)
     out |= _earlier_runs(c, cands, out)
