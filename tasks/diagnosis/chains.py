@@ -20,8 +20,17 @@ A failed run's log often holds a wrapper and, beneath or above it, the line that
 `links(kept)` maps each wrapper line (an index into the kept lines) to the line that states its cause; the
 diagnosis follows the links to the innermost cause, which takes the wrapper's place and standing. Lines are paired
 within one rank: merged multi-rank logs interleave, and a `[rankN]:` prefix says whose line it is (a wrapper with no
-prefix, a launcher's line, pairs with any rank's marker below it). Python's
-`During handling of the above exception` is not a link: there the first error is often one the code expected.
+prefix, a launcher's line, pairs with any rank's marker below it). Two links point down the log, to the exception
+that ended the run:
+
+- an exception header whose message ends in a colon and whose next line states no cause (TensorFlow's
+  `ValueError: in user code:`, then the user's frames, then the same class with the message that says what failed):
+  the next exception of its class within HEADER_SPAN lines;
+- Python's `During handling of the above exception, another exception occurred`: each exception of the chain yields
+  to the one that ends it, the exception that propagated and ended the run, when the chain is a side error inside a
+  handler (the exception that ends it is the one that started it: a launcher's `SignalException`, a logging call's
+  `KeyError` in between). Where the chain ends in a different exception, the first error is often one the code
+  expected (a `KeyError` caught to raise a clearer error), and the rules' priorities decide.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ NEXT_LINE = re.compile(r"(?:Last error:|because of the following error[^:]*:|Cau
 """A marker whose cause is the next line: NCCL's `Last error:`, transformers' lazy-import error, `Caused by:`."""
 _SAME_LINE = re.compile(r"(?:Last error:|Caused by:)\s*(\S.*)$")
 _DIRECT = re.compile(r"The above exception was the direct cause of the following exception")
+_CLASS = re.compile(r"([A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))\b")
+_DURING = re.compile(r"During handling of the above exception, another exception occurred")
 _REMOTE = re.compile(r"Original Traceback \(most recent call last\)|-- Process \d+ terminated with the following "
                      r"error|RemoteTraceback|\bRayTaskError\b|\bRaySystemError\b: System error: ")
 """A traceback re-raised from another process: the cause is the exception that ends it."""
@@ -63,6 +74,9 @@ INLINE = re.compile(r"Original reason for failure was:|terminated with exception
 """In-line chain markers: the text after the last one is the innermost cause."""
 WINDOW = 6
 """How far (in log lines) a wrapper may be from its marker, and a marker from the cause it announces."""
+HEADER_SPAN = 80
+"""How far (in log lines) below an exception header the exception that states its cause may be: the user's frames
+of a TensorFlow graph error lie between them."""
 
 
 class Line(Protocol):
@@ -134,6 +148,10 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
             cause = _after(kept, i, 1, lambda j: bool(kept[j].text.strip()))
             if cause is not None and (cause in found or MESSAGE_BELOW.search(text)):
                 out.setdefault(i, cause)
+            elif is_exc[i]:  # a header: the next exception of its class states what failed
+                below = _same_class_below(kept, i, is_exc)
+                if below is not None:
+                    out.setdefault(i, below)
         elif _DIRECT.search(text):  # the exception above the marker caused the one below it
             above = _before(kept, i, 4 * WINDOW, lambda j: is_exc[j])
             below = _after(kept, i, 8 * WINDOW, lambda j: is_exc[j])
@@ -145,6 +163,40 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
                 for w in ([i] if i in found else []) + _before(kept, i, 3, lambda j: j in found):
                     if w != cause:
                         out.setdefault(w, cause)
+    for w, cause in _handled(kept, is_exc).items():
+        out.setdefault(w, cause)
+    return out
+
+
+def _same_class_below(kept: Sequence[Line], i: int, is_exc: list[bool]) -> int | None:
+    """The next exception line of line i's class within HEADER_SPAN lines of its process."""
+    cls = exception_class(kept[i].text)
+    return _after(kept, i, HEADER_SPAN, lambda j: is_exc[j] and exception_class(kept[j].text) == cls)
+
+
+def exception_class(text: str) -> str | None:
+    """The exception class an exception line names (`tensorflow...ResourceExhaustedError` -> its last part)."""
+    m = _CLASS.search(text)
+    return m.group(1) if m else None
+
+
+def _handled(kept: Sequence[Line], is_exc: list[bool]) -> dict[int, int]:
+    """`During handling of the above exception` chains that end in the exception that started them: each other
+    exception of the chain (a side error in the handler) -> the one that ends it."""
+    step: dict[int, int] = {}
+    for i, k in enumerate(kept):
+        if _DURING.search(k.text):
+            above = _before(kept, i, 4 * WINDOW, lambda j: is_exc[j])
+            below = _after(kept, i, 40 * WINDOW, lambda j: is_exc[j])
+            if above and below is not None:
+                step[above[0]] = below
+    out: dict[int, int] = {}
+    for start in set(step) - set(step.values()):
+        chain = [start]
+        while chain[-1] in step and step[chain[-1]] not in chain:
+            chain.append(step[chain[-1]])
+        if len(chain) > 2 and exception_class(kept[start].text) == exception_class(kept[chain[-1]].text):
+            out.update((j, chain[-1]) for j in chain[:-1])
     return out
 
 

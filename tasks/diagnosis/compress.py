@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.diagnosis.chains import MESSAGE_BELOW, NEXT_LINE
-from tasks.diagnosis.progress import LossTrack, fold, track, trained_until
+from tasks.diagnosis.progress import LossTrack, fold, last_trained, track, trained_until
 from tasks.diagnosis.rules import ERROR_KEYWORDS, RULES, learned_rules
 
 _DIGITS = b"0123456789"
@@ -83,6 +83,10 @@ class Compressed:
     trained_until: int | None = None
     """The line before which the run printed progress.SURVIVED finite losses: it went on training after the error
     lines above it."""
+    last_trained: int | None = None
+    """The last line that prints a finite loss."""
+    restarts: tuple[int, ...] = ()
+    """The lines where the log's first line is printed again (`head_of`): a new run appended to the same log."""
 
     @property
     def ratio(self) -> float:
@@ -145,6 +149,8 @@ class _Part:
     kept_bytes: int
     dropped: Counter
     loss: LossTrack
+    restarts: tuple[int, ...] | None = ()
+    """Lines (within the part) that repeat the log's first line; None: it recurs too often to start runs."""
 
 
 _NEXT_LINE = re.compile(NEXT_LINE.pattern.encode())
@@ -217,12 +223,50 @@ def _error_lines(chunk: bytes, zeroed: bytes, lines: list[bytes], counts: Counte
     return marks
 
 
-def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
+MAX_RESTARTS = 64
+"""Recurrences of the log's first line per chunk past which it is a regular line (a progress print), not the first
+line of a new run appended to the log."""
+HEAD_BYTES = 1 << 16
+_FRAME_LINE = re.compile(rb'^\s|File "')
+
+
+def head_of(first: bytes) -> bytes:
+    """The template (digits as 0) of the first non-empty line of a log's first bytes, when it can mark a run's start:
+    not an error-looking line, not a traceback's frame (a pasted traceback starts every rank's copy the same way),
+    with some words in it. Empty when it cannot."""
+    for line in first.split(b"\n")[:-1]:
+        if line.strip():
+            low = line.lower()
+            words = sum(ch.isalpha() for ch in line.decode(errors="replace"))
+            if words < 4 or _FRAME_LINE.search(line) or any(kw in low for kw in ERROR_KEYWORDS):
+                return b""
+            return line.translate(_ZERO)
+    return b""
+
+
+def _restarts(zeroed: bytes, counts: Counter, head: bytes) -> tuple[int, ...] | None:
+    """The 1-based lines of a chunk (digits as 0) that repeat the log's first line `head`; None when it recurs more
+    than MAX_RESTARTS times."""
+    n = counts.get(head, 0) if head else 0
+    if n == 0 or n > MAX_RESTARTS:
+        return () if n == 0 else None
+    padded, out, line, at = b"\n" + zeroed + b"\n", [], 1, 0  # a copy of the chunk only where its head recurs
+    pos = padded.find(b"\n" + head + b"\n")
+    while pos >= 0:  # padded[pos] is the newline before the line at chunk offset pos
+        line += zeroed.count(b"\n", at, pos)
+        at = pos
+        out.append(line)
+        pos = padded.find(b"\n" + head + b"\n", pos + len(head) + 1)
+    return tuple(out)
+
+
+def _compress_chunk(chunk: bytes, context: int, repeats: int, head: bytes = b"") -> _Part:
     """One chunk (whole lines): its error lines with context, the lines where its loss turned non-finite, and the
     rest counted by template (digits as 0: one C pass, not a regex)."""
     zeroed = chunk.translate(_ZERO)
     lines = zeroed.split(b"\n")
     counts = Counter(lines)
+    restarts = _restarts(zeroed, counts, head)
     loss, diverged = track(chunk.lower())
     marks = _error_lines(chunk, zeroed, lines, counts, context, repeats)
     del lines
@@ -241,7 +285,7 @@ def _compress_chunk(chunk: bytes, context: int, repeats: int) -> _Part:
     dropped = +counts  # positive counts only
     dropped.pop(b"", None)
     return _Part(chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1), len(chunk), kept, kept_bytes,
-                 _top(dropped, MAX_TEMPLATES), loss)
+                 _top(dropped, MAX_TEMPLATES), loss, restarts)
 
 
 def _top(counts: Counter, n: int) -> Counter:
@@ -249,10 +293,10 @@ def _top(counts: Counter, n: int) -> Counter:
     return counts if len(counts) <= n else Counter(dict(counts.most_common(n)))
 
 
-def _compress_range(path: str, start: int, end: int, context: int, repeats: int) -> _Part:
+def _compress_range(path: str, start: int, end: int, context: int, repeats: int, head: bytes = b"") -> _Part:
     with open(path, "rb") as f:
         f.seek(start)
-        return _compress_chunk(f.read(end - start), context, repeats)
+        return _compress_chunk(f.read(end - start), context, repeats, head)
 
 
 def _ranges(path: Path, size: int) -> list[tuple[int, int]]:
@@ -275,7 +319,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 
 def serve() -> None:
     """A compression worker (`python -c "from tasks.diagnosis.compress import serve; serve()"`): reads pickled
-    (path, start, end, context, repeats) requests on stdin and answers each with its pickled `_Part` on stdout.
+    (path, start, end, context, repeats, head) requests on stdin and answers each with its pickled `_Part` on stdout.
     A plain subprocess, not multiprocessing: multiprocessing's spawn and forkserver children import the caller's
     `__main__` (for the CLI, every command group and torch) in every worker; this one imports only this module."""
     inp, out = sys.stdin.buffer, sys.stdout.buffer
@@ -294,7 +338,7 @@ def _workers(n: int) -> list[subprocess.Popen]:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) for _ in range(n)]
 
 
-def _parts(path: Path, context: int, repeats: int, workers: int | None) -> Iterator[_Part]:
+def _parts(path: Path, context: int, repeats: int, workers: int | None, head: bytes = b"") -> Iterator[_Part]:
     """The file's chunks compressed, in order: by worker processes (one per core) for a large file, chunk k by
     worker k mod n, at most two chunks in flight per worker, so that memory does not grow with the file."""
     size = path.stat().st_size
@@ -302,13 +346,13 @@ def _parts(path: Path, context: int, repeats: int, workers: int | None) -> Itera
     n = min(workers or os.cpu_count() or 1, len(ranges))
     if size < PARALLEL_MIN_BYTES or n <= 1:
         for a, b in ranges:
-            yield _compress_range(str(path), a, b, context, repeats)
+            yield _compress_range(str(path), a, b, context, repeats, head)
         return
     procs = _workers(n)
     try:
         def send(k: int) -> None:
             if k < len(ranges):
-                pickle.dump((str(path), *ranges[k], context, repeats), procs[k % n].stdin)
+                pickle.dump((str(path), *ranges[k], context, repeats, head), procs[k % n].stdin)
                 procs[k % n].stdin.flush()
 
         for k in range(2 * n):
@@ -353,6 +397,8 @@ class _Merge:
     over: Counter = field(default_factory=Counter)
     verdicts: dict[str, str | None] = field(default_factory=dict)
     rules: list = field(default_factory=list)
+    restarts: list[int] | None = field(default_factory=list)
+    """Lines that repeat the log's first line (None: it recurs too often to mark runs)."""
 
     def _worth(self, text: str) -> bool:
         """Past the budget: whether an error line is kept (a rule names it, RULE_REPEATS per failure type)."""
@@ -387,6 +433,10 @@ class _Merge:
         if len(self.dropped) > 2 * MAX_TEMPLATES:
             self.dropped = _top(self.dropped, MAX_TEMPLATES)
         self.tracks.append(part.loss.shifted(self.lines))
+        if part.restarts is None or self.restarts is None or len(self.restarts) > 4 * MAX_RESTARTS:
+            self.restarts = None
+        else:
+            self.restarts += [self.lines + n for n in part.restarts]
         self.lines += part.lines
         self.bytes += part.bytes
         self.kept_bytes += part.kept_bytes
@@ -400,10 +450,13 @@ def compress(source: Path | str | bytes, context: int = 2, top_templates: int = 
     t0 = time.perf_counter()
     m = _Merge(context)
     if isinstance(source, bytes):
-        m.add(_compress_chunk(source, context, repeats))
+        m.add(_compress_chunk(source, context, repeats, head_of(source[:HEAD_BYTES])))
     else:
-        for part in _parts(Path(source), context, repeats, workers):
+        with open(source, "rb") as f:
+            head = head_of(f.read(HEAD_BYTES))
+        for part in _parts(Path(source), context, repeats, workers, head):
             m.add(part)
     templates = _mine(m.dropped, top_templates) if m.dropped else []
     return Compressed(m.kept, m.lines, m.bytes, m.kept_bytes, time.perf_counter() - t0, templates,
-                      divergence=fold(m.tracks), capped=m.capped, trained_until=trained_until(m.tracks))
+                      divergence=fold(m.tracks), capped=m.capped, trained_until=trained_until(m.tracks),
+                      last_trained=last_trained(m.tracks), restarts=tuple(m.restarts[1:]) if m.restarts else ())

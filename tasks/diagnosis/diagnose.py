@@ -9,11 +9,12 @@ and every other matching line as `evidence` (the symptoms). No rule matching giv
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks.diagnosis.chains import innermost, links, rank_of, segments
+from tasks.diagnosis.chains import EXCEPTION, innermost, links, rank_of, segments
 from tasks.diagnosis.compress import Compressed, Kept, compress
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
 from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
@@ -48,6 +49,20 @@ _CXX_FRAME = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?frame #\d+: ")
 error was raised, not an error; the message above the backtrace states it."""
 _NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
 """NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
+_GLUED = re.compile(r"(?:Error|Exception):?\s*[A-Z]\w*(?:Error|Exception)\b|[a-z](?:Error|Exception)[A-Z]")
+"""Two exception lines written into each other by interleaved ranks (`RuntimeError: RuntimeErrorRuntimeError: ...`,
+`RuntimeErrorNCCL error in: ...`): a garbled copy, which yields to a clean one of the same failure."""
+_WARNING = re.compile(r"(?<!NCCL )\bWARN(?:ING)?\b|\b[A-Z]\w*Warning\b|(?:^|[\s\[])W\d{4} \d\d:\d\d|"
+                      r"(?:^|[\s\[]|: )W [\w/.-]+\.\w+:\d+\]")
+"""A warning-level line (Python's logging `WARNING`, a `UserWarning`, glog's and TensorFlow's `W` lines; NCCL's WARN
+states its errors and is not one)."""
+_CARRIED_ON = re.compile(r"(?i)\binstead\b|\bfall(?:ing)? ?back\b|\bretrying\b|\bwill retry\b|\bskipping\b|"
+                         r"\bcontinuing\b")
+"""A line that says the program carried on after it (`slurmstepd: error: couldn't chdir to ...: going to /tmp
+instead`, `falling back to ...`, `retrying`)."""
+SYMPTOM = 20
+"""Rules below this priority name a launcher's symptoms (exit codes, ChildFailedError, signals sent to workers): a
+line the run survived does not yield to them, only to a failure."""
 MAX_EVIDENCE = 100
 """Evidence entries kept in a diagnosis: a million identical error lines are one cause, not a million."""
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
@@ -233,9 +248,57 @@ def _divergence(c: Compressed, cands: dict[int, _Cand]) -> None:
                          "progress")
 
 
+def _garbled_copies(cands: dict[int, _Cand], wrappers: set[int]) -> set[int]:
+    """The lines that yield to the clean exception line of a failure whose copies interleaved ranks garbled: where a
+    failure type's candidates of one standing include a glued copy (`_GLUED`) and a clean exception line (as the
+    interpreter printed it while ending the run), the others of that standing (the glued copies and the fragments
+    written among them) are evidence. Where nothing is garbled the earliest copy stands, as before. A clean cause
+    found through a chain keeps its place."""
+    def raised(i: int, x: _Cand) -> bool:
+        return i not in wrappers and bool(EXCEPTION.match(x.finding.line)) and not _GLUED.search(x.finding.line)
+
+    glued = {(x.rule.type, x.priority) for x in cands.values() if _GLUED.search(x.finding.line)}
+    kinds = {(x.rule.type, x.priority) for i, x in cands.items() if raised(i, x)} & glued
+    return {i for i, x in cands.items()
+            if (x.rule.type, x.priority) in kinds and not raised(i, x) and (x.via == "line" or _GLUED.search(x.finding.line))}
+
+
+def _survived(c: Compressed, cands: dict[int, _Cand], out: set[int]) -> set[int]:
+    """The lines the run survived, when a failure (not a launcher's symptom) follows them: a line that says the
+    program carried on (`_CARRIED_ON`), and a warning (`_WARNING`) after which the run printed a finite loss. A
+    raised exception ended its process, whatever its message says."""
+    def carried_on(line: str) -> bool:
+        return bool(_CARRIED_ON.search(line)) and not EXCEPTION.match(line)
+
+    fatal = [x.finding.line_no for i, x in cands.items()
+             if i not in out and x.priority >= SYMPTOM and not carried_on(x.finding.line)]
+    last = max(fatal, default=0)
+    return {i for i, x in cands.items() if x.via == "line" and x.finding.line_no < last and (
+        carried_on(x.finding.line) or (_WARNING.search(x.finding.line) and not EXCEPTION.match(x.finding.line)
+                                       and (c.last_trained or 0) > x.finding.line_no))}
+
+
+def _earlier_runs(c: Compressed, cands: dict[int, _Cand], out: set[int]) -> set[int]:
+    """The lines of earlier runs, where several runs were appended to one log: the log's first line printed again
+    (`Compressed.restarts`) right after a run that ended in an uncaught exception (its last failure line is the
+    interpreter's exception line). The last run's failure ended the log; the earlier runs' are history. A first
+    line printed again after other lines (a second node's copy of a launcher's banner) is no restart."""
+    at = sorted((x.finding.line_no, x.finding.line) for i, x in cands.items() if i not in out)
+    nos = [n for n, _ in at]
+    for b in sorted(c.restarts, reverse=True):
+        k = bisect_left(nos, b)  # at[k - 1]: the last failure line before the restart
+        if 0 < k and bisect_right(nos, b) < len(nos) and EXCEPTION.match(at[k - 1][1]):
+            return {i for i, x in cands.items() if x.finding.line_no < b}
+    return set()
+
+
 def _pick(c: Compressed, cands: dict[int, _Cand], wrappers: set[int]) -> _Cand:
-    """The root cause: the strongest candidate that is not a wrapper of another and not one the run survived."""
-    live = {i: x for i, x in cands.items() if i not in wrappers}
+    """The root cause: the strongest candidate that is not a wrapper of another, not a garbled copy of a clean
+    exception line, not one the run survived and not an earlier run's."""
+    out = wrappers | _garbled_copies(cands, wrappers)
+    out |= _survived(c, cands, out)
+    out |= _earlier_runs(c, cands, out)
+    live = {i: x for i, x in cands.items() if i not in out} or {i: x for i, x in cands.items() if i not in wrappers}
     if c.trained_until is not None:  # what the run went on training after did not end it (progress.SURVIVED)
         live = {i: x for i, x in live.items() if x.finding.line_no > c.trained_until} or live
     best = max(live.values(), key=_order)

@@ -195,6 +195,11 @@ def trained_until(tracks: Iterable[LossTrack]) -> int | None:
     return last[0] if len(last) == SURVIVED else None
 
 
+def last_trained(tracks: Iterable[LossTrack]) -> int | None:
+    """The last line that prints a finite loss (line numbers file-wide): the run was still training there."""
+    return max((t.finite[-1] for t in tracks if t.finite), default=None)
+
+
 def fold(tracks: Iterable[LossTrack]) -> int | None:
     """The line where the loss diverged, over a file's chunks (line numbers already file-wide): the start of the
     last run of non-finite losses when no finite loss follows it; else the start of the last STREAK-long run of
