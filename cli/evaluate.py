@@ -55,6 +55,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     def progress(msg: str, frac: float) -> None:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
+    _stop_cleanly_on_sigterm()
     try:
         res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress, req.reevaluate,
                                            overwrite=req.overwrite)
@@ -75,6 +76,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               f"{', '.join(res.failed)} (causes above; logs in {res.out_dir}/trials)", file=sys.stderr)
         return 2
     return 0
+
+
+def _stop_cleanly_on_sigterm() -> None:
+    """SIGTERM (`kill`, a batch system's stop) ends the evaluation as Ctrl-C does: its trials' process groups killed,
+    its shared-memory copy removed, exit 143. Without this the process died at once, its trials (in groups of their
+    own) ended only by their parent-death watch and the copy left for the next evaluation to sweep."""
+    import signal
+    import threading
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
 
 
 def cmd_eval_datasets(args: argparse.Namespace) -> int:
