@@ -83,7 +83,9 @@ def test_cli_evaluate_prints_the_scores_and_each_failed_dataset_and_exits_2(ckpt
     suite_file.write_text(json.dumps(three(kill=True).model_dump()))
     hist = str(tmp_path / "h")
     args = [ckpt, "--suite", str(suite_file), "--history-dir", hist, "--no-learn"]
+    on_term = signal.getsignal(signal.SIGTERM)
     assert main(["evaluate", *args, "--out-dir", str(tmp_path / "o")]) == 2
+    assert signal.getsignal(signal.SIGTERM) is on_term  # its clean stop on SIGTERM held only while it ran
     out, err = capsys.readouterr()
     assert "heldout-cloze" in out and "heldout-loss" in out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("huge: FAILED (not scored): ")]
