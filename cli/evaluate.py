@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from cli.argtypes import bounded_int
 from cli.output import emit, table
@@ -56,8 +57,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
     try:
-        res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress, req.reevaluate,
-                                           overwrite=req.overwrite)
+        with _stop_cleanly_on_sigterm():
+            res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress,
+                                               req.reevaluate, overwrite=req.overwrite)
     finally:
         warmstart.discard_precursor()  # not taken: the evaluation failed before its copy, or was recorded already
     doc = res.model_dump(mode="json") | {"history_plot": summary.history_plot}
@@ -75,6 +77,28 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               f"{', '.join(res.failed)} (causes above; logs in {res.out_dir}/trials)", file=sys.stderr)
         return 2
     return 0
+
+
+@contextlib.contextmanager
+def _stop_cleanly_on_sigterm() -> Iterator[None]:
+    """While it is held, SIGTERM (`kill`, a batch system's stop) ends the evaluation as Ctrl-C does: its trials'
+    process groups killed, its shared-memory copy removed, exit 143. Without it the process died at once, its trials
+    (in groups of their own) ended only by their parent-death watch and the copy left for the next evaluation to
+    sweep. The previous handler is put back after (a caller in Python keeps its own)."""
+    import signal
+    import threading
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)  # None: not set from Python
 
 
 def cmd_eval_datasets(args: argparse.Namespace) -> int:

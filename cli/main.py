@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - cli/output.py's boundary decides what it is
         from cli.output import finish
 
-        return finish(_command(argv) or "", err)
+        return finish(_command(argv) or "", err, as_json="--json" in argv)
     args = parser.parse_args(argv)
     from cli.output import run
 

@@ -7,7 +7,9 @@ permission, symlink loop: `tasks.errors.environment_problem`) prints `frenzy CMD
 default ~/.frenzy/crash), exit 1. A closed stdout (`frenzy ... | head`) ends quietly with status 141, as `cat`
 does; Ctrl-C ends with 130. Library chatter (solver banners, Ray, child processes) never reaches
 the JSON document: while a `--json` command runs, stdout (the Python object and file descriptor 1) points at
-stderr, and the document is written to the real stdout only after the command has finished."""
+stderr, and the document is written to the real stdout only after the command has finished. Under `--json` a
+command that fails prints, as its one document, the error (`CommandError`: the same keys for every command) with the
+exit status unchanged (red team 41k B3: a failed `frenzy evaluate --json` printed nothing)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +99,18 @@ def crash_dir() -> Path:
     return frenzy_home() / "crash"
 
 
-def _bug(command: str, err: BaseException) -> int:
-    """A bug: one short message saying so, the traceback in a file (printed instead when no file can be written)."""
+class CommandFailed(Exception):
+    """A failure a command has described in its message (a trainer that exited with an error), with its exit status:
+    said at the boundary like any other error (on stderr, and as the error document under --json)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _bug(command: str, err: BaseException) -> tuple[str, str | None]:
+    """A bug: one short message saying so, the traceback in a file (printed instead when no file can be written);
+    returns the message and the file (None when none could be written)."""
     text = "".join(traceback.format_exception(err))
     head = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
     try:
@@ -106,12 +119,12 @@ def _bug(command: str, err: BaseException) -> int:
         path = d / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}-{os.getpid()}.txt"
         path.write_text(f"frenzy {command} (pid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S %z')})\n"
                         f"argv: {sys.argv}\n\n{text}")
-        where = f"the traceback is in {path}"
+        where, crash = f"the traceback is in {path}", str(path)
     except OSError as werr:
-        where = f"the traceback (no crash file could be written: {werr}):\n{text}"
-    print(f"frenzy {command}: internal error, a bug in Frenzy rather than in your input: {head}\n  {where}; "
-          "please report it with that file", file=sys.stderr)
-    return 1
+        where, crash = f"the traceback (no crash file could be written: {werr}):\n{text}", None
+    said = f"internal error, a bug in Frenzy rather than in your input: {head}"
+    print(f"frenzy {command}: {said}\n  {where}; please report it with that file", file=sys.stderr)
+    return f"{said}; please report it with {crash or 'the traceback printed on stderr'}", crash
 
 
 def _quiet_pipe() -> int:
@@ -123,21 +136,53 @@ def _quiet_pipe() -> int:
     return 141
 
 
-def finish(command: str, err: BaseException) -> int:
-    """The exit status for an exception that escaped a command (module docstring)."""
+def finish(command: str, err: BaseException, as_json: bool = False) -> int:
+    """The exit status for an exception that escaped a command (module docstring), said on stderr; with `as_json`
+    also as the command's one JSON document on stdout (`CommandError`)."""
     if isinstance(err, BrokenPipeError):
         return _quiet_pipe()
+    crash = None
     if isinstance(err, KeyboardInterrupt):
+        rc, kind, msg = 130, "interrupted", "interrupted (Ctrl-C); run the same command again"
         print(f"frenzy {command}: interrupted", file=sys.stderr)
-        return 130
-    from tasks.errors import user_message
+    else:
+        from tasks.errors import user_message
 
-    msg = user_message(err)
-    if msg is None:
-        return _bug(command, err)
-    with contextlib.suppress(BrokenPipeError):
-        print(f"frenzy {command}: error: {msg}", file=sys.stderr)
-    return 2
+        rc, kind, msg = (err.exit_code, "error", str(err)) if isinstance(err, CommandFailed) else (
+            2, "error", user_message(err))
+        if msg is None:
+            rc, kind = 1, "bug"
+            msg, crash = _bug(command, err)
+        else:
+            with contextlib.suppress(BrokenPipeError):
+                print(f"frenzy {command}: error: {msg}", file=sys.stderr)
+    if as_json:
+        _to_stdout_quietly(CommandError(command, kind, msg, rc, crash))
+    return rc
+
+
+@dataclass(frozen=True)
+class CommandError:
+    """What a failed `--json` command prints on stdout, as `{"error": {...}}`, with the same keys for every command."""
+
+    command: str
+    kind: str
+    """error (the input or the machine: `message` names it and the fix), bug (`crash_file` holds the traceback), or
+    interrupted (Ctrl-C, SIGTERM)."""
+    message: str
+    """What stderr says."""
+    exit_code: int
+    crash_file: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": asdict(self)}
+
+
+def _to_stdout_quietly(err: CommandError) -> None:
+    """Write an error document; a stdout that refuses it changes nothing (stderr has said the error already)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.write(json.dumps(err.to_json(), indent=2) + "\n")
+        sys.stdout.flush()
 
 
 def _leave_ray() -> None:
@@ -197,6 +242,13 @@ def _to_stdout(write: Callable[[], None], doc: Any = None) -> None:
         raise problem from err
 
 
+def _stopped(command: str, rc: int) -> CommandError:
+    """The error of a command that ended with status `rc` and no result, its line already on stderr."""
+    kind = "interrupted" if rc in (130, 143, 129) else "error"
+    return CommandError(command, kind, f"frenzy {command} ended with status {rc} and no result; stderr's last line "
+                          "says why" + (" and where it stopped" if kind == "interrupted" else ""), rc)
+
+
 def _run(args: argparse.Namespace) -> int:
     if not getattr(args, "json", False):
         try:
@@ -215,8 +267,13 @@ def _run(args: argparse.Namespace) -> int:
                 rc = args.fn(args)
             finally:
                 _leave_ray()
+    except SystemExit as stop:  # a signal's exit status (`submit` stopped by SIGTERM: 143), its line on stderr
+        _to_stdout_quietly(_stopped(args.command, stop.code if isinstance(stop.code, int) else 1))
+        raise
     finally:
         _document.reset(token)
+    if holder.doc is _UNSET and rc != 0:  # stopped (`submit`'s Ctrl-C: 130) with its line on stderr, no result
+        holder.doc = _stopped(args.command, rc).to_json()
     if holder.doc is not _UNSET:
         text = json.dumps(holder.doc, indent=2, default=str) + "\n"
         _to_stdout(lambda: (sys.stdout.write(text), sys.stdout.flush()) and None, holder.doc)
@@ -235,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the boundary: every exception ends here
-        return finish(command, err)
+        return finish(command, err, as_json=getattr(args, "json", False))
 
 
 def _stdout_open() -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cli.argtypes import bounded_int
-from cli.output import emit, table
+from cli.output import CommandFailed, emit, table
 from tasks.errors import FrenzyError
 from tasks.jobspec import load_job
 
@@ -54,9 +54,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             result = launch(job, run_dir, nproc=args.nproc, resume=args.resume, from_scratch=args.from_scratch,
                             discard_checkpoints=args.discard_checkpoints, device=args.device, threads=args.threads,
                             tp=args.tp, on_record=show)
-    except TrainFailed as err:
-        print(f"frenzy train: error: {err}", file=sys.stderr)
-        return 2 if err.returncode == 2 else 1  # 2: a problem the message says how to fix
+    except TrainFailed as err:  # 2: a problem the message says how to fix
+        raise CommandFailed(str(err), 2 if err.returncode == 2 else 1) from err
 
     def human() -> str:
         rows = [{"step": c.step, "uri": c.uri, "MB": f"{c.bytes / 1e6:.1f}", "blocked ms": f"{c.blocked_s * 1e3:.1f}",

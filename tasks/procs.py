@@ -35,3 +35,40 @@ def alive(pid: int, started: int | None = None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+PARENT_ENV = "FRENZY_DIE_WITH"
+"""The environment variable through which a process started in a session of its own learns whose death ends it."""
+
+
+def die_with_parent() -> bool:
+    """End this process and its process group when the process named by `$FRENZY_DIE_WITH` (its parent) ends, however
+    it ends (SIGKILL included): a process started in a session of its own (`start_new_session`) no longer shares its
+    parent's process group, so a Ctrl-C or a kill of the group does not reach it. Watches the parent through a pidfd
+    (any thread of the parent may have started this process: PR_SET_PDEATHSIG would fire when that thread ends);
+    where pidfds are not offered, PR_SET_PDEATHSIG. True when armed; a parent already gone ends this process now."""
+    import signal
+
+    parent = int(os.environ.pop(PARENT_ENV, "0") or 0)
+    if parent <= 0:
+        return False
+    try:
+        fd: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before the watch began
+        os.killpg(0, signal.SIGKILL)
+    if fd is not None:
+        import select
+        import threading
+
+        def watch() -> None:
+            select.select([fd], [], [])  # a pidfd reads ready when its process has ended
+            os.killpg(0, signal.SIGKILL)
+
+        threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+    return True

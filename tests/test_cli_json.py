@@ -100,6 +100,50 @@ def test_every_command_is_checked_for_one_json_document():
     assert set(sub.choices) - covered == set()
 
 
-def test_an_error_under_json_prints_nothing_on_stdout_and_exits_2(tmp_path):
+KEYS = {"command", "kind", "message", "exit_code", "crash_file"}
+
+
+def test_an_error_under_json_prints_one_error_document_and_exits_2(tmp_path):
+    """Red team 41k B3: a failed `--json` command printed nothing on stdout; now one document, with the message stderr
+    gives (the cause and the fix) and the same keys for every command."""
     r = frenzy("plan", str(tmp_path / "missing.yaml"), "--json", cwd=tmp_path)
-    assert r.returncode == 2 and r.stdout == "" and "frenzy plan: error:" in r.stderr
+    assert r.returncode == 2 and "frenzy plan: error:" in r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert set(err) == KEYS and err["command"] == "plan" and err["kind"] == "error" and err["exit_code"] == 2
+    assert "missing.yaml" in err["message"] and err["message"] in r.stderr and err["crash_file"] is None
+
+
+def _run_json(fn: Callable, capsys) -> tuple[int, dict]:
+    """`cli.output.run` of a command `fn` under --json: its status and the one document on stdout."""
+    import argparse
+
+    from cli.output import run
+
+    rc = run(argparse.Namespace(command="demo", json=True, fn=fn))
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def _raise(err: BaseException) -> Callable:
+    def fn(_args: object) -> int:
+        raise err
+    return fn
+
+
+def test_every_kind_of_failure_under_json_prints_the_same_keys(capsys, tmp_path, monkeypatch):
+    from cli.output import CommandFailed
+
+    monkeypatch.setenv("FRENZY_HOME", str(tmp_path))
+    rc, doc = _run_json(_raise(RuntimeError("a bug")), capsys)
+    assert rc == 1 and set(doc["error"]) == KEYS and doc["error"]["kind"] == "bug"
+    assert Path(doc["error"]["crash_file"]).is_file() and doc["error"]["crash_file"] in doc["error"]["message"]
+    rc, doc = _run_json(_raise(KeyboardInterrupt()), capsys)
+    assert rc == 130 and doc["error"]["kind"] == "interrupted" and doc["error"]["exit_code"] == 130
+    rc, doc = _run_json(_raise(CommandFailed("the trainer exited with status 1", 1)), capsys)  # `frenzy train`
+    assert rc == 1 and doc["error"] | {"message": ""} == {"command": "demo", "kind": "error", "message": "",
+                                                          "exit_code": 1, "crash_file": None}
+    rc, doc = _run_json(lambda _args: 130, capsys)  # `submit`'s Ctrl-C: its line on stderr, no result
+    assert rc == 130 and set(doc["error"]) == KEYS and doc["error"]["kind"] == "interrupted"
+    with pytest.raises(SystemExit):  # `submit` stopped by SIGTERM
+        _run_json(_raise(SystemExit(143)), capsys)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["exit_code"] == 143 and doc["error"]["kind"] == "interrupted"

@@ -87,10 +87,33 @@ class Echo(EvalDataset):  # a user dataset registered by decorator
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.options.get("kill_group"):  # red team 41k B6: a plugin that kills its own process group
+            import os
+            import signal
+
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        if self.options.get("hang_in"):  # a trial that runs until it is stopped, with a child process of its own
+            _hang(self.options["hang_in"])
         return {"text": lm.generate(ex["prompt"], 4)}
 
     def score(self, ex, prediction):
         return {"length": float(len(prediction["text"]))}
+
+
+def _hang(announce: str) -> None:
+    """Start a child that waits for a signal, say `TRIAL_PID CHILD_PID` in the file `announce`, then wait for one."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    tmp = f"{announce}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.replace(tmp, announce)
+    while True:
+        signal.pause()
 
 
 def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):

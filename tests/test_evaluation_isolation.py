@@ -3,7 +3,11 @@ trial processes; the bad dataset's own trial SIGKILLs itself while it infers (as
 loads huge examples), packed beside good datasets in the same trial."""
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from tasks.evaluation import history
 from tasks.evaluation.record import recorded
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
+from tasks.procs import alive
 from tests import trainer_util as tu
 
 KILLED = "was killed (SIGKILL: most often the kernel's out-of-memory killer"
@@ -78,12 +83,19 @@ def test_cli_evaluate_prints_the_scores_and_each_failed_dataset_and_exits_2(ckpt
     suite_file.write_text(json.dumps(three(kill=True).model_dump()))
     hist = str(tmp_path / "h")
     args = [ckpt, "--suite", str(suite_file), "--history-dir", hist, "--no-learn"]
+    on_term = signal.getsignal(signal.SIGTERM)
     assert main(["evaluate", *args, "--out-dir", str(tmp_path / "o")]) == 2
+    assert signal.getsignal(signal.SIGTERM) is on_term  # its clean stop on SIGTERM held only while it ran
     out, err = capsys.readouterr()
     assert "heldout-cloze" in out and "heldout-loss" in out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("huge: FAILED (not scored): ")]
     assert KILLED in line and "its log: " in line
     assert "frenzy evaluate: 1 dataset(s) not scored: huge (causes above" in err
+    # red team 41k B1: the logs the trial records and the live lines name are where the results were renamed to
+    saved = json.loads((tmp_path / "o" / "result.json").read_text())
+    logs = [re.search(r"its log: (\S+\.stderr)", t["error"])[1] for t in saved["trials"] if t["error"]]
+    assert logs and all(log.startswith(f"{tmp_path / 'o' / 'trials'}/") and Path(log).is_file() for log in logs)
+    assert f"its log: {tmp_path / 'o' / 'trials'}/" in err and ".tmp-" not in err, err
     # the history has the scores and names the failure; the step is not complete: still pending, not `recorded`
     (entry,) = history.read(hist, json.loads((tmp_path / "o" / "result.json").read_text())["run"], "iso")
     assert set(entry.scores) == {"heldout-loss", "heldout-cloze"} and list(entry.failed) == ["huge"]
@@ -159,3 +171,107 @@ def test_submit_in_flow_scores_the_rest_and_names_the_failed_dataset_in_its_summ
     assert "step 20: huge FAILED (not scored): its trial died, then again alone: " in said, said
     html = Path(res.report).read_text()
     assert "huge (not scored)" in html and "FAILED" in html and "SIGKILL" in html
+
+
+def _suite_file(tmp_path: Path, bad: dict) -> str:
+    """`heldout-loss` and `bad`, an Echo dataset with the options `bad` (tests/test_evaluation.py)."""
+    suite = {"name": "grp", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "bad", "dataset": "tests.test_evaluation:Echo", "examples": 1, "mode": "gen",
+         "infer_s_per_example": 0.01, "options": bad}]}
+    (tmp_path / "grp.yaml").write_text(json.dumps(suite))
+    return str(tmp_path / "grp.yaml")
+
+
+def _evaluate(ckpt: str, suite: str, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    """`frenzy evaluate ... --json` as typed in a terminal: its own process group (the terminal's foreground group,
+    which a Ctrl-C signals), SIGINT at its default; this checkout first on its path (the test plugin is here)."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.Popen([sys.executable, "-m", "cli", "evaluate", ckpt, "--suite", suite, "--history-dir",
+                             str(tmp_path / "h"), "--out-dir", str(tmp_path / "out"), "--no-learn", "--json", *extra],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "cli.err", "w"),
+                            text=True, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_a_dataset_that_kills_its_process_group_fails_alone_and_the_rest_is_scored(ckpt, tmp_path):
+    """Red team 41k B6: `os.killpg(os.getpgid(0), SIGKILL)` in a plugin's infer took `frenzy evaluate` down (rc 137,
+    no scores, its shared-memory copy and temp directory left): trials shared its process group."""
+    proc = _evaluate(ckpt, _suite_file(tmp_path, {"kill_group": True}), tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    doc = json.loads(out)
+    assert set(doc["scores"]) == {"heldout-loss"} and list(doc["failed"]) == ["bad"]
+    assert "then again alone" in doc["failed"]["bad"] and KILLED in doc["failed"]["bad"]
+    assert [t["retry_of"] for t in doc["trials"] if t["datasets"] == ["bad"]][-1] is not None  # retried alone once
+    assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []  # no temp dir, no lock
+
+
+@pytest.fixture
+def hung(tmp_path):
+    """The evaluators a test starts (it appends them); at teardown they, and the trial and child the hanging dataset
+    names in `tmp_path/hanging`, are killed if still there (a failed test leaves nothing running)."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        proc.kill()
+    announce = tmp_path / "hanging"
+    pids = [int(x) for x in announce.read_text().split()] if announce.exists() else []
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _trial_and_child(announce: Path, proc: subprocess.Popen) -> tuple[int, int]:
+    tu.wait_for(lambda: announce.exists() or proc.poll() is not None, timeout=600, what="the trial to start")
+    assert announce.exists(), (announce.parent / "cli.err").read_text()[-3000:]
+    trial, child = (int(x) for x in announce.read_text().split())
+    assert alive(trial) and alive(child)
+    return trial, child
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_of_frenzy_evaluate_stops_its_trials_and_what_they_started(ckpt, tmp_path, hung, how):
+    """The trials are in process groups of their own now (B6), which the terminal's SIGINT does not reach: the
+    evaluator stops each trial's whole group itself, and removes its shared-memory copy."""
+    announce = tmp_path / "hanging"
+    proc = _evaluate(ckpt, _suite_file(tmp_path, {"hang_in": str(announce)}), tmp_path)
+    hung.append(proc)
+    trial, child = _trial_and_child(announce, proc)
+    assert os.getpgid(trial) != os.getpgid(proc.pid)  # a signal to the evaluator's group does not reach the trial
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground process group
+    else:
+        proc.terminate()  # the evaluator alone (`kill PID`)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == {"ctrl-c": 130, "sigterm": 143}[how], (tmp_path / "cli.err").read_text()[-3000:]
+    assert json.loads(out)["error"]["kind"] == "interrupted"
+    tu.wait_for(lambda: not alive(trial) and not alive(child), timeout=60, what="the trial and its child to end")
+    assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
+
+
+def test_a_sigkilled_evaluator_leaves_no_trial_process_behind(ckpt, tmp_path, hung):
+    announce = tmp_path / "hanging"
+    proc = _evaluate(ckpt, _suite_file(tmp_path, {"hang_in": str(announce)}), tmp_path)
+    hung.append(proc)
+    trial, child = _trial_and_child(announce, proc)
+    os.kill(proc.pid, signal.SIGKILL)  # the evaluator alone: nothing it could clean up after
+    proc.communicate(timeout=60)
+    tu.wait_for(lambda: not alive(trial) and not alive(child), timeout=60, what="the trial and its child to end")
+
+
+def test_a_failed_evaluation_under_json_prints_one_error_document_and_exits_2(tiny_trained, tmp_path):
+    """Red team 41k B3: `frenzy evaluate --json` of a checkpoint whose weights cannot load printed nothing on stdout."""
+    uri = tu.copy_trained(tiny_trained, tmp_path / "c")
+    shard = tmp_path / "c" / "ckpt" / "step_00000020" / "rank00000.bin"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 3)
+    proc = _evaluate(uri, _suite_file(tmp_path, {}), tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    doc = json.loads(out)["error"]  # the whole of stdout: one document
+    assert doc["command"] == "evaluate" and doc["kind"] == "error" and doc["exit_code"] == 2
+    assert "CheckpointError" in doc["message"] and "truncated" in doc["message"] and doc["message"] in err

@@ -5,6 +5,7 @@ an inventory of nodes started without a `frenzy_node:` resource."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def _frenzy(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_an_address_where_nothing_listens_fails_at_once_naming_the_fix(tmp_path):
     r = _frenzy("cluster", "init", "--cluster", "ray", "--ledger", str(tmp_path / "l.db"), "--json",
                 env={"RAY_ADDRESS": "127.0.0.1:1"})
-    assert r.returncode == 2 and r.stdout == ""
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["kind"] == "error"  # the one document: the error
     assert "127.0.0.1:1" in r.stderr and "ray start --head" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -100,7 +101,8 @@ def test_a_queue_timeout_exits_2_with_its_message_and_no_traceback(capsys):
 
     assert run(argparse.Namespace(fn=waited, json=True, command="submit")) == 2
     out = capsys.readouterr()
-    assert out.out == "" and "frenzy submit: error: j: no plan fitted" in out.err and "Traceback" not in out.err
+    assert "frenzy submit: error: j: no plan fitted" in out.err and "Traceback" not in out.err
+    assert json.loads(out.out)["error"]["message"].startswith("j: no plan fitted")  # and the one --json document
 
 
 def test_a_node_found_dead_before_ray_noticed_stays_down_until_it_rejoins(tmp_path, monkeypatch):

@@ -71,10 +71,9 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         if not overwrite:
             _refuse_results(out)
         with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
-            res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), progress,
+            res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), _naming(progress, tmp, out),
                            history.preload_plotting)  # the plot's imports beside the trials, not after them
-            res = res.model_copy(update={"out_dir": str(out), "failed": {  # where it will be once renamed into place
-                d: why.replace(str(tmp), str(out)) for d, why in res.failed.items()}})
+            res = _renamed(res, tmp, out)
             (tmp / "result.json").write_text(res.model_dump_json(indent=1))
             # before the rename: a history that cannot be written (a full disk) leaves no results behind
             with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
@@ -85,6 +84,27 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
                           result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None,
                           failed=res.failed)
     return res, summary
+
+
+def _naming(progress: Callable[[str, float], None] | None, tmp: Path, out: Path
+            ) -> Callable[[str, float], None] | None:
+    """`progress` with the temp results directory named as `out`: a trial's log it names (`its log: ...`) is read
+    after the results are renamed into place, where the temp directory no longer exists (red team 41k B1). An
+    evaluation that fails as a whole keeps its temp directory, and its error names that one."""
+    if progress is None:
+        return None
+    return lambda msg, frac: progress(msg.replace(str(tmp), str(out)), frac)
+
+
+def _renamed(res: EvalResult, tmp: Path, out: Path) -> EvalResult:
+    """`res` as it reads once `tmp` is renamed to `out`: its directory, each failed dataset's cause and each trial's
+    error (which name their logs) under `out`."""
+    def at(text: str) -> str:
+        return text.replace(str(tmp), str(out))
+
+    trials = [t.model_copy(update={"error": at(t.error)}) if t.error else t for t in res.trials]
+    return res.model_copy(update={"out_dir": str(out), "trials": trials,
+                                  "failed": {d: at(why) for d, why in res.failed.items()}})
 
 
 def _plot(history_dir: str, res: EvalResult, suite: str, out: Path) -> Path | None:

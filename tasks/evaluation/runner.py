@@ -40,7 +40,7 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_mani
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
 from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
-from tasks.evaluation.warmstart import Warm, popen_trial, spawn_warm, take_precursor
+from tasks.evaluation.warmstart import Warm, kill_group, popen_trial, spawn_warm, take_precursor
 
 
 def ended(rc: int) -> str:
@@ -225,6 +225,8 @@ class _Run:
         if early is not None:
             self.warm[(0, -1)] = early
         self.cancels: set[Callable[[], None]] = set()
+        self.closed = False
+        """Set by `close` (the evaluation ended, failed or was interrupted): no process is started after it."""
         self._address = None if opts.executor in ("local", "ray") else opts.executor
         self.hosts = _hosts(opts)
 
@@ -254,6 +256,8 @@ class _Run:
         p, log = warm or self._popen(path, gpu, path.with_suffix(".stderr"))
         with self.lock:
             self.procs.add(p)
+            if self.closed:  # `close` ran while it started (Ctrl-C): it must not outlive the evaluation
+                kill_group(p)
 
         def lines():  # noqa: ANN202
             yield from p.stdout
@@ -276,7 +280,7 @@ class _Run:
         if self.opts.executor != "local" or self.failed is not None:
             return
         with self.lock:
-            if (node, gpu) in self.warm:
+            if (node, gpu) in self.warm or self.closed:
                 return
             log_path = self.out / "trials" / f"warm-n{node}-g{gpu}-{uuid.uuid4().hex[:6]}.stderr"
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -350,7 +354,7 @@ class _Run:
 
     def gpu_worker(self, node: int, gpu: int) -> None:
         self.ready[node].wait()
-        while self.failed is None:
+        while self.failed is None and not self.closed:
             with self.lock:
                 if not self.queue:
                     return
@@ -503,18 +507,20 @@ class _Run:
         return self.now()
 
     def close(self) -> None:
-        """Stop whatever still runs (also after a failure before `execute`) and remove the shared-memory copies."""
+        """Stop whatever still runs (also after a failure before `execute`, or a Ctrl-C: the trials are in process
+        groups of their own, which the terminal's signal does not reach) and remove the shared-memory copies."""
         with self.lock:
+            self.closed = True
             warm, self.warm = list(self.warm.values()), {}
         for w in warm:  # started ahead for trials that went to other slots
             self._retire(w)
-        for pool in self.pools:
-            pool.shutdown(wait=True, cancel_futures=True)
         with self.lock:
             for p in list(self.procs):
-                p.kill()
+                kill_group(p)
             for cancel in list(self.cancels):
                 cancel()
+        for pool in self.pools:
+            pool.shutdown(wait=True, cancel_futures=True)
         for t in self.precursors:
             t.join(timeout=30)
         shutil.rmtree(self.shm, ignore_errors=True)

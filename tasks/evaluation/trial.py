@@ -112,6 +112,9 @@ def _warm() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tasks.procs import die_with_parent
+
+    die_with_parent()  # in a session of its own: the evaluator's Ctrl-C or SIGKILL must still end it
     args = argv if argv is not None else sys.argv[1:]
     if args[:1] == ["--warm"]:
         path = _warm()

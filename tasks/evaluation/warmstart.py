@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from tasks.procs import PARENT_ENV
 
 
 @dataclass
@@ -43,7 +46,7 @@ class Warm:
             self.log_path.unlink(missing_ok=True)
 
     def retire(self) -> None:
-        self.proc.kill()
+        kill_group(self.proc)
         self.proc.wait()
         self.log.close()
         self.log_path.unlink(missing_ok=True)
@@ -63,10 +66,23 @@ def _trial_env(device: str, gpu: int) -> dict:
 
 def popen_trial(arg: str, device: str, gpu: int, log: IO) -> subprocess.Popen:
     """`python -m tasks.evaluation.trial ARG` on slot `gpu` (ARG: a spec's path, or `--warm`: then it reads the
-    path on stdin), its stdout a pipe of events, its stderr to `log`."""
+    path on stdin), its stdout a pipe of events, its stderr to `log`. In a session (process group) of its own, so a
+    dataset that signals its own group ends only its trial (red team 41k B6); it dies with this process
+    (`tasks.procs.die_with_parent`), and this process's Ctrl-C or end stops it (the runner's `close`)."""
+    env = _trial_env(device, gpu) | {PARENT_ENV: str(os.getpid())}
     return subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", arg], stdout=subprocess.PIPE,
                             stderr=log, stdin=subprocess.PIPE if arg == "--warm" else None, text=True,
-                            env=_trial_env(device, gpu))
+                            env=env, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a trial process and its process group (what it started), unless it has been waited for already."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def spawn_warm(device: str, gpu: int, log_path: Path) -> Warm:
