@@ -135,5 +135,6 @@ def render(doc: dict[str, Any]) -> str:
         tuning_table=table(tuned), tuning_verdict=verdict(tuned),
         latency_table=latency_table(rows), lat_gpus=lat[0]["gpus"], lat_queue=lat[0]["queue"],
         scale_latency=scale_latency(lat), windows=windows(doc),
-        lat_run=(f"Rerun alone on {meta['latency']['date']}: `{meta['latency']['command']}`, wall "
-                 f"{meta['latency']['wall_s']:.0f} s. " if "latency" in meta else ""))
+        lat_run=(f"The table below was rerun alone on {meta['latency']['date']}, after the full run the table above "
+                 f"comes from: `{meta['latency']['command']}`, wall {meta['latency']['wall_s']:.0f} s. "
+                 if "latency" in meta else ""))
