@@ -25,6 +25,7 @@ benchmarks/placement_runs.py, the report benchmarks/placement_report.py with its
 
     python benchmarks/placement_load.py               # writes benchmarks/results/placement_load.{json,md}
     python benchmarks/placement_load.py --quick       # one window per family: a smoke run, not a result
+    python benchmarks/placement_load.py --latency-only  # rerun only the 2,048-GPU decision latency
 """
 
 from __future__ import annotations
@@ -52,11 +53,19 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one window per family, loads 0.5 and 1.1 (a smoke run)")
     ap.add_argument("--no-ilp", action="store_true")
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json of the last run")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="rerun only the decision latency at 2,048 GPUs; the rows stay those of the last run's .json")
     ap.add_argument("--out", default=str(ROOT / "results"), help="directory for placement_load.{json,md}")
     a = ap.parse_args()
     out = Path(a.out)
-    if a.report_only:
+    if a.report_only or a.latency_only:
         doc = json.loads((out / "placement_load.json").read_text())
+        if a.latency_only:
+            t0 = time.time()
+            doc["latency"] = [latency(2048, 1000, elastic=e) for e in (False, True)]
+            doc["meta"]["latency"] = {"date": DATE, "wall_s": time.time() - t0,
+                                      "command": "python benchmarks/placement_load.py --latency-only"}
+            (out / "placement_load.json").write_text(json.dumps(doc, indent=1))
     else:
         t0 = time.time()
         pols = [p for p in POLICIES if p != "ilp" or not a.no_ilp]

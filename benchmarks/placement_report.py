@@ -82,15 +82,20 @@ def latency_table(rows: list[dict[str, Any]]) -> str:
 
 
 def scale_latency(lats: list[dict[str, Any]]) -> str:
-    out = ["| jobs | has p50 ms | has p99 ms | has p99 ms, fastest of 3 | fcfs p50 ms | fcfs p99 ms | fcfs p99 ms, fastest "
-           "of 3 | decisions | load average (1 min) before, after |", "|" + "---|" * 9]
+    out = ["| jobs | has p50 ms | has p99 ms | has p99 ms, fastest of 3 | has round ms (each pass) | fcfs p50 ms | "
+           "fcfs p99 ms | fcfs p99 ms, fastest of 3 | fcfs round ms (each pass) | decisions | load average (1 min) "
+           "before, after |", "|" + "---|" * 11]
     for x in lats:
         load = ", ".join(f"{v:.1f}" for v in x.get("loadavg_1min", ())) or "-"
         out.append(f"| {'elastic (MARP plans)' if x['elastic'] else 'rigid (own count)'} | {x['has_p50_ms']:.3f} | "
-                   f"{x['has_p99_ms']:.3f} | {x.get('has_best_p99_ms', float('nan')):.3f} | {x['fcfs_p50_ms']:.4f} | "
-                   f"{x['fcfs_p99_ms']:.4f} | {x.get('fcfs_best_p99_ms', float('nan')):.4f} | {x['has_decisions']} | "
-                   f"{load} |")
+                   f"{x['has_p99_ms']:.3f} | {x.get('has_best_p99_ms', float('nan')):.3f} | {_rounds(x, 'has')} | "
+                   f"{x['fcfs_p50_ms']:.4f} | {x['fcfs_p99_ms']:.4f} | {x.get('fcfs_best_p99_ms', float('nan')):.4f} | "
+                   f"{_rounds(x, 'fcfs')} | {x['has_decisions']} | {load} |")
     return "\n".join(out)
+
+
+def _rounds(x: dict[str, Any], policy: str) -> str:
+    return ", ".join(f"{v:.1f}" for v in x.get(f"{policy}_round_ms", ())) or "-"
 
 
 def per_window(rows: list[dict[str, Any]]) -> str:
@@ -129,4 +134,7 @@ def render(doc: dict[str, Any]) -> str:
         held_table=table(held), held_verdict=verdict(held), held_windows=per_window(held),
         tuning_table=table(tuned), tuning_verdict=verdict(tuned),
         latency_table=latency_table(rows), lat_gpus=lat[0]["gpus"], lat_queue=lat[0]["queue"],
-        scale_latency=scale_latency(lat), windows=windows(doc))
+        scale_latency=scale_latency(lat), windows=windows(doc),
+        lat_run=(f"The table below was rerun alone on {meta['latency']['date']}, after the full run the table above "
+                 f"comes from: `{meta['latency']['command']}`, wall {meta['latency']['wall_s']:.0f} s. "
+                 if "latency" in meta else ""))

@@ -161,10 +161,11 @@ def rate_bound(c: Cluster, trace: list[TraceJob]) -> tuple[float, float]:
     return max(statistics.mean(fastest), _srpt_flow(rel, work, rate) / len(work)), demand
 
 
-def latency(gpus: int, queue: int, elastic: bool) -> dict[str, float]:
+def latency(gpus: int, queue: int, elastic: bool) -> dict[str, Any]:
     """Decision latency of the default (one `Sizer.pick` per queued job, in one pass) and of fcfs (one placement per
     job) at `gpus` GPUs: half the GPUs busy in random per-node amounts with random predicted ends; `elastic`: the
-    production-shaped queue with every job elastic (MARP's plans), else rigid (its count on each type)."""
+    production-shaped queue with every job elastic (MARP's plans), else rigid (its count on each type). A round is
+    one pass over the whole queue (`has`: the walk with every decision; fcfs: its placements), timed per pass."""
     from scheduling import scaled_cluster
 
     c = scaled_cluster(gpus)
@@ -177,6 +178,7 @@ def latency(gpus: int, queue: int, elastic: bool) -> dict[str, float]:
                for i, o in enumerate(opts)]
     reqs = {w.job: o.requests for w, o in zip(waiting, opts, strict=True) if o is not None}
     has: list[list[float]] = []
+    rounds: list[float] = []  # one pass over the whole queue (every decision plus the walk's own work), ms
     load0 = os.getloadavg()[0]
     gc.collect()
     gc.disable()  # as timeit does: a collection pause is the interpreter's, not the decision's
@@ -191,11 +193,14 @@ def latency(gpus: int, queue: int, elastic: bool) -> dict[str, float]:
                 p.take(got[0].nodes)
             return got is not None
 
+        t0 = time.perf_counter()
         walk(waiting, "shortest", 0.0, place, reserve_for=sizer.reserve_for)
+        rounds.append((time.perf_counter() - t0) * 1e3)
         has.append(sizer.decision_ms)
     gc.enable()
     fcfs = _fcfs_latency(sim, busy, queue)
-    return {"gpus": sum(n.count for n in c.nodes), "queue": queue, "elastic": elastic,
+    return {"has_round_ms": rounds, "fcfs_round_ms": [sum(p) for p in fcfs],
+            "gpus": sum(n.count for n in c.nodes), "queue": queue, "elastic": elastic,
             "loadavg_1min": [load0, os.getloadavg()[0]], **_pcts("has", has), **_pcts("fcfs", fcfs)}
 
 

@@ -172,3 +172,7 @@ def test_the_benchmark_figures_and_report():
     assert "average JCT >= 15% below fcfs: met on 1 of 1 rows (in every window: 0)" in md
     assert math.isfinite(f["fcfs_over_bound"]["median"]) and "$" not in md
     assert "| f | 0.9 | b | -10.0% | +10.0% | -10.0% | +10.0% | -5.3% | 0/0 |" in md  # no window hidden by a median
+    doc["latency"][0] |= {"has_round_ms": [158.04, 233.2], "fcfs_round_ms": [70.0, 71.0]}
+    doc["meta"]["latency"] = {"date": "d2", "wall_s": 5.0, "command": "python benchmarks/placement_load.py --latency-only"}
+    md = report.render(doc)  # the latency part rerun alone: each pass's round, and when it ran
+    assert "| 158.0, 233.2 |" in md and "| 70.0, 71.0 |" in md and "rerun alone on d2" in md
