@@ -8,7 +8,26 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="frenzy-prefect-"))
+# Each pytest process keeps its own Prefect home, Frenzy home (crash reports, taught rules) and default ledger, so a
+# test never writes the user's ~/.frenzy and the two workers of `-n 2` (pytest-xdist, in addopts) never share a
+# ledger or a Prefect database. A value the user gave is kept; a value the controller made here is made again, per
+# worker, in each worker (they inherit the controller's environment).
+_MADE = set(os.environ.get("FRENZY_TESTS_MADE", "").split())
+
+
+def _own(var: str, prefix: str) -> str:
+    if var not in os.environ or (os.environ.get("PYTEST_XDIST_WORKER") and var in _MADE):
+        os.environ[var] = tempfile.mkdtemp(prefix=prefix)
+        _MADE.add(var)
+    return os.environ[var]
+
+
+_own("PREFECT_HOME", "frenzy-prefect-")
+_own("FRENZY_HOME", "frenzy-home-")
+if "FRENZY_LEDGER" not in os.environ or (os.environ.get("PYTEST_XDIST_WORKER") and "FRENZY_LEDGER" in _MADE):
+    os.environ["FRENZY_LEDGER"] = os.path.join(tempfile.mkdtemp(prefix="frenzy-ledger-"), "ledger.db")
+    _MADE.add("FRENZY_LEDGER")
+os.environ["FRENZY_TESTS_MADE"] = " ".join(sorted(_MADE))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 # One torch intra-op thread here and in every process a test starts (trainers, `frenzy` commands, evaluation trials):

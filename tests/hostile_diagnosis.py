@@ -72,6 +72,7 @@ def _agent(answer: dict | None, log: bytes) -> Callable[[Path], Run]:
         from tasks.diagnosis.agent import AgentConfig
         from tasks.diagnosis.diagnose import diagnose
 
+        old = os.environ.get("FRENZY_HOME")
         os.environ["FRENZY_HOME"] = str(root)
         try:
             if answer is None:
@@ -89,7 +90,7 @@ def _agent(answer: dict | None, log: bytes) -> Callable[[Path], Run]:
                 sock.close()
             return Run(run.rc, err=run.err, value=(run.value, (root / "diagnosis-rules.jsonl").exists()))
         finally:
-            os.environ.pop("FRENZY_HOME", None)
+            os.environ.pop("FRENZY_HOME") if old is None else os.environ.__setitem__("FRENZY_HOME", old)
     return act
 
 
