@@ -139,7 +139,30 @@ first pair (d+a) no earlier splice starts with (every other pair is an earlier s
 d+a, the two pairs nobody ran (spliced after a later window: pods whose shifted deletion passes the trace's cut are
 dropped, as the reader does). Two windows at each of the loads 0.5, 0.7, 0.9 and 1.1, over the five clusters."""
 
-SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8, "round9": WINDOWS9}
+WINDOWS12: tuple[Window, ...] = (
+    Window("P28", "philly:2017-09-27", "phoebe-x4", 0.5),
+    Window("P29", "philly:2017-10-06", "fresh-two", 1.1),
+    Window("P30", "philly:2017-10-21", "fresh-mix2048", 0.7),
+    Window("P31", "philly:2017-10-28", "phoebe", 0.9),
+    Window("P32", "philly:2017-11-02", "fresh-old4h100", 0.7),
+    Window("P33", "philly:2017-11-03", "phoebe-x4", 1.1),
+    Window("P34", "philly:2017-11-07", "frenzy-testbed", 0.9),
+    Window("P35", "philly:2017-12-05", "fresh-mix2048", 0.5),
+)
+"""Round 12's held-out set, written and committed on 2026-11-26 before any policy ran on it (`--set round12`). Philly
+start dates used by no earlier list (rounds 6-9 above, placement_load.py's, red team 43's); the three unused days with
+800 or more submissions (09-27 1,040, 10-06 2,850, 10-21 2,333) and the five unused days of 450-799 whose 450-job
+window still ends inside its own day (10-28 703, 11-02 593, 11-03 567, 11-07 592, 12-05 593: last kept submissions at
+07:49, 19:35, 20:22, 22:31 and 19:50), so no window overlaps another or an earlier one (no earlier window spills into
+these days either). No other shipped trace has a window nobody ran: every Helios Venus and openb window (a-d) has
+started a splice in rounds 6-9 and all twelve ordered pairs of each have run; heldout/ holds 41 ITP jobs and 165
+openb pods (both run by earlier versions of placement_load.py, and under 400 jobs); sia-workloads/ are 160-job samples
+of Philly (placement_load.py's tuning family) and of Helios Saturn (tuned on before, placement_load.py says). So
+round 12 is all Microsoft, the tuning operator, on days no policy ran. Two windows at each of the loads 0.5, 0.7, 0.9
+and 1.1, over the six clusters (the preset `frenzy-testbed`, Sia's 44-GPU testbed, for the first time)."""
+
+SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8, "round9": WINDOWS9,
+                                      "round12": WINDOWS12}
 
 FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-mix2048": [("H100-80GB", 40, 8), ("A100-40GB-SXM", 56, 8), ("L40S", 80, 8), ("V100-16GB", 80, 8)],
