@@ -159,7 +159,9 @@ started a splice in rounds 6-9 and all twelve ordered pairs of each have run; he
 openb pods (both run by earlier versions of placement_load.py, and under 400 jobs); sia-workloads/ are 160-job samples
 of Philly (placement_load.py's tuning family) and of Helios Saturn (tuned on before, placement_load.py says). So
 round 12 is all Microsoft, the tuning operator, on days no policy ran. Two windows at each of the loads 0.5, 0.7, 0.9
-and 1.1, over the six clusters (the preset `frenzy-testbed`, Sia's 44-GPU testbed, for the first time)."""
+and 1.1, over the six clusters (the preset `frenzy-testbed`, the Frenzy paper's 11-GPU testbed, in no earlier list of
+fresh windows; placement_load.py's NewWorkload family runs on it). Corrected after the run: this line first called it
+Sia's 44-GPU testbed (that is `phoebe`); the windows and clusters are as committed in aed4c50."""
 
 SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8, "round9": WINDOWS9,
                                       "round12": WINDOWS12}
