@@ -151,3 +151,28 @@ def test_a_first_line_that_recurs_like_a_progress_line_starts_no_runs() -> None:
     log += "Traceback (most recent call last):\n" + _frames(1) + "KeyError: 'x'\n" + "Epoch 100: training\n"
     assert compress(log.encode()).restarts == ()
     assert compress(log.encode()[: log.index("Epoch 010")]).restarts == tuple(range(3, 21, 2))
+
+
+_INFO_LINES = (
+    "INFO:2025-11-01 01:06:35,616:jax._src.xla_bridge:925: Unable to initialize backend 'tpu': INTERNAL: Failed to "
+    "open libtpu.so: libtpu.so: cannot open shared object file: No such file or directory\n",
+    "01:06:35.616 [I] Unable to initialize backend 'tpu': libtpu.so: cannot open shared object file: No such file\n",
+    "2025-11-01 01:06:35,616 - INFO - ImportError: No module named 'apex', using the native kernels\n",
+    "I1101 01:06:35.616000 140 loader.cc:42] could not open libcudnn_adv.so: cannot open shared object file\n",
+)
+
+
+def test_a_line_logged_at_info_level_yields_to_the_exception_that_ended_the_run() -> None:
+    for info in _INFO_LINES:
+        log = (info + "".join(f"setup line {k}: config loaded\n" for k in range(40))
+               + "Traceback (most recent call last):\n" + _frames(5)
+               + "jaxlib.xla_extension.XlaRuntimeError: UNIMPLEMENTED: StreamBeginCaptureToGraph is not implemented "
+                 "for CUDA below version 12.3.\n")
+        d = diagnose(log.encode())
+        assert d.root_cause_line is not None and "XlaRuntimeError" in d.root_cause_line, info
+
+
+def test_an_info_line_with_no_exception_after_it_still_stands() -> None:
+    log = _INFO_LINES[0] + "".join(f"setup line {k}: config loaded\n" for k in range(40)) + "Killed\n"
+    d = diagnose(log.encode())
+    assert d.root_cause_line is not None and "libtpu.so" in d.root_cause_line

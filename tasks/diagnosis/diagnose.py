@@ -56,6 +56,10 @@ _WARNING = re.compile(r"(?<!NCCL )\bWARN(?:ING)?\b|\b[A-Z]\w*Warning\b|(?:^|[\s\
                       r"(?:^|[\s\[]|: )W [\w/.-]+\.\w+:\d+\]")
 """A warning-level line (Python's logging `WARNING`, a `UserWarning`, glog's and TensorFlow's `W` lines; NCCL's WARN
 states its errors and is not one)."""
+_INFO = re.compile(r"^\s*(?:INFO|DEBUG):|\[(?:I|D|INFO|DEBUG)\]|\|\s*(?:INFO|DEBUG)\s*\||^\s*[ID]\d{4} \d\d:\d\d:\d\d|"
+                   r"^\s*(?:\[[^\]]*\]|[\d/:,.T-]+(?: [\d:,.]+)?)\s*(?:-\s*)?(?:INFO|DEBUG)\b")
+"""A line logged at info or debug level (Python logging's `INFO:name:` and `%(asctime)s INFO`, `[I]`, loguru's
+`| INFO |`, glog's `I1101 01:06:35`): the program said it and went on."""
 _CARRIED_ON = re.compile(r"(?i)\binstead\b|\bfall(?:ing)? ?back\b|\bretrying\b|\bwill retry\b|\bskipping\b|"
                          r"\bcontinuing\b")
 """A line that says the program carried on after it (`slurmstepd: error: couldn't chdir to ...: going to /tmp
@@ -266,16 +270,21 @@ def _garbled_copies(cands: dict[int, _Cand], wrappers: set[int]) -> set[int]:
 def _survived(c: Compressed, cands: dict[int, _Cand], out: set[int]) -> set[int]:
     """The lines the run survived, when a failure (not a launcher's symptom) follows them: a line that says the
     program carried on (`_CARRIED_ON`), and a warning (`_WARNING`) after which the run printed a finite loss. A
-    raised exception ended its process, whatever its message says."""
+    raised exception ended its process, whatever its message says. A line logged at info or debug level (`_INFO`)
+    yields to a raised exception after it (jax's "Unable to initialize backend 'tpu': ... cannot open shared object
+    file" at INFO, before the XlaRuntimeError that ended the run)."""
     def carried_on(line: str) -> bool:
         return bool(_CARRIED_ON.search(line)) and not EXCEPTION.match(line)
 
     fatal = [x.finding.line_no for i, x in cands.items()
              if i not in out and x.priority >= SYMPTOM and not carried_on(x.finding.line)]
     last = max(fatal, default=0)
-    return {i for i, x in cands.items() if x.via == "line" and x.finding.line_no < last and (
-        carried_on(x.finding.line) or (_WARNING.search(x.finding.line) and not EXCEPTION.match(x.finding.line)
-                                       and (c.last_trained or 0) > x.finding.line_no))}
+    raised = max((x.finding.line_no for i, x in cands.items() if i not in out and EXCEPTION.match(x.finding.line)
+                  and not _INFO.search(x.finding.line)), default=0)
+    return {i for i, x in cands.items() if x.via == "line" and (
+        (x.finding.line_no < raised and _INFO.search(x.finding.line)) or x.finding.line_no < last and (
+            carried_on(x.finding.line) or (_WARNING.search(x.finding.line) and not EXCEPTION.match(x.finding.line)
+                                           and (c.last_trained or 0) > x.finding.line_no)))}
 
 
 def _earlier_runs(c: Compressed, cands: dict[int, _Cand], out: set[int]) -> set[int]:
