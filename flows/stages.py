@@ -533,7 +533,7 @@ class FlowStages:
         r, res, root = self.request, run.result, run.request.job.training.checkpoint.uri or ""
         mine = {c.step for c in res.checkpoints if res.resumed_from_step is None or c.step > res.resumed_from_step}
         earlier = {s for s in committed_steps(root) if s <= res.final_step} - mine  # a resumed run's earlier steps
-        read = lambda: scored(r.history_dir, run.job, run.suite)  # noqa: E731
+        read = lambda: scored(r.history_dir, run.job, run.suite, root)  # noqa: E731
         gone = retired_steps(root, sorted(mine | earlier), read())
         for g in gone:  # not waited for, never started, not a failure
             self.log.info("%s: not evaluated (not a failure of the run)", g.why)
