@@ -107,6 +107,30 @@ def test_cli_evaluate_prints_the_scores_and_each_failed_dataset_and_exits_2(ckpt
     assert set(doc["scores"]) == {"heldout-loss", "heldout-cloze"} and KILLED in doc["failed"]["huge"]
 
 
+def test_a_dataset_that_cannot_be_loaded_fails_alone_and_the_rest_is_scored(ckpt, tmp_path, capsys):
+    """Red team 41l B1: a suite dataset whose plugin module is missing failed the whole evaluation, so the suite's
+    good datasets got no score."""
+    from cli.main import main
+
+    suite = {"name": "load", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "gone", "dataset": "nosuchmod_rt41l:factory", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1},
+        {"name": "short", "dataset": "tests.test_evaluation:Echo", "examples": 10**6, "mode": "gen",
+         "infer_s_per_example": 0.01}]}
+    (tmp_path / "load.yaml").write_text(json.dumps(suite))
+    hist = str(tmp_path / "h")
+    assert main(["evaluate", ckpt, "--suite", str(tmp_path / "load.yaml"), "--history-dir", hist, "--no-learn",
+                 "--out-dir", str(tmp_path / "o"), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["scores"]) == {"heldout-loss"} and sorted(doc["failed"]) == ["gone", "short"]
+    assert "No module named 'nosuchmod_rt41l'" in doc["failed"]["gone"]
+    assert "lower `examples`" in doc["failed"]["short"]
+    assert not any({"gone", "short"} & set(t["datasets"]) for t in doc["trials"])  # never planned
+    (entry,) = history.read(hist, doc["run"], "load")
+    assert sorted(entry.failed) == ["gone", "short"]
+    assert history.pending(ckpt, hist, "load")[0] == f"{ckpt}/step_00000010"  # the step stays pending
+
+
 def test_the_report_gives_each_failed_dataset_a_visible_entry():
     from types import SimpleNamespace
 
