@@ -197,7 +197,10 @@ def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -
     """With `held(out)` taken by the caller: refuse a non-empty `out` without `overwrite`, yield a fresh temp
     directory beside it and, when the body returns, put it in place of `out` in one step (the old content is then
     removed; a SIGKILL at any point leaves either the old or the new directory at `out`). `keep_failed`: a body
-    that raises leaves the temp directory for a person to read (its logs) until the next writer of `out`."""
+    that raises leaves what it wrote (its logs) at `failed_dir(out)`, the one of an earlier failure replaced, and
+    the exception's message names that place instead of the temp directory, which is gone (red team 41l C1: the
+    error named `.NAME.tmp-PID/...`, which the next writer removed, and such temp directories piled up); a body that
+    completes removes the earlier failure's logs."""
     _recover(out)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise OutputError(f"{out} is not empty; {what} replaces a directory only with --overwrite "
@@ -206,10 +209,13 @@ def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -
     tmp.mkdir()
     try:
         yield tmp
-    except BaseException:
-        if not keep_failed:
-            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as err:
+        if keep_failed:
+            _keep_failed(tmp, failed_dir(out), err)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if keep_failed:
+        shutil.rmtree(failed_dir(out), ignore_errors=True)
     if out.exists() and _swap(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)  # holds the old content now
         return
@@ -218,6 +224,22 @@ def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -
         os.replace(out, old)
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def failed_dir(out: Path) -> Path:
+    """Where `fill_dir` keeps what a failed writer of `out` wrote: `NAME.failed` beside it, one per target."""
+    return out.with_name(f"{out.name}.failed")
+
+
+def _keep_failed(tmp: Path, kept: Path, err: BaseException) -> None:
+    """Move `tmp` to `kept` (replacing an earlier failure's) and make `err`'s message name `kept`; a move that
+    fails leaves the message as it was (the temp directory is then removed with its logs)."""
+    try:
+        shutil.rmtree(kept, ignore_errors=True)
+        os.replace(tmp, kept)
+    except OSError:
+        return
+    err.args = tuple(a.replace(str(tmp), str(kept)) if isinstance(a, str) else a for a in err.args)
 
 
 def check_writable(target: str | Path, what: str) -> Path:

@@ -299,3 +299,12 @@ def test_a_failed_evaluation_under_json_prints_one_error_document_and_exits_2(ti
     doc = json.loads(out)["error"]  # the whole of stdout: one document
     assert doc["command"] == "evaluate" and doc["kind"] == "error" and doc["exit_code"] == 2
     assert "CheckpointError" in doc["message"] and "truncated" in doc["message"] and doc["message"] in err
+    # red team 41l C1: the log the error names exists (kept at OUT.failed, not in a temp directory the next writer
+    # removes), and a second failure replaces the first's logs rather than leaving another temp directory
+    for _ in range(2):
+        logs = re.findall(r"(/\S+?\.stderr)", doc["message"])
+        assert logs and all(Path(log).is_file() and log.startswith(f"{tmp_path / 'out.failed'}/") for log in logs), doc
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))) == ["out.failed"]
+        proc = _evaluate(uri, _suite_file(tmp_path, {}), tmp_path)
+        out, _ = proc.communicate(timeout=600)
+        doc = json.loads(out)["error"]

@@ -133,7 +133,7 @@ def _naming(progress: Callable[[str, float], None] | None, tmp: Path, out: Path
             ) -> Callable[[str, float], None] | None:
     """`progress` with the temp results directory named as `out`: a trial's log it names (`its log: ...`) is read
     after the results are renamed into place, where the temp directory no longer exists (red team 41k B1). An
-    evaluation that fails as a whole keeps its temp directory, and its error names that one."""
+    evaluation that fails as a whole keeps its logs at `OUT.failed` (tasks/outdir.py), and its error names them there."""
     if progress is None:
         return None
     return lambda msg, frac: progress(msg.replace(str(tmp), str(out)), frac)
