@@ -74,8 +74,17 @@ def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[Hi
                 raise UserFileError(f"{p}:{n}: not a score history entry ({bad}: an object with suite, step, uri and "
                                     "scores); delete the line (the next evaluation of that step writes it again)") from None
             if suite is None or entry.suite == suite:
-                by_step[(entry.suite, entry.step, place_key(entry.uri))] = entry
+                by_step[(entry.suite, entry.step, uri_key(entry.uri))] = entry
     return [by_step[k] for k in sorted(by_step)]
+
+
+def uri_key(uri: str) -> str:
+    """`place_key(uri)`, or `uri` itself where it names no place a path can (a NUL byte, a loop): such a line is
+    still read, as its own root."""
+    try:
+        return place_key(uri)
+    except (OSError, ValueError):
+        return uri
 
 
 def result_file(history_dir: str | Path, e: HistoryEntry) -> Path | None:
@@ -91,7 +100,7 @@ def result_file(history_dir: str | Path, e: HistoryEntry) -> Path | None:
         uri = load_json(old, "evaluation result").get("uri", "")
     except (OSError, ValueError, AttributeError):  # unreadable, or not a result: not this line's files
         return None
-    return old if isinstance(uri, str) and uri and place_key(uri) == place_key(e.uri) else None
+    return old if isinstance(uri, str) and uri and uri_key(uri) == uri_key(e.uri) else None
 
 
 def _stderr_twin(name: str) -> str | None:
@@ -174,7 +183,7 @@ def survey_pending(root_uri: str, history_dir: str | Path, suite: str) -> tuple[
         # scored means scored at this very URI: roots that share a run name (copies, two users' `exp` named together)
         # share a history file, and one root's score is not another's
         # a step whose newest entry names failed datasets is not done: the next pass evaluates it again
-        done = {(e.step, place_key(e.uri)) for e in read(history_dir, m.run, suite) if not e.failed}
+        done = {(e.step, uri_key(e.uri)) for e in read(history_dir, m.run, suite) if not e.failed}
         if (m.step, place_key(uri)) not in done:
             out.append(uri)
     return out, [str(err) for err in broken]

@@ -44,7 +44,7 @@ def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None 
     share a history, and one root's score is not another's), None when it has no score for it or (with `whole`)
     its newest evaluation left a dataset unscored (evaluated again, as `history.survey_pending` has it)."""
     for e in history.read(history_dir, run, suite):
-        if e.step == step and not (whole and e.failed) and (uri is None or place_key(e.uri) == place_key(uri)):
+        if e.step == step and not (whole and e.failed) and (uri is None or history.uri_key(e.uri) == place_key(uri)):
             res = history.result_file(history_dir, e)
             return EvalSummary(uri=e.uri, run=run, step=step, suite=suite, scores=e.scores, makespan_s=0.0,
                                predicted_makespan_s=0.0, result=str(res or ""), history_plot=None, failed=e.failed)
@@ -70,9 +70,9 @@ def _holder_root(out: Path) -> str | None:
     """The checkpoint root (place_key) whose results `out` holds, None when it holds none."""
     try:
         uri = EvalResult.model_validate_json(read_bytes(out / "result.json", "evaluation result", LIMITS["json"])).uri
-    except (OSError, ValueError):
+        return history.uri_key(uri if is_hf_dir(uri) else step_root(uri))
+    except (OSError, ValueError):  # none, or not a result: nobody's (replaced only with overwrite, as before)
         return None
-    return place_key(uri if is_hf_dir(uri) else step_root(uri))
 
 
 def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: str = "evals",

@@ -28,7 +28,7 @@ def scored(history_dir: str, run: str, suite: str, root: str | None = None) -> d
     run), each with the results its history line names."""
     out = {}
     for e in history.read(history_dir, run, suite):
-        if root and place_key(step_root(e.uri)) != place_key(root):
+        if root and history.uri_key(step_root(e.uri)) != place_key(root):
             continue
         res = history.result_file(history_dir, e)
         out[e.step] = EvalSummary(uri=e.uri, run=run, step=e.step, suite=suite, scores=e.scores, makespan_s=0.0,
