@@ -405,6 +405,28 @@ def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt,
     assert again.result == got[1].result  # the second root's own place, not the first's
 
 
+def test_evaluate_pending_over_two_roots_with_one_run_name_keeps_each_roots_results(ckpt, tmp_path, prefect_server):
+    """Red team 41l C3 as it was found: `evaluate-pending` named two roots with one run name, default layout under
+    one history directory; the second root's evaluation replaced the first's results directory."""
+    from flows.evaluate import PendingRequest, evaluate_pending
+    from tasks.evaluation.runner import EvalResult
+
+    src = ckpt.removeprefix("file://")
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for r in roots:
+        shutil.copytree(src, r)
+    (tmp_path / "one.yaml").write_text(json.dumps({"name": "one", "datasets": [
+        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    req = PendingRequest(roots=[str(r) for r in roots], suite=str(tmp_path / "one.yaml"),
+                         history_dir=str(tmp_path / "evals"), ledger=str(tmp_path / "ledger.db"))
+    done = evaluate_pending(req)
+    assert sorted(d.uri for d in done) == sorted(f"file://{r}/step_000000{s}" for r in roots for s in (10, 20))
+    assert len({d.result for d in done}) == 4
+    for e in history.read(req.history_dir, done[0].run, "one"):  # every line's files are its own root's
+        assert EvalResult.model_validate_json(history.result_file(req.history_dir, e).read_text()).uri == e.uri
+    assert evaluate_pending(req) == []  # each root's steps scored: nothing pending on the next pass
+
+
 def test_a_history_line_of_the_old_layout_finds_its_results_only_while_they_are_its_own(tmp_path):
     hist = tmp_path / "evals"
     old = hist / "r" / "step_00000010" / "small"
