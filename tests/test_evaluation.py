@@ -424,6 +424,11 @@ def test_evaluate_pending_over_two_roots_with_one_run_name_keeps_each_roots_resu
     assert len({d.result for d in done}) == 4
     for e in history.read(req.history_dir, done[0].run, "one"):  # every line's files are its own root's
         assert EvalResult.model_validate_json(history.result_file(req.history_dir, e).read_text()).uri == e.uri
+    from prefect.artifacts import Artifact
+
+    for d in done:  # each root's score-history artifact lists its own lines, one per step
+        table = str(Artifact.get(run_key("eval-history-one", d.run, step_root(d.uri))).data).splitlines()
+        assert [ln.split(" | ")[0] for ln in table if ln.startswith("| 1") or ln.startswith("| 2")] == ["| 10", "| 20"]
     assert evaluate_pending(req) == []  # each root's steps scored: nothing pending on the next pass
 
 
