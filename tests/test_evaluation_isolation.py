@@ -131,6 +131,31 @@ def test_a_dataset_that_cannot_be_loaded_fails_alone_and_the_rest_is_scored(ckpt
     assert history.pending(ckpt, hist, "load")[0] == f"{ckpt}/step_00000010"  # the step stays pending
 
 
+def test_a_failed_writers_files_are_kept_at_one_place_and_a_users_directory_of_that_name_is_left_alone(tmp_path):
+    """Red team 41l C1, the mechanism: a failure's files move to OUT.failed (the error names them there), the next
+    failure replaces them, a success removes them; a directory of the user's that has the name is never touched."""
+    from tasks.outdir import fill_dir
+
+    out = tmp_path / "o"
+    for n in range(2):
+        with pytest.raises(RuntimeError) as failed, fill_dir(out, "t", True, keep_failed=True) as tmp:
+            (tmp / "log").write_text(str(n))
+            raise RuntimeError(f"see {tmp}/log")
+        assert str(failed.value) == f"see {out}.failed/log" and (tmp_path / "o.failed" / "log").read_text() == str(n)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o.failed"]  # no temp directory piles up
+    with fill_dir(out, "t", True, keep_failed=True) as tmp:
+        (tmp / "result").write_text("ok")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    mine = tmp_path / "u.failed"
+    mine.mkdir()
+    (mine / "keep").write_text("x")
+    with pytest.raises(RuntimeError), fill_dir(tmp_path / "u", "t", True, keep_failed=True) as tmp:
+        raise RuntimeError(str(tmp))
+    with fill_dir(tmp_path / "u", "t", True, keep_failed=True):
+        pass
+    assert (mine / "keep").read_text() == "x" and sorted(p.name for p in mine.iterdir()) == ["keep"]
+
+
 def test_the_report_gives_each_failed_dataset_a_visible_entry():
     from types import SimpleNamespace
 
