@@ -51,7 +51,8 @@ def _publish(summary: EvalSummary, history_dir: str) -> None:
     rows += [{"dataset": ds, "metric": "FAILED (not scored)", "value": why} for ds, why in summary.failed.items()]
     create_table_artifact(rows, key=run_key(f"eval-{summary.suite}", summary.run, step_root(summary.uri)),
                           description=f"{summary.run} step {summary.step}: suite {summary.suite}")
-    entries = history.read(history_dir, summary.run, summary.suite)
+    root = history.uri_key(step_root(summary.uri))  # the artifact is this root's: another root's lines are its own
+    entries = [e for e in history.read(history_dir, summary.run, summary.suite) if history.uri_key(step_root(e.uri)) == root]
     cols = sorted({f"{ds} {m}" for e in entries for ds, ms in e.scores.items() for m in ms})
     lines = [f"# {summary.run}: {summary.suite} by step", "", "| step | " + " | ".join(cols) + " | failed |",
              "|---" * (len(cols) + 2) + "|"]

@@ -127,9 +127,14 @@ class TriggeredEvaluations:
 
     def __init__(self, root: str, since: datetime, warn: Callable[[str], None],
                  info: Callable[[str], None] = lambda _: None,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC), earlier: frozenset[int] = frozenset()) -> None:
-        """`earlier`: steps an earlier invocation committed (a resumed run): their runs count from any time."""
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC), earlier: frozenset[int] = frozenset(),
+                 waited: frozenset[int] | None = None) -> None:
+        """`earlier`: steps an earlier invocation committed (a resumed run): their runs count from any time.
+        `waited`: the steps the submit waits for (None: every step with a run); the once-a-minute line names only
+        these (red team 41l D1: it listed `step 40 Submitting`, a step retention had removed and that was not
+        waited for)."""
         self.root, self.since, self.warn, self.info, self.now = root.rstrip("/"), since, warn, info, now
+        self.waited = waited
         self.earlier, self.key = earlier, place_key(root)
         self.params: dict[int, dict] = {}
         self.read_ok = False
@@ -295,6 +300,7 @@ class TriggeredEvaluations:
     def _say(self, newest: dict[int, Any], every_s: float = 60.0) -> None:
         """Once a minute, the states of the runs waited for."""
         now = time.monotonic()
+        newest = {s: fr for s, fr in newest.items() if self.waited is None or s in self.waited}
         if now - self.said_at < every_s or not newest:
             return
         self.said_at = now
@@ -533,13 +539,14 @@ class FlowStages:
         r, res, root = self.request, run.result, run.request.job.training.checkpoint.uri or ""
         mine = {c.step for c in res.checkpoints if res.resumed_from_step is None or c.step > res.resumed_from_step}
         earlier = {s for s in committed_steps(root) if s <= res.final_step} - mine  # a resumed run's earlier steps
-        read = lambda: scored(r.history_dir, run.job, run.suite)  # noqa: E731
+        read = lambda: scored(r.history_dir, run.job, run.suite, root)  # noqa: E731
         gone = retired_steps(root, sorted(mine | earlier), read())
         for g in gone:  # not waited for, never started, not a failure
             self.log.info("%s: not evaluated (not a failure of the run)", g.why)
         steps = sorted((mine | earlier) - {g.step for g in gone})
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
-        triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier))
+        triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier),
+                                         waited=frozenset(steps))
 
         def runs() -> dict[int, tuple[Verdict, str]]:
             self.cancelled()

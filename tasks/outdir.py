@@ -197,7 +197,11 @@ def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -
     """With `held(out)` taken by the caller: refuse a non-empty `out` without `overwrite`, yield a fresh temp
     directory beside it and, when the body returns, put it in place of `out` in one step (the old content is then
     removed; a SIGKILL at any point leaves either the old or the new directory at `out`). `keep_failed`: a body
-    that raises leaves the temp directory for a person to read (its logs) until the next writer of `out`."""
+    that raises leaves what it wrote (its logs) at `failed_dir(out)`, the one of an earlier failure replaced, and
+    the exception's message names that place instead of the temp directory, which is gone (red team 41l C1: the
+    error named `.NAME.tmp-PID/...`, which the next writer removed, and such temp directories piled up); a body that
+    completes removes the earlier failure's logs. A directory of that name that `fill_dir` did not make (no
+    `.frenzy-failed` mark inside) is never touched: the temp directory is then kept as it was."""
     _recover(out)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise OutputError(f"{out} is not empty; {what} replaces a directory only with --overwrite "
@@ -206,10 +210,12 @@ def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -
     tmp.mkdir()
     try:
         yield tmp
-    except BaseException:
-        if not keep_failed:
+    except BaseException as err:
+        if not keep_failed or _keep_failed(tmp, failed_dir(out), err):
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if keep_failed and _kept_here(failed_dir(out)):
+        shutil.rmtree(failed_dir(out), ignore_errors=True)
     if out.exists() and _swap(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)  # holds the old content now
         return
@@ -218,6 +224,32 @@ def fill_dir(out: Path, what: str, overwrite: bool, keep_failed: bool = False) -
         os.replace(out, old)
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def failed_dir(out: Path) -> Path:
+    """Where `fill_dir` keeps what a failed writer of `out` wrote: `NAME.failed` beside it, one per target."""
+    return out.with_name(f"{out.name}.failed")
+
+
+def _kept_here(kept: Path) -> bool:
+    """Whether `kept` is a directory `fill_dir` kept (its mark inside), not one of the user's that has the name."""
+    return (kept / ".frenzy-failed").is_file()
+
+
+def _keep_failed(tmp: Path, kept: Path, err: BaseException) -> bool:
+    """Move `tmp` to `kept` (replacing an earlier failure's) and make `err`'s message name `kept`; False when it
+    could not (`kept` is someone else's directory, or the move failed): `tmp` then stays, as the message says."""
+    if os.path.lexists(kept) and not _kept_here(kept):
+        return False
+    try:
+        shutil.rmtree(kept, ignore_errors=True)
+        os.replace(tmp, kept)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):  # without its mark it is only never removed by a later writer
+        (kept / ".frenzy-failed").touch()
+    err.args = tuple(a.replace(str(tmp), str(kept)) if isinstance(a, str) else a for a in err.args)
+    return True
 
 
 def check_writable(target: str | Path, what: str) -> Path:

@@ -373,6 +373,77 @@ def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored
     assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000020"]
 
 
+def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt, tmp_path):
+    """Red team 41l C3: two roots of one run name evaluated into one history directory (as evaluate-pending does,
+    overwrite=True). Before: both wrote `<run>/step_N/<suite>`, the second replacing the first's result.json,
+    predictions and trials, so a history line pointed at another root's files."""
+    from tasks.evaluation.record import evaluate_and_record, recorded
+    from tasks.evaluation.runner import EvalResult
+    from tasks.pipeline.evaluations import scored
+
+    src = ckpt.removeprefix("file://")
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for r in roots:
+        shutil.copytree(src, r)
+    hist, suite = str(tmp_path / "evals"), Suite.model_validate({"name": "small", "datasets": [
+        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]})
+    got = [evaluate_and_record(f"file://{r}/step_00000010", suite, EvalOptions(), hist, reevaluate=False,
+                               overwrite=True)[1] for r in roots]
+    assert got[0].result != got[1].result
+    run = got[0].run
+    lines = history.read(hist, run, "small")
+    assert sorted(e.uri for e in lines) == [f"file://{r}/step_00000010" for r in roots]  # both lines kept
+    for e in lines:  # each line's files are its own root's, still there after the other root's evaluation
+        res = EvalResult.model_validate_json(history.result_file(hist, e).read_text())
+        assert res.uri == e.uri and Path(res.out_dir, "predictions", "heldout-loss").is_dir()
+    assert got[0].result == f"{hist}/{run}/step_00000010/small/result.json"  # one root: the layout it always had
+    for r, g in zip(roots, got, strict=True):
+        assert recorded(hist, run, 10, "small", f"file://{r}/step_00000010").result == g.result
+        assert scored(hist, run, "small", str(r))[10].result == g.result
+        assert history.pending(f"file://{r}", hist, "small") == [f"file://{r}/step_00000020"]
+    again = evaluate_and_record(f"file://{roots[1]}/step_00000010", suite, EvalOptions(), hist, overwrite=True)[1]
+    assert again.result == got[1].result  # the second root's own place, not the first's
+
+
+def test_evaluate_pending_over_two_roots_with_one_run_name_keeps_each_roots_results(ckpt, tmp_path, prefect_server):
+    """Red team 41l C3 as it was found: `evaluate-pending` named two roots with one run name, default layout under
+    one history directory; the second root's evaluation replaced the first's results directory."""
+    from flows.evaluate import PendingRequest, evaluate_pending
+    from tasks.evaluation.runner import EvalResult
+
+    src = ckpt.removeprefix("file://")
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for r in roots:
+        shutil.copytree(src, r)
+    (tmp_path / "one.yaml").write_text(json.dumps({"name": "one", "datasets": [
+        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    req = PendingRequest(roots=[str(r) for r in roots], suite=str(tmp_path / "one.yaml"),
+                         history_dir=str(tmp_path / "evals"), ledger=str(tmp_path / "ledger.db"))
+    done = evaluate_pending(req)
+    assert sorted(d.uri for d in done) == sorted(f"file://{r}/step_000000{s}" for r in roots for s in (10, 20))
+    assert len({d.result for d in done}) == 4
+    for e in history.read(req.history_dir, done[0].run, "one"):  # every line's files are its own root's
+        assert EvalResult.model_validate_json(history.result_file(req.history_dir, e).read_text()).uri == e.uri
+    from prefect.artifacts import Artifact
+
+    for d in done:  # each root's score-history artifact lists its own lines, one per step
+        table = str(Artifact.get(run_key("eval-history-one", d.run, step_root(d.uri))).data).splitlines()
+        assert [ln.split(" | ")[0] for ln in table if ln.startswith("| 1") or ln.startswith("| 2")] == ["| 10", "| 20"]
+    assert evaluate_pending(req) == []  # each root's steps scored: nothing pending on the next pass
+
+
+def test_a_history_line_of_the_old_layout_finds_its_results_only_while_they_are_its_own(tmp_path):
+    hist = tmp_path / "evals"
+    old = hist / "r" / "step_00000010" / "small"
+    old.mkdir(parents=True)
+    (old / "result.json").write_text('{"uri": "file:///x/a/step_00000010"}')
+    history.append(hist, "r", 10, "file:///x/a/step_00000010", "small", {"d": {"m": 1.0}})
+    history.append(hist, "r", 10, "file:///x/b/step_00000010", "small", {"d": {"m": 2.0}})
+    a, b = history.read(hist, "r", "small")
+    assert history.result_file(hist, a) == old / "result.json"
+    assert history.result_file(hist, b) is None  # that directory holds root a's results, not b's
+
+
 def test_a_root_is_one_place_however_it_is_spelled(tmp_path, monkeypatch):
     from tasks.paths import place_key
 

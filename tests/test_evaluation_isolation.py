@@ -107,6 +107,55 @@ def test_cli_evaluate_prints_the_scores_and_each_failed_dataset_and_exits_2(ckpt
     assert set(doc["scores"]) == {"heldout-loss", "heldout-cloze"} and KILLED in doc["failed"]["huge"]
 
 
+def test_a_dataset_that_cannot_be_loaded_fails_alone_and_the_rest_is_scored(ckpt, tmp_path, capsys):
+    """Red team 41l B1: a suite dataset whose plugin module is missing failed the whole evaluation, so the suite's
+    good datasets got no score."""
+    from cli.main import main
+
+    suite = {"name": "load", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "gone", "dataset": "nosuchmod_rt41l:factory", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1},
+        {"name": "short", "dataset": "tests.test_evaluation:Echo", "examples": 10**6, "mode": "gen",
+         "infer_s_per_example": 0.01}]}
+    (tmp_path / "load.yaml").write_text(json.dumps(suite))
+    hist = str(tmp_path / "h")
+    assert main(["evaluate", ckpt, "--suite", str(tmp_path / "load.yaml"), "--history-dir", hist, "--no-learn",
+                 "--out-dir", str(tmp_path / "o"), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["scores"]) == {"heldout-loss"} and sorted(doc["failed"]) == ["gone", "short"]
+    assert "No module named 'nosuchmod_rt41l'" in doc["failed"]["gone"]
+    assert "lower `examples`" in doc["failed"]["short"]
+    assert not any({"gone", "short"} & set(t["datasets"]) for t in doc["trials"])  # never planned
+    (entry,) = history.read(hist, doc["run"], "load")
+    assert sorted(entry.failed) == ["gone", "short"]
+    assert history.pending(ckpt, hist, "load")[0] == f"{ckpt}/step_00000010"  # the step stays pending
+
+
+def test_a_failed_writers_files_are_kept_at_one_place_and_a_users_directory_of_that_name_is_left_alone(tmp_path):
+    """Red team 41l C1, the mechanism: a failure's files move to OUT.failed (the error names them there), the next
+    failure replaces them, a success removes them; a directory of the user's that has the name is never touched."""
+    from tasks.outdir import fill_dir
+
+    out = tmp_path / "o"
+    for n in range(2):
+        with pytest.raises(RuntimeError) as failed, fill_dir(out, "t", True, keep_failed=True) as tmp:
+            (tmp / "log").write_text(str(n))
+            raise RuntimeError(f"see {tmp}/log")
+        assert str(failed.value) == f"see {out}.failed/log" and (tmp_path / "o.failed" / "log").read_text() == str(n)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o.failed"]  # no temp directory piles up
+    with fill_dir(out, "t", True, keep_failed=True) as tmp:
+        (tmp / "result").write_text("ok")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    mine = tmp_path / "u.failed"
+    mine.mkdir()
+    (mine / "keep").write_text("x")
+    with pytest.raises(RuntimeError), fill_dir(tmp_path / "u", "t", True, keep_failed=True) as tmp:
+        raise RuntimeError(str(tmp))
+    with fill_dir(tmp_path / "u", "t", True, keep_failed=True):
+        pass
+    assert (mine / "keep").read_text() == "x" and sorted(p.name for p in mine.iterdir()) == ["keep"]
+
+
 def test_the_report_gives_each_failed_dataset_a_visible_entry():
     from types import SimpleNamespace
 
@@ -275,3 +324,12 @@ def test_a_failed_evaluation_under_json_prints_one_error_document_and_exits_2(ti
     doc = json.loads(out)["error"]  # the whole of stdout: one document
     assert doc["command"] == "evaluate" and doc["kind"] == "error" and doc["exit_code"] == 2
     assert "CheckpointError" in doc["message"] and "truncated" in doc["message"] and doc["message"] in err
+    # red team 41l C1: the log the error names exists (kept at OUT.failed, not in a temp directory the next writer
+    # removes), and a second failure replaces the first's logs rather than leaving another temp directory
+    for _ in range(2):
+        logs = re.findall(r"(/\S+?\.stderr)", doc["message"])
+        assert logs and all(Path(log).is_file() and log.startswith(f"{tmp_path / 'out.failed'}/") for log in logs), doc
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))) == ["out.failed"]
+        proc = _evaluate(uri, _suite_file(tmp_path, {}), tmp_path)
+        out, _ = proc.communicate(timeout=600)
+        doc = json.loads(out)["error"]

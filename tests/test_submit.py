@@ -526,6 +526,27 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
             {"uri": f"{root}/step_00000050", "suite": "quick", "history_dir": "/data/alice/evals", "reevaluate": False}]
 
 
+def test_the_waiting_line_names_only_the_steps_waited_for():
+    """Red team 41l D1: `waiting for the evaluation runs: step 40 Submitting, ...` right after the run said step 40
+    was removed by retention and not waited for."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from flows.stages import TriggeredEvaluations
+
+    def run(state: str) -> SimpleNamespace:
+        return SimpleNamespace(state=SimpleNamespace(name=state.title(), type=SimpleNamespace(value=state)))
+
+    said: list[str] = []
+    t = TriggeredEvaluations("file:///d/ck", datetime.now(UTC), said.append, said.append,
+                             waited=frozenset({120, 160}))
+    t._say({40: run("PENDING"), 120: run("SCHEDULED"), 160: run("COMPLETED")})
+    assert said == ["waiting for the evaluation runs: step 120 Scheduled, step 160 Completed"]
+    said.clear()
+    TriggeredEvaluations("file:///d/ck", datetime.now(UTC), said.append, said.append)._say({40: run("PENDING")})
+    assert said == ["waiting for the evaluation runs: step 40 Pending"]  # no list given: every step with a run
+
+
 def test_an_api_error_rerunning_one_crashed_evaluation_is_that_steps_failure_and_a_retry_that_helps_is_made(prefect_server):
     """Red team 41h N15: a 503 on `create_flow_run` while submit re-ran one crashed evaluation run ended the whole
     submit as a bug. The real server behind a proxy that answers 503 to that route: the step is failed with the API's

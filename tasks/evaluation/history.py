@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from tasks.paths import place_key
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
-from tasks.userfiles import LIMITS, UserFileError, json_loads, path_kind, read_text
+from tasks.userfiles import LIMITS, UserFileError, json_loads, load_json, path_kind, read_text
 
 
 class HistoryEntry(BaseModel):
@@ -34,6 +34,9 @@ class HistoryEntry(BaseModel):
     """When the score was recorded (UTC, ISO 8601)."""
     failed: dict[str, str] = {}
     """Datasets not scored, with their causes: such a step is still pending (`survey_pending`)."""
+    result: str = ""
+    """The evaluation's `result.json` (beside its predictions, scores and trial logs); empty on a line written before
+    lines named it: `result_file` finds that one in the old layout."""
 
 
 def history_file(history_dir: str | Path, run: str) -> Path:
@@ -41,11 +44,12 @@ def history_file(history_dir: str | Path, run: str) -> Path:
 
 
 def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, scores: dict,
-           failed: dict[str, str] | None = None) -> Path:
+           failed: dict[str, str] | None = None, result: str | Path = "") -> Path:
     p = history_file(history_dir, run)
     p.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"run": run, "step": step, "uri": uri, "suite": suite, "scores": scores,
-                       "time": datetime.now(UTC).isoformat(timespec="seconds")} | ({"failed": failed} if failed else {}))
+                       "time": datetime.now(UTC).isoformat(timespec="seconds")} | ({"failed": failed} if failed else {})
+                      | ({"result": str(result)} if result else {}))
     with open(p, "a") as f:  # one short line per append: atomic on a local filesystem
         f.write(line + "\n")
         f.flush()
@@ -54,11 +58,12 @@ def append(history_dir: str | Path, run: str, step: int, uri: str, suite: str, s
 
 
 def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[HistoryEntry]:
-    """Entries oldest step first; the newest entry wins when a step was evaluated twice."""
+    """Entries oldest step first; the newest entry wins when a step of one root was evaluated twice. Roots that
+    share a run name share its history: each root's line of a step is kept (one root's score is not another's)."""
     p = history_file(history_dir, run)
     if path_kind(p, "score history") == "missing":
         return []
-    by_step: dict[tuple[str, int], HistoryEntry] = {}
+    by_step: dict[tuple[str, int, str], HistoryEntry] = {}
     for n, line in enumerate(read_text(p, "score history", LIMITS["jsonl"]).splitlines(), 1):
         if line.strip():
             e = json_loads(line, str(p), line=n)
@@ -69,8 +74,33 @@ def read(history_dir: str | Path, run: str, suite: str | None = None) -> list[Hi
                 raise UserFileError(f"{p}:{n}: not a score history entry ({bad}: an object with suite, step, uri and "
                                     "scores); delete the line (the next evaluation of that step writes it again)") from None
             if suite is None or entry.suite == suite:
-                by_step[(entry.suite, entry.step)] = entry
+                by_step[(entry.suite, entry.step, uri_key(entry.uri))] = entry
     return [by_step[k] for k in sorted(by_step)]
+
+
+def uri_key(uri: str) -> str:
+    """`place_key(uri)`, or `uri` itself where it names no place a path can (a NUL byte, a loop): such a line is
+    still read, as its own root."""
+    try:
+        return place_key(uri)
+    except (OSError, ValueError):
+        return uri
+
+
+def result_file(history_dir: str | Path, e: HistoryEntry) -> Path | None:
+    """The `result.json` of the evaluation that wrote line `e`: the one the line names, or, for a line of the old
+    layout (none named), `<history_dir>/<run>/step_<N>/<suite>/result.json` when that still holds this very
+    checkpoint's result (another root of the same run name may have replaced it: then None, not its files)."""
+    if e.result:
+        return Path(e.result)
+    old = Path(history_dir) / e.run / ck.step_dir(e.step) / e.suite / "result.json"
+    if path_kind(old, "evaluation result") != "file":
+        return None
+    try:
+        uri = load_json(old, "evaluation result").get("uri", "")
+    except (OSError, ValueError, AttributeError):  # unreadable, or not a result: not this line's files
+        return None
+    return old if isinstance(uri, str) and uri and uri_key(uri) == uri_key(e.uri) else None
 
 
 def _stderr_twin(name: str) -> str | None:
@@ -153,7 +183,7 @@ def survey_pending(root_uri: str, history_dir: str | Path, suite: str) -> tuple[
         # scored means scored at this very URI: roots that share a run name (copies, two users' `exp` named together)
         # share a history file, and one root's score is not another's
         # a step whose newest entry names failed datasets is not done: the next pass evaluates it again
-        done = {(e.step, place_key(e.uri)) for e in read(history_dir, m.run, suite) if not e.failed}
+        done = {(e.step, uri_key(e.uri)) for e in read(history_dir, m.run, suite) if not e.failed}
         if (m.step, place_key(uri)) not in done:
             out.append(uri)
     return out, [str(err) for err in broken]

@@ -1,15 +1,20 @@
 """Evaluate one checkpoint and record it: the score history line, the history plot and a small summary record.
 
 The one entry point that `frenzy evaluate`, the evaluation flows and the `submit` pipeline all call, so the three
-cannot drift apart: results go to `<history_dir>/<run>/step_<N>/<suite>/` unless `opts.out_dir` says otherwise.
+cannot drift apart: results go to `<history_dir>/<run>/step_<N>/<suite>/` unless `opts.out_dir` says otherwise, or
+`<suite>@<root tag>/` beside it when that one holds another checkpoint root's results (roots that share a run name
+share a history directory: red team 41l C3). The history line names the results it belongs to (`result`), and every
+reader goes through it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tasks.artifactkey import step_root
 from tasks.errors import FrenzyError, as_frenzy_error, environment_problem
 from tasks.evaluation import history
 from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
@@ -39,11 +44,35 @@ def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None 
     share a history, and one root's score is not another's), None when it has no score for it or (with `whole`)
     its newest evaluation left a dataset unscored (evaluated again, as `history.survey_pending` has it)."""
     for e in history.read(history_dir, run, suite):
-        if e.step == step and not (whole and e.failed) and (uri is None or place_key(e.uri) == place_key(uri)):
-            res = Path(history_dir) / run / f"step_{step:08d}" / suite / "result.json"
+        if e.step == step and not (whole and e.failed) and (uri is None or history.uri_key(e.uri) == place_key(uri)):
+            res = history.result_file(history_dir, e)
             return EvalSummary(uri=e.uri, run=run, step=step, suite=suite, scores=e.scores, makespan_s=0.0,
-                               predicted_makespan_s=0.0, result=str(res), history_plot=None, failed=e.failed)
+                               predicted_makespan_s=0.0, result=str(res or ""), history_plot=None, failed=e.failed)
     return None
+
+
+def root_tag(root: str) -> str:
+    """8 hex digits that stand for checkpoint root `root` however it is spelled (tasks.paths.place_key)."""
+    return hashlib.sha256(place_key(root).encode()).hexdigest()[:8]
+
+
+def results_dir(history_dir: str, run: str, step: int, suite: str, root: str) -> Path:
+    """Where an evaluation of `step` of checkpoint root `root` on `suite` puts its results: `<history_dir>/<run>/
+    step_<N>/<suite>`, unless that holds another root's results (a root with the same run name, evaluated into the
+    same history directory), or this root already has `<suite>@<root tag>` beside it: then that one. So one root's
+    layout is what it always was, and a second root never replaces the first's files."""
+    plain = Path(history_dir).expanduser().absolute() / run / ck.step_dir(step) / suite
+    own = plain.with_name(f"{suite}@{root_tag(root)}")
+    return own if own.exists() or _holder_root(plain) not in (None, place_key(root)) else plain
+
+
+def _holder_root(out: Path) -> str | None:
+    """The checkpoint root (place_key) whose results `out` holds, None when it holds none."""
+    try:
+        uri = EvalResult.model_validate_json(read_bytes(out / "result.json", "evaluation result", LIMITS["json"])).uri
+        return history.uri_key(uri if is_hf_dir(uri) else step_root(uri))
+    except (OSError, ValueError):  # none, or not a result: nobody's (replaced only with overwrite, as before)
+        return None
 
 
 def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: str = "evals",
@@ -62,23 +91,37 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
     else:
         storage, m = resolve_manifest(uri)
         run, step, at = m.run, m.step, storage.url(ck.step_dir(m.step))
-    out = Path(opts.out_dir or f"{history_dir}/{run}/step_{step:08d}/{suite.name}").expanduser().absolute()
-    check_dir_target(out, "frenzy evaluate", by_content=True)  # its own layout is evals/<run>/step_<N>/<suite>
-    with sole_writer(out, wait=not reevaluate):
-        done = None if reevaluate else recorded(history_dir, run, step, suite.name, at)
-        if done is not None and Path(done.result).exists():
-            return EvalResult.model_validate_json(Path(done.result).read_text()), done
-        if not overwrite:
-            _refuse_results(out)
-        with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
-            res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), _naming(progress, tmp, out),
-                           history.preload_plotting)  # the plot's imports beside the trials, not after them
-            res = _renamed(res, tmp, out)
-            (tmp / "result.json").write_text(res.model_dump_json(indent=1))
-            # before the rename: a history that cannot be written (a full disk) leaves no results behind
-            with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
-                history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores, res.failed)
-        plot = _plot(history_dir, res, suite.name, out)
+    root = uri if at is None else step_root(at)
+    for _ in range(2):  # another root of the run name may take the plain directory while this waits for its lock
+        out = (Path(opts.out_dir).expanduser().absolute() if opts.out_dir
+               else results_dir(history_dir, run, step, suite.name, root))
+        check_dir_target(out, "frenzy evaluate", by_content=True)  # its own layout is evals/<run>/step_<N>/<suite>
+        with sole_writer(out, wait=not reevaluate):
+            if opts.out_dir or results_dir(history_dir, run, step, suite.name, root) == out:
+                return _record_into(out, uri, suite, opts, history_dir, progress,
+                                    None if reevaluate else recorded(history_dir, run, step, suite.name, at), overwrite)
+    raise OutputError(f"{out} was taken by another checkpoint root's evaluation twice while this one waited; run it again")
+
+
+def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_dir: str,
+                 progress: Callable[[str, float], None] | None, done: EvalSummary | None,
+                 overwrite: bool) -> tuple[EvalResult, EvalSummary]:
+    """`evaluate_and_record` into `out`, held alone: the recorded result `done` when its files are there, else a new
+    evaluation, its history line (naming `out/result.json`) and the redrawn plot."""
+    if done is not None and done.result and Path(done.result).exists():
+        return EvalResult.model_validate_json(Path(done.result).read_text()), done
+    if not overwrite:
+        _refuse_results(out)
+    with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
+        res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), _naming(progress, tmp, out),
+                       history.preload_plotting)  # the plot's imports beside the trials, not after them
+        res = _renamed(res, tmp, out)
+        (tmp / "result.json").write_text(res.model_dump_json(indent=1))
+        # before the rename: a history that cannot be written (a full disk) leaves no results behind
+        with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
+            history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores, res.failed,
+                           result=out / "result.json")
+    plot = _plot(history_dir, res, suite.name, out)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                           result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None,
@@ -90,7 +133,7 @@ def _naming(progress: Callable[[str, float], None] | None, tmp: Path, out: Path
             ) -> Callable[[str, float], None] | None:
     """`progress` with the temp results directory named as `out`: a trial's log it names (`its log: ...`) is read
     after the results are renamed into place, where the temp directory no longer exists (red team 41k B1). An
-    evaluation that fails as a whole keeps its temp directory, and its error names that one."""
+    evaluation that fails as a whole keeps its logs at `OUT.failed` (tasks/outdir.py), and its error names them there."""
     if progress is None:
         return None
     return lambda msg, frac: progress(msg.replace(str(tmp), str(out)), frac)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.errors import FrenzyError
+from tasks.errors import EnvironmentProblem, FrenzyError, environment_problem
 from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
@@ -526,14 +526,24 @@ class _Run:
         shutil.rmtree(self.shm, ignore_errors=True)
 
 
-def _check_datasets(suite: Suite, ctx: EvalContext) -> None:
+def _check_datasets(suite: Suite, ctx: EvalContext) -> dict[str, str]:
+    """{dataset: cause} for each dataset of `suite` that cannot be loaded (a plugin that cannot be imported or
+    raises, a missing file, too few examples): it fails alone, as a trial that dies does (red team 41l B1). What the
+    machine refuses (a full disk) still fails the evaluation."""
+    bad = {}
     for d in suite.datasets:
         if _is_lmeval(d):  # `expand` wrote its requests file and counted its documents from it a moment ago
             continue
-        ds = resolve(d.source, d.mode, d.options, ctx)
-        if len(ds) < d.examples:
-            raise DatasetError(f"suite {suite.name}: {d.name} asks for {d.examples} examples; the dataset has "
-                               f"{len(ds)}: lower `examples`")
+        try:
+            ds = resolve(d.source, d.mode, d.options, ctx)
+            if len(ds) < d.examples:
+                raise DatasetError(f"suite {suite.name}: {d.name} asks for {d.examples} examples; the dataset has "
+                                   f"{len(ds)}: lower `examples`")
+        except Exception as err:  # noqa: BLE001 - a plugin's own error is that dataset's, not the evaluation's
+            if isinstance(err, EnvironmentProblem | MemoryError) or environment_problem(err) is not None:
+                raise
+            bad[d.name] = str(err) if isinstance(err, DatasetError) else f"{d.source}: {type(err).__name__}: {err}"
+    return bad
 
 
 def _model(uri: str) -> tuple[str, str, int, dict]:
@@ -546,19 +556,24 @@ def _model(uri: str) -> tuple[str, str, int, dict]:
     return storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step, model_info(manifest, storage)
 
 
-def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str) -> tuple[Suite, Schedule, list[str]]:
-    """The suite (lm-eval tasks expanded into datasets, their requests built once here), checked, and its plan."""
+def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str
+          ) -> tuple[Suite, Schedule, list[str], dict[str, str]]:
+    """The suite (lm-eval tasks expanded into datasets, their requests built once here), checked, and its plan of
+    the datasets that load; those that do not, with their causes (failed alone)."""
     if suite.lmeval is not None:
         from tasks.evaluation.lmeval.source import expand
 
         suite = expand(suite)
-    _check_datasets(suite, ctx)
+    bad = _check_datasets(suite, ctx)
+    if len(bad) == len(suite.datasets):
+        raise DatasetError(f"suite {suite.name}: no dataset could be loaded: " + "; ".join(f"{d}: {c}" for d, c in bad.items()))
+    runnable = suite.model_copy(update={"datasets": [d for d in suite.datasets if d.name not in bad]})
     ppath = Path(opts.priors_path) if opts.priors_path else None
-    planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
+    planned, used = P.apply_priors(runnable, key, ppath) if opts.use_priors else (runnable, [])
     cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
     sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
                                                                          cpus)
-    return suite, sched, used
+    return suite, sched, used, bad
 
 
 def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
@@ -579,7 +594,10 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     try:
         if opts.schedule == "elastic":
             run.start_precursors()  # the model copy overlaps loading and planning the suite
-        suite, sched, used = _plan(suite, ctx, opts, key)
+        suite, sched, used, bad = _plan(suite, ctx, opts, key)
+        for name, cause in bad.items():
+            run.bad[name] = cause
+            progress(f"{name}: FAILED (not scored): {cause}", 0.0)
         progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
                  f"predicted {sched.makespan_s:.1f}s", 0.0)
         if while_running is not None:

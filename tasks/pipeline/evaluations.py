@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 
+from tasks.artifactkey import step_root
 from tasks.evaluation import history
 from tasks.evaluation.summary import EvalSummary
+from tasks.paths import place_key
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 
@@ -21,13 +22,17 @@ def step_uri(root: str, step: int) -> str:
     return f"{root.rstrip('/')}/{ck.step_dir(step)}"
 
 
-def scored(history_dir: str, run: str, suite: str) -> dict[int, EvalSummary]:
-    """The steps of `run` the history already scores on `suite` (evaluated earlier, or by another run)."""
+def scored(history_dir: str, run: str, suite: str, root: str | None = None) -> dict[int, EvalSummary]:
+    """The steps of `run` (under checkpoint root `root`, when given: roots that share a run name share a history,
+    and one root's score is not another's) the history already scores on `suite` (evaluated earlier, or by another
+    run), each with the results its history line names."""
     out = {}
     for e in history.read(history_dir, run, suite):
-        res = Path(history_dir) / run / ck.step_dir(e.step) / suite / "result.json"
+        if root and history.uri_key(step_root(e.uri)) != place_key(root):
+            continue
+        res = history.result_file(history_dir, e)
         out[e.step] = EvalSummary(uri=e.uri, run=run, step=e.step, suite=suite, scores=e.scores, makespan_s=0.0,
-                                  predicted_makespan_s=0.0, result=str(res), history_plot=None, failed=e.failed)
+                                  predicted_makespan_s=0.0, result=str(res or ""), history_plot=None, failed=e.failed)
     return out
 
 
@@ -39,7 +44,7 @@ class InFlowEvaluator:
     def __init__(self, root: str, history_dir: str, run: str, suite: str, evaluate: Callable[[str], EvalSummary],
                  warn: Callable[[str], None]) -> None:
         self.root, self.evaluate, self.warn = root, evaluate, warn
-        self.done: dict[int, EvalSummary] = scored(history_dir, run, suite)
+        self.done: dict[int, EvalSummary] = scored(history_dir, run, suite, root)
         self.missed: dict[int, str] = {}
         self.retired: dict[int, str] = {}
         """Steps retention removed before they were scored (by design, not failures), with why."""

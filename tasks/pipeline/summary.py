@@ -143,7 +143,7 @@ def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str =
     root = request.job.training.checkpoint.uri
     if (done := _finished(rec, request)) is None or rec is None:
         return None
-    now = scored(rec.history_dir, rec.job, suite) if suite else {}
+    now = scored(rec.history_dir, rec.job, suite, rec.checkpoint_root) if suite else {}
     evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
     failed = [f.model_copy(update={"earlier": True}) for f in done.evaluation_failures if f.step not in evals]
     if never_evaluated(rec, request, suite):
@@ -168,7 +168,7 @@ def never_evaluated(rec: RunRecord | None, request: SubmitRequest, suite: str = 
     submit asks for evaluation: the rerun trains nothing and evaluates exactly these."""
     if not suite or rec is None or (done := _finished(rec, request)) is None:
         return []
-    evals = {s for s in scored(rec.history_dir, rec.job, suite) if s <= done.train.final_step}
+    evals = {s for s in scored(rec.history_dir, rec.job, suite, rec.checkpoint_root) if s <= done.train.final_step}
     evals |= {e.step for e in done.evaluations} | {f.step for f in done.evaluation_failures}
     root = request.job.training.checkpoint.uri or ""
     return [s for s in committed_steps(root) if s <= done.train.final_step and s not in evals]
