@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,18 +16,15 @@ import pytest
 _MADE = set(os.environ.get("FRENZY_TESTS_MADE", "").split())
 
 
-def _own(var: str, prefix: str) -> str:
+def _own(var: str, make: Callable[[], str]) -> None:
     if var not in os.environ or (os.environ.get("PYTEST_XDIST_WORKER") and var in _MADE):
-        os.environ[var] = tempfile.mkdtemp(prefix=prefix)
+        os.environ[var] = make()
         _MADE.add(var)
-    return os.environ[var]
 
 
-_own("PREFECT_HOME", "frenzy-prefect-")
-_own("FRENZY_HOME", "frenzy-home-")
-if "FRENZY_LEDGER" not in os.environ or (os.environ.get("PYTEST_XDIST_WORKER") and "FRENZY_LEDGER" in _MADE):
-    os.environ["FRENZY_LEDGER"] = os.path.join(tempfile.mkdtemp(prefix="frenzy-ledger-"), "ledger.db")
-    _MADE.add("FRENZY_LEDGER")
+_own("PREFECT_HOME", lambda: tempfile.mkdtemp(prefix="frenzy-prefect-"))
+_own("FRENZY_HOME", lambda: tempfile.mkdtemp(prefix="frenzy-home-"))
+_own("FRENZY_LEDGER", lambda: os.path.join(tempfile.mkdtemp(prefix="frenzy-ledger-"), "ledger.db"))
 os.environ["FRENZY_TESTS_MADE"] = " ".join(sorted(_MADE))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
