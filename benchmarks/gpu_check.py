@@ -73,6 +73,28 @@ CONFIGS: list[tuple[str, dict, int, dict]] = [
     ("gpt2-1.5b b8 s1024 full-rc", {"preset": "gpt2-1.5b"}, 8, {"seq_len": 1024, "recompute": "full"}),
     ("gpt2-1.5b b4 s1024 bf16", {"preset": "gpt2-1.5b"}, 4, {"seq_len": 1024, "precision": "bf16"}),
 ]
+# Held out (chosen 2026-11-27 before any of them ran, after the correction fitted on CONFIGS above): shapes,
+# precisions and recompute modes the fit never saw (large vocabularies, MQA, selective recompute, fp16-mixed,
+# fp32, micro-batch 1 and 32, seq 512 and 4096, a 7B model), for `--set heldout` on an H200.
+QWEN_1B = {"preset": "qwen2-7b", "layers": 12, "hidden": 2048, "heads": 16, "kv_heads": 2, "ffn_hidden": 11008}
+LLAMA3_MQA = {"preset": "llama3-8b", "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 1, "ffn_hidden": 8192}
+MISTRAL_2B = {"preset": "mistral-7b", "layers": 12, "hidden": 3072, "heads": 24, "kv_heads": 8, "ffn_hidden": 8192}
+LLAMA3_3B = {"preset": "llama3-8b", "layers": 16, "hidden": 3072, "heads": 24, "kv_heads": 8, "ffn_hidden": 8192}
+HELDOUT_CONFIGS: list[tuple[str, dict, int, dict]] = [
+    ("gpt2-124m b1 s4096", {"preset": "gpt2-124m"}, 1, {"seq_len": 4096}),
+    ("gpt2-350m b32 s512", {"preset": "gpt2-350m"}, 32, {"seq_len": 512}),
+    ("gpt2-350m b8 s1024 fp32", {"preset": "gpt2-350m"}, 8, {"seq_len": 1024, "precision": "fp32"}),
+    ("gpt2-774m b8 s1024 fp16-mixed", {"preset": "gpt2-774m"}, 8, {"seq_len": 1024, "precision": "fp16-mixed"}),
+    ("bert-large b16 s512", {"preset": "bert-large"}, 16, {"seq_len": 512}),
+    ("qwen2-shape 1.1b vocab152k b4 s4096", QWEN_1B, 4, {"seq_len": 4096}),
+    ("llama3-shape MQA vocab128k b16 s1024", LLAMA3_MQA, 16, {"seq_len": 1024}),
+    ("gpt-1b b4 s4096 selective-rc", {"preset": "gpt-1b"}, 4, {"seq_len": 4096, "recompute": "selective"}),
+    ("mistral-shape 1.6b b8 s2048 op-rc", MISTRAL_2B, 8, {"seq_len": 2048, "recompute": "op"}),
+    ("gpt2-1.5b b2 s2048 bf16 selective-rc", {"preset": "gpt2-1.5b"}, 2,
+     {"seq_len": 2048, "precision": "bf16", "recompute": "selective"}),
+    ("llama3-shape 2.7b b4 s2048 full-rc", LLAMA3_3B, 4, {"seq_len": 2048, "recompute": "full"}),
+    ("llama2-7b b1 s2048 full-rc", {"preset": "llama2-7b"}, 1, {"seq_len": 2048, "recompute": "full"}),
+]
 SMOKE_CONFIGS: list[tuple[str, dict, int, dict]] = [
     ("gpt-tiny b2 s64", {"preset": "gpt-tiny"}, 2, {"seq_len": 64}),
     ("gpt-tiny b2 s64 full-rc", {"preset": "gpt-tiny"}, 2, {"seq_len": 64, "recompute": "full"}),
@@ -509,6 +531,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for gpu_check.json and gpu_check.md")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few steps (checks the script on a CPU)")
+    ap.add_argument("--set", choices=["fit", "heldout"], default="fit",
+                    help="part A's configurations: those the memory model was corrected on, or the held-out ones")
+    ap.add_argument("--gpu", help="catalog GPU type MARP predicts for (default: the device's name, else H100-80GB)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--ckpt-dir", help="where part B writes checkpoints (default: /tmp, else /dev/shm)")
     ap.add_argument("--budget-a-s", type=float, default=150.0, help="part A starts no configuration after this")
@@ -525,10 +550,12 @@ def main() -> int:
     rep = Report(Path(args.out), environment(dev, "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])))
     rep.write()
     log(f"{rep.env.get('gpu', dev)}; torch {torch.__version__}")
-    gpu = default_catalog().get("H100-80GB")
+    gpu = default_catalog().get(args.gpu or rep.env.get("gpu") or "H100-80GB")
+    log(f"MARP predicts for {gpu.name}")
     tmp = scratch / "work"
     if args.skip != "a":
-        configs, steps = (SMOKE_CONFIGS, (2, 2)) if args.smoke else (CONFIGS, (3, 5))
+        full = HELDOUT_CONFIGS if args.set == "heldout" else CONFIGS
+        configs, steps = (SMOKE_CONFIGS, (2, 2)) if args.smoke else (full, (3, 5))
         part_a(rep, configs, dev, gpu, tmp, steps, time.perf_counter() + args.budget_a_s)
     if args.skip != "b":
         cs = CKPT_SMOKE if args.smoke else CKPT
