@@ -343,9 +343,9 @@ def trainer_run(cs: CkptSetup, every: int, dev: torch.device, base: Path, tag: s
     recs = [json.loads(x) for x in (root / "run" / "progress.jsonl").read_text().splitlines()]
     tokens = cs.micro_batch * cs.seq_len
     out = {"every_steps": every, "snapshot_buffers": buffers or "trainer's choice", "steps": cs.steps, "wall_s": wall,
-           "tokens_per_s": res["tokens_per_s"], "loop_s": cs.steps * tokens / res["tokens_per_s"],
-           "blocked_s_total": res["blocked_s_total"], "checkpoint_bytes": res["checkpoints"][-1]["bytes"],
-           "snapshot_pin_s": res.get("snapshot_pin_s"),
+           "tokens_per_s": res.tokens_per_s, "loop_s": cs.steps * tokens / res.tokens_per_s,
+           "blocked_s_total": res.blocked_s_total, "checkpoint_bytes": res.checkpoints[-1].bytes,
+           "snapshot_pin_s": res.snapshot_pin_s,
            **stall_figures(recs, cs.steps, tokens),
            "step_s": {s: round(v, 4) for s, v in sorted(step_times(recs).items())}}
     if dev.type == "cuda":
