@@ -82,7 +82,8 @@ _BUILTIN = [
     # context: device memory outside torch's allocator measured on an H100 80GB HBM3 (driver 580, CUDA 13, torch
     # 2.11) after training steps, benchmarks/results/gpu_h100.md
     _g("H100-80GB", 79.6, 989, 989, 67, 3350, "nvlink", 450, "NVIDIA H100 80GB HBM3", "H100", context=0.75),
-    _g("H200-141GB", 140.4, 989, 989, 67, 4800, "nvlink", 450, "NVIDIA H200", "H200"),
+    # context measured the same way on an H200 (driver 580, torch 2.11), benchmarks/results/gpu_h200.md
+    _g("H200-141GB", 140.4, 989, 989, 67, 4800, "nvlink", 450, "NVIDIA H200", "H200", context=0.75),
 ]
 
 

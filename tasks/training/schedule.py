@@ -154,6 +154,11 @@ class CheckpointSchedule:
             return
         # every rank must take the same decision, or the ranks would snapshot different steps
         if agree(self.d, not self.engine.busy()) or last:
+            # a deferred save warns once, here, when the persist it waited for has finished: its duration is
+            # known now (while it runs, a first persist has no figure yet and the advice would be a guess)
+            if step > self.due_at and not self._warned_interval and self.d.rank == 0:
+                self._warned_interval = True
+                self._warn_interval(self.due_at, step - self.due_at, meter.step_s())
             # staged: the copy runs beside the next forward/backward and is waited for before the next
             # optimizer step (the only thing that changes the saved tensors); the last save copies at once
             self.save(step, block=True, stage=not last)
@@ -161,16 +166,13 @@ class CheckpointSchedule:
             return
         if step == self.due_at:
             self.prog.emit("checkpoint_deferred", step=step, reason="the previous persist is still running")
-        if not self._warned_interval and self.d.rank == 0:
-            self._warned_interval = True
-            self._warn_interval(step, meter.step_s())
 
-    def _warn_interval(self, step: int, step_s: float) -> None:
+    def _warn_interval(self, due: int, late: int, step_s: float) -> None:
         persist_s = self.engine.last_persist_s or 0.0
         every = self.cadence.every
         fit = max(every + 1, int(persist_s / max(step_s, 1e-9)) + 1)
-        log.warning("checkpoint of step %d deferred: the previous persist (%.1f s) outlasts %d steps of "
-                    "%.2f s; checkpoint.every_steps >= %d would fit", step, persist_s, every, step_s, fit)
+        log.warning("checkpoint of step %d came %d steps late: a persist takes %.1f s, longer than %d steps of "
+                    "%.2f s; checkpoint.every_steps >= %d would fit", due, late, persist_s, every, step_s, fit)
         self.prog.emit("warning", message=f"checkpoint.every_steps={every} is shorter "
                                           f"than a persist ({persist_s:.1f} s); >= {fit} would fit")
 
