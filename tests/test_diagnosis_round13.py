@@ -67,3 +67,33 @@ def test_a_connection_lost_after_it_was_made_stays_infrastructure(name: str) -> 
     text, type_ = MADE_THEN_LOST[name]
     d = diagnose(text.encode(), use_fallback=False)
     assert (d.type, d.category, d.restartable) == (type_, "infrastructure", True), d.root_cause_line
+
+
+def _bar(epoch: int, d: str, g: str) -> str:
+    return (f"Epoch {epoch}/100: 100%|##########| 500/500 [01:02<00:00, 8.01it/s, D={d}, G={g}, lr=0.0002]\n")
+
+
+def _bare(values: list[str]) -> str:
+    return "".join(f"tensor({v}, device='cuda:0', grad_fn=<NllLossBackward0>)\n" for v in values)
+
+
+def test_divergence_in_a_progress_bar_postfix_under_short_names() -> None:
+    log = _bar(1, "0.693", "1.204") + _bar(2, "0.512", "1.730") + _bar(3, "nan", "nan") + _bar(4, "nan", "nan")
+    d = diagnose(log.encode(), use_fallback=False)
+    assert (d.type, d.category, d.via, d.line_no) == ("NumericalError", "framework", "progress", 3)
+
+
+def test_divergence_in_bare_scalar_tensor_prints() -> None:
+    d = diagnose(("step 0\n" + _bare(["2.3026", "2.1174", "nan", "nan", "nan"])).encode(), use_fallback=False)
+    assert (d.type, d.via, d.line_no) == ("NumericalError", "progress", 4)
+    d = diagnose(_bare(["inf"]).encode(), use_fallback=False)  # a one-print excerpt: nothing finite came after it
+    assert (d.type, d.line_no) == ("NumericalError", 1)
+
+
+def test_a_recovered_postfix_or_a_vector_of_nans_is_not_a_divergence() -> None:
+    log = _bar(1, "0.693", "1.204") + _bar(2, "nan", "nan") + _bar(3, "0.530", "1.410")  # one skipped step
+    assert diagnose(log.encode(), use_fallback=False).category == "unknown"
+    log = _bare(["2.3026"]) + "weights: tensor([nan, 0.1000, 0.2000], device='cuda:0')\n" + _bare(["2.1174"])
+    assert diagnose(log.encode(), use_fallback=False).category == "unknown"
+    log = "tensor([nan, nan, nan])\ntensor([nan, nan, nan])\n"  # a vector's repr names no loss
+    assert diagnose(log.encode(), use_fallback=False).category == "unknown"
