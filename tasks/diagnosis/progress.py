@@ -3,7 +3,8 @@
 A run that diverges often raises nothing: it keeps printing its ordinary metric lines with a non-finite loss
 (`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, a key | value table's
 `| loss | nan |`, `loss=inf`, a JSON `NaN`, a
-value in a list or a tensor's repr: `Loss:[tensor(nan, device='cuda:0')]`) until
+value in a list or a tensor's repr: `Loss:[tensor(nan, device='cuda:0')]`; unnamed: a line that starts with a
+scalar tensor, what `print(loss)` writes, or a value in a progress bar's postfix, `21.7it/s, D=0.7, G=nan]`) until
 it ends or is stopped. A person reading the log says "the loss diverged at step N": the first line of the last run
 of non-finite losses, when no finite loss follows it. A non-finite gradient norm is the same failure seen one step
 earlier (the loss printed is often the one before the update). A NaN that the run recovered from (fp16 overflow
