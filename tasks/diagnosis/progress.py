@@ -3,7 +3,8 @@
 A run that diverges often raises nothing: it keeps printing its ordinary metric lines with a non-finite loss
 (`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, a key | value table's
 `| loss | nan |`, `loss=inf`, a JSON `NaN`, a
-value in a list or a tensor's repr: `Loss:[tensor(nan, device='cuda:0')]`) until
+value in a list or a tensor's repr: `Loss:[tensor(nan, device='cuda:0')]`; unnamed: a line that starts with a
+scalar tensor, what `print(loss)` writes, or a value in a progress bar's postfix, `21.7it/s, D=0.7, G=nan]`) until
 it ends or is stopped. A person reading the log says "the loss diverged at step N": the first line of the last run
 of non-finite losses, when no finite loss follows it. A non-finite gradient norm is the same failure seen one step
 earlier (the loss printed is often the one before the update). A NaN that the run recovered from (fp16 overflow
@@ -28,8 +29,31 @@ _TOKENS = (re.compile(rb"nan(?![a-z0-9_]| iterations)"), re.compile(rb"inf(?:ini
 """Non-finite values as Python, torch and JSON print them (lower-cased); Megatron's `nan iterations` column is not
 one."""
 _KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=|]?\s*[\[(]?\s*['\"]?(?:tensor\(\s*)?"
-_NONFINITE = re.compile(_KEY + rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])")
-_FINITE = re.compile(_KEY + rb"[-+]?\.?\d")
+_BARE = rb"tensor\((?<=(?<![^\n])tensor\()"
+"""A line that starts with a scalar tensor's repr (`tensor(2.31, device='cuda:0')`): what `print(loss)` writes each
+step, the loss without its name (a vector's repr, `tensor([...`, is not a scalar and does not match)."""
+_POSTFIX = rb"/(?:(?<=it/)s|(?<=s/)it)(?:,\s*[\w./-]+=[^,\]\n]*)*,\s*[\w./-]+="
+"""A value in a progress bar's postfix (tqdm's `[07:11<00:00, 21.7it/s, D=0.71, G=nan]`): where a training loop puts
+its losses, often under short names (a GAN's `D`/`G`), so any value there counts, whatever its name."""
+_NONFINITE_VALUE, _FINITE_VALUE = rb"[-+]?(?:nan|inf(?:inity)?)(?![a-z0-9_])", rb"[-+]?\.?\d"
+_NONFINITE = tuple(re.compile(k + _NONFINITE_VALUE) for k in (_KEY, _BARE, _POSTFIX))
+_FINITE = tuple(re.compile(k + _FINITE_VALUE) for k in (_KEY, _BARE, _POSTFIX))
+"""A loss printed by name, as a bare scalar tensor, or in a progress bar's postfix. Three patterns, not one with
+three alternatives: each begins with a rare literal (`loss`/`grad`/`gnorm`, `tensor(`, `/`), so a search skips
+ahead fast; one pattern whose alternatives begin with common letters scans a long chunk four times slower."""
+
+
+def _first(patterns: tuple[re.Pattern[bytes], ...], low: bytes, pos: int = 0, end: int | None = None) -> int | None:
+    """The offset of the earliest match of any of `patterns` in low[pos:end], or None. After a hit, the next pattern
+    is searched only up to it (and a line's length past it): a chunk is not scanned to its end once per pattern."""
+    end = len(low) if end is None else end
+    best = None
+    for p in patterns:
+        if m := p.search(low, pos, end if best is None else min(end, best + MAX_LINE)):
+            best = m.start() if best is None else min(best, m.start())
+    return best
+
+
 _AVERAGE = re.compile(_KEY + rb"[-+]?\d[\d.e+-]*\s*\(\s*[-+]?(?:nan|inf(?:inity)?)\s*\)")
 """A loss printed with its running average in parentheses (maskrcnn-benchmark's and FCOS's `loss: 23.37 (nan)`,
 median then global average): an average that is non-finite means a non-finite loss went into it, the first sign of
@@ -114,7 +138,7 @@ def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
     while hits:
         at = min(hits)
         start, end = _line_at(low, at)
-        if start >= pos and (_NONFINITE.search(low, start, min(end, start + MAX_LINE))
+        if start >= pos and (_first(_NONFINITE, low, start, min(end, start + MAX_LINE)) is not None
                              or _AVERAGE.search(low, start, min(end, start + MAX_LINE))
                              or _table_nonfinite(low, start, end)):
             return start, end
@@ -140,20 +164,20 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
     pos = 0
     while (hit := _next_nonfinite(low, pos)) is not None:
         start, stop = hit
-        if _FINITE.search(low, pos, start):
+        if _first(_FINITE, low, pos, start) is not None:
             last_start = start
         elif first is None and last_start is None:
             first = start
         end = "nan"
-        back = _FINITE.search(low, stop)
-        until = len(low) if back is None else _line_at(low, back.start())[0]
+        back = _first(_FINITE, low, stop)
+        until = len(low) if back is None else _line_at(low, back)[0]
         if _is_streak(low, start, until):
             streak = start
         if back is None:
             break
         pos, end = until, "finite"
     else:
-        if end is None and _FINITE.search(low):
+        if end is None and _first(_FINITE, low) is not None:
             end = "finite"
     offsets = [o for o in (first, last_start, streak) if o is not None]
     finite = _last_finite(low)
@@ -180,7 +204,7 @@ def _last_finite(low: bytes) -> list[int]:
         if at < 0 or len(out) == SURVIVED:
             break
         start, stop = _line_at(low, at)
-        if _FINITE.search(low, start, min(stop, start + MAX_LINE)):
+        if _first(_FINITE, low, start, min(stop, start + MAX_LINE)) is not None:
             out.append(start)
         end = start
     return out[::-1]

@@ -327,6 +327,18 @@ RULES: list[Rule] = [
          r"Could not resolve host", 53, False,
          "a host name the job connects to does not resolve (a typo in the URL, MASTER_ADDR or tracker address, a host "
          "unknown on this network, no DNS inside the container): fix the name or the DNS; a restart fails the same way"),
+    # An HTTP client that gave up on every retry without ever connecting (a connect timeout, a refused connection, the
+    # proxy) fails the same way from the same machine: its network access (a proxy, a firewall, a compute node with
+    # no internet), like a name that does not resolve; a read that timed out or a connection dropped once open stays
+    # a transient fault (NetworkError below). Not extended to the rendezvous store's connect timeout: the seen sets
+    # label that one both ways (benchmarks/results/diagnosis_round13.md).
+    Rule("ServiceUnreachable", "script",  # urllib3's MaxRetryError caused by a failed connect, no read begun
+         r"Max retries exceeded[^\n]*Caused by (?:ConnectTimeoutError|NewConnectionError|ProxyError)\b|"
+         r"Cannot connect to proxy", 53, False,
+         "the run could not open a connection to a remote service (a model or dataset hub, a tracker) on any retry: "
+         "this machine's network access (a proxy, a firewall, a compute node without internet); set the proxy "
+         "(HTTPS_PROXY), use a mirror (HF_ENDPOINT) or fetch the files beforehand and run offline (HF_HUB_OFFLINE=1); "
+         "a restart from the same machine fails the same way"),
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
     Rule("S3StorageError", "infrastructure",
          r"botocore\.exceptions\.\w+|EndpointConnectionError|S3 ?(?:Storage)?Error|An error occurred "
@@ -514,7 +526,7 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter",
     b"attach gpu", b"gpu is lost", b"overflow", b"divisible", b"multiple of", b"api_key", b"api key",
     b"unauthorized", b"invalid token", b"memory pressure", b"death signal", b"sighup", b"identify image",
-    b"image file", b"dtype", b"illegal instruction", b"sigill", b"too many", b"memory limit",
+    b"image file", b"dtype", b"connect to proxy", b"illegal instruction", b"sigill", b"too many", b"memory limit",
     "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
