@@ -26,7 +26,7 @@ _NODE = [re.compile(p) for p in (
     r"^\s*host\s*:\s*(\S+)",  # torchrun's failure summary
     r"^(\S+) kernel: ",  # dmesg lines collected with the log
     r"^([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] ",  # NCCL's host:pid:tid [device] prefix
-    r"\bon (?:node|host) ([A-Za-z0-9_.-]+)", r"\bnode[= ]([A-Za-z0-9_.-]+)")]
+    r"\bon (?:node|host) ([A-Za-z0-9_.-]+)", r"\bnode[= ]([A-Za-z0-9_.-]*\d[A-Za-z0-9_.-]*)")]  # a name, not a word
 _SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _STAMP = re.compile(r"\[[EWFI](\d{4}) (\d\d:\d\d:\d\d\.\d+)")  # glog/c10d: [E0626 05:06:30.929...
 _FRAME = re.compile(r'File "([^"]+)", line \d+')
@@ -212,6 +212,21 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
     return out
 
 
+def _backtrace_only(c: Compressed) -> dict[int, _Cand]:
+    """Where no other line names the failure, the C++ frames a rule names: a log (or the excerpt of it that was
+    posted) that holds only a backtrace, without the message above it, still says where it was raised, and the
+    raising function can name the failure (the NCCL watchdog's `WorkNCCL::checkTimeout` frame: a collective timed
+    out). Frames stay out wherever any other line is a candidate (the message states the error; the frames are
+    where it was raised). Only rules that read a message: a generic exception class in a C++ name is no error."""
+    out: dict[int, _Cand] = {}
+    for i, k in enumerate(c.kept):
+        if k.error and _CXX_FRAME.match(k.text):
+            rule = match_line(k.text)
+            if rule is not None and not rule.blame:
+                out[i] = _Cand(rule, _finding(rule, rule.category, k), rule.priority)
+    return out
+
+
 def _after_device_assert(cands: dict[int, _Cand]) -> None:
     """The CUDA errors after the first device-side assert rank just below it: its consequences (`_DEVICE_ASSERT`)."""
     at = min((i for i, x in cands.items() if _DEVICE_ASSERT.search(x.finding.line)), default=None)
@@ -360,6 +375,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
     cands = _candidates(c, learned_rules())
     wrappers = _follow_chains(c.kept, cands)
     _divergence(c, cands)
+    cands = cands or _backtrace_only(c)
     base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
             "templates": c.templates}
     if not cands:

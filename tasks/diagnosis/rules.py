@@ -130,7 +130,10 @@ RULES: list[Rule] = [
          r"file write failed|failed writing file",
          86, False, "the disk or quota is full: free space (old checkpoints) or point the output elsewhere, then resume"),
     Rule("StorageError", "infrastructure",
-         r"Input/output error|\bEIO\b|Stale (?:NFS )?file handle|\bESTALE\b|Remote I/O error", 84, True,
+         # the errno's own text, or its number with the text cut short (`[Errno 5] Input/output` quoted to the
+         # line's end): the number alone differs between platforms, the text does not
+         r"Input/output error|\[Errno 5\] Input/output|\bEIO\b|Stale (?:NFS )?file handle|\[Errno 116\] Stale|"
+         r"\bESTALE\b|Remote I/O error|\[Errno 121\] Remote I/O", 84, True,
          "the filesystem failed an I/O: check the mount on this node, then resume from the newest checkpoint"),
     # -- framework: resources and loading ---------------------------------------------------------------
     Rule("HostOOM", "framework",  # Slurm's reason for the cancel it prints next: above the bare cancel (89)
@@ -140,7 +143,14 @@ RULES: list[Rule] = [
          "memory (--mem / --mem-per-cpu), fewer data-loader workers or less CPU offload; a restart fails the same way"),
     Rule("HostOOM", "framework",
          r"oom[-_]kill event|Some of the step tasks have been OOM Killed|task \d+: Out Of Memory|"
-         r"Out of memory: Killed process|invoked oom-killer|std::bad_alloc|Cannot allocate memory|\[Errno 12\]|"
+         # the kernel's OOM killer names the process it killed, in the whole host's or a memory cgroup's words
+         # (`Memory cgroup out of memory: Killed process N`; older kernels `Kill process N`): the cause of the
+         # worker or rank killed by signal 9 that the run reports (DataloaderKilled 75, Killed 12 rank below)
+         r"(?i:out of memory): Kill(?:ed)? process|invoked oom-killer|"
+         # a notebook service's own report that the kernel used up the VM's RAM (no exception is raised: the
+         # kernel is killed and restarted): Colab's and Kaggle's wording
+         r"session crashed after using all available RAM|tried to allocate more memory than is available|"
+         r"std::bad_alloc|Cannot allocate memory|\[Errno 12\]|"
          r"low on resource: memory|\bOOMKilled\b|"
          r"killed due to memory pressure|running low on memory|ray-oom-prevention|"  # Ray's memory monitor
          + _PY + r"MemoryError\b", 81, False,
@@ -226,6 +236,14 @@ RULES: list[Rule] = [
          r"Invalid API key|wandb\.login\(key|401 Client Error: Unauthorized|Invalid (?:user )?token", 64, False,
          "the run logs in to a service (an experiment tracker, a model hub) with no valid key: set the key "
          "(e.g. WANDB_API_KEY, HF_TOKEN) or turn the service off (WANDB_MODE=disabled); a restart fails the same way"),
+    # torch.distributed called with no process group: the script (or a config asking for a distributed piece,
+    # SyncBatchNorm, DDP, a distributed sampler) runs in one plain process; it is started without a launcher or
+    # never calls init_process_group. The library only reports that the run was set up so.
+    Rule("ConfigError", "script",
+         r"Default process group has not been initialized", 64, False,
+         "a distributed call (SyncBatchNorm, DDP, a distributed sampler, a collective) ran with no process group: "
+         "launch with torchrun (or the project's launcher) so the script calls init_process_group, or, on one GPU, "
+         "switch the distributed piece off in the config (SyncBN -> BN, no DDP); a restart fails the same way"),
     Rule("ConfigError", "script",
          r"MisconfigurationException|larger than the maximum number of tokens that can be stored in KV cache|"
          r"\b(?:Config|Configuration)Error\b", 64, False,
@@ -375,6 +393,13 @@ RULES: list[Rule] = [
          r"failed to connect to all addresses|Network error \((?:ReadTimeout|ConnectTimeout|ConnectionError)\)|"
          r"initialization has timed out", 50, True,
          "a network fault: run the node check on the job's nodes and resume"),
+    # Ray's detail under an ActorDiedError saying why the actor died: its node (or its owner's) was lost. The
+    # detail states the cause the exception only wraps, so it ranks just above it; any error the node's loss
+    # followed from (the host OOM killer, a hardware fault) still ranks higher.
+    Rule("RayError", "infrastructure",
+         r"Owner's node has crashed|because its node has died|the actor's node was preempted", 34, True,
+         "the node a Ray actor (or its owner) ran on died or was taken away (a crash, the raylet killed, a lost "
+         "heartbeat, a preemption): check that node (dmesg, the raylet log), then resume on healthy nodes"),
     Rule("RayError", "infrastructure",
          r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed|RaySystemError|"
          r"ObjectLostError|NodeDiedError", 33, True,
@@ -527,7 +552,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"attach gpu", b"gpu is lost", b"overflow", b"divisible", b"multiple of", b"api_key", b"api key",
     b"unauthorized", b"invalid token", b"memory pressure", b"death signal", b"sighup", b"identify image",
     b"image file", b"dtype", b"connect to proxy", b"illegal instruction", b"sigill", b"too many", b"memory limit",
-    "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_")
+    "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_",
+    b"all available ram", b"more memory than")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
