@@ -20,7 +20,7 @@ from prefect.settings import PREFECT_API_URL
 from cluster.inventory import Cluster
 from cluster.ledger import Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError
 from flows.evaluate import evaluate_task
-from flows.place import place, release
+from flows.place import place
 from flows.plan import plan_resources, plans_markdown
 from flows.stragglers import stragglers_task
 from flows.train import train_task
@@ -496,8 +496,12 @@ class FlowStages:
         assert run.attempt is not None
         if self.ledger_gone(run):  # a release would make an empty ledger at the path and say the GPUs came back
             return
+        # the ledger's own call, not a Prefect task: a task run is created through the API, and while a restarting
+        # server comes back the client's retries held the GPUs of a finished run for 71 s (red team 41m R1)
         try:
-            release(run.attempt.allocation.id, self.request.ledger)
+            started = self.ledger.release(run.attempt.allocation.id)
+            self.log.info("released allocation %s%s", run.attempt.allocation.id,
+                          f"; {len(started)} queued job(s) started on its GPUs" if started else "")
         except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
             self.log.error("could not release allocation %s (%s); its lease expires in %.0f s",
                            run.attempt.allocation.id, err, self.request.lease_s)

@@ -1054,3 +1054,36 @@ def test_a_submit_whose_stdout_is_full_says_the_run_finished_and_names_stdout_an
     report = Ledger(str(tmp_path / "l.db")).run("fullout").report
     assert last.startswith(f"frenzy submit: error: the command finished (its report: {report}), but its answer could "
                            "not be written to standard output (/dev/full): no space left on the device"), last
+
+
+def test_the_release_after_training_is_the_ledgers_own_call_not_a_prefect_task(prefect_server, tmp_path):
+    """Red team 41m R1: the release ran as a Prefect task, whose task run is made through the API: with the server
+    restarting, the client's retries held a finished run's GPUs for 71 s. It is the ledger's call now, in the flow,
+    and nothing named `release` appears among the flow run's task runs."""
+    from prefect import flow, get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.context import get_run_context
+
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+    from flows.stages import FlowStages
+    from tasks.pipeline.run import Attempt, Run
+
+    cluster = load_cluster("local")
+    req = _request(tmp_path, name="t", steps=20, every=10)
+    ledger = Ledger(req.ledger)
+    ledger.sync(cluster)
+    alloc = ledger.allocate("t", [GpuRequest(1, 0)], lease_s=600)
+    assert alloc is not None and [a.id for a in ledger.allocations()] == [alloc.id]
+    run = Run.model_construct(job="t", attempt=Attempt.model_construct(allocation=alloc))
+
+    @flow
+    def releasing() -> str:
+        FlowStages(req, ledger, cluster).release(run)
+        return str(get_run_context().flow_run.id)
+
+    flow_run_id = releasing()
+    assert ledger.allocations() == [] and ledger.allocation(alloc.id).state == "released"
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert not [r.name for r in runs if r.name.startswith("release")]
