@@ -21,25 +21,15 @@ from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 
-# The suite the pipeline tests evaluate with: one dataset of the quick suite on few examples. The pipeline's steps
-# (which checkpoints are scored, when, where the scores go) are the same for any suite; the quick suite's exec-mode
-# HumanEval and its 112 examples cost several seconds per checkpoint (the suites' own tests are test_evaluation's).
-_SUITE = {"name": "one", "datasets": [{"name": "heldout-loss", "examples": 8, "mode": "ppl",
-                                        "infer_s_per_example": 0.004}]}
-
-
-def _suite(tmp: Path) -> str:
-    f = tmp / "one.yaml"
-    if not f.exists():
-        f.write_text(yaml.safe_dump(_SUITE))
-    return str(f)
+SUITE = str(Path(__file__).parent / "data" / "suites" / "one.yaml")
+"""The pipeline tests' suite: one dataset on 8 examples (the quick suite's HumanEval costs seconds per checkpoint)."""
 
 
 def _job(tmp: Path, name: str = "sub", steps: int = 40, every: int = 20, **training: object) -> dict:
     t = {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": steps, "lr": 3e-3, "warmup_steps": 5,
          "log_every_steps": 5, "trace_every_steps": 10,
          "checkpoint": {"every_steps": every, "uri": f"file://{tmp}/ckpt", "keep": 5}, **training}
-    return {"name": name, "model": {"preset": "gpt-tiny"}, "training": t, "evaluation": {"suite": _suite(tmp)}}
+    return {"name": name, "model": {"preset": "gpt-tiny"}, "training": t, "evaluation": {"suite": SUITE}}
 
 
 def _request(tmp: Path, **job_kw: object):
@@ -61,7 +51,7 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
     assert announced == []
     # the scheduled evaluate-pending finds this job's checkpoints through the ledger
-    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite=_suite(tmp_path), job="sub")
+    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite=SUITE, job="sub")
     assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {noted.root: noted}
     doc = res.model_dump(mode="json")
     for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
