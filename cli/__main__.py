@@ -1,7 +1,10 @@
 """`python -m cli ...` is `frenzy ...`."""
 
+import gc
 import sys
 
 from cli.main import main
 
-sys.exit(main())
+code = main()
+gc.freeze()  # as tasks/quickexit.py's exit_now (not imported: `frenzy --help` imports nothing of tasks/)
+sys.exit(code)

@@ -4,6 +4,7 @@ what came back into the record the transition takes."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -108,7 +109,14 @@ class DeploymentGone(Exception):  # noqa: N818 - a condition, not a failure: the
 
 
 CANCEL_POLL_S = 10.0
-"""How often a running submit asks the server whether its flow run was cancelled from the UI or API."""
+"""How often a running submit asks the server whether its flow run was cancelled from the UI or API
+(`FRENZY_CANCEL_POLL_S` sets another period)."""
+
+
+def cancel_poll_s() -> float:
+    """The period of the cancel poll: `FRENZY_CANCEL_POLL_S` when set, else CANCEL_POLL_S."""
+    return float(os.environ.get("FRENZY_CANCEL_POLL_S", CANCEL_POLL_S))
+
 
 START_TRIES = 5
 """How many polls (about 2 s apart, each after the Prefect client's own retries) a step's evaluation run is tried to be
@@ -380,7 +388,7 @@ class FlowStages:
         CLI or a notebook started gets nothing, so its state is read here (at most every CANCEL_POLL_S) and the run
         ends as SIGTERM ends it: the trainer commits its step, the GPUs are released, the one line is printed."""
         now = time.monotonic()
-        if now - self._cancel_checked < CANCEL_POLL_S:
+        if now - self._cancel_checked < cancel_poll_s():
             return
         self._cancel_checked = now
         import signal

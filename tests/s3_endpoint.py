@@ -46,10 +46,12 @@ def free_port() -> int:
 
 class FlakyProxy:
     """Forwards HTTP to `upstream_port`; while failing, answers every request 503 SlowDown (as S3 does). `only`: the
-    failure hits only requests whose path holds it (a Prefect API route), and `fail_next(n)` fails the next n of those."""
+    failure hits only requests whose path holds it (a Prefect API route), and `fail_next(n)` fails the next n of those.
+    `retry_after`: the 503s carry `Retry-After: N` (a Prefect client sleeps 2 s after each 503 without one, even when
+    it has no retry left)."""
 
-    def __init__(self, upstream_port: int, only: str = "") -> None:
-        self.upstream_port, self.only = upstream_port, only
+    def __init__(self, upstream_port: int, only: str = "", retry_after: str | None = None) -> None:
+        self.upstream_port, self.only, self.retry_after = upstream_port, only, retry_after
         self.fail_until = 0.0
         self.to_fail = 0
         self.failed = 0
@@ -81,6 +83,8 @@ class FlakyProxy:
                     self.send_response(503)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(_SLOWDOWN)))
+                    if proxy.retry_after is not None:
+                        self.send_header("Retry-After", proxy.retry_after)
                     self.end_headers()
                     self.wfile.write(_SLOWDOWN)
                     return

@@ -21,12 +21,15 @@ from tasks.jobspec import parse_job
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 
+SUITE = str(Path(__file__).parent / "data" / "suites" / "one.yaml")
+"""The pipeline tests' suite: one dataset on 8 examples (the quick suite's HumanEval costs seconds per checkpoint)."""
+
 
 def _job(tmp: Path, name: str = "sub", steps: int = 40, every: int = 20, **training: object) -> dict:
     t = {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": steps, "lr": 3e-3, "warmup_steps": 5,
          "log_every_steps": 5, "trace_every_steps": 10,
          "checkpoint": {"every_steps": every, "uri": f"file://{tmp}/ckpt", "keep": 5}, **training}
-    return {"name": name, "model": {"preset": "gpt-tiny"}, "training": t, "evaluation": {"suite": "quick"}}
+    return {"name": name, "model": {"preset": "gpt-tiny"}, "training": t, "evaluation": {"suite": SUITE}}
 
 
 def _request(tmp: Path, **job_kw: object):
@@ -48,7 +51,7 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
     assert announced == []
     # the scheduled evaluate-pending finds this job's checkpoints through the ledger
-    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite="quick", job="sub")
+    noted = CheckpointRoot(root=f"file://{tmp_path}/ckpt", suite=SUITE, job="sub")
     assert Ledger(str(tmp_path / "ledger.db")).checkpoint_roots() == {noted.root: noted}
     doc = res.model_dump(mode="json")
     for key in ("plan", "allocation", "train", "evaluations", "stragglers", "report", "released"):
@@ -178,11 +181,11 @@ def test_a_job_no_node_can_ever_hold_fails_at_once_instead_of_waiting(tmp_path):
     assert time.monotonic() - t0 < 10 and led.queue() == []
 
 
-def _cli(args: list[str], cwd: Path, server: bool = True) -> subprocess.Popen:
+def _cli(args: list[str], cwd: Path, server: bool = True, **env_vars: str) -> subprocess.Popen:
     """`frenzy ARGS` as a user starts it, on the test server or (server=False) Prefect's embedded API."""
     from prefect.settings import PREFECT_API_URL
 
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "" if server else ""}
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "" if server else "", **env_vars}
     return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=open(cwd / "cli.err", "ab"), text=True, start_new_session=True,
                             preexec_fn=_as_from_a_terminal)
@@ -578,7 +581,8 @@ def test_an_api_error_rerunning_one_crashed_evaluation_is_that_steps_failure_and
         return sum(fr.parameters["request"]["uri"] == f"{root}/step_{step:08d}" for fr in runs)  # other tests' too
 
     now = [0.0]
-    with FlakyProxy(urlparse(api).port, only="/create_flow_run") as proxy, temporary_settings(
+    # Retry-After: 0: the client's own 2 s sleep after each 503 (it sleeps even with no retry left) is not waited out
+    with FlakyProxy(urlparse(api).port, only="/create_flow_run", retry_after="0") as proxy, temporary_settings(
             {PREFECT_API_URL: f"http://127.0.0.1:{proxy.port}/api", PREFECT_CLIENT_MAX_RETRIES: 0}):
         warned: list[str] = []
         t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=600), warned.append, earlier=frozenset({10, 20}))
@@ -909,7 +913,7 @@ def test_a_cancel_from_the_api_stops_a_cli_submit_as_sigterm_does(prefect_server
     Ledger(str(tmp_path / "l.db"))
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="apicancel", steps=100000, every=50)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
-                 "--run-dir", str(tmp_path / "run")], tmp_path)
+                 "--run-dir", str(tmp_path / "run")], tmp_path, FRENZY_CANCEL_POLL_S="1")  # not up to 10 s of waiting
     _wait_for_commit(tmp_path / "ckpt", 50, proc)
     with get_client(sync_client=True) as client:
         [fr] = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["submit-apicancel"])))
@@ -922,6 +926,15 @@ def test_a_cancel_from_the_api_stops_a_cli_submit_as_sigterm_does(prefect_server
     assert err.strip().splitlines()[-1] == (f"frenzy submit: stopped at step {newest}, committed under "
                                             f"file://{tmp_path}/ckpt; rerun the same command to resume")
     assert Ledger(str(tmp_path / "l.db")).allocations() == [] and _trainers_of(tmp_path / "run") == []
+
+
+def test_the_cancel_poll_period_is_ten_seconds_unless_frenzy_cancel_poll_s_says_otherwise(monkeypatch):
+    from flows.stages import CANCEL_POLL_S, cancel_poll_s
+
+    monkeypatch.delenv("FRENZY_CANCEL_POLL_S", raising=False)
+    assert cancel_poll_s() == CANCEL_POLL_S == 10.0
+    monkeypatch.setenv("FRENZY_CANCEL_POLL_S", "1.5")
+    assert cancel_poll_s() == 1.5
 
 
 def test_device_cuda_on_an_allocation_without_a_cuda_gpu_says_it_trains_on_the_cpu(prefect_server, tmp_path):

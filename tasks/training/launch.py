@@ -328,4 +328,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tasks.quickexit import exit_now
+
+    exit_now(main())

@@ -1,0 +1,36 @@
+"""The entry points of the heavy processes (trainer, evaluation trial, `frenzy`) end through `exit_now`: the objects
+alive when the work is done are frozen out of the interpreter's last collections, and the exit code is kept."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = """
+import atexit, gc
+atexit.register(lambda: print("frozen" if gc.get_freeze_count() else "not frozen", flush=True))
+from tasks.quickexit import exit_now
+exit_now(3)
+"""
+
+
+def test_exit_now_keeps_the_code_and_freezes_before_the_atexit_handlers():
+    proc = subprocess.run([sys.executable, "-c", PROBE], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.strip() == "frozen"
+
+
+@pytest.mark.parametrize("module", ["cli/__main__.py", "tasks/training/launch.py", "tasks/evaluation/trial.py"])
+def test_each_heavy_entry_point_exits_through_exit_now(module):
+    tree = ast.parse((REPO / module).read_text())
+    guarded = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    body = guarded[0].body if guarded else tree.body  # cli/__main__.py runs at module level
+    last = [ast.unparse(n) for n in body[-2:]]
+    assert last[-1].startswith("exit_now(") or last == ["gc.freeze()", "sys.exit(code)"], last
