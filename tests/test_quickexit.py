@@ -27,10 +27,28 @@ def test_exit_now_keeps_the_code_and_freezes_before_the_atexit_handlers():
     assert proc.stdout.strip() == "frozen"
 
 
-@pytest.mark.parametrize("module", ["cli/__main__.py", "tasks/training/launch.py", "tasks/evaluation/trial.py"])
+@pytest.mark.parametrize("module", ["tasks/training/launch.py", "tasks/evaluation/trial.py"])
 def test_each_heavy_entry_point_exits_through_exit_now(module):
     tree = ast.parse((REPO / module).read_text())
     guarded = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
-    body = guarded[0].body if guarded else tree.body  # cli/__main__.py runs at module level
-    last = [ast.unparse(n) for n in body[-2:]]
-    assert last[-1].startswith("exit_now(") or last == ["gc.freeze()", "sys.exit(code)"], last
+    assert guarded, module
+    assert ast.unparse(guarded[0].body[-1]).startswith("exit_now("), module
+
+
+CLI_PROBE = """
+import atexit, gc, sys
+atexit.register(lambda: print("frozen" if gc.get_freeze_count() else "not frozen", flush=True))
+from cli.main import entry
+sys.argv = ["frenzy", "presets"]
+sys.exit(entry())
+"""
+
+
+def test_the_frenzy_script_and_python_m_cli_exit_frozen_through_entry():
+    # the installed console script (pyproject) and `python -m cli` both go through cli.main:entry
+    assert 'frenzy = "cli.main:entry"' in (REPO / "pyproject.toml").read_text()
+    assert "sys.exit(entry())" in (REPO / "cli" / "__main__.py").read_text()
+    proc = subprocess.run([sys.executable, "-c", CLI_PROBE], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "frozen"
