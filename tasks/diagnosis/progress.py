@@ -15,6 +15,8 @@ restart from a checkpoint): that run did not recover by itself.
 `track(low, chunk)` reads one chunk of a log (whole lines, lower-cased) and visits only the transitions: the next
 non-finite token (`nan`, `inf`: a literal search in C, cheap even in a gigabyte of INFO lines), the line holding it
 checked for a loss key, then the next finite loss (one regex search). A run of a million NaN lines costs one search.
+Each pattern's next match is remembered (`_Next`), so a loss that flips between NaN and finite every few lines
+costs a scan of the chunk per pattern, not one per flip (issue 45: 6 MB of flips did not finish in 10 min).
 `fold` joins the chunks of a file in order. `trained_until`: an error line followed by SURVIVED lines that print a
 finite loss is one the run went on training after (a start-up warning, a retried request), not what ended it.
 """
@@ -131,27 +133,50 @@ def _under_loss(header: bytes, line: bytes) -> bool:
     return False
 
 
-def _next_nonfinite(low: bytes, pos: int) -> tuple[int, int] | None:
+class _Next:
+    """The next match of one pattern at or after a position in one chunk, remembered: a search from `pos` that found
+    its match at `hit` answers every later question for a position in [pos, hit] (and, when it found none, for any
+    position past pos) without searching again. The questions `track` asks move forward through the chunk, so each
+    pattern scans the chunk about once, however many times the loss flips between finite and non-finite (a fresh
+    search per flip scanned to the chunk's end for a pattern that is not there: quadratic in the flips)."""
+
+    __slots__ = ("hit", "lo", "low", "pattern", "searches")
+
+    def __init__(self, pattern: re.Pattern[bytes], low: bytes) -> None:
+        self.pattern, self.low, self.lo, self.hit, self.searches = pattern, low, len(low) + 1, None, 0
+
+    def at(self, pos: int) -> int | None:
+        """The start of the earliest match at or after `pos`, or None."""
+        if pos < self.lo or (self.hit is not None and pos > self.hit):
+            m = self.pattern.search(self.low, pos)
+            self.lo, self.hit, self.searches = pos, None if m is None else m.start(), self.searches + 1
+        return self.hit
+
+
+def _earliest(cursors: tuple[_Next, ...], pos: int) -> int | None:
+    """The earliest match at or after `pos` of any cursor's pattern, or None."""
+    return min((h for c in cursors if (h := c.at(pos)) is not None), default=None)
+
+
+def _next_nonfinite(low: bytes, pos: int, tokens: tuple[_Next, ...]) -> tuple[int, int] | None:
     """The (start, end) of the next line at or after `pos` that gives a loss a non-finite value (by its key, or by
-    its column in a table)."""
-    hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]
-    while hits:
-        at = min(hits)
+    its column in a table); `tokens` find the non-finite values (_TOKENS) in `low`."""
+    while (at := _earliest(tokens, pos)) is not None:
         start, end = _line_at(low, at)
         if start >= pos and (_first(_NONFINITE, low, start, min(end, start + MAX_LINE)) is not None
                              or _AVERAGE.search(low, start, min(end, start + MAX_LINE))
                              or _table_nonfinite(low, start, end)):
             return start, end
         pos = end + 1
-        hits = [m.start() for t in _TOKENS if (m := t.search(low, pos))]
     return None
 
 
-def _is_streak(low: bytes, start: int, until: int) -> bool:
-    """Whether STREAK non-finite loss lines begin at `start` before `until` (at most STREAK searches)."""
-    pos = start
-    for _ in range(STREAK):
-        hit = _next_nonfinite(low, pos)
+def _is_streak(low: bytes, stop: int, until: int, tokens: tuple[_Next, ...]) -> bool:
+    """Whether the non-finite loss line that ends at `stop` begins STREAK of them before `until` (at most STREAK - 1
+    searches)."""
+    pos = stop + 1
+    for _ in range(STREAK - 1):
+        hit = _next_nonfinite(low, pos, tokens)
         if hit is None or hit[0] >= until:
             return False
         pos = hit[1] + 1
@@ -161,17 +186,17 @@ def _is_streak(low: bytes, start: int, until: int) -> bool:
 def track(low: bytes) -> tuple[LossTrack, list[int]]:
     """The chunk's loss history and the byte offsets of the lines it names (to keep them in the compressed log)."""
     first = last_start = end = streak = None
-    pos = 0
-    while (hit := _next_nonfinite(low, pos)) is not None:
+    pos, tokens, finite = 0, tuple(_Next(t, low) for t in _TOKENS), tuple(_Next(f, low) for f in _FINITE)
+    while (hit := _next_nonfinite(low, pos, tokens)) is not None:
         start, stop = hit
         if _first(_FINITE, low, pos, start) is not None:
             last_start = start
         elif first is None and last_start is None:
             first = start
         end = "nan"
-        back = _first(_FINITE, low, stop)
+        back = _earliest(finite, stop)
         until = len(low) if back is None else _line_at(low, back)[0]
-        if _is_streak(low, start, until):
+        if _is_streak(low, stop, until, tokens):
             streak = start
         if back is None:
             break
@@ -180,9 +205,9 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
         if end is None and _first(_FINITE, low) is not None:
             end = "finite"
     offsets = [o for o in (first, last_start, streak) if o is not None]
-    finite = _last_finite(low)
-    line = _line_numbers(low, offsets + finite)
-    return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in finite),
+    last = _last_finite(low)
+    line = _line_numbers(low, offsets + last)
+    return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in last),
                      line.get(streak)), sorted(set(offsets))
 
 
