@@ -21,9 +21,10 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   that plan (its predicted start + run + cost to the others) is cheaper than every plan that fits now; then any
   other plan that fits and is cheaper than the wait still runs now. So a slower plan on an older type beats waiting
   exactly when the predicted wait for the faster one is longer than the slowdown and the extra GPU-seconds it
-  costs. A job waits with GPUs it could use idle only
-  for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
-  after every scheduling pass.
+  costs. A plan that fits now and is predicted to finish before the waited plan's predicted start runs now whatever
+  its cost to the others, where that start rests on `TRUSTED_RELEASES` or more predicted releases (`_sooner_now`).
+  A job waits with GPUs it could use idle only for that reason, or because the queue head's reservation needs
+  exactly those GPUs; `idle_violations` checks this after every scheduling pass.
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
   `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
   refuses now becomes a plan to wait for, from the reservation's start.
