@@ -85,7 +85,8 @@ TRUSTED_RELEASES = 10
 """A predicted start is trusted to run a plan now ahead of it (`_sooner_now`) only where at least this many running
 allocations' releases on the GPUs waited for are predicted before it (round 15, on the 60 seen rows of rounds 6-12:
 decisions whose predicted start rested on 10 or more releases started at 0.95x the predicted wait on round 6's P1
-(median), those resting on fewer at 0.15-0.38x on the rows where trusting every prediction lost 2-16% of average JCT)."""
+(median), those resting on fewer at 0.15-0.38x on H3, O2, O6 and H11, where trusting every prediction lost 5-16% of
+average JCT: benchmarks/results/placement_round15.md)."""
 
 
 def arrival_rate(submitted_s: Iterable[float], now_s: float, window: int = ARRIVAL_WINDOW) -> float:
@@ -604,8 +605,8 @@ def _sooner_now(prefs: Sequence[Candidate], waiting: Candidate | None, backlog: 
     behind it). A plan that holds its GPUs past that start still pays its penalty (long jobs on the slower GPUs kept
     the median job off them: round 14's first variant, every plan finishing before the wait's finish, had round 6's
     P2 at a p50 of 1.41x fcfs's). Only where the predicted start is trusted: it rests on `TRUSTED_RELEASES` or more
-    predicted releases (round 15: starts predicted from a few releases came 0.15-0.38x as late as predicted on round
-    14's rows that lost average JCT, and long jobs ran on a slower type for nothing)."""
+    predicted releases (round 15: starts predicted from a few releases came at 0.15-0.38x of the predicted wait on four
+    of round 14's rows that lost average JCT, and long jobs ran on a slower type for nothing)."""
     if waiting is None or backlog.releases_by(waiting.request, waiting.start_s) < TRUSTED_RELEASES:
         return []
     return [c for c in prefs if c.nodes is not None and c.finish_s <= waiting.start_s]
