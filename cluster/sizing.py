@@ -21,9 +21,10 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   that plan (its predicted start + run + cost to the others) is cheaper than every plan that fits now; then any
   other plan that fits and is cheaper than the wait still runs now. So a slower plan on an older type beats waiting
   exactly when the predicted wait for the faster one is longer than the slowdown and the extra GPU-seconds it
-  costs. A job waits with GPUs it could use idle only
-  for that reason, or because the queue head's reservation needs exactly those GPUs; `idle_violations` checks this
-  after every scheduling pass.
+  costs. A plan that fits now and is predicted to finish before the waited plan's predicted start runs now whatever
+  its cost to the others, where that start rests on `TRUSTED_RELEASES` or more predicted releases (`_sooner_now`).
+  A job waits with GPUs it could use idle only for that reason, or because the queue head's reservation needs
+  exactly those GPUs; `idle_violations` checks this after every scheduling pass.
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
   `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
   refuses now becomes a plan to wait for, from the reservation's start.
@@ -80,6 +81,12 @@ production-shaped family's average 2% to 44% and -3% to +13% off fcfs's where 30
 reservation; 30 kept the mixed family's p99 16 to 35 points lower than no reservation, Philly within 3 points)."""
 ARRIVAL_WINDOW = 32
 """Arrivals `arrival_rate` averages over (the last 32 submissions)."""
+TRUSTED_RELEASES = 10
+"""A predicted start is trusted to run a plan now ahead of it (`_sooner_now`) only where at least this many running
+allocations' releases on the GPUs waited for are predicted before it (round 15, on the 60 seen rows of rounds 6-12:
+decisions whose predicted start rested on 10 or more releases started at 0.95x the predicted wait on round 6's P1
+(median), those resting on fewer at 0.15-0.38x on H3, O2, O6 and H11, where trusting every prediction lost 5-16% of
+average JCT: benchmarks/results/placement_round15.md)."""
 
 
 def arrival_rate(submitted_s: Iterable[float], now_s: float, window: int = ARRIVAL_WINDOW) -> float:
@@ -216,6 +223,11 @@ class Backlog:
             claims = [(g, r) for c, g, r in self._claims if self._meets(c, key)]
             rep = self._replays[(mine, have)] = _Replay(self.now_s, have, ends, np.diff(cum, prepend=0), claims)
         return rep.start_s(req.gpus)
+
+    def releases_by(self, req: GpuRequest, t: float) -> int:
+        """Running allocations' releases (one per node) on GPUs `req` admits predicted at or before `t`: how many
+        predictions a start at `t` rests on (`TRUSTED_RELEASES`)."""
+        return int(np.searchsorted(self._timeline(req)[0], t, side="right"))
 
     def _meets(self, a: tuple[frozenset[str] | None, float], b: tuple[frozenset[str] | None, float]) -> bool:
         """Whether the GPUs of keys `a` and `b` overlap (a claim on `a` delays a plan on `b`)."""
@@ -563,6 +575,9 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     prefs = [c for g in prof.groups for c in _preferred(free, fit, backlog, requests, g, spare, min_scaling, pen)]
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
     wait_cost = waiting.cost if waiting is not None else math.inf
+    sooner_now = _sooner_now(prefs, waiting, backlog)
+    if sooner_now:  # a plan that fits now would be done before the wait starts: it runs now, the wait its fallback
+        wait_cost = max(wait_cost, max(c.cost for c in sooner_now))
     ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
                     key=lambda c: (c.cost, c.request.gpus, c.index))
     if not ranked and waiting is not None:
@@ -580,6 +595,21 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     if arrivals_per_s > 0:
         load += f", {arrivals_per_s * 3600:.1f} arrivals/h"
     return Choice("widen" if widen else "pack", ranked, load=load)
+
+
+def _sooner_now(prefs: Sequence[Candidate], waiting: Candidate | None, backlog: Backlog) -> list[Candidate]:
+    """The preferred plans that fit now and are predicted to finish before the plan to wait for starts (round 14):
+    such a plan holds its GPUs for less time than the job would wait, so the job runs now whatever the goodput
+    penalty of that plan (on round 6's P1 the median job waited 6,600 s for an A100, predicted to start 7,151 s from
+    now, where a Quadro plan it could start at once ran 4,834 s: the Quadro plan's penalty counted every job queued
+    behind it). A plan that holds its GPUs past that start still pays its penalty (long jobs on the slower GPUs kept
+    the median job off them: round 14's first variant, every plan finishing before the wait's finish, had round 6's
+    P2 at a p50 of 1.41x fcfs's). Only where the predicted start is trusted: it rests on `TRUSTED_RELEASES` or more
+    predicted releases (round 15: starts predicted from a few releases came at 0.15-0.38x of the predicted wait on four
+    of round 14's rows that lost average JCT, and long jobs ran on a slower type for nothing)."""
+    if waiting is None or backlog.releases_by(waiting.request, waiting.start_s) < TRUSTED_RELEASES:
+        return []
+    return [c for c in prefs if c.nodes is not None and c.finish_s <= waiting.start_s]
 
 
 def _preferred(free: _Free, fit: list[bool], backlog: Backlog, requests: Sequence[GpuRequest], g: _Group, spare: int,

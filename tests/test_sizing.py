@@ -42,6 +42,54 @@ def test_a_slower_plan_beats_waiting_only_when_the_wait_is_longer_than_the_slowd
     assert ("runs now rather than wait" in record) == starts_now and ("waits for" in record) != starts_now
 
 
+def _a100s_held(allocations: int, end_s: float) -> tuple[FreePool, Backlog]:
+    """16 A100s on one node, all held until `end_s` by `allocations` allocations; 4 of 8 2080Tis busy until 50,000 s."""
+    nodes = [NodeInfo("a0", "A100-40GB-SXM", 40, 300, 16), NodeInfo("t0", "RTX-2080Ti", 11, 16, 8)]
+    pool = FreePool(nodes, {"a0": 0, "t0": 4})
+    per = [16 // allocations + (k < 16 % allocations) for k in range(allocations)]
+    running = [Running(end_s=end_s, nodes=(("a0", n),)) for n in per] + [Running(end_s=50_000.0, nodes=(("t0", 4),))]
+    return pool, Backlog(pool, running, now_s=0.0)
+
+
+@pytest.mark.parametrize("wait_s, starts_now", [(3000.0, False), (4500.0, False), (6000.0, True)])
+def test_a_job_never_waits_for_a_plan_that_starts_after_a_plan_it_can_start_now_would_finish(wait_s, starts_now):
+    """Round 14: half the 2080Tis are busy and 10 jobs wait behind, so the 2080Ti plan (run 5000 s) costs the queue
+    10 x 4000 extra GPU-s x 0.5 / 8 = 2500 s. An A100 freed at 6000 s (finish 7000 s) costs less (7000 against 7500),
+    but the 2080Ti plan would be done before it starts: the job runs now. Negative controls: an A100 freed at 3000 s
+    (finish 4000 s) wins outright; one freed at 4500 s (finish 5500 s, later for the job) still wins on cost, since
+    the 2080Ti plan would hold its GPUs past 4500 s."""
+    pool, backlog = _a100s_held(16, wait_s)  # the start rests on 16 releases: trusted (round 15)
+    ch = choose(pool, _reqs(), backlog, spare=0, behind=10)
+    first = ch.candidates[0]
+    assert (first.nodes is not None) == starts_now
+    assert first.request.types == (SLOW if starts_now else FAST)
+    if starts_now:
+        assert first.penalty == pytest.approx(2500.0) and first.finish_s == pytest.approx(5000.0)
+        waited = next(c for c in ch.candidates if c.nodes is None)
+        assert waited.cost < first.cost and waited.start_s == pytest.approx(6000.0)  # cheaper, but starts later
+        assert "runs now rather than wait 6000 s for A100-40GB-SXM" in ch.record(first, 0.0)
+    else:
+        assert first.finish_s == pytest.approx(wait_s + 1000.0)
+
+
+@pytest.mark.parametrize("allocations, starts_now", [(1, False), (9, False), (16, True)])
+def test_a_job_runs_now_ahead_of_a_wait_only_where_the_predicted_start_rests_on_enough_releases(allocations,
+                                                                                                 starts_now):
+    """Round 15: 16 A100s on one node, all busy until 6000 s, held by 1, 9 or 16 allocations; half the 2080Tis are
+    busy and 10 jobs wait behind, so the 2080Ti plan (run 5000 s, cost 7500 s) would be done before the A100 plan
+    starts (cost 7000 s). The start at 6000 s rests on as many predicted releases as allocations: the 2080Ti plan
+    runs now only with 16 (TRUSTED_RELEASES is 10); with 1 or 9 the job waits, as it did before round 14."""
+    pool, backlog = _a100s_held(allocations, 6000.0)
+    assert backlog.releases_by(_reqs()[0], 6000.0) == allocations
+    ch = choose(pool, _reqs(), backlog, spare=0, behind=10)
+    first = ch.candidates[0]
+    assert (first.nodes is not None) == starts_now
+    assert first.request.types == (SLOW if starts_now else FAST)
+    assert first.finish_s == pytest.approx(5000.0 if starts_now else 7000.0)
+    waited = next(c for c in ch.candidates if c.nodes is None)
+    assert waited.start_s == pytest.approx(6000.0) and waited.cost < next(c for c in ch.candidates if c.nodes).cost
+
+
 @pytest.mark.parametrize("claim_ahead, starts_slow", [(True, True), (False, False)])
 def test_a_release_overdue_is_predicted_now_not_in_the_past(claim_ahead, starts_slow):
     """The A100s' allocation was predicted to end at 2000 s; it is 3000 s and it still runs. Its release is predicted
