@@ -379,6 +379,29 @@ def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored
     assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000020"]
 
 
+def test_the_history_plot_draws_one_line_per_root_where_two_roots_share_a_run_name(tmp_path):
+    """Red team 41l: with two roots of one run name in one history, the plot drew one value per step (the newest
+    root's), though the history keeps a line per step and root. Now: one line per root, labelled with its tag."""
+    h = tmp_path / "evals"
+    a, b = f"file://{tmp_path}/lena/a", f"file://{tmp_path}/lena/b"
+    for root, losses in ((a, {20: 4.858, 40: 4.1}), (b, {20: 3.356, 40: 3.0})):
+        for step, loss in losses.items():
+            history.append(h, "dave-smoke", step, f"{root}/{ck.step_dir(step)}", "quick",
+                           {"heldout-loss": {"loss": loss}, "heldout-cloze": {"acc": 0.5}})
+    fig = history.figure(h, "dave-smoke", "quick")
+    panel = next(ax for ax in fig.axes if ax.get_title() == "heldout-loss loss")
+    labels = panel.get_legend_handles_labels()[1]  # the legend names both roots, each by its tag
+    assert sorted(labels) == sorted(history.root_label(history.uri_key(r)) for r in (a, b))
+    assert sorted(lb.split()[0] for lb in labels) == sorted(history.root_tag(r) for r in (a, b))
+    lines = sorted((tuple(map(tuple, line.get_xydata())) for line in panel.get_lines()), key=lambda xy: xy[0][1])
+    assert lines == [((20.0, 3.356), (40.0, 3.0)), ((20.0, 4.858), (40.0, 4.1))]
+    assert history.plot(h, "dave-smoke", "quick") == h / "dave-smoke" / "history-quick.png"
+    # one root: one line per panel and no legend, as before
+    history.append(h, "solo", 20, f"{a}/{ck.step_dir(20)}", "quick", {"heldout-loss": {"loss": 4.0}})
+    solo = history.figure(h, "solo", "quick")
+    assert len(solo.axes[0].get_lines()) == 1 and solo.axes[0].get_legend() is None
+
+
 def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt, tmp_path):
     """Red team 41l C3: two roots of one run name evaluated into one history directory (as evaluate-pending does,
     overwrite=True). Before: both wrote `<run>/step_N/<suite>`, the second replacing the first's result.json,
