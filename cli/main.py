@@ -10,6 +10,7 @@ import gc
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module that defines it, one-line help), in the order of `frenzy --help`
@@ -41,10 +42,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 Handler = Callable[[argparse.Namespace], int]
 
 
+class UsageError(SystemExit):
+    """A usage error argparse found (a missing, unknown or malformed argument), said on stderr as argparse says it
+    (usage line, `PROG: error: MESSAGE`); exit status 2. `main` also prints it as the error document under --json."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors raise `UsageError` (each command's subparser is one too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise UsageError(message)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with `only`, only the arguments of that command (none for "") are built, so only
     its module is imported (the other commands are listed by name and help)."""
-    p = argparse.ArgumentParser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
+    p = _Parser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parsers = {}
     for name, (_, help_) in COMMANDS.items():
@@ -87,7 +106,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cli.output import finish
 
         return finish(_command(argv) or "", err, as_json="--json" in argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:  # under --json, the same error document as every other failure (kind "usage")
+        if "--json" in argv:
+            from cli.output import CommandError, to_stdout_quietly
+
+            command = _command(argv)
+            helps = f"frenzy {command} --help" if command else "frenzy --help"
+            to_stdout_quietly(CommandError(command, "usage", f"{err.message}; `{helps}` lists the arguments", 2))
+        return 2
     from cli.output import run
 
     return run(args)

@@ -157,7 +157,7 @@ def finish(command: str, err: BaseException, as_json: bool = False) -> int:
             with contextlib.suppress(BrokenPipeError):
                 print(f"frenzy {command}: error: {msg}", file=sys.stderr)
     if as_json:
-        _to_stdout_quietly(CommandError(command, kind, msg, rc, crash))
+        to_stdout_quietly(CommandError(command, kind, msg, rc, crash))
     return rc
 
 
@@ -167,8 +167,8 @@ class CommandError:
 
     command: str
     kind: str
-    """error (the input or the machine: `message` names it and the fix), bug (`crash_file` holds the traceback), or
-    interrupted (Ctrl-C, SIGTERM)."""
+    """error (the input or the machine: `message` names it and the fix), usage (an argument argparse refused: exit
+    2), bug (`crash_file` holds the traceback), or interrupted (Ctrl-C, SIGTERM)."""
     message: str
     """What stderr says."""
     exit_code: int
@@ -178,7 +178,7 @@ class CommandError:
         return {"error": asdict(self)}
 
 
-def _to_stdout_quietly(err: CommandError) -> None:
+def to_stdout_quietly(err: CommandError) -> None:
     """Write an error document; a stdout that refuses it changes nothing (stderr has said the error already)."""
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.write(json.dumps(err.to_json(), indent=2) + "\n")
@@ -268,7 +268,7 @@ def _run(args: argparse.Namespace) -> int:
             finally:
                 _leave_ray()
     except SystemExit as stop:  # a signal's exit status (`submit` stopped by SIGTERM: 143), its line on stderr
-        _to_stdout_quietly(_stopped(args.command, stop.code if isinstance(stop.code, int) else 1))
+        to_stdout_quietly(_stopped(args.command, stop.code if isinstance(stop.code, int) else 1))
         raise
     finally:
         _document.reset(token)

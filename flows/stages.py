@@ -41,6 +41,7 @@ from tasks.pipeline.evaluations import (
     scored,
     step_uri,
 )
+from tasks.pipeline.outage import CommitTimes, Outages, commit_times
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
@@ -136,12 +137,18 @@ class TriggeredEvaluations:
     def __init__(self, root: str, since: datetime, warn: Callable[[str], None],
                  info: Callable[[str], None] = lambda _: None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC), earlier: frozenset[int] = frozenset(),
-                 waited: frozenset[int] | None = None) -> None:
+                 waited: frozenset[int] | None = None, outages: Outages | None = None,
+                 committed_at: Callable[[], CommitTimes] = CommitTimes) -> None:
         """`earlier`: steps an earlier invocation committed (a resumed run): their runs count from any time.
         `waited`: the steps the submit waits for (None: every step with a run); the once-a-minute line names only
         these (red team 41l D1: it listed `step 40 Submitting`, a step retention had removed and that was not
-        waited for)."""
+        waited for). `outages`: when the API was unreachable (shared with the training's polls), and
+        `committed_at`: when each step committed (epoch seconds): a step committed before an outage ended with no run
+        is started as soon as the server answers again."""
         self.root, self.since, self.warn, self.info, self.now = root.rstrip("/"), since, warn, info, now
+        self.outages, self.committed_at = outages or Outages(slack_s=ORPHAN_S), committed_at
+        self.lost: dict[int, str] = {}
+        """Steps whose commit event was lost in a server outage: why, as said when their run was started."""
         self.waited = waited
         self.earlier, self.key = earlier, place_key(root)
         self.params: dict[int, dict] = {}
@@ -170,6 +177,7 @@ class TriggeredEvaluations:
         except ObjectNotFound as err:
             raise DeploymentGone(f"the {EVAL_DEPLOYMENT} deployment is not on the server (deleted?)") from err
         except Exception as err:  # noqa: BLE001 - the scores still arrive; only the early failure report is lost
+            self.outages.failed(self.now().timestamp())
             if not self.warned:
                 self.warn(f"cannot read the evaluation runs' states ({type(err).__name__}: {err}); waiting for the scores alone")
                 self.warned = True
@@ -202,6 +210,7 @@ class TriggeredEvaluations:
             self.completed = {step for step, fr in newest.items() if fr.state is not None and fr.state.type.value == "COMPLETED"}
             out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
         self.read_ok = True
+        self.outages.answered(self.now().timestamp())
         self._say(newest)
         return out
 
@@ -275,16 +284,28 @@ class TriggeredEvaluations:
         return out
 
     def orphans(self, unscored: set[int]) -> list[int]:
-        """The steps of `unscored` that have had no evaluation run for ORPHAN_S since first seen without one (their
-        commit event made no run); [] while the server's runs cannot be read."""
-        if not self.read_ok:
+        """The steps of `unscored` with no evaluation run: at once, those committed before a server outage ended (the
+        server is answering again and has no run for them: their commit events were lost with it); the others once
+        they have had none for ORPHAN_S since first seen without one (their commit event made no run, the last
+        resort). [] while the server's runs cannot be read."""
+        if not self.read_ok or self.outages.down_since is not None:
             return []
         now = self.now()
         unscored = unscored - set(self.unstarted)
         for step in unscored - set(self.params):
             self.unseen.setdefault(step, now)
-        return sorted(s for s, t in self.unseen.items() if s in unscored and s not in self.params
-                      and (now - t).total_seconds() >= ORPHAN_S)
+        runless = {s for s in unscored if s not in self.params}
+        return sorted({s for s, t in self.unseen.items() if s in runless and (now - t).total_seconds() >= ORPHAN_S}
+                      | self._lost(runless))
+
+    def _lost(self, runless: set[int]) -> set[int]:
+        """The steps of `runless` committed before an outage of the server ended; each noted in `lost` with why."""
+        at = self.committed_at() if self.outages.seen else CommitTimes()
+        for step in sorted(runless - set(self.lost)):
+            if (t := at.of(step)) is not None and (o := self.outages.covering(t)) is not None:
+                self.lost[step] = (f"its commit event was lost: the Prefect server was unreachable {o.words()} and "
+                                   "has no evaluation run for it")
+        return runless & set(self.lost)
 
     def _watch_running(self, client: Any, step: int, fr: Any) -> None:
         """How long the RUNNING run `fr` has run and been quiet (no log line: its process may be stopped); a run
@@ -317,6 +338,8 @@ class TriggeredEvaluations:
     def _state_words(self, step: int, fr: Any) -> str:
         """`step 20 Running` with, for a RUNNING run, how long it ran and how long it has been quiet."""
         words = f"step {step} {fr.state.name if fr.state else '?'}"
+        if step in self.lost:
+            words += " (started by submit: its commit event was lost in a server outage)"
         if fr.state is None or fr.state.type.value != "RUNNING" or step not in self.quiet:
             return words
         running_s, quiet_s = self.quiet[step]
@@ -368,6 +391,8 @@ class FlowStages:
         self.started = datetime.now(UTC)
         self.device = "cpu"
         self._cancel_checked = 0.0
+        self.outages = Outages(slack_s=ORPHAN_S)
+        """When this run found the Prefect API unreachable (its polls while training and waiting)."""
         self.ledger_lost = ""
         """Set when the ledger file vanished while this run used it (red team 41g S13): said once, and nothing more
         is written to that path (writing would create an empty ledger there, silently)."""
@@ -400,7 +425,9 @@ class FlowStages:
             with get_client(sync_client=True) as client:
                 fr = client.read_flow_run(flow_run.get_id())
         except Exception:  # noqa: BLE001 - the server unreachable for a moment: the next poll asks again
+            self.outages.failed(time.time())
             return
+        self.outages.answered(time.time())
         if fr.deployment_id is not None:  # a worker runs it: its cancellation arrives as SIGTERM, with Prefect's intent
             return
         state = fr.state
@@ -558,14 +585,18 @@ class FlowStages:
         steps = sorted((mine | earlier) - {g.step for g in gone})
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
         triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier),
-                                         waited=frozenset(steps))
+                                         waited=frozenset(steps), outages=self.outages,
+                                         committed_at=lambda: commit_times(Path(run.run_dir) / "progress.jsonl"))
 
         def runs() -> dict[int, tuple[Verdict, str]]:
             self.cancelled()
             ended = triggered.ended_without_score()
             unscored = set(steps) - set(read())
             for step in triggered.orphans(unscored):  # its commit made no run (or was stopped first)
-                self.log.info("step %d has no score and no evaluation run: starting one", step)
+                if step in triggered.lost:
+                    self.log.warning("step %d: %s: starting its evaluation run now", step, triggered.lost[step])
+                else:
+                    self.log.info("step %d has no score and no evaluation run: starting one", step)
                 triggered.start(step, r.suite_spec, r.history_dir)
             for step, theirs in triggered.other_suite(unscored, r.suite_spec, r.history_dir):
                 self.log.warning("the evaluation run of step %d evaluated %s (an earlier submit's), not %s: starting "

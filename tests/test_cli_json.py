@@ -113,6 +113,22 @@ def test_an_error_under_json_prints_one_error_document_and_exits_2(tmp_path):
     assert "missing.yaml" in err["message"] and err["message"] in r.stderr and err["crash_file"] is None
 
 
+@pytest.mark.parametrize("argv", [("submit", "job.yaml", "--json", "--bad-flag"), ("plan", "--json", "--top", "many"),
+                                  ("--json",)])
+def test_a_usage_error_under_json_prints_the_same_error_document_and_stays_text_without(argv, tmp_path):
+    """Red team 41l: argparse's usage errors (an unknown flag, a malformed value, no command) printed only argparse's
+    text, with nothing on stdout, under --json. Now the one error document, kind "usage", exit 2; stderr unchanged."""
+    r = frenzy(*argv, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("usage: frenzy"), r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert set(err) == KEYS and err["kind"] == "usage" and err["exit_code"] == 2 and err["crash_file"] is None
+    assert err["command"] == ("" if argv == ("--json",) else argv[0])
+    said = r.stderr.splitlines()[-1].split(": error: ", 1)[1]  # argparse's own line: `frenzy submit: error: ...`
+    assert err["message"].startswith(said) and "--help` lists the arguments" in err["message"], (err, said)
+    plain = frenzy(*(a for a in argv if a != "--json"), cwd=tmp_path)
+    assert plain.returncode == 2 and plain.stdout == "" and plain.stderr == r.stderr  # human text, as argparse has it
+
+
 def _run_json(fn: Callable, capsys) -> tuple[int, dict]:
     """`cli.output.run` of a command `fn` under --json: its status and the one document on stdout."""
     import argparse

@@ -97,6 +97,11 @@ class Echo(EvalDataset):  # a user dataset registered by decorator
         return {"text": lm.generate(ex["prompt"], 4)}
 
     def score(self, ex, prediction):
+        if self.options.get("score_kills_group"):  # red team 41l: a metric job that kills its own process group
+            import os
+            import signal
+
+            os.killpg(os.getpgid(0), signal.SIGKILL)
         return {"length": float(len(prediction["text"]))}
 
 
@@ -130,7 +135,8 @@ def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):
     assert {t.load for t in el.trials} == {"shm"} and seen[-1] == 1.0
     assert list((tmp_path / "shm").iterdir()) == []  # shared-memory copies removed
     # each trial ran in a process started ahead (warm): its log is the trial's, no unused one is left running
-    assert sorted(p.name for p in (tmp_path / "el" / "trials").glob("*.stderr")) == sorted(
+    logs = sorted(p.name for p in (tmp_path / "el" / "trials").glob("*.stderr"))
+    assert [n for n in logs if not n.startswith("metrics-")] == sorted(  # a metric process's log stays if not empty
         [f"trial-{t.id:04d}.stderr" for t in el.trials] + ["precursor-n0.stderr", "precursor-n1.stderr"])
     # every chunk's metric ran after its predictions landed (no barrier), on the CPU pool
     for t in el.trials:
@@ -371,6 +377,29 @@ def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored
                               overwrite=True)[1]
     assert got.uri == f"file://{b}/step_00000010" and got.scores != {"x": {"acc": 1.0}}
     assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000020"]
+
+
+def test_the_history_plot_draws_one_line_per_root_where_two_roots_share_a_run_name(tmp_path):
+    """Red team 41l: with two roots of one run name in one history, the plot drew one value per step (the newest
+    root's), though the history keeps a line per step and root. Now: one line per root, labelled with its tag."""
+    h = tmp_path / "evals"
+    a, b = f"file://{tmp_path}/lena/a", f"file://{tmp_path}/lena/b"
+    for root, losses in ((a, {20: 4.858, 40: 4.1}), (b, {20: 3.356, 40: 3.0})):
+        for step, loss in losses.items():
+            history.append(h, "dave-smoke", step, f"{root}/{ck.step_dir(step)}", "quick",
+                           {"heldout-loss": {"loss": loss}, "heldout-cloze": {"acc": 0.5}})
+    fig = history.figure(h, "dave-smoke", "quick")
+    panel = next(ax for ax in fig.axes if ax.get_title() == "heldout-loss loss")
+    labels = panel.get_legend_handles_labels()[1]  # the legend names both roots, each by its tag
+    assert sorted(labels) == sorted(history.root_label(history.uri_key(r)) for r in (a, b))
+    assert sorted(lb.split()[0] for lb in labels) == sorted(history.root_tag(r) for r in (a, b))
+    lines = sorted((tuple(map(tuple, line.get_xydata())) for line in panel.get_lines()), key=lambda xy: xy[0][1])
+    assert lines == [((20.0, 3.356), (40.0, 3.0)), ((20.0, 4.858), (40.0, 4.1))]
+    assert history.plot(h, "dave-smoke", "quick") == h / "dave-smoke" / "history-quick.png"
+    # one root: one line per panel and no legend, as before
+    history.append(h, "solo", 20, f"{a}/{ck.step_dir(20)}", "quick", {"heldout-loss": {"loss": 4.0}})
+    solo = history.figure(h, "solo", "quick")
+    assert len(solo.axes[0].get_lines()) == 1 and solo.axes[0].get_legend() is None
 
 
 def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt, tmp_path):

@@ -258,6 +258,22 @@ def test_a_dataset_that_kills_its_process_group_fails_alone_and_the_rest_is_scor
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []  # no temp dir, no lock
 
 
+def test_a_dataset_whose_score_kills_its_process_group_fails_alone_and_the_rest_is_scored(ckpt, tmp_path):
+    """Red team 41l: the metric job (a dataset's `score`, on a CPU) ran in a thread of `frenzy evaluate`; a plugin's
+    `score` that killed its own process group ended the whole evaluation. Now metric jobs have processes (and
+    sessions) of their own: that dataset fails, named with how its job ended, and the rest is scored."""
+    proc = _evaluate(ckpt, _suite_file(tmp_path, {"score_kills_group": True}), tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    doc = json.loads(out)
+    assert set(doc["scores"]) == {"heldout-loss"} and list(doc["failed"]) == ["bad"], doc.get("failed")
+    cause = doc["failed"]["bad"]
+    assert cause.startswith("metrics of bad[0:1]: its metric process ended while it scored (killed by SIGKILL"), cause
+    assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
+
+
 @pytest.fixture
 def hung(tmp_path):
     """The evaluators a test starts (it appends them); at teardown they, and the trial and child the hanging dataset

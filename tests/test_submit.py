@@ -703,6 +703,54 @@ def test_triggered_runs_are_matched_however_the_root_is_spelled_and_the_causes_o
             t.rerun(20)
 
 
+def test_a_commit_event_lost_while_the_server_was_unreachable_gets_its_run_as_soon_as_the_server_answers(
+        prefect_server, tmp_path):
+    """Red team 41l B3: a step committed while the Prefect server restarted has no run; it was started only after
+    ORPHAN_S (120 s). Now the first answer after the outage starts it, and the waiting line says why."""
+    import socket
+    from datetime import UTC, datetime, timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from flows.stages import TriggeredEvaluations
+    from tasks.pipeline.outage import CommitTimes
+
+    root = f"file://{tmp_path}/ck-lost"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="pool-41l"), overwrite=True)
+        dep = client.create_deployment(client.create_flow_from_name("evaluate-checkpoint"), name="evaluate-on-checkpoint",
+                                       work_pool_name="pool-41l")
+        client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_00000010"}})
+    said: list[str] = []
+    commits = [CommitTimes()]
+    t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=60), said.append, said.append,
+                             waited=frozenset({10, 20}), committed_at=lambda: commits[0])
+    assert t.ended_without_score() == {} and t.orphans({20}) == []  # the server up: step 20's event may be in flight
+    with socket.socket() as closed:  # a port nothing listens on: the API as a stopped server leaves it
+        closed.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{closed.getsockname()[1]}/api"
+        with temporary_settings({PREFECT_API_URL: down, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            commits[0] = CommitTimes(((20, datetime.now(UTC).timestamp()),))  # step 20 commits while the server is down
+            assert t.ended_without_score() == {}
+            assert t.orphans({20}) == []  # nothing is started while the server cannot be reached
+    t.ended_without_score()  # the server answers again, with no run for step 20: its event was lost
+    assert t.orphans({20}) == [20]
+    assert "commit event was lost: the Prefect server was unreachable from" in t.lost[20]
+    t.start(20, "quick", str(tmp_path / "evals"))
+    assert t.orphans({20}) == []
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep])))
+    assert sorted(u for r in runs if (u := r.parameters["request"]["uri"]).startswith(root)) == [
+        f"{root}/step_00000010", f"{root}/step_00000020"]
+    t.said_at = 0.0  # the once-a-minute waiting line, now
+    t.ended_without_score()
+    assert any("step 20 Scheduled (started by submit: its commit event was lost in a server outage)" in w
+               for w in said), said
+
+
 def test_submit_evaluates_in_flow_when_the_evaluation_deployment_is_gone_while_it_waits(prefect_server, tmp_path,
                                                                                        tiny_trained):
     from prefect import flow, get_client

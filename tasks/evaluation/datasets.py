@@ -30,16 +30,18 @@ from dataclasses import asdict, dataclass
 from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel
 
-from tasks.evaluation.engine import LM, perplexity
 from tasks.evaluation.jsonl import DatasetError, read_rows
 from tasks.evaluation.sandbox import run_python
 from tasks.evaluation.suite import HELDOUT_EXAMPLES, Suite, missing_plugins
 from tasks.userfiles import path_kind
+
+if TYPE_CHECKING:  # a metric process (score only) need not import torch: the engine is imported where it is used
+    from tasks.evaluation.engine import LM
 
 
 @dataclass
@@ -172,6 +174,8 @@ class HeldoutLoss(_Heldout):
                 "bytes": prediction.get("bytes", prediction["tokens"])}
 
     def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
+        from tasks.evaluation.engine import perplexity
+
         return perplexity(sum(s["nll"] for s in scores), int(sum(s["tokens"] for s in scores)),
                           int(sum(s.get("bytes", s["tokens"]) for s in scores)))
 

@@ -6,11 +6,13 @@ checkpoints of a root that have no entry for a suite yet (what the scheduled dep
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
@@ -18,6 +20,9 @@ from tasks.paths import place_key
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 from tasks.userfiles import LIMITS, UserFileError, json_loads, load_json, path_kind, read_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 class HistoryEntry(BaseModel):
@@ -123,31 +128,53 @@ def preload_plotting() -> threading.Thread:
     return t
 
 
-def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:
+def root_tag(root: str) -> str:
+    """8 hex digits that stand for checkpoint root `root` however it is spelled (tasks.paths.place_key)."""
+    return hashlib.sha256(uri_key(root).encode()).hexdigest()[:8]
+
+
+def root_label(root: str) -> str:
+    """How a plot's legend names checkpoint root `root`: its tag and the end of its path (`1a2b3c4d …/lena/a`)."""
+    tail = "/".join(root.rstrip("/").split("/")[-2:])
+    return f"{root_tag(root)} …/{tail}"
+
+
+def _series(entries: list[HistoryEntry]) -> dict[str, dict[str, dict[int, float]]]:
+    """{"DATASET METRIC": {checkpoint root: {step: value}}}: roots that share a run name share its history, and each
+    keeps its own line (red team 41l: the plot drew one value per step, the newest root's)."""
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for e in entries:
+        root = uri_key(e.uri.rstrip("/").rsplit("/", 1)[0])
+        for ds, metrics in e.scores.items():
+            for m, v in metrics.items():
+                out.setdefault(f"{ds} {m}", {}).setdefault(root, {})[e.step] = v
+    return out
+
+
+def figure(history_dir: str | Path, run: str, suite: str) -> Figure | None:
     """One panel per dataset metric against the training step (a metric's standard error as its error bars, not a
-    panel of its own); None when there is nothing to plot. Fixed spacing, not tight_layout: with the dozens of
-    panels of an lm-eval suite, measuring every tick label took seconds of each evaluation."""
+    panel of its own), one line per checkpoint root with a legend of their tags where several roots share the run
+    name; None when there is nothing to plot. Fixed spacing, not tight_layout: with the dozens of panels of an
+    lm-eval suite, measuring every tick label took seconds of each evaluation."""
     entries = read(history_dir, run, suite)
     if not entries:
         return None
     from matplotlib.figure import Figure  # not pyplot: a notebook keeps its inline backend
 
-    series: dict[str, dict[int, float]] = {}
-    for e in entries:
-        for ds, metrics in e.scores.items():
-            for m, v in metrics.items():
-                series.setdefault(f"{ds} {m}", {})[e.step] = v
-    errs = {twin: pts for name, pts in series.items() if (twin := _stderr_twin(name)) in series}
-    panels = sorted(n for n in series if _stderr_twin(n) not in series)
+    lines = _series(entries)
+    panels = sorted(n for n in lines if _stderr_twin(n) not in lines)
     cols = min(3, len(panels))
     rows = (len(panels) + cols - 1) // cols
     fig = Figure(figsize=(4.2 * cols, 2.8 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, name in zip(axes.flat, panels, strict=False):
-        steps = sorted(series[name])
-        err = errs.get(name)
-        ax.errorbar(steps, [series[name][s] for s in steps], marker="o",
-                    yerr=[err.get(s, 0.0) for s in steps] if err else None, capsize=3 if err else 0)
+        errs = next((pts for twin, pts in lines.items() if _stderr_twin(twin) == name), {})
+        for root, pts in sorted(lines[name].items()):
+            steps, err = sorted(pts), errs.get(root)
+            ax.errorbar(steps, [pts[s] for s in steps], marker="o", yerr=[err.get(s, 0.0) for s in steps] if err
+                        else None, capsize=3 if err else 0, label=root_label(root) if len(lines[name]) > 1 else None)
+        if len(lines[name]) > 1:
+            ax.legend(fontsize=7, title="checkpoint root", title_fontsize=7)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
@@ -157,6 +184,15 @@ def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None)
     fig.suptitle(f"{run}: suite {suite}")
     fig.subplots_adjust(left=0.08, right=0.97, bottom=0.12 / rows ** 0.5, top=1 - 0.12 / rows ** 0.5, hspace=0.65,
                         wspace=0.3)
+    return fig
+
+
+def plot(history_dir: str | Path, run: str, suite: str, out: Path | None = None) -> Path | None:
+    """Draw `figure` to `out` (default `<history_dir>/<run>/history-<suite>.png`); None when there is nothing to
+    plot."""
+    fig = figure(history_dir, run, suite)
+    if fig is None:
+        return None
     out = out or history_file(history_dir, run).with_name(f"history-{suite}.png")
     from tasks.outdir import atomic_path
 

@@ -10,7 +10,6 @@ reader goes through it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -51,18 +50,13 @@ def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None 
     return None
 
 
-def root_tag(root: str) -> str:
-    """8 hex digits that stand for checkpoint root `root` however it is spelled (tasks.paths.place_key)."""
-    return hashlib.sha256(place_key(root).encode()).hexdigest()[:8]
-
-
 def results_dir(history_dir: str, run: str, step: int, suite: str, root: str) -> Path:
     """Where an evaluation of `step` of checkpoint root `root` on `suite` puts its results: `<history_dir>/<run>/
     step_<N>/<suite>`, unless that holds another root's results (a root with the same run name, evaluated into the
     same history directory), or this root already has `<suite>@<root tag>` beside it: then that one. So one root's
     layout is what it always was, and a second root never replaces the first's files."""
     plain = Path(history_dir).expanduser().absolute() / run / ck.step_dir(step) / suite
-    own = plain.with_name(f"{suite}@{root_tag(root)}")
+    own = plain.with_name(f"{suite}@{history.root_tag(root)}")
     return own if own.exists() or _holder_root(plain) not in (None, place_key(root)) else plain
 
 

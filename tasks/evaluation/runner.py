@@ -37,6 +37,7 @@ from tasks.errors import EnvironmentProblem, FrenzyError, environment_problem
 from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
+from tasks.evaluation.metricjobs import MetricJobs
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
 from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
@@ -212,6 +213,7 @@ class _Run:
         self.next_id = 0
         self.results: list[TrialResult] = []
         self.metric_futures: list[Future] = []
+        self.metric_jobs = MetricJobs(out / "trials")
         self.ready = [threading.Event() for _ in range(opts.nodes)]
         self.precursor_s = [0.0] * opts.nodes
         self.precursors: list[threading.Thread] = []
@@ -452,8 +454,8 @@ class _Run:
 
                 cr.metric_s = node_call(self.hosts[node], score_chunk, chunk, self.ctx, self.out,
                                         address=self._address)
-            else:
-                cr.metric_s = score_chunk(chunk, self.ctx, self.out)
+            else:  # in a process (and session) of its own: a plugin that kills its group ends only that job
+                cr.metric_s = self.metric_jobs.score(chunk, self.ctx, self.out)
             cr.metric_end_s = self.now()
             self._count(cr)
         except Exception as err:  # noqa: BLE001 - that dataset fails, the others are scored
@@ -519,6 +521,7 @@ class _Run:
                 kill_group(p)
             for cancel in list(self.cancels):
                 cancel()
+        self.metric_jobs.close()  # before the pools: a metric job waiting on its process is answered now
         for pool in self.pools:
             pool.shutdown(wait=True, cancel_futures=True)
         for t in self.precursors:

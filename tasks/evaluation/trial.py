@@ -5,7 +5,8 @@
 computed here, on the GPU's time) and `done`. Predictions are written atomically per chunk; a chunk whose file
 exists is not inferred again, so a retried trial resumes.
 
-`score_chunk` is the metric job: it reads a predictions file and writes the per-example scores.
+`score_chunk` is the metric job: it reads a predictions file and writes the per-example scores; `--metrics` runs
+metric jobs one after another, read from stdin (tasks/evaluation/metricjobs.py).
 """
 
 from __future__ import annotations
@@ -111,11 +112,32 @@ def _warm() -> str | None:
     return path or None
 
 
+def metric_worker() -> int:
+    """`--metrics`: metric jobs, one per line of stdin (`{"chunk", "ctx", "out"}`), each answered with one line
+    (`{"metric_s"}` or `{"error"}`) on the stdout this process had at its start; a plugin's own prints go to stderr."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        try:
+            reply = {"metric_s": score_chunk(job["chunk"], EvalContext(**job["ctx"]), Path(job["out"]))}
+        except Exception as err:  # noqa: BLE001 - the runner fails that chunk's dataset with it
+            reply = {"error": f"{type(err).__name__}: {err}"}
+        answers.write(json.dumps(reply) + "\n")
+        answers.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from tasks.procs import die_with_parent
 
     die_with_parent()  # in a session of its own: the evaluator's Ctrl-C or SIGKILL must still end it
     args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["--metrics"]:
+        return metric_worker()
     if args[:1] == ["--warm"]:
         path = _warm()
         if path is None:

@@ -65,13 +65,14 @@ def _trial_env(device: str, gpu: int) -> dict:
 
 
 def popen_trial(arg: str, device: str, gpu: int, log: IO) -> subprocess.Popen:
-    """`python -m tasks.evaluation.trial ARG` on slot `gpu` (ARG: a spec's path, or `--warm`: then it reads the
-    path on stdin), its stdout a pipe of events, its stderr to `log`. In a session (process group) of its own, so a
-    dataset that signals its own group ends only its trial (red team 41k B6); it dies with this process
-    (`tasks.procs.die_with_parent`), and this process's Ctrl-C or end stops it (the runner's `close`)."""
+    """`python -m tasks.evaluation.trial ARG` on slot `gpu` (ARG: a spec's path, `--warm`: then it reads the path on
+    stdin, or `--metrics`: metric jobs on stdin), its stdout a pipe of events, its stderr to `log`. In a session
+    (process group) of its own, so a dataset that signals its own group ends only its trial (red team 41k B6); it dies
+    with this process (`tasks.procs.die_with_parent`), and this process's Ctrl-C or end stops it (the runner's
+    `close`)."""
     env = _trial_env(device, gpu) | {PARENT_ENV: str(os.getpid())}
     return subprocess.Popen([sys.executable, "-m", "tasks.evaluation.trial", arg], stdout=subprocess.PIPE,
-                            stderr=log, stdin=subprocess.PIPE if arg == "--warm" else None, text=True,
+                            stderr=log, stdin=subprocess.PIPE if arg in ("--warm", "--metrics") else None, text=True,
                             env=env, start_new_session=True)
 
 

@@ -1,0 +1,103 @@
+"""Metric jobs (a dataset's `score` over one chunk's predictions) in processes of their own, as trials are: each in
+a session (process group) of its own, so a plugin's `score` that signals its own process or group ends only that
+process, and fails only its dataset (red team 41l); the evaluation, and the other datasets' metric jobs, go on. A
+process serves one metric job after another (its imports, torch among them, are paid once); one that died is replaced
+at the next job. Local executor only: on Ray the job runs in a Ray worker process of the node."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO
+
+from tasks.evaluation.datasets import EvalContext
+from tasks.evaluation.warmstart import kill_group, popen_trial
+
+
+class MetricJobDied(Exception):  # noqa: N818 - a dataset's failure, named with how its process ended
+    """The process of a metric job ended while it scored (a signal, or an exit of the plugin's own)."""
+
+
+def _how(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit status {rc}"
+
+
+class MetricJobs:
+    """The metric processes of one evaluation; their stderr goes to `log_dir/metrics-N.stderr`."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.lock = threading.Lock()
+        self.idle: list[tuple[subprocess.Popen, IO, Path]] = []
+        self.live: set[subprocess.Popen] = set()
+        self.logs: list[Path] = []
+        self.started = 0
+        self.closed = False
+
+    def _take(self) -> tuple[subprocess.Popen, IO, Path]:
+        with self.lock:
+            if self.closed:
+                raise MetricJobDied("the evaluation is stopping")
+            if self.idle:
+                return self.idle.pop()
+            self.started += 1
+            n = self.started
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"metrics-{n}.stderr"
+        self.logs.append(path)
+        log = open(path, "w")  # noqa: SIM115 - closed when the process ends or the evaluation does
+        proc = popen_trial("--metrics", "cpu", 0, log)
+        with self.lock:
+            self.live.add(proc)
+            if self.closed:
+                kill_group(proc)
+        return proc, log, path
+
+    def score(self, chunk: dict, ctx: EvalContext, out: Path) -> float:
+        """Run `score_chunk(chunk, ctx, out)` in a metric process: its seconds; a plugin's exception is raised as
+        a RuntimeError with its text, a process that ended as MetricJobDied with how and its stderr's last lines."""
+        proc, log, path = self._take()
+        try:
+            proc.stdin.write(json.dumps({"chunk": chunk, "ctx": asdict(ctx), "out": str(out)}) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError:  # its stdin closed: it ended before the job reached it
+            line = ""
+        if not line:
+            rc = proc.wait()
+            log.close()
+            with self.lock:
+                self.live.discard(proc)
+            tail = " | ".join(path.read_text(errors="replace").strip().splitlines()[-3:])
+            raise MetricJobDied(f"its metric process ended while it scored ({_how(rc)}: does the dataset's `score` "
+                                f"signal or exit its own process or group?){f'; stderr: {tail}' if tail else ''}")
+        with self.lock:
+            self.idle.append((proc, log, path))
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return float(reply["metric_s"])
+
+    def close(self) -> None:
+        """End every metric process (killed with its group) and remove the logs that are empty; those with lines stay
+        beside the trials' logs."""
+        with self.lock:
+            self.closed = True
+            procs, idle, self.idle = list(self.live), self.idle, []
+        for proc in procs:
+            kill_group(proc)
+            proc.wait()
+        for _, log, _ in idle:
+            log.close()
+        for path in self.logs:
+            if path.exists() and path.stat().st_size == 0:
+                path.unlink(missing_ok=True)
