@@ -349,3 +349,47 @@ def test_a_failed_evaluation_under_json_prints_one_error_document_and_exits_2(ti
         proc = _evaluate(uri, _suite_file(tmp_path, {}), tmp_path)
         out, _ = proc.communicate(timeout=600)
         doc = json.loads(out)["error"]
+
+
+LOADKILL = '''import os, signal
+from tasks.evaluation.datasets import resolve
+
+
+def make(options, ctx):
+    with open(os.environ["RT_LOADS"], "a") as f:  # which process loaded it
+        f.write(f"{os.getpid()}\\n")
+    if options.get("kill"):
+        os.killpg(0, signal.SIGKILL)
+    return resolve("heldout-loss", "ppl", {}, ctx)
+'''
+
+
+def test_a_plugin_that_kills_its_process_group_while_it_loads_fails_alone_and_never_loads_in_the_evaluator(
+        ckpt, tmp_path, monkeypatch):
+    """Red team 41m C1b/C1d: a dataset plugin's factory ran in the evaluator's own process, so `os.killpg(0,
+    SIGKILL)` there killed `frenzy evaluate` (no JSON document, its temp directory and lock left). Now a plugin is
+    loaded only in a process of its own session: that dataset fails, named, and the rest is scored; a plugin that
+    loads is also aggregated outside the evaluator."""
+    (tmp_path / "rt_loadkill.py").write_text(LOADKILL)  # importable: the evaluator's and its processes' directory
+    monkeypatch.setenv("RT_LOADS", str(tmp_path / "loads"))
+    suite = {"name": "lk", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "fine", "dataset": "rt_loadkill:make", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "dies", "dataset": "rt_loadkill:make", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01,
+         "options": {"kill": True}}]}
+    (tmp_path / "lk.yaml").write_text(json.dumps(suite))
+    proc = _evaluate(ckpt, str(tmp_path / "lk.yaml"), tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    doc = json.loads(out)
+    assert set(doc["scores"]) == {"heldout-loss", "fine"} and list(doc["failed"]) == ["dies"], doc.get("failed")
+    cause = doc["failed"]["dies"]
+    assert "rt_loadkill:make: killed its process group while loading (killed by SIGKILL" in cause, cause
+    assert "dies: FAILED (not scored): rt_loadkill:make: killed its process group while loading" in err
+    loads = {int(x) for x in (tmp_path / "loads").read_text().split()}
+    assert loads and proc.pid not in loads  # loaded (probed, inferred, scored, aggregated) only in its own processes
+    assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob(".*"))
+    assert left == [], left  # no `.out.tmp-PID/`, no lock
+
