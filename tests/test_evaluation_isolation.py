@@ -393,3 +393,39 @@ def test_a_plugin_that_kills_its_process_group_while_it_loads_fails_alone_and_ne
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob(".*"))
     assert left == [], left  # no `.out.tmp-PID/`, no lock
 
+
+def test_overwrite_with_a_failing_dataset_keeps_the_complete_results_and_puts_the_attempt_at_failed(
+        ckpt, tmp_path, capsys):
+    """Red team 41m C2: `frenzy evaluate --overwrite` of a step scored whole, with a suite of the same name whose
+    plugin dataset now fails, replaced the good result.json with the partial one (and the step was pending again)."""
+    from cli.main import main
+
+    def suite(plug: str) -> str:
+        (tmp_path / "same.yaml").write_text(json.dumps({"name": "same", "model_load_s": {"remote": 2.0, "shm": 2.0},
+            "datasets": [{"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+                         {"name": "plug", "dataset": plug, "examples": 2, "mode": "gen", "infer_s_per_example": 0.01}]}))
+        return str(tmp_path / "same.yaml")
+
+    hist, out = str(tmp_path / "h"), tmp_path / "o"
+    args = ["--history-dir", hist, "--no-learn", "--out-dir", str(out), "--json"]
+    assert main(["evaluate", ckpt, "--suite", suite("tests.test_evaluation:Echo"), *args]) == 0
+    good = json.loads(capsys.readouterr().out)
+    assert good["failed"] == {} and set(good["scores"]) == {"heldout-loss", "plug"}
+    before = (out / "result.json").read_bytes()
+    assert main(["evaluate", ckpt, "--suite", suite("nosuchmod_rt41m:make"), *args, "--overwrite"]) == 2
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert f"frenzy evaluate: {out} keeps its earlier complete results" in cap.err, cap.err[-2000:]
+    assert list(doc["failed"]) == ["plug"] and doc["out_dir"] == f"{out}.failed", doc["out_dir"]
+    assert doc["kept_earlier"].startswith(f"{out} keeps its earlier complete results"), doc["kept_earlier"]
+    assert (out / "result.json").read_bytes() == before  # the complete result stays
+    attempt = json.loads((tmp_path / "o.failed" / "result.json").read_text())
+    assert list(attempt["failed"]) == ["plug"] and "nosuchmod_rt41m" in attempt["failed"]["plug"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    (entry,) = history.read(hist, good["run"], "same")  # the partial attempt added no history line
+    assert entry.failed == {} and set(entry.scores) == {"heldout-loss", "plug"}
+    assert recorded(hist, entry.run, entry.step, "same") is not None  # the step is still scored, not pending
+    # an attempt that scores every dataset replaces them, as --overwrite says, and removes the failed attempt
+    assert main(["evaluate", ckpt, "--suite", suite("tests.test_evaluation:Echo"), *args, "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out)["kept_earlier"] is None
+    assert not (tmp_path / "o.failed").exists()

@@ -153,6 +153,9 @@ class EvalResult(BaseModel):
     """Datasets planned with learned priors (the rest with the suite's)."""
     failed: dict[str, str] = {}
     """Datasets not scored, each with its cause (its trial died twice: the second time alone); empty: all scored."""
+    kept_earlier: str | None = None
+    """Set when this result, with failed datasets, did not replace the complete one its directory held (`--overwrite`):
+    what was kept where; this result is then in `OUT.failed/` and the history has no line of it."""
 
 
 def _hosts(opts: EvalOptions) -> list[str]:
