@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
@@ -30,6 +30,14 @@ def _how(rc: int) -> str:
         except ValueError:
             return f"killed by signal {-rc}"
     return f"exit status {rc}"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A dataset's aggregate as a metric process made it, and how many per-example scores it read."""
+
+    metrics: dict[str, float]
+    examples: int
 
 
 class MetricJobs:
@@ -80,12 +88,12 @@ class MetricJobs:
                                        "evaluation went on without it")
         return int(reply["examples"])
 
-    def aggregate(self, spec: dict, ctx: EvalContext, out: Path) -> tuple[dict[str, float], int]:
-        """The aggregate of dataset `spec`'s scores in `out` (and how many per-example scores it read), made in a
-        metric process (a plugin's `aggregate` and factory run there, as its `score` does)."""
+    def aggregate(self, spec: dict, ctx: EvalContext, out: Path) -> Aggregate:
+        """The aggregate of dataset `spec`'s scores in `out`, made in a metric process (a plugin's `aggregate` and
+        factory run there, as its `score` does)."""
         reply = self._call({"aggregate": spec, "ctx": asdict(ctx), "out": str(out)},
                            lambda how: f"{spec['source']}: its metric process ended while it aggregated ({how})")
-        return {k: float(v) for k, v in reply["aggregate"].items()}, int(reply["examples"])
+        return Aggregate(metrics={k: float(v) for k, v in reply["aggregate"].items()}, examples=int(reply["examples"]))
 
     def _call(self, job: dict, died: Callable[[str], str]) -> dict:
         """One job in a metric process: its reply; `died(how)` is the cause when the process ended instead."""

@@ -643,10 +643,10 @@ def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset
     task metrics with the sample count its group aggregation weighs by. A plugin's (not `frenzys_own`) is made in a
     metric process of `jobs` when given, so its factory and `aggregate` never run in the evaluator."""
     if jobs is not None and not frenzys_own(d.source):
-        agg, n = jobs.aggregate({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx, out)
-        if n != d.examples:
-            raise EvalError(f"{d.name}: {n} of {d.examples} examples scored in {out / 'scores' / d.name}")
-        return agg
+        agg = jobs.aggregate({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx, out)
+        if agg.examples != d.examples:
+            raise EvalError(f"{d.name}: {agg.examples} of {d.examples} examples scored in {out / 'scores' / d.name}")
+        return agg.metrics
     files = sorted((out / "scores" / d.name).glob("*.json"))
     per = [s for f in files for s in json.loads(f.read_text())["scores"]]
     if len(per) != d.examples:
