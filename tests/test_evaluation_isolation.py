@@ -429,3 +429,72 @@ def test_overwrite_with_a_failing_dataset_keeps_the_complete_results_and_puts_th
     assert main(["evaluate", ckpt, "--suite", suite("tests.test_evaluation:Echo"), *args, "--overwrite"]) == 0
     assert json.loads(capsys.readouterr().out)["kept_earlier"] is None
     assert not (tmp_path / "o.failed").exists()
+
+
+CLAIMED_PASS = '''import sys
+from cli.main import main
+from tasks.evaluation.claim import claimed
+
+hist, uri, suite = sys.argv[1:4]
+with claimed(hist, uri, "grp", "a test pass"):  # as evaluate-pending claims a step before it evaluates it
+    sys.exit(main(["evaluate", uri, "--suite", suite, "--history-dir", hist, "--no-learn", "--json"]))
+'''
+
+
+def test_the_next_pass_cleans_what_an_evaluator_killed_from_outside_left_behind(ckpt, tmp_path, hung):
+    """Issue 41 (red team 41m C1b): an evaluator SIGKILLed from outside mid-evaluation leaves its claim, its lock and
+    `.SUITE.tmp-PID/`; the next pass over the step (its pid is dead) takes the claim over, removes the temp directory
+    and the lock, scores the step and leaves nothing behind. Real processes, a real SIGKILL."""
+    hist, uri = tmp_path / "h", f"{ckpt}/step_00000010"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+    def a_pass(options: dict) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", CLAIMED_PASS, str(hist), uri, _suite_file(tmp_path, options)],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "cli.err", "w"),
+                                text=True, start_new_session=True)
+
+    first = a_pass({"hang_in": str(tmp_path / "hanging")})
+    hung.append(first)
+    trial, child = _trial_and_child(tmp_path / "hanging", first)
+    os.kill(first.pid, signal.SIGKILL)  # from outside: nothing of the evaluator's runs after this
+    assert first.wait(timeout=60) == -signal.SIGKILL
+    left = sorted(p.name for p in hist.rglob(".*"))
+    assert ".claims" in left and ".grp.lock" in left and f".grp.tmp-{first.pid}" in left, left
+    assert any(p.suffix == ".claim" for p in (hist / ".claims").iterdir())
+    tu.wait_for(lambda: not alive(trial) and not alive(child), timeout=60, what="the trial to die with its evaluator")
+    second = a_pass({})
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, (tmp_path / "cli.err").read_text()[-3000:]
+    assert set(json.loads(out)["scores"]) == {"heldout-loss", "bad"}
+    assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory
+
+
+def test_evaluate_pending_with_a_plugin_that_kills_its_group_while_it_loads_evaluates_every_step(
+        ckpt, tmp_path, prefect_server, monkeypatch):
+    """Red team 41m C1b: the pass ran in the process the plugin's factory killed: the flow run Crashed at its first
+    step, nothing else evaluated, no artifact, its claim, lock and temp directory left. Now each step is scored but
+    for that dataset, which is named, and nothing is left behind. (Without the fix this kills the test's process.)"""
+    from prefect.artifacts import Artifact
+
+    from flows.evaluate import PendingRequest, evaluate_pending
+
+    (tmp_path / "rt_loadkill.py").write_text(LOADKILL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("RT_LOADS", str(tmp_path / "loads"))
+    suite_file = tmp_path / "lk.yaml"
+    suite_file.write_text(json.dumps({"name": "lk", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "dies", "dataset": "rt_loadkill:make", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01,
+         "options": {"kill": True}}]}))
+    hist = tmp_path / "evals"
+    done = evaluate_pending(PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=str(hist),
+                                           ledger=str(tmp_path / "ledger.db")))
+    assert [d.step for d in done] == [10, 20]
+    assert all(set(d.scores) == {"heldout-loss"} and "killed its process group while loading" in d.failed["dies"]
+               for d in done), [d.failed for d in done]
+    report = str(Artifact.get("evaluate-pending").data)
+    assert "2 evaluated, 2 failed" in report and "killed its process group while loading" in report, report
+    assert os.getpid() not in {int(x) for x in (tmp_path / "loads").read_text().split()}
+    assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory
