@@ -69,12 +69,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return (f"{res.run} step {res.step} on {suite.name} ({res.schedule}): makespan {res.makespan_s:.1f}s "
                 f"(predicted {res.predicted_makespan_s:.1f}s)\n" + table(rows)
                 + "".join(f"\n{ds}: FAILED (not scored): {why}" for ds, why in res.failed.items())
-                + f"\n\nresults: {res.out_dir}")
+                + f"\n\nresults: {res.out_dir}" + (f"\n{res.kept_earlier}" if res.kept_earlier else ""))
 
     emit(args, doc, human)
     if res.failed:  # the others are scored and recorded; the step stays pending for `evaluate-pending`
         print(f"frenzy evaluate: {len(res.failed)} dataset(s) not scored: "
               f"{', '.join(res.failed)} (causes above; logs in {res.out_dir}/trials)", file=sys.stderr)
+        if res.kept_earlier:
+            print(f"frenzy evaluate: {res.kept_earlier}", file=sys.stderr)
         return 2
     return 0
 

@@ -37,6 +37,7 @@ from tasks.pipeline.evaluations import (
     InFlowEvaluator,
     Verdict,
     collect_scores,
+    crash_cause,
     retired_steps,
     scored,
     step_uri,
@@ -221,8 +222,9 @@ class TriggeredEvaluations:
             return None
         waited = (self.now() - st.timestamp).total_seconds()
         if st.type.value in ("FAILED", "CRASHED", "CANCELLED"):  # a cancelled one (a person's stop) is not rerun
-            return ("crashed" if st.type.value == "CRASHED" else "failed",
-                    st.message or f"the run {fr.name} ended {st.name}")
+            if st.type.value == "CRASHED":  # a killed evaluation process said so, not as Prefect's guess
+                return "crashed", crash_cause(st.message, fr.name)
+            return "failed", st.message or f"the run {fr.name} ended {st.name}"
         if st.type.value == "PENDING" and waited > STUCK_S:  # its worker claimed it and stopped
             from prefect.states import Crashed
 

@@ -349,3 +349,152 @@ def test_a_failed_evaluation_under_json_prints_one_error_document_and_exits_2(ti
         proc = _evaluate(uri, _suite_file(tmp_path, {}), tmp_path)
         out, _ = proc.communicate(timeout=600)
         doc = json.loads(out)["error"]
+
+
+LOADKILL = '''import os, signal
+from tasks.evaluation.datasets import resolve
+
+
+def make(options, ctx):
+    with open(os.environ["RT_LOADS"], "a") as f:  # which process loaded it
+        f.write(f"{os.getpid()}\\n")
+    if options.get("kill"):
+        os.killpg(0, signal.SIGKILL)
+    return resolve("heldout-loss", "ppl", {}, ctx)
+'''
+
+
+def test_a_plugin_that_kills_its_process_group_while_it_loads_fails_alone_and_never_loads_in_the_evaluator(
+        ckpt, tmp_path, monkeypatch):
+    """Red team 41m C1b/C1d: a dataset plugin's factory ran in the evaluator's own process, so `os.killpg(0,
+    SIGKILL)` there killed `frenzy evaluate` (no JSON document, its temp directory and lock left). Now a plugin is
+    loaded only in a process of its own session: that dataset fails, named, and the rest is scored; a plugin that
+    loads is also aggregated outside the evaluator."""
+    (tmp_path / "rt_loadkill.py").write_text(LOADKILL)  # importable: the evaluator's and its processes' directory
+    monkeypatch.setenv("RT_LOADS", str(tmp_path / "loads"))
+    suite = {"name": "lk", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "fine", "dataset": "rt_loadkill:make", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "dies", "dataset": "rt_loadkill:make", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01,
+         "options": {"kill": True}}]}
+    (tmp_path / "lk.yaml").write_text(json.dumps(suite))
+    proc = _evaluate(ckpt, str(tmp_path / "lk.yaml"), tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    doc = json.loads(out)
+    assert set(doc["scores"]) == {"heldout-loss", "fine"} and list(doc["failed"]) == ["dies"], doc.get("failed")
+    cause = doc["failed"]["dies"]
+    assert "rt_loadkill:make: killed its process group while loading (killed by SIGKILL" in cause, cause
+    assert "dies: FAILED (not scored): rt_loadkill:make: killed its process group while loading" in err
+    loads = {int(x) for x in (tmp_path / "loads").read_text().split()}
+    assert loads and proc.pid not in loads  # loaded (probed, inferred, scored, aggregated) only in its own processes
+    assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob(".*"))
+    assert left == [], left  # no `.out.tmp-PID/`, no lock
+
+
+def test_overwrite_with_a_failing_dataset_keeps_the_complete_results_and_puts_the_attempt_at_failed(
+        ckpt, tmp_path, capsys):
+    """Red team 41m C2: `frenzy evaluate --overwrite` of a step scored whole, with a suite of the same name whose
+    plugin dataset now fails, replaced the good result.json with the partial one (and the step was pending again)."""
+    from cli.main import main
+
+    def suite(plug: str) -> str:
+        (tmp_path / "same.yaml").write_text(json.dumps({"name": "same", "model_load_s": {"remote": 2.0, "shm": 2.0},
+            "datasets": [{"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+                         {"name": "plug", "dataset": plug, "examples": 2, "mode": "gen", "infer_s_per_example": 0.01}]}))
+        return str(tmp_path / "same.yaml")
+
+    hist, out = str(tmp_path / "h"), tmp_path / "o"
+    args = ["--history-dir", hist, "--no-learn", "--out-dir", str(out), "--json"]
+    assert main(["evaluate", ckpt, "--suite", suite("tests.test_evaluation:Echo"), *args]) == 0
+    good = json.loads(capsys.readouterr().out)
+    assert good["failed"] == {} and set(good["scores"]) == {"heldout-loss", "plug"}
+    before = (out / "result.json").read_bytes()
+    assert main(["evaluate", ckpt, "--suite", suite("nosuchmod_rt41m:make"), *args, "--overwrite"]) == 2
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert f"frenzy evaluate: {out} keeps its earlier complete results" in cap.err, cap.err[-2000:]
+    assert list(doc["failed"]) == ["plug"] and doc["out_dir"] == f"{out}.failed", doc["out_dir"]
+    assert doc["kept_earlier"].startswith(f"{out} keeps its earlier complete results"), doc["kept_earlier"]
+    assert (out / "result.json").read_bytes() == before  # the complete result stays
+    attempt = json.loads((tmp_path / "o.failed" / "result.json").read_text())
+    assert list(attempt["failed"]) == ["plug"] and "nosuchmod_rt41m" in attempt["failed"]["plug"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    (entry,) = history.read(hist, good["run"], "same")  # the partial attempt added no history line
+    assert entry.failed == {} and set(entry.scores) == {"heldout-loss", "plug"}
+    assert recorded(hist, entry.run, entry.step, "same") is not None  # the step is still scored, not pending
+    # an attempt that scores every dataset replaces them, as --overwrite says, and removes the failed attempt
+    assert main(["evaluate", ckpt, "--suite", suite("tests.test_evaluation:Echo"), *args, "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out)["kept_earlier"] is None
+    assert not (tmp_path / "o.failed").exists()
+
+
+CLAIMED_PASS = '''import sys
+from cli.main import main
+from tasks.evaluation.claim import claimed
+
+hist, uri, suite = sys.argv[1:4]
+with claimed(hist, uri, "grp", "a test pass"):  # as evaluate-pending claims a step before it evaluates it
+    sys.exit(main(["evaluate", uri, "--suite", suite, "--history-dir", hist, "--no-learn", "--json"]))
+'''
+
+
+def test_the_next_pass_cleans_what_an_evaluator_killed_from_outside_left_behind(ckpt, tmp_path, hung):
+    """Issue 41 (red team 41m C1b): an evaluator SIGKILLed from outside mid-evaluation leaves its claim, its lock and
+    `.SUITE.tmp-PID/`; the next pass over the step (its pid is dead) takes the claim over, removes the temp directory
+    and the lock, scores the step and leaves nothing behind. Real processes, a real SIGKILL."""
+    hist, uri = tmp_path / "h", f"{ckpt}/step_00000010"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+    def a_pass(options: dict) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", CLAIMED_PASS, str(hist), uri, _suite_file(tmp_path, options)],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "cli.err", "w"),
+                                text=True, start_new_session=True)
+
+    first = a_pass({"hang_in": str(tmp_path / "hanging")})
+    hung.append(first)
+    trial, child = _trial_and_child(tmp_path / "hanging", first)
+    os.kill(first.pid, signal.SIGKILL)  # from outside: nothing of the evaluator's runs after this
+    assert first.wait(timeout=60) == -signal.SIGKILL
+    left = sorted(p.name for p in hist.rglob(".*"))
+    assert ".claims" in left and ".grp.lock" in left and f".grp.tmp-{first.pid}" in left, left
+    assert any(p.suffix == ".claim" for p in (hist / ".claims").iterdir())
+    tu.wait_for(lambda: not alive(trial) and not alive(child), timeout=60, what="the trial to die with its evaluator")
+    second = a_pass({})
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, (tmp_path / "cli.err").read_text()[-3000:]
+    assert set(json.loads(out)["scores"]) == {"heldout-loss", "bad"}
+    assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory
+
+
+def test_evaluate_pending_with_a_plugin_that_kills_its_group_while_it_loads_evaluates_every_step(
+        ckpt, tmp_path, prefect_server, monkeypatch):
+    """Red team 41m C1b: the pass ran in the process the plugin's factory killed: the flow run Crashed at its first
+    step, nothing else evaluated, no artifact, its claim, lock and temp directory left. Now each step is scored but
+    for that dataset, which is named, and nothing is left behind. (Without the fix this kills the test's process.)"""
+    from prefect.artifacts import Artifact
+
+    from flows.evaluate import PendingRequest, evaluate_pending
+
+    (tmp_path / "rt_loadkill.py").write_text(LOADKILL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("RT_LOADS", str(tmp_path / "loads"))
+    suite_file = tmp_path / "lk.yaml"
+    suite_file.write_text(json.dumps({"name": "lk", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "dies", "dataset": "rt_loadkill:make", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01,
+         "options": {"kill": True}}]}))
+    hist = tmp_path / "evals"
+    done = evaluate_pending(PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=str(hist),
+                                           ledger=str(tmp_path / "ledger.db")))
+    assert [d.step for d in done] == [10, 20]
+    assert all(set(d.scores) == {"heldout-loss"} and "killed its process group while loading" in d.failed["dies"]
+               for d in done), [d.failed for d in done]
+    report = str(Artifact.get("evaluate-pending").data)
+    assert "2 evaluated, 2 failed" in report and "killed its process group while loading" in report, report
+    assert os.getpid() not in {int(x) for x in (tmp_path / "loads").read_text().split()}
+    assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory

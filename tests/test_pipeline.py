@@ -513,3 +513,27 @@ def test_a_lost_lease_names_its_cause_from_the_ledger_released_or_lapsed(tmp_pat
     said_lapsed = lost_cause(led, led.url, lapsed.id, 30, "its trainer")
     assert f"allocation {lapsed.id}" in said_lapsed and "lapsed: its lease ran out at" in said_lapsed, said_lapsed
     assert "nor its trainer" in said_lapsed
+
+
+def test_a_crashed_evaluation_run_killed_by_a_signal_is_named_as_a_killed_evaluation_process():
+    """Red team 41m B3: `submit` reported a killed evaluation run with Prefect's guess only (`Process exited with
+    status code: -9 ... exceeding memory limits, or by manual cancellation`). The message is built here as Prefect's
+    runner builds it, from the exit status of a real process killed by a real SIGKILL."""
+    import subprocess
+    import sys
+
+    from prefect._internal.infrastructure_exit_codes import get_infrastructure_exit_info
+
+    from tasks.pipeline.evaluations import EvalFailure, crash_cause
+
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.killpg(0, signal.SIGKILL)"],
+                            start_new_session=True)
+    rc = proc.wait()
+    assert rc == -9
+    prefect_says = f"Process exited with status code: {rc}. {get_infrastructure_exit_info(rc).explanation}"
+    line = EvalFailure(step=10, cause=crash_cause(prefect_says, "lurking-sheep")).line()
+    assert line.startswith("evaluation of step 10 FAILED: its evaluation process (flow run lurking-sheep) was "
+                           "killed (SIGKILL: a dataset plugin that kills its own process group"), line
+    assert "`prefect flow-run logs lurking-sheep`" in line and line.endswith(prefect_says)
+    assert crash_cause("Flow run infrastructure went away", "x") == "Flow run infrastructure went away"
+    assert crash_cause(None, "x") == "the run x ended Crashed"

@@ -354,6 +354,15 @@ class JsonlDataset(EvalDataset):
 
 Factory = Callable[[dict, EvalContext], EvalDataset]
 _REGISTRY: dict[str, Factory] = {c.name: c for c in (HeldoutLoss, HeldoutCloze, HeldoutLine, HumanEval)}
+BUILT_IN = frozenset(_REGISTRY)
+LMEVAL_FACTORY = "tasks.evaluation.lmeval.dataset:make"
+
+
+def frenzys_own(source: str) -> bool:
+    """True for a dataset whose loading runs only Frenzy's code (a built-in name, a JSONL file, lm-eval's tasks): the
+    evaluator loads it itself. Any other (a `module:factory`, an entry point, a registered name) is a plugin, loaded
+    by the evaluator only in a process of its own session (`MetricJobs.probe`), so that its death is its own."""
+    return source in BUILT_IN or source.endswith(".jsonl") or source == LMEVAL_FACTORY
 
 
 def register_dataset(name: str) -> Callable[[Factory], Factory]:
@@ -378,7 +387,7 @@ def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContex
         if path_kind(p, "dataset file") == "missing":
             raise DatasetError(f"dataset file {p} does not exist")
         return JsonlDataset(p, mode, options, ctx)
-    reg = registry()
+    reg = _REGISTRY if source in _REGISTRY else registry()  # a built-in name imports no entry point's module
     if source in reg:
         ds = reg[source](options or {}, ctx or EvalContext())
     elif ":" in source:

@@ -10,7 +10,8 @@ import json
 import signal
 import subprocess
 import threading
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
@@ -29,6 +30,14 @@ def _how(rc: int) -> str:
         except ValueError:
             return f"killed by signal {-rc}"
     return f"exit status {rc}"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A dataset's aggregate as a metric process made it, and how many per-example scores it read."""
+
+    metrics: dict[str, float]
+    examples: int
 
 
 class MetricJobs:
@@ -65,9 +74,32 @@ class MetricJobs:
     def score(self, chunk: dict, ctx: EvalContext, out: Path) -> float:
         """Run `score_chunk(chunk, ctx, out)` in a metric process: its seconds; a plugin's exception is raised as
         a RuntimeError with its text, a process that ended as MetricJobDied with how and its stderr's last lines."""
+        reply = self._call({"chunk": chunk, "ctx": asdict(ctx), "out": str(out)},
+                           lambda how: f"its metric process ended while it scored ({how}: does the dataset's `score` "
+                                       "signal or exit its own process or group?)")
+        return float(reply["metric_s"])
+
+    def probe(self, spec: dict, ctx: EvalContext) -> int:
+        """Load (import and construct) the dataset of `spec` (`source`, `mode`, `options`) in a metric process, not
+        in the evaluator: its number of examples. A plugin that ends its process or group while it loads raises
+        MetricJobDied naming that; its exception, a RuntimeError with its text."""
+        reply = self._call({"probe": spec, "ctx": asdict(ctx), "out": ""},
+                           lambda how: f"{spec['source']}: killed its process group while loading ({how}); the "
+                                       "evaluation went on without it")
+        return int(reply["examples"])
+
+    def aggregate(self, spec: dict, ctx: EvalContext, out: Path) -> Aggregate:
+        """The aggregate of dataset `spec`'s scores in `out`, made in a metric process (a plugin's `aggregate` and
+        factory run there, as its `score` does)."""
+        reply = self._call({"aggregate": spec, "ctx": asdict(ctx), "out": str(out)},
+                           lambda how: f"{spec['source']}: its metric process ended while it aggregated ({how})")
+        return Aggregate(metrics={k: float(v) for k, v in reply["aggregate"].items()}, examples=int(reply["examples"]))
+
+    def _call(self, job: dict, died: Callable[[str], str]) -> dict:
+        """One job in a metric process: its reply; `died(how)` is the cause when the process ended instead."""
         proc, log, path = self._take()
         try:
-            proc.stdin.write(json.dumps({"chunk": chunk, "ctx": asdict(ctx), "out": str(out)}) + "\n")
+            proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()
             line = proc.stdout.readline()
         except OSError:  # its stdin closed: it ended before the job reached it
@@ -78,14 +110,13 @@ class MetricJobs:
             with self.lock:
                 self.live.discard(proc)
             tail = " | ".join(path.read_text(errors="replace").strip().splitlines()[-3:])
-            raise MetricJobDied(f"its metric process ended while it scored ({_how(rc)}: does the dataset's `score` "
-                                f"signal or exit its own process or group?){f'; stderr: {tail}' if tail else ''}")
+            raise MetricJobDied(died(_how(rc)) + (f"; stderr: {tail}" if tail else ""))
         with self.lock:
             self.idle.append((proc, log, path))
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(reply["error"])
-        return float(reply["metric_s"])
+        return reply
 
     def close(self) -> None:
         """End every metric process (killed with its group) and remove the logs that are empty; those with lines stay

@@ -20,7 +20,7 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
 from tasks.evaluation.summary import EvalSummary
-from tasks.outdir import OutputError, check_dir_target, fill_dir, held, machine_errors
+from tasks.outdir import OutputError, check_dir_target, failed_dir, fill_dir, held, machine_errors
 from tasks.paths import place_key
 from tasks.training import checkpoint as ck
 from tasks.userfiles import LIMITS, read_bytes
@@ -106,21 +106,58 @@ def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_d
         return EvalResult.model_validate_json(Path(done.result).read_text()), done
     if not overwrite:
         _refuse_results(out)
-    with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
-        res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), _naming(progress, tmp, out),
-                       history.preload_plotting)  # the plot's imports beside the trials, not after them
-        res = _renamed(res, tmp, out)
-        (tmp / "result.json").write_text(res.model_dump_json(indent=1))
-        # before the rename: a history that cannot be written (a full disk) leaves no results behind
-        with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
-            history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores, res.failed,
-                           result=out / "result.json")
+    earlier = _complete_result(out)
+    try:
+        with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
+            res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), _naming(progress, tmp, out),
+                           history.preload_plotting)  # the plot's imports beside the trials, not after them
+            if res.failed and earlier is not None:  # a partial result never replaces a complete one (red team 41m C2)
+                raise _KeptEarlier(_kept_aside(res, tmp, out, earlier))
+            res = _renamed(res, tmp, out)
+            (tmp / "result.json").write_text(res.model_dump_json(indent=1))
+            # before the rename: a history that cannot be written (a full disk) leaves no results behind
+            with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
+                history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores, res.failed,
+                               result=out / "result.json")
+    except _KeptEarlier as kept:  # this attempt is at OUT.failed/; OUT and the history are as they were
+        res = kept.res
+        return res, EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
+                                makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
+                                result=f"{res.out_dir}/result.json", history_plot=None, failed=res.failed)
     plot = _plot(history_dir, res, suite.name, out)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                           result=f"{res.out_dir}/result.json", history_plot=str(plot) if plot else None,
                           failed=res.failed)
     return res, summary
+
+
+class _KeptEarlier(Exception):  # noqa: N818 - not an error: the way out of `fill_dir` that keeps the old results
+    """An evaluation with failed datasets whose target held a complete result: `res`, as kept at `OUT.failed`."""
+
+    def __init__(self, res: EvalResult) -> None:
+        super().__init__(res.kept_earlier or "")
+        self.res = res
+
+
+def _complete_result(out: Path) -> EvalResult | None:
+    """The result `out` holds when every dataset of it was scored; None when it holds none or a partial one."""
+    try:
+        prev = EvalResult.model_validate_json(read_bytes(out / "result.json", "evaluation result", LIMITS["json"]))
+    except (OSError, ValueError):
+        return None
+    return None if prev.failed else prev
+
+
+def _kept_aside(res: EvalResult, tmp: Path, out: Path, earlier: EvalResult) -> EvalResult:
+    """`res` (some datasets failed) as it reads once `fill_dir` moves `tmp` to `OUT.failed`, where it is written,
+    saying that `out` keeps `earlier`'s complete results."""
+    kept = failed_dir(out)
+    res = _renamed(res, tmp, kept).model_copy(update={"kept_earlier": (
+        f"{out} keeps its earlier complete results ({', '.join(earlier.scores)} scored); this attempt, with "
+        f"{', '.join(res.failed)} not scored, is in {kept} (only an attempt that scores every dataset replaces them)")})
+    (tmp / "result.json").write_text(res.model_dump_json(indent=1))
+    return res
 
 
 def _naming(progress: Callable[[str, float], None] | None, tmp: Path, out: Path

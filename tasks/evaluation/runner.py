@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.errors import EnvironmentProblem, FrenzyError, environment_problem
 from tasks.evaluation import priors as P
-from tasks.evaluation.datasets import DatasetError, EvalContext, resolve
+from tasks.evaluation.datasets import DatasetError, EvalContext, frenzys_own, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.metricjobs import MetricJobs
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
@@ -153,6 +153,9 @@ class EvalResult(BaseModel):
     """Datasets planned with learned priors (the rest with the suite's)."""
     failed: dict[str, str] = {}
     """Datasets not scored, each with its cause (its trial died twice: the second time alone); empty: all scored."""
+    kept_earlier: str | None = None
+    """Set when this result, with failed datasets, did not replace the complete one its directory held (`--overwrite`):
+    what was kept where; this result is then in `OUT.failed/` and the history has no line of it."""
 
 
 def _hosts(opts: EvalOptions) -> list[str]:
@@ -474,7 +477,7 @@ class _Run:
             dest = self.out / "aggregates" / f"{name}.json"
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(aggregate_dataset(self.suite, self.ctx, self.out, d)))
+            tmp.write_text(json.dumps(aggregate_dataset(self.suite, self.ctx, self.out, d, self.metric_jobs)))
             os.replace(tmp, dest)
         except Exception as err:  # noqa: BLE001
             self._fail_dataset(name, f"aggregating {name}: {err}")
@@ -529,23 +532,28 @@ class _Run:
         shutil.rmtree(self.shm, ignore_errors=True)
 
 
-def _check_datasets(suite: Suite, ctx: EvalContext) -> dict[str, str]:
-    """{dataset: cause} for each dataset of `suite` that cannot be loaded (a plugin that cannot be imported or
-    raises, a missing file, too few examples): it fails alone, as a trial that dies does (red team 41l B1). What the
-    machine refuses (a full disk) still fails the evaluation."""
+def _check_datasets(suite: Suite, ctx: EvalContext, jobs: MetricJobs) -> dict[str, str]:
+    """{dataset: cause} for each dataset of `suite` that cannot be loaded (a plugin that cannot be imported, raises or
+    kills its process group while it loads, a missing file, too few examples): it fails alone, as a trial that dies
+    does (red team 41l B1, 41m C1b). Frenzy's own datasets are loaded here; a plugin only in a metric process of its
+    own session (`jobs.probe`), never in the evaluator. What the machine refuses (a full disk) still fails the
+    evaluation."""
     bad = {}
     for d in suite.datasets:
         if _is_lmeval(d):  # `expand` wrote its requests file and counted its documents from it a moment ago
             continue
         try:
-            ds = resolve(d.source, d.mode, d.options, ctx)
-            if len(ds) < d.examples:
+            n = len(resolve(d.source, d.mode, d.options, ctx)) if frenzys_own(d.source) else \
+                jobs.probe({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx)
+            if n < d.examples:
                 raise DatasetError(f"suite {suite.name}: {d.name} asks for {d.examples} examples; the dataset has "
-                                   f"{len(ds)}: lower `examples`")
+                                   f"{n}: lower `examples`")
         except Exception as err:  # noqa: BLE001 - a plugin's own error is that dataset's, not the evaluation's
             if isinstance(err, EnvironmentProblem | MemoryError) or environment_problem(err) is not None:
                 raise
-            bad[d.name] = str(err) if isinstance(err, DatasetError) else f"{d.source}: {type(err).__name__}: {err}"
+            probed = not frenzys_own(d.source)  # the probe's causes name the plugin already
+            bad[d.name] = str(err) if isinstance(err, DatasetError) or probed else \
+                f"{d.source}: {type(err).__name__}: {err}"
     return bad
 
 
@@ -559,7 +567,7 @@ def _model(uri: str) -> tuple[str, str, int, dict]:
     return storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step, model_info(manifest, storage)
 
 
-def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str
+def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str, jobs: MetricJobs
           ) -> tuple[Suite, Schedule, list[str], dict[str, str]]:
     """The suite (lm-eval tasks expanded into datasets, their requests built once here), checked, and its plan of
     the datasets that load; those that do not, with their causes (failed alone)."""
@@ -567,7 +575,7 @@ def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str
         from tasks.evaluation.lmeval.source import expand
 
         suite = expand(suite)
-    bad = _check_datasets(suite, ctx)
+    bad = _check_datasets(suite, ctx, jobs)
     if len(bad) == len(suite.datasets):
         raise DatasetError(f"suite {suite.name}: no dataset could be loaded: " + "; ".join(f"{d}: {c}" for d, c in bad.items()))
     runnable = suite.model_copy(update={"datasets": [d for d in suite.datasets if d.name not in bad]})
@@ -597,7 +605,7 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     try:
         if opts.schedule == "elastic":
             run.start_precursors()  # the model copy overlaps loading and planning the suite
-        suite, sched, used, bad = _plan(suite, ctx, opts, key)
+        suite, sched, used, bad = _plan(suite, ctx, opts, key, run.metric_jobs)
         for name, cause in bad.items():
             run.bad[name] = cause
             progress(f"{name}: FAILED (not scored): {cause}", 0.0)
@@ -606,13 +614,13 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
         if while_running is not None:
             while_running()
         makespan = run.execute(suite, sched)
+        if run.failed:
+            raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
+        if len(run.bad) == len(suite.datasets):
+            raise EvalError(f"evaluation of {uri} scored no dataset: " + "; ".join(f"{d}: {c}" for d, c in run.bad.items()))
+        scores = aggregate(suite, ctx, out, skip=run.bad, jobs=run.metric_jobs)  # a plugin's, in a metric process
     finally:
         run.close()
-    if run.failed:
-        raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
-    if len(run.bad) == len(suite.datasets):
-        raise EvalError(f"evaluation of {uri} scored no dataset: " + "; ".join(f"{d}: {c}" for d, c in run.bad.items()))
-    scores = aggregate(suite, ctx, out, skip=run.bad)
     res = EvalResult(uri=uri, run=run_name, step=step, suite=suite.name, schedule=opts.schedule,
                      nodes=opts.nodes, gpus_per_node=opts.gpus_per_node, cpu_workers_per_node=sched.cpu_workers_per_node,
                      makespan_s=makespan, predicted_makespan_s=sched.makespan_s,
@@ -629,9 +637,16 @@ def _is_lmeval(d: SuiteDataset) -> bool:
     return d.dataset == "tasks.evaluation.lmeval.dataset:make"  # lmeval.source.FACTORY
 
 
-def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset) -> dict:
+def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset, jobs: MetricJobs | None = None
+                      ) -> dict:
     """One dataset's aggregate from its chunks' score files (chunks in any order); for an lm-eval task, lm-eval's
-    task metrics with the sample count its group aggregation weighs by."""
+    task metrics with the sample count its group aggregation weighs by. A plugin's (not `frenzys_own`) is made in a
+    metric process of `jobs` when given, so its factory and `aggregate` never run in the evaluator."""
+    if jobs is not None and not frenzys_own(d.source):
+        agg = jobs.aggregate({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx, out)
+        if agg.examples != d.examples:
+            raise EvalError(f"{d.name}: {agg.examples} of {d.examples} examples scored in {out / 'scores' / d.name}")
+        return agg.metrics
     files = sorted((out / "scores" / d.name).glob("*.json"))
     per = [s for f in files for s in json.loads(f.read_text())["scores"]]
     if len(per) != d.examples:
@@ -643,8 +658,8 @@ def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset
     return resolve(d.source, d.mode, d.options, ctx).aggregate(per)
 
 
-def aggregate(suite: Suite, ctx: EvalContext, out: Path,
-              skip: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
+def aggregate(suite: Suite, ctx: EvalContext, out: Path, skip: dict[str, str] | None = None,
+              jobs: MetricJobs | None = None) -> dict[str, dict[str, float]]:
     """Scores per dataset (but those in `skip`: failed): the aggregate a metric job made when the dataset's last chunk
     was scored (`aggregates/<name>.json`), or made here; lm-eval tasks then with their groups (those whose tasks were
     all scored), by lm-eval's aggregation."""
@@ -653,7 +668,7 @@ def aggregate(suite: Suite, ctx: EvalContext, out: Path,
         if d.name in (skip or {}):
             continue
         early = out / "aggregates" / f"{d.name}.json"
-        agg = json.loads(early.read_text()) if early.exists() else aggregate_dataset(suite, ctx, out, d)
+        agg = json.loads(early.read_text()) if early.exists() else aggregate_dataset(suite, ctx, out, d, jobs)
         (lm_tasks if _is_lmeval(d) else res)[d.name] = agg
     if lm_tasks:
         from tasks.evaluation.lmeval.source import finish

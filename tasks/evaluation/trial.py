@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.evaluation.datasets import EvalContext, EvalDataset, resolve
+from tasks.evaluation.datasets import DatasetError, EvalContext, EvalDataset, resolve
 
 
 def chunk_paths(out_dir: Path, dataset: str, start: int, stop: int) -> tuple[Path, Path]:
@@ -112,9 +112,29 @@ def _warm() -> str | None:
     return path or None
 
 
+def _metric_job(job: dict, ctx: EvalContext) -> dict:
+    """One job of a metric process: score a chunk (`{"metric_s"}`), load a dataset (`probe`: `{"examples"}`, its
+    length) or aggregate its scores (`aggregate`: `{"aggregate"}`). Loading and aggregating a plugin's dataset are
+    done here, not in the evaluator, so a plugin whose factory or `aggregate` ends its own process group fails alone."""
+    if "probe" in job:
+        try:
+            return {"examples": len(dataset_for(job["probe"], ctx))}
+        except DatasetError:
+            raise
+        except Exception as err:  # noqa: BLE001 - named as the evaluator names a dataset it cannot load
+            raise DatasetError(f"{job['probe']['source']}: {type(err).__name__}: {err}") from err
+    if "aggregate" in job:
+        d = job["aggregate"]
+        files = sorted((Path(job["out"]) / "scores" / d["dataset"]).glob("*.json"))
+        per = [s for f in files for s in json.loads(f.read_text())["scores"]]
+        return {"aggregate": dataset_for(d, ctx).aggregate(per), "examples": len(per)}
+    return {"metric_s": score_chunk(job["chunk"], ctx, Path(job["out"]))}
+
+
 def metric_worker() -> int:
-    """`--metrics`: metric jobs, one per line of stdin (`{"chunk", "ctx", "out"}`), each answered with one line
-    (`{"metric_s"}` or `{"error"}`) on the stdout this process had at its start; a plugin's own prints go to stderr."""
+    """`--metrics`: metric jobs, one per line of stdin (`{"chunk"|"probe"|"aggregate", "ctx", "out"}`), each answered
+    with one line (`{"metric_s"}`, `{"examples"}`, `{"aggregate"}` or `{"error"}`) on the stdout this process had at
+    its start; a plugin's own prints go to stderr."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -123,9 +143,10 @@ def metric_worker() -> int:
             continue
         job = json.loads(line)
         try:
-            reply = {"metric_s": score_chunk(job["chunk"], EvalContext(**job["ctx"]), Path(job["out"]))}
+            reply = _metric_job(job, EvalContext(**job["ctx"]))
         except Exception as err:  # noqa: BLE001 - the runner fails that chunk's dataset with it
-            reply = {"error": f"{type(err).__name__}: {err}"}
+            reply = {"error": err.args[0] if isinstance(err, DatasetError) and err.args else
+                     f"{type(err).__name__}: {err}"}
         answers.write(json.dumps(reply) + "\n")
         answers.flush()
     return 0

@@ -4,6 +4,8 @@ a callable."""
 
 from __future__ import annotations
 
+import re
+import signal
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -88,6 +90,25 @@ class EvalFailure(BaseModel):
 Verdict = Literal["failed", "crashed"]
 """How a triggered evaluation run ended without a score: failed (its code raised: the same checkpoint fails the same
 way, so it is not retried) or crashed (its process or worker died: worth one more run)."""
+
+
+def crash_cause(message: str | None, run_name: str) -> str:
+    """The cause `submit` reports for a Crashed evaluation run: a process the worker saw end by a signal (Prefect's
+    `Process exited with status code: -9 ... out of memory or manual cancellation`, which named neither the
+    evaluation nor what to look at: red team 41m B3) says the evaluation process was killed, by which signal, its
+    usual senders and where its log is; any other message as Prefect gave it."""
+    text = message or f"the run {run_name} ended Crashed"
+    m = re.search(r"status code:?\s*(-\d+)", text)
+    if m is None:
+        return text
+    try:
+        sig = signal.Signals(-int(m.group(1))).name
+    except ValueError:
+        sig = f"signal {-int(m.group(1))}"
+    senders = ("a dataset plugin that kills its own process group, the kernel's out-of-memory killer (`dmesg` on "
+               "the worker) or a manual kill" if sig == "SIGKILL" else "a signal sent to it")
+    return (f"its evaluation process (flow run {run_name}) was killed ({sig}: {senders}); its log: `prefect flow-run "
+            f"logs {run_name}`; the worker said: {text}")
 
 
 class Retired(BaseModel):
