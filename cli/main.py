@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = _command(argv)
             helps = f"frenzy {command} --help" if command else "frenzy --help"
             to_stdout_quietly(CommandError(command, "usage", f"{err.message}; `{helps}` lists the arguments", 2))
-        return 2
+        raise  # exit status 2 as argparse's own SystemExit (a caller of `main` sees the same exception as before)
     from cli.output import run
 
     return run(args)

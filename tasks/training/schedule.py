@@ -154,15 +154,17 @@ class CheckpointSchedule:
             return
         # every rank must take the same decision, or the ranks would snapshot different steps
         if agree(self.d, not self.engine.busy()) or last:
-            # a deferred save warns once, here, when the persist it waited for has finished: its duration is
-            # known now (while it runs, a first persist has no figure yet and the advice would be a guess)
-            if step > self.due_at and not self._warned_interval and self.d.rank == 0:
-                self._warned_interval = True
-                self._warn_interval(self.due_at, step - self.due_at, meter.step_s())
+            due, warn = self.due_at, step > self.due_at and not self._warned_interval and self.d.rank == 0
             # staged: the copy runs beside the next forward/backward and is waited for before the next
             # optimizer step (the only thing that changes the saved tensors); the last save copies at once
             self.save(step, block=True, stage=not last)
             self.due_at = None
+            # a deferred save warns once, after it is taken: the persist it waited for has finished (the last save,
+            # taken while one still runs, waits for it), so its duration is measured (while a first persist runs
+            # there is no figure, and the advice would be a guess)
+            if warn and self.engine.last_persist_s is not None:  # None: a buffer was made, no persist has ended
+                self._warned_interval = True
+                self._warn_interval(due, step - due, meter.step_s())
             return
         if step == self.due_at:
             self.prog.emit("checkpoint_deferred", step=step, reason="the previous persist is still running")
