@@ -53,7 +53,8 @@ ILP_MAX_GPUS = 176
 class Window:
     key: str
     source: str
-    """`philly:YYYY-MM-DD`, `helios:x+y` or `openb:x+y` (shipped windows spliced in that order)."""
+    """`philly:YYYY-MM-DD` (from midnight) or `philly:YYYY-MM-DD HH:MM:SS`, `helios:x+y` or `openb:x+y` (shipped
+    windows spliced in that order)."""
     cluster: str
     load: float
 
@@ -163,8 +164,37 @@ and 1.1, over the six clusters (the preset `frenzy-testbed`, the Frenzy paper's 
 fresh windows; placement_load.py's NewWorkload family runs on it). Corrected after the run: this line first called it
 Sia's 44-GPU testbed (that is `phoebe`); the windows and clusters are as committed in aed4c50."""
 
+WINDOWS16 = (
+    Window("Q1", "philly:2017-09-24 14:54:55", "phoebe", 0.5),
+    Window("Q2", "philly:2017-10-04 00:37:08", "phoebe-x4", 1.1),
+    Window("Q3", "philly:2017-10-05 05:10:04", "frenzy-testbed", 0.9),
+    Window("Q4", "philly:2017-10-06 02:23:40", "fresh-two", 0.7),
+    Window("Q5", "philly:2017-10-06 20:16:15", "fresh-old4h100", 0.5),
+    Window("Q6", "philly:2017-10-11 07:30:40", "fresh-mix2048", 1.1),
+    Window("Q7", "philly:2017-10-13 07:15:30", "phoebe", 0.9),
+    Window("Q8", "philly:2017-10-18 04:57:20", "phoebe-x4", 0.7),
+    Window("Q9", "philly:2017-10-21 21:02:51", "frenzy-testbed", 0.5),
+    Window("Q10", "philly:2017-10-22 07:22:10", "fresh-two", 1.1),
+    Window("Q11", "philly:2017-10-26 07:42:12", "fresh-old4h100", 0.9),
+    Window("Q12", "philly:2017-11-10 13:16:18", "fresh-mix2048", 0.7),
+    Window("Q13", "philly:2017-11-16 07:48:40", "phoebe", 0.5),
+    Window("Q14", "philly:2017-11-23 00:00:28", "phoebe-x4", 1.1),
+    Window("Q15", "philly:2017-12-08 04:38:04", "frenzy-testbed", 0.9),
+    Window("Q16", "philly:2017-12-20 17:02:12", "fresh-two", 0.7),
+)
+"""Round 16's held-out set, written and committed on 2026-11-27 before any policy ran on it (`--set round16`). Every
+day with 800 or more submissions has been used from its midnight by an earlier list, so these windows take the jobs
+after them: Philly jobs (after the reader's filters) that no earlier window held. An earlier window is the first 450
+kept jobs from its start (rounds 6-12 above from midnight, placement_load.py's four from 06:00); red team 43's 15
+days are excluded whole. Of the 74,428 kept jobs those windows cover 39,864; the 59 disjoint 450-job windows left
+start at the first unused job of each free stretch (and every 450 jobs on in long stretches); these 16 are evenly
+spaced over them (09-24 to 12-20), four at each load 0.5, 0.7, 0.9 and 1.1, over the six clusters. No job of a window
+is in any earlier window, but most windows start on a day an earlier window started: held out by job, not by day or
+operator (Microsoft Philly is the tuning operator). Sia's 160-job Philly samples are drawn from the whole trace and
+may share jobs with any window. Chosen by a script over the trace and the earlier lists alone (no policy run)."""
+
 SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8, "round9": WINDOWS9,
-                                      "round12": WINDOWS12}
+                                      "round12": WINDOWS12, "round16": WINDOWS16}
 
 FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-mix2048": [("H100-80GB", 40, 8), ("A100-40GB-SXM", 56, 8), ("L40S", 80, 8), ("V100-16GB", 80, 8)],
@@ -253,20 +283,25 @@ def _write(out: Path, fields: list[str], rows: list[dict[str, str]]) -> None:
 
 def window_file(w: Window, into: Path) -> tuple[Path, str, int | None]:
     """The window as a CSV `frenzy simulate` reads: (path, --format, --max-jobs)."""
-    kind, arg = w.source.split(":")
+    kind, arg = w.source.split(":", 1)
     into.mkdir(parents=True, exist_ok=True)
-    out = into / f"{w.key}-{kind}-{arg.replace('+', '')}.csv"
+    out = into / f"{w.key}-{kind}-{arg.replace('+', '').replace(' ', 'T').replace(':', '')}.csv"
     if kind == "philly":
-        return philly_rows(arg, out), "philly", 450
+        return philly_rows(philly_start(arg), out), "philly", 450
     if kind == "helios":
         return splice_helios(arg.split("+"), out), "helios", None
     return splice_openb(arg.split("+"), out), "openb", None
 
 
+def philly_start(arg: str) -> str:
+    """A Philly window's first submission time: a bare date starts at midnight."""
+    return arg if " " in arg else arg + " 00:00:00"
+
+
 def window_trace(w: Window, into: Path) -> list[TraceJob]:
     path, fmt, max_jobs = window_file(w, into)
     if fmt == "philly":
-        return read_philly(path, max_jobs=max_jobs or 450, start=w.source.split(":")[1] + " 00:00:00")
+        return read_philly(path, max_jobs=max_jobs or 450, start=philly_start(w.source.split(":", 1)[1]))
     return load_trace(path, fmt)  # type: ignore[arg-type]
 
 
