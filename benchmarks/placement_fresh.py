@@ -44,7 +44,8 @@ from cluster.traces import OPENB_END_S, TraceJob, at_load, load_trace, read_phil
 TRACES = ROOT.parent / "examples" / "traces"
 CLUSTERS = ROOT / "clusters"
 MACHINE = "2-core x86_64 shared with other work, no GPU"
-DATE = "2026-11-26"
+DATE = time.strftime("%Y-%m-%d", time.gmtime())
+"""The day a run is recorded (UTC)."""
 ILP_MAX_GPUS = 176
 """The ILP runs only on clusters of at most this many GPUs (on 2,048 it does not finish in the time a row has)."""
 
