@@ -103,6 +103,27 @@ def real_run(work: Path, steps: int, reps: int = 3) -> dict:
             "loadavg_1m_before": load_before[0], "loadavg_1m_after": os.getloadavg()[0]}
 
 
+def _load_note(before: float) -> str:
+    """What the load average says of the figures: a machine busy before the benchmark started was shared with other
+    work, which slowed both schedules and blurred the predictions (the learned priors included)."""
+    if before <= (os.cpu_count() or 1) / 2:
+        return "the benchmark's own load, the figures are for a machine doing nothing else."
+    return ("other work ran beside the benchmark (the load was there before it started): every makespan is slowed by "
+            "it and the predictions, made from priors learned under that load, are blurred by its changes.")
+
+
+def _commit() -> str:
+    """The checkout's commit (short), `-dirty` with uncommitted changes; `unknown` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300, help="training steps of the evaluated checkpoint")
@@ -115,11 +136,11 @@ def main() -> int:
         real = real_run(Path(d), args.steps, args.reps)
     doc = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": f"{platform.machine()}, "
            f"{os.cpu_count()} cores, {platform.system()} {platform.release()}", "command": "python benchmarks/evaluation.py",
-           "planning": rows, "real": real, "wall_s": time.perf_counter() - t0}
+           "commit": _commit(), "planning": rows, "real": real, "wall_s": time.perf_counter() - t0}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "evaluation.json").write_text(json.dumps(doc, indent=1))
-    md = [f"# Evaluation scheduling ({doc['date']}, {doc['machine']})", "", f"`{doc['command']}`", "",
+    md = [f"# Evaluation scheduling ({doc['date']}, {doc['machine']})", "", f"`{doc['command']}` at commit {doc['commit']}", "",
           "## acme63 (63 datasets, 7B priors): predicted makespans", "",
           "| cluster | naive s | OpenCompass-style s | elastic s | lower bound s | naive/elastic | OC/elastic | "
           "elastic vs bound | trials | target | met |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -140,7 +161,7 @@ def main() -> int:
            f"{real['predicted_speedup']:.2f}x); order agrees in every pair: {real['order_agrees']}; worst prediction "
            f"error {100 * real['max_abs_error']:.1f}% (target 20%). Load: 1-minute load average "
            f"{real['loadavg_1m_before']:.2f} before, {real['loadavg_1m_after']:.2f} after, on "
-           f"{os.cpu_count()} cores: the benchmark's own load, the figures are for a machine doing nothing else.",
+           f"{os.cpu_count()} cores: {_load_note(real['loadavg_1m_before'])}",
            "", "Scores of the evaluated checkpoint: " + json.dumps(real["elastic"]["scores"]), ""]
     (out / "evaluation.md").write_text("\n".join(md))
     print("\n".join(md))

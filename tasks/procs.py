@@ -1,9 +1,26 @@
 """Is a process (recorded by pid and start time) still running on this host? Used to recognise state left by a
-process that died: a checkpoint writer lease, sandbox directories and cgroups."""
+process that died: a checkpoint writer lease, sandbox directories and cgroups. And how a process ended, in words."""
 
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Callable
+
+
+def exit_words(rc: int, senders: Callable[[str], str] | None = None) -> str:
+    """How a process that returned `rc` ended (negative: killed by signal -rc, as `subprocess` and Prefect report it):
+    `exit status 3`, `killed by SIGTERM`, `killed by signal 42` (a number with no name here). `senders(name)` says who
+    usually sends a signal (e.g. the out-of-memory killer for SIGKILL); when it says something: `killed (SIGKILL:
+    <senders>)`. The one wording of the trial, metric and evaluation-run errors."""
+    if rc >= 0:
+        return f"exit status {rc}"
+    try:
+        sig = signal.Signals(-rc).name
+    except ValueError:
+        return f"killed by signal {-rc}"
+    who = senders(sig) if senders is not None else ""
+    return f"killed ({sig}: {who})" if who else f"killed by {sig}"
 
 
 def start_ticks(pid: int) -> int | None:

@@ -498,3 +498,32 @@ def test_evaluate_pending_with_a_plugin_that_kills_its_group_while_it_loads_eval
     assert "2 evaluated, 2 failed" in report and "killed its process group while loading" in report, report
     assert os.getpid() not in {int(x) for x in (tmp_path / "loads").read_text().split()}
     assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory
+
+
+def test_a_built_in_name_taken_over_by_register_dataset_is_a_plugin_loaded_only_in_a_metric_process(monkeypatch):
+    """A built-in name (`heldout-loss`) that `register_dataset` takes over names the user's factory, not Frenzy's:
+    it is not `frenzys_own` (which held the name alone), so the evaluator loads it only through a metric process
+    (`probe`), never in its own process; the built-ins not taken over are still loaded by the evaluator."""
+    from tasks.evaluation import datasets
+    from tasks.evaluation.runner import _check_datasets
+
+    monkeypatch.setitem(datasets._REGISTRY, "heldout-loss", datasets._REGISTRY["heldout-loss"])  # put back after
+    built: list[int] = []
+
+    @datasets.register_dataset("heldout-loss")
+    def mine(options: dict, ctx: datasets.EvalContext) -> datasets.EvalDataset:
+        built.append(os.getpid())
+        raise AssertionError("a plugin's factory ran in the evaluator")
+
+    assert not datasets.frenzys_own("heldout-loss") and datasets.frenzys_own("heldout-cloze")
+    probed: list[str] = []
+
+    class Jobs:
+        def probe(self, spec: dict, ctx: datasets.EvalContext) -> int:
+            probed.append(spec["source"])
+            return 50
+
+    suite = Suite.model_validate({"name": "own", "datasets": [
+        {"name": n, "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01} for n in ("heldout-loss", "heldout-cloze")]})
+    assert _check_datasets(suite, datasets.EvalContext(), Jobs()) == {}
+    assert probed == ["heldout-loss"] and built == []

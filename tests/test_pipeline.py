@@ -515,6 +515,25 @@ def test_a_lost_lease_names_its_cause_from_the_ledger_released_or_lapsed(tmp_pat
     assert "nor its trainer" in said_lapsed
 
 
+def test_a_trial_a_metric_process_and_an_evaluation_run_say_how_they_ended_in_one_wording():
+    """One function (`tasks.procs.exit_words`) says how a process ended for the trial errors, the metric processes'
+    and `submit`'s crashed evaluation runs (three copies before): an exit status, a signal by name or number, and the
+    usual senders of SIGKILL where the caller names them."""
+    from tasks.evaluation.runner import ended
+    from tasks.pipeline.evaluations import crash_cause
+    from tasks.procs import exit_words
+
+    assert [exit_words(rc) for rc in (0, 3, -15, -9, -77)] == [
+        "exit status 0", "exit status 3", "killed by SIGTERM", "killed by SIGKILL", "killed by signal 77"]
+    assert exit_words(-9, lambda sig: "the OOM killer" if sig == "SIGKILL" else "") == "killed (SIGKILL: the OOM killer)"
+    assert exit_words(-15, lambda sig: "the OOM killer" if sig == "SIGKILL" else "") == "killed by SIGTERM"
+    assert [ended(rc) for rc in (1, -15, -77)] == ["exited with status 1", "was killed by SIGTERM",
+                                                   "was killed by signal 77"]
+    assert ended(-9) == "was killed (SIGKILL: most often the kernel's out-of-memory killer; see `dmesg`)"
+    said = crash_cause("Process exited with status code: -15. Cancelled", "r")
+    assert said.startswith("its evaluation process (flow run r) was killed (SIGTERM: a signal sent to it); "), said
+
+
 def test_a_crashed_evaluation_run_killed_by_a_signal_is_named_as_a_killed_evaluation_process():
     """Red team 41m B3: `submit` reported a killed evaluation run with Prefect's guess only (`Process exited with
     status code: -9 ... exceeding memory limits, or by manual cancellation`). The message is built here as Prefect's

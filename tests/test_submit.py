@@ -1148,3 +1148,58 @@ def test_the_release_after_training_is_the_ledgers_own_call_not_a_prefect_task(p
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     assert not [r.name for r in runs if r.name.startswith("release")]
+
+
+KILLS_AT_IMPORT = """import os
+import signal
+
+with open(os.environ["RT_IMPORTS"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+os.killpg(0, signal.SIGKILL)
+"""
+
+
+def _installed_plugin(where: Path) -> None:
+    """A dataset plugin as a package installs it: `rtkillpkg` with an entry point `rtkill` in its metadata; the
+    package kills its own process group when it is imported (and writes the importer's pid to $RT_IMPORTS first)."""
+    (where / "rtkillpkg").mkdir(parents=True)
+    (where / "rtkillpkg" / "__init__.py").write_text(KILLS_AT_IMPORT)
+    (where / "rtkillpkg" / "data.py").write_text("def make(options, ctx):\n    raise AssertionError('unreachable')\n")
+    meta = where / "rtkillpkg-0.1.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: rtkillpkg\nVersion: 0.1\n")
+    (meta / "entry_points.txt").write_text("[frenzy.eval_datasets]\nrtkill = rtkillpkg.data:make\n")
+
+
+def test_submit_checks_a_suites_plugins_without_running_them_and_one_that_kills_its_group_fails_alone(
+        prefect_server, tmp_path):
+    """`frenzy submit` checked a suite's plugin datasets before training by importing them in its own process (every
+    installed entry point's module, the package of a dotted `module:factory`): a plugin package that kills its process
+    group at import killed submit before anything started, with no message. Now the check reads the packages' metadata
+    and the path only; the plugin is loaded where the evaluation loads plugins (a metric process of its own session),
+    fails there alone and named, the rest is scored, and submit reports it and exits 2. A real package on PYTHONPATH,
+    named once by its entry point and once as `module:factory`."""
+    _installed_plugin(tmp_path / "plugins")
+    Ledger(str(tmp_path / "l.db"))
+    (tmp_path / "pk.yaml").write_text(yaml.safe_dump({"name": "pk", "datasets": [
+        {"name": "heldout-loss", "examples": 8, "mode": "ppl", "infer_s_per_example": 0.004},
+        {"name": "viaep", "dataset": "rtkill", "examples": 2, "mode": "gen", "infer_s_per_example": 0.01},
+        {"name": "viamod", "dataset": "rtkillpkg.data:make", "examples": 2, "mode": "gen",
+         "infer_s_per_example": 0.01}]}))
+    job = _job(tmp_path, name="plugkill", steps=10, every=10) | {"evaluation": {"suite": "pk.yaml"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join([root, str(tmp_path / "plugins"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "in-flow", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run"), "--json"], tmp_path, PYTHONPATH=path,
+                RT_IMPORTS=str(tmp_path / "imports"))
+    out, _ = proc.communicate(timeout=600)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, f"rc {proc.returncode}: {err[-3000:]}"
+    (ev,) = json.loads(out)["evaluations"]
+    assert ev["step"] == 10 and set(ev["scores"]) == {"heldout-loss"} and set(ev["failed"]) == {"viaep", "viamod"}
+    assert "rtkill: killed its process group while loading (killed by SIGKILL" in ev["failed"]["viaep"], ev["failed"]
+    assert "rtkillpkg.data:make: killed its process group while loading" in ev["failed"]["viamod"], ev["failed"]
+    assert "viaep FAILED (not scored): rtkill: killed its process group while loading" in err, err[-3000:]
+    importers = {int(p) for p in (tmp_path / "imports").read_text().split()}
+    assert len(importers) == 2 and proc.pid not in importers  # once per dataset, never in submit's own process

@@ -353,16 +353,20 @@ class JsonlDataset(EvalDataset):
 # ---------------------------------------------------------------------------------------------- registry
 
 Factory = Callable[[dict, EvalContext], EvalDataset]
-_REGISTRY: dict[str, Factory] = {c.name: c for c in (HeldoutLoss, HeldoutCloze, HeldoutLine, HumanEval)}
-BUILT_IN = frozenset(_REGISTRY)
+_BUILT_INS: dict[str, Factory] = {c.name: c for c in (HeldoutLoss, HeldoutCloze, HeldoutLine, HumanEval)}
+_REGISTRY: dict[str, Factory] = dict(_BUILT_INS)
+BUILT_IN = frozenset(_BUILT_INS)
 LMEVAL_FACTORY = "tasks.evaluation.lmeval.dataset:make"
+ENTRY_POINTS = "frenzy.eval_datasets"
 
 
 def frenzys_own(source: str) -> bool:
-    """True for a dataset whose loading runs only Frenzy's code (a built-in name, a JSONL file, lm-eval's tasks): the
-    evaluator loads it itself. Any other (a `module:factory`, an entry point, a registered name) is a plugin, loaded
-    by the evaluator only in a process of its own session (`MetricJobs.probe`), so that its death is its own."""
-    return source in BUILT_IN or source.endswith(".jsonl") or source == LMEVAL_FACTORY
+    """True for a dataset whose loading runs only Frenzy's code (a built-in name that `register_dataset` has not
+    taken over, a JSONL file, lm-eval's tasks): the evaluator loads it itself. Any other (a `module:factory`, an entry
+    point, a registered name) is a plugin, loaded by the evaluator only in a process of its own session
+    (`MetricJobs.probe`), so that its death is its own."""
+    own = source in _BUILT_INS and _REGISTRY.get(source) is _BUILT_INS[source]
+    return own or source.endswith(".jsonl") or source == LMEVAL_FACTORY
 
 
 def register_dataset(name: str) -> Callable[[Factory], Factory]:
@@ -374,10 +378,27 @@ def register_dataset(name: str) -> Callable[[Factory], Factory]:
 
 
 def registry() -> dict[str, Factory]:
+    """Every dataset by name, the entry points' loaded: this imports every installed plugin's module (`frenzy
+    eval-datasets` lists them). To know only whether a name exists, `dataset_names` reads no plugin's code."""
     found = dict(_REGISTRY)
-    for ep in entry_points(group="frenzy.eval_datasets"):
+    for ep in entry_points(group=ENTRY_POINTS):
         found.setdefault(ep.name, ep.load())
     return found
+
+
+def dataset_names() -> set[str]:
+    """The names suites may give: the built-in and registered ones and the installed `frenzy.eval_datasets` entry
+    points, from the packages' metadata only (no plugin module is imported: one that kills its process group or hangs
+    at import must not take `frenzy submit` with it)."""
+    return set(_REGISTRY) | {ep.name for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def _factory(source: str) -> Factory | None:
+    """The factory of a registered name, else of the one entry point of that name (only its module is imported)."""
+    if source in _REGISTRY:
+        return _REGISTRY[source]
+    ep = next(iter(entry_points(group=ENTRY_POINTS, name=source)), None)
+    return ep.load() if ep is not None else None
 
 
 def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContext | None = None) -> EvalDataset:
@@ -387,9 +408,8 @@ def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContex
         if path_kind(p, "dataset file") == "missing":
             raise DatasetError(f"dataset file {p} does not exist")
         return JsonlDataset(p, mode, options, ctx)
-    reg = _REGISTRY if source in _REGISTRY else registry()  # a built-in name imports no entry point's module
-    if source in reg:
-        ds = reg[source](options or {}, ctx or EvalContext())
+    if (named := _factory(source)) is not None:
+        ds = named(options or {}, ctx or EvalContext())
     elif ":" in source:
         mod, _, attr = source.partition(":")
         try:
@@ -398,8 +418,8 @@ def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContex
             raise DatasetError(f"dataset plugin {source}: {err}") from None
         ds = factory(options or {}, ctx or EvalContext())
     else:
-        raise DatasetError(f"unknown dataset {source!r}; built in: {', '.join(sorted(reg))}; or give a .jsonl file "
-                           "or module:factory")
+        raise DatasetError(f"unknown dataset {source!r}; built in: {', '.join(sorted(dataset_names()))}; or give a "
+                           ".jsonl file or module:factory")
     if not isinstance(ds, EvalDataset):
         raise DatasetError(f"dataset {source} is a {type(ds).__name__}, not an EvalDataset")
     if ds.mode != mode:
@@ -447,8 +467,9 @@ def dataset_problems(suite: Suite, suite_dir: Path | None = None) -> list[Datase
     """What `datasets.resolve` would refuse of `suite`'s entries, found before training: a `module:factory` plugin
     whose module is missing here, and a dataset that is neither a registered name, a .jsonl file nor a plugin (a
     directory such as `data`, named where its .jsonl files were meant). `suite_dir`: the suite file's directory,
-    against which a relative dataset path is read (None for a built-in suite)."""
-    reg = registry()
+    against which a relative dataset path is read (None for a built-in suite). Runs no plugin's code: entry points
+    and modules are looked up in the packages' metadata and on the path, not imported."""
+    reg = dataset_names()
     out = [DatasetProblem(text=f"{m}: install it where the evaluation runs (or put it on PYTHONPATH), or fix the suite",
                           everywhere=False) for m in missing_plugins(suite)]
     for d in suite.datasets:

@@ -7,7 +7,6 @@ at the next job. Local executor only: on Ray the job runs in a Ray worker proces
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -17,19 +16,11 @@ from typing import IO
 
 from tasks.evaluation.datasets import EvalContext
 from tasks.evaluation.warmstart import kill_group, popen_trial
+from tasks.procs import exit_words
 
 
 class MetricJobDied(Exception):  # noqa: N818 - a dataset's failure, named with how its process ended
     """The process of a metric job ended while it scored (a signal, or an exit of the plugin's own)."""
-
-
-def _how(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit status {rc}"
 
 
 @dataclass(frozen=True)
@@ -110,7 +101,7 @@ class MetricJobs:
             with self.lock:
                 self.live.discard(proc)
             tail = " | ".join(path.read_text(errors="replace").strip().splitlines()[-3:])
-            raise MetricJobDied(died(_how(rc)) + (f"; stderr: {tail}" if tail else ""))
+            raise MetricJobDied(died(exit_words(rc)) + (f"; stderr: {tail}" if tail else ""))
         with self.lock:
             self.idle.append((proc, log, path))
         reply = json.loads(line)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -42,6 +41,7 @@ from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_na
 from tasks.evaluation.suite import Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
 from tasks.evaluation.warmstart import Warm, kill_group, popen_trial, spawn_warm, take_precursor
+from tasks.procs import exit_words
 
 
 def ended(rc: int) -> str:
@@ -49,13 +49,10 @@ def ended(rc: int) -> str:
     N8: "exited with status -9" was the whole cause of an evaluation the OOM killer ended)."""
     if rc >= 0:
         return f"exited with status {rc}"
-    try:
-        sig = signal.Signals(-rc).name
-    except ValueError:
-        return f"was killed by signal {-rc}"
-    if sig == "SIGKILL":
-        return "was killed (SIGKILL: most often the kernel's out-of-memory killer; see `dmesg`)"
-    return f"was killed ({sig})"
+    return "was " + exit_words(rc, lambda sig: _OOM if sig == "SIGKILL" else "")
+
+
+_OOM = "most often the kernel's out-of-memory killer; see `dmesg`"
 
 
 class EvalError(FrenzyError, RuntimeError):

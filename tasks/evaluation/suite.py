@@ -203,19 +203,42 @@ def _check_sizes(suite: Suite, source: str) -> None:
 
 def missing_plugins(suite: Suite) -> list[str]:
     """The entries whose dataset is a `module:factory` plugin whose module this process cannot import (not
-    installed, or not on the path): an evaluation here would fail on it after training."""
-    import importlib.util
-
+    installed, or not on the path): an evaluation here would fail on it after training. Imports nothing of it."""
     out = []
     for d in suite.datasets:
         mod, sep, _ = d.source.partition(":")
         if not sep or d.source.endswith(".jsonl") or "/" in mod:
             continue
         try:
-            found = importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):  # a parent package that is missing, an empty or relative name
+            found = module_found(mod)
+        except (ImportError, ValueError):  # a finder that refuses the name
             found = False
         if not found:
             out.append(f"dataset {d.name!r}: plugin {d.source}: no module {mod!r} here")
     return out
 
+
+def module_found(name: str) -> bool:
+    """Whether module `name` (dotted) could be imported here, found as the import system finds it (the finders of
+    `sys.meta_path`, an editable install's included) without running any code of it or of its packages:
+    `importlib.util.find_spec("pkg.mod")` imports `pkg`, and a plugin's `__init__` that kills its process group or
+    hangs would take `frenzy submit` with it. A name already imported is found."""
+    import sys
+
+    parts = name.split(".")
+    if name in sys.modules or not all(p.isidentifier() for p in parts):
+        return name in sys.modules
+    path = None
+    for i in range(1, len(parts) + 1):
+        full = ".".join(parts[:i])
+        if full in sys.modules:
+            path = getattr(sys.modules[full], "__path__", None)
+        else:
+            spec = next((spec for finder in sys.meta_path
+                         if (spec := getattr(finder, "find_spec", lambda *_: None)(full, path)) is not None), None)
+            if spec is None:
+                return False
+            path = spec.submodule_search_locations
+        if path is None and i < len(parts):  # a module, not a package: it has no submodules
+            return False
+    return True

@@ -5,7 +5,6 @@ a callable."""
 from __future__ import annotations
 
 import re
-import signal
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -16,6 +15,7 @@ from tasks.artifactkey import step_root
 from tasks.evaluation import history
 from tasks.evaluation.summary import EvalSummary
 from tasks.paths import place_key
+from tasks.procs import exit_words
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 
@@ -101,14 +101,13 @@ def crash_cause(message: str | None, run_name: str) -> str:
     m = re.search(r"status code:?\s*(-\d+)", text)
     if m is None:
         return text
-    try:
-        sig = signal.Signals(-int(m.group(1))).name
-    except ValueError:
-        sig = f"signal {-int(m.group(1))}"
-    senders = ("a dataset plugin that kills its own process group, the kernel's out-of-memory killer (`dmesg` on "
-               "the worker) or a manual kill" if sig == "SIGKILL" else "a signal sent to it")
-    return (f"its evaluation process (flow run {run_name}) was killed ({sig}: {senders}); its log: `prefect flow-run "
-            f"logs {run_name}`; the worker said: {text}")
+    how = exit_words(int(m.group(1)), lambda sig: _KILL_SENDERS if sig == "SIGKILL" else "a signal sent to it")
+    return (f"its evaluation process (flow run {run_name}) was {how}; its log: `prefect flow-run logs {run_name}`; "
+            f"the worker said: {text}")
+
+
+_KILL_SENDERS = ("a dataset plugin that kills its own process group, the kernel's out-of-memory killer (`dmesg` on the "
+                 "worker) or a manual kill")
 
 
 class Retired(BaseModel):
