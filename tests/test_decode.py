@@ -108,3 +108,47 @@ def test_decode_weights_follow_in_place_updates_of_every_projection():
     after = lm.generate_batch(PROMPTS, 20)
     assert after == fresh.generate_batch(PROMPTS, 20) == [fresh.generate_recompute(p, 20) for p in PROMPTS]
     assert after != before
+
+
+def test_the_compiled_decode_step_gives_the_eager_and_recompute_tokens(monkeypatch):
+    """The decode step through torch.compile (inductor's CPU kernels, one graph for every step, prompt length and
+    batch) produces the tokens of the eager step and of generation without a cache."""
+    from tasks.evaluation import decode
+
+    monkeypatch.setenv("FRENZY_DECODE_COMPILE", "1")
+    lm = _lm({"preset": "gpt-tiny"})
+    ref = [lm.generate_recompute(p, 40) for p in PROMPTS]
+    eager = decode._CompiledStep()
+    eager.reason = "test: eager"
+    monkeypatch.setattr(decode, "STEP", eager)
+    assert lm.generate_batch(PROMPTS, 40) == ref
+    compiled = decode._CompiledStep()
+    monkeypatch.setattr(decode, "STEP", compiled)
+    assert lm.generate_batch(PROMPTS, 40) == ref  # 5 rows, prompts of 1-64 bytes
+    assert lm.generate_batch(PROMPTS[:2], 40) == ref[:2]  # another batch and width: the same graph
+    assert compiled.fn is not None and compiled.reason is None
+
+
+def test_the_decode_step_falls_back_to_eager_with_its_reason(monkeypatch, caplog):
+    from tasks.evaluation import decode
+
+    lm = _lm({"preset": "gpt-tiny"})
+    ref = [lm.generate_recompute(p, 12) for p in PROMPTS]
+
+    def broken(fn, **kw):  # noqa: ANN001, ANN003, ANN202 - a compiler that fails on its first call
+        def call(*a):  # noqa: ANN002, ANN202
+            raise RuntimeError("no C++ compiler found\nmore")
+        return call
+
+    monkeypatch.setenv("FRENZY_DECODE_COMPILE", "1")
+    monkeypatch.setattr(torch, "compile", broken)
+    step = decode._CompiledStep()
+    monkeypatch.setattr(decode, "STEP", step)
+    with caplog.at_level("WARNING", logger="tasks.evaluation.decode"):
+        assert lm.generate_batch(PROMPTS, 12) == ref
+    assert step.fn is None and step.reason == "torch.compile failed: RuntimeError: no C++ compiler found"
+    assert caplog.text.count("eager decode steps") == 1
+    monkeypatch.setenv("FRENZY_DECODE_COMPILE", "0")
+    off = decode._CompiledStep()
+    monkeypatch.setattr(decode, "STEP", off)
+    assert lm.generate_batch(PROMPTS, 12) == ref and off.reason == "FRENZY_DECODE_COMPILE=0"
