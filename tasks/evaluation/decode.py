@@ -12,7 +12,6 @@ This reuses the model's own modules (projections, norms, MLP), so a checkpoint's
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from tasks.training.model import GPT, _cast_once, _rotate, attention_backends
-
-log = logging.getLogger(__name__)
 
 
 class KVCache:
@@ -55,41 +52,28 @@ def run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tenso
 
 def _run_blocks(model: GPT, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None = None) -> torch.Tensor:
-    s = x.shape[1]
+    b, s = x.shape[:2]
     t0 = cache.length if cache is not None else 0
     rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None]) if model.spec.position == "rope" else None
+    hd = model.spec.head_dim
     for i, blk in enumerate(model.blocks):
-        def store(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
-            if cache is None:
-                return k, v
+        h = _cast_once(blk.norm1(x))
+        f = _fused(blk)
+        q, k, v = F.linear(h, f.qkv, f.qkv_bias).split(f.qkv_split, dim=-1)
+        q, k, v = (t.reshape(b, s, -1, hd).transpose(1, 2) for t in (q, k, v))
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        if cache is not None:
             cache.k[i][:, :, t0:t0 + s] = k
             cache.v[i][:, :, t0:t0 + s] = v
-            return cache.k[i][:, :, :t0 + s], cache.v[i][:, :, :t0 + s]
-
-        x = _block(blk, _fused(blk), x, rope, mask, store)
+            k, v = cache.k[i][:, :, :t0 + s], cache.v[i][:, :, :t0 + s]
+        a = q.shape[1]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=k.shape[1] != a)
+        x = x + blk.proj(o.transpose(1, 2).reshape(b, s, a * hd))
+        x = x + mlp(blk, f, x)
     if cache is not None:
         cache.length = t0 + s
     return x
-
-
-def _block(blk: torch.nn.Module, f: _Fusion, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-           mask: torch.Tensor | None,
-           store: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """One block on the residual stream `x` [b, s, h]; `store(k, v)` keeps this call's keys and values and gives
-    back every key and value its queries attend to (`mask`; None: causal)."""
-    b, s = x.shape[:2]
-    hd = blk.spec.head_dim
-    h = _cast_once(blk.norm1(x))
-    q, k, v = F.linear(h, f.qkv, f.qkv_bias).split(f.qkv_split, dim=-1)
-    q, k, v = (t.reshape(b, s, -1, hd).transpose(1, 2) for t in (q, k, v))
-    if rope is not None:
-        q, k = _rotate(q, *rope), _rotate(k, *rope)
-    k, v = store(k, v)
-    a = q.shape[1]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                       enable_gqa=blk.spec.n_kv_heads != blk.spec.heads)
-    x = x + blk.proj(o.transpose(1, 2).reshape(b, s, a * hd))
-    return x + mlp(blk, f, x)
 
 
 @dataclass
@@ -149,67 +133,6 @@ def _forward(model: GPT, idx: torch.Tensor, pos: torch.Tensor, valid: torch.Tens
     mask = (causal[None, None] & valid[:, None, None, :t0 + s]) | itself[None, None]  # [b, 1, s, t0+s]
     x = run_blocks(model, embed(model, idx, pos), pos, mask, cache)
     return model.lm_head(model.norm_f(x[:, -1])).float()
-
-
-def _step(model: GPT, fused: list[_Fusion], idx: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-          ks: list[torch.Tensor], vs: list[torch.Tensor], col: torch.Tensor) -> torch.Tensor:
-    """Logits after one new token per row (`idx`, `pos` [b, 1]): its keys and values go to column `col` ([1], a
-    tensor, so the column is no constant of a compiled graph) of the caches `ks`, `vs`; it attends to the columns
-    0 .. T-1 that `mask` [b, 1, 1, T] allows. Its shapes are the batch and T only, so `torch.compile(dynamic=True)`
-    makes one graph for every step, prompt length and batch."""
-    rope = (model.rope_cos[pos][:, None], model.rope_sin[pos][:, None]) if model.spec.position == "rope" else None
-    n = mask.shape[-1]
-    x = embed(model, idx, pos)
-    for i, blk in enumerate(model.blocks):
-        def store(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
-            ks[i].index_copy_(2, col, k)
-            vs[i].index_copy_(2, col, v)
-            return ks[i][:, :, :n], vs[i][:, :, :n]
-
-        x = _block(blk, fused[i], x, rope, mask, store)
-    return model.lm_head(model.norm_f(x[:, -1])).float()
-
-
-class _CompiledStep:
-    """`_step` through `torch.compile` (inductor; on the CPU its C++ kernels), compiled once per process with
-    symbolic batch and key count; eager where compilation is off or not available, with the reason logged once."""
-
-    def __init__(self) -> None:
-        self.fn: Callable[..., torch.Tensor] | None = None
-        self.reason: str | None = None
-
-    def __call__(self, model: GPT, *args: torch.Tensor | list) -> torch.Tensor:
-        if self.reason is None and self.fn is None:
-            self.reason = _compile_unavailable(model)
-            if self.reason is None:
-                self.fn = torch.compile(_step, dynamic=True, fullgraph=True)
-            else:
-                log.warning("decode: eager decode steps (%s)", self.reason)
-        if self.fn is not None:
-            try:
-                return self.fn(model, *args)
-            except Exception as e:  # noqa: BLE001 - any compiler failure: decode eagerly, as without compile
-                self.fn, self.reason = None, f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                log.warning("decode: eager decode steps (%s)", self.reason)
-        return _step(model, *args)
-
-
-def _compile_unavailable(model: GPT) -> str | None:
-    """Why the decode step is not compiled here (None: it is)."""
-    import os
-    import shutil
-
-    if os.environ.get("FRENZY_DECODE_COMPILE", "1") == "0":
-        return "FRENZY_DECODE_COMPILE=0"
-    dev = next(model.parameters()).device
-    if dev.type != "cpu":
-        return f"compiled decode steps are measured on the CPU only, not {dev.type}"
-    if not shutil.which(os.environ.get("CXX", "g++")) and not shutil.which("c++"):
-        return "no C++ compiler for inductor's CPU kernels (install g++ or set CXX)"
-    return None
-
-
-STEP = _CompiledStep()
 
 
 @dataclass(frozen=True)
@@ -286,12 +209,7 @@ def _next_logits(model: GPT, st: _Rows, nxt: torch.Tensor, history: list[list[in
     if cache.length < cache.capacity and int(st.last_pos.max()) + 1 < L:
         st.last_pos = st.last_pos + 1
         st.valid[:, cache.length] = True
-        n = cache.length + 1
-        col = torch.tensor([cache.length], device=nxt.device)
-        logits = STEP(model, [_fused(b) for b in model.blocks], nxt[:, None], st.last_pos[:, None],
-                      st.valid[:, None, None, :n], cache.k, cache.v, col)
-        cache.length = n
-        return logits
+        return _forward(model, nxt[:, None], st.last_pos[:, None], st.valid, cache)
     dev = nxt.device
     return torch.stack([model.logits(torch.tensor([history[r][-L:]], device=dev, dtype=torch.long))[0, -1]
                         for r in st.rows])
