@@ -10,7 +10,7 @@ import yaml
 
 from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
-from tasks.evaluation.datasets import DatasetError, EvalContext, EvalDataset, HumanEval, register_dataset, resolve
+from tasks.evaluation.datasets import DatasetError, EvalContext, HumanEval, resolve
 from tasks.evaluation.runner import EvalError, EvalOptions, evaluate
 from tasks.evaluation.suite import Suite
 from tasks.training import checkpoint as ck
@@ -21,6 +21,14 @@ from tests import trainer_util as tu
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, tiny_trained):
     return tu.copy_trained(tiny_trained, tmp_path_factory.mktemp("evalckpt"))
+
+
+def one_dataset(name: str = "small") -> Suite:
+    """`small_suite`'s first dataset alone: for the tests of what surrounds an evaluation (claims, locks, the history,
+    where results go), which one trial of one dataset shows as well as four (with `schedule="naive"`: one process
+    start per evaluation, where the elastic schedule starts a precursor and then a trial)."""
+    return Suite.model_validate({"name": name, "datasets": [
+        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]})
 
 
 def small_suite(**extra) -> Suite:
@@ -52,7 +60,7 @@ def test_jsonl_and_module_plugins(tmp_path):
         resolve("no-such-set", "gen")
     with pytest.raises(DatasetError, match="mode ppl"):
         resolve("heldout-loss", "gen", ctx=EvalContext())
-    assert resolve("tests.test_evaluation:Echo", "gen").name == "echo"
+    assert resolve("tests.evalplugin:Echo", "gen").name == "echo"
 
 
 @pytest.mark.parametrize(("line", "says"), [("this line is not JSON", "qa.jsonl:2:1: not JSON"),
@@ -67,58 +75,6 @@ def test_a_suite_with_a_bad_jsonl_row_is_refused_when_loaded_before_anything_tra
     with pytest.raises(SuiteError) as err:
         load_suite(tmp_path / "suite.yaml")
     assert str(err.value).startswith(f"{tmp_path / 'suite.yaml'}: dataset 'qa': ") and says in str(err.value)
-
-
-@register_dataset("echo")
-class Echo(EvalDataset):  # a user dataset registered by decorator
-    name, mode = "echo", "gen"
-
-    def __len__(self):
-        return 4
-
-    def example(self, i):
-        return {"id": i, "prompt": f"x{i}"}
-
-    def infer(self, lm, ex):
-        if self.options.get("explode"):
-            raise RuntimeError("inference exploded")
-        if self.options.get("oom_killed"):  # as the kernel's out-of-memory killer ends a process
-            import os
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.options.get("kill_group"):  # red team 41k B6: a plugin that kills its own process group
-            import os
-            import signal
-
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-        if self.options.get("hang_in"):  # a trial that runs until it is stopped, with a child process of its own
-            _hang(self.options["hang_in"])
-        return {"text": lm.generate(ex["prompt"], 4)}
-
-    def score(self, ex, prediction):
-        if self.options.get("score_kills_group"):  # red team 41l: a metric job that kills its own process group
-            import os
-            import signal
-
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-        return {"length": float(len(prediction["text"]))}
-
-
-def _hang(announce: str) -> None:
-    """Start a child that waits for a signal, say `TRIAL_PID CHILD_PID` in the file `announce`, then wait for one."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
-    tmp = f"{announce}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{os.getpid()} {child.pid}")
-    os.replace(tmp, announce)
-    while True:
-        signal.pause()
 
 
 def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):
@@ -156,7 +112,7 @@ def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):
 
 def test_a_failing_trial_fails_its_own_dataset_with_its_error_and_cleans_up(ckpt, tmp_path):
     """Issue 41 promise 3: the dataset whose trial raises is not scored (named with its error); the others are."""
-    suite = small_suite(more=[{"name": "boom", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
+    suite = small_suite(more=[{"name": "boom", "dataset": "tests.evalplugin:Echo", "examples": 2, "mode": "gen",
                                "infer_s_per_example": 0.01, "options": {"explode": True}}])
     res = evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
                                             learn_priors=False))
@@ -172,7 +128,7 @@ def test_a_failing_trial_fails_its_own_dataset_with_its_error_and_cleans_up(ckpt
 def test_a_trial_killed_by_sigkill_is_said_as_killed_with_its_likely_sender(ckpt, tmp_path):
     """Red team 41i N8: "trial-0000 exited with status -9: no output" was the whole cause of an evaluation that the
     OOM killer ended. A real trial process SIGKILLs itself while it infers: the error names SIGKILL and the OOM killer."""
-    suite = small_suite(more=[{"name": "oom", "dataset": "tests.test_evaluation:Echo", "examples": 2, "mode": "gen",
+    suite = small_suite(more=[{"name": "oom", "dataset": "tests.evalplugin:Echo", "examples": 2, "mode": "gen",
                                "infer_s_per_example": 0.01, "options": {"oom_killed": True}}])
     res = evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
                                             learn_priors=False))
@@ -414,9 +370,8 @@ def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt,
     roots = [tmp_path / "a", tmp_path / "b"]
     for r in roots:
         shutil.copytree(src, r)
-    hist, suite = str(tmp_path / "evals"), Suite.model_validate({"name": "small", "datasets": [
-        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]})
-    got = [evaluate_and_record(f"file://{r}/step_00000010", suite, EvalOptions(), hist, reevaluate=False,
+    hist, suite, naive = str(tmp_path / "evals"), one_dataset(), EvalOptions(schedule="naive")
+    got = [evaluate_and_record(f"file://{r}/step_00000010", suite, naive, hist, reevaluate=False,
                                overwrite=True)[1] for r in roots]
     assert got[0].result != got[1].result
     run = got[0].run
@@ -430,7 +385,7 @@ def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt,
         assert recorded(hist, run, 10, "small", f"file://{r}/step_00000010").result == g.result
         assert scored(hist, run, "small", str(r))[10].result == g.result
         assert history.pending(f"file://{r}", hist, "small") == [f"file://{r}/step_00000020"]
-    again = evaluate_and_record(f"file://{roots[1]}/step_00000010", suite, EvalOptions(), hist, overwrite=True)[1]
+    again = evaluate_and_record(f"file://{roots[1]}/step_00000010", suite, naive, hist, overwrite=True)[1]
     assert again.result == got[1].result  # the second root's own place, not the first's
 
 
@@ -444,9 +399,8 @@ def test_evaluate_pending_over_two_roots_with_one_run_name_keeps_each_roots_resu
     roots = [tmp_path / "a", tmp_path / "b"]
     for r in roots:
         shutil.copytree(src, r)
-    (tmp_path / "one.yaml").write_text(json.dumps({"name": "one", "datasets": [
-        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]}))
-    req = PendingRequest(roots=[str(r) for r in roots], suite=str(tmp_path / "one.yaml"),
+    (tmp_path / "one.yaml").write_text(json.dumps(one_dataset("one").model_dump()))
+    req = PendingRequest(roots=[str(r) for r in roots], suite=str(tmp_path / "one.yaml"), schedule="naive",
                          history_dir=str(tmp_path / "evals"), ledger=str(tmp_path / "ledger.db"))
     done = evaluate_pending(req)
     assert sorted(d.uri for d in done) == sorted(f"file://{r}/step_000000{s}" for r in roots for s in (10, 20))
@@ -613,9 +567,10 @@ def test_evaluate_pending_skips_a_step_another_run_is_evaluating_and_leaves_no_l
     from flows.evaluate import PendingRequest, evaluate_pending
 
     suite_file = tmp_path / "small.yaml"
-    suite_file.write_text(json.dumps(small_suite().model_dump()))
+    suite_file.write_text(json.dumps(one_dataset().model_dump()))
     hist = str(tmp_path / "evals")
-    req = PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=hist, ledger=str(tmp_path / "ledger.db"))
+    req = PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=hist, ledger=str(tmp_path / "ledger.db"),
+                         schedule="naive")
     p = _holder(hist, f"{ckpt}/step_00000010")  # the other run is evaluating step 10 right now
     try:
         done = evaluate_pending(req)
@@ -645,11 +600,11 @@ def test_one_step_that_cannot_start_does_not_end_the_evaluate_pending_pass(ckpt,
     from tasks.evaluation.claim import claim_path
 
     suite_file = tmp_path / "small.yaml"
-    suite_file.write_text(json.dumps(small_suite().model_dump()))
+    suite_file.write_text(json.dumps(one_dataset().model_dump()))
     hist = str(tmp_path / "evals")
-    claim_path(hist, f"{ckpt}/step_00000010", small_suite().name).mkdir(parents=True)
+    claim_path(hist, f"{ckpt}/step_00000010", one_dataset().name).mkdir(parents=True)
     done = evaluate_pending(PendingRequest(roots=[ckpt], suite=str(suite_file), history_dir=hist,
-                                           ledger=str(tmp_path / "ledger.db")))
+                                           ledger=str(tmp_path / "ledger.db"), schedule="naive"))
     assert [d.step for d in done] == [20]
     report = str(Artifact.get("evaluate-pending").data)
     assert "1 evaluated, 1 failed, 0 skipped" in report and "step_00000010` | IsADirectoryError" in report

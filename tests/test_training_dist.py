@@ -5,6 +5,7 @@ names it, while the (expensive) runs happen once."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -140,14 +141,15 @@ def test_tensor_parallel_trains_the_same_model_as_one_process(tp):
 
 @pytest.mark.parametrize("precision", ["fp16-mixed", "bf16"])
 def test_mixed_precision_trains_and_resumes_exactly(tmp_path, precision):
-    """fp16-mixed carries a gradient scaler whose state must survive the checkpoint; bf16 keeps bf16 moments."""
+    """fp16-mixed carries a gradient scaler whose state must survive the checkpoint; bf16 keeps bf16 moments. The
+    resume starts from a copy of the reference's step-5 checkpoint (two trainer starts, not three: a stopped run's
+    step-5 checkpoint is that one, training being deterministic)."""
     full = f"file://{tmp_path}/full"
-    ref = launch(tiny_job(full, 12, precision=precision), tmp_path / "a", device="cpu", threads=1)
+    ref = launch(tiny_job(full, 12, every=5, precision=precision), tmp_path / "a", device="cpu", threads=1)
     assert math.isfinite(ref.last_loss)
+    shutil.copytree(tmp_path / "full", tmp_path / "part", ignore=shutil.ignore_patterns("step_00000010", "step_00000012"))
     part = f"file://{tmp_path}/part"
-    job = tiny_job(part, 12, precision=precision)
-    launch(job, tmp_path / "b", device="cpu", threads=1, stop_after_steps=5)
-    res = launch(job, tmp_path / "b", device="cpu", threads=1, resume=True)
+    res = launch(tiny_job(part, 12, every=5, precision=precision), tmp_path / "b", device="cpu", threads=1, resume=True)
     assert res.resumed_from_step == 5
     m = ck.read_manifest(Storage(part), 12)
     if precision == "fp16-mixed":
