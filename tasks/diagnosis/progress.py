@@ -195,6 +195,8 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
             first = start
         end = "nan"
         back = _earliest(finite, stop)
+        while back is not None and _of_best(low, back):  # a summary's best loss is no later print
+            back = _earliest(finite, _line_at(low, back)[1] + 1)
         until = len(low) if back is None else _line_at(low, back)[0]
         if _is_streak(low, stop, until, tokens):
             streak = start
@@ -209,6 +211,30 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
     line = _line_numbers(low, offsets + last)
     return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in last),
                      line.get(streak)), sorted(set(offsets))
+
+
+_BEST_LOSS = re.compile(rb"\bbest[ _-]?(?:[a-z]+[ _-]?)?loss")
+"""A best loss named on its own line (`best loss`, `best_val_loss`, `best train-loss`); a per-step line that also
+prints a best metric (`loss 0.31 best_acc 0.85`) still prints the step's loss."""
+_SUMMARY_LINES = 8
+"""Indented lines under a summary's heading read as part of it (DeepXDE prints three or four)."""
+
+
+def _of_best(low: bytes, at: int) -> bool:
+    """Whether the finite loss at `at` belongs to a summary of the run's best step (DeepXDE's `Best model at step 0:`
+    over its indented `train loss: 5.47e+03`, a `best val_loss: 0.35` line): the minimum over the whole run, printed
+    at its end, not a step the run trained after its non-finite prints, so no recovery. The loss's own line, or the
+    heading above an indented block it is in (up to _SUMMARY_LINES lines up)."""
+    start, stop = _line_at(low, at)
+    if _BEST_LOSS.search(low, start, min(stop, start + MAX_LINE)):
+        return True
+    for _ in range(_SUMMARY_LINES):  # up an indented block to its heading
+        if start == 0 or low[start:start + 1] not in (b" ", b"\t"):
+            return False
+        start, stop = _line_at(low, start - 1)
+        if b"best" in low[start:min(stop, start + MAX_LINE)] and low[start:start + 1] not in (b" ", b"\t"):
+            return True
+    return False
 
 
 def _line_numbers(low: bytes, offsets: list[int]) -> dict[int, int]:
@@ -229,7 +255,7 @@ def _last_finite(low: bytes) -> list[int]:
         if at < 0 or len(out) == SURVIVED:
             break
         start, stop = _line_at(low, at)
-        if _first(_FINITE, low, start, min(stop, start + MAX_LINE)) is not None:
+        if _first(_FINITE, low, start, min(stop, start + MAX_LINE)) is not None and not _of_best(low, start):
             out.append(start)
         end = start
     return out[::-1]
