@@ -136,12 +136,13 @@ def test_guards_keep_their_category(name: str) -> None:
     assert_diagnosed(*GUARDS[name])
 
 
-def test_a_best_metric_on_each_step_line_is_still_a_recovery() -> None:
-    """A per-step line that prints a best metric beside its loss prints the step's loss: two NaN prints followed
+@pytest.mark.parametrize("best", ["best_acc", "best_loss"])
+def test_a_best_value_on_each_step_line_is_still_a_recovery(best: str) -> None:
+    """A per-step line that prints a best value beside its loss prints the step's loss: two NaN prints followed
     by finite steps stay a recovered NaN (no divergence), as before."""
-    text = ("epoch 1 loss 0.80 best_acc 0.40\n"
-            "epoch 2 loss nan best_acc 0.40\n"
-            "epoch 3 loss nan best_acc 0.40\n"
-            "epoch 4 loss 0.61 best_acc 0.52\n"
-            "epoch 5 loss 0.55 best_acc 0.57\n")
+    text = (f"epoch 1 loss 0.80 {best} 0.80\n"
+            f"epoch 2 loss nan {best} 0.80\n"
+            f"epoch 3 loss nan {best} 0.80\n"
+            f"epoch 4 loss 0.61 {best} 0.61\n"
+            f"epoch 5 loss 0.55 {best} 0.55\n")
     assert diagnose(text.encode(), use_fallback=False).type != "NumericalError"

@@ -81,8 +81,8 @@ _PHASE_END = re.compile(r"(?i)\bfit\W* stopped\b|\bmax_epochs=\S+ reached|^\W*(?
 _DESYNC = ("the ranks fell out of step where the run left its training loop (training ended, or an evaluation began): "
            "one rank ran code the others did not reach (evaluation or saving on rank 0 only, a collective in a branch "
            "only some ranks take, a last batch some ranks lack), and they waited in a collective until its timeout. "
-           "Fix the script (every rank calls the same collectives; evaluation that outlasts the timeout raises it "
-           "in init_process_group(timeout=...)); a restart reaches the same point and hangs again")
+           "Fix the script: every rank calls the same collectives (where one rank's evaluation outlasts the "
+           "collective timeout, raise it with init_process_group(timeout=...)); a restart hangs at the same point")
 
 
 @dataclass

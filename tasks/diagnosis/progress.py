@@ -196,7 +196,7 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
         end = "nan"
         back = _earliest(finite, stop)
         while back is not None and _of_best(low, back):  # a summary's best loss is no later print
-            back = _earliest(finite, _line_at(low, back)[1] + 1)
+            back = _earliest(finite, back + 1)
         until = len(low) if back is None else _line_at(low, back)[0]
         if _is_streak(low, stop, until, tokens):
             streak = start
@@ -213,20 +213,22 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
                      line.get(streak)), sorted(set(offsets))
 
 
-_BEST_LOSS = re.compile(rb"\bbest[ _-]?(?:[a-z]+[ _-]?)?loss")
-"""A best loss named on its own line (`best loss`, `best_val_loss`, `best train-loss`); a per-step line that also
-prints a best metric (`loss 0.31 best_acc 0.85`) still prints the step's loss."""
+_BEST_KEY = re.compile(rb"\bbest[ _-]?(?:[a-z]+[ _-]?)?$")
+"""`best` just before a loss key (`best loss`, `best_val_loss`, `best train-loss`): that value is the best so far. A
+per-step line that prints the step's loss beside a best one (`loss 0.61 best_loss 0.52`, `best_acc`) still prints
+the step's loss, which is read on its own."""
 _SUMMARY_LINES = 8
 """Indented lines under a summary's heading read as part of it (DeepXDE prints three or four)."""
 
 
 def _of_best(low: bytes, at: int) -> bool:
-    """Whether the finite loss at `at` belongs to a summary of the run's best step (DeepXDE's `Best model at step 0:`
-    over its indented `train loss: 5.47e+03`, a `best val_loss: 0.35` line): the minimum over the whole run, printed
-    at its end, not a step the run trained after its non-finite prints, so no recovery. The loss's own line, or the
-    heading above an indented block it is in (up to _SUMMARY_LINES lines up)."""
+    """Whether the finite loss whose key starts at `at` is a best value (DeepXDE's `Best model at step 0:` over its
+    indented `train loss: 5.47e+03`, a `best_val_loss: 0.35`): the minimum over the whole run, printed at its end,
+    not a step the run trained after its non-finite prints, so no recovery. `best` just before the key
+    (`_BEST_KEY`), or a heading that says best above the indented block the loss is in (up to _SUMMARY_LINES lines
+    up)."""
     start, stop = _line_at(low, at)
-    if _BEST_LOSS.search(low, start, min(stop, start + MAX_LINE)):
+    if _BEST_KEY.search(low, max(start, at - 24), at):
         return True
     for _ in range(_SUMMARY_LINES):  # up an indented block to its heading
         if start == 0 or low[start:start + 1] not in (b" ", b"\t"):
@@ -255,7 +257,8 @@ def _last_finite(low: bytes) -> list[int]:
         if at < 0 or len(out) == SURVIVED:
             break
         start, stop = _line_at(low, at)
-        if _first(_FINITE, low, start, min(stop, start + MAX_LINE)) is not None and not _of_best(low, start):
+        o = _first(_FINITE, low, start, min(stop, start + MAX_LINE))
+        if o is not None and not _of_best(low, o):
             out.append(start)
         end = start
     return out[::-1]
