@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.diagnosis.diagnose import diagnose
+from tests.diagnosis_kit import assert_diagnosed
 
 SITE = "/opt/conda/lib/python3.11/site-packages"
 
@@ -96,10 +97,7 @@ FAMILIES = {
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_each_family_names_its_cause(name: str) -> None:
-    text, type_, category, root = FAMILIES[name]
-    d = diagnose(text.encode(), use_fallback=False)
-    assert (d.type, d.category) == (type_, category), d.root_cause_line
-    assert d.root_cause_line is not None and root in d.root_cause_line
+    assert_diagnosed(*FAMILIES[name])
 
 
 def test_host_memory_is_not_restartable_and_a_lost_node_is() -> None:

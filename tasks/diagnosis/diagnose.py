@@ -75,6 +75,16 @@ _DEVICE_ASSERT = re.compile(r"device-side assert triggered|Assertion `[^`]*` fai
 device pointer as its tensors are freed, a launch failure) is its consequence, not a fault of the GPU."""
 
 
+_PHASE_END = re.compile(r"(?i)\bfit\W* stopped\b|\bmax_epochs=\S+ reached|^\W*(?:running )?(?:evaluating|validating|"
+                        r"evaluation|validation)\b|\btraining (?:is )?(?:finished|complete[d]?|done|ended)\b")
+"""A line that says the run left its training loop: training ended, or an evaluation or validation pass began."""
+_DESYNC = ("the ranks fell out of step where the run left its training loop (training ended, or an evaluation began): "
+           "one rank ran code the others did not reach (evaluation or saving on rank 0 only, a collective in a branch "
+           "only some ranks take, a last batch some ranks lack), and they waited in a collective until its timeout. "
+           "Fix the script: every rank calls the same collectives (where one rank's evaluation outlasts the "
+           "collective timeout, raise it with init_process_group(timeout=...)); a restart hangs at the same point")
+
+
 @dataclass
 class Finding:
     type: str
@@ -389,9 +399,26 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
     best = _pick(c, cands, wrappers)
     evidence = [x.finding for _, x in sorted(cands.items()) if x is not best][:MAX_EVIDENCE]
     f = best.finding
+    restartable, mitigation = best.rule.restartable, best.rule.mitigation
+    if _desynced_at_phase_end(c, cands, best):
+        f.category, restartable, mitigation = "script", False, _DESYNC
     return Diagnosis(category=f.category, type=best.rule.type, root_cause_line=f.line, line_no=f.line_no, rank=f.rank,
-                     node=f.node, restartable=best.rule.restartable, mitigation=best.rule.mitigation,
-                     evidence=evidence, via=best.via, **base)
+                     node=f.node, restartable=restartable, mitigation=mitigation, evidence=evidence, via=best.via,
+                     **base)
+
+
+def _desynced_at_phase_end(c: Compressed, cands: dict[int, _Cand], best: _Cand) -> bool:
+    """Whether a collective timeout (the root cause, no failure above it) came right where the run left its
+    training loop: the line just before the first timeout says training ended or an evaluation began
+    (`_PHASE_END`). A network or node fault strikes whenever it strikes; ranks that time out exactly at the phase
+    change are ranks that ran different code there (one evaluates or saves while the others wait in a collective,
+    a post-training barrier some ranks never reach). That is the script's, and a restart hangs at the same point.
+    Only the lines just above the timeout count (the compressor's context): a phase change long before it says
+    nothing about it."""
+    if best.rule.type != "NCCLTimeoutError":
+        return False
+    first = min(x.finding.line_no for x in cands.values() if x.rule.type == "NCCLTimeoutError")
+    return any(first - 2 <= k.line_no < first and _PHASE_END.search(k.text) for k in c.kept)
 
 
 def check_log(path: Path | str) -> Path:

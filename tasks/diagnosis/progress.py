@@ -195,6 +195,8 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
             first = start
         end = "nan"
         back = _earliest(finite, stop)
+        while back is not None and _of_best(low, back):  # a summary's best loss is no later print
+            back = _earliest(finite, back + 1)
         until = len(low) if back is None else _line_at(low, back)[0]
         if _is_streak(low, stop, until, tokens):
             streak = start
@@ -209,6 +211,32 @@ def track(low: bytes) -> tuple[LossTrack, list[int]]:
     line = _line_numbers(low, offsets + last)
     return LossTrack(line.get(first), line.get(last_start), end, tuple(line[o] for o in last),
                      line.get(streak)), sorted(set(offsets))
+
+
+_BEST_KEY = re.compile(rb"\bbest[ _-]?(?:[a-z]+[ _-]?)?$")
+"""`best` just before a loss key (`best loss`, `best_val_loss`, `best train-loss`): that value is the best so far. A
+per-step line that prints the step's loss beside a best one (`loss 0.61 best_loss 0.52`, `best_acc`) still prints
+the step's loss, which is read on its own."""
+_SUMMARY_LINES = 8
+"""Indented lines under a summary's heading read as part of it (DeepXDE prints three or four)."""
+
+
+def _of_best(low: bytes, at: int) -> bool:
+    """Whether the finite loss whose key starts at `at` is a best value (DeepXDE's `Best model at step 0:` over its
+    indented `train loss: 5.47e+03`, a `best_val_loss: 0.35`): the minimum over the whole run, printed at its end,
+    not a step the run trained after its non-finite prints, so no recovery. `best` just before the key
+    (`_BEST_KEY`), or a heading that says best above the indented block the loss is in (up to _SUMMARY_LINES lines
+    up)."""
+    start, stop = _line_at(low, at)
+    if _BEST_KEY.search(low, max(start, at - 24), at):
+        return True
+    for _ in range(_SUMMARY_LINES):  # up an indented block to its heading
+        if start == 0 or low[start:start + 1] not in (b" ", b"\t"):
+            return False
+        start, stop = _line_at(low, start - 1)
+        if b"best" in low[start:min(stop, start + MAX_LINE)] and low[start:start + 1] not in (b" ", b"\t"):
+            return True
+    return False
 
 
 def _line_numbers(low: bytes, offsets: list[int]) -> dict[int, int]:
@@ -229,7 +257,8 @@ def _last_finite(low: bytes) -> list[int]:
         if at < 0 or len(out) == SURVIVED:
             break
         start, stop = _line_at(low, at)
-        if _first(_FINITE, low, start, min(stop, start + MAX_LINE)) is not None:
+        o = _first(_FINITE, low, start, min(stop, start + MAX_LINE))
+        if o is not None and not _of_best(low, o):
             out.append(start)
         end = start
     return out[::-1]

@@ -111,6 +111,16 @@ RULES: list[Rule] = [
          "cuDNN failed internally: the installed CUDA, cuDNN and torch do not fit together (or fit the driver); "
          "reinstall a matching build (or set torch.backends.cudnn.benchmark=False to rule out one kernel); a restart "
          "fails the same way"),
+    # A kernel stopped by the operating system's run-time limit (cudaErrorLaunchTimeout, CUDA_ERROR_LAUNCH_TIMEOUT):
+    # CUDA raises it only on a GPU whose kernel time limit is on (`kernelExecTimeoutEnabled`: a GPU that also drives
+    # a display, whose driver's watchdog, Windows' TDR or the X server's, ends a long kernel). The machine's set-up,
+    # not a fault of the GPU: it fails the same way until the limit is lifted, the GPU is freed of the display or
+    # the kernels are shortened. Tried before the GPU-fault rule below, whose CUDA_ERROR_ family would take it.
+    Rule("CUDAError", "script",
+         r"the launch timed out and was terminated|CUDA_ERROR_LAUNCH_TIMEOUT|cudaErrorLaunchTimeout", 90, False,
+         "a kernel ran past the GPU's run-time limit (a display watchdog: Windows TDR, an X server on this GPU): run on "
+         "a GPU with no display attached, raise or lift the limit (TdrDelay on Windows), or shorten each kernel "
+         "(a smaller batch or resolution); a restart fails the same way"),
     Rule("CUDAError", "infrastructure",
          r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
          r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)(?!invalid device (?:ordinal|function))"
@@ -285,7 +295,15 @@ RULES: list[Rule] = [
          r"type \([^)]*\) should be the same|element 0 of \w+ does not require grad|has been modified by an "
          r"inplace operation|Trying to backward through the graph a second time|Target -?\d+ is out of bounds|"
          r"label value of -?\d+ which is outside the valid range|Found dtype \w+ but expected \w+|expected dtype \w+ "
-         r"but got dtype \w+", 61,
+         r"but got dtype \w+|"
+         # an op's own check of its input's shape, as torch words it: conv's channel and rank checks, old torch's
+         # linear `size mismatch, m1: [..], m2: [..]`, normalisation layers fed the wrong number of features (or
+         # a batch of one in training), a pooling window larger than its input. The check runs in the library's
+         # frame, but what it refuses is what the calling code passed: the model built for one shape, fed another
+         r"to have \d+ channels, but got \d+ channels|Expected \d+-dimensional input for \d+-dimensional weight|"
+         r"Expected \dD \(unbatched\) or \dD \(batched\) input to|size mismatch, m1: \[|"
+         r"running_mean should contain \d+ elements not \d+|Expected more than 1 value per channel when training|"
+         r"expected input with shape \[[^\]]*\], but got input of size|Output size is too small", 61,
          False, "the code gives an operation tensors it cannot take (device, dtype or shape): fix the model or data "
                 "code (a restart fails the same way)"),
     Rule("IndexError", "script",  # the kernel's assertion names the check that failed (a label past the classes)
