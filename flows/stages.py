@@ -53,7 +53,7 @@ from tasks.planning.plans import ResourcePlan
 from tasks.planning.request import PlanRequest
 from tasks.report import RunReport, markdown, render_html
 from tasks.stragglers.request import StragglerReport, StragglerRequest
-from tasks.training.allocation import lost_cause
+from tasks.training.allocation import lost_cause, released_at_end
 from tasks.training.elastic import replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, request_kill, request_stop
 
@@ -91,7 +91,9 @@ class _Future:
         self.fut = fut
 
     def done(self) -> bool:
-        return self.fut.state.is_final()
+        # the task's thread, not its state on the server: that is an API call per poll (red team 41n B3)
+        wrapped = getattr(self.fut, "wrapped_future", None)
+        return wrapped.done() if wrapped is not None else self.fut.state.is_final()
 
     def wait(self, timeout_s: float | None) -> None:
         self.fut.wait(timeout=timeout_s)
@@ -479,7 +481,9 @@ class FlowStages:
             # the trainer renews the allocation too: its GPUs stay allocated while it uses them (red team 41i N21)
             from tasks.training.request import AllocationHold  # it imports torch: only once a job trains
 
-            treq.allocation = AllocationHold(ledger=self.ledger.url, allocation_id=a.allocation.id, lease_s=r.lease_s)
+            # and the task releases it as the trainer ends, before its final state goes to the API (red team 41n B3)
+            treq.allocation = AllocationHold(ledger=self.ledger.url, allocation_id=a.allocation.id, lease_s=r.lease_s,
+                                             release_at_end=True)
             tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
             self.device = "cuda" if treq.gpu_indices else "cpu"  # where evaluations run in-flow (also as a fallback)
@@ -495,7 +499,8 @@ class FlowStages:
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
                                 kill=lambda why: (self.log.error("%s: killing the trainer", why),
                                                   request_kill(run_dir, why)),
-                                stop=lambda: request_stop(run_dir), lease_lost=keeper.lost.is_set,
+                                stop=lambda: request_stop(run_dir),
+                                lease_lost=lambda: keeper.lost.is_set() and not released_at_end(a.allocation.id),
                                 lost_cause=lambda: lost_cause(self.ledger, self.ledger.url, a.allocation.id,
                                                               r.lease_s, "its trainer"),
                                 on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up() if ev else None))
@@ -537,6 +542,8 @@ class FlowStages:
         # server comes back the client's retries held the GPUs of a finished run for 71 s (red team 41m R1)
         try:
             started = self.ledger.release(run.attempt.allocation.id)
+            if released_at_end(run.attempt.allocation.id):  # the train task gave it back as the trainer ended
+                return
             self.log.info("released allocation %s%s", run.attempt.allocation.id,
                           f"; {len(started)} queued job(s) started on its GPUs" if started else "")
         except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
