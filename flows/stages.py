@@ -481,9 +481,7 @@ class FlowStages:
             # the trainer renews the allocation too: its GPUs stay allocated while it uses them (red team 41i N21)
             from tasks.training.request import AllocationHold  # it imports torch: only once a job trains
 
-            # and the task releases it as the trainer ends, before its final state goes to the API (red team 41n B3)
-            treq.allocation = AllocationHold(ledger=self.ledger.url, allocation_id=a.allocation.id, lease_s=r.lease_s,
-                                             release_at_end=True)
+            treq.allocation = AllocationHold(ledger=self.ledger.url, allocation_id=a.allocation.id, lease_s=r.lease_s)
             tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
             self.device = "cuda" if treq.gpu_indices else "cpu"  # where evaluations run in-flow (also as a fallback)
@@ -492,6 +490,9 @@ class FlowStages:
                                  "(give a cluster with GPUs, or --device cpu to say so)",
                                  ", ".join(n.node for n in a.allocation.nodes))
             ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
+            # the task releases it as the trainer ends, before its final state goes to the API (red team 41n B3);
+            # not while this process still evaluates the last checkpoints on its GPUs (in-flow on cuda)
+            treq.allocation.release_at_end = ev is None or self.device == "cpu"
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
             fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
