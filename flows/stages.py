@@ -53,7 +53,7 @@ from tasks.planning.plans import ResourcePlan
 from tasks.planning.request import PlanRequest
 from tasks.report import RunReport, markdown, render_html
 from tasks.stragglers.request import StragglerReport, StragglerRequest
-from tasks.training.allocation import lost_cause
+from tasks.training.allocation import lost_cause, released_at_end
 from tasks.training.elastic import replan_after_oom, tune_auto
 from tasks.training.launch import TrainFailed, request_kill, request_stop
 
@@ -91,7 +91,9 @@ class _Future:
         self.fut = fut
 
     def done(self) -> bool:
-        return self.fut.state.is_final()
+        # the task's thread, not its state on the server: that is an API call per poll (red team 41n B3)
+        wrapped = getattr(self.fut, "wrapped_future", None)
+        return wrapped.done() if wrapped is not None else self.fut.state.is_final()
 
     def wait(self, timeout_s: float | None) -> None:
         self.fut.wait(timeout=timeout_s)
@@ -488,6 +490,9 @@ class FlowStages:
                                  "(give a cluster with GPUs, or --device cpu to say so)",
                                  ", ".join(n.node for n in a.allocation.nodes))
             ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
+            # the task releases it as the trainer ends, before its final state goes to the API (red team 41n B3);
+            # not while this process still evaluates the last checkpoints on its GPUs (in-flow on cuda)
+            treq.allocation.release_at_end = ev is None or self.device == "cpu"
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
             fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
@@ -495,7 +500,8 @@ class FlowStages:
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
                                 kill=lambda why: (self.log.error("%s: killing the trainer", why),
                                                   request_kill(run_dir, why)),
-                                stop=lambda: request_stop(run_dir), lease_lost=keeper.lost.is_set,
+                                stop=lambda: request_stop(run_dir),
+                                lease_lost=lambda: keeper.lost.is_set() and not released_at_end(a.allocation.id),
                                 lost_cause=lambda: lost_cause(self.ledger, self.ledger.url, a.allocation.id,
                                                               r.lease_s, "its trainer"),
                                 on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up() if ev else None))
@@ -537,6 +543,8 @@ class FlowStages:
         # server comes back the client's retries held the GPUs of a finished run for 71 s (red team 41m R1)
         try:
             started = self.ledger.release(run.attempt.allocation.id)
+            if released_at_end(run.attempt.allocation.id):  # the train task gave it back as the trainer ended
+                return
             self.log.info("released allocation %s%s", run.attempt.allocation.id,
                           f"; {len(started)} queued job(s) started on its GPUs" if started else "")
         except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error

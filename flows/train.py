@@ -68,11 +68,29 @@ def train_task(request: TrainRequest) -> TrainResult:
         (logger.warning if rec.event in WARNING_EVENTS else logger.info)(describe(rec))
 
     try:
-        result = _run_trainer(request, job, on_record)
+        try:
+            result = _run_trainer(request, job, on_record)
+        finally:  # the trainer has ended: its GPUs go back now, whatever the API does after this
+            _give_back(request, logger)
         bar.put((100.0, f"{job.name}: done at step {result.final_step}"))
     finally:
         bar.close(timeout_s=5.0)
     return result.train_result()
+
+
+def _give_back(request: TrainRequest, logger: Any) -> None:
+    """Release the allocation the trainer ran on, when its submitter asked for it (`AllocationHold.release_at_end`):
+    the ledger's own call, here in the task's body, so that nothing that waits for the Prefect API (the task's final
+    state, a log, the progress bar) stands between the trainer's end and the release."""
+    hold = request.allocation
+    if hold is None or not hold.release_at_end:
+        return
+    from tasks.training.allocation import release_at_end, released_at_end
+
+    started = release_at_end(hold)
+    if released_at_end(hold.allocation_id):
+        logger.info("released allocation %s as the trainer ended%s", hold.allocation_id,
+                    f"; {len(started)} queued job(s) started on its GPUs" if started else "")
 
 
 def _run_trainer(request: TrainRequest, job: Any, on_record: Callable[[ProgressRecord], None]) -> Any:

@@ -389,6 +389,35 @@ def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt,
     assert again.result == got[1].result  # the second root's own place, not the first's
 
 
+def test_a_failed_evaluations_named_log_survives_another_roots_evaluation_of_the_same_step(ckpt, tmp_path):
+    """Red team 41n C3: two copies of one run evaluated into one history (as evaluate-pending does), one with a corrupt
+    shard. Its step's failure named its log at `<run>/step_N/<suite>.failed/trials/...`; the good copy's evaluation of
+    that step then completed into `<run>/step_N/<suite>` and removed `<suite>.failed` with the log. A failed attempt
+    now keeps its root's mark, and another root's evaluation goes beside it (`<suite>@<tag>`)."""
+    import re
+
+    from tasks.evaluation.record import evaluate_and_record
+
+    src = ckpt.removeprefix("file://")
+    bad, good = tmp_path / "corrupt", tmp_path / "good"
+    for r in (bad, good):
+        shutil.copytree(src, r)
+    shard = next((bad / "step_00000010").glob("rank*.bin"))
+    shard.write_bytes(b"\0" * 64 + shard.read_bytes()[64:])  # its sha256 no longer the manifest's
+    hist, suite = str(tmp_path / "evals"), Suite.model_validate({"name": "small", "datasets": [
+        {"name": "heldout-loss", "examples": 4, "mode": "ppl", "infer_s_per_example": 0.01}]})
+    with pytest.raises(Exception, match="does not match the manifest") as failed:
+        evaluate_and_record(f"file://{bad}/step_00000010", suite, EvalOptions(), hist, reevaluate=False,
+                            overwrite=True)
+    named = [Path(p) for p in re.findall(r"its log: (\S+?)\)", str(failed.value))]
+    assert named and all(p.is_file() for p in named), str(failed.value)
+    got = evaluate_and_record(f"file://{good}/step_00000010", suite, EvalOptions(), hist, reevaluate=False,
+                              overwrite=True)[1]
+    assert not got.failed and Path(got.result).is_file()
+    assert all(p.is_file() for p in named), f"the failure's log is gone: {named}"
+    assert Path(got.result).parent != named[0].parent.parent  # the good copy's results beside it, not over it
+
+
 def test_evaluate_pending_over_two_roots_with_one_run_name_keeps_each_roots_results(ckpt, tmp_path, prefect_server):
     """Red team 41l C3 as it was found: `evaluate-pending` named two roots with one run name, default layout under
     one history directory; the second root's evaluation replaced the first's results directory."""

@@ -340,6 +340,29 @@ def test_ctrl_c_in_the_watch_asks_the_trainer_to_commit_first():
     assert said == ["stop"]
 
 
+def test_a_name_whose_run_only_waits_for_its_evaluations_is_free_and_each_run_stays_its_own(tmp_path):
+    """Red team 41n A3, as docs/pipeline.md says: a second root's `exp` is refused while another `exp` holds GPUs or
+    waits for them, and accepted once that run's GPUs are back (it may still wait for its evaluations); the ledger
+    keeps both runs, the newest answering for the bare name."""
+    from cluster.ledger import Ledger, RunRecord
+    from tasks.pipeline.summary import name_taken
+
+    req = new_run().request.model_copy(update={"job": new_run().request.job.model_copy(deep=True)})
+    req.job.training.checkpoint.uri = "file:///nb/ck"
+    alice = RunRecord(job=req.job.name, owner="hosta:7", stage="training", checkpoint_root="file:///alice/ck",
+                      run_dir="/alice/runs/exp", history_dir="/alice/evals")
+    assert "hosta:7" in name_taken([alice], req, {req.job.name})  # her allocation holds the name
+    waiting = alice.model_copy(update={"stage": Stage.RELEASED.value})
+    assert name_taken([waiting], req, set()) is None  # released, waiting for its evaluations: the name is free
+    ledger = Ledger(str(tmp_path / "l.db"))
+    ledger.record_run(waiting)
+    nb = waiting.model_copy(update={"owner": "hostn:9", "checkpoint_root": "file:///nb/ck", "run_dir": "/nb/runs/exp"})
+    ledger.record_run(nb)
+    assert ledger.run(req.job.name).owner == "hostn:9"  # the bare name: the newest run
+    assert ledger.run(req.job.name, "file:///alice/ck").owner == "hosta:7"  # each root: its own run
+    assert sorted(r.owner for r in ledger.runs(req.job.name)) == ["hosta:7", "hostn:9"]
+
+
 def test_a_job_name_another_running_job_holds_is_refused_and_a_finished_one_is_reported():
     from cluster.ledger import RunRecord
     from tasks.pipeline.summary import already_finished, name_taken

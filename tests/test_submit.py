@@ -1203,3 +1203,45 @@ def test_submit_checks_a_suites_plugins_without_running_them_and_one_that_kills_
     assert "viaep FAILED (not scored): rtkill: killed its process group while loading" in err, err[-3000:]
     importers = {int(p) for p in (tmp_path / "imports").read_text().split()}
     assert len(importers) == 2 and proc.pid not in importers  # once per dataset, never in submit's own process
+
+
+@pytest.mark.slow
+def test_the_gpus_go_back_as_the_trainer_ends_while_the_prefect_server_is_stopped(prefect_server, tmp_path):
+    """Red team 41n B3: the Prefect server stopped while `frenzy submit` trained; the trainer ended, and its
+    allocation was released only 25.6 s later, once the server answered again: the flow asked the server, every poll,
+    whether the train task had ended, and released after that. The test's own real Prefect server is stopped
+    (SIGSTOP: connections are accepted and never answered) after the first commit and left stopped until the ledger
+    shows the allocation released: the train task gives it back as the trainer ends. Once the server answers again
+    the run finishes and is recorded as before."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer._instances[None].server_process
+    assert server is not None and server.poll() is None
+    led = str(tmp_path / "l.db")
+    Ledger(led)  # an explicit --ledger must exist (`frenzy cluster init` makes one)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="outage", steps=200, every=20)))
+    proc = _cli(["submit", "job.yaml", "--ledger", led, "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    _wait_for_commit(tmp_path / "ckpt", 20, proc)
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        held = Ledger(led).allocations()
+        assert [a.job for a in held] == ["outage"], held
+        ended = tmp_path / "run" / "result.json"  # rank 0 writes it as the trainer ends
+        deadline = time.monotonic() + 300
+        while not ended.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "cli.err").read_text()[-3000:]
+            time.sleep(0.2)
+        deadline = time.monotonic() + 30  # the flow's API calls, unanswered, wait 60 s each before their retries
+        while Ledger(led).allocation(held[0].id).state != "released":
+            assert time.monotonic() < deadline, "the trainer ended, but its GPUs are held while the server is stopped"
+            time.sleep(0.2)
+        assert server.poll() is None  # still stopped, not gone: the release did not wait for it
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=300)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 0, err[-3000:]
+    assert "GPUs released: yes" in out, out
+    assert f"released allocation {held[0].id} as the trainer ended" in err, err[-3000:]
+    assert [r.stage for r in Ledger(led).runs("outage")] == ["reported"]  # what the flow records, once it answers

@@ -286,3 +286,26 @@ def test_the_allocation_keeper_does_not_make_a_ledger_where_the_file_is_not(tmp_
     led.release(alloc.id)
     with AllocationKeeper(AllocationHold(ledger=led.url, allocation_id=alloc.id, lease_s=0.3)) as keeper:
         assert keeper.lost.wait(timeout=30) and "was released" in keeper.cause
+
+
+def test_the_release_at_the_trainers_end_gives_the_gpus_back_and_is_told_from_a_lost_lease(tmp_path):
+    """Red team 41n B3: the train task releases its allocation as the trainer ends (`release_at_end`), noting it so
+    that the submitter's heartbeat, which then finds the allocation gone, does not read a lost lease; the GPUs can be
+    placed again at once. A ledger file that is not there is not made by it."""
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+    from cluster.ledger import Ledger
+    from tasks.training.allocation import release_at_end, released_at_end
+    from tasks.training.request import AllocationHold
+
+    gone = tmp_path / "elsewhere" / "l.db"
+    assert release_at_end(AllocationHold(ledger=str(gone), allocation_id="b" * 16, lease_s=60)) == []
+    assert not gone.parent.exists() and not released_at_end("b" * 16)
+    led = Ledger(str(tmp_path / "l.db"))
+    led.sync(load_cluster("local"))
+    alloc = led.allocate("first", [GpuRequest(1, 0)], lease_s=60)
+    assert alloc is not None and led.allocate("second", [GpuRequest(1, 0)], lease_s=60) is None
+    assert not released_at_end(alloc.id)
+    assert release_at_end(AllocationHold(ledger=led.url, allocation_id=alloc.id, lease_s=60)) == []  # none queued
+    assert led.allocation(alloc.id).state == "released" and released_at_end(alloc.id)
+    assert led.allocate("second", [GpuRequest(1, 0)], lease_s=60) is not None

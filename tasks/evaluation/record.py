@@ -60,12 +60,22 @@ def results_dir(history_dir: str, run: str, step: int, suite: str, root: str) ->
     return own if own.exists() or _holder_root(plain) not in (None, place_key(root)) else plain
 
 
+ROOT_MARK = ".frenzy-root"
+"""In a results directory being written: the checkpoint root it is of (place_key). A failed attempt keeps it in its
+logs at `OUT.failed`, so that another root's evaluation goes beside them, not over them (red team 41n C3)."""
+
+
 def _holder_root(out: Path) -> str | None:
-    """The checkpoint root (place_key) whose results `out` holds, None when it holds none."""
+    """The checkpoint root (place_key) whose results `out` holds, or else whose failed attempt `OUT.failed` holds
+    (another root's success at `out` would remove those logs, which its error named); None when neither."""
     try:
         uri = EvalResult.model_validate_json(read_bytes(out / "result.json", "evaluation result", LIMITS["json"])).uri
         return history.uri_key(uri if is_hf_dir(uri) else step_root(uri))
     except (OSError, ValueError):  # none, or not a result: nobody's (replaced only with overwrite, as before)
+        pass
+    try:
+        return (failed_dir(out) / ROOT_MARK).read_text().strip() or None
+    except OSError:
         return None
 
 
@@ -93,15 +103,17 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         with sole_writer(out, wait=not reevaluate):
             if opts.out_dir or results_dir(history_dir, run, step, suite.name, root) == out:
                 return _record_into(out, uri, suite, opts, history_dir, progress,
-                                    None if reevaluate else recorded(history_dir, run, step, suite.name, at), overwrite)
+                                    None if reevaluate else recorded(history_dir, run, step, suite.name, at), overwrite,
+                                    place_key(root))
     raise OutputError(f"{out} was taken by another checkpoint root's evaluation twice while this one waited; run it again")
 
 
 def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_dir: str,
                  progress: Callable[[str, float], None] | None, done: EvalSummary | None,
-                 overwrite: bool) -> tuple[EvalResult, EvalSummary]:
+                 overwrite: bool, root: str) -> tuple[EvalResult, EvalSummary]:
     """`evaluate_and_record` into `out`, held alone: the recorded result `done` when its files are there, else a new
-    evaluation, its history line (naming `out/result.json`) and the redrawn plot."""
+    evaluation, its history line (naming `out/result.json`) and the redrawn plot. `root`: the checkpoint root
+    (place_key), marked in the attempt while it runs and so in its logs should it fail (`ROOT_MARK`)."""
     if done is not None and done.result and Path(done.result).exists():
         return EvalResult.model_validate_json(Path(done.result).read_text()), done
     if not overwrite:
@@ -109,6 +121,7 @@ def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_d
     earlier = _complete_result(out)
     try:
         with machine_errors("frenzy evaluate", out), fill_dir(out, "frenzy evaluate", True, keep_failed=True) as tmp:
+            (tmp / ROOT_MARK).write_text(root)
             res = evaluate(uri, suite, opts.model_copy(update={"out_dir": str(tmp)}), _naming(progress, tmp, out),
                            history.preload_plotting)  # the plot's imports beside the trials, not after them
             if res.failed and earlier is not None:  # a partial result never replaces a complete one (red team 41m C2)
@@ -119,6 +132,7 @@ def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_d
             with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
                 history.append(history_dir, res.run, res.step, res.uri, suite.name, res.scores, res.failed,
                                result=out / "result.json")
+            (tmp / ROOT_MARK).unlink()  # complete: its result.json names the root
     except _KeptEarlier as kept:  # this attempt is at OUT.failed/; OUT and the history are as they were
         res = kept.res
         return res, EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,

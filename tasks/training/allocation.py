@@ -55,6 +55,39 @@ def lost_cause(ledger: object, url: str, allocation_id: str, lease_s: float, oth
             "another job on its GPUs")
 
 
+_released_at_end: set[str] = set()
+_released_lock = threading.Lock()
+
+
+def release_at_end(hold: AllocationHold) -> list[str]:
+    """Release `hold`'s allocation now that its trainer has ended, without waiting for anything else (red team 41n
+    B3: the submit flow's release came after the train task's end, which waits for the Prefect API). Noted first, so
+    that the submitter's heartbeat, finding the allocation gone, knows it was this release and not a lost lease
+    (`released_at_end`). The jobs the release started from the queue; [] when the ledger file is gone (opening it
+    would make an empty ledger at its path) or cannot be reached: the submit flow releases it again, or its lease
+    runs out."""
+    from cluster.ledger import Ledger
+
+    if _missing_file(hold.ledger) is not None:
+        return []
+    with _released_lock:
+        _released_at_end.add(hold.allocation_id)
+    try:
+        return [a.job for a in Ledger(hold.ledger).release(hold.allocation_id)]
+    except Exception as err:  # noqa: BLE001 - the flow's own release comes next, and the lease has its expiry
+        with _released_lock:
+            _released_at_end.discard(hold.allocation_id)
+        log.warning("could not release allocation %s in %s as its trainer ended: %s", hold.allocation_id,
+                    hold.ledger, err)
+        return []
+
+
+def released_at_end(allocation_id: str) -> bool:
+    """Whether this process released `allocation_id` as its trainer ended (`release_at_end`)."""
+    with _released_lock:
+        return allocation_id in _released_at_end
+
+
 class AllocationLost(FrenzyError, RuntimeError):
     """The trainer's allocation was released or lapsed under it; it committed its step and stopped."""
 

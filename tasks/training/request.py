@@ -37,6 +37,9 @@ class AllocationHold(BaseModel):
     """The ledger's SQLAlchemy URL."""
     allocation_id: str
     lease_s: float = Field(gt=0)
+    release_at_end: bool = False
+    """Give the allocation back as soon as the trainer has ended, from the train task itself: not after the task's
+    final state, which goes through the Prefect API (red team 41n B3: a stopped server held the GPUs 25 s)."""
 
 
 class TrainerResult(BaseModel):
