@@ -57,7 +57,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
     try:
-        with _stop_cleanly_on_sigterm():
+        with _stop_cleanly_on_sigterm(), _full_disk_names_the_flags():
             res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress,
                                                req.reevaluate, overwrite=req.overwrite)
     finally:
@@ -79,6 +79,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             print(f"frenzy evaluate: {res.kept_earlier}", file=sys.stderr)
         return 2
     return 0
+
+
+@contextlib.contextmanager
+def _full_disk_names_the_flags() -> Iterator[None]:
+    """A full disk (or quota) while evaluating: its message (the path that filled, `free space there`) also names
+    where else this command can write (red team 41n C4: `[Errno 28] No space left on device` was all it said)."""
+    import errno
+
+    from tasks.errors import EnvironmentProblem, causes
+
+    try:
+        yield
+    except EnvironmentProblem as err:
+        if not any(isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT) for c in causes(err)):
+            raise
+        fix = "free space there, or point --out-dir and --history-dir at another disk"
+        text = str(err).replace("free space there or write somewhere else", fix)
+        raise EnvironmentProblem(text if fix in text else f"{text}; {fix}") from err
 
 
 @contextlib.contextmanager

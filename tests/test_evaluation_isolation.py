@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
 from tasks.evaluation.record import recorded
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
-from tasks.evaluation.suite import Suite
+from tasks.evaluation.suite import Suite, load_suite
 from tasks.procs import alive
 from tests import trainer_util as tu
 
@@ -42,9 +43,18 @@ def _opts(tmp_path: Path, name: str, **kw) -> EvalOptions:
                        use_priors=False, **kw)
 
 
+def plugins_only(kill: bool) -> Suite:
+    """Two good plugin datasets and `huge` (as in `three`): a suite of plugins only loads them all before it plans,
+    so they are packed into trials together (beside a dataset of Frenzy's own, a plugin loads while that part runs,
+    and is planned in trials of its own)."""
+    return Suite.model_validate({"name": "iso", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": n, "dataset": "tests.test_evaluation:Echo", "examples": 4, "mode": "gen", "infer_s_per_example": 0.01}
+        for n in ("echo-a", "echo-b")] + [three(kill).datasets[2].model_dump()]})
+
+
 def test_a_killed_dataset_fails_alone_after_one_retry_of_its_own_and_its_trial_mates_are_scored(ckpt, tmp_path):
-    res = evaluate(ckpt, three(kill=True), _opts(tmp_path, "bad"))
-    assert set(res.scores) == {"heldout-loss", "heldout-cloze"}
+    res = evaluate(ckpt, plugins_only(kill=True), _opts(tmp_path, "bad"))
+    assert set(res.scores) == {"echo-a", "echo-b"}
     assert list(res.failed) == ["huge"]
     cause = res.failed["huge"]
     assert KILLED in cause and "then again alone" in cause and "/trials/trial-" in cause, cause
@@ -62,8 +72,8 @@ def test_a_killed_dataset_fails_alone_after_one_retry_of_its_own_and_its_trial_m
     assert saved.failed == res.failed and saved.scores == res.scores
     assert list((tmp_path / "shm").iterdir()) == []
     # the negative control: the same suite with nothing killed scores all three, with no failure and no retry
-    ok = evaluate(ckpt, three(kill=False), _opts(tmp_path, "ok"))
-    assert ok.failed == {} and set(ok.scores) == {"heldout-loss", "heldout-cloze", "huge"}
+    ok = evaluate(ckpt, plugins_only(kill=False), _opts(tmp_path, "ok"))
+    assert ok.failed == {} and set(ok.scores) == {"echo-a", "echo-b", "huge"}
     assert all(t.error is None and t.retry_of is None for t in ok.trials)
     for name in res.scores:  # the survivors' scores are what they would have been
         assert res.scores[name] == pytest.approx(ok.scores[name])
@@ -297,22 +307,28 @@ def _trial_and_child(announce: Path, proc: subprocess.Popen) -> tuple[int, int]:
     return trial, child
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigterm-stopped"])
 def test_ctrl_c_or_sigterm_of_frenzy_evaluate_stops_its_trials_and_what_they_started(ckpt, tmp_path, hung, how):
     """The trials are in process groups of their own now (B6), which the terminal's SIGINT does not reach: the
-    evaluator stops each trial's whole group itself, and removes its shared-memory copy."""
+    evaluator stops each trial's whole group itself, and removes its shared-memory copy. Red team 41n C5: the trial
+    it killed was then read as a trial that died: the last line (which the error tells the user to read) was a
+    spurious `[Errno 2] ...trial-0000.stderr; retrying ...`; a stop is no trial failure and retries nothing."""
     announce = tmp_path / "hanging"
     proc = _evaluate(ckpt, _suite_file(tmp_path, {"hang_in": str(announce)}), tmp_path)
     hung.append(proc)
     trial, child = _trial_and_child(announce, proc)
     assert os.getpgid(trial) != os.getpgid(proc.pid)  # a signal to the evaluator's group does not reach the trial
+    if how == "sigterm-stopped":
+        os.kill(trial, signal.SIGSTOP)  # a trial that no longer answers (C5: SIGSTOPped)
     if how == "ctrl-c":
         os.killpg(proc.pid, signal.SIGINT)  # the terminal's foreground process group
     else:
         proc.terminate()  # the evaluator alone (`kill PID`)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == {"ctrl-c": 130, "sigterm": 143}[how], (tmp_path / "cli.err").read_text()[-3000:]
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == {"ctrl-c": 130, "sigterm": 143, "sigterm-stopped": 143}[how], err[-3000:]
     assert json.loads(out)["error"]["kind"] == "interrupted"
+    assert "retrying" not in err and "No such file" not in err and "FAILED" not in err, err[-3000:]
     tu.wait_for(lambda: not alive(trial) and not alive(child), timeout=60, what="the trial and its child to end")
     assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
 
@@ -526,5 +542,132 @@ def test_a_built_in_name_taken_over_by_register_dataset_is_a_plugin_loaded_only_
 
     suite = Suite.model_validate({"name": "own", "datasets": [
         {"name": n, "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01} for n in ("heldout-loss", "heldout-cloze")]})
-    assert _check_datasets(suite, datasets.EvalContext(), Jobs()) == {}
+    assert _check_datasets(suite, datasets.EvalContext(), Jobs(), {"heldout-loss", "heldout-cloze"}) == {}
     assert probed == ["heldout-loss"] and built == []
+
+
+HANG = '''import os
+import threading
+from tasks.evaluation.datasets import resolve
+
+
+def load(options, ctx):
+    if options.get("gate"):  # a FIFO: the first load blocks until the test opens its other end
+        if not os.path.exists(options["gate"] + ".passed"):
+            with open(options["gate"]) as f:
+                f.read()
+            open(options["gate"] + ".passed", "w").close()
+    else:
+        threading.Event().wait()  # never set: a load that hangs
+    return resolve("heldout-loss", "ppl", {}, ctx)
+
+
+def score(options, ctx):
+    ds = resolve("heldout-loss", "ppl", {}, ctx)
+    ds.score = lambda ex, prediction: threading.Event().wait()  # a `score` that hangs
+    return ds
+'''
+
+
+def _hang_suite(tmp_path: Path, factory: str, timeout_s: float, options: dict | None = None) -> Path:
+    (tmp_path / "rt_hang.py").write_text(HANG)  # importable: the evaluator's cwd, and PYTHONPATH for its processes
+    suite = {"name": "hang", "model_load_s": {"remote": 2.0, "shm": 2.0}, "plugin_timeout_s": timeout_s, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "heldout-cloze", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01},
+        {"name": "hangs", "dataset": f"rt_hang:{factory}", "examples": 6, "mode": "ppl",
+         "infer_s_per_example": 0.01, "options": options or {}}]}
+    (tmp_path / "hang.yaml").write_text(json.dumps(suite))
+    return tmp_path / "hang.yaml"
+
+
+@pytest.mark.parametrize("phase", ["loading", "scoring"])
+def test_a_plugin_that_hangs_while_it_loads_or_scores_fails_alone_at_its_deadline(ckpt, tmp_path, hung, phase):
+    """Red team 41n C1b: a plugin whose factory hung kept `frenzy evaluate` at "model in shared memory" (nothing
+    scored, not even heldout-loss) until killed; one whose `score` hung: no result at all. Now a plugin's load and
+    each of its calls have a deadline (`plugin_timeout_s`, here 3 s): its metric process group is killed, that dataset
+    fails with the hang, the phase and the setting named, the rest is scored and written, exit 2, nothing left."""
+    suite = _hang_suite(tmp_path, "load" if phase == "loading" else "score", 3)
+    proc = _evaluate(ckpt, str(suite), tmp_path)
+    hung.append(proc)
+    out, _ = proc.communicate(timeout=600)
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == 2, err[-3000:]
+    doc = json.loads(out)
+    assert set(doc["scores"]) == {"heldout-loss", "heldout-cloze"} and list(doc["failed"]) == ["hangs"], doc
+    cause = doc["failed"]["hangs"]
+    assert f"rt_hang:{'load' if phase == 'loading' else 'score'}: hung while {phase}" in cause, cause
+    assert "no answer in 3s" in cause and "raise `plugin_timeout_s` in the suite file" in cause, cause
+    assert f"hangs: FAILED (not scored): {cause}" in err if phase == "loading" else "hangs" in err
+    saved = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert saved["failed"] == doc["failed"] and set(saved["scores"]) == set(doc["scores"])
+    assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []  # no temp dir, no lock
+
+
+def test_frenzys_own_datasets_are_scored_while_a_plugin_loads(ckpt, tmp_path, monkeypatch):
+    """Red team 41n C1b: every plugin was loaded before anything was planned, so a slow plugin held Frenzy's own
+    datasets back. The plugin here cannot finish loading until heldout-loss has been scored (its factory waits on a
+    FIFO the test opens then): it loads, is planned late and is scored; before, the two waited on each other."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    suite = load_suite(_hang_suite(tmp_path, "load", 600, {"gate": str(gate)}))
+    opened: list[threading.Thread] = []
+
+    def progress(msg: str, frac: float) -> None:
+        if msg.startswith("heldout-loss[") and not opened:  # heldout-loss scored: let the plugin finish loading
+            opened.append(threading.Thread(target=gate.write_text, args=("go",), daemon=True))
+            opened[0].start()
+
+    res = evaluate(ckpt, suite, _opts(tmp_path, "o"), progress=progress)
+    assert opened and res.failed == {}, res.failed
+    assert set(res.scores) == {"heldout-loss", "heldout-cloze", "hangs"}
+    assert res.scores["hangs"] == pytest.approx(res.scores["heldout-loss"])  # the same data, scored in its process
+    late = [t for t in res.trials if "hangs" in t.datasets]
+    assert late and all(t.datasets == ["hangs"] for t in late)  # planned once it had loaded, in trials of its own
+    assert len({t.id for t in res.trials}) == len(res.trials)
+
+
+def test_a_full_disk_while_evaluating_names_the_path_that_filled_and_the_fix(ckpt, tmp_path, capsys, monkeypatch):
+    """Red team 41n C4: on a full disk `frenzy evaluate` said only `... failed: [Errno 28] No space left on device
+    (logs in ...)`. The write that fails (a trial's spec, ENOSPC injected as the kernel gives it: no file name) is
+    named, with the fix: free space, or point --out-dir / --history-dir elsewhere."""
+    import errno
+
+    from cli.main import main
+
+    write = Path.write_text
+
+    def full(self: Path, *a, **kw):  # noqa: ANN202
+        if self.parent.name == "trials" and self.name.startswith("trial-") and self.suffix == ".json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    suite_file = tmp_path / "iso.yaml"
+    suite_file.write_text(json.dumps(three(kill=False).model_dump()))
+    assert main(["evaluate", ckpt, "--suite", str(suite_file), "--history-dir", str(tmp_path / "h"), "--no-learn",
+                 "--out-dir", str(tmp_path / "o"), "--json"]) == 2
+    msg = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert re.search(r"/trials/trial-\d{4}\.json: no space left on the device", msg), msg
+    assert msg.endswith("the disk is full): free space there, or point --out-dir and --history-dir at another disk"), msg
+    assert list((tmp_path / "shm").glob("*")) == [] if (tmp_path / "shm").exists() else True
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".o")) == []  # no temp dir, no lock
+
+
+def test_evaluate_pending_with_a_plugin_that_hangs_while_it_loads_scores_the_rest_of_every_step(
+        ckpt, tmp_path, prefect_server, monkeypatch):
+    """Red team 41n C1b, in the scheduled pass: a plugin whose factory hangs fails alone at its deadline on each step
+    (not the pass), the rest is scored, and nothing is left behind."""
+    from flows.evaluate import PendingRequest, evaluate_pending
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    suite = _hang_suite(tmp_path, "load", 3)
+    hist = tmp_path / "evals"
+    done = evaluate_pending(PendingRequest(roots=[ckpt], suite=str(suite), history_dir=str(hist),
+                                           ledger=str(tmp_path / "ledger.db")))
+    assert [d.step for d in done] == [10, 20]
+    assert all(set(d.scores) == {"heldout-loss", "heldout-cloze"} and list(d.failed) == ["hangs"] for d in done)
+    assert all("hung while loading" in d.failed["hangs"] and "plugin_timeout_s" in d.failed["hangs"] for d in done)
+    assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory

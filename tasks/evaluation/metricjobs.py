@@ -2,7 +2,9 @@
 a session (process group) of its own, so a plugin's `score` that signals its own process or group ends only that
 process, and fails only its dataset (red team 41l); the evaluation, and the other datasets' metric jobs, go on. A
 process serves one metric job after another (its imports, torch among them, are paid once); one that died is replaced
-at the next job. Local executor only: on Ray the job runs in a Ray worker process of the node."""
+at the next job. Each job has a deadline (the suite's `plugin_timeout_s`): a plugin that hangs while it loads, scores
+or aggregates has its process group killed then, and fails only its dataset with a cause that names the hang and the
+setting (red team 41n C1b). Local executor only: on Ray the job runs in a Ray worker process of the node."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from tasks.evaluation.datasets import EvalContext
+from tasks.evaluation.suite import PLUGIN_TIMEOUT_S
 from tasks.evaluation.warmstart import kill_group, popen_trial
 from tasks.procs import exit_words
 
@@ -32,10 +35,12 @@ class Aggregate:
 
 
 class MetricJobs:
-    """The metric processes of one evaluation; their stderr goes to `log_dir/metrics-N.stderr`."""
+    """The metric processes of one evaluation; their stderr goes to `log_dir/metrics-N.stderr`. A job that has not
+    answered in `deadline_s` seconds has its process group killed and raises MetricJobDied naming the hang."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, deadline_s: float = PLUGIN_TIMEOUT_S) -> None:
         self.log_dir = log_dir
+        self.deadline_s = deadline_s
         self.lock = threading.Lock()
         self.idle: list[tuple[subprocess.Popen, IO, Path]] = []
         self.live: set[subprocess.Popen] = set()
@@ -60,12 +65,13 @@ class MetricJobs:
             self.live.add(proc)
             if self.closed:
                 kill_group(proc)
-        return proc, log, path
+        proc.stdout.readline()  # its `ready` line (imports done: not the plugin's time); at its end, "" and the job
+        return proc, log, path  # meets a closed pipe, which `_call` reports
 
     def score(self, chunk: dict, ctx: EvalContext, out: Path) -> float:
         """Run `score_chunk(chunk, ctx, out)` in a metric process: its seconds; a plugin's exception is raised as
         a RuntimeError with its text, a process that ended as MetricJobDied with how and its stderr's last lines."""
-        reply = self._call({"chunk": chunk, "ctx": asdict(ctx), "out": str(out)},
+        reply = self._call({"chunk": chunk, "ctx": asdict(ctx), "out": str(out)}, "scoring",
                            lambda how: f"its metric process ended while it scored ({how}: does the dataset's `score` "
                                        "signal or exit its own process or group?)")
         return float(reply["metric_s"])
@@ -74,7 +80,7 @@ class MetricJobs:
         """Load (import and construct) the dataset of `spec` (`source`, `mode`, `options`) in a metric process, not
         in the evaluator: its number of examples. A plugin that ends its process or group while it loads raises
         MetricJobDied naming that; its exception, a RuntimeError with its text."""
-        reply = self._call({"probe": spec, "ctx": asdict(ctx), "out": ""},
+        reply = self._call({"probe": spec, "ctx": asdict(ctx), "out": ""}, "loading",
                            lambda how: f"{spec['source']}: killed its process group while loading ({how}); the "
                                        "evaluation went on without it")
         return int(reply["examples"])
@@ -82,19 +88,34 @@ class MetricJobs:
     def aggregate(self, spec: dict, ctx: EvalContext, out: Path) -> Aggregate:
         """The aggregate of dataset `spec`'s scores in `out`, made in a metric process (a plugin's `aggregate` and
         factory run there, as its `score` does)."""
-        reply = self._call({"aggregate": spec, "ctx": asdict(ctx), "out": str(out)},
+        reply = self._call({"aggregate": spec, "ctx": asdict(ctx), "out": str(out)}, "aggregating",
                            lambda how: f"{spec['source']}: its metric process ended while it aggregated ({how})")
         return Aggregate(metrics={k: float(v) for k, v in reply["aggregate"].items()}, examples=int(reply["examples"]))
 
-    def _call(self, job: dict, died: Callable[[str], str]) -> dict:
-        """One job in a metric process: its reply; `died(how)` is the cause when the process ended instead."""
+    def _call(self, job: dict, phase: str, died: Callable[[str], str]) -> dict:
+        """One job in a metric process: its reply; `died(how)` is the cause when the process ended instead, the hang
+        when it did not answer by the deadline (its group is killed then)."""
         proc, log, path = self._take()
+        hung = threading.Event()
+
+        def expire() -> None:
+            hung.set()
+            kill_group(proc)
+
+        timer = threading.Timer(self.deadline_s, expire)
+        timer.daemon = True
+        timer.start()
         try:
             proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()
             line = proc.stdout.readline()
         except OSError:  # its stdin closed: it ended before the job reached it
             line = ""
+        finally:
+            timer.cancel()
+        if hung.is_set():
+            line = ""
+            died = self._hang_cause(job, phase)
         if not line:
             rc = proc.wait()
             log.close()
@@ -108,6 +129,13 @@ class MetricJobs:
         if "error" in reply:
             raise RuntimeError(reply["error"])
         return reply
+
+    def _hang_cause(self, job: dict, phase: str) -> Callable[[str], str]:
+        spec = job.get("probe") or job.get("aggregate") or job.get("chunk") or {}
+        what = {"loading": "its factory", "scoring": "its `score`", "aggregating": "its `aggregate`"}[phase]
+        return lambda how: (f"{spec.get('source', '?')}: hung while {phase} ({what} gave no answer in "
+                            f"{self.deadline_s:g}s; its metric process group was killed, {how}); if it only needs "
+                            f"longer, raise `plugin_timeout_s` in the suite file (now {self.deadline_s:g}s)")
 
     def close(self) -> None:
         """End every metric process (killed with its group) and remove the logs that are empty; those with lines stay

@@ -38,7 +38,7 @@ from tasks.evaluation.datasets import DatasetError, EvalContext, frenzys_own, re
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.metricjobs import MetricJobs
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
-from tasks.evaluation.suite import Suite, SuiteDataset
+from tasks.evaluation.suite import PLUGIN_TIMEOUT_S, Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
 from tasks.evaluation.warmstart import Warm, kill_group, popen_trial, spawn_warm, take_precursor
 from tasks.procs import exit_words
@@ -200,7 +200,7 @@ class _Run:
     the model copy overlaps preparing it; `execute` then runs the planned trials."""
 
     def __init__(self, uri: str, opts: EvalOptions, out: Path, ctx: EvalContext,
-                 progress: Callable[[str, float], None]) -> None:
+                 progress: Callable[[str, float], None], plugin_timeout_s: float = PLUGIN_TIMEOUT_S) -> None:
         self.uri, self.opts, self.out, self.ctx = uri, opts, out, ctx
         self.progress = progress
         self.queue: list[TrialPlan] = []
@@ -208,12 +208,18 @@ class _Run:
         self.t0 = time.monotonic()
         self.failed: str | None = None
         """What failed the whole evaluation (a precursor: nothing can be scored); one dataset's failure is in `bad`."""
+        self.failed_err: OSError | None = None
+        """The error of the machine (a full disk) that did, when one did: raised as it is, naming its path."""
         self.bad: dict[str, str] = {}
         self.retry_of: dict[int, int] = {}  # a retry trial's id: the failed trial whose chunks of one dataset it runs
         self.next_id = 0
         self.results: list[TrialResult] = []
         self.metric_futures: list[Future] = []
-        self.metric_jobs = MetricJobs(out / "trials")
+        self.metric_jobs = MetricJobs(out / "trials", plugin_timeout_s)
+        self.more = threading.Condition(self.lock)
+        """Notified when a plugin loading beside the trials was planned or failed (`loading` fell)."""
+        self.loading = 0
+        """Plugins still loading in their metric processes: the slots wait for their trials before they stop."""
         self.ready = [threading.Event() for _ in range(opts.nodes)]
         self.precursor_s = [0.0] * opts.nodes
         self.precursors: list[threading.Thread] = []
@@ -245,7 +251,7 @@ class _Run:
         """Start a trial or precursor process: here, or on Ray node `self.hosts[node]` (the same module there)."""
         path = self.out / "trials" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(spec))
+        _write(path, json.dumps(spec))
         if self.opts.executor != "local":
             from cluster.ray_exec import node_process
 
@@ -318,7 +324,7 @@ class _Run:
         for line in stream:
             if isinstance(line, dict):  # the process ended
                 if self.opts.executor != "local":
-                    (self.out / "trials" / f"{name}.stderr").write_text(line["stderr"])
+                    _write(self.out / "trials" / f"{name}.stderr", line["stderr"])
                 if error is not None:
                     raise EvalError(f"{name}: {error} (its log: {self.out / 'trials' / (name + '.stderr')})")
                 if line["rc"] != 0:  # its last line (the error), not its traceback: that stays in the log
@@ -347,9 +353,16 @@ class _Run:
                 self.prewarm(node, g)  # (not beside the copy: on 2 cores that slowed the copy and the plan by more)
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001
-            self.failed = self.failed or str(err)
+            self.failed = self.failed or self._why(err)
         finally:
             self.ready[node].set()
+
+    def _why(self, err: Exception) -> str:
+        """The text of an error that fails the evaluation; an error of the machine (a full disk) is kept to be raised
+        as it is, so the caller names its path and the fix (red team 41n C4: `[Errno 28] ...` was all it said)."""
+        if isinstance(err, OSError) and environment_problem(err) is not None and self.failed_err is None:
+            self.failed_err = err
+        return str(err)
 
     def _frac(self) -> float:
         return self.done_chunks / max(self.n_chunks, 1)
@@ -358,16 +371,21 @@ class _Run:
         self.ready[node].wait()
         while self.failed is None and not self.closed:
             with self.lock:
+                while not self.queue and self.loading and self.failed is None and not self.closed:
+                    self.more.wait(timeout=5.0)  # notified when a plugin loaded or failed; the timeout: `failed`
                 if not self.queue:
                     return
                 tr: TrialPlan = self.queue.pop(0)
             try:
                 self.results.append(self._run_trial(tr, node, gpu))
-            except _TrialDied as died:  # its own datasets pay, not its trial-mates' nor the evaluation
-                self.results.append(died.result)
-                self._trial_died(tr, died)
             except Exception as err:  # noqa: BLE001
-                self.failed = self.failed or str(err)
+                if self.closed:  # the evaluation stopped (Ctrl-C, SIGTERM) and killed it: no failure, no retry
+                    return  # (red team 41n C5: a spurious "[Errno 2] ...; retrying ..." was the last line)
+                if not isinstance(err, _TrialDied):
+                    self.failed = self.failed or self._why(err)
+                    continue
+                self.results.append(err.result)  # its own datasets pay, not its trial-mates' nor the evaluation
+                self._trial_died(tr, err)
 
     def _trial_died(self, tr: TrialPlan, died: _TrialDied) -> None:
         """Retry the chunks `tr` had not finished once, as one trial per dataset (queued; this slot takes them next
@@ -486,9 +504,41 @@ class _Run:
             self.done_chunks += 1
         self.progress(f"{cr.dataset}[{cr.start}:{cr.stop}] scored ({self.done_chunks}/{self.n_chunks})", self._frac())
 
-    def execute(self, suite: Suite, sched: Schedule) -> float:
-        """Run `sched`'s trials (after the precursors, which start here unless they did already); the seconds from
-        the first process start to the last metric."""
+    def load_plugins(self, later: list[SuiteDataset], key: str) -> None:
+        """Load each plugin dataset of `later` in a metric process (one thread each) while the planned trials run:
+        one that loads is planned and its trials queued; one that raises, dies or hangs past the deadline fails
+        alone (red team 41n C1b: a plugin's load held Frenzy's own datasets back)."""
+        with self.lock:
+            self.loading += len(later)
+        for d in later:
+            threading.Thread(target=self._load_plugin, args=(d, key), daemon=True, name=f"load-{d.name}").start()
+
+    def _load_plugin(self, d: SuiteDataset, key: str) -> None:
+        trials: list[TrialPlan] = []
+        cause = None
+        try:
+            cause = _check(d, self.suite.name, self.ctx, self.metric_jobs)
+            if cause is None and not self.closed:
+                one = self.suite.model_copy(update={"datasets": [d]})
+                trials = _schedule(one, self.opts, key, self.sched.cpu_workers_per_node)[0].trials
+        except Exception as err:  # noqa: BLE001 - what the machine refuses fails the evaluation, as at planning
+            self.failed = self.failed or self._why(err)
+        with self.more:
+            self.loading -= 1
+            if cause is not None:
+                self.bad.setdefault(d.name, cause)
+            for t in trials:
+                self.next_id += 1
+                self.queue.append(t.model_copy(update={"id": self.next_id}))
+                self.n_chunks += len(t.chunks)
+                self.left.update(c.dataset for c in t.chunks)
+            self.more.notify_all()
+        if cause is not None and not self.closed:  # not a load the evaluation's stop ended
+            self.progress(f"{d.name}: FAILED (not scored): {cause}", self._frac())
+
+    def execute(self, suite: Suite, sched: Schedule, later: list[SuiteDataset] | None = None, key: str = "") -> float:
+        """Run `sched`'s trials (after the precursors, which start here unless they did already), and those of the
+        plugin datasets `later` once each has loaded; the seconds from the first process start to the last metric."""
         self.suite, self.sched, self.queue = suite, sched, list(sched.trials)
         self.next_id = max((t.id for t in sched.trials), default=0)
         self.left = Counter(c.dataset for t in sched.trials for c in t.chunks)  # chunks to score, per dataset
@@ -500,6 +550,7 @@ class _Run:
         elif sched.kind != "elastic":
             for e in self.ready:
                 e.set()
+        self.load_plugins(later or [], key)
         threads = [threading.Thread(target=self.gpu_worker, args=(n, g), daemon=True)
                    for n in range(self.opts.nodes) for g in range(self.opts.gpus_per_node)]
         for t in threads:
@@ -515,6 +566,7 @@ class _Run:
         groups of their own, which the terminal's signal does not reach) and remove the shared-memory copies."""
         with self.lock:
             self.closed = True
+            self.more.notify_all()
             warm, self.warm = list(self.warm.values()), {}
         for w in warm:  # started ahead for trials that went to other slots
             self._retire(w)
@@ -531,29 +583,43 @@ class _Run:
         shutil.rmtree(self.shm, ignore_errors=True)
 
 
-def _check_datasets(suite: Suite, ctx: EvalContext, jobs: MetricJobs) -> dict[str, str]:
-    """{dataset: cause} for each dataset of `suite` that cannot be loaded (a plugin that cannot be imported, raises or
-    kills its process group while it loads, a missing file, too few examples): it fails alone, as a trial that dies
-    does (red team 41l B1, 41m C1b). Frenzy's own datasets are loaded here; a plugin only in a metric process of its
-    own session (`jobs.probe`), never in the evaluator. What the machine refuses (a full disk) still fails the
-    evaluation."""
-    bad = {}
-    for d in suite.datasets:
-        if _is_lmeval(d):  # `expand` wrote its requests file and counted its documents from it a moment ago
-            continue
-        try:
-            n = len(resolve(d.source, d.mode, d.options, ctx)) if frenzys_own(d.source) else \
-                jobs.probe({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx)
-            if n < d.examples:
-                raise DatasetError(f"suite {suite.name}: {d.name} asks for {d.examples} examples; the dataset has "
-                                   f"{n}: lower `examples`")
-        except Exception as err:  # noqa: BLE001 - a plugin's own error is that dataset's, not the evaluation's
-            if isinstance(err, EnvironmentProblem | MemoryError) or environment_problem(err) is not None:
-                raise
-            probed = not frenzys_own(d.source)  # the probe's causes name the plugin already
-            bad[d.name] = str(err) if isinstance(err, DatasetError) or probed else \
-                f"{d.source}: {type(err).__name__}: {err}"
-    return bad
+def _write(path: Path, text: str) -> None:
+    """`path.write_text(text)`; its OSError names `path` (a write that fills the disk names no file of its own)."""
+    try:
+        path.write_text(text)
+    except OSError as err:
+        if err.filename is None:
+            raise type(err)(err.errno, err.strerror, str(path)) from err
+        raise
+
+
+def _check(d: SuiteDataset, suite_name: str, ctx: EvalContext, jobs: MetricJobs) -> str | None:
+    """Why dataset `d` cannot be loaded (a plugin that cannot be imported, raises, kills its process group or hangs
+    past the deadline while it loads, a missing file, too few examples), or None: it fails alone, as a trial that dies
+    does (red team 41l B1, 41m C1b, 41n C1b). Frenzy's own datasets are loaded here; a plugin only in a metric
+    process of its own session (`jobs.probe`), never in the evaluator. What the machine refuses (a full disk) still
+    fails the evaluation."""
+    try:
+        n = len(resolve(d.source, d.mode, d.options, ctx)) if frenzys_own(d.source) else \
+            jobs.probe({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx)
+        if n < d.examples:
+            raise DatasetError(f"suite {suite_name}: {d.name} asks for {d.examples} examples; the dataset has "
+                               f"{n}: lower `examples`")
+    except Exception as err:  # noqa: BLE001 - a plugin's own error is that dataset's, not the evaluation's
+        if isinstance(err, EnvironmentProblem | MemoryError) or environment_problem(err) is not None:
+            raise
+        probed = not frenzys_own(d.source)  # the probe's causes name the plugin already
+        return str(err) if isinstance(err, DatasetError) or probed else f"{d.source}: {type(err).__name__}: {err}"
+    return None
+
+
+def _check_datasets(suite: Suite, ctx: EvalContext, jobs: MetricJobs, names: set[str]) -> dict[str, str]:
+    """{dataset: cause} for each dataset of `suite` named in `names` that cannot be loaded (`_check`); plugins are
+    loaded at once, each in a metric process of its own."""
+    todo = [d for d in suite.datasets if d.name in names and not _is_lmeval(d)]  # lm-eval: counted by `expand`
+    with ThreadPoolExecutor(max(1, len(todo)), thread_name_prefix="load") as pool:
+        causes = list(pool.map(lambda d: _check(d, suite.name, ctx, jobs), todo))
+    return {d.name: c for d, c in zip(todo, causes, strict=True) if c is not None}
 
 
 def _model(uri: str) -> tuple[str, str, int, dict]:
@@ -566,24 +632,35 @@ def _model(uri: str) -> tuple[str, str, int, dict]:
     return storage.url(f"step_{manifest.step:08d}"), manifest.run, manifest.step, model_info(manifest, storage)
 
 
+def _schedule(suite: Suite, opts: EvalOptions, key: str, cpus: int) -> tuple[Schedule, list[str]]:
+    """The plan of `suite`'s datasets (with learned priors when `opts` says so) and the datasets that had priors."""
+    ppath = Path(opts.priors_path) if opts.priors_path else None
+    planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
+    kind = plan_elastic if opts.schedule == "elastic" else plan_naive
+    return kind(planned, opts.nodes, opts.gpus_per_node, cpus), used
+
+
 def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str, jobs: MetricJobs
-          ) -> tuple[Suite, Schedule, list[str], dict[str, str]]:
+          ) -> tuple[Suite, Schedule, list[str], dict[str, str], list[SuiteDataset]]:
     """The suite (lm-eval tasks expanded into datasets, their requests built once here), checked, and its plan of
-    the datasets that load; those that do not, with their causes (failed alone)."""
+    the datasets that load; those that do not, with their causes (failed alone); and the plugin datasets left to
+    load beside the trials (none when the suite has no dataset of Frenzy's own that loads: they are loaded first)."""
     if suite.lmeval is not None:
         from tasks.evaluation.lmeval.source import expand
 
         suite = expand(suite)
-    bad = _check_datasets(suite, ctx, jobs)
+    plugins = {d.name for d in suite.datasets if not frenzys_own(d.source) and not _is_lmeval(d)}
+    bad = _check_datasets(suite, ctx, jobs, {d.name for d in suite.datasets} - plugins)
+    later = [d for d in suite.datasets if d.name in plugins]
+    if len(bad) + len(later) == len(suite.datasets):  # nothing of Frenzy's own to run while the plugins load
+        bad |= _check_datasets(suite, ctx, jobs, plugins)
+        later = []
     if len(bad) == len(suite.datasets):
         raise DatasetError(f"suite {suite.name}: no dataset could be loaded: " + "; ".join(f"{d}: {c}" for d, c in bad.items()))
-    runnable = suite.model_copy(update={"datasets": [d for d in suite.datasets if d.name not in bad]})
-    ppath = Path(opts.priors_path) if opts.priors_path else None
-    planned, used = P.apply_priors(runnable, key, ppath) if opts.use_priors else (runnable, [])
+    runnable = suite.model_copy(update={"datasets": [d for d in suite.datasets if d.name not in bad and d not in later]})
     cpus = opts.cpu_workers_per_node or min(suite.cpu_workers_per_node, os.cpu_count() or 1)
-    sched = (plan_elastic if opts.schedule == "elastic" else plan_naive)(planned, opts.nodes, opts.gpus_per_node,
-                                                                         cpus)
-    return suite, sched, used, bad
+    sched, used = _schedule(runnable, opts, key, cpus)
+    return suite, sched, used, bad, later
 
 
 def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
@@ -600,11 +677,11 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     clean_stale_shm(opts.shm_root)
     shutil.rmtree(out / "aggregates", ignore_errors=True)  # made again by this run's metric jobs
     key = P.model_key(opts.device, info["model"])
-    run = _Run(uri, opts, out, ctx, progress)
+    run = _Run(uri, opts, out, ctx, progress, suite.plugin_timeout_s)
     try:
         if opts.schedule == "elastic":
             run.start_precursors()  # the model copy overlaps loading and planning the suite
-        suite, sched, used, bad = _plan(suite, ctx, opts, key, run.metric_jobs)
+        suite, sched, used, bad, later = _plan(suite, ctx, opts, key, run.metric_jobs)
         for name, cause in bad.items():
             run.bad[name] = cause
             progress(f"{name}: FAILED (not scored): {cause}", 0.0)
@@ -612,7 +689,9 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
                  f"predicted {sched.makespan_s:.1f}s", 0.0)
         if while_running is not None:
             while_running()
-        makespan = run.execute(suite, sched)
+        makespan = run.execute(suite, sched, later, key)
+        if run.failed_err is not None:
+            raise run.failed_err
         if run.failed:
             raise EvalError(f"evaluation of {uri} failed: {run.failed} (logs in {out / 'trials'})")
         if len(run.bad) == len(suite.datasets):

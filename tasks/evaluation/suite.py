@@ -28,6 +28,10 @@ from tasks.userfiles import (
 MAX_EXAMPLES = 10**9
 """The most examples one suite entry may ask for (a typo of a few zeros should not plan for a year)."""
 
+PLUGIN_TIMEOUT_S = 900.0
+"""The default deadline of a plugin's load and of each of its score/aggregate calls (`Suite.plugin_timeout_s`): a real
+plugin's load of a few minutes (a download, an index) fits."""
+
 
 class SuiteError(FrenzyError, ValueError):
     """A suite that cannot be used; the message names the field and the fix."""
@@ -107,6 +111,9 @@ class Suite(_Strict):
     """Model load seconds: from remote storage and from node shared memory."""
     cpu_workers_per_node: int = Field(16, ge=1)
     """Metric jobs a node runs at once on its CPUs."""
+    plugin_timeout_s: float = Field(PLUGIN_TIMEOUT_S, gt=0)
+    """Seconds a dataset plugin (`module:factory`) may take to load, and for each of its score or aggregate calls, in
+    its metric process; then that process group is killed and only that dataset fails, with the hang named."""
     lmeval: LmevalSource | None = None
     """lm-evaluation-harness tasks, expanded into one dataset per task when the suite is loaded."""
     datasets: list[SuiteDataset] = Field(default_factory=list)

@@ -132,12 +132,14 @@ def _metric_job(job: dict, ctx: EvalContext) -> dict:
 
 
 def metric_worker() -> int:
-    """`--metrics`: metric jobs, one per line of stdin (`{"chunk"|"probe"|"aggregate", "ctx", "out"}`), each answered
-    with one line (`{"metric_s"}`, `{"examples"}`, `{"aggregate"}` or `{"error"}`) on the stdout this process had at
-    its start; a plugin's own prints go to stderr."""
+    """`--metrics`: a `{"ready"}` line once imported, then metric jobs, one per line of stdin (`{"chunk"|"probe"|
+    "aggregate", "ctx", "out"}`), each answered with one line (`{"metric_s"}`, `{"examples"}`, `{"aggregate"}` or
+    `{"error"}`) on the stdout this process had at its start; a plugin's own prints go to stderr."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    answers.write('{"ready": true}\n')  # imports done: the deadline of each job counts from here on
+    answers.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
