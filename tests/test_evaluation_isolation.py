@@ -48,7 +48,7 @@ def plugins_only(kill: bool) -> Suite:
     so they are packed into trials together (beside a dataset of Frenzy's own, a plugin loads while that part runs,
     and is planned in trials of its own)."""
     return Suite.model_validate({"name": "iso", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
-        {"name": n, "dataset": "tests.test_evaluation:Echo", "examples": 4, "mode": "gen", "infer_s_per_example": 0.01}
+        {"name": n, "dataset": "tests.evalplugin:Echo", "examples": 4, "mode": "gen", "infer_s_per_example": 0.01}
         for n in ("echo-a", "echo-b")] + [three(kill).datasets[2].model_dump()]})
 
 
