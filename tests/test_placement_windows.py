@@ -20,8 +20,8 @@ def _window(kept: list[tuple[str, int]], start: str, n: int = 450) -> set[int]:
 
 
 def _earlier(kept: list[tuple[str, int]], before: str) -> set[int]:
-    """The jobs of every Philly window of the sets listed before `before`, placement_load.py's four windows and (from
-    round 17 on, which counts them) red team 43's days whole."""
+    """The jobs of every Philly window of the sets listed before `before`, placement_load.py's four windows and red
+    team 43's days whole (with the 450 jobs from their midnight)."""
     earlier: set[int] = set()
     for name, windows in pf.SETS.items():
         if name == before:
@@ -32,9 +32,8 @@ def _earlier(kept: list[tuple[str, int]], before: str) -> set[int]:
                 earlier |= _window(kept, pf.philly_start(arg), w.jobs)
     for start in PHILLY_STARTS:
         earlier |= _window(kept, start)
-    if before != "round16":
-        for day in RED_TEAM_DAYS:
-            earlier |= _window(kept, day + " 00:00:00") | {line for t, line in kept if t.startswith(day)}
+    for day in RED_TEAM_DAYS:
+        earlier |= _window(kept, day + " 00:00:00") | {line for t, line in kept if t.startswith(day)}
     return earlier
 
 
