@@ -58,6 +58,8 @@ class Window:
     windows spliced in that order)."""
     cluster: str
     load: float
+    jobs: int = 450
+    """A Philly window's length: the first `jobs` jobs the reader keeps from its start (450 before round 17)."""
 
 
 WINDOWS: tuple[Window, ...] = (
@@ -194,16 +196,54 @@ is in any earlier window, but most windows start on a day an earlier window star
 operator (Microsoft Philly is the tuning operator). Sia's 160-job Philly samples are drawn from the whole trace and
 may share jobs with any window. Chosen by a script over the trace and the earlier lists alone (no policy run)."""
 
+WINDOWS17 = (
+    Window("R1", "philly:2017-09-28 00:01:58", "phoebe", 0.5, 412),
+    Window("R2", "philly:2017-09-30 00:01:56", "phoebe-x4", 0.6, 482),
+    Window("R3", "philly:2017-10-04 02:00:01", "frenzy-testbed", 0.7, 1348),
+    Window("R4", "philly:2017-10-05 07:01:38", "fresh-two", 0.8, 916),
+    Window("R5", "philly:2017-10-06 05:43:33", "fresh-old4h100", 0.9, 900),
+    Window("R6", "philly:2017-10-08 08:00:11", "fresh-mix2048", 1.0, 1447),
+    Window("R7", "philly:2017-10-11 11:00:26", "fresh-mid512", 1.1, 1257),
+    Window("R8", "philly:2017-10-14 12:40:09", "fresh-24gb64", 0.5, 1324),
+    Window("R9", "philly:2017-10-22 05:56:18", "phoebe", 0.6, 901),
+    Window("R10", "philly:2017-10-28 07:49:57", "phoebe-x4", 0.7, 415),
+    Window("R11", "philly:2017-11-14 00:02:12", "frenzy-testbed", 0.8, 830),
+    Window("R12", "philly:2017-11-17 00:00:33", "fresh-two", 0.9, 864),
+    Window("R13", "philly:2017-11-25 00:22:15", "fresh-old4h100", 1.0, 704),
+    Window("R14", "philly:2017-12-02 00:02:10", "fresh-mix2048", 1.1, 554),
+    Window("R15", "philly:2017-12-05 19:51:17", "fresh-mid512", 0.5, 470),
+    Window("R16", "philly:2017-12-08 07:29:08", "fresh-24gb64", 0.6, 1490),
+)
+"""Round 17's held-out set, written and committed on 2026-11-27 before any policy ran on it (`--set round17`), chosen by
+benchmarks/placement_pick17.py over the trace and the earlier lists alone. Philly jobs (after the reader's filters)
+that no earlier window held (rounds 6-16 above, placement_load.py's four, red team 43's 15 days whole), each window a
+whole free stretch of them (up to 2,000 jobs): first the ten stretches of 400 or more jobs that touch a day no earlier
+window used (09-28, 09-30/10-01, 10-15, 10-29, 11-14/15, 11-17 to 11-19, 11-25 to 11-27, 12-02/03, 12-06, 12-09/10),
+from the midnight of the free day where that leaves 400 jobs, then the six largest stretches left (on days earlier
+windows started on). 10-07's 291 free jobs and the few of 09-07 to 09-23 and 12-13 to 12-22 make no 400-job window.
+A window never starts on a second an earlier window's last job shares. 14,314 jobs in all, 4,919 of them submitted on
+days no earlier window used; five windows of 1,257-1,490 jobs, none under 412. The trace has no room for more: of its
+74,428 kept jobs, earlier windows and red team days cover 47,064. Clusters in turn over the six earlier ones and two
+new ones (`fresh-mid512`, `fresh-24gb64`, below), loads in turn 0.5, 0.6, ... 1.1. Held out by job (and for 4,919
+jobs by day), not by operator: Microsoft Philly is the tuning operator, and no job of another operator's shipped trace
+is unused (every Helios Venus and openb window has run in rounds 6-9; heldout/ holds 41 ITP jobs and 165 openb pods,
+both run before)."""
+
 SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8, "round9": WINDOWS9,
-                                      "round12": WINDOWS12, "round16": WINDOWS16}
+                                      "round12": WINDOWS12, "round16": WINDOWS16, "round17": WINDOWS17}
 
 FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-mix2048": [("H100-80GB", 40, 8), ("A100-40GB-SXM", 56, 8), ("L40S", 80, 8), ("V100-16GB", 80, 8)],
     "fresh-old4h100": [("V100-16GB", 6, 8), ("T4", 4, 8), ("RTX-2080Ti", 4, 8), ("Quadro-RTX-6000", 2, 4),
                        ("H100-80GB", 1, 4)],
     "fresh-two": [("H100-80GB", 4, 8), ("A10", 12, 8)],
+    "fresh-mid512": [("H200-141GB", 16, 8), ("A100-80GB-SXM", 24, 8), ("V100-32GB", 24, 8)],
+    "fresh-24gb64": [("RTX-3090", 4, 8), ("RTX-4090", 4, 8)],
 }
-"""(GPU type, nodes, GPUs per node): 2,048, 124 and 128 GPUs."""
+"""(GPU type, nodes, GPUs per node): 2,048, 124, 128, 512 and 64 GPUs. Round 17 added the last two: no earlier cluster
+lies between 176 and 2,048 GPUs or holds an H200, an A100-80GB or a V100-32GB (`fresh-mid512`: three generations, the
+newest with the most memory), and none is made only of 24 GB consumer cards of two speeds (`fresh-24gb64`: where the
+models Philly's jobs are given fit on one type exactly when they fit on the other, so only speed tells them apart)."""
 
 
 def cluster_path(name: str) -> str:
@@ -214,9 +254,10 @@ def cluster_path(name: str) -> str:
     if not out.exists():
         CLUSTERS.mkdir(parents=True, exist_ok=True)
         lines = [f"name: {name}", "nodes:"]
-        for gpu, nodes, count in FRESH_CLUSTERS[name]:
-            tag = gpu.split("-")[0].lower()
-            link = "nvlink" if gpu.startswith(("H100", "A100", "V100")) else "pcie"
+        tags = [gpu.split("-")[0].lower() for gpu, _, _ in FRESH_CLUSTERS[name]]
+        for (gpu, nodes, count), tag in zip(FRESH_CLUSTERS[name], tags, strict=True):
+            tag = tag if tags.count(tag) == 1 else gpu.lower()  # RTX-3090 and RTX-4090: rtx-3090-0, rtx-4090-0
+            link = "nvlink" if gpu.startswith(("H100", "H200", "A100", "V100")) else "pcie"
             lines += [f"  - {{name: {tag}-{k}, gpu: {gpu}, count: {count}, interconnect: {link}, inter_node_gbs: 25}}"
                       for k in range(nodes)]
         out.write_text("\n".join(lines) + "\n")
@@ -288,7 +329,7 @@ def window_file(w: Window, into: Path) -> tuple[Path, str, int | None]:
     into.mkdir(parents=True, exist_ok=True)
     out = into / f"{w.key}-{kind}-{arg.replace('+', '').replace(' ', 'T').replace(':', '')}.csv"
     if kind == "philly":
-        return philly_rows(philly_start(arg), out), "philly", 450
+        return philly_rows(philly_start(arg), out, keep=max(1500, 3 * w.jobs)), "philly", w.jobs
     if kind == "helios":
         return splice_helios(arg.split("+"), out), "helios", None
     return splice_openb(arg.split("+"), out), "openb", None
@@ -302,7 +343,7 @@ def philly_start(arg: str) -> str:
 def window_trace(w: Window, into: Path) -> list[TraceJob]:
     path, fmt, max_jobs = window_file(w, into)
     if fmt == "philly":
-        return read_philly(path, max_jobs=max_jobs or 450, start=philly_start(w.source.split(":", 1)[1]))
+        return read_philly(path, max_jobs=max_jobs or w.jobs, start=philly_start(w.source.split(":", 1)[1]))
     return load_trace(path, fmt)  # type: ignore[arg-type]
 
 

@@ -1,26 +1,17 @@
 """The held-out placement windows hold jobs no earlier window held (benchmarks/placement_fresh.py)."""
 
 import bisect
-import csv
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import placement_fresh as pf  # noqa: E402
+from benchmarks.placement_pick17 import RED_TEAM_DAYS, kept_jobs  # noqa: E402
 from benchmarks.placement_runs import PHILLY_STARTS  # noqa: E402
-
-
-def _kept() -> list[tuple[str, int]]:
-    """Philly's jobs after read_philly's default filters, as (submit time, CSV line), sorted as the reader sorts."""
-    out = []
-    with open(pf.TRACES / "philly.csv", newline="") as f:
-        for line, r in enumerate(csv.DictReader(f), start=2):
-            d, g = float(r["duration"]), int(float(r["num_gpus"]))
-            if d >= 60 and d * g / 3600 < 1000:
-                out.append((r["timestamp"], line))
-    return sorted(out)
 
 
 def _window(kept: list[tuple[str, int]], start: str, n: int = 450) -> set[int]:
@@ -28,24 +19,41 @@ def _window(kept: list[tuple[str, int]], start: str, n: int = 450) -> set[int]:
     return {line for _, line in kept[i:i + n]}
 
 
-def test_round16_windows_share_no_job_with_an_earlier_window_or_each_other() -> None:
-    kept = _kept()
+def _earlier(kept: list[tuple[str, int]], before: str) -> set[int]:
+    """The jobs of every Philly window of the sets listed before `before`, placement_load.py's four windows and red
+    team 43's days whole (with the 450 jobs from their midnight)."""
     earlier: set[int] = set()
     for name, windows in pf.SETS.items():
-        if name != "round16":
-            for w in windows:
-                kind, arg = w.source.split(":", 1)
-                if kind == "philly":
-                    earlier |= _window(kept, pf.philly_start(arg))
+        if name == before:
+            break
+        for w in windows:
+            kind, arg = w.source.split(":", 1)
+            if kind == "philly":
+                earlier |= _window(kept, pf.philly_start(arg), w.jobs)
     for start in PHILLY_STARTS:
         earlier |= _window(kept, start)
+    for day in RED_TEAM_DAYS:
+        earlier |= _window(kept, day + " 00:00:00") | {line for t, line in kept if t.startswith(day)}
+    return earlier
+
+
+@pytest.mark.parametrize("name", ["round16", "round17"])
+def test_held_out_windows_share_no_job_with_an_earlier_window_or_each_other(name: str) -> None:
+    kept = kept_jobs()
+    earlier = _earlier(kept, name)
     seen: set[int] = set()
-    for w in pf.SETS["round16"]:
-        jobs = _window(kept, pf.philly_start(w.source.split(":", 1)[1]))
-        assert len(jobs) == 450, w.key
+    for w in pf.SETS[name]:
+        jobs = _window(kept, pf.philly_start(w.source.split(":", 1)[1]), w.jobs)
+        assert len(jobs) == w.jobs, w.key
         assert not jobs & earlier, f"{w.key} holds {len(jobs & earlier)} jobs of an earlier window"
-        assert not jobs & seen, f"{w.key} overlaps another round-16 window"
+        assert not jobs & seen, f"{w.key} overlaps another {name} window"
         seen |= jobs
+
+
+def test_round17_windows_read_as_many_jobs_as_they_name(tmp_path: Path) -> None:
+    for w in pf.SETS["round17"]:
+        trace = pf.window_trace(w, tmp_path)
+        assert len(trace) == w.jobs, f"{w.key}: the reader kept {len(trace)} jobs, the window names {w.jobs}"
 
 
 def test_a_philly_window_starts_at_midnight_or_at_the_time_it_names() -> None:
