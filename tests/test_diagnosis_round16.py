@@ -8,13 +8,15 @@
    `NewConnectionError`, httpx's `ConnectError`, aiohttp's `ClientConnectorError`), where the log holds it and not
    requests' `Max retries exceeded` summary: the machine's network access (script), as round 13 reads the summary.
 3. TensorFlow's `N root error(s) found.`: the first error it lists, `(0) Kind: message`, is the cause.
-4. Clear causes the rules did not know, which ended in `unknown`: a native crash in the C library's or Windows'
-   words (heap corruption, stack smashing, SIGFPE, access violation), host memory in numpy's, PBS's and LSF's
-   words and `killed by the OOM killer`, a preempted TPU or node, srun's node failure and killed task, PBS's and
-   LSF's wall-time limits, a compiler's or pip's refusal in a build or install, a file that is not a zip.
+4. Clear causes the rules did not know, which ended in `unknown`: a native crash in the C library's, Python's or
+   Windows' words (heap corruption, stack smashing, SIGFPE, access violation, stack overflow), host memory in
+   numpy's, PBS's and LSF's words and `killed by the OOM killer`, a preempted TPU or node, srun's node failure and
+   killed task, PBS's and LSF's wall-time limits, a compiler's or pip's refusal in a build or install, a file that is
+   not a zip, numpy 2 refusing a numpy-1 extension, the thread limit, DeepSpeed's launcher reporting a rank's exit.
 
 Each case is a short synthetic log written here in the format the software prints; the guards keep shapes that must
-not move (a NaN the run trained past, Keras's `improved from inf`, a read timeout, a name that does not resolve).
+not move (a NaN the run trained past, Keras's `improved from inf`, a read timeout, a name that does not resolve,
+DeepSpeed's launcher line for a SIGKILLed rank).
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ CLEAR_CAUSES = {  # (type, category): lines that each ended in `unknown` before 
     ("SegFault", "script"): [
         "double free or corruption (!prev)", "free(): invalid pointer", "*** stack smashing detected ***: terminated",
         "run.sh: line 12: 48213 Floating point exception (core dumped) python train.py",
-        "Process finished with exit code -1073741819 (0xC0000005)", "Windows fatal exception: access violation"],
+        "Process finished with exit code -1073741819 (0xC0000005)", "Windows fatal exception: access violation",
+        "Fatal Python error: Cannot recover from stack overflow."],
     ("HostOOM", "framework"): [
         "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 31.4 GiB for an array with shape (65536, 128, "
         "1024) and data type float32", "=>> PBS: job killed: mem 67108864kb exceeded limit 62914560kb",
@@ -131,6 +134,13 @@ CLEAR_CAUSES = {  # (type, category): lines that each ended in `unknown` before 
     ("InstallError", "script"): ["ERROR: Could not find a version that satisfies the requirement torch==1.4.0 (from "
                                  "versions: 2.0.0)"],
     ("DataError", "script"): ["zipfile.BadZipFile: File is not a zip file"],
+    ("ImportError", "script"): ["A module that was compiled using NumPy 1.x cannot be run in NumPy 2.0.0 as it may "
+                                "crash."],
+    ("ResourceLimitError", "script"): ["RuntimeError: can't start new thread",
+                                       "F1102 resource.cc:31] Check failed: ret == 0 (11 vs. 0)Thread creation via "
+                                       "pthread_create() failed."],
+    ("ChildFailed", "framework"): ["[2024-05-01 10:00:00,123] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python"
+                                   "', '-u', 'train.py', '--local_rank=1'] exits with return code = 1"],
 }
 CASES = [(line, type_, category) for (type_, category), lines in CLEAR_CAUSES.items() for line in lines]
 
@@ -138,3 +148,9 @@ CASES = [(line, type_, category) for (type_, category), lines in CLEAR_CAUSES.it
 @pytest.mark.parametrize("line, type_, category", CASES, ids=[f"{t}-{i}" for i, (_, t, _c) in enumerate(CASES)])
 def test_a_clear_cause_in_words_the_rules_did_not_know(line: str, type_: str, category: str) -> None:
     assert_diagnosed(STEPS + line + "\n", type_, category, line[-25:])
+
+
+def test_deepspeed_s_launcher_line_for_a_sigkilled_rank_stays_killed() -> None:
+    line = ("[2024-05-01 10:00:00,123] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', 'train.py'] exits "
+            "with return code = -9\n")
+    assert_diagnosed(STEPS + line, "Killed", "framework", "return code = -9")

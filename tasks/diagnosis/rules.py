@@ -241,7 +241,9 @@ RULES: list[Rule] = [
          _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file|"
          r"No module named '|cannot import name '|DLL load failed|requires the [\w-]+ library but it was not found|"
          r"does not exist or is not currently imported|does not recognize this architecture|CUDA Setup failed|"
-         r"did not contain \['lib[\w.]+\.so",
+         r"did not contain \['lib[\w.]+\.so|"
+         # numpy 2's refusal of an extension built against numpy 1 (it prints this, then the ImportError or a crash)
+         r"compiled using NumPy 1\.x cannot be run in\s*NumPy 2",
          65, False, "the environment: install the missing package, or the build of a compiled extension that matches "
                     "this torch (an undefined symbol is an ABI mismatch)"),
     Rule("ConfigError", "script",  # the configured sizes do not divide (layers by pipeline stages, batch by GPUs)
@@ -289,6 +291,10 @@ RULES: list[Rule] = [
          "the process hit its open-file limit (ulimit -n), typically DataLoader workers passing tensors through file "
          "descriptors: raise the limit (ulimit -n 65535), use torch.multiprocessing.set_sharing_strategy('file_system') "
          "or fewer workers; a restart fails the same way"),
+    Rule("ResourceLimitError", "script",  # EAGAIN on a new thread: the limit on threads or processes, not memory
+         r"Thread creation via pthread_create\(\) failed|pthread_create failed|can't start new thread", 63, False,
+         "the process hit its limit on threads or processes (ulimit -u, a container's pids limit) starting a thread: "
+         "raise the limit, or start fewer (OMP_NUM_THREADS, data-loader workers); a restart fails the same way"),
     Rule("FileNotFoundError", "script", _PY + r"FileNotFoundError\b|No such file or directory", 63, False,
          "fix the path (a restart will fail the same way)"),
     Rule("PermissionError", "script", _PY + r"PermissionError\b|Permission denied", 63, False,
@@ -357,7 +363,8 @@ RULES: list[Rule] = [
          r"corrupted (?:size vs\. prev_size|double-linked list)|\bstack smashing detected\b|"
          r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?Floating point exception(?:\s*\(core dumped\))?(?:\s+\S.*)?"
          r"\W{0,3}$|exit code -10737(?:41819|40791|41571)\b|\b0x[Cc]00000(?:05|FD|fd)\b|\b0x[Cc]0000409\b|"
-         r"Windows fatal exception: (?:access violation|stack overflow)", 15, False,
+         r"Windows fatal exception: (?:access violation|stack overflow)|Cannot recover from stack overflow", 15,
+         False,
          "a script crashed in native code (a corrupted heap or stack, SIGFPE, an access violation): usually the "
          "installed versions of a native library (the framework, its CUDA build, an extension) do not match; install "
          "the versions the code was written for"),
@@ -379,6 +386,8 @@ RULES: list[Rule] = [
          "the ranks ran different collectives (a code path that differs between ranks: a rank-dependent branch, "
          "uneven data, a hook that runs on one rank only): fix the code; a restart fails the same way"),
     Rule("ChildFailed", "framework",  # a launcher re-raising its child's exit status (the child's error is above)
+         # DeepSpeed's launcher: `[launch.py:N:sigkill_handler] [...] exits with return code = 1` (-9: Killed)
+         r"sigkill_handler\][^\n]*exits with return code = (?!-9\b)-?\d+|"
          r"CalledProcessError: Command '\[[^\]]*(?:python|torchrun|deepspeed|accelerate|mpirun|srun)[^\]]*\]' "
          r"returned non-zero exit status|See root cause above|Engine core initialization failed|"
          r"TrainingFailedError|inspect the previous error messages", 10, True,
@@ -618,7 +627,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"cannot connect", b"connecttimeout", b"double free", b"free(): ", b"corrupted", b"stack smashing",
     b"floating point exception", b"walltime", b"runlimit", b"run time limit", b"memlimit",
     b"memory usage limit", b" spot", b"nvcc fatal", b"satisfies the requirement",
-    b"matching distribution", b"badzipfile", b"windows fatal", b"tensor had", b"summary histogram", b"preempted")
+    b"matching distribution", b"badzipfile", b"windows fatal", b"tensor had", b"summary histogram", b"preempted",
+    b"pthread_create", b"start new thread", b"stack overflow", b"compiled using numpy")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
