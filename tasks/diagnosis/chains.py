@@ -12,6 +12,7 @@ A failed run's log often holds a wrapper and, beneath or above it, the line that
   wrapper line is above, the cause is the exception that ends the traceback below it;
 - an exception whose message ends in a colon (`Error(s) in loading state_dict for Model:`): the detail line after it
   (`size mismatch for ...`) is the cause, where a rule names it;
+- TensorFlow's `N root error(s) found.`: the first error it lists below it, `(0) Kind: message`, is the cause;
 - an exception class with its message on the next line (a paste that moved a line end, a debugger's banner): the
   next line is the cause;
 - inside one line: `Original reason for failure was:`, `terminated with exception:`, `what():`: the text after the
@@ -69,6 +70,11 @@ NCCL_WRAPPER = re.compile(r"(?i)\bNCCL error\b")
 NCCL_DETAIL = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?nccl[A-Z]\w*Error:\s*\S")
 """NCCL's error-code explanation under the error it raised (`NCCL error in: ..., unhandled system error` then
 `ncclSystemError: System call (socket, malloc, munmap, etc) failed.`): the line that says which call failed."""
+ROOT_ERRORS = re.compile(r"\b\d+ root error\(s\) found\.?\s*$")
+FIRST_ROOT = re.compile(r"^\s*\(0\) \S")
+"""TensorFlow's summary of a failed graph run (`ResourceExhaustedError: 2 root error(s) found.`) and the first of the
+errors it lists on the lines below (`  (0) Resource exhausted: OOM when allocating ...`): the summary only counts
+them; the listed line states what failed."""
 INLINE = re.compile(r"Original reason for failure was:|terminated with exception:|\bwhat\(\):|Caused by:|"
                     r"because of the following error[^:]*:|Last error:")
 """In-line chain markers: the text after the last one is the innermost cause."""
@@ -138,6 +144,10 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
             detail = _after(kept, i, 1, lambda j: bool(NCCL_DETAIL.match(kept[j].text)))
             if detail is not None:
                 out.setdefault(i, detail)
+        if i in found and ROOT_ERRORS.search(text):  # TensorFlow's count of root errors, then the first of them
+            first = _after(kept, i, 3, lambda j: bool(FIRST_ROOT.match(kept[j].text)))
+            if first is not None:
+                out.setdefault(i, first)
         if NEXT_LINE.search(text) or _SAME_LINE.search(text):  # the cause is the next line (or the rest of this one)
             cause = i if _SAME_LINE.search(text) else _after(kept, i, 2, lambda j: bool(kept[j].text.strip()))
             if cause is not None:

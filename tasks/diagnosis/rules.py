@@ -68,11 +68,14 @@ RULES: list[Rule] = [
          r"machine check|Hardware Error|"
          r"kernel panic|node\b[^\n]*\b(?:failed(?! to\b)|down|unreachable|NotReady|lost)\b|"
          r"\bNodeFailure\b|heartbeat (?:timeout|lost)|DUE TO NODE FAILURE|preempted \(node failure\)|"
+         r"srun: error: Node failure on\b|"
          r"slurmstepd: error: execve\(\)[^\n]*slurm_script", 92, True,
          "cordon the node and resume on the remaining healthy GPUs from the newest verified checkpoint"),
     Rule("Preempted", "infrastructure",  # the scheduler's decision: what the tasks print after it are its symptoms
          r"DUE TO PREEMPTION|DUE TO JOB REQUEUE|job is preempted|(?i:spot instance[^\n]*(?:interrupt|terminat))|"
          r"(?i:termination is imminent|preemption notice|instance (?:was |is |has been )?preempted)|"
+         # what was taken back named before the word: a TPU, a node, a VM (`Your TPU was preempted`, `TPU preempted`)
+         r"(?i:\b(?:TPU|node|VM|pod)s? (?:was |is |has been |is being |got )?preempted\b|terminated by (?:EC2 )?spot)|"
          r"lame workers found|"
          r"(?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ \*\*\*\s*$", 89,  # cancelled, no reason given: by the scheduler
          True,
@@ -148,7 +151,8 @@ RULES: list[Rule] = [
     # -- framework: resources and loading ---------------------------------------------------------------
     Rule("HostOOM", "framework",  # Slurm's reason for the cancel it prints next: above the bare cancel (89)
          r"(?i)exceeded (?:job |step )?memory limit\b[^\n]*(?:being killed|\(\d+ > \d+\))|"
-         r"slurmstepd: error: Exceeded (?:job|step) memory limit\s*$", 90, False,
+         r"slurmstepd: error: Exceeded (?:job|step) memory limit\s*$|PBS: job killed: v?mem \S+ exceeded limit|"
+         r"TERM_MEMLIMIT|reaching LSF memory usage limit", 90, False,
          "the job's processes went past the memory the scheduler granted it (Slurm killed them for it): ask for more "
          "memory (--mem / --mem-per-cpu), fewer data-loader workers or less CPU offload; a restart fails the same way"),
     Rule("HostOOM", "framework",
@@ -156,11 +160,14 @@ RULES: list[Rule] = [
          # the kernel's OOM killer names the process it killed, in the whole host's or a memory cgroup's words
          # (`Memory cgroup out of memory: Killed process N`; older kernels `Kill process N`): the cause of the
          # worker or rank killed by signal 9 that the run reports (DataloaderKilled 75, Killed 12 rank below)
-         r"(?i:out of memory): Kill(?:ed)? process|invoked oom-killer|"
+         r"(?i:out of memory): Kill(?:ed)? process|invoked oom-killer|(?i:killed by (?:the )?oom[- ]?killer)|"
          # a notebook service's own report that the kernel used up the VM's RAM (no exception is raised: the
          # kernel is killed and restarted): Colab's and Kaggle's wording
          r"session crashed after using all available RAM|tried to allocate more memory than is available|"
          r"std::bad_alloc|Cannot allocate memory|\[Errno 12\]|"
+         # numpy's MemoryError subclass and torch's CPU allocator: an array or tensor host memory cannot hold
+         r"_ArrayMemoryError\b|Unable to allocate [\d.]+ [KMGTP]?i?B for an array|DefaultCPUAllocator: (?:can't|not "
+         r"enough memory)|"
          r"low on resource: memory|\bOOMKilled\b|"
          r"killed due to memory pressure|running low on memory|ray-oom-prevention|"  # Ray's memory monitor
          + _PY + r"MemoryError\b", 81, False,
@@ -192,12 +199,19 @@ RULES: list[Rule] = [
          "/dev/shm) or the dataset code in them; run with num_workers=0 to see the worker's own error, then fix it"),
     Rule("NumericalError", "framework",
          r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
+         r"loss scale reached (?:the |its )?minimum|Tensor had (?:nan|inf) values|nan in summary histogram|"
          r"iterations in a row due to (?:overflow|nan)|training (?:has )?diverged|"
          r"(?-i:to satisfy the constraint \w+\(\), but found invalid values)|"
          r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
          r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
          r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
          r"encountered)|encountered (?:a )?nan|"
+         # NaN/inf named before what holds it (`NaN detected in loss function`, `Inf found in the gradients`), a
+         # loss said to hold one (`loss contains NaN`, `Loss has NaN values`) or not to be finite
+         r"\b(?:nan|inf)s?(?: or (?:nan|inf)s?)?(?: values?)?(?: (?:was |were |is )?(?:detected|found|encountered))? "
+         r"in (?:the )?(?:loss|gradients?|grads?|outputs?|logits|weights?|activations?)\b|"
+         r"\bloss(?:es)? (?:has|have|had|contains?|contained) (?:a |some )?(?:nan|inf)\b|"
+         r"\bloss(?:es)? (?:is|are|was|were|became|becomes) (?:not finite|non-finite)|"
          r"\b(?:loss(?:es)?|outputs?|logits|gradients?|grads?|weights?|param(?:eter)?s?|activations?|predictions?)\s+"
          r"(?:is|are|was|were|became|become|becomes|went|goes|turned)\s+(?:to\s+)?(?:nan|inf)\b|"
          r"loss[ _]scale\b[^\n\d]{0,30}\bto:? 0\.\d|loss[ _]scale[ =:]+0(?:\.0+)?(?![.\d])", 78, False,
@@ -210,7 +224,7 @@ RULES: list[Rule] = [
          "the checkpoint does not match the model: fix the model config or the checkpoint path"),
     Rule("DataError", "script",  # a data file that does not parse: the user's data
          _PY + r"(?:JSONDecodeError|UnicodeDecodeError|EmptyDataError|ParserError|ScannerError)\b|Error tokenizing "
-         r"data|UnidentifiedImageError|(?<![\"'])(?:cannot identify image file|image file is truncated)", 66, False,
+         r"data|UnidentifiedImageError|BadZipFile\b|(?<![\"'])(?:cannot identify image file|image file is truncated)", 66, False,
          "the data file does not parse (its format or encoding, a broken or non-image file in an image folder): fix "
          "the file or the path given"),
     Rule("DataError", "script",  # the default collate cannot batch samples of different sizes: the user's data
@@ -227,7 +241,9 @@ RULES: list[Rule] = [
          _PY + r"(?:ImportError|ModuleNotFoundError)\b|undefined symbol: \w+|cannot open shared object file|"
          r"No module named '|cannot import name '|DLL load failed|requires the [\w-]+ library but it was not found|"
          r"does not exist or is not currently imported|does not recognize this architecture|CUDA Setup failed|"
-         r"did not contain \['lib[\w.]+\.so",
+         r"did not contain \['lib[\w.]+\.so|"
+         # numpy 2's refusal of an extension built against numpy 1 (it prints this, then the ImportError or a crash)
+         r"compiled using NumPy 1\.x cannot be run in\s*NumPy 2",
          65, False, "the environment: install the missing package, or the build of a compiled extension that matches "
                     "this torch (an undefined symbol is an ABI mismatch)"),
     Rule("ConfigError", "script",  # the configured sizes do not divide (layers by pipeline stages, batch by GPUs)
@@ -275,6 +291,10 @@ RULES: list[Rule] = [
          "the process hit its open-file limit (ulimit -n), typically DataLoader workers passing tensors through file "
          "descriptors: raise the limit (ulimit -n 65535), use torch.multiprocessing.set_sharing_strategy('file_system') "
          "or fewer workers; a restart fails the same way"),
+    Rule("ResourceLimitError", "script",  # EAGAIN on a new thread: the limit on threads or processes, not memory
+         r"Thread creation via pthread_create\(\) failed|pthread_create failed|can't start new thread", 63, False,
+         "the process hit its limit on threads or processes (ulimit -u, a container's pids limit) starting a thread: "
+         "raise the limit, or start fewer (OMP_NUM_THREADS, data-loader workers); a restart fails the same way"),
     Rule("FileNotFoundError", "script", _PY + r"FileNotFoundError\b|No such file or directory", 63, False,
          "fix the path (a restart will fail the same way)"),
     Rule("PermissionError", "script", _PY + r"PermissionError\b|Permission denied", 63, False,
@@ -312,9 +332,15 @@ RULES: list[Rule] = [
     Rule("BuildError", "script",
          r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped|"
          r"mismatches the version that was used to compile PyTorch|CUDA_HOME environment variable is not set|"
-         r"Could not build wheels|Failed building wheel", 61,
+         r"Could not build wheels|Failed building wheel|"
+         # the compiler's own refusal in a build: nvcc's and setuptools' words for it
+         r"nvcc fatal\s*:|error: command '[^']*(?:gcc|g\+\+|c\+\+|nvcc|cl\.exe|clang)[^']*' failed", 61,
          False, "the environment: a compiled extension does not build (compiler or CUDA toolkit against this "
                 "torch); install a prebuilt wheel or fix the toolchain"),
+    Rule("InstallError", "script",  # pip found no build of a pinned package for this Python or platform
+         r"Could not find a version that satisfies the requirement|No matching distribution found for", 60, False,
+         "the environment: a required package has no release for this Python version or platform (an old pin, a "
+         "Python too new or too old for it); use the Python version the project names, or relax the pin"),
     Rule("SharedMemoryError", "script",  # the shell's report of a bus error: torch's shared memory (/dev/shm) ran out
          r"^\W{0,3}(?:[\w./-]+: line \d+: +\d+ )?Bus error(?:\s+\(core dumped\))?\W{0,3}$", 15, False,
          "the process died of a bus error (SIGBUS), which in PyTorch is shared memory (/dev/shm, where workers and "
@@ -326,6 +352,22 @@ RULES: list[Rule] = [
          "a script crashed in native code (SIGSEGV) when run on its own: usually the installed versions of a native "
          "library (the framework, its CUDA build, an extension) do not match; install the versions the code was "
          "written for"),
+    # The C library's and the OS's own reports of a native crash, in the words the shell's `Segmentation fault`
+    # line has elsewhere: glibc aborting on a corrupted heap or stack (`double free or corruption`, `free(): invalid
+    # pointer`, `*** stack smashing detected ***`), the shell's SIGFPE report, and Windows' crash codes as an IDE
+    # prints the exit code (access violation 0xC0000005 = -1073741819, stack overflow 0xC00000FD, stack buffer
+    # overrun 0xC0000409) or faulthandler names them (`Windows fatal exception: access violation`). Like the
+    # shell's segfault line (rule above): a native library the script loaded, built against other versions.
+    Rule("SegFault", "script",
+         r"double free or corruption|\b(?:free|malloc|realloc|munmap_chunk)\(\): (?:invalid|corrupted)\b|"
+         r"corrupted (?:size vs\. prev_size|double-linked list)|\bstack smashing detected\b|"
+         r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?Floating point exception(?:\s*\(core dumped\))?(?:\s+\S.*)?"
+         r"\W{0,3}$|exit code -10737(?:41819|40791|41571)\b|\b0x[Cc]00000(?:05|FD|fd)\b|\b0x[Cc]0000409\b|"
+         r"Windows fatal exception: (?:access violation|stack overflow)|Cannot recover from stack overflow", 15,
+         False,
+         "a script crashed in native code (a corrupted heap or stack, SIGFPE, an access violation): usually the "
+         "installed versions of a native library (the framework, its CUDA build, an extension) do not match; install "
+         "the versions the code was written for"),
     Rule("IllegalInstruction", "script",  # SIGILL: a binary built for instructions this CPU does not have
          r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?[Ii]llegal instruction(?:\s*\(core dumped\))?"
          r"(?:\s{2,}\S.*)?\W{0,3}$|Signals\.SIGILL\b|Signal 4 \(SIGILL\)|terminated with signal SIGILL\b", 16, False,
@@ -344,6 +386,8 @@ RULES: list[Rule] = [
          "the ranks ran different collectives (a code path that differs between ranks: a rank-dependent branch, "
          "uneven data, a hook that runs on one rank only): fix the code; a restart fails the same way"),
     Rule("ChildFailed", "framework",  # a launcher re-raising its child's exit status (the child's error is above)
+         # DeepSpeed's launcher: `[launch.py:N:sigkill_handler] [...] exits with return code = 1` (-9: Killed)
+         r"sigkill_handler\][^\n]*exits with return code = (?!-9\b)-?\d+|"
          r"CalledProcessError: Command '\[[^\]]*(?:python|torchrun|deepspeed|accelerate|mpirun|srun)[^\]]*\]' "
          r"returned non-zero exit status|See root cause above|Engine core initialization failed|"
          r"TrainingFailedError|inspect the previous error messages", 10, True,
@@ -370,7 +414,11 @@ RULES: list[Rule] = [
     # label that one both ways (benchmarks/results/diagnosis_round13.md).
     Rule("ServiceUnreachable", "script",  # urllib3's MaxRetryError caused by a failed connect, no read begun
          r"Max retries exceeded[^\n]*Caused by (?:ConnectTimeoutError|NewConnectionError|ProxyError)\b|"
-         r"Cannot connect to proxy", 53, False,
+         r"Cannot connect to proxy|"
+         # the client's own exception for the connect that failed, where the log holds it and not the summary
+         r"urllib3\.exceptions\.(?:ConnectTimeoutError|NewConnectionError)\b|Failed to establish a new connection|"
+         r"requests\.exceptions\.ConnectTimeout\b|httpx\.Connect(?:Timeout|Error)\b|"
+         r"ClientConnectorError\b|Cannot connect to host \S+:\d+", 53, False,
          "the run could not open a connection to a remote service (a model or dataset hub, a tracker) on any retry: "
          "this machine's network access (a proxy, a firewall, a compute node without internet); set the proxy "
          "(HTTPS_PROXY), use a mirror (HF_ENDPOINT) or fetch the files beforehand and run offline (HF_HUB_OFFLINE=1); "
@@ -382,7 +430,7 @@ RULES: list[Rule] = [
          "the object store failed: the run resumes from the newest committed checkpoint once it answers"),
     Rule("NetworkError", "infrastructure",  # a remote service (model or dataset hub, tracker, API) a client called
          r"RemoteDisconnected|Remote end closed connection|Read timed out|read operation timed out|"
-         r"\bReadTimeout(?:Error)?\b|\bConnectTimeout(?:Error)?\b|\b(?:408|429|500|502|503|504) (?:Client|Server) "
+         r"\bReadTimeout(?:Error)?\b|\b(?:408|429|500|502|503|504) (?:Client|Server) "
          r"Error|Too Many Requests|Temporary failure in name resolution|IncompleteRead|ChunkedEncodingError|"
          r"Connection aborted\.", 50, True,
          "a remote service the run calls (a model or dataset hub, a tracker, an API) timed out, refused the rate or "
@@ -438,7 +486,9 @@ RULES: list[Rule] = [
     Rule("NCCLTimeoutError", "infrastructure",  # the watchdog's summary: below the line that names the collective
          r"Timeout at NCCL work|Exception \(either an error or timeout\) detected by watchdog", 19, True,
          "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
-    Rule("TimeLimit", "infrastructure", r"DUE TO TIME LIMIT", 19, True,
+    Rule("TimeLimit", "infrastructure",  # Slurm's, PBS's and LSF's words for the wall-time limit
+         r"DUE TO TIME LIMIT|PBS: job killed: walltime \d+ exceeded limit|TERM_RUNLIMIT|reaching LSF run time limit",
+         19, True,
          "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
@@ -449,7 +499,7 @@ RULES: list[Rule] = [
     Rule("Killed", "framework",
          r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|line \d+:\s+\d+\s+Killed\s+\S|"  # bash's job report
          r"^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
-         r"(?:\w/s|s/\w+|\d%)\]?\s*Killed\s*$|"
+         r"(?:\w/s|s/\w+|\d%)\]?\s*Killed\s*$|srun: error: \S+: tasks? [\d,-]+: Killed\s*$|"
          r"exit(?:ed with)? (?:code|status)[:= ]*137\b|"
          r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
          r"(?:9\b|SIGKILL)|signal 9 \(SIGKILL\)", 12, True,
@@ -571,7 +621,14 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"unauthorized", b"invalid token", b"memory pressure", b"death signal", b"sighup", b"identify image",
     b"image file", b"dtype", b"connect to proxy", b"illegal instruction", b"sigill", b"too many", b"memory limit",
     "已杀死".encode(), "已終止".encode(), "getötet".encode(), "arrêté".encode(), b"stream sync", b"</torch_",
-    b"all available ram", b"more memory than")
+    b"all available ram", b"more memory than", b"nan detected", b"inf detected", b"nan in ", b"inf in ", b"nan or inf",
+    b"nans in", b"infs in", b"nan found", b"inf found", b"has nan", b"have nan", b"had nan", b"contain nan",
+    b"has inf", b"not finite", b"became nan", b"became inf", b"unable to allocate", b"establish a new connection",
+    b"cannot connect", b"connecttimeout", b"double free", b"free(): ", b"corrupted", b"stack smashing",
+    b"floating point exception", b"walltime", b"runlimit", b"run time limit", b"memlimit",
+    b"memory usage limit", b" spot", b"nvcc fatal", b"satisfies the requirement",
+    b"matching distribution", b"badzipfile", b"windows fatal", b"tensor had", b"summary histogram", b"preempted",
+    b"pthread_create", b"start new thread", b"stack overflow", b"compiled using numpy")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
