@@ -34,11 +34,16 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 # threads, 8.9 s with 1, same load; docs/development.md). Set before torch is imported; a value given is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# Prefect binds its console log handler to the sys.stderr of the moment it sets up logging (on import of
-# prefect.main). A test that first imports it under pytest's capture (an in-process `frenzy submit`) leaves the handler
-# on a stream pytest closes after that test, and every later flow's log line fails ("I/O operation on closed file",
-# then a RecursionError in the flow engine). Set it up here, on the real stderr, once per session.
-import prefect.main  # noqa: E402, F401
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which registers `dsession` in the controller
+def pytest_configure(config: pytest.Config) -> None:
+    """Prefect binds its console log handler to the sys.stderr of the moment it sets up logging (on import of
+    prefect.main). A test that first imports it under pytest's capture (an in-process `frenzy submit`) leaves the
+    handler on a stream pytest closes after that test, and every later flow's log line fails ("I/O operation on closed
+    file", then a RecursionError in the flow engine). Set it up here, on the session's stderr, once per process that
+    runs tests: not in the `-n 2` controller, which runs none (1.2 CPU s at the start, beside the workers' own)."""
+    if not config.pluginmanager.has_plugin("dsession"):
+        import prefect.main  # noqa: F401
 
 
 @pytest.fixture(scope="session")

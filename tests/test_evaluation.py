@@ -122,7 +122,7 @@ def test_a_failing_trial_fails_its_own_dataset_with_its_error_and_cleans_up(ckpt
     alone = Suite.model_validate(suite.model_dump() | {"datasets": suite.datasets[-1:]})
     with pytest.raises(EvalError, match="scored no dataset: boom: .*inference exploded"):  # nothing scored: an error
         evaluate(ckpt, alone, EvalOptions(out_dir=str(tmp_path / "a"), shm_root=str(tmp_path / "shm"),
-                                          learn_priors=False))
+                                          learn_priors=False, schedule="naive"))  # one trial: no precursor
 
 
 def test_a_trial_killed_by_sigkill_is_said_as_killed_with_its_likely_sender(ckpt, tmp_path):
@@ -252,7 +252,8 @@ def test_a_step_scored_twice_at_once_is_evaluated_once(ckpt, tmp_path):
     hist = str(tmp_path / "evals")
 
     def one(_: int):
-        return evaluate_and_record(f"{ckpt}/step_00000010", small_suite(), EvalOptions(), hist, reevaluate=False)[1]
+        return evaluate_and_record(f"{ckpt}/step_00000010", one_dataset(), EvalOptions(schedule="naive"), hist,
+                                   reevaluate=False)[1]
 
     with ThreadPoolExecutor(2) as pool:
         a, b = pool.map(one, range(2))
@@ -329,8 +330,8 @@ def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored
     # and evaluating Bob's step 10 does not hand back Alice's recorded score
     from tasks.evaluation.record import evaluate_and_record
 
-    got = evaluate_and_record(f"file://{b}/step_00000010", small_suite(), EvalOptions(), str(hist), reevaluate=False,
-                              overwrite=True)[1]
+    got = evaluate_and_record(f"file://{b}/step_00000010", one_dataset(), EvalOptions(schedule="naive"), str(hist),
+                              reevaluate=False, overwrite=True)[1]
     assert got.uri == f"file://{b}/step_00000010" and got.scores != {"x": {"acc": 1.0}}
     assert history.pending(f"file://{b}", hist, "small") == [f"file://{b}/step_00000020"]
 
