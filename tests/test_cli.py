@@ -188,3 +188,38 @@ def test_eval_datasets_lists_plugins_from_metadata_and_check_names_a_bad_one_wit
     assert checked["kill"]["check"].startswith("rtkillpkg.data:make: its import process killed by SIGKILL"), checked
     assert checked["hang"]["check"].startswith("rthangpkg.data:make: hung while importing (no answer in 20s"), checked
     assert sorted((tmp_path / "imports").read_text().split()) == ["hang", "kill"]  # each in a process of its own
+
+
+def test_embedded_submit_refuses_a_prefect_home_whose_database_a_running_server_keeps(tmp_path):
+    """Red team 41n: `frenzy submit` without PREFECT_API_URL, in an environment whose PREFECT_HOME is a running
+    server's, opened that server's own `prefect.db` with its embedded API. Now it refuses before anything starts,
+    naming the server (pid, URL) and both fixes. A real `prefect server start` on that PREFECT_HOME."""
+    import os
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from cluster.ledger import Ledger
+
+    Ledger(str(tmp_path / "l.db"))
+    home = tmp_path / "prefect-home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_") and "DATABASE" not in k}
+    env |= {"PREFECT_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    prefect = str(Path(sys.executable).parent / "prefect")
+    server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cli", "submit", str(Path("examples/jobs/tiny.yaml").resolve()),
+                               "--ledger", str(tmp_path / "l.db"), "--run-dir", str(tmp_path / "run"), "--json"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    msg = json.loads(proc.stdout)["error"]["message"]
+    url = f"http://127.0.0.1:{port}/api"
+    assert f"a Prefect server (pid {server.pid}, {url}) keeps its database in PREFECT_HOME={home}" in msg, msg
+    assert f"export PREFECT_API_URL={url}" in msg and "another PREFECT_HOME" in msg
+    assert not (tmp_path / "run").exists()  # nothing started
