@@ -698,3 +698,18 @@ def test_evaluate_pending_with_a_plugin_that_hangs_while_it_loads_scores_the_res
     assert all(set(d.scores) == {"heldout-loss", "heldout-cloze"} and list(d.failed) == ["hangs"] for d in done)
     assert all("hung while loading" in d.failed["hangs"] and "plugin_timeout_s" in d.failed["hangs"] for d in done)
     assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory
+
+
+def test_a_trial_beats_on_each_forward_pass_so_a_long_honest_chunk_keeps_its_deadline_off(ckpt):
+    """A trial's deadline counts from its last progress; a forward pass of the model is progress (a `beat`), so a
+    chunk that takes long but runs the model is never taken for a hang. The real model of the checkpoint."""
+    from tasks.evaluation.engine import LM, load_remote
+    from tasks.evaluation.trial import beat
+
+    state, info = load_remote(ckpt)
+    lm = LM(state, info)
+    events: list[dict] = []
+    beat(lm, events.append, every_s=0.0)
+    lm.nll_batch([[1, 2, 3, 4], [5, 6, 7]], batch=1)  # two forward passes
+    lm.generate_batch(["ab"], max_new_tokens=3)  # prefill and decode steps
+    assert events[:2] == [{"event": "beat"}, {"event": "beat"}] and len(events) >= 4, events
