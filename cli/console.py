@@ -85,6 +85,24 @@ def check_prefect_home() -> None:
             f"Prefect's home directory {home} {why}, so its embedded API cannot keep its database there: set HOME to "
             "an existing directory you can write, or PREFECT_HOME to one (or start a server once, `prefect server "
             "start`, and set PREFECT_API_URL=http://127.0.0.1:4200/api)")
+    check_no_server_on(str(home))
+
+
+def check_no_server_on(home: str) -> None:
+    """Refuse an embedded API whose database (PREFECT_HOME's `prefect.db`) a running `prefect server` keeps too: the
+    run would write into that server's database beside it (red team 41n ran so). Names the server and both fixes."""
+    from prefect.settings import get_current_settings
+
+    from tasks.procs import prefect_server_on
+
+    url = get_current_settings().server.database.connection_url
+    if url is not None and os.path.join(home, "prefect.db") not in url.get_secret_value():
+        return  # a database of this command's own, not PREFECT_HOME's
+    if (server := prefect_server_on(home)) is not None:
+        raise EphemeralStartError(
+            f"a Prefect server (pid {server.pid}, {server.api_url}) keeps its database in PREFECT_HOME={home}, which "
+            "this command's embedded API would open too: submit through that server (export "
+            f"PREFECT_API_URL={server.api_url}), or give this command another PREFECT_HOME")
 
 
 def check_prefect_api(api: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:

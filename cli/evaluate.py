@@ -7,7 +7,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 
-from cli.argtypes import bounded_int
+from cli.argtypes import bounded_float, bounded_int
 from cli.output import emit, table
 
 
@@ -125,8 +125,12 @@ def cmd_eval_datasets(args: argparse.Namespace) -> int:
     from tasks.evaluation.datasets import describe
     from tasks.evaluation.suite import builtin_suites
 
-    doc = {"datasets": [d.to_json() for d in describe()], "suites": builtin_suites()}
-    emit(args, doc, lambda: table(doc["datasets"]) + f"\n\nsuites: {', '.join(doc['suites'])}")
+    infos = describe(check=args.check, timeout_s=args.plugin_timeout_s)
+    doc = {"datasets": [d.to_json() for d in infos], "suites": builtin_suites()}
+    bad = [f"{d.name}: {d.check}" for d in infos if d.check not in ("", "ok")]
+    cols = None if args.check else [c for c in doc["datasets"][0] if c != "check"] if doc["datasets"] else None
+    emit(args, doc, lambda: table(doc["datasets"], cols) + f"\n\nsuites: {', '.join(doc['suites'])}"
+         + "".join(f"\ncannot be used: {b}" for b in bad))
     return 0
 
 
@@ -149,4 +153,12 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     sp = add("evaluate", cmd_evaluate)
     add_fields(sp, EvaluateRequest, positional={"uri"})
 
-    add("eval-datasets", cmd_eval_datasets)
+    from tasks.evaluation.suite import PLUGIN_TIMEOUT_S
+
+    sp = add("eval-datasets", cmd_eval_datasets)
+    sp.add_argument("--check", action="store_true",
+                    help="import each installed plugin (in a process of its own) to list its mode and priors, and "
+                         "name the ones that fail; without it plugins are listed from their packages' metadata only")
+    sp.add_argument("--plugin-timeout-s", type=bounded_float(0.1, 86400.0), default=PLUGIN_TIMEOUT_S,
+                    help=f"--check: seconds each plugin's import may take before it is named as hung "
+                         f"(default {PLUGIN_TIMEOUT_S:g}, a suite's plugin_timeout_s default)")

@@ -100,8 +100,14 @@ class _Future:
 
 
 STUCK_S = 180.0
-"""An evaluation run PENDING this long was claimed by a worker that never started it (the worker stopped): it is
-marked crashed and run again. One SCHEDULED this long waits for a worker: said, once, with the fix."""
+"""An evaluation run PENDING this long was claimed by a worker and never started (its process stopped, or the worker
+did): its worker is asked to end its process (Cancelling) and it is run again. One SCHEDULED this long waits for a
+worker: said, once, with the fix. `FRENZY_EVAL_STUCK_S` sets another value (`stuck_s`)."""
+
+
+def stuck_s() -> float:
+    """How long an evaluation run may stay PENDING: `FRENZY_EVAL_STUCK_S` when set, else STUCK_S."""
+    return float(os.environ.get("FRENZY_EVAL_STUCK_S", STUCK_S))
 
 ORPHAN_S = 120.0
 """A committed step with neither a score nor an evaluation run this long after submit first looked for one (its commit
@@ -170,6 +176,8 @@ class TriggeredEvaluations:
         self.quiet_said: set[int] = set()
         self.quiet: dict[int, tuple[float, float]] = {}
         """Per RUNNING step: seconds since it started running, seconds since its newest log line (or its start)."""
+        self.reaped: dict[Any, tuple[str, datetime]] = {}
+        """Runs found stuck PENDING and set Cancelling (so their worker kills the process): why, and when."""
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
         """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
@@ -212,6 +220,7 @@ class TriggeredEvaluations:
                     self.params[int(m.group(1))] = fr.parameters
             self.completed = {step for step, fr in newest.items() if fr.state is not None and fr.state.type.value == "COMPLETED"}
             out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
+            self._crash_unreaped(client)
         self.read_ok = True
         self.outages.answered(self.now().timestamp())
         self._say(newest)
@@ -223,24 +232,47 @@ class TriggeredEvaluations:
         if st is None:
             return None
         waited = (self.now() - st.timestamp).total_seconds()
+        if fr.id in self.reaped:  # stuck PENDING: its Cancelling and Cancelled are this submit's, not a person's
+            return "crashed", self.reaped[fr.id][0]
         if st.type.value in ("FAILED", "CRASHED", "CANCELLED"):  # a cancelled one (a person's stop) is not rerun
             if st.type.value == "CRASHED":  # a killed evaluation process said so, not as Prefect's guess
                 return "crashed", crash_cause(st.message, fr.name)
             return "failed", st.message or f"the run {fr.name} ended {st.name}"
-        if st.type.value == "PENDING" and waited > STUCK_S:  # its worker claimed it and stopped
-            from prefect.states import Crashed
-
-            why = (f"the evaluation run {fr.name} was claimed by a worker and never started ({waited:.0f} s "
-                   "PENDING: the worker stopped?)")
-            client.set_flow_run_state(fr.id, Crashed(message=why), force=True)
-            return "crashed", why
-        if st.type.value == "SCHEDULED" and waited > STUCK_S and step not in self.late_said and not self.pool_said:
+        if st.type.value == "PENDING" and waited > stuck_s():  # claimed, and its process stopped, or its worker
+            return "crashed", self._reap(client, fr, waited)
+        if st.type.value == "SCHEDULED" and waited > stuck_s() and step not in self.late_said and not self.pool_said:
             self.late_said.add(step)
             self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: "
                       + self._no_worker_hint())
         if st.type.value == "RUNNING":
             self._watch_running(client, step, fr)
         return None
+
+    def _reap(self, client: Any, fr: Any, waited: float) -> str:
+        """Set the stuck PENDING run `fr` Cancelling: its worker (Prefect 3.8 cancels a never-started run itself)
+        kills its process, which else lingers, stopped, on the worker (red team 41n C5); the cause."""
+        from prefect.states import Cancelling
+
+        why = (f"the evaluation run {fr.name} was claimed by a worker and never started ({waited:.0f} s PENDING, more "
+               f"than FRENZY_EVAL_STUCK_S={stuck_s():g}: its process is stopped or stuck, or its worker stopped); its "
+               "worker was asked to end it")
+        client.set_flow_run_state(fr.id, Cancelling(message=why), force=True)
+        self.reaped[fr.id] = (why, self.now())
+        return why
+
+    def _crash_unreaped(self, client: Any) -> None:
+        """A run set Cancelling as stuck that no worker ended within `stuck_s` (its worker stopped: nothing can end
+        its process from here) is marked Crashed, not left Cancelling in the UI."""
+        from prefect.states import Crashed
+
+        for rid, (why, since) in list(self.reaped.items()):
+            if (self.now() - since).total_seconds() <= stuck_s():
+                continue
+            st = client.read_flow_run(rid).state
+            if st is not None and st.type.value == "CANCELLING":
+                client.set_flow_run_state(rid, Crashed(message=why + "; no worker ended it (is the worker running?)"),
+                                          force=True)
+            del self.reaped[rid]
 
     def _no_worker_hint(self) -> str:
         """What to check when no worker takes the runs: the deployment's pool, or, for a deployment with none (served

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 def exit_words(rc: int, senders: Callable[[str], str] | None = None) -> str:
@@ -89,3 +90,51 @@ def die_with_parent() -> bool:
 
         threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
     return True
+
+
+@dataclass(frozen=True)
+class ServerOnHome:
+    """A `prefect server start` process whose database is the default one of a given PREFECT_HOME."""
+
+    pid: int
+    api_url: str
+
+
+def _words(path: str) -> list[str]:
+    with open(path, "rb") as f:
+        return [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
+
+
+def prefect_server_on(home: str) -> ServerOnHome | None:
+    """A running `prefect server start` (any process this user may read) that keeps its database in `home`'s default
+    `prefect.db`: its PREFECT_HOME (default ~/.prefect of its HOME) is `home` and it names no database URL of its own.
+    An embedded API started with that PREFECT_HOME (and no database URL either) would open the same file."""
+    want = os.path.realpath(os.path.expanduser(home))
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        try:
+            argv = _words(f"/proc/{pid}/cmdline")
+            if not _is_prefect_server(argv):
+                continue
+            env = dict(w.partition("=")[::2] for w in _words(f"/proc/{pid}/environ"))
+        except OSError:  # gone, or another user's
+            continue
+        theirs = env.get("PREFECT_HOME") or os.path.join(env.get("HOME", "~"), ".prefect")
+        if _own_database(env) or os.path.realpath(os.path.expanduser(theirs)) != want:
+            continue
+        host = _option(argv, env, "--host", "PREFECT_SERVER_API_HOST", "127.0.0.1")
+        return ServerOnHome(pid, f"http://{host}:{_option(argv, env, '--port', 'PREFECT_SERVER_API_PORT', '4200')}/api")
+    return None
+
+
+def _option(argv: list[str], env: dict[str, str], name: str, var: str, default: str) -> str:
+    return argv[argv.index(name) + 1] if name in argv[:-1] else env.get(var, default)
+
+
+def _is_prefect_server(argv: list[str]) -> bool:
+    """`prefect server start ...` (run as `prefect` or `python .../prefect`)."""
+    at = next((i for i, a in enumerate(argv[:3]) if os.path.basename(a) == "prefect"), None)
+    return at is not None and argv[at + 1:at + 3] == ["server", "start"]
+
+
+def _own_database(env: dict[str, str]) -> bool:
+    return any(env.get(k) for k in ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL"))

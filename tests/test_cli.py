@@ -134,3 +134,92 @@ def test_train_and_checkpoints_json(capsys, tmp_path):
     code, out, _ = run(capsys, "checkpoints", uri, "--verify", "--json")
     steps = json.loads(out)["steps"]
     assert [(s["step"], s["committed"], s["verified"]) for s in steps] == [(12, True, True), (10, True, True)]
+
+
+_PLUGINS = {  # package: (its __init__ when imported, its factory module)
+    "rtkillpkg": ("import os, signal\nwith open(os.environ['RT_IMPORTS'], 'a') as f:\n    f.write('kill\\n')\n"
+                  "os.killpg(0, signal.SIGKILL)\n", "def make(options, ctx):\n    raise AssertionError\n"),
+    "rthangpkg": ("import os, threading\nwith open(os.environ['RT_IMPORTS'], 'a') as f:\n    f.write('hang\\n')\n"
+                  "threading.Event().wait()\n", "def make(options, ctx):\n    raise AssertionError\n"),
+    "rtgoodpkg": ("", "from tasks.evaluation.datasets import EvalDataset\n\n\nclass Good(EvalDataset):\n"
+                      "    name, mode, description = 'good', 'gen', 'a plugin that imports'\n"
+                      "    prior_infer_s_per_example = 0.5\n"),
+}
+
+
+def _install_plugins(where: Path) -> None:
+    """Three installed dataset plugins (a package with a `frenzy.eval_datasets` entry point in its metadata): one kills
+    its process group when imported, one hangs when imported, one imports."""
+    for pkg, (init, data) in _PLUGINS.items():
+        (where / pkg).mkdir(parents=True)
+        (where / pkg / "__init__.py").write_text(init)
+        (where / pkg / "data.py").write_text(data)
+        meta = where / f"{pkg}-0.1.dist-info"
+        meta.mkdir()
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {pkg}\nVersion: 0.1\n")
+        attr = "Good" if pkg == "rtgoodpkg" else "make"
+        (meta / "entry_points.txt").write_text(f"[frenzy.eval_datasets]\n{pkg[2:-3]} = {pkg}.data:{attr}\n")
+
+
+def test_eval_datasets_lists_plugins_from_metadata_and_check_names_a_bad_one_without_failing(tmp_path):
+    """`frenzy eval-datasets` imported every installed plugin: one that killed its process group at import killed the
+    listing, one that hung held it for ever. Now plugins are listed from their packages' metadata (no import), and
+    `--check` imports each in a process of its own under a deadline, naming a bad one; the listing exits 0."""
+    _install_plugins(tmp_path / "plugins")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**__import__("os").environ, "PYTHONPATH": f"{root}:{tmp_path / 'plugins'}",
+           "RT_IMPORTS": str(tmp_path / "imports")}
+
+    def listing(*extra: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "cli", "eval-datasets", "--json", *extra], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, start_new_session=True)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+        return {d["name"]: d for d in json.loads(proc.stdout)["datasets"]}
+
+    plain = listing()
+    assert not (tmp_path / "imports").exists()  # no plugin's code ran
+    assert {n: (d["source"], d["distribution"], d["check"]) for n, d in plain.items() if d["distribution"]} == {
+        "kill": ("rtkillpkg.data:make", "rtkillpkg", ""), "hang": ("rthangpkg.data:make", "rthangpkg", ""),
+        "good": ("rtgoodpkg.data:Good", "rtgoodpkg", "")}
+    assert plain["heldout-loss"]["source"] == "built-in" and plain["good"]["mode"] == "?"
+    checked = listing("--check", "--plugin-timeout-s", "20")
+    assert checked["good"]["check"] == "ok" and checked["good"]["mode"] == "gen", checked["good"]
+    assert checked["good"]["prior_infer_s_per_example"] == 0.5
+    assert checked["kill"]["check"].startswith("rtkillpkg.data:make: its import process killed by SIGKILL"), checked
+    assert checked["hang"]["check"].startswith("rthangpkg.data:make: hung while importing (no answer in 20s"), checked
+    assert sorted((tmp_path / "imports").read_text().split()) == ["hang", "kill"]  # each in a process of its own
+
+
+def test_embedded_submit_refuses_a_prefect_home_whose_database_a_running_server_keeps(tmp_path):
+    """Red team 41n: `frenzy submit` without PREFECT_API_URL, in an environment whose PREFECT_HOME is a running
+    server's, opened that server's own `prefect.db` with its embedded API. Now it refuses before anything starts,
+    naming the server (pid, URL) and both fixes. A real `prefect server start` on that PREFECT_HOME."""
+    import os
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from cluster.ledger import Ledger
+
+    Ledger(str(tmp_path / "l.db"))
+    home = tmp_path / "prefect-home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_") and "DATABASE" not in k}
+    env |= {"PREFECT_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    prefect = str(Path(sys.executable).parent / "prefect")
+    server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cli", "submit", str(Path("examples/jobs/tiny.yaml").resolve()),
+                               "--ledger", str(tmp_path / "l.db"), "--run-dir", str(tmp_path / "run"), "--json"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    msg = json.loads(proc.stdout)["error"]["message"]
+    url = f"http://127.0.0.1:{port}/api"
+    assert f"a Prefect server (pid {server.pid}, {url}) keeps its database in PREFECT_HOME={home}" in msg, msg
+    assert f"export PREFECT_API_URL={url}" in msg and "another PREFECT_HOME" in msg
+    assert not (tmp_path / "run").exists()  # nothing started

@@ -566,6 +566,12 @@ def score(options, ctx):
     ds = resolve("heldout-loss", "ppl", {}, ctx)
     ds.score = lambda ex, prediction: threading.Event().wait()  # a `score` that hangs
     return ds
+
+
+def infer(options, ctx):
+    ds = resolve("heldout-loss", "ppl", {}, ctx)
+    ds.infer_batch = lambda lm, examples: threading.Event().wait()  # an `infer` that hangs, in the trial
+    return ds
 '''
 
 
@@ -580,20 +586,26 @@ def _hang_suite(tmp_path: Path, factory: str, timeout_s: float, options: dict | 
     return tmp_path / "hang.yaml"
 
 
-@pytest.mark.parametrize("phase", ["loading", "scoring"])
-def test_a_plugin_that_hangs_while_it_loads_or_scores_fails_alone_at_its_deadline(ckpt, tmp_path, hung, phase):
-    """Red team 41n C1b: a plugin whose factory hung kept `frenzy evaluate` at "model in shared memory" (nothing
-    scored, not even heldout-loss) until killed; one whose `score` hung: no result at all. Now a plugin's load and
-    each of its calls have a deadline (`plugin_timeout_s`, here 3 s): its metric process group is killed, that dataset
-    fails with the hang, the phase and the setting named, the rest is scored and written, exit 2, nothing left."""
-    suite = _hang_suite(tmp_path, "load" if phase == "loading" else "score", 3)
-    proc = _evaluate(ckpt, str(suite), tmp_path)
+def _hang_run(ckpt: str, tmp_path: Path, hung: list, factory: str) -> tuple[subprocess.Popen, dict, str]:
+    """`frenzy evaluate --json` of the suite whose `hangs` hangs in `factory` (deadline 3 s): it exits 2 with
+    heldout-loss and heldout-cloze scored and `hangs` failed; (the process, its JSON, its stderr)."""
+    proc = _evaluate(ckpt, str(_hang_suite(tmp_path, factory, 3)), tmp_path)
     hung.append(proc)
     out, _ = proc.communicate(timeout=600)
     err = (tmp_path / "cli.err").read_text()
     assert proc.returncode == 2, err[-3000:]
     doc = json.loads(out)
     assert set(doc["scores"]) == {"heldout-loss", "heldout-cloze"} and list(doc["failed"]) == ["hangs"], doc
+    return proc, doc, err
+
+
+@pytest.mark.parametrize("phase", ["loading", "scoring"])
+def test_a_plugin_that_hangs_while_it_loads_or_scores_fails_alone_at_its_deadline(ckpt, tmp_path, hung, phase):
+    """Red team 41n C1b: a plugin whose factory hung kept `frenzy evaluate` at "model in shared memory" (nothing
+    scored, not even heldout-loss) until killed; one whose `score` hung: no result at all. Now a plugin's load and
+    each of its calls have a deadline (`plugin_timeout_s`, here 3 s): its metric process group is killed, that dataset
+    fails with the hang, the phase and the setting named, the rest is scored and written, exit 2, nothing left."""
+    proc, doc, err = _hang_run(ckpt, tmp_path, hung, "load" if phase == "loading" else "score")
     cause = doc["failed"]["hangs"]
     assert f"rt_hang:{'load' if phase == 'loading' else 'score'}: hung while {phase}" in cause, cause
     assert "no answer in 3s" in cause and "raise `plugin_timeout_s` in the suite file" in cause, cause
@@ -602,6 +614,21 @@ def test_a_plugin_that_hangs_while_it_loads_or_scores_fails_alone_at_its_deadlin
     assert saved["failed"] == doc["failed"] and set(saved["scores"]) == set(doc["scores"])
     assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []  # no temp dir, no lock
+
+
+def test_a_plugin_that_hangs_in_infer_fails_alone_at_the_trials_deadline_and_the_rest_is_scored(ckpt, tmp_path, hung):
+    """Red team 41n, left open: a plugin whose `infer` hung (in the inference trial) held the whole evaluation for
+    ever. Now a trial that makes no progress by its deadline (for a plugin's chunk the suite's `plugin_timeout_s`, here
+    3 s, or 10x the chunk's predicted time) has its process group killed; the dataset it was at fails alone, named with
+    the step, the setting and the trial's log, which exists; the rest is scored and written, exit 2."""
+    proc, doc, err = _hang_run(ckpt, tmp_path, hung, "infer")
+    cause = doc["failed"]["hangs"]
+    assert re.search(r"trial-\d+ hung while inferring hangs\[0:\d+\] \(no progress in 3s", cause), cause
+    assert "raise `plugin_timeout_s` in the suite file" in cause and "retrying" not in err, err[-3000:]
+    log = re.search(r"its log: (\S+\.stderr)\)", cause)
+    assert log and Path(log.group(1)).exists(), cause
+    assert f"hangs: FAILED (not scored): {cause}" in err
+    assert list(Path("/dev/shm").glob(f"frenzy-eval-{proc.pid}-*")) == []
 
 
 def test_frenzys_own_datasets_are_scored_while_a_plugin_loads(ckpt, tmp_path, monkeypatch):
@@ -671,3 +698,18 @@ def test_evaluate_pending_with_a_plugin_that_hangs_while_it_loads_scores_the_res
     assert all(set(d.scores) == {"heldout-loss", "heldout-cloze"} and list(d.failed) == ["hangs"] for d in done)
     assert all("hung while loading" in d.failed["hangs"] and "plugin_timeout_s" in d.failed["hangs"] for d in done)
     assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory
+
+
+def test_a_trial_beats_on_each_forward_pass_so_a_long_honest_chunk_keeps_its_deadline_off(ckpt):
+    """A trial's deadline counts from its last progress; a forward pass of the model is progress (a `beat`), so a
+    chunk that takes long but runs the model is never taken for a hang. The real model of the checkpoint."""
+    from tasks.evaluation.engine import LM, load_remote
+    from tasks.evaluation.trial import beat
+
+    state, info = load_remote(ckpt)
+    lm = LM(state, info)
+    events: list[dict] = []
+    beat(lm, events.append, every_s=0.0)
+    lm.nll_batch([[1, 2, 3, 4], [5, 6, 7]], batch=1)  # two forward passes
+    lm.generate_batch(["ab"], max_new_tokens=3)  # prefill and decode steps
+    assert events[:2] == [{"event": "beat"}, {"event": "beat"}] and len(events) >= 4, events

@@ -239,3 +239,66 @@ def test_the_quickstart_notebook_runs_against_the_server(stack, tmp_path):
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "released: True" in outputs and "Scores by checkpoint" in outputs
     nbformat.write(nb, tmp_path / "quickstart.executed.ipynb")
+
+
+def _flow_run_process(run_id) -> int | None:
+    """The pid of the process a worker started for flow run `run_id` (its environment names the run), or None."""
+    mark = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and mark in (d / "environ").read_bytes().split(b"\0"):
+                return int(d.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_stopped_pending_evaluation_run_is_named_run_again_and_its_process_ended_by_its_worker(
+        stack, client, tmp_path, monkeypatch):
+    """Red team 41n C5, the worker's half: an evaluate-on-checkpoint flow-run process SIGSTOPped before its run started
+    left the run PENDING for STUCK_S (180 s) before the waiting submit named it, and the stopped process lingered on the
+    worker until continued. Now the threshold is FRENZY_EVAL_STUCK_S (here 5 s) and the stuck run is set Cancelling, on
+    which its worker (Prefect 3.8 cancels never-started runs itself) kills the process; the run is reported crashed (to
+    run again), and the Cancelled the worker sets is not read as a person's stop."""
+    import signal
+
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.stages import TriggeredEvaluations
+    from tasks.procs import alive
+    from tests import trainer_util as tu
+
+    monkeypatch.setenv("FRENZY_EVAL_STUCK_S", "5")
+    root = f"file://{tmp_path}/ck"
+    since = datetime.now(UTC)
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        run = run_deployment("evaluate-checkpoint/evaluate-on-checkpoint", timeout=0, parameters={"request": {
+            "uri": f"{root}/step_00000010", "suite": "quick", "history_dir": str(tmp_path / "evals")}})
+        found: list[int] = []
+
+        def started() -> bool:
+            if (pid := _flow_run_process(run.id)) is not None:
+                found.append(pid)
+            return bool(found)
+
+        tu.wait_for(started, timeout=300, what="the worker to start the flow-run process")
+        os.kill(found[0], signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert client.read_flow_run(run.id).state.type.value == "PENDING"  # stopped before it could start
+        warned: list[str] = []
+        t = TriggeredEvaluations(root, since, warned.append)
+        seen: dict = {}
+
+        def named_() -> bool:
+            seen.update(t.ended_without_score())
+            return bool(seen)
+
+        tu.wait_for(named_, timeout=120, what="the run named")
+        named = time.monotonic() - stopped
+        assert seen[10][0] == "crashed" and "never started" in seen[10][1] and "FRENZY_EVAL_STUCK_S=5" in seen[10][1]
+        tu.wait_for(lambda: not alive(found[0]), timeout=180, what="its worker to end the stopped process")
+        gone = time.monotonic() - stopped
+        final = _wait_final(client, run.id, 60, stack)
+        assert final.state.type.value == "CANCELLED" and t.ended_without_score()[10] == seen[10]
+    print(f"stopped -> named {named:.1f} s, stopped -> process gone {gone:.1f} s")

@@ -513,12 +513,20 @@ def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_s
         out = t.ended_without_score()
         assert sorted(out) == [10, 20], out  # 40 runs: it may take as long as it takes
         assert out[10][0] == "crashed" and "never started" in out[10][1] and out[20] == ("failed", "boom: qa.jsonl")
-        assert client.read_flow_run(ids[10]).state.type.value == "CRASHED"  # not left a zombie
+        assert "FRENZY_EVAL_STUCK_S=180" in out[10][1], out[10]
+        # its worker is asked to end its process (red team 41n C5: a stopped one lingered): Cancelling, and the
+        # Cancelled the worker then sets is this submit's doing, still a crash to run again, not a person's stop
+        assert client.read_flow_run(ids[10]).state.type.value == "CANCELLING"
+        assert t.ended_without_score()[10] == out[10]
         # this test server's deployment has no work pool: the hint names both causes (served, or its pool deleted)
         assert len(warned) == 1 and "step 30" in warned[0] and "waited" in warned[0] and "deploy.sh" in warned[0]
         assert said and all(f"step {s}" in said[0] for s in (10, 20, 30, 40))
         t.ended_without_score()
         assert len(warned) == 1  # said once
+        t.now = lambda: later + timedelta(seconds=STUCK_S + 1)  # no worker ended it: Crashed, not left a zombie
+        t.ended_without_score()
+        assert client.read_flow_run(ids[10]).state.type.value == "CRASHED"
+        assert "no worker ended it" in client.read_flow_run(ids[10]).state.message
         # a resumed run waits for the runs an earlier invocation's commits started (before `since`) too, and starts
         # the one that was never started
         t2 = TriggeredEvaluations(root, datetime.now(UTC), warned.append, now=lambda: later, earlier=frozenset({20, 50}))

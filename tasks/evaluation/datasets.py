@@ -377,15 +377,6 @@ def register_dataset(name: str) -> Callable[[Factory], Factory]:
     return deco
 
 
-def registry() -> dict[str, Factory]:
-    """Every dataset by name, the entry points' loaded: this imports every installed plugin's module (`frenzy
-    eval-datasets` lists them). To know only whether a name exists, `dataset_names` reads no plugin's code."""
-    found = dict(_REGISTRY)
-    for ep in entry_points(group=ENTRY_POINTS):
-        found.setdefault(ep.name, ep.load())
-    return found
-
-
 def dataset_names() -> set[str]:
     """The names suites may give: the built-in and registered ones and the installed `frenzy.eval_datasets` entry
     points, from the packages' metadata only (no plugin module is imported: one that kills its process group or hangs
@@ -430,28 +421,49 @@ def resolve(source: str, mode: str, options: dict | None = None, ctx: EvalContex
 @dataclass(frozen=True)
 class DatasetInfo:
     """A registered dataset as `frenzy eval-datasets` lists it: its mode and documented prior costs (seconds per
-    example; NaN and mode "?" for a factory that is not an EvalDataset class, whose values are known once built)."""
+    example; NaN and mode "?" for a factory that is not an EvalDataset class, whose values are known once built, and
+    for an installed plugin that was not imported: `--check`)."""
 
     name: str
     mode: str
     description: str
     prior_infer_s_per_example: float
     prior_metric_s_per_example: float
+    source: str = "built-in"
+    """`built-in`, `registered` (by `register_dataset` in this process) or an entry point's `module:attr`."""
+    distribution: str = ""
+    """The package that installed an entry-point plugin."""
+    check: str = ""
+    """An entry-point plugin under `--check`: `ok`, or why it could not be imported; empty: not imported."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of `frenzy eval-datasets --json` (fields in declaration order)."""
         return asdict(self)
 
 
-def describe() -> list[DatasetInfo]:
-    """The registered datasets with their modes and prior costs (for `frenzy eval-datasets`)."""
-    out = []
-    for name, f in sorted(registry().items()):
-        cls = f if isinstance(f, type) else None
-        out.append(DatasetInfo(name=name, mode=getattr(cls, "mode", "?"), description=getattr(cls, "description", ""),
-                               prior_infer_s_per_example=getattr(cls, "prior_infer_s_per_example", math.nan),
-                               prior_metric_s_per_example=getattr(cls, "prior_metric_s_per_example", math.nan)))
-    return out
+def _info(name: str, f: Any, **kw: str) -> DatasetInfo:
+    """The listing of factory (or attribute mapping) `f`."""
+    get = (lambda a, d: f.get(a, d)) if isinstance(f, dict) else (lambda a, d: getattr(f, a, d) if isinstance(f, type) else d)
+    return DatasetInfo(name=name, mode=get("mode", "?"), description=get("description", ""),
+                       prior_infer_s_per_example=get("prior_infer_s_per_example", math.nan),
+                       prior_metric_s_per_example=get("prior_metric_s_per_example", math.nan), **kw)
+
+
+def describe(check: bool = False, timeout_s: float = 900.0) -> list[DatasetInfo]:
+    """The datasets suites may name, for `frenzy eval-datasets`: the built-in and registered ones, and the installed
+    entry-point plugins from their packages' metadata alone (none is imported, so a bad one cannot break the list);
+    with `check`, each plugin is imported in a process of its own under the deadline `timeout_s` and listed with its
+    mode and priors, or with why it could not be (tasks/evaluation/plugincheck.py)."""
+    from tasks.evaluation.plugincheck import check_plugins, entry_plugins
+
+    out = [_info(n, f, source="built-in" if _BUILT_INS.get(n) is f else "registered") for n, f in _REGISTRY.items()]
+    plugins = [p for p in entry_plugins() if p.name not in _REGISTRY]
+    checked = check_plugins(plugins, timeout_s) if check else {}
+    for p in plugins:
+        c = checked.get(p.name)
+        out.append(_info(p.name, c.attrs if c else {}, source=p.value, distribution=p.distribution,
+                         check="" if c is None else (c.problem or "ok")))
+    return sorted(out, key=lambda d: d.name)
 
 
 class DatasetProblem(BaseModel):

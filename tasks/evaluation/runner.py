@@ -27,6 +27,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from tasks.evaluation.datasets import DatasetError, EvalContext, frenzys_own, re
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.metricjobs import MetricJobs
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
+from tasks.evaluation.stall import Floors, Pending, Watchdog, hang_cause, pending
 from tasks.evaluation.suite import PLUGIN_TIMEOUT_S, Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
 from tasks.evaluation.warmstart import Warm, kill_group, popen_trial, spawn_warm, take_precursor
@@ -66,6 +68,20 @@ class _TrialDied(Exception):
     def __init__(self, cause: str, result: TrialResult, finished: set[tuple[str, int]]) -> None:
         super().__init__(cause)
         self.cause, self.result, self.finished = cause, result, finished
+
+
+@dataclass
+class _TrialState:
+    """What a running trial has done so far (its events, as `_Run._follow` reads them)."""
+
+    scored: set[tuple[str, int]] | None
+    """The chunks scored on its GPU (None: its metrics are on the node's CPUs)."""
+    load_s: float = 0.0
+    loaded: bool = False
+    landed: set[tuple[str, int]] = field(default_factory=set)
+    finished: set[tuple[str, int]] = field(default_factory=set)
+    """Landed (metrics on CPU) or scored (on its GPU): not to retry."""
+    chunks: dict[tuple[str, int], ChunkResult] = field(default_factory=dict)
 
 
 class EvalOptions(BaseModel):
@@ -247,8 +263,9 @@ class _Run:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def _spawn(self, spec: dict, node: int, gpu: int):  # noqa: ANN202 - (stdout lines, then {"rc", "stderr"})
-        """Start a trial or precursor process: here, or on Ray node `self.hosts[node]` (the same module there)."""
+    def _spawn(self, spec: dict, node: int, gpu: int):  # noqa: ANN202 - (stdout lines, then {"rc", "stderr"}), kill
+        """Start a trial or precursor process: here, or on Ray node `self.hosts[node]` (the same module there); its
+        stdout lines (then `{"rc", "stderr"}`) and a function that kills it and what it started."""
         path = self.out / "trials" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, json.dumps(spec))
@@ -259,7 +276,7 @@ class _Run:
             lines, cancel = node_process(self.hosts[node], "tasks.evaluation.trial", spec, env, self._address)
             with self.lock:
                 self.cancels.add(cancel)
-            return lines
+            return lines, cancel
         warm = self._adopt(node, -1 if spec.get("precursor") else gpu, path)
         p, log = warm or self._popen(path, gpu, path.with_suffix(".stderr"))
         with self.lock:
@@ -275,7 +292,7 @@ class _Run:
                 self.procs.discard(p)
             yield {"rc": rc, "stderr": (self.out / "trials" / f"{spec['name']}.stderr").read_text()[-2000:]}
 
-        return lines()
+        return lines(), lambda: kill_group(p)
 
     def _popen(self, path: Path, gpu: int, log_path: Path) -> tuple[subprocess.Popen, Any]:
         """A local trial process for the spec at `path`."""
@@ -346,7 +363,7 @@ class _Run:
             t = time.monotonic()
             spec = {"name": f"precursor-n{node}", "precursor": True, "uri": self.uri,
                     "shm_dir": str(self.shm / f"node{node}")}
-            for _ in self._events(self._spawn(spec, node, 0), spec["name"]):
+            for _ in self._events(self._spawn(spec, node, 0)[0], spec["name"]):
                 pass
             self.precursor_s[node] = time.monotonic() - t
             for g in range(self.opts.gpus_per_node):  # the first trials' processes import while the suite is planned
@@ -428,40 +445,63 @@ class _Run:
                 "out_dir": str(self.out), "chunks": [_chunk_spec(self.suite, c) for c in tr.chunks],
                 "metrics_on_gpu": tr.metrics_on == "gpu", "threads": self.opts.threads_per_trial,
                 "device": "cuda" if self.opts.device == "cuda" else "cpu"}
-        load_s = 0.0
-        chunks: dict[tuple[str, int], ChunkResult] = {}
-        finished: set[tuple[str, int]] = set()  # landed (metrics on CPU) or scored (on its GPU): not to retry
-        stream = self._spawn(spec, node, gpu)
+        st = _TrialState(scored=set() if tr.metrics_on == "gpu" else None)
+        stream, kill = self._spawn(spec, node, gpu)
         if self.queue:  # this slot's next trial process starts importing while this one infers
             self.prewarm(node, gpu)
 
         def record(error: str | None = None) -> TrialResult:
-            return TrialResult(id=tr.id, node=node, gpu=gpu, load=tr.load, start_s=start, load_s=load_s,
-                               end_s=self.now(), chunks=list(chunks.values()), host=self.hosts[node], error=error,
+            return TrialResult(id=tr.id, node=node, gpu=gpu, load=tr.load, start_s=start, load_s=st.load_s,
+                               end_s=self.now(), chunks=list(st.chunks.values()), host=self.hosts[node], error=error,
                                retry_of=self.retry_of.get(tr.id), datasets=list(dict.fromkeys(c.dataset
                                                                                            for c in tr.chunks)))
 
+        dog = Watchdog(kill)  # a trial that makes no progress by its deadline is killed as hung (stall.py)
         try:
-            for ev in self._events(stream, name):
-                if ev["event"] == "loaded":
-                    load_s = self.now() - start
-                elif ev["event"] == "landed":
-                    c = ev["chunk"]
-                    cr = ChunkResult(dataset=c["dataset"], start=c["start"], stop=c["stop"], infer_s=ev["infer_s"],
-                                     landed_s=self.now(), cached=ev["cached"])
-                    chunks[(c["dataset"], c["start"])] = cr
-                    if tr.metrics_on == "cpu":
-                        finished.add((c["dataset"], c["start"]))
-                        self.metric_futures.append(self.pools[node].submit(self._metric, c, cr, node))
-                    else:
-                        self._count(cr)
-                elif ev["event"] == "scored":
-                    cr = chunks[(ev["chunk"]["dataset"], ev["chunk"]["start"])]
-                    cr.metric_s, cr.metric_end_s = ev["metric_s"], self.now()
-                    finished.add((cr.dataset, cr.start))
+            self._follow(tr, node, name, stream, st, dog, start)
         except Exception as err:  # noqa: BLE001 - the process failed: its unfinished chunks are retried
-            raise _TrialDied(str(err), record(str(err)), finished) from err
+            cause = str(err) if dog.fired is None else self._hung(name, dog.fired)
+            raise _TrialDied(cause, record(cause), st.finished) from err
+        finally:
+            dog.stop()
         return record()
+
+    def _follow(self, tr: TrialPlan, node: int, name: str, stream, st: _TrialState, dog: Watchdog,  # noqa: ANN001
+                start: float) -> None:
+        """Read trial `tr`'s events into `st` (each landed chunk's metric job handed to the node's pool), re-arming
+        `dog` with the trial's next step after each."""
+        floors = Floors(self.suite.trial_stall_s, self.suite.plugin_timeout_s, getattr(self.suite.model_load_s, tr.load),
+                        lambda n: not frenzys_own(next(d.source for d in self.suite.datasets if d.name == n)))
+        dog.arm(pending(tr, False, set(st.finished), st.scored, floors))
+        for ev in self._events(stream, name):
+            if ev["event"] == "loaded":
+                st.load_s, st.loaded = self.now() - start, True
+            elif ev["event"] == "landed":
+                c = ev["chunk"]
+                cr = ChunkResult(dataset=c["dataset"], start=c["start"], stop=c["stop"], infer_s=ev["infer_s"],
+                                 landed_s=self.now(), cached=ev["cached"])
+                st.chunks[(c["dataset"], c["start"])] = cr
+                st.landed.add((c["dataset"], c["start"]))
+                if tr.metrics_on == "cpu":
+                    st.finished.add((c["dataset"], c["start"]))
+                    self.metric_futures.append(self.pools[node].submit(self._metric, c, cr, node))
+                else:
+                    self._count(cr)
+            elif ev["event"] == "scored" and st.scored is not None:
+                cr = st.chunks[(ev["chunk"]["dataset"], ev["chunk"]["start"])]
+                cr.metric_s, cr.metric_end_s = ev["metric_s"], self.now()
+                st.finished.add((cr.dataset, cr.start))
+                st.scored.add((cr.dataset, cr.start))
+            dog.arm(pending(tr, st.loaded, st.landed, st.scored, floors))
+
+    def _hung(self, name: str, step: Pending) -> str:
+        """The cause of trial `name` killed at its deadline at `step`; the dataset it was at fails alone (not retried:
+        it would hang again), its trial-mates' chunks are retried as after any death."""
+        cause = hang_cause(name, step, str(self.out / "trials" / f"{name}.stderr"))
+        if step.dataset is not None and not self.closed:
+            self._fail_dataset(step.dataset, cause)
+            self.progress(f"{step.dataset}: FAILED (not scored): {cause}", self._frac())
+        return cause
 
     def _metric(self, chunk: dict, cr: ChunkResult, node: int) -> None:
         if self.failed or chunk["dataset"] in self.bad:

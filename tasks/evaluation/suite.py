@@ -31,6 +31,8 @@ MAX_EXAMPLES = 10**9
 PLUGIN_TIMEOUT_S = 900.0
 """The default deadline of a plugin's load and of each of its score/aggregate calls (`Suite.plugin_timeout_s`): a real
 plugin's load of a few minutes (a download, an index) fits."""
+TRIAL_STALL_S = 600.0
+"""The default floor of a trial's deadline (`Suite.trial_stall_s`): the model load and Frenzy's own datasets."""
 
 
 class SuiteError(FrenzyError, ValueError):
@@ -113,7 +115,12 @@ class Suite(_Strict):
     """Metric jobs a node runs at once on its CPUs."""
     plugin_timeout_s: float = Field(PLUGIN_TIMEOUT_S, gt=0)
     """Seconds a dataset plugin (`module:factory`) may take to load, and for each of its score or aggregate calls, in
-    its metric process; then that process group is killed and only that dataset fails, with the hang named."""
+    its metric process; then that process group is killed and only that dataset fails, with the hang named. Also the
+    floor of a trial's deadline while it infers a plugin's chunk (`trial_stall_s`)."""
+    trial_stall_s: float = Field(TRIAL_STALL_S, gt=0)
+    """Seconds a trial may go without progress (its model loaded, a chunk of Frenzy's own datasets inferred or scored)
+    before its process group is killed as hung, unless 10x the predicted time of that step is longer; the dataset it
+    was at fails alone, the rest is scored (tasks/evaluation/stall.py)."""
     lmeval: LmevalSource | None = None
     """lm-evaluation-harness tasks, expanded into one dataset per task when the suite is loaded."""
     datasets: list[SuiteDataset] = Field(default_factory=list)

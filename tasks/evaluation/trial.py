@@ -1,9 +1,9 @@
 """One evaluation trial as its own process: load the model, infer its chunks, write predictions, exit.
 
 `python -m tasks.evaluation.trial SPEC.json` (or `--warm`, then SPEC.json's path on stdin) reports on stdout, one JSON object per line:
-`loaded` (model ready), `landed` (a chunk's predictions file is complete), `scored` (naive schedule only: metrics
-computed here, on the GPU's time) and `done`. Predictions are written atomically per chunk; a chunk whose file
-exists is not inferred again, so a retried trial resumes.
+`loaded` (model ready), `beat` (a forward pass ran: at most one a second), `landed` (a chunk's predictions file is
+complete), `scored` (naive schedule only: metrics computed here, on the GPU's time) and `done`. Predictions are
+written atomically per chunk; a chunk whose file exists is not inferred again, so a retried trial resumes.
 
 `score_chunk` is the metric job: it reads a predictions file and writes the per-example scores; `--metrics` runs
 metric jobs one after another, read from stdin (tasks/evaluation/metricjobs.py).
@@ -63,6 +63,7 @@ def run_trial(spec: dict, emit=None) -> None:
     t0 = time.perf_counter()
     state, info = load_shm(Path(spec["shm_dir"])) if spec["load"] == "shm" else load_remote(spec["uri"])
     lm = LM(state, info, spec.get("device", "cpu"))
+    beat(lm, emit)
     ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"), tokenizer=tokenizer_path(info))
     emit({"event": "loaded", "load_s": time.perf_counter() - t0})
     for chunk in spec["chunks"]:
@@ -82,6 +83,29 @@ def run_trial(spec: dict, emit=None) -> None:
         for chunk in spec["chunks"]:
             emit({"event": "scored", "chunk": chunk, "metric_s": score_chunk(chunk, ctx, out)})
     emit({"event": "done"})
+
+
+BEAT_S = 1.0
+"""A trial says it is making progress (`beat`) at most this often."""
+
+
+def beat(lm, emit, every_s: float = BEAT_S) -> None:  # noqa: ANN001 - an LM, the trial's emit
+    """Emit `{"event": "beat"}` (at most every `every_s` s) whenever the model runs a forward pass: a batch that
+    finishes is progress, so the runner's deadline of a trial (tasks/evaluation/stall.py) counts from the last batch,
+    not the last chunk, and a long honest chunk never reaches it; a dataset hung in its own code sends none."""
+    import torch
+
+    emb = next((m for m in lm.model.modules() if isinstance(m, torch.nn.Embedding)), None)
+    last = [time.monotonic()]
+
+    def hook(*_: object) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            emit({"event": "beat"})
+
+    if emb is not None:  # every forward pass of Frenzy's GPT embeds its tokens first
+        emb.register_forward_hook(hook)
 
 
 def precursor(spec: dict) -> None:
