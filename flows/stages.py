@@ -28,6 +28,7 @@ from flows.train import train_task
 from tasks.artifactkey import run_key
 from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
+from tasks.evaluation import warmstart
 from tasks.evaluation.request import EvaluateRequest
 from tasks.evaluation.summary import EvalSummary
 from tasks.paths import path_like, place_key
@@ -490,6 +491,8 @@ class FlowStages:
                                  "(give a cluster with GPUs, or --device cpu to say so)",
                                  ", ".join(n.node for n in a.allocation.nodes))
             ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
+            if ev is not None and ev.ahead is not None:  # the first evaluation's imports and processes, made ready now
+                warmstart.ready_ahead(self.device)
             # the task releases it as the trainer ends, before its final state goes to the API (red team 41n B3);
             # not while this process still evaluates the last checkpoints on its GPUs (in-flow on cuda)
             treq.allocation.release_at_end = ev is None or self.device == "cpu"
@@ -504,7 +507,7 @@ class FlowStages:
                                 lease_lost=lambda: keeper.lost.is_set() and not released_at_end(a.allocation.id),
                                 lost_cause=lambda: lost_cause(self.ledger, self.ledger.url, a.allocation.id,
                                                               r.lease_s, "its trainer"),
-                                on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up() if ev else None))
+                                on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up(training=True) if ev else None))
             lost = _watched(_Future(fut), controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
@@ -533,7 +536,8 @@ class FlowStages:
                                evaluate=lambda uri: evaluate_task(EvaluateRequest(
                                    uri=uri, suite=r.suite_spec, device=device, executor=r.executor,
                                    history_dir=r.history_dir)),
-                               warn=self.log.warning)
+                               warn=self.log.warning,
+                               ahead=(lambda: warmstart.start_next(device)) if r.executor == "local" else None)
 
     def release(self, run: Run) -> None:
         assert run.attempt is not None
