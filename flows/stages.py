@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -131,6 +132,22 @@ evaluation is failed with the API's answer as its cause, and the wait goes on fo
 QUIET_S = 300.0
 """An evaluation run RUNNING that has logged nothing this long (a stopped or stuck process: the evaluation logs each
 piece of work it finishes) is named, once, with the command that shows its logs; it is still waited for."""
+
+
+def _ready_ahead(device: str) -> threading.Thread:
+    """In a daemon thread: import the evaluation stack (torch among it) into this process, then start the first
+    evaluation's processes (`warmstart.start_next`). Called as an in-flow run's training starts, so that the first
+    checkpoint's evaluation begins when it commits rather than with seconds of imports (importing it again later
+    waits for this thread's import to finish)."""
+
+    def ready() -> None:
+        import tasks.evaluation.record  # noqa: F401
+
+        warmstart.start_next(device)
+
+    t = threading.Thread(target=ready, name="evaluation-ahead", daemon=True)
+    t.start()
+    return t
 
 
 class TriggeredEvaluations:
@@ -492,7 +509,7 @@ class FlowStages:
                                  ", ".join(n.node for n in a.allocation.nodes))
             ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
             if ev is not None and ev.ahead is not None:  # the first evaluation's imports and processes, made ready now
-                warmstart.ready_ahead(self.device)
+                _ready_ahead(self.device)
             # the task releases it as the trainer ends, before its final state goes to the API (red team 41n B3);
             # not while this process still evaluates the last checkpoints on its GPUs (in-flow on cuda)
             treq.allocation.release_at_end = ev is None or self.device == "cpu"

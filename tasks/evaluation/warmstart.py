@@ -146,17 +146,3 @@ def start_next(device: str) -> None:
     start_precursor(device)
     start_trial(device)
 
-
-def ready_ahead(device: str) -> threading.Thread:
-    """In a daemon thread: import the evaluation stack (torch among it) into this process, then `start_next`. The
-    in-flow evaluator calls it as training starts, so that the first checkpoint's evaluation begins when it commits
-    rather than with seconds of imports. Importing it again later waits for this thread's import to finish."""
-
-    def ready() -> None:
-        import tasks.evaluation.record  # noqa: F401
-
-        start_next(device)
-
-    t = threading.Thread(target=ready, name="evaluation-ahead", daemon=True)
-    t.start()
-    return t
