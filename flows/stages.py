@@ -515,7 +515,7 @@ class FlowStages:
             treq.allocation.release_at_end = ev is None or self.device == "cpu"
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
-            fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
+            handle = _Future(fut := train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"})))
             progress = run_dir / "progress.jsonl"
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
                                 kill=lambda why: (self.log.error("%s: killing the trainer", why),
@@ -524,8 +524,9 @@ class FlowStages:
                                 lease_lost=lambda: keeper.lost.is_set() and not released_at_end(a.allocation.id),
                                 lost_cause=lambda: lost_cause(self.ledger, self.ledger.url, a.allocation.id,
                                                               r.lease_s, "its trainer"),
-                                on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up(training=True) if ev else None))
-            lost = _watched(_Future(fut), controls, r.job.name, r.hang_s)
+                                on_poll=lambda: (self.cancelled(), self.ledger_gone(run),
+                                                 ev.catch_up(lambda: not handle.done()) if ev else None))
+            lost = _watched(handle, controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
             # what was scored before the failure stays scored; the trainer's own account of a lost allocation (it
@@ -544,6 +545,7 @@ class FlowStages:
                 result = kept
             if ev is not None:  # the final checkpoint, and any commit the watch had not reached
                 ev.catch_up()
+                warmstart.discard_precursor()  # none is left to evaluate: what was started ahead is not needed
             return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [],
                                 evaluation_failures=ev.failures() if ev else [])
 

@@ -1271,11 +1271,12 @@ def test_the_in_flow_evaluator_starts_the_next_evaluations_processes_only_when_a
     ev = InFlowEvaluator(st.uri, str(tmp_path / "evals"), "t", "quick", evaluate, calls.append,
                          ahead=lambda: calls.append("ahead"))
     commit(10)
-    ev.catch_up(training=True)  # the trainer's next commit comes: the next evaluation's processes start now
+    ev.catch_up(training=lambda: True)  # the trainer's next commit comes: the next evaluation's processes start now
     assert calls == ["10", "ahead"]
     for step in (20, 30):
         commit(step)
-    ev.catch_up()  # the trainer has ended: none after the last step
+    ev.catch_up(training=lambda: "30" not in calls)  # it ended while step 30 was evaluated: none after the last
     assert calls[2:] == ["20", "evaluation of step 20 failed: cannot read it", "ahead", "30"], calls
+    commit(40)
     ev.catch_up()
-    assert len(calls) == 6  # nothing left: nothing evaluated, nothing started
+    assert calls[6:] == ["40"]  # the trainer has ended: nothing started after the last step

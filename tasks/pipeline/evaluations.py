@@ -53,13 +53,14 @@ class InFlowEvaluator:
         self.retired: dict[int, str] = {}
         """Steps retention removed before they were scored (by design, not failures), with why."""
 
-    def catch_up(self, training: bool = False) -> None:
-        """Evaluate the steps committed and not yet evaluated, oldest first; `training`: the trainer still runs."""
+    def catch_up(self, training: Callable[[], bool] | None = None) -> None:
+        """Evaluate the steps committed and not yet evaluated, oldest first. `training`: whether the trainer still
+        runs (asked after each evaluation: one that ended meanwhile commits nothing more)."""
         todo = sorted(m.step for m in ck.committed(Storage(self.root))
                       if m.step not in self.done and m.step not in self.missed and m.step not in self.retired)
         for step in todo:
             self._evaluate(step)
-            if self.ahead is not None and (training or step != todo[-1]):
+            if self.ahead is not None and (step != todo[-1] or (training is not None and training())):
                 self.ahead()
 
     def _evaluate(self, step: int) -> None:
