@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from flows.train import train_task
 from tasks.artifactkey import run_key
 from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
+from tasks.evaluation import warmstart
 from tasks.evaluation.request import EvaluateRequest
 from tasks.evaluation.summary import EvalSummary
 from tasks.paths import path_like, place_key
@@ -136,6 +138,22 @@ evaluation is failed with the API's answer as its cause, and the wait goes on fo
 QUIET_S = 300.0
 """An evaluation run RUNNING that has logged nothing this long (a stopped or stuck process: the evaluation logs each
 piece of work it finishes) is named, once, with the command that shows its logs; it is still waited for."""
+
+
+def _ready_ahead(device: str) -> threading.Thread:
+    """In a daemon thread: import the evaluation stack (torch among it) into this process, then start the first
+    evaluation's processes (`warmstart.start_next`). Called as an in-flow run's training starts, so that the first
+    checkpoint's evaluation begins when it commits rather than with seconds of imports (importing it again later
+    waits for this thread's import to finish)."""
+
+    def ready() -> None:
+        import tasks.evaluation.record  # noqa: F401
+
+        warmstart.start_next(device)
+
+    t = threading.Thread(target=ready, name="evaluation-ahead", daemon=True)
+    t.start()
+    return t
 
 
 class TriggeredEvaluations:
@@ -522,12 +540,14 @@ class FlowStages:
                                  "(give a cluster with GPUs, or --device cpu to say so)",
                                  ", ".join(n.node for n in a.allocation.nodes))
             ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
+            if ev is not None and ev.ahead is not None:  # the first evaluation's imports and processes, made ready now
+                _ready_ahead(self.device)
             # the task releases it as the trainer ends, before its final state goes to the API (red team 41n B3);
             # not while this process still evaluates the last checkpoints on its GPUs (in-flow on cuda)
             treq.allocation.release_at_end = ev is None or self.device == "cpu"
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
-            fut = train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"}))
+            handle = _Future(fut := train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"})))
             progress = run_dir / "progress.jsonl"
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
                                 kill=lambda why: (self.log.error("%s: killing the trainer", why),
@@ -536,8 +556,9 @@ class FlowStages:
                                 lease_lost=lambda: keeper.lost.is_set() and not released_at_end(a.allocation.id),
                                 lost_cause=lambda: lost_cause(self.ledger, self.ledger.url, a.allocation.id,
                                                               r.lease_s, "its trainer"),
-                                on_poll=lambda: (self.cancelled(), self.ledger_gone(run), ev.catch_up() if ev else None))
-            lost = _watched(_Future(fut), controls, r.job.name, r.hang_s)
+                                on_poll=lambda: (self.cancelled(), self.ledger_gone(run),
+                                                 ev.catch_up(lambda: not handle.done()) if ev else None))
+            lost = _watched(handle, controls, r.job.name, r.hang_s)
             try:
                 result = fut.result()
             # what was scored before the failure stays scored; the trainer's own account of a lost allocation (it
@@ -556,6 +577,7 @@ class FlowStages:
                 result = kept
             if ev is not None:  # the final checkpoint, and any commit the watch had not reached
                 ev.catch_up()
+                warmstart.discard_precursor()  # none is left to evaluate: what was started ahead is not needed
             return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [],
                                 evaluation_failures=ev.failures() if ev else [])
 
@@ -565,7 +587,8 @@ class FlowStages:
                                evaluate=lambda uri: evaluate_task(EvaluateRequest(
                                    uri=uri, suite=r.suite_spec, device=device, executor=r.executor,
                                    history_dir=r.history_dir)),
-                               warn=self.log.warning)
+                               warn=self.log.warning,
+                               ahead=(lambda: warmstart.start_next(device)) if r.executor == "local" else None)
 
     def release(self, run: Run) -> None:
         assert run.attempt is not None

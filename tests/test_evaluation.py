@@ -317,6 +317,22 @@ def test_an_early_precursor_process_makes_the_copy_and_an_unneeded_one_is_killed
     assert other.proc.wait(timeout=30) != 0 and not other.log_path.exists() and warmstart.take_precursor() is None
 
 
+def test_an_early_trial_process_runs_the_first_trial_and_keeps_its_log(ckpt, tmp_path):
+    from tasks.evaluation import warmstart
+
+    warmstart.start_next("cpu")  # as the in-flow evaluator does while the evaluation before finishes
+    precursor, trial = warmstart._EARLY[0], warmstart._TRIAL[0]
+    trial.log.write("early-trial-marker\n")
+    trial.log.flush()
+    res = evaluate(ckpt, small_suite(), EvalOptions(out_dir=str(tmp_path / "o")))
+    assert precursor.proc.wait(timeout=120) == 0 and trial.proc.wait(timeout=120) == 0  # both ran (retired: killed)
+    assert warmstart.take_precursor() is None and warmstart.take_trial() is None
+    first = min(res.trials, key=lambda t: t.id)
+    log = (tmp_path / "o" / "trials" / f"trial-{first.id:04d}.stderr").read_text()
+    assert log.startswith("early-trial-marker") and not trial.log_path.exists()
+    assert first.error is None and res.scores["heldout-loss"] and not res.failed
+
+
 def test_roots_that_share_a_run_name_and_a_history_are_each_pending_until_scored_at_their_own_uri(ckpt, tmp_path):
     src = ckpt.removeprefix("file://")
     a, b = tmp_path / "alice", tmp_path / "bob"

@@ -319,6 +319,26 @@ def test_the_watch_leaves_a_trainer_alone_while_its_progress_grows():
     assert said == []
 
 
+def test_after_an_evaluators_turn_as_long_as_a_poll_the_watch_looks_again_at_once():
+    now = [0.0]
+    waits: list[float | None] = []
+
+    class Timed(Trainer):
+        def wait(self, timeout_s: float | None) -> None:
+            waits.append(timeout_s)
+            super().wait(timeout_s)
+
+    turns = iter([15.0, 0.1, 0.0])  # an evaluation, then a look that found nothing new, then nothing
+
+    def on_poll() -> None:
+        now[0] += next(turns, 0.0)
+
+    t = Timed(runs=4, clock=now)
+    c, said = controls(t, sizes=[], on_poll=on_poll)
+    watch(t, c, "j", hang_s=100, clock=lambda: now[0], poll_s=2.0)
+    assert waits == [0.0, 2.0, 2.0, 2.0] and said == []
+
+
 def test_a_lost_lease_stops_the_trainer_after_its_commit_and_raises():
     now = [0.0]
     t = Trainer(runs=20, clock=now)

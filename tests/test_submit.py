@@ -1253,3 +1253,38 @@ def test_the_gpus_go_back_as_the_trainer_ends_while_the_prefect_server_is_stoppe
     assert "GPUs released: yes" in out, out
     assert f"released allocation {held[0].id} as the trainer ended" in err, err[-3000:]
     assert [r.stage for r in Ledger(led).runs("outage")] == ["reported"]  # what the flow records, once it answers
+
+
+def test_the_in_flow_evaluator_starts_the_next_evaluations_processes_only_when_another_evaluation_follows(tmp_path):
+    import torch
+
+    from tasks.pipeline.evaluations import InFlowEvaluator
+
+    st = Storage(f"file://{tmp_path}/ckpt")
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+
+    def commit(step: int) -> None:
+        c = ck.AsyncCheckpointer(st, 0, 1, run="t", keep=10)
+        c.save(step, [("model.w", torch.full((4,), float(step)))], fields)
+        c.close()
+
+    calls: list[str] = []
+
+    def evaluate(uri: str):
+        calls.append(uri.rsplit("_", 1)[-1].lstrip("0"))
+        if uri.endswith("step_00000020"):
+            raise ValueError("cannot read it")  # a failed one is followed by the next all the same
+        return uri
+
+    ev = InFlowEvaluator(st.uri, str(tmp_path / "evals"), "t", "quick", evaluate, calls.append,
+                         ahead=lambda: calls.append("ahead"))
+    commit(10)
+    ev.catch_up(training=lambda: True)  # the trainer's next commit comes: the next evaluation's processes start now
+    assert calls == ["10", "ahead"]
+    for step in (20, 30):
+        commit(step)
+    ev.catch_up(training=lambda: "30" not in calls)  # it ended while step 30 was evaluated: none after the last
+    assert calls[2:] == ["20", "evaluation of step 20 failed: cannot read it", "ahead", "30"], calls
+    commit(40)
+    ev.catch_up()
+    assert calls[6:] == ["40"]  # the trainer has ended: nothing started after the last step

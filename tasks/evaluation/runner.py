@@ -42,7 +42,7 @@ from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_na
 from tasks.evaluation.stall import Floors, Pending, Watchdog, hang_cause, pending
 from tasks.evaluation.suite import PLUGIN_TIMEOUT_S, Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
-from tasks.evaluation.warmstart import Warm, kill_group, popen_trial, spawn_warm, take_precursor
+from tasks.evaluation.warmstart import Warm, kill_group, popen_trial, spawn_warm, take_precursor, take_trial
 from tasks.procs import exit_words
 
 
@@ -245,9 +245,10 @@ class _Run:
         self.done_chunks = 0
         self.procs: set[subprocess.Popen] = set()
         self.warm: dict[tuple[int, int], Warm] = {}  # (node, gpu): a trial process ahead; (node, -1): a precursor
-        early = take_precursor() if opts.executor == "local" else None  # started by `frenzy evaluate` before imports
-        if early is not None:
-            self.warm[(0, -1)] = early
+        if opts.executor == "local":  # started before imports (`frenzy evaluate`) or the evaluation before (in-flow)
+            for slot, early in (((0, -1), take_precursor()), ((0, 0), take_trial())):
+                if early is not None:
+                    self.warm[slot] = early
         self.cancels: set[Callable[[], None]] = set()
         self.closed = False
         """Set by `close` (the evaluation ended, failed or was interrupted): no process is started after it."""
@@ -323,7 +324,8 @@ class _Run:
         if w is None:
             return None
         try:
-            w.hand(spec_path, spec_path.with_suffix(".stderr"), relog=gpu < 0)
+            # one started outside this evaluation's directory (an early one) copies its log there; else it is moved
+            w.hand(spec_path, spec_path.with_suffix(".stderr"), relog=w.log_path.parent != spec_path.parent)
             return w.proc, w.log
         except OSError:  # it died (killed while warming): start a fresh one
             self._retire(w)

@@ -93,18 +93,33 @@ def spawn_warm(device: str, gpu: int, log_path: Path) -> Warm:
 
 
 _EARLY: list[Warm] = []
+_TRIAL: list[Warm] = []
 _LOCK = threading.Lock()
+_AT_EXIT: list[bool] = []
+
+
+def _start_early(into: list[Warm], device: str, what: str) -> None:
+    with _LOCK:
+        if into:
+            return
+        fd, name = tempfile.mkstemp(prefix=f"frenzy-{what}-", suffix=".stderr")
+        os.close(fd)
+        into.append(spawn_warm(device, 0, Path(name)))
+        if not _AT_EXIT:
+            _AT_EXIT.append(True)
+            atexit.register(discard_precursor)
 
 
 def start_precursor(device: str) -> None:
     """Start node 0's precursor process now (once per process), before the caller's heavy imports."""
-    with _LOCK:
-        if _EARLY:
-            return
-        fd, name = tempfile.mkstemp(prefix="frenzy-precursor-", suffix=".stderr")
-        os.close(fd)
-        _EARLY.append(spawn_warm(device, 0, Path(name)))
-    atexit.register(discard_precursor)
+    _start_early(_EARLY, device, "precursor")
+
+
+def start_trial(device: str) -> None:
+    """Start a process for node 0's first trial slot now (once, until an evaluation takes it): the in-flow evaluator
+    starts one, with a precursor, while the evaluation before the next one finishes, so that the next evaluation's
+    processes do not begin with torch's import."""
+    _start_early(_TRIAL, device, "trial")
 
 
 def take_precursor() -> Warm | None:
@@ -113,7 +128,21 @@ def take_precursor() -> Warm | None:
         return _EARLY.pop() if _EARLY else None
 
 
+def take_trial() -> Warm | None:
+    """The early trial process, once (None when none was started, or it was taken)."""
+    with _LOCK:
+        return _TRIAL.pop() if _TRIAL else None
+
+
 def discard_precursor() -> None:
-    """Kill the early precursor process if nobody took it (the evaluation failed before, or was not needed)."""
-    while (w := take_precursor()) is not None:
+    """Kill the early precursor and trial processes if nobody took them (the evaluation failed before, or was not
+    needed)."""
+    while (w := take_precursor() or take_trial()) is not None:
         w.retire()
+
+
+def start_next(device: str) -> None:
+    """Start the next evaluation's node-0 precursor and first trial process now (each unless one waits already)."""
+    start_precursor(device)
+    start_trial(device)
+

@@ -41,30 +41,39 @@ def scored(history_dir: str, run: str, suite: str, root: str | None = None) -> d
 class InFlowEvaluator:
     """Evaluates each newly committed checkpoint under `root`, oldest first, when asked (`catch_up`); steps the
     history already has (a resumed job) are not evaluated again, and one that cannot be evaluated is reported once
-    (`failures`, with its cause) and skipped: it does not stop training."""
+    (`failures`, with its cause) and skipped: it does not stop training. `ahead`, when given, is called after an
+    evaluation that another one follows (a step still waiting, or training still running, whose next commit comes):
+    it starts the next evaluation's processes (their imports) while this process finishes the one before."""
 
     def __init__(self, root: str, history_dir: str, run: str, suite: str, evaluate: Callable[[str], EvalSummary],
-                 warn: Callable[[str], None]) -> None:
-        self.root, self.evaluate, self.warn = root, evaluate, warn
+                 warn: Callable[[str], None], ahead: Callable[[], None] | None = None) -> None:
+        self.root, self.evaluate, self.warn, self.ahead = root, evaluate, warn, ahead
         self.done: dict[int, EvalSummary] = scored(history_dir, run, suite, root)
         self.missed: dict[int, str] = {}
         self.retired: dict[int, str] = {}
         """Steps retention removed before they were scored (by design, not failures), with why."""
 
-    def catch_up(self) -> None:
+    def catch_up(self, training: Callable[[], bool] | None = None) -> None:
+        """Evaluate the steps committed and not yet evaluated, oldest first. `training`: whether the trainer still
+        runs (asked after each evaluation: one that ended meanwhile commits nothing more)."""
         todo = sorted(m.step for m in ck.committed(Storage(self.root))
                       if m.step not in self.done and m.step not in self.missed and m.step not in self.retired)
         for step in todo:
-            try:
-                self.done[step] = self.evaluate(step_uri(self.root, step))
-            except Exception as err:  # noqa: BLE001 - one checkpoint that cannot be evaluated does not fail the job
-                if why := ck.retired(Storage(self.root), step):
-                    self.retired[step] = why
-                    self.warn(f"{why}: not evaluated (not a failure of the run)")
-                    continue
-                cause = str(err) or type(err).__name__
-                self.missed[step] = cause
-                self.warn(f"evaluation of step {step} failed: {cause}")
+            self._evaluate(step)
+            if self.ahead is not None and (step != todo[-1] or (training is not None and training())):
+                self.ahead()
+
+    def _evaluate(self, step: int) -> None:
+        try:
+            self.done[step] = self.evaluate(step_uri(self.root, step))
+        except Exception as err:  # noqa: BLE001 - one checkpoint that cannot be evaluated does not fail the job
+            if why := ck.retired(Storage(self.root), step):
+                self.retired[step] = why
+                self.warn(f"{why}: not evaluated (not a failure of the run)")
+                return
+            cause = str(err) or type(err).__name__
+            self.missed[step] = cause
+            self.warn(f"evaluation of step {step} failed: {cause}")
 
     def summaries(self) -> list[EvalSummary]:
         return [self.done[s] for s in sorted(self.done)]

@@ -70,9 +70,13 @@ def watch(handle: Handle, c: Controls, job: str, hang_s: float, clock: Callable[
                     "time (both were stopped, e.g. Ctrl-Z, or could not reach the ledger), so the ledger may have "
                     "given its GPUs to another job")
                 raise LeaseLost(f"{job}: {cause}; training was stopped after committing its step")
+            turn_s = 0.0
             if c.on_poll is not None:
+                t = clock()
                 c.on_poll()
-            handle.wait(poll_s)
+                turn_s = clock() - t
+            # a turn as long as a poll or longer (an evaluation): the next look is now, a step may have committed since
+            handle.wait(0.0 if turn_s >= poll_s else poll_s)
     except BaseException:  # Ctrl-C, a cancellation, an evaluator's crash: commit first, then let it go on
         stop_and_wait(handle, c, clock)
         raise
