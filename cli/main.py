@@ -64,6 +64,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with `only`, only the arguments of that command (none for "") are built, so only
     its module is imported (the other commands are listed by name and help)."""
     p = _Parser(prog="frenzy", description="Serverless LLM development on heterogeneous GPUs.")
+    # `frenzy --json COMMAND ...` as well as `frenzy COMMAND ... --json`: its own dest, since a subparser's defaults
+    # would overwrite a shared one; `main` folds it into the command's `json`.
+    p.add_argument("--json", action="store_true", dest="json_before_command",
+                   help="print one JSON document on stdout (also accepted after the command)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parsers = {}
     for name, (_, help_) in COMMANDS.items():
@@ -116,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             helps = f"frenzy {command} --help" if command else "frenzy --help"
             to_stdout_quietly(CommandError(command, "usage", f"{err.message}; `{helps}` lists the arguments", 2))
         raise  # exit status 2 as argparse's own SystemExit (a caller of `main` sees the same exception as before)
+    args.json = bool(getattr(args, "json", False) or args.json_before_command)
     from cli.output import run
 
     return run(args)

@@ -113,6 +113,19 @@ def test_an_error_under_json_prints_one_error_document_and_exits_2(tmp_path):
     assert "missing.yaml" in err["message"] and err["message"] in r.stderr and err["crash_file"] is None
 
 
+def test_json_before_the_command_is_the_same_as_after_it(tmp_path):
+    """Red team 41o S9: `frenzy --json submit job.yaml` was refused ("unrecognized arguments: --json") with no word of
+    where the flag goes. The flag is taken before the command too: the same document, success and failure alike."""
+    job = str(REPO / "examples/jobs/gpt2-7b.yaml")
+    before = frenzy("--json", "plan", job, "--cluster", "phoebe", "--top", "2", cwd=tmp_path)
+    after = frenzy("plan", job, "--cluster", "phoebe", "--top", "2", "--json", cwd=tmp_path)
+    assert before.returncode == after.returncode == 0, before.stderr
+    assert json.loads(before.stdout) == json.loads(after.stdout)
+    bad = frenzy("--json", "plan", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    err = json.loads(bad.stdout)["error"]
+    assert bad.returncode == 2 and err["command"] == "plan" and "missing.yaml" in err["message"]
+
+
 @pytest.mark.parametrize("argv", [("submit", "job.yaml", "--json", "--bad-flag"), ("plan", "--json", "--top", "many"),
                                   ("--json",)])
 def test_a_usage_error_under_json_prints_the_same_error_document_and_stays_text_without(argv, tmp_path):
