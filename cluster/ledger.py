@@ -61,7 +61,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, Prog
 from cluster.catalog import Catalog, default_catalog
 from cluster.has import Decision, FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster
-from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk, walk_order
+from cluster.queue import DEFAULT_ORDER, Admit, QueueOrder, Running, Waiting, ordered, walk
 from cluster.sizing import ARRIVAL_WINDOW, Sizer, arrival_rate
 from tasks.errors import FrenzyError
 from tasks.userfiles import UserFileError, path_kind
@@ -722,7 +722,7 @@ class Ledger:
         waiting = [_waiting(q) for q in rows.values()]
         recent = conn.execute(select(queue_t.c.submitted_at).order_by(queue_t.c.submitted_at.desc())
                               .limit(ARRIVAL_WINDOW)).scalars().all()  # the sizer weighs widening by arrivals too
-        queue = Sizer(pool, running, now, walk_order(waiting, order, now), reqs_of, arrivals_per_s=arrival_rate(recent, now))
+        queue = Sizer(pool, running, now, ordered(waiting, order, now), reqs_of, arrivals_per_s=arrival_rate(recent, now))
 
         def try_place(w: Waiting, admit: Admit) -> bool:  # the discipline is cluster/queue.py's, as in the simulator
             q = rows[w.job]

@@ -32,7 +32,7 @@ import numpy as np
 
 from cluster.has import GpuRequest, decide, place, requests_from_plans
 from cluster.jobperf import INTER_NODE_GBS, best_layout
-from cluster.queue import Admit, QueueOrder, Reservation, Waiting, reserve, walk, walk_order
+from cluster.queue import Admit, QueueOrder, Reservation, Waiting, ordered, reserve, walk
 from cluster.sim_engine import Options, Policy, silent_highs
 from cluster.sizing import Sizer, arrival_rate, exact_type_requests, prepare
 
@@ -216,7 +216,7 @@ class Has:
         reqs_of = {j: o.requests for j, o in opts.items() if o is not None}
         asked = {w.job: sim.jobs[int(w.job)].trace.num_gpus for w in waiting}  # type: ignore[call-overload]
         sizer = Sizer(sim.pool, list(sim.running.values()), now,
-                      walk_order(waiting, self.cfg.queue_order, now, self.cfg.aging), reqs_of, self.cfg.min_scaling,
+                      ordered(waiting, self.cfg.queue_order, now, self.cfg.aging), reqs_of, self.cfg.min_scaling,
                       arrival_rate(sim.arrived, now), asked, self.cfg.reserve_after)
 
         def try_place(w: Waiting, admit: Admit) -> bool:

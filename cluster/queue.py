@@ -46,11 +46,6 @@ aging it replaced (`predicted_s - 0.2 x waited_s`) gave +8.1% / -6.2% / 0.517: t
 tuning families, but a loss to fcfs on every production seed row at loads 0.7-1.1."""
 
 
-OVERTAKE_LIMIT = 1.0
-"""`protected`'s bound, in predicted runs of the median waiting job: a job predicted longer than that median that has
-waited this many of them goes before every later arrival wherever it fits now (round 19)."""
-
-
 @dataclass(frozen=True)
 class Waiting:
     """One waiting job as the queue discipline sees it."""
@@ -139,64 +134,19 @@ def _admit_all(nodes: Nodes, run_s: float | None) -> bool:
     return True
 
 
-def protected(waiting: Sequence[Waiting], now_s: float, limit: float = OVERTAKE_LIMIT) -> list[Waiting]:
-    """The long jobs whose overtaking is bounded, in arrival order: predicted longer than the median waiting job and
-    waited `limit` of its predicted runs. Under `shortest`'s aging a long job moves up slowly, so later, shorter
-    arrivals take the GPUs of its type for hours while it could have used them (round 18: 60-416 later arrivals
-    passed the tail jobs of eight rows, 0-116 under fcfs; their wait, not their run, put has's p99 above fcfs's).
-    `walk` lets such a job go before the later arrivals only where it fits now, so it takes only GPUs of the type
-    its own plan uses and never becomes a global priority: it does not take the head's reservation out of order,
-    and jobs of other types, or that it could not run beside, keep the `shortest` order."""
-    runs = sorted(w.predicted_s for w in waiting if w.predicted_s is not None)
-    if not runs:
-        return []
-    median = runs[len(runs) // 2]
-    return sorted((w for w in waiting if w.predicted_s is not None and w.predicted_s > median
-                   and now_s - w.submitted_s >= limit * median), key=lambda w: w.seq)
-
-
-def walk_order(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, aging: float = DEFAULT_AGING
-               ) -> list[Waiting]:
-    """The order in which `walk` first tries the jobs: `ordered`, with each `protected` job moved before the first
-    later arrival. The sizer (cluster/sizing.py `Sizer`) counts the jobs behind each one in this order: a protected
-    job tried early must see the jobs it goes before as behind it, not the few behind its own place."""
-    plain = ordered(waiting, order, now_s, aging)
-    guard = protected(waiting, now_s) if order == "shortest" else []
-    moved = {g.seq for g in guard}
-    out: list[Waiting] = []
-    for w in plain:
-        while guard and guard[0].seq < w.seq:
-            out.append(guard.pop(0))
-        if w.seq not in moved or w in guard:  # a protected job no later arrival came before keeps its own place
-            out.append(w)
-            if w in guard:
-                guard.remove(w)
-    return out
-
-
 def walk(waiting: Sequence[Waiting], order: QueueOrder, now_s: float, try_place: Callable[[Waiting, Admit], bool],
          aging: float = DEFAULT_AGING, reserve_for: Callable[[Waiting], Reservation | None] | None = None
          ) -> tuple[list[Waiting], list[Waiting], Reservation | None]:
     """Try each job in order. `try_place(w, admit)` places `w` now and returns True, or returns False; before it
     commits a placement it must ask `admit(nodes, predicted_run_s)`, which says no when the placement would delay
     the head's reservation. `reserve_for(head)` makes that reservation (see `reserve`); without it, plain
-    backfilling. Under `shortest` a `protected` job is tried before the first later arrival in order (once: where it
-    does not fit then it keeps its own place, as the head or skipped). Returns (placed, still waiting, the head's
-    reservation or None)."""
+    backfilling. Returns (placed, still waiting, the head's reservation or None)."""
     placed, left = [], []
     blocked = tried = False
     res: Reservation | None = None
     admit: Admit = _admit_all
-    guard = protected(waiting, now_s) if order == "shortest" else []
-    fits: dict[int, bool] = {}  # seq -> the one try's answer
     for w in ordered(waiting, order, now_s, aging):
-        while guard and guard[0].seq < w.seq:  # it goes before this later arrival where it fits now
-            g = guard.pop(0)
-            if g.seq not in fits and (fits.setdefault(g.seq, try_place(g, admit))):
-                placed.append(g)
-        if fits.get(w.seq) is True:
-            continue
-        if not blocked and w.seq not in fits and (fits.setdefault(w.seq, try_place(w, admit))):
+        if not blocked and try_place(w, admit):
             placed.append(w)
             continue
         left.append(w)

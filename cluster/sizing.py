@@ -575,12 +575,10 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     prefs = [c for g in prof.groups for c in _preferred(free, fit, backlog, requests, g, spare, min_scaling, pen)]
     waiting = min((c for c in prefs if c.nodes is None), key=lambda c: c.cost, default=None)
     wait_cost = waiting.cost if waiting is not None else math.inf
-    # a plan that fits now and would be done before the wait starts runs now, the wait its fallback; only such a plan
-    # goes ahead of the wait at a cost above it (raising the wait's cost to its cost let a cheaper plan that fits now
-    # but runs far past the wait's start go first: 1-GPU jobs on RTX 2080 Tis, 5.8x slower, set the p99 of round
-    # 16's Q2 and round 8's P18; benchmarks/results/placement_round18.md)
     sooner_now = _sooner_now(prefs, waiting, backlog)
-    ranked = sorted((c for c in prefs if c.nodes is not None and (c.cost <= wait_cost or c in sooner_now)),
+    if sooner_now:  # a plan that fits now would be done before the wait starts: it runs now, the wait its fallback
+        wait_cost = max(wait_cost, max(c.cost for c in sooner_now))
+    ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
                     key=lambda c: (c.cost, c.request.gpus, c.index))
     if not ranked and waiting is not None:
         # the load's plans that fit now cost more than waiting; any other plan that fits and costs less than waiting
@@ -591,8 +589,7 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
                                  and now + (requests[k].run_s or 0.0) + pen(k) < wait_cost), 4)
         ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k, pen(k))).nodes is not None]
     ranked += [waiting] if waiting is not None else []
-    ranked += sorted((c for c in prefs if c.nodes is not None and c.cost > wait_cost and c not in sooner_now),
-                     key=lambda c: c.cost)
+    ranked += sorted((c for c in prefs if c.nodes is not None and c.cost > wait_cost), key=lambda c: c.cost)
     load = (f"{spare} free GPUs left after the smallest plans of the {behind} jobs behind it" if widen else
             f"{behind} jobs wait behind it, their smallest plans leave {max(spare, 0)} free GPUs")
     if arrivals_per_s > 0:

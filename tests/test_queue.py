@@ -7,7 +7,7 @@ import pytest
 from cluster.has import FreePool, GpuRequest, NodeInfo, decide
 from cluster.inventory import Cluster, Node
 from cluster.ledger import Ledger
-from cluster.queue import Running, Waiting, ordered, protected, reserve, walk, walk_order
+from cluster.queue import Running, Waiting, ordered, reserve, walk
 from cluster.sizing import RESERVE_AFTER
 
 
@@ -38,49 +38,6 @@ def test_shortest_first_with_aging_bounds_the_wait_of_a_long_job():
     none = _w("none", 3, 0.0, None)
     assert [w.job for w in ordered([none, long_, early], "shortest", 0.0)][-1] == "none"
     assert [w.job for w in ordered([early, none, long_], "backfill", 0.0)] == ["long", "early", "none"]
-
-
-def _typed_walk(jobs: dict[str, tuple[Waiting, str, int]], free: dict[str, int], now: float
-                ) -> tuple[list[str], list[str]]:
-    """`walk` over jobs that each need `k` GPUs of one type from `free` (taken as they are placed)."""
-
-    def try_place(w: Waiting, admit) -> bool:
-        _, gpu, k = jobs[w.job]
-        if free[gpu] < k or not admit([(gpu, k)], w.predicted_s):
-            return False
-        free[gpu] -= k
-        return True
-
-    placed, left, _ = walk([j[0] for j in jobs.values()], "shortest", now, try_place)
-    return [w.job for w in placed], [w.job for w in left]
-
-
-def test_a_long_job_that_has_waited_goes_before_later_arrivals_only_on_gpus_it_fits_now():
-    """Round 19: a 100,000 s job waiting 3,000 s on the A100s and three 1,000 s arrivals of 100 s ago. Under the
-    aging the arrivals go first (100 / 1,000 ** 0.75 = 0.56 > 3,000 / 100,000 ** 0.75 = 0.53) and take the one free
-    A100 it could have run on; it has waited 3 of the median waiting job's predicted runs, so it goes before them
-    there. Per type, not a global priority: the arrival that runs on the free V100 still starts, and a long job that
-    does not fit now (2 A100s) or has not yet waited one median run is passed as before."""
-    long_, shorts = _w("long", 0, 0.0, 100_000.0), [_w(f"s{k}", 1 + k, 2_900.0, 1_000.0) for k in range(3)]
-    jobs = {"long": (long_, "a100", 1), **{w.job: (w, "a100", 1) for w in shorts},
-            "v": (_w("v", 9, 2_900.0, 1_000.0), "v100", 1)}
-    placed, left = _typed_walk(jobs, {"a100": 1, "v100": 1}, 3_000.0)
-    assert set(placed) == {"long", "v"} and placed[0] == "long" and set(left) == {"s0", "s1", "s2"}
-    # it needs two A100s and one is free: it cannot run now, so the arrivals keep their order on that A100
-    jobs["long"] = (long_, "a100", 2)
-    placed, left = _typed_walk(jobs, {"a100": 1, "v100": 1}, 3_000.0)
-    assert placed == ["s0", "v"] and left[-1] == "long"
-    # waited 500 s, half a median run: not yet protected, the arrivals go first as under the plain aging
-    jobs["long"] = (_w("long", 0, 2_500.0, 100_000.0), "a100", 1)
-    placed, left = _typed_walk(jobs, {"a100": 1, "v100": 1}, 3_000.0)
-    assert placed == ["s0", "v"] and "long" in left
-    assert [w.job for w in protected([long_, *shorts], 3_000.0)] == ["long"]
-    # the sizer counts the jobs behind it from where it is tried: before the arrivals it goes ahead of
-    assert [w.job for w in walk_order([*shorts, long_], "shortest", 3_000.0)] == ["long", "s0", "s1", "s2"]
-    assert [w.job for w in walk_order([*shorts, long_], "backfill", 3_000.0)] == ["long", "s0", "s1", "s2"]
-    fresh = _w("long", 0, 2_500.0, 100_000.0)
-    assert [w.job for w in walk_order([*shorts, fresh], "shortest", 3_000.0)] == ["s0", "s1", "s2", "long"]
-    assert protected([long_, *shorts], 3_000.0, limit=4.0) == [] and protected([], 0.0) == []
 
 
 def test_strict_blocks_behind_the_first_misfit_and_backfill_does_not():

@@ -90,30 +90,6 @@ def test_a_job_runs_now_ahead_of_a_wait_only_where_the_predicted_start_rests_on_
     assert waited.start_s == pytest.approx(6000.0) and waited.cost < next(c for c in ch.candidates if c.nodes).cost
 
 
-def test_only_a_plan_done_before_the_wait_starts_goes_ahead_of_a_cheaper_wait():
-    """Round 18: the A100 plan waits for a trusted start at 6000 s (16 releases; finish 7000 s, cost 7000 s). A Quadro
-    plan (run 5000 s) would be done before that start and runs now whatever its cost to the 50 jobs behind (7 of its 8
-    GPUs busy: 50 x 4000 extra GPU-s x 7/8 / 8 = 21,875 s, cost 26,875 s). The 2080Ti plan (run 20,000 s, 1 of 32
-    GPUs busy: cost 20,928 s) costs more than the wait and holds its GPUs far past 6000 s, so it must not go first:
-    raising the wait's cost to the Quadro's let it through, cheaper than the Quadro (Q2 and P18's p99: 1-GPU jobs on
-    2080Tis for 23,400 s where fcfs finished them in 12,000-17,000 s)."""
-    mid = frozenset({"Quadro-RTX-6000"})
-    nodes = [NodeInfo("a0", "A100-40GB-SXM", 40, 300, 16), NodeInfo("q0", "Quadro-RTX-6000", 24, 16, 8),
-             NodeInfo("t0", "RTX-2080Ti", 11, 16, 32)]
-    pool = FreePool(nodes, {"a0": 0, "q0": 1, "t0": 31})
-    running = [Running(end_s=6000.0, nodes=(("a0", 1),)) for _ in range(16)] + [
-        Running(end_s=50_000.0, nodes=(("q0", 7),)), Running(end_s=50_000.0, nodes=(("t0", 1),))]
-    backlog = Backlog(pool, running, now_s=0.0)
-    reqs = [GpuRequest(1, 8, 1, FAST, run_s=1000.0), GpuRequest(1, 8, 1, mid, run_s=5000.0),
-            GpuRequest(1, 8, 1, SLOW, run_s=20_000.0)]
-    ch = choose(pool, reqs, backlog, spare=0, behind=50)
-    by_type = {c.request.types: c for c in ch.candidates}
-    assert by_type[FAST].nodes is None and by_type[FAST].cost == pytest.approx(7000.0)
-    assert by_type[SLOW].cost == pytest.approx(20_928.0, abs=1.0)
-    assert by_type[mid].cost == pytest.approx(26_875.0)
-    assert [c.request.types for c in ch.candidates] == [mid, FAST, SLOW]
-
-
 @pytest.mark.parametrize("claim_ahead, starts_slow", [(True, True), (False, False)])
 def test_a_release_overdue_is_predicted_now_not_in_the_past(claim_ahead, starts_slow):
     """The A100s' allocation was predicted to end at 2000 s; it is 3000 s and it still runs. Its release is predicted
