@@ -113,3 +113,16 @@ def test_truncated_traceback_whose_last_line_raises_nothing() -> None:
     log = _traceback([("/home/kim/proj/train.py", "main(cfg)"), ("/home/kim/proj/data.py", "batch = table[key]")])
     d = assert_diagnosed(log, "TruncatedTraceback", "script", "batch = table[key]")
     assert d.restartable is False
+
+
+def test_the_command_says_a_truncated_traceback_is_read_with_lower_confidence(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    log = tmp_path / "train.log"
+    log.write_text(_traceback([("/home/kim/proj/train.py", "raise KeyError(key)")]))
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "cli", "diagnose", str(log)], capture_output=True, text=True,
+                         cwd=root, check=False)
+    assert "KeyError" in out.stdout and "lower confidence" in out.stdout, out.stdout + out.stderr
