@@ -11,7 +11,9 @@ from cli.output import emit
 from tasks.errors import FrenzyError
 
 _VIA = {"chain": "the cause inside a wrapper: the wrapper line is among the symptoms",
-        "progress": "read off the progress lines: the loss turned NaN/inf here and stayed so, with no error line"}
+        "progress": "read off the progress lines: the loss turned NaN/inf here and stayed so, with no error line",
+        "truncated": "lower confidence: the log ends inside a traceback, before its exception line; this is its last "
+                     "frame"}
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

@@ -54,7 +54,11 @@ _CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07?|[\x00-\x08
 
 def clean(text: str) -> str:
     """A log line safe to print and match: terminal escape sequences and control characters removed, cut to
-    MAX_LINE characters."""
+    MAX_LINE characters. A line a progress bar redrew with carriage returns reads as its last draw (the text
+    after the last `\r` that holds any): what the terminal showed last, such as the shell's `Killed` written over
+    the bar when the process was killed."""
+    if "\r" in text.rstrip("\r\n"):
+        text = next((d for d in reversed(text.split("\r")) if d.strip()), text)
     text = _CONTROL.sub("", text)
     return text if len(text) <= MAX_LINE else text[:MAX_LINE] + f" ...[{len(text) - MAX_LINE} characters cut]"
 
@@ -442,6 +446,36 @@ class _Merge:
         self.kept_bytes += part.kept_bytes
 
 
+TAIL_BYTES = 8192
+_QUOTE_END = re.compile(r"^\W{0,6}$")
+"""A line that closes a quote (a code fence, a docstring's quotes) or is blank: not the log's last line of text."""
+
+
+def _last_frame(source: Path | str | bytes, lines: int) -> list[Kept]:
+    """A traceback's last frame where the log ends in it (its `File "..."` line and the code line under it, at most
+    two blank or quote-closing lines after them), as context lines: an excerpt or a log a crash cut before the
+    exception line. The code line holds no keyword when it raises nothing (`x = table[key]`); the diagnosis reads
+    it only where no line names a failure. Empty where the log ends otherwise."""
+    if isinstance(source, bytes):
+        tail = source[-TAIL_BYTES:]
+    else:
+        with open(source, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
+            tail = f.read()
+    text = tail.decode(errors="replace").split("\n")[-6:]
+    if text and text[-1] == "":
+        text.pop()
+    numbered = list(zip(range(lines - len(text) + 1, lines + 1), text, strict=True))
+    while numbered and len(numbered) > 2 and _QUOTE_END.match(numbered[-1][1]) and lines - numbered[-1][0] < 2:
+        numbered.pop()
+    if len(numbered) < 2 or lines - numbered[-1][0] > 2:
+        return []
+    (n_frame, frame), (n_code, code) = numbered[-2:]
+    if not re.match(r'\s*File "[^"]+", line \d+', frame) or not code.strip() or 'File "' in code:
+        return []
+    return [Kept(n_frame, clean(frame), False), Kept(n_code, clean(code), False)]
+
+
 def compress(source: Path | str | bytes, context: int = 2, top_templates: int = 10, repeats: int = 5,
              workers: int | None = None) -> Compressed:
     """Compress a log file (or its bytes) to its error lines with `context` lines before each. A recurring
@@ -457,6 +491,8 @@ def compress(source: Path | str | bytes, context: int = 2, top_templates: int = 
         for part in _parts(Path(source), context, repeats, workers, head):
             m.add(part)
     templates = _mine(m.dropped, top_templates) if m.dropped else []
+    last = m.kept[-1].line_no if m.kept else 0
+    m.kept += [k for k in _last_frame(source, m.lines) if k.line_no > last]
     return Compressed(m.kept, m.lines, m.bytes, m.kept_bytes, time.perf_counter() - t0, templates,
                       divergence=fold(m.tracks), capped=m.capped, trained_until=trained_until(m.tracks),
                       last_trained=last_trained(m.tracks), restarts=tuple(m.restarts[1:]) if m.restarts else ())

@@ -121,10 +121,10 @@ class Diagnosis:
     via: str = "line"
     """How the rules found the root cause: `line` (a rule names the line), `chain` (the cause inside a wrapper:
     NCCL's `Last error:`, a re-raised worker error, `raise ... from`), `progress` (the loss turned non-finite in the
-    progress lines, with no error line)."""
+    progress lines, with no error line), `truncated` (a traceback cut before its exception line: its last frame)."""
     confidence: float | None = None
     """For a learned answer: the cosine similarity to the nearest labelled log (the threshold is calibrated on
-    held-out projects)."""
+    held-out projects); for a truncated traceback, TRUNCATED_CONFIDENCE. None: a rule named the line."""
 
 
 @dataclass
@@ -135,6 +135,14 @@ class _Cand:
     finding: Finding
     priority: float
     via: str = "line"
+
+
+_OVERDRAWN = re.compile(r"^((?:Killed|[Ss]egmentation fault|Bus error|Illegal instruction|"
+                        r"Floating point exception|Aborted|Terminated)(?: \(core dumped\))?)[^\s:;,.!?'\")\]}]")
+"""The shell's report of a signal written at the start of a line that still holds the tail of a progress bar's last
+draw (`Killedg in train batch: 12 / 263`): read as the report alone. Only glued to the leftover (no space, no
+sentence punctuation), so a program's prose (`Killed 3 workers`, `Killed: ...`) is not taken for it; the report's
+word is then read by the rules as on a line of its own (a bare `Aborted` or `Terminated` names no cause there)."""
 
 
 def _first(patterns: list[re.Pattern], text: str) -> str | None:
@@ -151,6 +159,8 @@ def match_line(text: str, learned: list[Rule] | None = None) -> Rule | None:
     m = _MARKUP.match(text)
     text = m.group(1) if m else text
     m = _BRACKETED.match(text)
+    text = m.group(1) if m else text
+    m = _OVERDRAWN.match(text)
     text = m.group(1) if m else text
     for seg in segments(text):
         for r in CONTENT:
@@ -377,6 +387,37 @@ def _agent(c: Compressed, agent: AgentConfig, base: dict) -> Diagnosis | None:
                      mitigation=verdict.mitigation, evidence=[], source="agent", **base)
 
 
+_RAISED = re.compile(r"^\s*raise\s+((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*))\b")
+TRUNCATED_CONFIDENCE = 0.5
+"""The confidence of an answer read off a traceback cut before its exception line: the frames say where it failed,
+not what failed."""
+
+
+def _truncated_traceback(c: Compressed, base: dict) -> Diagnosis | None:
+    """Where no line names a failure and the log ends inside a traceback (a thread's excerpt, or a log a crash cut
+    before the exception line): its last frame's code line, with the category its frame gives (a file under
+    site-packages: the framework's; any other: the script's) and the type of the exception a `raise` there names
+    where the rules know it. None where the log goes on after the frame (at most two lines, a quote's closing
+    marks, may follow it) or holds no traceback."""
+    kept = c.kept
+    if len(kept) < 2 or c.lines - kept[-1].line_no > 2 or not any("Traceback (most recent" in k.text for k in kept):
+        return None
+    code, frame = kept[-1], kept[-2]
+    where = _FRAME.search(frame.text)
+    if where is None or frame.line_no != code.line_no - 1 or _FRAME.search(code.text) or not code.text.strip():
+        return None
+    category = "framework" if _LIBRARY.search(where.group(1)) else "script"
+    m = _RAISED.match(code.text)
+    rule = match_line(f"{m.group(2)}: ") if m else None
+    return Diagnosis(
+        category=category, type=rule.type if rule else "TruncatedTraceback", root_cause_line=code.text.strip(),
+        line_no=code.line_no, rank=rank_of(code.text), node=None, restartable=bool(rule and rule.restartable),
+        mitigation="the log ends inside a traceback, before its exception line (an excerpt, or a log cut by a "
+                   f"crash): it failed at this line of {where.group(1)}; rerun it (or find the full log) to read "
+                   "the exception" + (f"; for a {rule.type}: {rule.mitigation}" if rule else ""),
+        evidence=[], via="truncated", confidence=TRUNCATED_CONFIDENCE, **base)
+
+
 def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None,
                         use_fallback: bool = True) -> Diagnosis:
     """The diagnosis of a compressed log: the rules (with cause chains and the progress lines); for a log no rule
@@ -389,7 +430,8 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
     base = {"log": log, "lines": c.lines, "kept_lines": len(c.kept), "compression_ratio": c.ratio,
             "templates": c.templates}
     if not cands:
-        d = _learned(c, base) if use_fallback else None
+        d = _truncated_traceback(c, base)
+        d = d or (_learned(c, base) if use_fallback else None)
         d = d or (_agent(c, agent, base) if agent is not None else None)
         return d or Diagnosis(
             category="unknown", type="Unknown", root_cause_line=None, line_no=None, rank=None, node=None,
