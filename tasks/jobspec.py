@@ -218,6 +218,9 @@ class SpikeSpec(_Strict):
     max_consecutive: int = Field(3, ge=1)
     """Spikes in a row (no healthy update past them) the guard handles before it gives up: a finite one is then
     trained through and the detector's history restarts at the new level; a non-finite one stops the run."""
+    max_rollbacks: int = Field(3, ge=1)
+    """Rollbacks in a row that do not carry the run past the step of the furthest spike they answered (never fewer
+    than `max_consecutive`); one more stops the run (exit 2) with the last healthy checkpoint as its newest commit."""
 
 
 class TrainingSpec(_Strict):

@@ -11,7 +11,7 @@ import yaml
 
 from tasks.jobspec import SpikeSpec, parse_job
 from tasks.training.guard import MAX_OVERFLOWS, SpikeError, SpikeGuard
-from tests.trainer_util import progress, run
+from tests.trainer_util import progress, run, start
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,6 +102,74 @@ def test_a_non_finite_loss_is_never_applied_past_the_bound_the_run_stops_with_th
         assert g.judge(5, math.nan, 1.0).action == "skip"
     with pytest.raises(SpikeError, match="training.lr"):
         g.judge(5, math.nan, 1.0)
+
+
+def _roll(g: SpikeGuard, step: int, loss: float, to: int) -> None:
+    d = g.judge(step, loss, 1.0)
+    assert d.action == "skip"
+    g.bound_rollbacks(g.skipped(step, loss, 1.0, d.verdict, g.window(0, rolled_back=True), rolled_back_to=to))
+
+
+def test_rollbacks_that_never_get_past_their_spike_are_bounded_and_passing_it_recovers():
+    """Red team 41o S10: each round trained through the replayed spike (the streak ended), met the same non-finite
+    loss further on and rolled back again, for ever. Rollbacks now count until a healthy update reaches the
+    furthest spike they answered; one more than the bound stops the run, naming the steps and the fixes."""
+    g = SpikeGuard(SpikeSpec(window=4, min_steps=2, max_consecutive=1, max_rollbacks=2), global_batch=8)
+    _warm(g)  # steps 1-8; the loss is non-finite at step 12, which rolls back to step 5
+    _roll(g, 12, math.nan, 5)
+    for big in (1e6, 1e12):  # each replay trains through a spike at step 9 (the streak ends), then meets step 12
+        assert g.judge(9, big, 1.0).record is not None
+        for s in range(9, 12):
+            if s > 9:
+                assert g.judge(s, 3.0, 1.0).action == "apply"
+            g.passed(s)  # the replay below step 12 is not recovery
+        if big == 1e6:
+            _roll(g, 12, math.nan, 5)
+    with pytest.raises(SpikeError) as e:
+        _roll(g, 12, math.nan, 5)
+    msg = str(e.value)
+    assert msg.startswith("3 rollbacks to step 5 in a row never got the run past step 12")
+    assert "non-finite at step 12 each time" in msg and "its newest checkpoint step 5" in msg
+    assert "lower training.lr" in msg and "training.spike.max_rollbacks (now 2)" in msg
+    # a transient spike: the run passes it after its rollback, and the count starts again
+    t = SpikeGuard(SpikeSpec(window=16, min_steps=8, max_consecutive=1, max_rollbacks=1), global_batch=8)
+    step = _warm(t)
+    for _ in range(3):
+        _roll(t, step, 90.0, step - 4)
+        t.passed(step)
+        step += 1
+    assert t.counts.rollbacks == 3
+    # the bound is never below max_consecutive, the rollbacks one spike may take
+    c = SpikeGuard(SpikeSpec(window=16, min_steps=8, max_consecutive=3, max_rollbacks=1), global_batch=8)
+    step = _warm(c)
+    for _ in range(3):
+        _roll(c, step, 90.0, step - 4)
+    assert c.counts.rollbacks == 3
+
+
+def test_a_run_whose_rollbacks_never_get_past_a_non_finite_loss_stops_by_itself(tmp_path):
+    """The red team's run (gpt-tiny, lr 30, a checkpoint every 20 steps) rolled back to step 20 from a non-finite
+    loss at step 50 158 times in 100 s and never ended; it now stops with exit 2, the message, and the step it
+    rolled back to as its newest commit."""
+    job = parse_job({"name": "div", "model": {"preset": "gpt-tiny"},
+                     "training": {"steps": 400, "seq_len": 64, "global_batch": 4, "lr": 30.0, "trace_every_steps": 0,
+                                  "checkpoint": {"every_steps": 20, "keep": 3, "uri": f"file://{tmp_path}/ck"}}})
+    p = start(job, tmp_path / "run")
+    try:
+        rc = p.wait(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert rc == 2, log[-3000:]
+    [line] = [ln for ln in log.splitlines() if "never got the run past step" in ln]
+    assert "non-finite" in line and "training.spike.max_rollbacks" in line and "lower training.lr" in line
+    target = int(line.split("its newest checkpoint step ")[1].split(":")[0])
+    assert sorted(d.name for d in (tmp_path / "ck").iterdir() if d.name.startswith("step_"))[-1] == \
+        f"step_{target:08d}"
+    rollbacks = [r for r in progress(tmp_path / "run") if r["event"] == "spike" and r["rolled_back_to"] is not None]
+    assert len(rollbacks) <= 2 * (SpikeSpec().max_rollbacks + 1)
 
 
 def test_fp16_overflows_are_the_scalers_skips_not_spikes_and_are_bounded():

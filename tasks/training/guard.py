@@ -125,6 +125,8 @@ class SpikeGuard:
     _streak: int = 0
     _top: int = 0
     _overflows: int = 0
+    _stuck: list[SkippedSpike] = field(default_factory=list)
+    """The rollbacks since a healthy update last reached the step of the furthest spike among them."""
 
     def __post_init__(self) -> None:
         self.detector = SpikeDetector(self.spec.zscore, self.spec.window, self.spec.min_steps)
@@ -215,6 +217,38 @@ class SpikeGuard:
         return rec
 
     def passed(self, step: int) -> None:
-        """A healthy update made step `step`: at or past every spike of the streak, the streak ends."""
+        """A healthy update made step `step`: at or past every spike of the streak, the streak ends; at or past
+        every spike that was rolled back, the rollbacks recovered."""
         if step >= self._top:
             self._streak = 0
+        if self._stuck and step >= max(r.step for r in self._stuck):
+            self._stuck.clear()
+
+    def bound_rollbacks(self, rec: SkippedSpike) -> None:
+        """Count a rollback toward the bound: more than `max_rollbacks` in a row (at least `max_consecutive`, what
+        one spike may take) that never got the run past the furthest spike they answered are not recovery but a
+        loop (red team 41o S10: lr 30 rolled back to step 20 from a non-finite loss at step 50 158 times in
+        100 s); the run stops, its newest commit the checkpoint rolled back to."""
+        if rec.rolled_back_to is None:
+            return
+        self._stuck.append(rec)
+        bound = max(self.spec.max_rollbacks, self.spec.max_consecutive)
+        if len(self._stuck) > bound:
+            raise SpikeError(stuck_message(self._stuck, bound))
+
+
+def stuck_message(stuck: list[SkippedSpike], bound: int) -> str:
+    """What a run stopped for rolling back without getting past its spike says, and the fixes."""
+    top = max(r.step for r in stuck)
+    targets = ", ".join(str(t) for t in sorted({r.rolled_back_to for r in stuck if r.rolled_back_to is not None}))
+    bad = [r.step for r in stuck if not (math.isfinite(r.loss) and math.isfinite(r.grad_norm))]
+    if bad:
+        cause = (f"the loss or gradient norm was non-finite at step {bad[0]} each time the run reached it ({len(bad)} times)"
+                 if len(set(bad)) == 1 else f"the loss or gradient norm was non-finite at steps "
+                 f"{', '.join(map(str, sorted(set(bad))))}")
+    else:
+        cause = f"the loss spiked at steps {', '.join(map(str, sorted({r.step for r in stuck})))}"
+    return (f"{len(stuck)} rollbacks to step {targets} in a row never got the run past step {top}: {cause}; the run "
+            f"stopped, its newest checkpoint step {stuck[-1].rolled_back_to}: lower training.lr, lengthen "
+            "training.warmup_steps or set training.grad_clip and resume, or raise training.spike.max_rollbacks "
+            f"(now {bound}) to let it retry longer")

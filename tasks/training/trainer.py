@@ -135,6 +135,7 @@ class Trainer:
         rec = self.guard.skipped(spike_step, self.last_loss, self.last_gnorm, decision.verdict, window,
                                  target.step if target is not None else None)
         self.prog.emit("spike", **rec.model_dump())
+        self.guard.bound_rollbacks(rec)
 
     def _tensors(self) -> Tensors:
         return training_tensors(self.m.core, self.m.optimizer, with_model=self.m.owns_model)
