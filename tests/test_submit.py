@@ -486,6 +486,50 @@ def test_an_in_flow_evaluation_that_fails_is_kept_with_its_cause_and_one_retenti
     assert "retention" not in got[20] and got[20].startswith("cannot read")
 
 
+def _commit_tiny(st: Storage, step: int) -> None:
+    """One committed step of a 4-float model under `st` (an in-flow evaluator's test input)."""
+    import torch
+
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    c = ck.AsyncCheckpointer(st, 0, 1, run="t", keep=10)
+    c.save(step, [("model.w", torch.full((4,), float(step)))], fields)
+    c.close()
+
+
+def test_a_step_a_rollback_discarded_while_queued_for_evaluation_is_named_not_failed_and_evaluated_again(tmp_path):
+    """After red team 41o S10: a loss-spike rollback to step 10 discarded step 20 while the in-flow evaluator had it
+    queued; its evaluation failed (`no manifest.json`) and counted as a failure of the run. Now it is named as
+    discarded by design, and the step the run commits again on its new timeline is evaluated."""
+    from tasks.pipeline.evaluations import InFlowEvaluator, retired_steps
+
+    st = Storage(f"file://{tmp_path}/ckpt")
+
+    def commit(step: int) -> None:
+        _commit_tiny(st, step)
+
+    commit(10), commit(20)
+    warned: list[str] = []
+    tried: list[str] = []
+
+    def evaluate(uri: str):
+        tried.append(uri)
+        if uri.endswith("step_00000020") and len(tried) == 2:  # the trainer rolls back to 10 while 20 is queued
+            ck.discard_after(st, 10)
+            raise ck.CheckpointError(f"{uri} is not a committed checkpoint (no manifest.json)")
+        return uri
+
+    ev = InFlowEvaluator(st.uri, str(tmp_path / "evals"), "t", "quick", evaluate, warned.append)
+    ev.catch_up()
+    assert ev.failures() == [] and 20 not in ev.retired, (warned, ev.failures())
+    assert len(warned) == 1 and "discarded when the run went back to step 10" in warned[0], warned
+    gone = retired_steps(st.uri, [10, 20], {10})  # submit's wait does not wait for it either
+    assert [g.step for g in gone] == [20] and "discarded" in gone[0].why
+    commit(20)  # the new timeline commits step 20 again: it is evaluated
+    ev.catch_up()
+    assert [s for s in ev.summaries()] == [st.uri + "/step_00000010", st.uri + "/step_00000020"], tried
+    assert retired_steps(st.uri, [10, 20], {10}) == []  # committed again: waited for
+
+
 def test_evaluation_runs_stuck_pending_are_crashed_and_waiting_for_a_worker_is_said(prefect_server):
     from datetime import UTC, datetime, timedelta
 
@@ -1256,17 +1300,13 @@ def test_the_gpus_go_back_as_the_trainer_ends_while_the_prefect_server_is_stoppe
 
 
 def test_the_in_flow_evaluator_starts_the_next_evaluations_processes_only_when_another_evaluation_follows(tmp_path):
-    import torch
 
     from tasks.pipeline.evaluations import InFlowEvaluator
 
     st = Storage(f"file://{tmp_path}/ckpt")
-    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
 
     def commit(step: int) -> None:
-        c = ck.AsyncCheckpointer(st, 0, 1, run="t", keep=10)
-        c.save(step, [("model.w", torch.full((4,), float(step)))], fields)
-        c.close()
+        _commit_tiny(st, step)
 
     calls: list[str] = []
 

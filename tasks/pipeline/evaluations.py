@@ -71,6 +71,9 @@ class InFlowEvaluator:
                 self.retired[step] = why
                 self.warn(f"{why}: not evaluated (not a failure of the run)")
                 return
+            if why := ck.abandoned(Storage(self.root), step):  # not kept in `retired`: the run may commit it again
+                self.warn(f"{why}: not evaluated (not a failure of the run)")
+                return
             cause = str(err) or type(err).__name__
             self.missed[step] = cause
             self.warn(f"evaluation of step {step} failed: {cause}")
@@ -120,19 +123,21 @@ _KILL_SENDERS = ("a dataset plugin that kills its own process group, the kernel'
 
 
 class Retired(BaseModel):
-    """A step retention removed before it was scored, and why (`ck.retired`)."""
+    """A step removed by design before it was scored, and why: by retention (`ck.retired`), or discarded by a
+    rollback or resume to an earlier step (`ck.abandoned`)."""
 
     step: int
     why: str
 
 
 def retired_steps(root: str, steps: list[int], scored: set[int] | dict) -> list[Retired]:
-    """The steps of `steps` with no score that retention removed (by design). They are not waited for, not
-    evaluated, and not a failure of the run (red team 41e S14)."""
+    """The steps of `steps` (each seen committed) with no score that retention removed or a rollback discarded (by
+    design). They are not waited for, not evaluated, and not a failure of the run (red team 41e S14)."""
     if not root:
         return []
     storage = Storage(root)
-    return [Retired(step=s, why=why) for s in steps if s not in scored and (why := ck.retired(storage, s))]
+    return [Retired(step=s, why=why) for s in steps
+            if s not in scored and (why := ck.retired(storage, s) or ck.abandoned(storage, s))]
 
 
 def collect_scores(read: Callable[[], dict[int, EvalSummary]], steps: list[int], timeout_s: float,

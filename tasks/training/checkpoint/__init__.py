@@ -23,7 +23,7 @@ from tasks.training.checkpoint.manifest import (
     step_dir,
 )
 from tasks.training.checkpoint.read import committed, list_steps, read_full, read_manifest, read_shard, survey, verify
-from tasks.training.checkpoint.retention import apply_retention, discard_after, retired
+from tasks.training.checkpoint.retention import abandoned, apply_retention, discard_after, retired
 
 if TYPE_CHECKING:
     from tasks.training.checkpoint.persist import AsyncCheckpointer
@@ -42,6 +42,6 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AsyncCheckpointer", "CheckpointError", "CheckpointMismatch", "RetiredCheckpoint", "CheckpointRecord", "Manifest", "ShardRecord",
-    "SnapshotBuffer", "TensorEntry", "apply_retention", "committed", "discard_after", "list_steps", "read_full", "retired",
-    "read_manifest", "read_shard", "snapshot_buffers", "step_dir", "survey", "verify",
+    "SnapshotBuffer", "TensorEntry", "abandoned", "apply_retention", "committed", "discard_after", "list_steps",
+    "read_full", "retired", "read_manifest", "read_shard", "snapshot_buffers", "step_dir", "survey", "verify",
 ]

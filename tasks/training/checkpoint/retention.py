@@ -44,6 +44,18 @@ def discard_after(storage: Storage, step: int) -> list[int]:
     return removed
 
 
+def abandoned(storage: Storage, step: int) -> str | None:
+    """Why `step`, committed once (a caller saw its manifest) and now without one, is gone by design, or None: newer
+    than every step still committed, it was discarded when the run rolled back or resumed to an earlier step
+    (`discard_after`: that timeline is abandoned). A step no one saw committed is not asked about here: a mistyped
+    step is the user's error, not this."""
+    kept = committed(storage)
+    if not kept or step <= kept[0].step:
+        return None
+    return (f"step {step} of {storage.uri} was discarded when the run went back to step {kept[0].step} (a loss-spike "
+            "rollback or a resume abandons the newer steps), by design; the run commits its steps again as it trains on")
+
+
 def retired(storage: Storage, step: int) -> str | None:
     """Why `step`, which has no committed manifest under `storage`, is gone by design, or None: a step older than the
     newest committed one is not kept once newer steps are committed (`apply_retention`). Names the setting and the
