@@ -30,6 +30,10 @@ class OutputError(FrenzyError, ValueError):
     """An output target Frenzy will not write; the message names the fix."""
 
 
+class BusyError(OutputError):
+    """Another writer holds the output's lock right now (`held` without `wait`)."""
+
+
 def _is_step(q: Path, by_content: bool) -> bool:
     if not re.fullmatch(r"step_\d+", q.name):
         return False
@@ -66,10 +70,11 @@ def refuse_protected(out: Path, what: str, by_content: bool = False) -> None:
 
 
 @contextmanager
-def held(out: Path, what: str, wait: bool = False) -> Iterator[None]:
-    """The one-writer lock of output `out`: an flock on `.NAME.lock` beside it, which names its holder. A second
-    writer waits for it (`wait`) or is refused at once, naming the first."""
-    lock = out.parent / f".{out.name}.lock"
+def held(out: Path, what: str, wait: bool = False, note: str = "") -> Iterator[None]:
+    """The one-writer lock of output `out`: an flock on `.NAME.lock` beside it, which names its holder (its first
+    line) and, on the lines after, the holder's `note` (`lock_note` reads it). A second writer waits for it (`wait`)
+    or is refused at once, naming the first (`BusyError`)."""
+    lock = lock_path(out)
     made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
     try:
         with machine_errors(what, out):  # a full disk names the output and its disk (red team 41h N8)
@@ -77,7 +82,7 @@ def held(out: Path, what: str, wait: bool = False) -> Iterator[None]:
             fd = _lock_file(lock, out, what, wait)
             try:
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()})".encode(), 0)
+                os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()})\n{note}".encode(), 0)
             except BaseException:
                 _unlock(lock, fd)
                 raise
@@ -90,6 +95,19 @@ def held(out: Path, what: str, wait: bool = False) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def lock_path(out: Path) -> Path:
+    return out.parent / f".{out.name}.lock"
+
+
+def lock_note(out: Path) -> str:
+    """The note the writer holding (or last holding: a killed one's file stays) `out`'s lock gave `held`; "" when
+    there is no lock file or no note yet (read without locking: a probe would make a writer's own try fail)."""
+    try:
+        return lock_path(out).read_text(errors="replace").partition("\n")[2].strip()
+    except OSError:
+        return ""
 
 
 def _unlock(lock: Path, fd: int) -> None:
@@ -112,9 +130,9 @@ def _lock_file(lock: Path, out: Path, what: str, wait: bool) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            holder = os.pread(fd, 200, 0).decode(errors="replace").partition("\n")[0].strip() or "another process"
             os.close(fd)
-            raise OutputError(f"another {what} is writing {out} right now ({holder}); wait for it to finish, or "
+            raise BusyError(f"another {what} is writing {out} right now ({holder}); wait for it to finish, or "
                               "give another directory") from None
         except BaseException:
             os.close(fd)
@@ -249,6 +267,9 @@ def _keep_failed(tmp: Path, kept: Path, err: BaseException) -> bool:
     with contextlib.suppress(OSError):  # without its mark it is only never removed by a later writer
         (kept / ".frenzy-failed").touch()
     err.args = tuple(a.replace(str(tmp), str(kept)) if isinstance(a, str) else a for a in err.args)
+    if isinstance(err, OSError):  # its file names are not in its args (red team 41o S7: a full disk named the temp)
+        err.filename, err.filename2 = (f.replace(str(tmp), str(kept)) if isinstance(f, str) else f
+                                       for f in (err.filename, err.filename2))
     return True
 
 

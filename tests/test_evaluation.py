@@ -406,6 +406,48 @@ def test_two_roots_with_one_run_name_keep_their_own_results_in_one_history(ckpt,
     assert again.result == got[1].result  # the second root's own place, not the first's
 
 
+def test_a_second_root_evaluated_while_the_first_is_writing_goes_beside_it_at_once(ckpt, tmp_path):
+    """Red team 41o S6: carol's root and hana's copy of it (one run name) evaluated at the same moment into one
+    history with `frenzy evaluate` (refused at once when busy). Before: the second exited 2, "another frenzy evaluate
+    is writing .../small right now"; the decision "another root's directory" was made only from finished results.
+    Now the writer's lock names its root, so the second root goes to `small@TAG/` at once; the same root is still
+    refused."""
+    import threading
+
+    from tasks.evaluation.record import evaluate_and_record
+    from tasks.outdir import OutputError
+
+    src = ckpt.removeprefix("file://")
+    carol, hana = tmp_path / "carol", tmp_path / "hana"
+    for r in (carol, hana):
+        shutil.copytree(src, r)
+    hist, suite = str(tmp_path / "evals"), one_dataset()
+    writing, go_on, got = threading.Event(), threading.Event(), []
+
+    def hold(_msg: str, _frac: float) -> None:  # carol's evaluation, inside its lock, waits for the checks below
+        writing.set()
+        go_on.wait()
+
+    def first() -> None:
+        try:
+            got.append(evaluate_and_record(f"file://{carol}/step_00000010", suite, EvalOptions(), hist, hold)[1])
+        finally:
+            writing.set()
+
+    th = threading.Thread(target=first)
+    th.start()
+    try:
+        assert writing.wait(timeout=120) and th.is_alive(), got
+        second = evaluate_and_record(f"file://{hana}/step_00000010", suite, EvalOptions(), hist)[1]
+        assert Path(second.result).parent.name == f"small@{history.root_tag(str(hana))}" and not second.failed
+        with pytest.raises(OutputError, match="right now"):  # the same root as the writer: refused, as before
+            evaluate_and_record(f"file://{carol}/step_00000010", suite, EvalOptions(), hist)
+    finally:
+        go_on.set()
+        th.join()
+    assert got and Path(got[0].result).parent.name == "small" and not got[0].failed
+
+
 def test_a_failed_evaluations_named_log_survives_another_roots_evaluation_of_the_same_step(ckpt, tmp_path):
     """Red team 41n C3: two copies of one run evaluated into one history (as evaluate-pending does), one with a corrupt
     shard. Its step's failure named its log at `<run>/step_N/<suite>.failed/trials/...`; the good copy's evaluation of

@@ -677,6 +677,9 @@ def test_a_full_disk_while_evaluating_names_the_path_that_filled_and_the_fix(ckp
                  "--out-dir", str(tmp_path / "o"), "--json"]) == 2
     msg = json.loads(capsys.readouterr().out)["error"]["message"]
     assert re.search(r"/trials/trial-\d{4}\.json: no space left on the device", msg), msg
+    # red team 41o S7: the path named is where the attempt's file now is (kept at `o.failed/`), not the gone temp
+    named = Path(re.search(r": (\S+/trials/trial-\d{4}\.json): no space", msg)[1])
+    assert named.parent.parent == tmp_path / "o.failed" and named.parent.is_dir() and ".tmp-" not in msg, msg
     assert msg.endswith("the disk is full): free space there, or point --out-dir and --history-dir at another disk"), msg
     assert list((tmp_path / "shm").glob("*")) == [] if (tmp_path / "shm").exists() else True
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".o")) == []  # no temp dir, no lock
@@ -713,3 +716,46 @@ def test_a_trial_beats_on_each_forward_pass_so_a_long_honest_chunk_keeps_its_dea
     lm.nll_batch([[1, 2, 3, 4], [5, 6, 7]], batch=1)  # two forward passes
     lm.generate_batch(["ab"], max_new_tokens=3)  # prefill and decode steps
     assert events[:2] == [{"event": "beat"}, {"event": "beat"}] and len(events) >= 4, events
+
+
+def test_a_metric_process_stopped_as_it_starts_fails_its_dataset_at_the_startup_deadline(tmp_path, monkeypatch):
+    """Red team 41o S14: a plugin's metric process SIGSTOPped as it started held the evaluation 10 min 30 s with no
+    message: the plugin deadline did not count the start-up (until its `ready` line). Now the start-up has its own
+    deadline (`startup_s`; in a suite, `plugin_timeout_s` but at least 60 s): its group is killed and the job fails
+    (MetricJobDied, which fails only its dataset), naming the dataset's source and what to do. Without it the job
+    waited until this test's safety SIGCONT and then answered."""
+    import contextlib
+
+    from tasks.evaluation import metricjobs
+    from tasks.evaluation.datasets import EvalContext
+    from tasks.evaluation.metricjobs import STARTUP_FLOOR_S, MetricJobDied, MetricJobs
+
+    started: list[subprocess.Popen] = []
+
+    def stopped(*a, **kw):  # noqa: ANN202 - the metric process, stopped the moment it exists
+        proc = metricjobs_popen(*a, **kw)
+        os.kill(proc.pid, signal.SIGSTOP)
+        started.append(proc)
+        return proc
+
+    metricjobs_popen = metricjobs.popen_trial
+    monkeypatch.setattr(metricjobs, "popen_trial", stopped)
+
+    def resume() -> None:  # only without the deadline: the stopped process would otherwise hang this test
+        for p in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+
+    safety = threading.Timer(120, resume)
+    safety.start()
+    jobs = MetricJobs(tmp_path / "trials", deadline_s=900, startup_s=2)
+    try:
+        with pytest.raises(MetricJobDied, match=r"rt_stop:good: its metric process was not ready 2s after it st"):
+            jobs.probe({"dataset": "good", "source": "rt_stop:good", "mode": "gen", "options": {}},
+                       EvalContext())
+    finally:
+        safety.cancel()
+        jobs.close()
+    assert started and started[0].poll() == -signal.SIGKILL  # its group killed, not left stopped
+    assert MetricJobs(tmp_path, deadline_s=8).startup_s == STARTUP_FLOOR_S  # a short plugin deadline: the floor
+    assert MetricJobs(tmp_path).startup_s == 900.0  # the default plugin deadline is longer: that one

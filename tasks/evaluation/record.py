@@ -10,8 +10,12 @@ reader goes through it.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
 
 from tasks.artifactkey import step_root
 from tasks.errors import FrenzyError, as_frenzy_error, environment_problem
@@ -20,20 +24,34 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
 from tasks.evaluation.summary import EvalSummary
-from tasks.outdir import OutputError, check_dir_target, failed_dir, fill_dir, held, machine_errors
+from tasks.outdir import BusyError, OutputError, check_dir_target, failed_dir, fill_dir, held, lock_note, machine_errors
 from tasks.paths import place_key
+from tasks.procs import alive
 from tasks.training import checkpoint as ck
 from tasks.userfiles import LIMITS, read_bytes
 
 
+class Writer(BaseModel):
+    """Who holds an evaluation directory's lock, for which checkpoint root (place_key): its lock's note."""
+
+    pid: int
+    host: str
+    root: str
+
+    def live(self) -> bool:
+        return self.host != socket.gethostname() or alive(self.pid)
+
+
 @contextlib.contextmanager
-def sole_writer(out_dir: str | Path, wait: bool = True) -> Iterator[None]:
+def sole_writer(out_dir: str | Path, wait: bool = True, root: str = "") -> Iterator[None]:
     """Hold the evaluation directory `out_dir` alone (tasks/outdir.py's lock, `.NAME.lock` beside it): a second
     evaluation of the same step and suite (an in-flow evaluation and an event-triggered deployment run, say) waits
     here until the first is done, or with `wait` False is refused at once, naming the first. Two writers would mix
-    their chunk files (`humaneval: 32 of 16 examples scored`)."""
+    their chunk files (`humaneval: 32 of 16 examples scored`). `root`: the checkpoint root (place_key) being
+    evaluated, in the lock's note, so that another root's evaluation goes beside it at once (`_holder_root`)."""
     out = Path(out_dir).expanduser().absolute()
-    with held(out, "frenzy evaluate", wait=wait):
+    note = Writer(pid=os.getpid(), host=socket.gethostname(), root=root).model_dump_json() if root else ""
+    with held(out, "frenzy evaluate", wait=wait, note=note):
         yield
 
 
@@ -66,8 +84,13 @@ logs at `OUT.failed`, so that another root's evaluation goes beside them, not ov
 
 
 def _holder_root(out: Path) -> str | None:
-    """The checkpoint root (place_key) whose results `out` holds, or else whose failed attempt `OUT.failed` holds
-    (another root's success at `out` would remove those logs, which its error named); None when neither."""
+    """The checkpoint root (place_key) whose evaluation is writing `out` now (its lock's note: red team 41o S6, the
+    second root waited on or was refused by the first's lock), else whose results `out` holds, or else whose failed
+    attempt `OUT.failed` holds (another root's success at `out` would remove those logs, which its error named);
+    None when none."""
+    writer = _writer(out)
+    if writer is not None:
+        return writer.root
     try:
         uri = EvalResult.model_validate_json(read_bytes(out / "result.json", "evaluation result", LIMITS["json"])).uri
         return history.uri_key(uri if is_hf_dir(uri) else step_root(uri))
@@ -77,6 +100,15 @@ def _holder_root(out: Path) -> str | None:
         return (failed_dir(out) / ROOT_MARK).read_text().strip() or None
     except OSError:
         return None
+
+
+def _writer(out: Path) -> Writer | None:
+    """The live writer of `out` its lock names; None when none does (no lock, no note yet, or a dead holder's)."""
+    try:
+        w = Writer.model_validate_json(lock_note(out) or "null")
+    except ValidationError:
+        return None
+    return w if w.live() else None
 
 
 def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: str = "evals",
@@ -96,16 +128,25 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         storage, m = resolve_manifest(uri)
         run, step, at = m.run, m.step, storage.url(ck.step_dir(m.step))
     root = uri if at is None else step_root(at)
-    for _ in range(2):  # another root of the run name may take the plain directory while this waits for its lock
+    for _ in range(3):  # another root of the run name may take the plain directory first, or while this waits
         out = (Path(opts.out_dir).expanduser().absolute() if opts.out_dir
                else results_dir(history_dir, run, step, suite.name, root))
         check_dir_target(out, "frenzy evaluate", by_content=True)  # its own layout is evals/<run>/step_<N>/<suite>
-        with sole_writer(out, wait=not reevaluate):
+        with contextlib.ExitStack() as lock:
+            try:  # not waiting first: a lock another root took since `results_dir` looked sends this one beside it
+                lock.enter_context(sole_writer(out, wait=False, root=place_key(root)))
+            except BusyError:
+                if not opts.out_dir and results_dir(history_dir, run, step, suite.name, root) != out:
+                    continue
+                if reevaluate:
+                    raise
+                lock.enter_context(sole_writer(out, wait=True, root=place_key(root)))
             if opts.out_dir or results_dir(history_dir, run, step, suite.name, root) == out:
                 return _record_into(out, uri, suite, opts, history_dir, progress,
                                     None if reevaluate else recorded(history_dir, run, step, suite.name, at), overwrite,
                                     place_key(root))
-    raise OutputError(f"{out} was taken by another checkpoint root's evaluation twice while this one waited; run it again")
+    raise OutputError(f"{out} was taken by another checkpoint root's evaluation three times while this one waited; "
+                      "run it again")
 
 
 def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_dir: str,
