@@ -95,6 +95,40 @@ HELDOUT_CONFIGS: list[tuple[str, dict, int, dict]] = [
     ("llama3-shape 2.7b b4 s2048 full-rc", LLAMA3_3B, 4, {"seq_len": 2048, "recompute": "full"}),
     ("llama2-7b b1 s2048 full-rc", {"preset": "llama2-7b"}, 1, {"seq_len": 2048, "recompute": "full"}),
 ]
+# Held out again (chosen 2026-11-27 before any of them ran, after the full/op recompute term was fitted on the H100
+# rows of CONFIGS, so its first unseen test), for `--set heldout2` on one H100 80GB: GQA ratios 2, 5, 6, 7 and 12,
+# head_dim 64 at 32 heads, tied large vocabularies (152k, 256k), vocab 32k-256k, seq 256 and 8192, micro-batch 1-64,
+# fp16-mixed with recompute, fp32 with Adam, SGD (bf16-mixed and pure bf16), math attention at seq 2048, 0.11B-7.2B;
+# eight rows recompute (four full, two op, two selective).
+QWEN2_05B = {"preset": "qwen2-7b", "layers": 24, "hidden": 896, "heads": 14, "kv_heads": 2, "ffn_hidden": 4864,
+             "tied_embeddings": True}
+LLAMA_03B = {"preset": "llama2-7b", "layers": 16, "hidden": 1024, "heads": 16, "kv_heads": 8, "ffn_hidden": 2816}
+LLAMA_GQA12 = {"preset": "llama3-8b", "layers": 16, "hidden": 1536, "heads": 24, "kv_heads": 2, "ffn_hidden": 4096,
+               "vocab": 100352}
+GEMMA_1B = {"preset": "llama2-7b", "layers": 18, "hidden": 1536, "heads": 12, "kv_heads": 2, "ffn_hidden": 6144,
+            "vocab": 256000, "tied_embeddings": True}
+LLAMA32_1B = {"preset": "llama3-8b", "layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "ffn_hidden": 8192,
+              "tied_embeddings": True}
+LLAMA_GQA5 = {"preset": "llama2-7b", "layers": 20, "hidden": 2560, "heads": 20, "kv_heads": 4, "ffn_hidden": 6912}
+GPT_27B = {"preset": "gpt2-1.5b", "layers": 32, "hidden": 2560, "heads": 32, "vocab": 51200}
+HELDOUT2_CONFIGS: list[tuple[str, dict, int, dict]] = [
+    ("gpt2-124m b64 s256", {"preset": "gpt2-124m"}, 64, {"seq_len": 256}),
+    ("bert-base b16 s512 fp32 adam", {"preset": "bert-base"}, 16,
+     {"seq_len": 512, "precision": "fp32", "optimizer": "adam"}),
+    ("qwen2-shape 0.5b GQA7 tied vocab152k b8 s2048 op-rc", QWEN2_05B, 8, {"seq_len": 2048, "recompute": "op"}),
+    ("llama-shape 0.3b GQA2 vocab32k b1 s8192 full-rc", LLAMA_03B, 1, {"seq_len": 8192, "recompute": "full"}),
+    ("gpt2-350m b4 s2048 math", {"preset": "gpt2-350m"}, 4, {"seq_len": 2048, "attention": "math"}),
+    ("gpt2-350m b64 s1024 full-rc", {"preset": "gpt2-350m"}, 64, {"seq_len": 1024, "recompute": "full"}),
+    ("llama-shape 0.7b GQA12 vocab100k b16 s1024 sgd", LLAMA_GQA12, 16, {"seq_len": 1024, "optimizer": "sgd"}),
+    ("gemma-shape 1.0b GQA6 tied vocab256k b4 s2048 fp16-mixed selective-rc", GEMMA_1B, 4,
+     {"seq_len": 2048, "precision": "fp16-mixed", "recompute": "selective"}),
+    ("llama3.2-shape 1.2b tied vocab128k b2 s8192 op-rc", LLAMA32_1B, 2, {"seq_len": 8192, "recompute": "op"}),
+    ("llama-shape 1.5b GQA5 vocab32k b4 s4096 fp16-mixed full-rc", LLAMA_GQA5, 4,
+     {"seq_len": 4096, "precision": "fp16-mixed", "recompute": "full"}),
+    ("gpt2-shape 2.7b vocab51k b2 s2048 selective-rc", GPT_27B, 2, {"seq_len": 2048, "recompute": "selective"}),
+    ("mistral-7b b1 s4096 bf16 sgd full-rc", {"preset": "mistral-7b"}, 1,
+     {"seq_len": 4096, "precision": "bf16", "optimizer": "sgd", "recompute": "full"}),
+]
 SMOKE_CONFIGS: list[tuple[str, dict, int, dict]] = [
     ("gpt-tiny b2 s64", {"preset": "gpt-tiny"}, 2, {"seq_len": 64}),
     ("gpt-tiny b2 s64 full-rc", {"preset": "gpt-tiny"}, 2, {"seq_len": 64, "recompute": "full"}),
@@ -102,6 +136,7 @@ SMOKE_CONFIGS: list[tuple[str, dict, int, dict]] = [
                                  "ffn_hidden": 128, "vocab": 512}, 2, {"seq_len": 64, "recompute": "op"}),
 ]
 
+CONFIG_SETS = {"fit": CONFIGS, "heldout": HELDOUT_CONFIGS, "heldout2": HELDOUT2_CONFIGS}  # `--set`
 
 @dataclass
 class CkptSetup:
@@ -531,8 +566,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for gpu_check.json and gpu_check.md")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few steps (checks the script on a CPU)")
-    ap.add_argument("--set", choices=["fit", "heldout"], default="fit",
-                    help="part A's configurations: those the memory model was corrected on, or the held-out ones")
+    ap.add_argument("--set", choices=list(CONFIG_SETS), default="fit",
+                    help="part A's configurations: those the memory model was corrected on (fit), or a held-out set")
     ap.add_argument("--gpu", help="catalog GPU type MARP predicts for (default: the device's name, else H100-80GB)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--ckpt-dir", help="where part B writes checkpoints (default: /tmp, else /dev/shm)")
@@ -554,7 +589,7 @@ def main() -> int:
     log(f"MARP predicts for {gpu.name}")
     tmp = scratch / "work"
     if args.skip != "a":
-        full = HELDOUT_CONFIGS if args.set == "heldout" else CONFIGS
+        full = CONFIG_SETS[args.set]
         configs, steps = (SMOKE_CONFIGS, (2, 2)) if args.smoke else (full, (3, 5))
         part_a(rep, configs, dev, gpu, tmp, steps, time.perf_counter() + args.budget_a_s)
     if args.skip != "b":
