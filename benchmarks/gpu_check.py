@@ -552,7 +552,9 @@ def markdown(rep: Report) -> str:
     e = rep.env
     head = [f"# GPU check\n\n{e.get('gpu', e['device'])} ({e.get('nvidia_smi', '')}), torch {e['torch']}, CUDA "
             f"{e.get('cuda')}, Python {e['python']}, {e['cpus']} CPUs, {e['date']}, `{e['command']}`.\n"]
-    return "\n".join(head + _marp_md(rep.marp) + _ckpt_md(rep.checkpoint)) + "\n"
+    parts = _marp_md(rep.marp) if rep.marp else []
+    parts += _ckpt_md(rep.checkpoint) if rep.checkpoint else []  # a part skipped (--skip) gets no section
+    return "\n".join(head + parts) + "\n"
 
 
 def third_party_modules() -> list[str]:

@@ -78,3 +78,14 @@ def test_heldout2_rows_are_new_shapes_that_fit_an_h100():
     for (name, _, mb, _), job in zip(rows, jobs, strict=True):
         assert predict_peak_memory(job, Layout(micro_batch=mb), gpu).device_bytes < 76 * 2**30, name
     assert gc.CONFIG_SETS["heldout2"] is rows
+
+
+def test_a_skipped_part_gets_no_section_in_the_markdown(tmp_path):
+    """`--skip b` used to print a part B table of `None`s under the measured part A."""
+    gc = _gpu_check()
+    env = {"device": "cuda", "torch": "2", "python": "3.12", "cpus": 16, "date": "2026-11-27", "command": "x"}
+    row = json.loads((ROOT / "benchmarks/results/gpu_h200.json").read_text())["marp"][0]  # a measured row
+    md = gc.markdown(gc.Report(tmp_path, env, marp=[row]))
+    assert "## A." in md and "## B." not in md
+    md = gc.markdown(gc.Report(tmp_path, env, checkpoint={"model": "m", "runs": {}}))
+    assert "## B." in md and "## A." not in md
