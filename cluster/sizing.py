@@ -108,8 +108,7 @@ class Candidate:
     nodes: list[tuple[str, int]] | None
     """Where it goes now (best fit), or None when it does not fit the free GPUs now."""
     penalty: float = 0.0
-    """What its GPU-seconds beyond the job's fewest are predicted to cost the jobs queued and arriving (seconds); for a
-    plan to wait for, plus the wait the queue ahead adds (`_queue_toll`)."""
+    """What its GPU-seconds beyond the job's fewest are predicted to cost the jobs queued and arriving (seconds)."""
 
     @property
     def cost(self) -> float:
@@ -224,16 +223,6 @@ class Backlog:
             claims = [(g, r) for c, g, r in self._claims if self._meets(c, key)]
             rep = self._replays[(mine, have)] = _Replay(self.now_s, have, ends, np.diff(cum, prepend=0), claims)
         return rep.start_s(req.gpus)
-
-    def released_s(self, req: GpuRequest, usable: int | None = None) -> float:
-        """When `req` would start if no job ahead claimed its GPUs: the first predicted release that frees enough of
-        them (`start_s` without the claims; the difference is the wait the queue ahead adds, `_queue_toll`)."""
-        have = self.pool.usable(req) if usable is None else usable
-        if have >= req.gpus:
-            return self.now_s
-        ends, cum = self._timeline(req)
-        i = int(np.searchsorted(cum, req.gpus - have, side="left"))
-        return float(ends[i]) if i < len(ends) else math.inf
 
     def releases_by(self, req: GpuRequest, t: float) -> int:
         """Running allocations' releases (one per node) on GPUs `req` admits predicted at or before `t`: how many
@@ -533,27 +522,8 @@ def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k:
                ) -> Candidate:
     r = requests[k]
     nodes = place(free.pool, r) if free.fits(r) else None
-    if nodes is not None:
-        return Candidate(k, r, backlog.now_s, backlog.now_s + (r.run_s or 0.0), nodes, penalty)
-    start = backlog.start_s(r, free.usable(r))
-    return Candidate(k, r, start, start + (r.run_s or 0.0), None, penalty + _queue_toll(backlog, r, start, free))
-
-
-def _queue_toll(backlog: Backlog, r: GpuRequest, start: float, free: _Free) -> float:
-    """What a plan to wait for costs the jobs that will queue behind it (round 20): the part of its predicted wait that
-    the claims of jobs ahead add to the releases' (its start less `Backlog.released_s`). A job that joins the queue
-    for busy GPUs is priced only by its own wait, so jobs join until that wait equals the slowdown of the plan that
-    fits now (on round 17's R7, fresh-mid512 at load 1.1, the 800 s jobs queued up to 2,300 s for the H200s or ran
-    3.2x slower on A100s at once: p50 1.75x fcfs's, which ran them on an H200 at once), and the queue adds wait without
-    adding a GPU's work: the GPUs are busy either way. Its claim delays each job queued behind it by about its share
-    of the GPUs; in a steady queue about as many queue behind it when it starts as are ahead of it when it joins, so
-    that delay is about the wait the queue ahead adds to its own (Naor's toll on joining a queue, 1969). Waits on
-    releases alone (no claim ahead) pay nothing. Capped at the plan's own run: its claim holds each job behind it back
-    by at most that, and the queue's part is the least certain part of a prediction (uncapped, long jobs of round 6's
-    H3 whose waits for H100s were predicted at about 2.3x what they came to ran on A10s 8.5x slower: average +2.1%)."""
-    if math.isinf(start):
-        return 0.0
-    return min(max(0.0, start - backlog.released_s(r, free.usable(r))), r.run_s or 0.0)
+    start = backlog.now_s if nodes is not None else backlog.start_s(r, free.usable(r))
+    return Candidate(k, r, start, start + (r.run_s or 0.0), nodes, penalty)
 
 
 def goodput_penalty(requests: Sequence[GpuRequest], backlog: Backlog, behind: int, arrivals_per_s: float

@@ -90,30 +90,6 @@ def test_a_job_runs_now_ahead_of_a_wait_only_where_the_predicted_start_rests_on_
     assert waited.start_s == pytest.approx(6000.0) and waited.cost < next(c for c in ch.candidates if c.nodes).cost
 
 
-@pytest.mark.parametrize("claims, release_s, starts_now",
-                         [(8, 500.0, True), (16, 500.0, True), (0, 500.0, False), (0, 1500.0, False)])
-def test_a_wait_behind_a_queue_pays_for_the_jobs_it_delays(claims, release_s, starts_now):
-    """Round 20: eight A100s busy until `release_s`, the 2080Tis idle (their plan, 3x slower, costs the others
-    nothing). Behind 8 jobs waiting for the A100s (1,000 s each) the job is predicted to start at 1,500 s: finish
-    2,500 s against 3,000 s on a 2080Ti now, but 1,000 s of that wait is the queue's, not the releases', and its claim
-    would delay the jobs that queue behind it by about as much (`_queue_toll`, capped at its run): it runs now.
-    Controls: with no queue it waits for the release at 500 s; and a start at 1,500 s that rests on the releases
-    alone (no claim ahead) pays no toll: it waits, as before round 20. Behind 16 the queue adds 2,000 s; the toll
-    stays at the job's own run (1,000 s)."""
-    pool = _pool(0, 8)
-    backlog = Backlog(pool, [Running(end_s=release_s, nodes=(("a0", 1),)) for _ in range(8)], now_s=0.0)
-    for _ in range(claims):
-        backlog.claim(GpuRequest(1, 8, 1, FAST, run_s=1000.0))
-    reqs = [GpuRequest(1, 8, 1, FAST, run_s=1000.0), GpuRequest(1, 8, 1, SLOW, run_s=3000.0)]
-    ch = choose(pool, reqs, backlog, spare=0, behind=10)
-    first = ch.candidates[0]
-    assert (first.nodes is not None) == starts_now
-    waited = next(c for c in ch.candidates if c.nodes is None)
-    assert waited.start_s == pytest.approx(release_s + 1000.0 * claims / 8)
-    assert waited.penalty == pytest.approx(1000.0 if claims else 0.0)
-    assert first.finish_s == pytest.approx(3000.0 if starts_now else waited.finish_s)
-
-
 @pytest.mark.parametrize("claim_ahead, starts_slow", [(True, True), (False, False)])
 def test_a_release_overdue_is_predicted_now_not_in_the_past(claim_ahead, starts_slow):
     """The A100s' allocation was predicted to end at 2000 s; it is 3000 s and it still runs. Its release is predicted
