@@ -78,7 +78,7 @@ def fallback_alone(half: str) -> dict:
         if v is not None:
             answered += 1
             right += v.category == lg.category
-            root += bool(v.line) and lg.root_line in v.line
+            root += bool(v.line) and lg.root_line.strip() in v.line
     return {"logs": len(logs), "answered": answered, "category_right": right, "root_line_right": root,
             "threshold": model.threshold}
 

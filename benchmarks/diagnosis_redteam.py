@@ -50,7 +50,7 @@ def run(root: Path) -> list[Outcome]:
         d = diagnose(root / "logs" / f"{r['id']}.log")
         line = d.root_cause_line or ""
         out.append(Outcome(r["id"], r["family"], r["category"], d.category, d.category == r["category"],
-                           bool(line) and r["root_line"] in line, d.category == "unknown",
+                           bool(line) and r["root_line"].strip() in line, d.category == "unknown",
                            d.restartable == r["restartable"], line[:200], r["root_line"], time.perf_counter() - t0))
     return out
 

@@ -149,3 +149,16 @@ def test_learned_rules_are_confined(tmp_path, monkeypatch):
     assert ok is not None and ok.priority == LEARNED_PRIORITY and ok.restartable  # infrastructure stays restartable
     (rule,) = learned_rules()
     assert rule.pattern == ok.pattern and "\x1b" not in rule.mitigation and rule.priority < 10
+
+
+def test_a_labelled_root_line_matches_whatever_its_leading_whitespace():
+    """Labels copy a log line as it stands (`  what():  CUDA error ...` under a C++ abort); the diagnosis answers the
+    line stripped. The benchmarks' comparison strips the label too, or a right answer is scored a miss."""
+    from tasks.diagnosis.realbench import Outcome, RealLog
+
+    log = RealLog(id="x/1", project="x", url="", type="cuda_error", category="infrastructure", restartable=True,
+                  root_line="  what():  CUDA error: an illegal memory access was encountered", label_source="", trim="")
+    hit = Outcome(log, "infrastructure", "cuda_error", "what():  CUDA error: an illegal memory access was encountered",
+                  True, "rule")
+    assert hit.root_ok
+    assert not Outcome(log, "infrastructure", "cuda_error", "Aborted (core dumped)", True, "rule").root_ok

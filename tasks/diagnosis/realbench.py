@@ -86,7 +86,7 @@ class Outcome:
 
     @property
     def root_ok(self) -> bool:
-        return bool(self.root_cause_line) and self.log.root_line in self.root_cause_line
+        return bool(self.root_cause_line) and self.log.root_line.strip() in self.root_cause_line
 
     @property
     def unknown(self) -> bool:
