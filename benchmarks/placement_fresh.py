@@ -37,9 +37,10 @@ sys.path.insert(0, str(ROOT))
 from placement_runs import rate_bound, runnable  # noqa: E402
 
 from cluster.inventory import Cluster, load_cluster  # noqa: E402
+from cluster.jobperf import INTER_NODE_GBS  # noqa: E402
 from cluster.report import write_jobs_csv  # noqa: E402
 from cluster.simulator import lower_bounds, simulate  # noqa: E402
-from cluster.traces import OPENB_END_S, TraceJob, at_load, load_trace, read_philly  # noqa: E402
+from cluster.traces import OPENB_END_S, TraceJob, at_load, load_trace, offered_load, read_philly  # noqa: E402
 
 TRACES = ROOT.parent / "examples" / "traces"
 CLUSTERS = ROOT / "clusters"
@@ -55,9 +56,10 @@ class Window:
     key: str
     source: str
     """`philly:YYYY-MM-DD` (from midnight) or `philly:YYYY-MM-DD HH:MM:SS`, `helios:x+y` or `openb:x+y` (shipped
-    windows spliced in that order)."""
+    windows spliced in that order), or `kalos:all` (examples/traces/heldout/kalos-converted.csv whole)."""
     cluster: str
-    load: float
+    load: float | None
+    """The offered load the arrivals are scaled to; None: the trace's own arrival times."""
     jobs: int = 450
     """A Philly window's length: the first `jobs` jobs the reader keeps from its start (450 before round 17)."""
 
@@ -229,8 +231,17 @@ jobs by day), not by operator: Microsoft Philly is the tuning operator, and no j
 is unused (every Helios Venus and openb window has run in rounds 6-9; heldout/ holds 41 ITP jobs and 165 openb pods,
 both run before)."""
 
+WINDOWS_KALOS = tuple(Window(f"K{i + 1}", "kalos:all", cluster, load)
+                      for i, (cluster, load) in enumerate((c, x) for c in ("kalos-like", "kalos-mix")
+                                                          for x in (None, 0.5, 0.8, 1.1)))
+"""Issue 43's fourth operator, held out (`--set kalos`): Shanghai AI Lab's Kalos, the whole converted trace (227 jobs
+of at least 60 s, 1-1,024 GPUs, A100-80GB), written on 2026-11-27 before any policy ran on it. Its own arrival times
+(an offered load of about 0.1 on 2,048 GPUs) and loads 0.5, 0.8 and 1.1, on an all-A100-80GB cluster and on a mix of
+it with older, smaller GPUs (`kalos-like`, `kalos-mix`, below)."""
+
 SETS: dict[str, tuple[Window, ...]] = {"round6": WINDOWS, "round7": WINDOWS7, "round8": WINDOWS8, "round9": WINDOWS9,
-                                      "round12": WINDOWS12, "round16": WINDOWS16, "round17": WINDOWS17}
+                                      "round12": WINDOWS12, "round16": WINDOWS16, "round17": WINDOWS17,
+                                      "kalos": WINDOWS_KALOS}
 
 FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-mix2048": [("H100-80GB", 40, 8), ("A100-40GB-SXM", 56, 8), ("L40S", 80, 8), ("V100-16GB", 80, 8)],
@@ -239,11 +250,20 @@ FRESH_CLUSTERS: dict[str, list[tuple[str, int, int]]] = {
     "fresh-two": [("H100-80GB", 4, 8), ("A10", 12, 8)],
     "fresh-mid512": [("H200-141GB", 16, 8), ("A100-80GB-SXM", 24, 8), ("V100-32GB", 24, 8)],
     "fresh-24gb64": [("RTX-3090", 4, 8), ("RTX-4090", 4, 8)],
+    "kalos-like": [("A100-80GB-SXM", 256, 8)],
+    "kalos-mix": [("A100-80GB-SXM", 160, 8), ("A100-40GB-SXM", 48, 8), ("V100-32GB", 48, 8)],
 }
-"""(GPU type, nodes, GPUs per node): 2,048, 124, 128, 512 and 64 GPUs. Round 17 added the last two: no earlier cluster
-lies between 176 and 2,048 GPUs or holds an H200, an A100-80GB or a V100-32GB (`fresh-mid512`: three generations, the
-newest with the most memory), and none is made only of 24 GB consumer cards of two speeds (`fresh-24gb64`: where the
-models Philly's jobs are given fit on one type exactly when they fit on the other, so only speed tells them apart)."""
+"""(GPU type, nodes, GPUs per node): 2,048, 124, 128, 512, 64, 2,048 and 2,048 GPUs. Round 17 added `fresh-mid512` and
+`fresh-24gb64`: no earlier cluster lies between 176 and 2,048 GPUs or holds an H200, an A100-80GB or a V100-32GB
+(`fresh-mid512`: three generations, the newest with the most memory), and none is made only of 24 GB consumer cards
+of two speeds (`fresh-24gb64`: where the models Philly's jobs are given fit on one type exactly when they fit on the
+other, so only speed tells them apart). The two Kalos clusters (`--set kalos`) hold Kalos's widest job (1,024 GPUs)
+twice; `kalos-mix` holds it once on its A100-80GB nodes (the type every Kalos job ran on) beside older, smaller
+A100-40GB and V100-32GB nodes. Kalos's own size is not in the stored sources."""
+FRESH_INTER_NODE_GBS = {"kalos-like": INTER_NODE_GBS, "kalos-mix": INTER_NODE_GBS}
+"""Inter-node GB/s where not 25: the Kalos clusters have the bandwidth traced jobs are calibrated with
+(cluster/jobperf.py), so a multi-node job runs its recorded time on A100-80GB (at 25 GB/s a 64-GPU Kalos job ran in
+0.77 of it: a smoke run of row K4 on 2026-11-27, before any figure was recorded)."""
 
 
 def cluster_path(name: str) -> str:
@@ -258,7 +278,8 @@ def cluster_path(name: str) -> str:
         for (gpu, nodes, count), tag in zip(FRESH_CLUSTERS[name], tags, strict=True):
             tag = tag if tags.count(tag) == 1 else gpu.lower()  # RTX-3090 and RTX-4090: rtx-3090-0, rtx-4090-0
             link = "nvlink" if gpu.startswith(("H100", "H200", "A100", "V100")) else "pcie"
-            lines += [f"  - {{name: {tag}-{k}, gpu: {gpu}, count: {count}, interconnect: {link}, inter_node_gbs: 25}}"
+            gbs = FRESH_INTER_NODE_GBS.get(name, 25)
+            lines += [f"  - {{name: {tag}-{k}, gpu: {gpu}, count: {count}, interconnect: {link}, inter_node_gbs: {gbs}}}"
                       for k in range(nodes)]
         out.write_text("\n".join(lines) + "\n")
     return str(out)
@@ -332,6 +353,8 @@ def window_file(w: Window, into: Path) -> tuple[Path, str, int | None]:
         return philly_rows(philly_start(arg), out, keep=max(1500, 3 * w.jobs)), "philly", w.jobs
     if kind == "helios":
         return splice_helios(arg.split("+"), out), "helios", None
+    if kind == "kalos":
+        return TRACES / "heldout" / "kalos-converted.csv", "kalos", None
     return splice_openb(arg.split("+"), out), "openb", None
 
 
@@ -359,13 +382,14 @@ def run_row(w: Window, into: Path, ilp: bool) -> dict[str, Any]:
     trace, dropped = runnable(c, window_trace(w, into))
     pols = ["has", "fcfs"] + (["ilp"] if ilp and gpus <= ILP_MAX_GPUS else [])
     t0 = time.time()
-    t2 = at_load(trace, gpus, w.load)
+    t2 = trace if w.load is None else at_load(trace, gpus, w.load)
     res = {p: simulate(c, t2, p) for p in pols}  # type: ignore[arg-type]
     (into / "jobs").mkdir(parents=True, exist_ok=True)
     write_jobs_csv(res, str(into / "jobs" / f"{w.key}.csv"))  # per job and policy: where, when and why
     run: dict[str, Any] = {p: r.summary().to_json() for p, r in res.items()}
     run["lower_bound_avg_jct_s"] = max(lower_bounds(c, t2).avg_jct_s, rate_bound(c, t2)[0])
     out: dict[str, Any] = {**dataclasses.asdict(w), "gpus": gpus, "jobs": len(trace), "dropped": dropped,
+                           "offered_load": round(offered_load(t2, gpus), 3),
                            "wall_s": round(time.time() - t0, 1), "runs": {p: run[p] for p in pols},
                            "lower_bound_avg_jct_s": run["lower_bound_avg_jct_s"]}
     keys = {"avg": "avg_jct_s", "p50": "p50_jct_s", "p99": "p99_jct_s", "makespan": "makespan_s"}
@@ -392,7 +416,8 @@ def render(rows: list[dict[str, Any]], title: str) -> str:
              "| makespan | has/ilp avg | unfinished has/fcfs[/ilp] | misses |", "|" + "---|" * 14]
     for r in rows:
         v, i = r["vs_fcfs"], r.get("vs_ilp", {}).get("avg")
-        lines.append(f"| {r['key']} | {r['source']} | {r['cluster']} ({r['gpus']}) | {r['load']} | {r['jobs']} "
+        load = r["load"] if r["load"] is not None else f"as recorded ({r['offered_load']:.2f})"
+        lines.append(f"| {r['key']} | {r['source']} | {r['cluster']} ({r['gpus']}) | {load} | {r['jobs']} "
                      f"({r['dropped']}) | {r['runs']['has']['avg_jct_s']:.0f} | {r['runs']['fcfs']['avg_jct_s']:.0f} "
                      f"| {v['avg']:.3f} | {v['p50']:.3f} | {v['p99']:.3f} | {v['makespan']:.3f} "
                      f"| {'' if i is None else f'{i:.3f}'} | {'/'.join(str(x) for x in r['unfinished'].values())} "

@@ -16,6 +16,9 @@ The split is by operator, chosen on 2026-11-25 before any policy ran on the new 
   Philly (Pollux's CSV), four windows of 450 jobs from 2017-10-09, 10-30, 11-20 and 12-11, and Sia's Philly samples
   (elastic, as Sia runs them); the Frenzy paper's NewWorkload (elastic); the generated production (issue 26's shape:
   single-GPU jobs of 4-5 h) and mixed families (rigid).
+- **Held out, run apart**: **Shanghai AI Lab**, Kalos (AcmeTrace, as a third party converted it: 227 jobs of 1-1,024
+  GPUs, fewer than one window), added 2026-11-27 and run whole by `placement_fresh.py --set kalos` on two 2,048-GPU
+  clusters of its own (benchmarks/results/placement_kalos.md); no policy constant was chosen on it.
 
 Real windows run on `phoebe-x4` (phoebe's mix of GPU types four times over, 176 GPUs: Helios's 32-64-GPU jobs fit),
 the others on `phoebe` (44 GPUs); the jobs no policy can run on the cluster at their recorded count are dropped from a

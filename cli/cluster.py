@@ -178,7 +178,7 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                          "the trace's own times")
     sp.add_argument("--elastic", choices=["trace", "all", "none"], default="trace",
                     help="whether jobs may change their GPU count: as each trace job says (default; philly, openb, "
-                         "helios and the generic CSV without an elastic column are rigid), all, or none")
+                         "helios, kalos and the generic CSV without an elastic column are rigid), all, or none")
     sp.add_argument("--plot", help="write a JCT CDF plot (PNG) here")
     sp.add_argument("--jobs-csv", help="write one row per policy and job here (has: the plan chosen and why)")
     sp.add_argument("--overwrite", action="store_true", help="replace an existing --plot or --jobs-csv file")

@@ -1,5 +1,5 @@
-"""Job traces for the cluster simulator: the generic CSV, Philly, Sia, Alibaba openb and SenseTime Helios formats,
-and the Frenzy NewWorkload.
+"""Job traces for the cluster simulator: the generic CSV, Philly, Sia, Alibaba openb, SenseTime Helios and Shanghai AI
+Lab Kalos (AcmeTrace, as converted) formats, and the Frenzy NewWorkload.
 
 Every reader returns `TraceJob`s sorted by submit time.
 
@@ -11,7 +11,7 @@ GPU, and the simulator calibrates its steps so that this layout takes `duration_
 GPUs that hold it (no out-of-memory restart for a job that really ran).
 
 **Whether a job may change its GPU count** is `elastic`, a property of the job: the generic CSV's `elastic` column
-(default 0), else the default of its source: Philly, openb, Helios and the production/mixed generators are rigid (the
+(default 0), else the default of its source: Philly, openb, Helios, Kalos and the production/mixed generators are rigid (the
 trace records a count, nothing says the job could run on another); Sia workloads are elastic (Sia's jobs are adaptive
 by design); the NewWorkload is elastic (the Frenzy paper plans each job). A rigid job keeps its GPU count under every
 policy; where its layout does not fit a GPU type it may lower its micro-batch there (the math is the same).
@@ -34,7 +34,8 @@ divided by `num_replicas`.
 
 **Formats as published** (the filters are the readers' defaults, documented per reader): the generic CSV; Pollux's
 Philly CSV; Sia workload files; Alibaba's 2023 `openb_pod_list_*.csv`; SenseTime Helios `cluster_log.csv`, or its
-four-column conversion `job_id,arrival_s,service_sec,gpu_count` (`read_helios`).
+four-column conversion `job_id,arrival_s,service_sec,gpu_count` (`read_helios`); Kalos as converted by
+hyunnnchoi/AcmeTrace's `transform_trace.py` (`read_kalos`).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from typing import Any, Literal
 from tasks.errors import FrenzyError
 from tasks.userfiles import LIMITS, UserFileError, open_user_file, path_kind, read_text
 
-TraceFormat = Literal["generic", "philly", "sia", "openb", "helios"]
-FORMATS: tuple[str, ...] = ("generic", "philly", "sia", "openb", "helios")
+TraceFormat = Literal["generic", "philly", "sia", "openb", "helios", "kalos"]
+FORMATS: tuple[str, ...] = ("generic", "philly", "sia", "openb", "helios", "kalos")
 REFERENCE_GPU = "A100-40GB-SXM"
 PolicyName = Literal["has", "has-arrival", "has-sjf", "fcfs", "fifo", "ilp"]
 POLICIES: tuple[str, ...] = ("has", "fcfs", "fifo", "ilp")
@@ -355,6 +356,42 @@ def read_helios(path: str | Path, *, min_duration_s: float = 60.0, reference_gpu
                   key=lambda j: (j.submit_s, j.name))
 
 
+KALOS_COLUMNS = {"job_id", "arrival_time", "num_iteration", "gpu_workers", "gpu_per_worker"}
+KALOS_GPU = "A100-80GB-SXM"
+"""Kalos's GPUs (NSDI'24 paper: A100-SXM 80 GB, 8 to a node); every job of the trace ran on them."""
+KALOS_ITERATION_S = 0.5
+"""The converter writes a job's run time as `num_iteration` iterations of this many seconds (rounded down)."""
+
+
+def read_kalos(path: str | Path, *, min_duration_s: float = 60.0, reference_gpu: str = REFERENCE_GPU
+               ) -> list[TraceJob]:
+    """Shanghai AI Lab's Kalos job trace (AcmeTrace, NSDI'24) as hyunnnchoi/AcmeTrace's `transform_trace.py` converted
+    it (`job_id,arrival_time,num_iteration,iteration_computing_time,iteration_networking_time,gpu_workers,ps,
+    gpu_per_worker,...`; examples/traces/PROVENANCE.md says what the conversion drops). Column mapping: submit =
+    `arrival_time` (seconds after the first submission), run time = `num_iteration` x `KALOS_ITERATION_S` (the
+    converter's `int(duration / 0.5)`), GPUs = `gpu_workers` (the job's nodes) x `gpu_per_worker` (its GPUs per node),
+    which must be a whole number; type `KALOS_GPU`. The other columns are the converter's simulator settings, not
+    measurements, and are not read. Jobs of at least `min_duration_s`. Rigid, traced; times relative to the first kept
+    job."""
+    p = Path(path)
+    rows = []
+    for i, r in enumerate(_rows(p, KALOS_COLUMNS, max_rows=None), start=2):
+        where = f"{p}:{i}"
+        d = _number(r, "num_iteration", int, where) * KALOS_ITERATION_S
+        gpus = _number(r, "gpu_workers", int, where) * _number(r, "gpu_per_worker", float, where)
+        if gpus != int(gpus):
+            raise TraceError(f"{where}: gpu_workers x gpu_per_worker must be a whole number of GPUs, got {gpus}; "
+                             "this is not the converter's output (gpu_workers = nodes, gpu_per_worker = GPUs / nodes)")
+        if gpus >= 1 and d >= min_duration_s:
+            rows.append((_number(r, "arrival_time", float, where), d, int(gpus), f"kalos-{r['job_id']}"))
+    if not rows:
+        raise TraceError(f"{p}: no GPU job of at least {min_duration_s:.0f} s")
+    _within_limit(p, len(rows))
+    base = min(t for t, *_ in rows)
+    return sorted((_job(n, t - base, d, g, None, None, gpu_type=KALOS_GPU, reference_gpu=reference_gpu)
+                   for t, d, g, n in rows), key=lambda j: (j.submit_s, j.name))
+
+
 def guess_format(header: str) -> TraceFormat:
     """The format a trace file's header line belongs to."""
     cols = {c.strip() for c in header.strip().split(",")}
@@ -366,6 +403,8 @@ def guess_format(header: str) -> TraceFormat:
         return "openb"
     if HELIOS_CONVERTED <= cols or {"vc", "gpu_num"} <= cols:
         return "helios"
+    if KALOS_COLUMNS <= cols:
+        return "kalos"
     return "generic"
 
 
@@ -393,7 +432,8 @@ def load_trace(path: str | Path, fmt: TraceFormat | None = None, reference_gpu: 
     fmt = fmt or guess_format(_header(p))
     if fmt == "philly":
         return read_philly(p, reference_gpu=reference_gpu, **philly)  # type: ignore[arg-type]
-    readers = {"generic": read_generic, "sia": read_sia, "openb": read_openb, "helios": read_helios}
+    readers = {"generic": read_generic, "sia": read_sia, "openb": read_openb, "helios": read_helios,
+               "kalos": read_kalos}
     if fmt not in readers:
         raise TraceError(f"unknown trace format {fmt!r}: use {', '.join(FORMATS)}")
     return readers[fmt](p, reference_gpu=reference_gpu)  # type: ignore[operator]

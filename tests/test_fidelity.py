@@ -12,7 +12,17 @@ from cluster.inventory import Cluster, Node, load_cluster
 from cluster.jobperf import JobKey, min_memory_that_holds, recorded_layout
 from cluster.policies import Fcfs, Has, Ilp, make_policy
 from cluster.simulator import SimConfig, Simulator, simulate
-from cluster.traces import TraceError, TraceJob, fit_to_record, guess_format, load_trace, read_helios, read_openb, write_generic
+from cluster.traces import (
+    TraceError,
+    TraceJob,
+    fit_to_record,
+    guess_format,
+    load_trace,
+    read_helios,
+    read_kalos,
+    read_openb,
+    write_generic,
+)
 from tasks.errors import FrenzyError
 
 REAL = Path(__file__).resolve().parents[1] / "examples" / "traces" / "real"
@@ -52,6 +62,26 @@ def test_the_helios_reader_reads_the_log_as_published_and_its_conversion(tmp_pat
                    "1,u1,vc1,8,48,1,COMPLETED,yesterday,,,3600,60\n")
     with pytest.raises(TraceError, match="submit_time must be YYYY-MM-DD HH:MM:SS"):
         read_helios(log)
+
+
+KALOS_HEAD = ("job_id,arrival_time,num_iteration,iteration_computing_time,iteration_networking_time,gpu_workers,ps,"
+              "gpu_per_worker,cpu_per_gpu_worker,cpu_per_ps_worker,tensorsizes,profiled_network\n")
+
+
+def test_the_kalos_reader_maps_the_converted_columns(tmp_path):
+    p = tmp_path / "kalos.csv"
+    p.write_text(KALOS_HEAD + "0,500.0,7200,0.5,0.75,16,0,8.0,15.0,15.0,10.0,1000\n"  # 1 h on 16 nodes x 8 GPUs
+                 "1,800.0,100,0.5,0.25,1,0,2.0,60.0,60.0,10.0,500\n"  # 50 s: under a minute, dropped
+                 "2,900.5,1001,0.5,0.25,1,0,2.0,60.0,60.0,10.0,500\n")  # 500.5 s on one node's 2 GPUs
+    jobs = read_kalos(p)
+    assert [(j.name, j.submit_s, j.duration_s, j.num_gpus) for j in jobs] == [
+        ("kalos-0", 0.0, 3600.0, 128), ("kalos-2", 400.5, 500.5, 2)]
+    assert all(j.traced and not j.elastic and j.gpu_type == "A100-80GB-SXM" for j in jobs)
+    assert guess_format(KALOS_HEAD) == "kalos" and len(load_trace(p)) == 2
+    assert len(load_trace(REAL.parent / "heldout" / "kalos-converted.csv")) == 227  # the committed file, as published
+    p.write_text(KALOS_HEAD + "0,0.0,7200,0.5,0.75,3,0,2.5,15.0,15.0,10.0,1000\n")
+    with pytest.raises(TraceError, match="must be a whole number of GPUs, got 7.5"):
+        read_kalos(p)
 
 
 def test_a_traced_job_gets_a_model_that_fits_its_recorded_gpus():

@@ -59,3 +59,17 @@ def test_round17_windows_read_as_many_jobs_as_they_name(tmp_path: Path) -> None:
 def test_a_philly_window_starts_at_midnight_or_at_the_time_it_names() -> None:
     assert pf.philly_start("2017-10-04") == "2017-10-04 00:00:00"
     assert pf.philly_start("2017-10-04 00:37:08") == "2017-10-04 00:37:08"
+
+
+def test_the_kalos_rows_run_each_job_its_recorded_time(tmp_path: Path) -> None:
+    from cluster.inventory import load_cluster
+    from cluster.simulator import simulate
+
+    trace = pf.window_trace(pf.SETS["kalos"][0], tmp_path)
+    assert len(trace) == 227 and max(j.num_gpus for j in trace) == 1024
+    wide = [j for j in trace if j.num_gpus == 64][:2]  # 8 nodes of 8 A100-80GB: runs across nodes
+    for name in ("kalos-like", "kalos-mix"):
+        c = load_cluster(pf.cluster_path(name))
+        assert sum(n.count for n in c.nodes if n.gpu == "A100-80GB-SXM") >= 1024, name
+        res = simulate(c, wide, "fcfs")
+        assert [round(j.run_s) for j in res.jobs] == [round(j.duration_s) for j in wide], name
