@@ -23,11 +23,11 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   exactly when the predicted wait for the faster one is longer than the slowdown and the extra GPU-seconds it
   costs. A plan that fits now and is predicted to finish before the waited plan's predicted start runs now whatever
   its cost to the others, where that start rests on `TRUSTED_RELEASES` or more predicted releases (`_sooner_now`).
-  A job waits with GPUs it could use idle only for that reason, or because the queue head's reservation needs
-  exactly those GPUs; `idle_violations` checks this after every scheduling pass.
   Behind a stream of jobs like it (`STREAM_CLAIMS` or more ahead on those GPUs, each run at most `STREAM_RUN` times
   its own) a wait also pays the part of it the queue ahead adds, up to its run (`_queue_toll`), against plans at most
   `TOLL_SLOWER_MAX` times slower.
+  A job waits with GPUs it could use idle only for that reason, or because the queue head's reservation needs
+  exactly those GPUs; `idle_violations` checks this after every scheduling pass.
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
   `RESERVE_AFTER` times its predicted run; before that, backfilling is not held back for it. A plan the reservation
   refuses now becomes a plan to wait for, from the reservation's start.
