@@ -23,9 +23,6 @@ queue walk (`cluster/queue.py`) reaches, so both follow the same rules:
   exactly when the predicted wait for the faster one is longer than the slowdown and the extra GPU-seconds it
   costs. A plan that fits now and is predicted to finish before the waited plan's predicted start runs now whatever
   its cost to the others, where that start rests on `TRUSTED_RELEASES` or more predicted releases (`_sooner_now`).
-  Behind a stream of jobs like it (`STREAM_CLAIMS` or more ahead on those GPUs, each run at most `STREAM_RUN` times
-  its own) a wait also pays the part of it the queue ahead adds, up to its run (`_queue_toll`), against plans at most
-  `TOLL_SLOWER_MAX` times slower.
   A job waits with GPUs it could use idle only for that reason, or because the queue head's reservation needs
   exactly those GPUs; `idle_violations` checks this after every scheduling pass.
 - **The head's reservation** (`Sizer.reserve_for`, cluster/queue.py `reserve`): only once the head has waited
@@ -90,22 +87,6 @@ allocations' releases on the GPUs waited for are predicted before it (round 15, 
 decisions whose predicted start rested on 10 or more releases started at 0.95x the predicted wait on round 6's P1
 (median), those resting on fewer at 0.15-0.38x on H3, O2, O6 and H11, where trusting every prediction lost 5-16% of
 average JCT: benchmarks/results/placement_round15.md)."""
-STREAM_CLAIMS = 10
-"""A plan to wait for pays the toll of the queue ahead (`_queue_toll`) only where at least this many jobs ahead wait for
-its GPUs with predicted runs of at most `STREAM_RUN` times its own: a stream of jobs like it, the queue the toll's
-argument is about (round 20: on round 17's R7, 53 of the 55 jobs queued for the H200s were 1-GPU jobs of 770-1,120 s;
-on round 6's H4 the queue was three or four wide jobs and the toll cost 3.3% of average JCT). 10 as `TRUSTED_RELEASES`:
-fewer is a few claims, not a stream."""
-STREAM_RUN = 2.0
-"""The longest claim ahead that counts towards `STREAM_CLAIMS`, as a multiple of the waiting plan's run (R7's queued
-runs spanned 1.45x, 10%-90%)."""
-TOLL_SLOWER_MAX = 4.0
-"""The toll moves a job only onto a plan at most this many times the waiting plan's run (`_queue_toll`). Capped at the
-job's run r, the toll tips it onto a plan of k r only where its predicted wait is at least (k - 2) r, so the slower
-the plan, the longer (and the less certain: round 15, predicted waits came at a median 0.51x) the waits it acts on and
-the more a wrong move costs the job, (k - 1) r less its wait, against at most r it saves the jobs behind. 4 lies
-between the slowdown where the toll did what it was meant to (R7: A100-80GB against H200, 3.2x) and where it lost
-(round 6's H3: A10 against H100, 8.5x; long jobs moved there made the average 2.1% worse), both seen rows."""
 
 
 def arrival_rate(submitted_s: Iterable[float], now_s: float, window: int = ARRIVAL_WINDOW) -> float:
@@ -199,7 +180,6 @@ class Backlog:
         self._replays: dict[tuple[frozenset[str], int], _Replay] = {}  # (GPUs' nodes, free now) -> the walk on them
         self._meet: dict[tuple[tuple[frozenset[str] | None, float], tuple[frozenset[str] | None, float]], bool] = {}
         self._sum: dict[tuple[frozenset[str] | None, float], int] = {}  # key -> GPUs claimed ahead on its GPUs
-        self._runs: dict[tuple[frozenset[str] | None, float], list[float]] = {}  # key -> runs claimed ahead, sorted
 
     def _admitted(self, req: GpuRequest) -> frozenset[str]:
         key = (req.types, req.min_mem_gib)
@@ -244,16 +224,6 @@ class Backlog:
             rep = self._replays[(mine, have)] = _Replay(self.now_s, have, ends, np.diff(cum, prepend=0), claims)
         return rep.start_s(req.gpus)
 
-    def released_s(self, req: GpuRequest, usable: int | None = None) -> float:
-        """When `req` would start if no job ahead claimed its GPUs: the first predicted release that frees enough of
-        them (`start_s` without the claims; the difference is the wait the queue ahead adds, `_queue_toll`)."""
-        have = self.pool.usable(req) if usable is None else usable
-        if have >= req.gpus:
-            return self.now_s
-        ends, cum = self._timeline(req)
-        i = int(np.searchsorted(cum, req.gpus - have, side="left"))
-        return float(ends[i]) if i < len(ends) else math.inf
-
     def releases_by(self, req: GpuRequest, t: float) -> int:
         """Running allocations' releases (one per node) on GPUs `req` admits predicted at or before `t`: how many
         predictions a start at `t` rests on (`TRUSTED_RELEASES`)."""
@@ -271,15 +241,6 @@ class Backlog:
         if key not in self._sum:
             self._sum[key] = sum(g for c, g, _ in self._claims if self._meets(c, key))
         return self._sum[key]
-
-    def claims_within(self, req: GpuRequest, run_s: float) -> int:
-        """Jobs ahead in this pass that wait for GPUs `req` admits and are predicted to run at most `run_s`
-        (`_queue_toll`'s stream)."""
-        key = (req.types, req.min_mem_gib)
-        self._admitted(req)
-        if key not in self._runs:
-            self._runs[key] = sorted(r for c, _, r in self._claims if self._meets(c, key))
-        return bisect.bisect_right(self._runs[key], run_s)
 
     def started(self, nodes: Sequence[tuple[str, int]], run_s: float | None) -> None:
         """A job of this pass took `nodes`: they free up at its predicted end."""
@@ -307,9 +268,6 @@ class Backlog:
         for k in self._sum:
             if self._meets(key, k):
                 self._sum[k] += req.gpus
-        for k, runs in self._runs.items():
-            if self._meets(key, k):
-                bisect.insort(runs, run_s)
         mine = self._nodes[key]
         for rk, rep in self._replays.items():  # the replays of the GPUs it waits for gain it
             if not rk[0].isdisjoint(mine):
@@ -568,26 +526,6 @@ def _candidate(free: _Free, backlog: Backlog, requests: Sequence[GpuRequest], k:
     return Candidate(k, r, start, start + (r.run_s or 0.0), nodes, penalty)
 
 
-def _queue_toll(backlog: Backlog, waiting: Candidate, free: _Free) -> float:
-    """What waiting for `waiting` costs the jobs that will queue behind it (rounds 20-21): the part of its predicted wait
-    that the claims of jobs ahead add to the releases' (its start less `Backlog.released_s`), capped at its own run. A
-    job that joins a queue for busy GPUs is priced only by its own wait, so jobs join until that wait equals the
-    slowdown of the plan that fits now, and the queue adds wait but no GPU's work: the GPUs are busy either way (round
-    17's R7, fresh-mid512 at load 1.1: 800 s jobs queued up to 2,300 s for the H200s or ran 3.2x slower on A100s, p50
-    1.75x fcfs's). Its claim delays each job queued behind it by about its share of the GPUs, and in a steady stream
-    about as many queue behind it when it starts as were ahead when it joined, so that delay is about the wait the
-    queue ahead adds to its own (Naor's toll on joining a queue, 1969); a claim holds each job behind back by at most
-    its run (the cap). Only where that argument holds: at least `STREAM_CLAIMS` jobs ahead on its GPUs with runs of at
-    most `STREAM_RUN` times its own (a queue of a few wide jobs is not a stream: round 20's H4, average +3.3%), and it
-    moves the job only onto plans at most `TOLL_SLOWER_MAX` times slower (`choose`). Waits on releases alone pay
-    nothing."""
-    r, start = waiting.request, waiting.start_s
-    run = r.run_s or 0.0
-    if math.isinf(start) or backlog.claims_within(r, STREAM_RUN * run) < STREAM_CLAIMS:
-        return 0.0
-    return min(max(0.0, start - backlog.released_s(r, free.usable(r))), run)
-
-
 def goodput_penalty(requests: Sequence[GpuRequest], backlog: Backlog, behind: int, arrivals_per_s: float
                     ) -> Callable[[int], float]:
     """Request k's cost to the others (module docstring): its GPU-seconds beyond the job's fewest, spread over the
@@ -640,12 +578,8 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
     sooner_now = _sooner_now(prefs, waiting, backlog)
     if sooner_now:  # a plan that fits now would be done before the wait starts: it runs now, the wait its fallback
         wait_cost = max(wait_cost, max(c.cost for c in sooner_now))
-    toll_cost = wait_cost + (_queue_toll(backlog, waiting, free) if waiting is not None else 0.0)
-
-    def beats(c: Candidate) -> bool:  # it fits now and costs less than the wait (with its toll, where not too slow)
-        return c.nodes is not None and (c.cost <= wait_cost or c.cost <= toll_cost and (
-            c.request.run_s or math.inf) <= TOLL_SLOWER_MAX * (waiting.request.run_s or 0.0))  # type: ignore[union-attr]
-    ranked = sorted(filter(beats, prefs), key=lambda c: (c.cost, c.request.gpus, c.index))
+    ranked = sorted((c for c in prefs if c.nodes is not None and c.cost <= wait_cost),
+                    key=lambda c: (c.cost, c.request.gpus, c.index))
     if not ranked and waiting is not None:
         # the load's plans that fit now cost more than waiting; any other plan that fits and costs less than waiting
         # still beats leaving GPUs idle (the most efficient of them first)
@@ -655,7 +589,7 @@ def choose(pool: FreePool, requests: Sequence[GpuRequest], backlog: Backlog, spa
                                  and now + (requests[k].run_s or 0.0) + pen(k) < wait_cost), 4)
         ranked = [c for k in beat if (c := _candidate(free, backlog, requests, k, pen(k))).nodes is not None]
     ranked += [waiting] if waiting is not None else []
-    ranked += sorted((c for c in prefs if c.nodes is not None and not beats(c)), key=lambda c: c.cost)
+    ranked += sorted((c for c in prefs if c.nodes is not None and c.cost > wait_cost), key=lambda c: c.cost)
     load = (f"{spare} free GPUs left after the smallest plans of the {behind} jobs behind it" if widen else
             f"{behind} jobs wait behind it, their smallest plans leave {max(spare, 0)} free GPUs")
     if arrivals_per_s > 0:

@@ -90,28 +90,6 @@ def test_a_job_runs_now_ahead_of_a_wait_only_where_the_predicted_start_rests_on_
     assert waited.start_s == pytest.approx(6000.0) and waited.cost < next(c for c in ch.candidates if c.nodes).cost
 
 
-@pytest.mark.parametrize("short, long, slow_s, starts_now",
-                         [(12, 0, 390.0, True), (12, 0, 440.0, False), (9, 0, 390.0, False), (8, 4, 390.0, False)])
-def test_a_wait_behind_a_stream_of_jobs_pays_for_the_jobs_it_delays(short, long, slow_s, starts_now):
-    """Rounds 20-21: eight A100s busy until 100 s, the 2080Tis idle (a slower plan there costs the others nothing).
-    Behind 12 jobs of 150 s waiting for the A100s the 100 s job is predicted to start at 250 s (150 s of it the
-    queue's): finish 350 s against 390 s on a 2080Ti now. The queue ahead is a stream of jobs like it, so the wait
-    pays the toll (the queue's part, capped at its run: 100 s) and it runs now, 3.9x slower. Controls, each waiting as
-    before round 21: a 2080Ti plan 4.4x slower (past `TOLL_SLOWER_MAX`); behind 9 such jobs, or 8 and then 4 of
-    1,000 s (more than `STREAM_RUN` times its run), the queue is not a stream (fewer than `STREAM_CLAIMS` like it)."""
-    pool = _pool(0, 8)
-    backlog = Backlog(pool, [Running(end_s=100.0, nodes=(("a0", 1),)) for _ in range(8)], now_s=0.0)
-    for run_s in [150.0] * short + [1000.0] * long:
-        backlog.claim(GpuRequest(1, 8, 1, FAST, run_s=run_s))
-    reqs = [GpuRequest(1, 8, 1, FAST, run_s=100.0), GpuRequest(1, 8, 1, SLOW, run_s=slow_s)]
-    ch = choose(pool, reqs, backlog, spare=0, behind=10)
-    first = ch.candidates[0]
-    assert (first.nodes is not None) == starts_now
-    waited = next(c for c in ch.candidates if c.nodes is None)
-    assert waited.start_s == pytest.approx(250.0) and waited.finish_s < slow_s
-    assert first.finish_s == pytest.approx(slow_s if starts_now else 350.0)
-
-
 @pytest.mark.parametrize("claim_ahead, starts_slow", [(True, True), (False, False)])
 def test_a_release_overdue_is_predicted_now_not_in_the_past(claim_ahead, starts_slow):
     """The A100s' allocation was predicted to end at 2000 s; it is 3000 s and it still runs. Its release is predicted
