@@ -73,6 +73,12 @@ NAMED = {  # log -> (type, category, restartable, root line)
                              "CRITICAL:root:budget spent"),
     "logged-error-library": (HEAD + "2026-11-27 10:00:00,123 - deepspeed.runtime - ERROR - step 1200 aborted\n",
                              "LoggedError", "framework", False, "deepspeed.runtime - ERROR"),
+    "rust-panic": (HEAD + "thread '<unnamed>' panicked at 'no entry found for key', src/models/bpe/model.rs:41:9\n",
+                   "FatalError", "framework", False, "panicked at 'no entry found for key'"),
+    "make-error-status": (HEAD + "make: *** [Makefile:14: train] Error 2\n", "ChildFailed", "framework", True,
+                          "[Makefile:14: train] Error 2"),
+    "error-at-line-start": (HEAD + "Error: the dataset index lists 0 shards\n", "LoggedError", "script", False,
+                            "Error: the dataset index lists 0 shards"),
     "logged-fatal-bracket": (HEAD + "[FATAL] train loop failed: gradient buffer was not allocated\n", "LoggedError",
                              "script", False, "[FATAL] train loop failed"),
 }

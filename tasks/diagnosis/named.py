@@ -8,17 +8,19 @@ Four shapes, each answered with the category its source gives and a lower confid
   `StopIteration`, `SystemExit: 2`), and a C++ exception that ended the process (`terminate called after
   throwing an instance of 'X'` and its `what():` line): the frame's file says whose (a library under
   site-packages: the framework's; any other file: the script's; a C++ exception: the framework's native code);
-- a native library's fatal check: glog's `F` lines (`F1127 10:01:02.1 123 file.cc:88] Check failed: ...`) and the
-  C library's `Assertion ... failed.`: the framework's;
+- a native library's fatal check: glog's `F` lines (`F1127 10:01:02.1 123 file.cc:88] Check failed: ...`), the
+  C library's `Assertion ... failed.` and a Rust library's `thread 'main' panicked at ...` (tokenizers): the
+  framework's;
 - a process ended by a signal, as a launcher or an IDE reports it (`exit code 134 (interrupted by signal 6:
   SIGABRT)`, mpirun's `exited on signal 9 (Killed)`, `died with <Signals.SIGTERM: 15>`, `terminated by signal 7`):
   SIGKILL the framework's (the host OOM killer or a lost node, as the `Killed` rule), a native crash (SIGSEGV,
   SIGBUS, SIGABRT, SIGFPE, SIGILL) the framework's, SIGTERM the infrastructure's (something outside the process
   ended it: the scheduler, a drain); then a launcher's non-zero exit status (`srun: error: n1: task 0: Exited with
-  exit code 1`, mpirun's `returned a non-zero exit code`): the framework's launcher symptom (ChildFailed);
+  exit code 1`, mpirun's `returned a non-zero exit code`, make's `*** [Makefile:3: train] Error 1`): the
+  framework's launcher symptom (ChildFailed);
 - a line logged at ERROR, CRITICAL or FATAL level (Python logging's `ERROR:name:` and `- name - ERROR -`, `[ERROR]`,
-  `FATAL:`, loguru's `| ERROR |`, glog's `E` lines): the logger's name says whose (a library's logger: the
-  framework's; `__main__`, `root` or the project's own: the script's).
+  `FATAL:`, `Error: ...` at a line's start, loguru's `| ERROR |`, glog's `E` lines): the logger's name says whose
+  (a library's logger: the framework's; `__main__`, `root`, the project's own or none: the script's).
 
 The strongest shape wins (an exception or fatal check, then a signal, then an exit status, then a logged error),
 the earliest among equals. Not read: a person's interrupt (`KeyboardInterrupt`, SIGINT), `SystemExit: 0`, a
@@ -57,13 +59,15 @@ _NOT_A_FAILURE = re.compile(r"^(?:KeyboardInterrupt|GeneratorExit|Traceback)$")
 _THROWN = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 _WHAT = re.compile(r"^\s*what\(\):\s+\S")
 _FATAL = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?F\d{4} \d\d:\d\d:\d\d(?:\.\d+)?\s+\d+ [\w./-]+:\d+\]\s*\S|"
-                    r": Assertion [`'].*[`'] failed\.?\s*$")
+                    r": Assertion [`'].*[`'] failed\.?\s*$|\bthread '[^']*' panicked at\b")
 _SIGNAL = re.compile(r"(?i)(?:interrupted by |exited on |terminated by |killed by |received |with )signal:? "
                      r"(\d+)\b|<Signals\.SIG([A-Z]+): \d+>|\b(?:terminated|killed|died) (?:with|by) (?:signal )?"
                      r"SIG([A-Z]+)\b")
-_EXIT = re.compile(r"(?i)\bexit(?:ed)? (?:with )?(?:code|status)[:= ]*[1-9]\d*\b|returned (?:a )?non-zero exit "
-                   r"(?:code|status)|\ba non-zero exit (?:code|status)\b|\bExited with exit code [1-9]")
+_EXIT = re.compile(r"^make(?:\[\d+\])?: \*\*\* .*\bError [1-9]\d*\s*$|"
+                   r"(?i:\bexit(?:ed)? (?:with )?(?:code|status)[:= ]*[1-9]\d*\b|returned (?:a )?non-zero exit "
+                   r"(?:code|status)|\ba non-zero exit (?:code|status)\b)")
 _LOGGED = re.compile(r"^\s*(?:(?:ERROR|CRITICAL|FATAL):([\w.]*):|\[?(?:ERROR|CRITICAL|FATAL)\]?:?\s|"
+                     r"(?:Error|Fatal error|FATAL ERROR):\s+\S|"
                      r"[\d/:,.T -]+\s*-\s*([\w.]+)\s*-\s*(?:ERROR|CRITICAL|FATAL)\s*-|"
                      r"[\d/:,.T -]+\s*\|\s*(?:ERROR|CRITICAL)\s*\||E\d{4} \d\d:\d\d:\d\d)")
 _LIBRARIES = frozenset((
