@@ -49,6 +49,10 @@ NAMED = {  # log -> (type, category, restartable, root line)
     "glog-fatal-check": (
         HEAD + "F1127 10:01:02.123456 12345 gpu_executor.cc:88] Check failed: stream->ok()\n",
         "FatalError", "framework", False, "Check failed: stream->ok()"),
+    "c10-fatal-bracketed": (HEAD + "[F1127 10:01:02.123456789 TensorImpl.cpp:312] Check failed: n == size\n",
+                            "FatalError", "framework", False, "Check failed: n == size"),
+    "c10-error-bracketed": (HEAD + "[rank0]:[E1127 10:01:02.123456789 engine.cpp:88] step 1200: gradient hook raised\n",
+                            "LoggedError", "script", False, "gradient hook raised"),
     "c-library-assertion": (
         HEAD + "python: ../nptl/pthread_mutex_lock.c:81: __pthread_mutex_lock: Assertion `mutex->__data.__owner == 0' "
                "failed.\n", "FatalError", "framework", False, "Assertion `mutex"),

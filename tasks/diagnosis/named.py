@@ -8,9 +8,9 @@ Four shapes, each answered with the category its source gives and a lower confid
   `StopIteration`, `SystemExit: 2`), and a C++ exception that ended the process (`terminate called after
   throwing an instance of 'X'` and its `what():` line): the frame's file says whose (a library under
   site-packages: the framework's; any other file: the script's; a C++ exception: the framework's native code);
-- a native library's fatal check: glog's `F` lines (`F1127 10:01:02.1 123 file.cc:88] Check failed: ...`), the
-  C library's `Assertion ... failed.` and a Rust library's `thread 'main' panicked at ...` (tokenizers): the
-  framework's;
+- a native library's fatal check: glog's `F` lines (`F1127 10:01:02.1 123 file.cc:88] Check failed: ...`, c10's
+  bracketed `[F1127 ...]`), the C library's `Assertion ... failed.` and a Rust library's `thread 'main' panicked
+  at ...` (tokenizers): the framework's;
 - a process ended by a signal, as a launcher or an IDE reports it (`exit code 134 (interrupted by signal 6:
   SIGABRT)`, mpirun's `exited on signal 9 (Killed)`, `died with <Signals.SIGTERM: 15>`, `terminated by signal 7`):
   SIGKILL the framework's (the host OOM killer or a lost node, as the `Killed` rule), a native crash (SIGSEGV,
@@ -58,7 +58,7 @@ _EXC = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*([A-Z]\w*))(?::\
 _NOT_A_FAILURE = re.compile(r"^(?:KeyboardInterrupt|GeneratorExit|Traceback)$")
 _THROWN = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 _WHAT = re.compile(r"^\s*what\(\):\s+\S")
-_FATAL = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?F\d{4} \d\d:\d\d:\d\d(?:\.\d+)?\s+\d+ [\w./-]+:\d+\]\s*\S|"
+_FATAL = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?\[?F\d{4} \d\d:\d\d:\d\d(?:\.\d+)?(?:\s+\d+)? [\w./-]+:\d+\]\s*\S|"
                     r": Assertion [`'].*[`'] failed\.?\s*$|\bthread '[^']*' panicked at\b")
 _SIGNAL = re.compile(r"(?i)(?:interrupted by |exited on |terminated by |killed by |received |with )signal:? "
                      r"(\d+)\b|<Signals\.SIG([A-Z]+): \d+>|\b(?:terminated|killed|died) (?:with|by) (?:signal )?"
@@ -69,7 +69,7 @@ _EXIT = re.compile(r"^make(?:\[\d+\])?: \*\*\* .*\bError [1-9]\d*\s*$|"
 _LOGGED = re.compile(r"^\s*(?:(?:ERROR|CRITICAL|FATAL):([\w.]*):|\[?(?:ERROR|CRITICAL|FATAL)\]?:?\s|"
                      r"(?:Error|Fatal error|FATAL ERROR):\s+\S|"
                      r"[\d/:,.T -]+\s*-\s*([\w.]+)\s*-\s*(?:ERROR|CRITICAL|FATAL)\s*-|"
-                     r"[\d/:,.T -]+\s*\|\s*(?:ERROR|CRITICAL)\s*\||E\d{4} \d\d:\d\d:\d\d)")
+                     r"[\d/:,.T -]+\s*\|\s*(?:ERROR|CRITICAL)\s*\||(?:\[rank\d+\]:\s*)?\[?E\d{4} \d\d:\d\d:\d\d)")
 _LIBRARIES = frozenset((
     "torch", "tensorflow", "tf", "keras", "jax", "deepspeed", "transformers", "accelerate", "lightning",
     "pytorch_lightning", "ray", "vllm", "megatron", "horovod", "apex", "datasets", "hydra", "mmcv", "mmengine",
