@@ -13,7 +13,9 @@ from tasks.errors import FrenzyError
 _VIA = {"chain": "the cause inside a wrapper: the wrapper line is among the symptoms",
         "progress": "read off the progress lines: the loss turned NaN/inf here and stayed so, with no error line",
         "truncated": "lower confidence: the log ends inside a traceback, before its exception line; this is its last "
-                     "frame"}
+                     "frame",
+        "named": "lower confidence: no rule knows this line; read off its shape (an exception, a fatal check, a "
+                 "signal or exit status, an ERROR log line)"}
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:

@@ -91,6 +91,8 @@ class Compressed:
     """The last line that prints a finite loss."""
     restarts: tuple[int, ...] = ()
     """The lines where the log's first line is printed again (`head_of`): a new run appended to the same log."""
+    tail: list[Kept] = field(default_factory=list)
+    """The log's last lines (TAIL_LINES), kept or not: read where no rule names any line (tasks/diagnosis/named.py)."""
 
     @property
     def ratio(self) -> float:
@@ -451,21 +453,32 @@ _QUOTE_END = re.compile(r"^\W{0,6}$")
 """A line that closes a quote (a code fence, a docstring's quotes) or is blank: not the log's last line of text."""
 
 
-def _last_frame(source: Path | str | bytes, lines: int) -> list[Kept]:
-    """A traceback's last frame where the log ends in it (its `File "..."` line and the code line under it, at most
-    two blank or quote-closing lines after them), as context lines: an excerpt or a log a crash cut before the
-    exception line. The code line holds no keyword when it raises nothing (`x = table[key]`); the diagnosis reads
-    it only where no line names a failure. Empty where the log ends otherwise."""
+TAIL_LINES = 8
+"""Lines of the log's end kept in `Compressed.tail`."""
+
+
+def _tail(source: Path | str | bytes, lines: int) -> list[tuple[int, str]]:
+    """The log's last TAIL_LINES lines (within its last TAIL_BYTES), numbered, without the empty one after the
+    last line end."""
     if isinstance(source, bytes):
         tail = source[-TAIL_BYTES:]
     else:
         with open(source, "rb") as f:
             f.seek(max(0, f.seek(0, 2) - TAIL_BYTES))
             tail = f.read()
-    text = tail.decode(errors="replace").split("\n")[-6:]
+    text = tail.decode(errors="replace").split("\n")[-TAIL_LINES - 1:]
     if text and text[-1] == "":
         text.pop()
-    numbered = list(zip(range(lines - len(text) + 1, lines + 1), text, strict=True))
+    text = text[-min(TAIL_LINES, lines):] if lines else []
+    return list(zip(range(lines - len(text) + 1, lines + 1), text, strict=True))
+
+
+def _last_frame(numbered: list[tuple[int, str]], lines: int) -> list[Kept]:
+    """A traceback's last frame where the log ends in it (its `File "..."` line and the code line under it, at most
+    two blank or quote-closing lines after them), as context lines: an excerpt or a log a crash cut before the
+    exception line. The code line holds no keyword when it raises nothing (`x = table[key]`); the diagnosis reads
+    it only where no line names a failure. Empty where the log ends otherwise."""
+    numbered = numbered[-6:]
     while numbered and len(numbered) > 2 and _QUOTE_END.match(numbered[-1][1]) and lines - numbered[-1][0] < 2:
         numbered.pop()
     if len(numbered) < 2 or lines - numbered[-1][0] > 2:
@@ -492,7 +505,9 @@ def compress(source: Path | str | bytes, context: int = 2, top_templates: int = 
             m.add(part)
     templates = _mine(m.dropped, top_templates) if m.dropped else []
     last = m.kept[-1].line_no if m.kept else 0
-    m.kept += [k for k in _last_frame(source, m.lines) if k.line_no > last]
+    tail = _tail(source, m.lines)
+    m.kept += [k for k in _last_frame(tail, m.lines) if k.line_no > last]
     return Compressed(m.kept, m.lines, m.bytes, m.kept_bytes, time.perf_counter() - t0, templates,
                       divergence=fold(m.tracks), capped=m.capped, trained_until=trained_until(m.tracks),
-                      last_trained=last_trained(m.tracks), restarts=tuple(m.restarts[1:]) if m.restarts else ())
+                      last_trained=last_trained(m.tracks), restarts=tuple(m.restarts[1:]) if m.restarts else (),
+                      tail=[Kept(n, clean(t), False) for n, t in tail])

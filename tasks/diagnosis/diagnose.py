@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 from tasks.diagnosis.chains import EXCEPTION, innermost, links, rank_of, segments
 from tasks.diagnosis.compress import Compressed, Kept, compress
+from tasks.diagnosis.named import FRAME as _FRAME
+from tasks.diagnosis.named import LIBRARY as _LIBRARY
+from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
 from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
 
@@ -29,8 +32,6 @@ _NODE = [re.compile(p) for p in (
     r"\bon (?:node|host) ([A-Za-z0-9_.-]+)", r"\bnode[= ]([A-Za-z0-9_.-]*\d[A-Za-z0-9_.-]*)")]  # a name, not a word
 _SUMMARY_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 _STAMP = re.compile(r"\[[EWFI](\d{4}) (\d\d:\d\d:\d\d\.\d+)")  # glog/c10d: [E0626 05:06:30.929...
-_FRAME = re.compile(r'File "([^"]+)", line \d+')
-_LIBRARY = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d")
 _SOURCE = re.compile(r"^\s*(?:\[rank\d+\]:\s*|\([^)]*pid=\d+[^)]*\)\s*|\d+:\s*)?"
                      r"(?:raise\b|File \"[^\"]*\", line \d+(?:, in \S+)?\s*$)")
 """A traceback's source and frame lines, after any launcher's prefix (`[rankN]:`, Ray's `(Actor pid=N)`, srun's
@@ -121,10 +122,12 @@ class Diagnosis:
     via: str = "line"
     """How the rules found the root cause: `line` (a rule names the line), `chain` (the cause inside a wrapper:
     NCCL's `Last error:`, a re-raised worker error, `raise ... from`), `progress` (the loss turned non-finite in the
-    progress lines, with no error line), `truncated` (a traceback cut before its exception line: its last frame)."""
+    progress lines, with no error line), `truncated` (a traceback cut before its exception line: its last frame),
+    `named` (no rule knows the line: a failure read off its shape, tasks/diagnosis/named.py)."""
     confidence: float | None = None
     """For a learned answer: the cosine similarity to the nearest labelled log (the threshold is calibrated on
-    held-out projects); for a truncated traceback, TRUNCATED_CONFIDENCE. None: a rule named the line."""
+    held-out projects); for a truncated traceback, TRUNCATED_CONFIDENCE; for a failure read off its shape,
+    NAMED_CONFIDENCE. None: a rule named the line."""
 
 
 @dataclass
@@ -410,12 +413,27 @@ def _truncated_traceback(c: Compressed, base: dict) -> Diagnosis | None:
     m = _RAISED.match(code.text)
     rule = match_line(f"{m.group(2)}: ") if m else None
     return Diagnosis(
-        category=category, type=rule.type if rule else "TruncatedTraceback", root_cause_line=code.text.strip(),
+        category=category, type=rule.type if rule else "TruncatedTraceback", root_cause_line=code.text.rstrip(),
         line_no=code.line_no, rank=rank_of(code.text), node=None, restartable=bool(rule and rule.restartable),
         mitigation="the log ends inside a traceback, before its exception line (an excerpt, or a log cut by a "
                    f"crash): it failed at this line of {where.group(1)}; rerun it (or find the full log) to read "
                    "the exception" + (f"; for a {rule.type}: {rule.mitigation}" if rule else ""),
         evidence=[], via="truncated", confidence=TRUNCATED_CONFIDENCE, **base)
+
+
+def _named(c: Compressed, base: dict) -> Diagnosis | None:
+    """The failure the log names by its shape (tasks/diagnosis/named.py: an exception no rule knows, a native fatal
+    check, a signal or exit status a launcher reports, an ERROR log line), read off the kept lines and the log's
+    end, at NAMED_CONFIDENCE; None where no line has one of those shapes."""
+    lines = {k.line_no: k.text for k in c.kept}
+    for k in c.tail:
+        lines.setdefault(k.line_no, k.text)
+    x = named_failure(sorted(lines.items()))
+    if x is None:
+        return None
+    return Diagnosis(category=x.category, type=x.type, root_cause_line=x.line, line_no=x.line_no,
+                     rank=rank_of(x.line), node=_first(_NODE, x.line), restartable=x.restartable,
+                     mitigation=x.mitigation, evidence=[], via="named", confidence=NAMED_CONFIDENCE, **base)
 
 
 def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None = None,
@@ -433,6 +451,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
         d = _truncated_traceback(c, base)
         d = d or (_learned(c, base) if use_fallback else None)
         d = d or (_agent(c, agent, base) if agent is not None else None)
+        d = d or _named(c, base)
         return d or Diagnosis(
             category="unknown", type="Unknown", root_cause_line=None, line_no=None, rank=None, node=None,
             restartable=False, evidence=[], **base,
@@ -444,9 +463,18 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
     restartable, mitigation = best.rule.restartable, best.rule.mitigation
     if _desynced_at_phase_end(c, cands, best):
         f.category, restartable, mitigation = "script", False, _DESYNC
-    return Diagnosis(category=f.category, type=best.rule.type, root_cause_line=f.line, line_no=f.line_no, rank=f.rank,
+    return Diagnosis(category=f.category, type=best.rule.type, root_cause_line=_as_written(c, f), line_no=f.line_no,
+                     rank=f.rank,
                      node=f.node, restartable=restartable, mitigation=mitigation, evidence=evidence, via=best.via,
                      **base)
+
+
+def _as_written(c: Compressed, f: Finding) -> str:
+    """The root-cause line as the log wrote it: its indentation kept (TensorFlow's `  (0) Resource exhausted: ...`
+    under its summary, a traceback's `    raise KeyError(...)`, a continuation line's leading space), only its end
+    trimmed. The finding's own copy is stripped for matching; the answer quotes the log."""
+    k = next((k for k in c.kept if k.line_no == f.line_no), None)
+    return k.text.rstrip() if k is not None and k.text.strip() == f.line else f.line
 
 
 def _desynced_at_phase_end(c: Compressed, cands: dict[int, _Cand], best: _Cand) -> bool:

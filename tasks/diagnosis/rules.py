@@ -42,6 +42,12 @@ class Rule:
 
 
 _PY = r"(?:^|[\s:\]>])(?:[\w.]+\.)?"  # an exception name, optionally module-qualified, at a token start
+_SHELL = r"^\W{0,3}(?:(?:zsh|bash|sh): |\[\d+\]\s*[+-]?\s+(?:\d+\s+)?|\d+\s+)?(?:[\w./-]+: line \d+: +\d+ )?"
+"""Where a shell's report of a signal starts: bash's `./run.sh: line 3: 4711 `, zsh's `zsh: `, a job report's
+`[1]+  ` (bash) or `[1]    14957 ` (zsh: the job and its pid), or the pid alone where a copy dropped the job."""
+_COMMAND = r"(?:\s*\(core dumped\))?(?:\s{2,}\S.*|(?<=\)) \S.*)?\W{0,3}$"
+"""The rest of a shell's signal report: `(core dumped)`, then the command the job ran (zsh and bash's job reports
+pad the report to a column, so two spaces or more, or one after `(core dumped)`), and nothing else."""
 _UNUSED = ("DDP: some parameters take no part in the loss (the model code, or options that freeze part of it): "
            "pass find_unused_parameters=True or make every parameter used; a restart fails the same way")
 _ASSERT = ("a device-side assert: usually an index out of range in the data (a label at or past the number of "
@@ -342,13 +348,12 @@ RULES: list[Rule] = [
          "the environment: a required package has no release for this Python version or platform (an old pin, a "
          "Python too new or too old for it); use the Python version the project names, or relax the pin"),
     Rule("SharedMemoryError", "script",  # the shell's report of a bus error: torch's shared memory (/dev/shm) ran out
-         r"^\W{0,3}(?:[\w./-]+: line \d+: +\d+ )?Bus error(?:\s+\(core dumped\))?\W{0,3}$", 15, False,
+         _SHELL + r"[Bb]us error" + _COMMAND, 15, False,
          "the process died of a bus error (SIGBUS), which in PyTorch is shared memory (/dev/shm, where workers and "
          "share_memory() put tensors) running out, typically a container's 64 MB default: run it with a larger "
          "--shm-size (or --ipc=host); a restart fails the same way"),
     Rule("SegFault", "script",  # the shell's report: a script run on its own crashed in a native library it loaded
-         r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?[Ss]egmentation fault(?:\s*\(core dumped\))?"
-         r"(?:\s{2,}\S.*)?\W{0,3}$", 15, False,
+         _SHELL + r"[Ss]egmentation fault" + _COMMAND, 15, False,
          "a script crashed in native code (SIGSEGV) when run on its own: usually the installed versions of a native "
          "library (the framework, its CUDA build, an extension) do not match; install the versions the code was "
          "written for"),
@@ -361,16 +366,16 @@ RULES: list[Rule] = [
     Rule("SegFault", "script",
          r"double free or corruption|\b(?:free|malloc|realloc|munmap_chunk)\(\): (?:invalid|corrupted)\b|"
          r"corrupted (?:size vs\. prev_size|double-linked list)|\bstack smashing detected\b|"
-         r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?Floating point exception(?:\s*\(core dumped\))?(?:\s+\S.*)?"
-         r"\W{0,3}$|exit code -10737(?:41819|40791|41571)\b|\b0x[Cc]00000(?:05|FD|fd)\b|\b0x[Cc]0000409\b|"
+         + _SHELL + r"[Ff]loating point exception(?:\s*\(core dumped\))?(?:\s+\S.*)?\W{0,3}$|"
+         r"exit code -10737(?:41819|40791|41571)\b|\b0x[Cc]00000(?:05|FD|fd)\b|\b0x[Cc]0000409\b|"
          r"Windows fatal exception: (?:access violation|stack overflow)|Cannot recover from stack overflow", 15,
          False,
          "a script crashed in native code (a corrupted heap or stack, SIGFPE, an access violation): usually the "
          "installed versions of a native library (the framework, its CUDA build, an extension) do not match; install "
          "the versions the code was written for"),
     Rule("IllegalInstruction", "script",  # SIGILL: a binary built for instructions this CPU does not have
-         r"^\W{0,3}(?:(?:zsh|bash|sh): )?(?:[\w./-]+: line \d+: +\d+ )?[Ii]llegal instruction(?:\s*\(core dumped\))?"
-         r"(?:\s{2,}\S.*)?\W{0,3}$|Signals\.SIGILL\b|Signal 4 \(SIGILL\)|terminated with signal SIGILL\b", 16, False,
+         _SHELL + r"[Ii]llegal (?:hardware )?instruction" + _COMMAND + r"|"
+         r"Signals\.SIGILL\b|Signal 4 \(SIGILL\)|terminated with signal SIGILL\b", 16, False,
          "a process died of an illegal instruction (SIGILL): an installed binary (the framework, an extension, a data "
          "loader compiled elsewhere) uses CPU instructions this machine lacks, or was built wrong; install or rebuild "
          "it for this CPU; a restart fails the same way"),
@@ -378,6 +383,7 @@ RULES: list[Rule] = [
          r"Signals\.SIGSEGV|exitcode\s*:\s*-11\b|Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault|"
          r"Segmentation fault|exit(?:ed with)? (?:code|status)[:= ]*139\b|Bus error \(core dumped\)|"
          r"Signals\.SIG(?:BUS|ABRT)|Aborted \(core dumped\)|Fatal Python error: Aborted|"
+         + _SHELL + r"abort(?:\s*\(core dumped\))?\s{2,}\S|"  # zsh's SIGABRT report, as bash's `Aborted (core dumped)`
          r"terminated with signal SIG(?:SEGV|BUS)\b", 14, True,
          "a process crashed in native code (SIGSEGV, SIGBUS or SIGABRT): one restart; if it recurs, a library or "
          "driver mismatch (a bus error in a container: too small /dev/shm)"),
@@ -470,6 +476,19 @@ RULES: list[Rule] = [
          r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed|RaySystemError|"
          r"ObjectLostError|NodeDiedError", 33, True,
          "a Ray worker process died (often the host OOM killer or a lost node): check its node, then resume"),
+    # The store-based barrier of init_process_group timed out: this rank reached the store (it counts the workers
+    # that joined, `worker_count` of `world_size`), the others never arrived. The network carried this rank's
+    # connection; the missing ranks were not started (the launch: `gpus=4` run as one plain process, fewer
+    # processes than the world size), died before init, or were still busy (preprocessing that outlasts the
+    # process-group timeout). The launch or the script's set-up, not a fault: a restart waits the same way. Every
+    # seen label of this line is the script's (sets 5, 8, 15). Tried before the rule below, which reads a rank
+    # that lost a connection it had.
+    Rule("RendezvousError", "script",
+         r"(?i)timed out initializing process group in store based barrier", 30, False,
+         "the other ranks never joined the process group (worker_count < world_size): start every rank with the "
+         "launcher (torchrun --nproc_per_node, the framework's DDP launch) so the processes match the world size, "
+         "check that no rank died before init_process_group, and raise its timeout where set-up (preprocessing, "
+         "loading) outlasts it; a restart waits the same way"),
     Rule("ConnectionError", "infrastructure",
          r"ConnectionError|Connection (?:reset by peer|refused|timed out|closed by peer)|DistNetworkError|"
          r"DistStoreError|Broken pipe|Socket Timeout|failed to recv, got 0 bytes|waiting for clients\. \d+/\d+ clients|"
@@ -499,6 +518,9 @@ RULES: list[Rule] = [
     Rule("Killed", "framework",
          r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|line \d+:\s+\d+\s+Killed\s+\S|"  # bash's job report
          r"^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
+         # zsh's and a job report's words for it, with the command after (`zsh: killed     python train.py`,
+         # `[1]    2231 killed     python train.py`): only after a shell's prefix, padded to the command's column
+         r"^\W{0,3}(?:zsh: |\[\d+\]\s*[+-]?\s+(?:\d+\s+)?)[Kk]illed\s{2,}\S|"
          r"(?:\w/s|s/\w+|\d%)\]?\s*Killed\s*$|srun: error: \S+: tasks? [\d,-]+: Killed\s*$|"
          r"exit(?:ed with)? (?:code|status)[:= ]*137\b|"
          r"WTERMSIG 9\b|return code = -9\b|error code -9\b|terminated with signal SIGKILL|killed by signal:? "
@@ -598,7 +620,7 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"exited with signal", b"no space left", b"quota", b"input/output", b"stale", b"undefined symbol",
     b"shared object", b"misconfiguration", b"kv cache", b"oom", b"time limit", b"died", b"loss scale",
     b"infinite or nan", b"cuda failure", b"unable to determine", b"sigkill", b"size mismatch", b"assertion",
-    b"sigsegv", b"segmentation", b"driver", b"couldn't connect", b"huggingface.co", b"building extension",
+    b"sigsegv", b"segmentation", b"illegal hardware", b"driver", b"couldn't connect", b"huggingface.co", b"building extension",
     b"caused by", b"what()", b"no module named", b"cannot import", b"keyword argument", b"positional argument",
     b"bad_alloc", b"cannot allocate", b"already in use", b"closed by", b"connection abort", b"not connected",
     b"no route", b"shared memory", b"ordinal", b"ibv_", b"non-finite", b"contains nan", b"contains inf",
@@ -628,7 +650,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"floating point exception", b"walltime", b"runlimit", b"run time limit", b"memlimit",
     b"memory usage limit", b" spot", b"nvcc fatal", b"satisfies the requirement",
     b"matching distribution", b"badzipfile", b"windows fatal", b"tensor had", b"summary histogram", b"preempted",
-    b"pthread_create", b"start new thread", b"stack overflow", b"compiled using numpy")
+    b"pthread_create", b"start new thread", b"stack overflow", b"compiled using numpy", b"critical", b"check failed",
+    b"on signal", b"signals.sig", b"sigterm")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
