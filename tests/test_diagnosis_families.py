@@ -408,7 +408,8 @@ MORE = [  # one line per family member added in this round, as the software prin
      "Please make sure to use the same CUDA versions.", "BuildError", "script"),
     ("RuntimeError: NCCL Error 6: invalid usage", "ConfigError", "script"),
     ("RuntimeError: Timed out initializing process group in store based barrier on rank: 3, for key: "
-     "store_based_barrier_key:1 (world_size=8, worker_count=4, timeout=0:30:00)", "ConnectionError", "infrastructure"),
+     "store_based_barrier_key:1 (world_size=8, worker_count=4, timeout=0:30:00)", "RendezvousError", "script"),
+    # round 19: 4 of 8 workers joined the store: the launch, not the network (seen labels: sets 5, 15, 16)
     ("[rank0]:[E812 10:41:02.1 ProcessGroupNCCL.cpp:1423] [PG 0 Rank 0] Heartbeat monitor timed out! Process will be "
      "terminated after dumping debug info.", "NCCLTimeoutError", "infrastructure"),
     ("slurmstepd: error: *** JOB 77 ON node-3 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***", "Preempted",
