@@ -409,7 +409,7 @@ MORE = [  # one line per family member added in this round, as the software prin
     ("RuntimeError: NCCL Error 6: invalid usage", "ConfigError", "script"),
     ("RuntimeError: Timed out initializing process group in store based barrier on rank: 3, for key: "
      "store_based_barrier_key:1 (world_size=8, worker_count=4, timeout=0:30:00)", "RendezvousError", "script"),
-    # round 18: the store was reached, the other ranks never joined: the launch (every seen label: sets 5, 8, 15)
+    # rounds 18-19: the store was reached, the other ranks never joined: the launch (seen labels: sets 5, 8, 15, 16)
     ("[rank0]:[E812 10:41:02.1 ProcessGroupNCCL.cpp:1423] [PG 0 Rank 0] Heartbeat monitor timed out! Process will be "
      "terminated after dumping debug info.", "NCCLTimeoutError", "infrastructure"),
     ("slurmstepd: error: *** JOB 77 ON node-3 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***", "Preempted",

@@ -57,9 +57,9 @@ MADE_THEN_LOST = {  # guards: a connection that was open and then failed stays t
         "[rank1]: torch.distributed.DistNetworkError: The client socket has timed out after 900000ms while trying to "
         "connect to (node-01, 23456).\n", "ConnectionError"),
 }
-# The store-based barrier's timeout (the store was reached, the other ranks never joined) was a guard here; round 18
-# reads it as the launch's (RendezvousError, script: all three seen labels of the line, sets 5, 8 and 15), tested
-# in tests/test_diagnosis_round18.py.
+# The store-based barrier's timeout (the store was reached, the other ranks never joined) was a guard here; rounds
+# 18 and 19 read it as the launch's (RendezvousError, script: every seen label of the line, sets 5, 8, 15 and 16),
+# tested in tests/test_diagnosis_round18.py and tests/test_diagnosis_round19.py.
 
 
 @pytest.mark.parametrize("name", sorted(MADE_THEN_LOST))

@@ -60,8 +60,8 @@ NAMED = {  # log -> (type, category, restartable, root line)
                     "SegFault", "framework", True, "interrupted by signal 6"),
     "ide-sigterm": (HEAD + "\nProcess finished with exit code 143 (interrupted by signal 15: SIGTERM)\n",
                     "Terminated", "infrastructure", True, "signal 15"),
-    "mpirun-sigkill": (HEAD + "mpirun noticed that process rank 0 with PID 4321 on node gpu-07 exited on signal 9 "
-                              "(Killed).\n", "Killed", "framework", True, "exited on signal 9"),
+    # mpirun's `exited on signal 9 (Killed)` was read here by its shape; round 19 made it a rule (a kill), tested in
+    # tests/test_diagnosis_round19.py
     "subprocess-sigterm": (HEAD + "worker died with <Signals.SIGTERM: 15>.\n", "Terminated", "infrastructure", True,
                            "<Signals.SIGTERM: 15>"),
     "child-bus-error-signal": (HEAD + "Child process 1234 terminated by signal 7\n", "SegFault", "framework", True,

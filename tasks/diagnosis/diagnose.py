@@ -20,6 +20,7 @@ from tasks.diagnosis.named import FRAME as _FRAME
 from tasks.diagnosis.named import LIBRARY as _LIBRARY
 from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
+from tasks.diagnosis.rules import FETCH_FAILED as _FETCH_FAILED
 from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
 
 if TYPE_CHECKING:  # the agent (urllib, http) is imported only when it is asked
@@ -225,6 +226,7 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
         rule = match_line(k.text, learned)
         if rule is None:
             continue
+        rule = _fetch_failed(c.kept, i, rule)
         f = _finding(rule, _blame(c.kept, i, rule.category) if rule.blame else rule.category, k)
         if rule.type == "ChildFailed" and f.rank is None:  # an exitcode line of the summary: its block's rank, host
             f.rank, f.node = block_rank, f.node or block_host
@@ -233,6 +235,55 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
         out[i] = _Cand(rule, f, rule.priority - 0.5 * bool(_BANNER.match(k.text)))
     _after_device_assert(out)
     return out
+
+
+_CONNECT_FAILED = re.compile(r"Network is unreachable|No route to host|Connection refused|Connection timed out|"
+                             r"\[(?:Errno|WinError) (?:101|110|111|113|1006[015])\]")
+"""A connect that failed (the errno's words, or its number on Linux and Windows): no connection was opened."""
+_CLIENT_FRAME = re.compile(r"[/\\](?:urllib3|requests|httpx|httpcore|aiohttp|huggingface_hub|gdown)[/\\]|"
+                           r"[/\\](?:urllib[/\\]request|http[/\\]client|torch[/\\]hub)\.py\"|"
+                           r", in (?:create_connection|_new_conn|urlopen|urlretrieve|\w*download\w*|from_pretrained|"
+                           r"load_state_dict_from_url)\s*$")
+"""A traceback frame of an HTTP client or a download (its file: urllib3, requests, urllib.request, torch.hub, the
+hub client; or its function: a socket connect's `create_connection`, `urlopen`, a `download`, `from_pretrained`)."""
+
+
+def _fetch_failed(kept: list[Kept], i: int, rule: Rule) -> Rule:
+    """A connect failure that a network rule reads (the infrastructure's: a peer or the fabric) raised in an HTTP
+    client's or a download's frame is the run's download never reaching its server: the machine's network access,
+    the script's (FETCH_FAILED), as the client's own summary (`Max retries exceeded ... NewConnectionError`) is.
+    Read off the nearest frame above the exception; a collective's or the store's connect keeps its rule."""
+    if rule.category != "infrastructure" or not EXCEPTION.match(kept[i].text) or not _CONNECT_FAILED.search(kept[i].text):
+        return rule
+    for k in reversed(kept[max(0, i - 3):i]):
+        if _FRAME.search(k.text):
+            return _FETCH_FAILED if _CLIENT_FRAME.search(k.text) else rule
+    return rule
+
+
+_LEVELLED = re.compile(r"\[([WEF])(?:\d{4} [\d:.]+(?: +\d+)?)?\s+(?:[^\]\s]*/)?([\w.-]+\.(?:cpp|cc|c|h|hpp|py)):\d+\]")
+"""A glog-style line of a native component (c10d's `[W socket.cpp:601]`, `[E1120 12:00:00.1 42 .../socket.cpp:860]`):
+its level and the source file that wrote it."""
+
+
+def _error_after_warning(cands: dict[int, _Cand], best: _Cand) -> _Cand:
+    """Where the root cause is a native component's warning-level line and the same source file later wrote an
+    error-level line that a rule reads as another failure (c10d warns that a host name does not resolve, then fails
+    the connect to it), the error is where the run failed and names the root line; the warning says why, and its
+    diagnosis (type, category, restart, mitigation) stays. An error line of the warning's own type (c10d's `failed to
+    listen on any local network address` after `failed to bind ... Address already in use`) says the same failure
+    less exactly: the warning stays the root line."""
+    w = _LEVELLED.search(best.finding.line)
+    if w is None or w.group(1) != "W":
+        return best
+    for x in sorted(cands.values(), key=lambda x: x.finding.line_no):
+        e = _LEVELLED.search(x.finding.line)
+        if (x.finding.line_no > best.finding.line_no and e and e.group(1) in "EF" and e.group(2) == w.group(2)
+                and x.rule.type != best.rule.type and x.priority <= best.priority):
+            x.rule, x.priority, x.via = best.rule, best.priority, best.via
+            x.finding.type, x.finding.category = best.finding.type, best.finding.category
+            return x
+    return best
 
 
 def _backtrace_only(c: Compressed) -> dict[int, _Cand]:
@@ -457,7 +508,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
             restartable=False, evidence=[], **base,
             mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`); a person decides, and a rule "
                        "for it can be added to tasks/diagnosis/rules.py")
-    best = _pick(c, cands, wrappers)
+    best = _error_after_warning(cands, _pick(c, cands, wrappers))
     evidence = [x.finding for _, x in sorted(cands.items()) if x is not best][:MAX_EVIDENCE]
     f = best.finding
     restartable, mitigation = best.rule.restartable, best.rule.mitigation

@@ -56,6 +56,59 @@ _ASSERT = ("a device-side assert: usually an index out of range in the data (a l
 _ARCH = ("the environment: the installed build has no kernels for this GPU (its compute capability); install a build "
          "for this GPU architecture, or run on GPUs it supports")
 
+_FETCH = ("the run could not reach the server it downloads from (weights, a config, a dataset: a model hub, a release "
+          "URL): the connection was never opened, so this machine's network access is the cause (no internet on a "
+          "compute node, a proxy or firewall, DNS); set the proxy (HTTPS_PROXY), use a mirror (HF_ENDPOINT), or fetch "
+          "the files beforehand and point the run at them; a restart from the same machine fails the same way")
+# Round 19 (issue 45): failures named in words the rules below did not read, each a mechanism, not a log's string.
+_SETUP_AND_RESOURCE: list[Rule] = [
+    # init_process_group's store-based barrier counts the workers that joined (`worker_count`) against the size it
+    # was told (`world_size`). Where they differ the launch is wrong, whichever way: more joined than the world
+    # holds (a file:// rendezvous file left by an earlier run, two jobs on one store or port) or fewer (ranks not
+    # started: a `gpus=4` script run as one process). The store answered, so the network is not the cause.
+    Rule("RendezvousError", "script",
+         r"store based barrier[^\n]*\(world_size=(\d+), worker_count=(?!\1\b)\d+\b", 35, False,
+         "the processes that joined the store differ from the world size it was given: the launch (more joined: a "
+         "file:// init file left by an earlier run, or two jobs sharing one store address and port; fewer: ranks the "
+         "launcher never started, a --nproc_per_node / world size that does not match the processes run). Delete the "
+         "stale init file or give each job its own port, and start every rank with the launcher; a restart waits "
+         "the same way"),
+    # init_process_group's URL has no scheme it knows: an empty `--dist_url` / init_method gives `://`
+    Rule("ConfigError", "script", r"No rendezvous handler for \S*://", 64, False,
+         "the process group's init method names no rendezvous scheme torch knows (an empty --dist_url / init_method "
+         "gives `://`): pass env:// (with MASTER_ADDR and MASTER_PORT set, as torchrun does), tcp://HOST:PORT or "
+         "file:///PATH; a restart fails the same way"),
+    # urllib's URLError prints its reason as `<urlopen error REASON>` only where no response came (a connect that
+    # failed, a name that did not resolve, a proxy): a download that never reached its server
+    Rule("ServiceUnreachable", "script", r"<urlopen error |Max retries exceeded[^\n]*Caused by NameResolutionError\b",
+         53, False, _FETCH),
+    # Windows' resolver words a name it does not know `getaddrinfo failed` (WSAHOST_NOT_FOUND 11001, WSANO_DATA
+    # 11004); 11002 (WSATRY_AGAIN) is the resolver's transient failure and is left out
+    Rule("NameResolutionError", "script", r"(?<!\[Errno 11002\] )getaddrinfo failed", 53, False,
+         "a host name the run resolves is unknown to the resolver (the machine's own name, resolved for a distributed "
+         "set-up, MASTER_ADDR, a URL's host): fix the name, add it to the hosts file or DNS, or give an address; a "
+         "restart fails the same way"),
+    # a native framework's fatal check on a CUDA allocation (MXNet's mshadow, Caffe): GPU memory, as torch's OOM
+    Rule("OutOfMemoryError", "framework", r"Check failed: \w+ == cudaSuccess\b[^\n]*\bout of memory|\bCUDA: out of memory",
+         80, True,
+         "a native framework's check on a CUDA allocation failed: the GPU ran out of memory (the abort that follows is "
+         "its consequence); restart with more memory per GPU or a smaller batch"),
+    # page-locked host memory (a data pipeline's pinned buffers) could not be allocated: the host's memory
+    Rule("HostOOM", "framework", r"cuda(?:HostAlloc|MallocHost)\b[^\n]*(?:out of memory|cudaErrorMemoryAllocation)",
+         81, False,
+         "the host could not give page-locked (pinned) memory for the data pipeline's buffers: host RAM is exhausted "
+         "(or the locked-memory limit, ulimit -l, is low); a smaller prefetch or queue, fewer workers, or pinned "
+         "memory off; a restart fails the same way"),
+    # mpirun's report that a rank died of SIGKILL with no error of its own, like the shell's `Killed`
+    Rule("Killed", "framework", r"\b(?:exited|killed|terminated) on signal 9\b", 12, True,
+         "mpirun reports a rank killed by SIGKILL (signal 9) with no error of its own: the host's OOM killer (or a "
+         "lost node); resumed once, and if it recurs, check dmesg for the OOM killer and lower the host memory the "
+         "ranks use (data-loader workers, CPU offload)"),
+]
+FETCH_FAILED = Rule("ServiceUnreachable", "script", r"(?!)", 53, False, _FETCH)
+"""A connect failure (`Network is unreachable`, `Connection timed out`, ...) raised in an HTTP client's or a
+download's frame (tasks/diagnosis/diagnose.py reads the frame): the run's download never reached its server."""
+
 # priority bands: 90 hardware/node, 70 resource & loading, 60 script, 50 network faults and storage, 40 generic
 # framework, 30 what a peer's death looks like from here (remote errors, lost connections), 20 collective
 # timeouts, 10 launcher symptoms
@@ -429,6 +482,7 @@ RULES: list[Rule] = [
          "this machine's network access (a proxy, a firewall, a compute node without internet); set the proxy "
          "(HTTPS_PROXY), use a mirror (HF_ENDPOINT) or fetch the files beforehand and run offline (HF_HUB_OFFLINE=1); "
          "a restart from the same machine fails the same way"),
+    *_SETUP_AND_RESOURCE,
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
     Rule("S3StorageError", "infrastructure",
          r"botocore\.exceptions\.\w+|EndpointConnectionError|S3 ?(?:Storage)?Error|An error occurred "
