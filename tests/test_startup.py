@@ -4,6 +4,7 @@ themselves are a benchmark's (benchmarks/startup.py), not a test's."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,20 @@ def test_the_submit_records_and_flow_import_no_torch(module: str, tmp_path: Path
     mods = {ln.split("|")[-1].strip().split(".")[0] for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert module.split(".")[0] in mods  # the control: the import was seen
     assert not mods & {"torch", "transformers", "pandas"}, f"{module} imported {sorted(mods & {'torch', 'transformers', 'pandas'})}"
+
+
+def test_an_untraced_trainers_end_merges_no_trace_and_imports_no_pandas(tmp_path: Path) -> None:
+    """Every trainer merges its op trace as it ends (`merge_traces`); one with `trace_every_steps: 0` has no rank
+    files, and imported pandas for nothing (0.3 CPU s per trainer process, most of the suite's trainers). A traced
+    run's merge: test_trainer_parts and the submit tests that check the straggler analysis."""
+    code = ("import json, sys\nfrom pathlib import Path\nfrom tasks.training.optrace import merge_traces\n"
+            "assert merge_traces(Path(sys.argv[1]), 'r', 1, 1, 1) is None\nprint(json.dumps(sorted(sys.modules)))")
+    (tmp_path / "trace").mkdir()
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "trace")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mods = {m.split(".")[0] for m in json.loads(proc.stdout)}
+    assert "tasks" in mods and "pandas" not in mods, sorted(mods & HEAVY)
 
 
 def test_every_command_is_built_by_the_module_the_table_names() -> None:

@@ -26,8 +26,10 @@ SUITE = str(Path(__file__).parent / "data" / "suites" / "one.yaml")
 
 
 def _job(tmp: Path, name: str = "sub", steps: int = 40, every: int = 20, **training: object) -> dict:
+    """A gpt-tiny job. Untraced unless `trace_every_steps` is given: with no op trace a run has no straggler analysis
+    (its task costs 1-3 s per submit: pandas, the trace, the simulator), which the whole-pipeline test checks."""
     t = {"seq_len": 64, "global_batch": 8, "precision": "fp32", "steps": steps, "lr": 3e-3, "warmup_steps": 5,
-         "log_every_steps": 5, "trace_every_steps": 10,
+         "log_every_steps": 5, "trace_every_steps": 0,
          "checkpoint": {"every_steps": every, "uri": f"file://{tmp}/ckpt", "keep": 5}, **training}
     return {"name": name, "model": {"preset": "gpt-tiny"}, "training": t, "evaluation": {"suite": SUITE}}
 
@@ -45,9 +47,12 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     import flows.train
     from flows.submit import submit
 
+    def traced(**job_kw: object):  # this test checks the straggler analysis, which needs an op trace (`_job`)
+        return _request(tmp_path, trace_every_steps=10, **job_kw)
+
     announced: list[dict] = []
     monkeypatch.setattr(flows.train, "checkpoint_event", lambda rec, *a: announced.append(rec))
-    res = submit(_request(tmp_path))
+    res = submit(traced())
     # evaluated in-flow: no commit event, which would have the evaluate-on-checkpoint deployment score them again
     assert announced == []
     # the scheduled evaluate-pending finds this job's checkpoints through the ledger
@@ -76,7 +81,7 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     assert Artifact.get(run_key("report", "sub", root)) is not None and Artifact.get(run_key("plans", "sub", root)) is not None
 
     # a re-run of the same job resumes from the newest verified checkpoint instead of starting over
-    again = submit(_request(tmp_path, steps=60))
+    again = submit(traced(steps=60))
     assert again.train.resumed_from_step == 40 and again.train.final_step == 60
     assert [e.step for e in again.evaluations] == [20, 40, 60]  # the report shows the whole run
     assert len((tmp_path / "evals" / "sub" / "history.jsonl").read_text().splitlines()) == 3  # 20, 40 not redone
@@ -84,12 +89,12 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     # the ledger records where the run's files are; submitting the finished job again reports it, trains nothing
     rec = Ledger(str(tmp_path / "ledger.db")).run("sub")
     assert rec.stage == "reported" and rec.report == again.report and rec.history_dir == str(tmp_path / "evals")
-    done = submit(_request(tmp_path, steps=60))
+    done = submit(traced(steps=60))
     assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
     assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
     assert done.notes == []
     # the job edited to fewer steps than its run holds (red team 41c S9): the 60-step run is reported, and said so
-    fewer = submit(_request(tmp_path, steps=40))
+    fewer = submit(traced(steps=40))
     assert fewer.already_finished and fewer.train.final_step == 60 and len(fewer.notes) == 1
     assert "sub now asks for 40 steps, but its run" in fewer.notes[0] and "holds 60" in fewer.notes[0]
     assert "new name or a new training.checkpoint.uri" in fewer.notes[0]
@@ -98,12 +103,12 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     led = Ledger(str(tmp_path / "ledger.db"))
     early = again.model_copy(update={"evaluations": again.evaluations[:2]})
     led.record_run(rec.model_copy(update={"result": early.model_dump_json()}))
-    assert [e.step for e in submit(_request(tmp_path, steps=60)).evaluations] == [20, 40, 60]
+    assert [e.step for e in submit(traced(steps=60)).evaluations] == [20, 40, 60]
 
     # the ledger has no word of it (stopped while it waited for its evaluations, or another ledger): the trainer
     # resumes at step 60 and trains nothing; the run reports the training that committed it, not an empty one
     before = (tmp_path / "run" / "result.json").read_text()
-    other = submit(_request(tmp_path, steps=60).model_copy(update={"ledger": str(tmp_path / "other.db")}))
+    other = submit(traced(steps=60).model_copy(update={"ledger": str(tmp_path / "other.db")}))
     assert not other.already_finished and other.train.final_step == 60 and other.train.resumed_from_step == 60
     assert other.train.last_loss == again.train.last_loss and other.train.checkpoints == again.train.checkpoints
     assert other.train.tokens_per_s == again.train.tokens_per_s and other.stragglers is not None
@@ -1052,12 +1057,14 @@ def test_device_cuda_on_an_allocation_without_a_cuda_gpu_says_it_trains_on_the_c
 
 def test_a_ledger_deleted_while_a_job_holds_its_gpus_is_said_and_not_made_again(prefect_server, tmp_path):
     """Red team 41g S13: the ledger file deleted mid-run was recreated silently (empty) and the summary said "GPUs
-    released: yes" against a ledger that no longer held the allocation."""
+    released: yes" against a ledger that no longer held the allocation. The run's last commit (step 40) is held 5 s
+    (FRENZY_FAULT_PERSIST_DELAY), so the deletion after step 20's commit comes while the job holds its GPUs; before,
+    380 more steps (12 s of a core) made that window."""
     led = tmp_path / "l.db"
     Ledger(str(led))
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="noledger", steps=400, every=20)))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="noledger", steps=40, every=20)))
     proc = _cli(["submit", "job.yaml", "--ledger", str(led), "--evaluation", "off", "--device", "cpu",
-                 "--run-dir", str(tmp_path / "run")], tmp_path)
+                 "--run-dir", str(tmp_path / "run")], tmp_path, FRENZY_FAULT_PERSIST_DELAY="40:5")
     _wait_for_commit(tmp_path / "ckpt", 20, proc)
     for f in tmp_path.glob("l.db*"):  # the database and its WAL files, as `rm ledger.db*`
         f.unlink()
