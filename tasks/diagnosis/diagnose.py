@@ -232,7 +232,8 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
             f.rank, f.node = block_rank, f.node or block_host
         if f.node is None and f.rank is not None:
             f.node = rank_host.get(f.rank)
-        out[i] = _Cand(rule, f, rule.priority - 0.5 * bool(_BANNER.match(k.text)))
+        priority = min(rule.priority, _LOCAL_PEER) if _local_peer(c.kept, i, rule) else rule.priority
+        out[i] = _Cand(rule, f, priority - 0.5 * bool(_BANNER.match(k.text)))
     _after_device_assert(out)
     return out
 
@@ -259,6 +260,26 @@ def _fetch_failed(kept: list[Kept], i: int, rule: Rule) -> Rule:
         if _FRAME.search(k.text):
             return _FETCH_FAILED if _CLIENT_FRAME.search(k.text) else rule
     return rule
+
+
+_LOCAL_PEER = 11
+"""Where a connection to a process of the same job on this host ranks: below a report that a process was killed
+(the shell's `Killed`, 12), above a launcher's exit code (10)."""
+_MP_FRAME = re.compile(r"[/\\]multiprocessing[/\\](?:connection|resource_sharer|queues|reduction)\.py\"")
+_PEER_GONE = re.compile(r"ConnectionResetError|BrokenPipeError|Connection reset by peer|Broken pipe")
+
+
+def _local_peer(kept: list[Kept], i: int, rule: Rule) -> bool:
+    """A connection reset or a broken pipe raised in the standard library's multiprocessing (a Connection's recv, the
+    resource sharer a DataLoader passes tensors through): the peer is a process of the same job on this host (a
+    data-loader worker, the main process), and the reset is what its death looks like from here. The kill, where the
+    log holds it (the shell's `Killed`), is the cause; read off the nearest frame above the exception."""
+    if rule.category != "infrastructure" or not EXCEPTION.match(kept[i].text) or not _PEER_GONE.search(kept[i].text):
+        return False
+    for k in reversed(kept[max(0, i - 3):i]):
+        if _FRAME.search(k.text):
+            return bool(_MP_FRAME.search(k.text))
+    return False
 
 
 _LEVELLED = re.compile(r"\[([WEF])(?:\d{4} [\d:.]+(?: +\d+)?)?\s+(?:[^\]\s]*/)?([\w.-]+\.(?:cpp|cc|c|h|hpp|py)):\d+\]")

@@ -30,7 +30,11 @@ from dataclasses import dataclass
 _TOKENS = (re.compile(rb"nan(?![a-z0-9_]| iterations)"), re.compile(rb"inf(?:inity)?(?![a-z0-9_])"))
 """Non-finite values as Python, torch and JSON print them (lower-cased); Megatron's `nan iterations` column is not
 one."""
-_KEY = rb"(?:loss(?:es)?(?![_ ]?scale)|grad[_ ]?norm|gnorm)[\w./-]*['\"]?\s*[:=|]?\s*[\[(]?\s*['\"]?(?:tensor\(\s*)?"
+_KEY = (rb"(?:loss(?:es)?(?![_ ]?scale)|grad(?<![a-z]grad)(?:ient)?s?(?![_ ]?scal)|gnorm)[\w./-]*"
+        rb"(?:['\"]?\s*[:=|]?|(?:\s[a-z][\w./-]*){1,2}\s*[:=|])\s*[\[(]?\s*['\"]?(?:tensor\(\s*)?")
+"""A loss or gradient (norm) printed by name: `loss: nan`, `'grad_norm': inf`, `Grad=inf` (a gradient norm that is
+not finite is the divergence a step early), or a name of a word or two after the key before its separator
+(`Gen Loss Total :  nan`)."""
 _BARE = rb"tensor\((?<=(?<![^\n])tensor\()"
 """A line that starts with a scalar tensor's repr (`tensor(2.31, device='cuda:0')`): what `print(loss)` writes each
 step, the loss without its name (a vector's repr, `tensor([...`, is not a scalar and does not match)."""

@@ -105,6 +105,50 @@ _SETUP_AND_RESOURCE: list[Rule] = [
          "lost node); resumed once, and if it recurs, check dmesg for the OOM killer and lower the host memory the "
          "ranks use (data-loader workers, CPU offload)"),
 ]
+# Round 20 (issue 45): failures in the words of other frameworks, runtimes and services (set 17's families).
+_OTHER_WORDS: list[Rule] = [
+    # GPU memory exhausted, in the words of runtimes other than torch's: Paddle's allocator (`Out of memory error on
+    # GPU 0. Cannot allocate ...`), a native library's failed cudaMalloc (MXNet's pooled storage manager:
+    # `cudaMalloc failed: out of memory`; dlib's `reason: out of memory`), ROCm's HIP and the driver API's cuMemAlloc,
+    # Apple's MPS and Intel's XPU backends
+    Rule("OutOfMemoryError", "framework",
+         r"Out of memory error on (?:GPU|XPU|NPU|MLU) \d+|\bcu(?:da)?Mem(?:Alloc)?\w*\b[^\n]*(?:failed|error)[^\n]*out of memory|"
+         r"\bcudaMalloc(?!Host)\w*\b[^\n]*(?:failed|error)[^\n]*out of memory|hipErrorOutOfMemory|"
+         r"MPS backend out of memory|XPU out of memory|Error while calling cuda\w+\([^\n]*reason: out of memory", 80,
+         True, "the GPU ran out of memory (in the runtime's own words): restart with more memory per GPU or a smaller "
+               "batch"),
+    # ROCm's words for a kernel's faulting memory access (CUDA's illegal memory access): the GPU, its driver stack
+    # or the host's kernel modules, as the GPU-fault rule reads CUDA's; the abort after it is its consequence
+    Rule("CUDAError", "infrastructure",
+         r"Memory access fault by GPU node-\d+|HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION|hipErrorIllegalAddress",
+         90, True, "the GPU faulted on a memory access (ROCm): run the node check on this rank's node (the GPU's "
+                   "temperature and clocks, the amdgpu/amdkfd driver), cordon it if it fails, and resume"),
+    # a native library's own check on a CUDA call, with the runtime's reason (dlib's `Error while calling
+    # cudaX(...) in file F:N. code: 98, reason: ...`): a failed CUDA call, as `CUDA error: ...` is read
+    Rule("CUDAError", "infrastructure", r"Error while calling cu\w+\([^\n]*\bcode: \d+, reason: (?!out of memory)",
+         90, True, "a CUDA call failed inside a native library: run the node check on this rank's node, cordon it if "
+                   "it fails, and resume"),
+    # Horovod's notice that it stopped: a rank raised, or finished while the others still called a collective
+    # (early stopping on one rank); the rank's own exception, where the log holds it, ranks above it
+    Rule("HorovodShutdown", "framework", r"Horovod has been shut down\b", 25, False,
+         "Horovod shut down because one rank raised (its exception is above the first shutdown message) or finished "
+         "while the others still called allreduce/allgather/broadcast (early stopping or a data split that gives "
+         "the ranks different step counts): make every rank run the same number of collective steps; a restart "
+         "fails the same way"),
+    # NCCL's topology detection cannot resolve a GPU's PCI path in /sys (WSL, a container without the host's /sys):
+    # the environment the job runs in
+    Rule("TopologyError", "script", r"NCCL WARN Could not find real path of /sys/", 51, False,
+         "NCCL could not read the GPUs' PCI topology from /sys (WSL, or a container without the host's /sys): run "
+         "where /sys shows the GPUs, or on one GPU; a restart fails the same way"),
+    # a tracking service's client (wandb) that never connected to its server: the host's network access, as a
+    # download that never reached its server; a read timeout on an open connection stays the transient fault
+    Rule("ServiceUnreachable", "script", r"Network error \(ConnectTimeout\)", 53, False, _FETCH),
+    # a summary writer's warning that a value logged was NaN/inf: the loss it was given; the progress line that
+    # shows the divergence (DIVERGENCE, 77) outranks it, and a line that says the loss diverged (78) too
+    Rule("NumericalError", "framework", r"(?i)nan or inf found in input tensor", 76, False,
+         "a NaN/inf was logged (the loss diverged): lower the learning rate, use bf16 or gradient clipping, and "
+         "resume from a checkpoint before the divergence"),
+]
 FETCH_FAILED = Rule("ServiceUnreachable", "script", r"(?!)", 53, False, _FETCH)
 """A connect failure (`Network is unreachable`, `Connection timed out`, ...) raised in an HTTP client's or a
 download's frame (tasks/diagnosis/diagnose.py reads the frame): the run's download never reached its server."""
@@ -261,7 +305,7 @@ RULES: list[Rule] = [
          r"loss scale reached (?:the |its )?minimum|Tensor had (?:nan|inf) values|nan in summary histogram|"
          r"iterations in a row due to (?:overflow|nan)|training (?:has )?diverged|"
          r"(?-i:to satisfy the constraint \w+\(\), but found invalid values)|"
-         r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|nan or inf found in input|"
+         r"loss is (?:nan|inf)|detected (?:nan|inf) (?:loss|in)|\b(?:nan|inf) loss(?:es)? (?:with|in|at|for|on)\b|"
          r"probability tensor contains either|returned nan values|(?-i:FloatingPointError)|"
          r"(?:input|tensor|output|gradient)s? contains? (?:nan|inf)|(?:nan|inf) (?:loss|value)s? (?:detected|found|"
          r"encountered)|encountered (?:a )?nan|"
@@ -386,7 +430,7 @@ RULES: list[Rule] = [
          False, "the code gives an operation tensors it cannot take (device, dtype or shape): fix the model or data "
                 "code (a restart fails the same way)"),
     Rule("IndexError", "script",  # the kernel's assertion names the check that failed (a label past the classes)
-         r"Assertion `[^`]*` failed", 62, False, _ASSERT),
+         r"Assertion `[^`]*` failed|thread: \[\d+,\d+,\d+\] Assertion \S[^\n]* failed", 62, False, _ASSERT),
     Rule("IndexError", "script", r"device-side assert triggered", 61, False, _ASSERT),
     Rule("BuildError", "script",
          r"(?i)Error building extension|Command '\['ninja', '-v'\]' returned non-zero|ninja: build stopped|"
@@ -483,6 +527,7 @@ RULES: list[Rule] = [
          "(HTTPS_PROXY), use a mirror (HF_ENDPOINT) or fetch the files beforehand and run offline (HF_HUB_OFFLINE=1); "
          "a restart from the same machine fails the same way"),
     *_SETUP_AND_RESOURCE,
+    *_OTHER_WORDS,
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
     Rule("S3StorageError", "infrastructure",
          r"botocore\.exceptions\.\w+|EndpointConnectionError|S3 ?(?:Storage)?Error|An error occurred "
@@ -513,10 +558,10 @@ RULES: list[Rule] = [
     Rule("NetworkError", "infrastructure",  # NCCL's system/internal errors and its socket, net and proxy warnings
          r"NET/IB[^\n]*(?:error|Error)|ibv_\w+ failed|IBV_WC_(?!SUCCESS)\w+|ncclSystemError|unhandled system error|"
          r"ncclInternalError|(?i:NCCL error)[^\n]*internal error|NCCL WARN (?:NET|Net|Socket|socket|Call to|Connect|"
-         r"connect|[Bb]ootstrap|[Pp]roxy|IB)|(?:socket|net\w*|proxy|bootstrap|ib\w*)\.cc:\d+ NCCL WARN|"
+         r"connect|[Bb]ootstrap|[Pp]roxy|IB)|(?:socket|net\w*|proxy|bootstrap|ib\w*)\.cc:\d+ NCCL WARN(?! Failed to open libibverbs)|"
          r"socket(?:StartConnect|PollConnect|Progress|Connect)|Software caused connection abort|"
          r"Transport endpoint is not connected|No route to host|Network is unreachable|connectFullMesh failed|"
-         r"failed to connect to all addresses|Network error \((?:ReadTimeout|ConnectTimeout|ConnectionError)\)|"
+         r"failed to connect to all addresses|Network error \((?:ReadTimeout|ConnectionError)\)|"
          r"initialization has timed out", 50, True,
          "a network fault: run the node check on the job's nodes and resume"),
     # Ray's detail under an ActorDiedError saying why the actor died: its node (or its owner's) was lost. The
@@ -571,7 +616,7 @@ RULES: list[Rule] = [
          "detached (nohup, tmux/screen, a batch scheduler) and resume from the newest checkpoint"),
     Rule("Killed", "framework",
          r"exitcode\s*:\s*-9\b|\d+ Killed\s+\S*python|line \d+:\s+\d+\s+Killed\s+\S|"  # bash's job report
-         r"^\W{0,3}(?:Killed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
+         r"^\W{0,3}(?:[Kk]illed|已杀死|已終止|Getötet|Processus arrêté)\W{0,3}$|"
          # zsh's and a job report's words for it, with the command after (`zsh: killed     python train.py`,
          # `[1]    2231 killed     python train.py`): only after a shell's prefix, padded to the command's column
          r"^\W{0,3}(?:zsh: |\[\d+\]\s*[+-]?\s+(?:\d+\s+)?)[Kk]illed\s{2,}\S|"
@@ -705,7 +750,7 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"memory usage limit", b" spot", b"nvcc fatal", b"satisfies the requirement",
     b"matching distribution", b"badzipfile", b"windows fatal", b"tensor had", b"summary histogram", b"preempted",
     b"pthread_create", b"start new thread", b"stack overflow", b"compiled using numpy", b"critical", b"check failed",
-    b"on signal", b"signals.sig", b"sigterm")
+    b"on signal", b"signals.sig", b"sigterm", b"memory access fault", b"has been shut down")
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
