@@ -95,3 +95,19 @@ def snapshot_buffers(nbytes: int, ranks_on_host: int = 1, memory: tuple[int, int
     avail, total = memory
     # the first buffer is part of what is "available" now too: count both copies of every rank
     return 2 if avail - 2 * nbytes * ranks_on_host > max(4 << 30, 0.15 * total) else 1
+
+
+def persist_writers(on_gpu: bool, ranks_on_host: int = 1, cores: int | None = None) -> int:
+    """How many threads write one rank's shard at once (one more hashes beside them, storage.py).
+    `FRENZY_PERSIST_WRITERS=N` decides. A CPU job gets 1: its ranks' torch threads take all but the one core the
+    launcher leaves (launch.py `default_threads`), which the writer and the hasher share with the disk's waits. A GPU
+    job's torch threads are mostly idle: its rank's share of the cores, less its loop and the hasher, at most 4.
+    `cores`: the cores this process may use (None: its affinity)."""
+    forced = os.environ.get("FRENZY_PERSIST_WRITERS")
+    if forced:
+        return max(1, int(forced))
+    if not on_gpu:
+        return 1
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cores // max(1, ranks_on_host) - 2))

@@ -1,0 +1,140 @@
+"""The persist's write path: sha256 computed beside the writes, shards written by several threads at their offsets,
+and the guarantees kept (the same checksum as hashing the bytes in one go, a corrupt byte caught, a failing writer
+failing the whole persist with nothing committed, a retry that rewrites the file whole)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+
+import pytest
+import torch
+
+from tasks.training import checkpoint as ck
+from tasks.training import storage as storage_mod
+from tasks.training.storage import Storage, StorageError
+
+_PWRITE = os.pwrite
+_FIELDS = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+
+
+def _chunks() -> list[memoryview]:
+    """Chunks of uneven sizes (one empty, some under hashlib's 2048-byte GIL threshold)."""
+    g = torch.Generator().manual_seed(1)
+    sizes = [1, 0, 2047, 2048, 70_000, 1 << 20, 3, 500_001]
+    return [memoryview(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).numpy().tobytes())
+            for n in sizes]
+
+
+@pytest.mark.parametrize("writers", [1, 3])
+def test_the_pipeline_gives_the_sha256_of_the_bytes_in_one_go(tmp_path, writers):
+    parts = _chunks()
+    whole = b"".join(bytes(c) for c in parts)
+    n, sha = Storage(str(tmp_path)).write_stream("step_00000001/rank00000.bin", lambda: iter(parts), writers=writers)
+    assert n == len(whole)
+    assert sha == hashlib.sha256(whole).hexdigest()
+    assert (tmp_path / "step_00000001/rank00000.bin").read_bytes() == whole
+
+
+def test_a_rewrite_over_a_longer_file_leaves_no_tail(tmp_path):
+    st = Storage(str(tmp_path))
+    st.write_stream("a.bin", lambda: [memoryview(b"x" * 100_000)], writers=2)
+    n, sha = st.write_stream("a.bin", lambda: [memoryview(b"y" * 10)], writers=2)
+    assert (tmp_path / "a.bin").read_bytes() == b"y" * 10 and sha == hashlib.sha256(b"y" * 10).hexdigest()
+
+
+def _state() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    return [(f"model.w{i}", torch.randn(300_000 + i, generator=g)) for i in range(6)]
+
+
+def _checkpointer(st: Storage, writers: int, size: int = 256 << 10) -> ck.AsyncCheckpointer:
+    """A checkpointer with `writers` threads whose snapshot streams in chunks of `size` bytes (many of them, so
+    several writers each get some), its buffer made; `save(1, _state(), _FIELDS)` next."""
+    c = ck.AsyncCheckpointer(st, 0, 1, run="t", buffers=1)
+    c.writers = writers
+    c.prepare(_state())
+    c._prep.join(60)
+    for buf in c._bufs:
+        buf.chunks = lambda size=size, b=buf: type(b).chunks(b, size)
+    return c
+
+
+def test_a_corrupt_byte_in_a_parallel_written_shard_fails_verification(tmp_path):
+    st = Storage(str(tmp_path))
+    c = _checkpointer(st, 4)
+    c.save(1, _state(), _FIELDS)
+    c.close()
+    m = ck.read_manifest(st, 1)
+    path = tmp_path / m.shards[0].key
+    data = bytearray(path.read_bytes())
+    assert m.shards[0].sha256 == hashlib.sha256(data).hexdigest()  # what any reader, old or new, checks
+    ck.verify(st, m)
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ck.CheckpointError, match="does not match the manifest"):
+        ck.verify(st, m)
+
+
+class _FailingPwrite:
+    """os.pwrite that fails (EIO) on its `nth` call, once, in whichever writer thread makes it."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth, self.calls, self.threads = nth, 0, set()
+        self.lock = threading.Lock()
+
+    def __call__(self, fd: int, data: memoryview, offset: int) -> int:
+        with self.lock:
+            self.calls += 1
+            self.threads.add(threading.get_ident())
+            fail = self.calls == self.nth
+        if fail:
+            raise OSError(errno.EIO, "injected write error")
+        return _PWRITE(fd, data, offset)
+
+
+def test_a_failing_writer_fails_the_whole_persist_and_commits_nothing(tmp_path, monkeypatch):
+    bad = _FailingPwrite(nth=5)
+    monkeypatch.setattr(storage_mod.os, "pwrite", bad, raising=False)
+    st = Storage(str(tmp_path), attempts=1)
+    c = _checkpointer(st, 3)
+    c.save(1, _state(), _FIELDS)
+    with pytest.raises(ck.CheckpointError, match="final checkpoint \\(step 1\\) was not committed.*injected"):
+        c.close()
+    assert len(bad.threads) > 1  # the writes were spread over the pool
+    assert ck.read_manifest(st, 1) is None and ck.committed(st) == []
+    assert not (tmp_path / "step_00000001").exists()  # the part-written shard was removed
+
+
+def test_a_retry_after_a_failing_writer_rewrites_the_shard_whole(tmp_path, monkeypatch):
+    bad = _FailingPwrite(nth=3)
+    monkeypatch.setattr(storage_mod.os, "pwrite", bad, raising=False)
+    st = Storage(str(tmp_path), attempts=2, backoff_s=0.0)
+    parts = _chunks() * 4
+    n, sha = st.write_stream("a.bin", lambda: iter(parts), writers=3)
+    whole = b"".join(bytes(c) for c in parts)
+    assert bad.calls > len([p for p in parts if len(p)])  # the first attempt failed, the second wrote everything
+    assert (tmp_path / "a.bin").read_bytes() == whole and sha == hashlib.sha256(whole).hexdigest()
+
+
+def test_a_write_error_no_retry_can_fix_is_not_retried(tmp_path, monkeypatch):
+    def full(fd: int, data: memoryview, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage_mod.os, "pwrite", full, raising=False)
+    with pytest.raises(StorageError, match="not retried"):
+        Storage(str(tmp_path), attempts=5, backoff_s=10.0).write_stream("a.bin", lambda: _chunks(), writers=2)
+
+
+def test_persist_writers_follow_the_cores_left_and_the_override(monkeypatch):
+    from tasks.training.checkpoint.snapshot import persist_writers
+
+    monkeypatch.delenv("FRENZY_PERSIST_WRITERS", raising=False)
+    assert persist_writers(on_gpu=False, cores=16) == 1  # a CPU job's torch threads take all but one core
+    assert persist_writers(on_gpu=True, cores=16) == 4
+    assert persist_writers(on_gpu=True, ranks_on_host=8, cores=16) == 1
+    assert persist_writers(on_gpu=True, cores=2) == 1
+    monkeypatch.setenv("FRENZY_PERSIST_WRITERS", "3")
+    assert persist_writers(on_gpu=False, cores=16) == 3
