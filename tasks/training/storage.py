@@ -1,10 +1,10 @@
 """Checkpoint storage behind one small interface: a local directory (fsync'd) or any fsspec URL (s3:// via s3fs).
 
-Writes stream chunks to the store while a second thread hashes them (sha256 of the whole object, in order; locally
-several threads can write byte ranges at once), are retried whole with backoff when the store fails for
-a while (but not when no retry can help: a full disk, a read-only mount, a permission, missing credentials), and
-the manifest is written create-only (O_EXCL locally, If-None-Match on S3) so two writers can
-never both commit the same step.
+Writes stream chunks to the store and hash them (sha256 of the whole object, in order): in one thread, or with
+`threads` > 1 while a second thread hashes (locally with more threads writing byte ranges at once), are retried
+whole with backoff when the store fails for a while (but not when no retry can help: a full disk, a read-only
+mount, a permission, missing credentials), and the manifest is written create-only (O_EXCL locally, If-None-Match
+on S3) so two writers can never both commit the same step.
 """
 
 from __future__ import annotations
@@ -80,17 +80,19 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
 
 
 class _Hasher:
-    """The sha256 of the chunks fed to it, in their order, computed by a thread of its own while the caller writes
-    them: hashlib releases the GIL for updates of more than 2047 bytes, so hashing and writing run at once. The
-    digest is the same as hashing the bytes in one go."""
+    """The sha256 of the chunks fed to it, in their order. `threaded`: computed by a thread of its own while the
+    caller writes them (hashlib releases the GIL for updates of more than 2047 bytes, so hashing and writing run at
+    once); else at once in `feed`. The digest is the same as hashing the bytes in one go."""
 
-    def __init__(self, depth: int = 16) -> None:
+    def __init__(self, threaded: bool = True, depth: int = 16) -> None:
         self._q: queue.Queue[memoryview | None] = queue.Queue(depth)
         self._h = hashlib.sha256()
         self._error: BaseException | None = None
         self._aborted = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="frenzy-persist-hash")
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="frenzy-persist-hash")
+            self._thread.start()
 
     def _run(self) -> None:
         while (c := self._q.get()) is not None:
@@ -101,12 +103,14 @@ class _Hasher:
                     self._error = err
 
     def feed(self, chunk: memoryview) -> None:
-        self._q.put(chunk)
+        if self._thread is None:
+            self._h.update(chunk)
+        else:
+            self._q.put(chunk)
 
     def close(self) -> str:
         """The hex digest, once every chunk fed was hashed."""
-        self._q.put(None)
-        self._thread.join()
+        self._end()
         if self._error is not None:
             raise self._error
         return self._h.hexdigest()
@@ -114,8 +118,12 @@ class _Hasher:
     def abort(self) -> None:
         """The write failed: skip what is queued and end the thread."""
         self._aborted = True
-        self._q.put(None)
-        self._thread.join()
+        self._end()
+
+    def _end(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -135,7 +143,7 @@ def _write_file(path: Path, chunks: Iterable[memoryview], hasher: _Hasher, write
         off = 0
         if writers <= 1:
             for c in chunks:
-                hasher.feed(c)
+                hasher.feed(c)  # threaded: hashed while written; else now, in this thread
                 _pwrite_all(fd, c, off)
                 off += len(c)
         else:
@@ -225,14 +233,16 @@ class Storage:
 
     # writing ------------------------------------------------------------------------------------------
     def write_stream(self, key: str, chunks: Callable[[], Iterable[memoryview]],
-                     writers: int = 1) -> tuple[int, str]:
+                     threads: int = 1) -> tuple[int, str]:
         """Write the chunks to `key`, returning (bytes, sha256 of all of them in order). `chunks` is re-called on a
-        retry. A second thread hashes while the chunks are written; locally `writers` threads write them at their
-        offsets at once (S3 writes one stream). Any writer's error fails the whole attempt after every write of it
-        has ended (a retry starts the file again; nothing of a failed attempt lands in the next one)."""
+        retry. `threads` 1: one thread writes a chunk, then hashes it. 2: a second thread hashes while the chunks are
+        written. More: locally `threads - 1` threads write the chunks at their offsets at once (S3 writes one
+        stream). Any writer's error fails the whole attempt after every write of it has ended (a retry starts the
+        file again; nothing of a failed attempt lands in the next one)."""
+        writers = max(1, threads - 1)
 
         def once() -> tuple[int, str]:
-            hasher = _Hasher()
+            hasher = _Hasher(threaded=threads > 1)
             try:
                 if self.local is not None:
                     p = self.local / key

@@ -28,7 +28,7 @@ import torch
 from tasks.errors import unfixable_oserror
 from tasks.training.checkpoint.manifest import CheckpointError, CheckpointRecord, Manifest, ShardRecord, step_dir
 from tasks.training.checkpoint.retention import apply_retention
-from tasks.training.checkpoint.snapshot import SnapshotBuffer, persist_writers, snapshot_buffers
+from tasks.training.checkpoint.snapshot import SnapshotBuffer, persist_threads, snapshot_buffers
 from tasks.training.pinning import PIN_CHUNK, CudaPinner, Pinner
 from tasks.training.storage import AlreadyExists, Storage
 
@@ -65,8 +65,8 @@ class AsyncCheckpointer:
         self.n_buffers, self.ranks_on_host = buffers, ranks_on_host
         self.pinner, self.pin = pinner, pin
         self.pin_chunk = PIN_CHUNK
-        self.writers: int | None = None
-        """Threads writing a shard at once (None: `persist_writers`, decided when the buffers are made)."""
+        self.threads: int | None = None
+        """Threads of a persist (None: `persist_threads`, decided when the buffers are made)."""
         self._bufs: list[SnapshotBuffer] = []
         self._stop_prep = False
         self._jobs: dict[int, _Job] = {}
@@ -101,8 +101,8 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         on_gpu = any(t.device.type == "cuda" for _, t in tensors)
         pin = self.pin if self.pin is not None else on_gpu
-        if self.writers is None:
-            self.writers = persist_writers(on_gpu, self.ranks_on_host)
+        if self.threads is None:
+            self.threads = persist_threads(on_gpu, self.ranks_on_host)
         n = self.n_buffers
         while not self._stop_prep and len(self._bufs) < (n or 1):
             buf = SnapshotBuffer(tensors, self.pin_chunk)
@@ -380,7 +380,7 @@ class AsyncCheckpointer:
         step, buf = job.step, job.buf
         d = step_dir(step)
         key = f"{d}/rank{self.rank:05d}.bin"
-        n, sha = self.storage.write_stream(key, buf.chunks, writers=self.writers or 1)
+        n, sha = self.storage.write_stream(key, buf.chunks, threads=self.threads or 1)
         _fault_delay(step)
         rec = ShardRecord(rank=self.rank, key=key, bytes=n, sha256=sha, tensors=buf.entries, extra=job.extra)
         self.storage.put(f"{d}/rank{self.rank:05d}.json", rec.model_dump_json().encode())
