@@ -163,3 +163,11 @@ def test_two_threads_hash_beside_the_writer_and_one_hashes_in_the_writer(tmp_pat
     seen.clear()
     st.write_stream("b.bin", _chunks, threads=1)
     assert seen and set(seen) == {threading.current_thread().name}  # the old path: the writer hashes
+
+
+def test_chunks_of_wider_items_land_at_their_byte_offsets(tmp_path):
+    a = torch.arange(1000, dtype=torch.float32).numpy()
+    b = torch.arange(7, dtype=torch.int64).numpy()
+    whole = a.tobytes() + b.tobytes()
+    n, sha = Storage(str(tmp_path)).write_stream("a.bin", lambda: [memoryview(a), memoryview(b)], threads=3)
+    assert (tmp_path / "a.bin").read_bytes() == whole and sha == hashlib.sha256(whole).hexdigest()

@@ -145,7 +145,7 @@ def _write_file(path: Path, chunks: Iterable[memoryview], hasher: _Hasher, write
             for c in chunks:
                 hasher.feed(c)  # threaded: hashed while written; else now, in this thread
                 _pwrite_all(fd, c, off)
-                off += len(c)
+                off += memoryview(c).nbytes
         else:
             off = _write_pool(fd, chunks, hasher, writers)
         os.fsync(fd)
@@ -162,7 +162,7 @@ def _write_pool(fd: int, chunks: Iterable[memoryview], hasher: _Hasher, writers:
             for c in chunks:
                 hasher.feed(c)
                 pending.append(pool.submit(_pwrite_all, fd, c, off))
-                off += len(c)
+                off += memoryview(c).nbytes  # the next chunk's offset in bytes, whatever the view's item size
                 while len(pending) > 2 * writers or (pending and pending[0].done()):
                     pending.popleft().result()  # a writer's error stops the stream here
             while pending:
@@ -254,7 +254,7 @@ class Storage:
                         for c in chunks():
                             hasher.feed(c)
                             f.write(c)
-                            n += len(c)
+                            n += memoryview(c).nbytes
             except BaseException:
                 hasher.abort()
                 raise
