@@ -44,6 +44,17 @@ def test_storage_roundtrip_create_only_and_retry_budget(s3):
         proxy.fail_for(0)
 
 
+
+def test_s3_write_hashed_beside_the_upload_gives_the_sha256_of_the_bytes(s3):
+    import hashlib
+
+    st = Storage("s3://frenzy/pipeline", backoff_s=0.05)  # not unit/: its test lists that prefix's steps
+    parts = [memoryview(bytes([i % 251]) * (300_000 + i)) for i in range(12)]  # several multipart-sized pieces
+    n, sha = st.write_stream("step_00000002/rank00000.bin", lambda: iter(parts), threads=3)
+    whole = b"".join(bytes(c) for c in parts)
+    assert n == len(whole) and sha == hashlib.sha256(whole).hexdigest()
+    assert st.read("step_00000002/rank00000.bin") == whole
+
 @pytest.mark.slow  # training and evaluation on S3 (about 25 s each)
 def test_training_to_s3_survives_an_endpoint_outage_and_matches_local(s3, tmp_path):
     proxy, env = s3

@@ -186,9 +186,9 @@ class _GatedStorage(Storage):
         super().__init__(uri)
         self.gate = threading.Event()
 
-    def write_stream(self, key, chunks):  # noqa: ANN001, ANN201
+    def write_stream(self, key, chunks, threads=1):  # noqa: ANN001, ANN201
         assert self.gate.wait(60), "gate never opened"
-        return super().write_stream(key, chunks)
+        return super().write_stream(key, chunks, threads)
 
 
 _FIELDS = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
@@ -258,10 +258,10 @@ class _FlakyStorage(Storage):
         super().__init__(uri, attempts=1)
         self.down = down
 
-    def write_stream(self, key, chunks):  # noqa: ANN001, ANN201
+    def write_stream(self, key, chunks, threads=1):  # noqa: ANN001, ANN201
         if int(key[5:13]) in self.down:
             raise StorageError(f"{key}: endpoint unreachable")
-        return super().write_stream(key, chunks)
+        return super().write_stream(key, chunks, threads)
 
 
 def test_a_failed_persist_skips_that_checkpoint_and_the_next_one_commits(tmp_path):

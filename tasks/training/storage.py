@@ -1,9 +1,10 @@
 """Checkpoint storage behind one small interface: a local directory (fsync'd) or any fsspec URL (s3:// via s3fs).
 
-Writes stream chunks while hashing them (sha256), are retried whole with backoff when the store fails for
-a while (but not when no retry can help: a full disk, a read-only mount, a permission, missing credentials), and
-the manifest is written create-only (O_EXCL locally, If-None-Match on S3) so two writers can
-never both commit the same step.
+Writes stream chunks to the store and hash them (sha256 of the whole object, in order): in one thread, or with
+`threads` > 1 while a second thread hashes (locally with more threads writing byte ranges at once), are retried
+whole with backoff when the store fails for a while (but not when no retry can help: a full disk, a read-only
+mount, a permission, missing credentials), and the manifest is written create-only (O_EXCL locally, If-None-Match
+on S3) so two writers can never both commit the same step.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import queue
 import stat
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -74,6 +79,101 @@ def _retry(what: str, fn: Callable[[], T], attempts: int, backoff_s: float) -> T
     raise AssertionError("unreachable")
 
 
+class _Hasher:
+    """The sha256 of the chunks fed to it, in their order. `threaded`: computed by a thread of its own while the
+    caller writes them (hashlib releases the GIL for updates of more than 2047 bytes, so hashing and writing run at
+    once); else at once in `feed`. The digest is the same as hashing the bytes in one go."""
+
+    def __init__(self, threaded: bool = True, depth: int = 16) -> None:
+        self._q: queue.Queue[memoryview | None] = queue.Queue(depth)
+        self._h = hashlib.sha256()
+        self._error: BaseException | None = None
+        self._aborted = False
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="frenzy-persist-hash")
+            self._thread.start()
+
+    def _run(self) -> None:
+        while (c := self._q.get()) is not None:
+            if self._error is None and not self._aborted:
+                try:
+                    self._h.update(c)
+                except BaseException as err:  # noqa: BLE001 - raised by close() in the writer's thread
+                    self._error = err
+
+    def feed(self, chunk: memoryview) -> None:
+        if self._thread is None:
+            self._h.update(chunk)
+        else:
+            self._q.put(chunk)
+
+    def close(self) -> str:
+        """The hex digest, once every chunk fed was hashed."""
+        self._end()
+        if self._error is not None:
+            raise self._error
+        return self._h.hexdigest()
+
+    def abort(self) -> None:
+        """The write failed: skip what is queued and end the thread."""
+        self._aborted = True
+        self._end()
+
+    def _end(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(f"pwrite wrote nothing at offset {offset}")
+        view, offset = view[n:], offset + n
+
+
+def _write_file(path: Path, chunks: Iterable[memoryview], hasher: _Hasher, writers: int) -> int:
+    """Write `chunks` to `path` (created or truncated) and fsync it, feeding each chunk to `hasher` before it is
+    written; `writers` > 1 writes them at their offsets from a pool, at most 2 per writer queued. Returns the bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        off = 0
+        if writers <= 1:
+            for c in chunks:
+                hasher.feed(c)  # threaded: hashed while written; else now, in this thread
+                _pwrite_all(fd, c, off)
+                off += memoryview(c).nbytes
+        else:
+            off = _write_pool(fd, chunks, hasher, writers)
+        os.fsync(fd)
+        return off
+    finally:
+        os.close(fd)
+
+
+def _write_pool(fd: int, chunks: Iterable[memoryview], hasher: _Hasher, writers: int) -> int:
+    pending: deque[Future[None]] = deque()
+    off = 0
+    with ThreadPoolExecutor(writers, thread_name_prefix="frenzy-persist-write") as pool:
+        try:
+            for c in chunks:
+                hasher.feed(c)
+                pending.append(pool.submit(_pwrite_all, fd, c, off))
+                off += memoryview(c).nbytes  # the next chunk's offset in bytes, whatever the view's item size
+                while len(pending) > 2 * writers or (pending and pending[0].done()):
+                    pending.popleft().result()  # a writer's error stops the stream here
+            while pending:
+                pending.popleft().result()
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise  # leaving the pool waits for the writes already running: the fd is closed after them
+    return off
+
+
 SMALL_OBJECT_LIMIT = 256 << 20
 """The largest manifest, shard record or lease `Storage.read` accepts (a manifest lists every tensor of every rank)."""
 
@@ -132,28 +232,33 @@ class Storage:
         return str(self.local / key) if self.local is not None else f"{self.root}/{key}"
 
     # writing ------------------------------------------------------------------------------------------
-    def write_stream(self, key: str, chunks: Callable[[], Iterable[memoryview]]) -> tuple[int, str]:
-        """Write the chunks to `key`, returning (bytes, sha256). `chunks` is re-called on a retry."""
+    def write_stream(self, key: str, chunks: Callable[[], Iterable[memoryview]],
+                     threads: int = 1) -> tuple[int, str]:
+        """Write the chunks to `key`, returning (bytes, sha256 of all of them in order). `chunks` is re-called on a
+        retry. `threads` 1: one thread writes a chunk, then hashes it. 2: a second thread hashes while the chunks are
+        written. More: locally `threads - 1` threads write the chunks at their offsets at once (S3 writes one
+        stream). Any writer's error fails the whole attempt after every write of it has ended (a retry starts the
+        file again; nothing of a failed attempt lands in the next one)."""
+        writers = max(1, threads - 1)
 
         def once() -> tuple[int, str]:
-            h, n = hashlib.sha256(), 0
-            if self.local is not None:
-                p = self.local / key
-                p.parent.mkdir(parents=True, exist_ok=True)
-                with open(p, "wb") as f:
-                    for c in chunks():
-                        f.write(c)
-                        h.update(c)
-                        n += len(c)
-                    f.flush()
-                    os.fsync(f.fileno())
-            else:
-                with self.fs.open(self._path(key), "wb") as f:
-                    for c in chunks():
-                        f.write(c)
-                        h.update(c)
-                        n += len(c)
-            return n, h.hexdigest()
+            hasher = _Hasher(threaded=threads > 1)
+            try:
+                if self.local is not None:
+                    p = self.local / key
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    n = _write_file(p, chunks(), hasher, writers)
+                else:
+                    n = 0
+                    with self.fs.open(self._path(key), "wb") as f:
+                        for c in chunks():
+                            hasher.feed(c)
+                            f.write(c)
+                            n += memoryview(c).nbytes
+            except BaseException:
+                hasher.abort()
+                raise
+            return n, hasher.close()
 
         return _retry(f"write {self.url(key)}", once, self.attempts, self.backoff_s)
 

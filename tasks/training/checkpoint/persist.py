@@ -28,7 +28,7 @@ import torch
 from tasks.errors import unfixable_oserror
 from tasks.training.checkpoint.manifest import CheckpointError, CheckpointRecord, Manifest, ShardRecord, step_dir
 from tasks.training.checkpoint.retention import apply_retention
-from tasks.training.checkpoint.snapshot import SnapshotBuffer, snapshot_buffers
+from tasks.training.checkpoint.snapshot import SnapshotBuffer, persist_threads, snapshot_buffers
 from tasks.training.pinning import PIN_CHUNK, CudaPinner, Pinner
 from tasks.training.storage import AlreadyExists, Storage
 
@@ -65,6 +65,8 @@ class AsyncCheckpointer:
         self.n_buffers, self.ranks_on_host = buffers, ranks_on_host
         self.pinner, self.pin = pinner, pin
         self.pin_chunk = PIN_CHUNK
+        self.threads: int | None = None
+        """Threads of a persist (None: `persist_threads`, decided when the buffers are made)."""
         self._bufs: list[SnapshotBuffer] = []
         self._stop_prep = False
         self._jobs: dict[int, _Job] = {}
@@ -97,7 +99,10 @@ class AsyncCheckpointer:
         them range by range while they are free. Nothing here waits on the training thread or blocks it for
         longer than one range's registration."""
         t0 = time.perf_counter()
-        pin = self.pin if self.pin is not None else any(t.device.type == "cuda" for _, t in tensors)
+        on_gpu = any(t.device.type == "cuda" for _, t in tensors)
+        pin = self.pin if self.pin is not None else on_gpu
+        if self.threads is None:
+            self.threads = persist_threads(on_gpu, self.ranks_on_host)
         n = self.n_buffers
         while not self._stop_prep and len(self._bufs) < (n or 1):
             buf = SnapshotBuffer(tensors, self.pin_chunk)
@@ -375,7 +380,7 @@ class AsyncCheckpointer:
         step, buf = job.step, job.buf
         d = step_dir(step)
         key = f"{d}/rank{self.rank:05d}.bin"
-        n, sha = self.storage.write_stream(key, buf.chunks)
+        n, sha = self.storage.write_stream(key, buf.chunks, threads=self.threads or 1)
         _fault_delay(step)
         rec = ShardRecord(rank=self.rank, key=key, bytes=n, sha256=sha, tensors=buf.entries, extra=job.extra)
         self.storage.put(f"{d}/rank{self.rank:05d}.json", rec.model_dump_json().encode())

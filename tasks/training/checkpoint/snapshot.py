@@ -95,3 +95,21 @@ def snapshot_buffers(nbytes: int, ranks_on_host: int = 1, memory: tuple[int, int
     avail, total = memory
     # the first buffer is part of what is "available" now too: count both copies of every rank
     return 2 if avail - 2 * nbytes * ranks_on_host > max(4 << 30, 0.15 * total) else 1
+
+
+def persist_threads(on_gpu: bool, ranks_on_host: int = 1, cores: int | None = None) -> int:
+    """How many threads one rank's persist uses (storage.py `write_stream`: 1 writes then hashes each chunk, 2 hash
+    beside the write, more write byte ranges at once). `FRENZY_PERSIST_THREADS=N` decides. A CPU job gets 1: its
+    ranks' torch threads take all but the one core the launcher leaves (launch.py `default_threads`), and a second
+    persist thread took its time from the steps (benchmarks/results/checkpoint_persist.md). A GPU job, whose torch
+    threads mostly wait on the device, gets 2 when its rank's share of the cores leaves one beside its loop: more
+    writers of one file mostly queue on the kernel's per-file write lock (buffered writes), so they are opt-in.
+    `cores`: the cores this process may use (None: its affinity)."""
+    forced = os.environ.get("FRENZY_PERSIST_THREADS")
+    if forced:
+        return max(1, int(forced))
+    if not on_gpu:
+        return 1
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 2 if cores // max(1, ranks_on_host) >= 3 else 1
