@@ -25,10 +25,10 @@ from tasks.jobspec import JobSpec
 from tasks.planning.calibration import Calibration, OomObservation, calibrate, observations_path
 from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
 from tasks.planning.memory import GiB, predict_peak_memory
+from tasks.planning.steptime import single_gpu_cost
 
 RankBy = Literal["gpu_seconds", "time", "balanced", "compute"]
 BALANCED_SLACK = 0.25
-MFU = 0.45  # achievable fraction of dense peak for a well-tuned transformer step (Megatron/torchtitan 35-55%)
 
 
 class ResourcePlan(BaseModel):
@@ -71,20 +71,11 @@ def _comm_time(nbytes: float, group: int, gbs: float) -> float:
 
 def estimate_step_time(job: JobSpec, layout: Layout, gpu: GPUType, intra_gbs: float,
                        inter_gbs: float, gpus_per_node: int) -> float:
-    """Compute (6 x params x tokens + attention), TP all-reduces, PP bubble and the DP gradient reduce."""
+    """One GPU's matmul, memory-bound and host time (tasks/planning/steptime.py), the PP bubble, TP all-reduces and
+    the DP gradient reduce."""
     m, t = job.model, job.training
     pc = count_params(m, t.seq_len)
-    tokens = t.global_batch * t.seq_len
-    dense = pc.layers * pc.per_layer_linear + (pc.head or pc.embedding)
-    flops = 6 * dense * tokens + 12 * m.layers * m.hidden * t.seq_len * tokens / 2  # causal attention
-    if t.recompute == "full":
-        flops *= 4 / 3
-    elif t.recompute == "op":  # the recomputed matmuls (k, proj, and fc3 or fc2) run their forward again:
-        h, f, kv = m.hidden, m.ffn, m.n_kv_heads / m.heads  # 2 x their params x tokens more
-        mats = [h * h, h * h * kv, h * h * kv, h * h] + ([h * f, h * f, h * f] if m.mlp == "swiglu" else [h * f, h * f])
-        redo = sum(mats[1::2]) / sum(mats)
-        flops += 2 * pc.layers * pc.per_layer_linear * tokens * redo
-    compute = flops / (layout.gpus * gpu.tflops(t.precision) * 1e12 * MFU)
+    compute = single_gpu_cost(job, layout, gpu).step_s
     micro = grad_accum_steps(job, layout)
     if layout.pp > 1:
         compute *= 1 + (layout.pp - 1) / (micro * layout.vpp)
