@@ -15,7 +15,7 @@ Each term comes from the GPU's catalog fields (cluster/catalog.py: dense TFLOP/s
   4 blocks, benchmarks/results/marp_step_time.md), each costing `LAUNCH_S`, or `HOOKED_LAUNCH_S` under the Python
   dispatch mode of per-op selective recompute (`recompute: op`). The step is the sum of the three: the trainer
   syncs with the host once per step (loss and gradient norm before the update), and on the H100 rows the sum fits
-  better than the longer of GPU and host (log-RMS error 0.109 against 0.130, with one constant fewer).
+  better than the longer of GPU and host (log-RMS error 0.110 against 0.127, which needs one constant more).
 
 Fitted on the H100's 14 rows of benchmarks/results/gpu_h100.json only (least squares on log step time) and checked
 without refitting on the H200's 12 rows of gpu_h200.json: benchmarks/results/marp_step_time.md. The placement
@@ -34,9 +34,9 @@ from tasks.jobspec import JobSpec
 from tasks.planning.layout import Layout, count_params, grad_accum_steps
 
 MATMUL_EFF = 0.78
-"""Fraction of the datasheet dense peak the matmuls sustain (fitted; cuBLAS reaches 70-80% on large GEMMs). The fit
-gives no fall-off for small matmuls: a falling efficiency (reaching half of it at tokens x hidden = 0.5-2 million) fits
-the H100 rows worse (benchmarks/results/marp_step_time.md); what makes small models slow there is the host."""
+"""Fraction of the datasheet dense peak the matmuls sustain (fitted; cuBLAS reaches 70-80% on large GEMMs). No fall-off
+for small matmuls: fitted as `x w / (w + half)` (w = tokens per micro-batch x hidden), the half-point went to zero
+(benchmarks/results/marp_step_time.md); what makes small models slow on the H100 rows is the host."""
 MEM_BW_EFF = 0.8
 """Fraction of the datasheet bandwidth elementwise and reduction kernels reach on large tensors (not fitted:
 STREAM-like copies reach 80-90% of HBM bandwidth)."""
