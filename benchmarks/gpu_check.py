@@ -44,6 +44,7 @@ from cluster.catalog import GPUType, default_catalog  # noqa: E402
 from tasks.jobspec import JobSpec, parse_job  # noqa: E402
 from tasks.planning.layout import Layout, count_params  # noqa: E402
 from tasks.planning.memory import predict_peak_memory  # noqa: E402
+from tasks.planning.plans import estimate_step_time  # noqa: E402
 from tasks.training import data as D  # noqa: E402
 from tasks.training.launch import default_threads  # noqa: E402
 from tasks.training.loop import TrainOptions, train  # noqa: E402
@@ -260,11 +261,13 @@ def marp_row(name: str, model: dict, mb: int, over: dict, dev: torch.device, gpu
              steps: tuple[int, int]) -> dict:
     job = make_job(model, mb, over, sum(steps), f"file://{tmp}/a-ckpt")
     est = predict_peak_memory(job, Layout(micro_batch=mb), gpu)
+    # the planner's step time for this one GPU (no communication term applies)
+    pred_step = estimate_step_time(job, Layout(micro_batch=mb), gpu, gpu.link_gbs, gpu.link_gbs, 1)
     row: dict[str, Any] = {"config": name, "params": count_params(job.model, job.training.seq_len).total,
                            "precision": job.training.precision, "recompute": job.training.recompute,
                            "attention": job.training.attention, "micro_batch": mb, "seq_len": job.training.seq_len,
                            "pred_alloc": est.allocated_bytes, "pred_reserved": est.reserved_bytes,
-                           "pred_device": est.device_bytes, "pred_phase": est.peak_phase}
+                           "pred_device": est.device_bytes, "pred_phase": est.peak_phase, "pred_step_s": pred_step}
     try:
         got = run_steps(job, dev, *steps)
     except torch.OutOfMemoryError as err:
@@ -272,7 +275,7 @@ def marp_row(name: str, model: dict, mb: int, over: dict, dev: torch.device, gpu
         return row
     tokens = mb * job.training.seq_len
     step_s = statistics.median(got.pop("step_s"))
-    row.update(got, step_s=step_s, tokens_per_s=tokens / step_s)
+    row.update(got, step_s=step_s, tokens_per_s=tokens / step_s, err_step=pred_step / step_s - 1)
     if "alloc" in got:
         row["err_alloc"] = (est.allocated_bytes - got["alloc"]) / got["alloc"]
         row["err_reserved"] = (est.reserved_bytes - got["reserved"]) / got["reserved"]
@@ -310,8 +313,10 @@ def marp_summary(rows: list[dict]) -> dict:
     if not ok:
         return {"n": 0}
     out: dict[str, Any] = {"n": len(ok)}
-    for k in ("err_alloc", "err_reserved"):
-        errs = [r[k] for r in ok]
+    for k in ("err_alloc", "err_reserved", "err_step"):
+        errs = [r[k] for r in ok if k in r]
+        if not errs:
+            continue
         out[k] = {"mean_abs": statistics.mean(abs(e) for e in errs), "max_abs": max(abs(e) for e in errs),
                   "mean_signed": statistics.mean(errs), "worst_under": min(errs), "worst_over": max(errs)}
     return out
@@ -497,17 +502,23 @@ def _marp_md(rows: list[dict]) -> list[str]:
                    f"{a['mean_signed']:+.1%}, {a['worst_under']:+.1%} to {a['worst_over']:+.1%}); reserved: mean abs "
                    f"**{r['mean_abs']:.1%}**, max abs {r['max_abs']:.1%} (mean signed {r['mean_signed']:+.1%}), "
                    f"over {s['n']} configurations.\n")
+        if "err_step" in s:
+            t = s["err_step"]
+            out.append(f"Step time (the planner's `estimate_step_time` for this GPU): mean abs error "
+                       f"**{t['mean_abs']:.1%}**, max abs {t['max_abs']:.1%} ({t['worst_under']:+.1%} to "
+                       f"{t['worst_over']:+.1%}).\n")
     out += ["| config | params | alloc GiB | MARP | err | reserved GiB | MARP | err | first steps alloc | outside torch "
-            "GiB | tokens/s | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "GiB | tokens/s | MFU | step s | MARP | err |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "err_alloc" not in r:
             out.append(f"| {r['config']} | {r.get('params', 0) / 1e9:.2f}B | {r.get('error', 'no CUDA')} |"
-                       + " |" * 9)
+                       + " |" * 12)
             continue
         out.append(f"| {r['config']} | {r['params'] / 1e9:.2f}B | {_gib(r['alloc'])} | {_gib(r['pred_alloc'])} | "
                    f"{r['err_alloc']:+.1%} | {_gib(r['reserved'])} | {_gib(r['pred_reserved'])} | "
                    f"{r['err_reserved']:+.1%} | {_gib(r['first_steps_alloc'])} | {_gib(r['outside_torch'])} | "
-                   f"{r['tokens_per_s']:,.0f} | {r['mfu']:.1%} |")
+                   f"{r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {r['step_s']:.4f} | {r['pred_step_s']:.4f} | "
+                   f"{r['err_step']:+.1%} |")
     return out
 
 

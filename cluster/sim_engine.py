@@ -16,6 +16,7 @@ from cluster.has import FreePool, GpuRequest, NodeInfo
 from cluster.inventory import Cluster
 from cluster.jobperf import (
     INTER_NODE_GBS,
+    SIM_STEP_MODEL,
     JobKey,
     fits,
     layout_step_time,
@@ -196,7 +197,7 @@ class Perf:
         if k not in self._plans:
             try:
                 self._plans[k] = plan_resources(key.spec(), self.cluster, margin=margin, catalog=self.cat,
-                                                rank_by=self.rank_by)
+                                                rank_by=self.rank_by, step_model=SIM_STEP_MODEL)
             except InfeasibleJobError:
                 self._plans[k] = None
         return self._plans[k]

@@ -95,7 +95,8 @@ def test_an_oom_replans_with_marp_calibrated_and_never_offers_the_layout_that_ra
     assert after and all(p.layout.pp == 1 for p in after)
     assert (ran_out.gpu_type, ran_out.layout.label()) not in {(p.gpu_type, p.layout.label()) for p in after}
     scale = after[0].memory_calibration
-    assert scale > 1 and ran_out.predicted_device_gib * scale >= obs.gpu_memory_gib  # the calibration explains the OOM
+    # the calibration explains the OOM (up to the plan's rounding of the factor to 4 decimals: 80 / 56.14 -> 1.425)
+    assert scale > 1 and ran_out.predicted_device_gib * scale >= obs.gpu_memory_gib * (1 - 1e-4)
     assert all(p.memory_calibration == scale for p in after)  # every prediction is scaled, not only the failed one
     # when the calibrated peaks fit nowhere, the flow stops and names the fixes
     tiny = Cluster(name="s", nodes=[Node(name="a", gpu=ran_out.gpu_type, count=ran_out.gpus)])

@@ -32,8 +32,13 @@ def test_rank_by_time_orders_by_step_time():
 
 
 def test_small_job_prefers_smallest_gpu_that_fits_on_ties():
-    plans = plan_resources(job("gpt2-124m", global_batch=1), load_cluster("frenzy-testbed"))
-    assert plans[0].gpus == 1 and plans[0].gpu_type == "A100-40GB-PCIE"
+    # the two V100s have the same peak and memory bandwidth, so the same step time (frenzy-testbed's A100-40GB no
+    # longer ties with its A800 and A100-80GB: their HBM2e is 25-30% faster, and the step model reads bandwidth)
+    two = Cluster(name="two", nodes=[Node(name="big", gpu="V100-32GB", count=1), Node(name="small", gpu="V100-16GB",
+                                                                                      count=1)])
+    plans = plan_resources(job("gpt2-124m", global_batch=1), two)
+    assert plans[0].est_step_time_s == plans[1].est_step_time_s
+    assert plans[0].gpus == 1 and plans[0].gpu_type == "V100-16GB"
 
 
 def test_layouts_respect_divisibility():
@@ -87,9 +92,13 @@ def test_recompute_costs_time_in_the_step_estimate():
     g = default_catalog().get("A100-80GB-SXM")
     t = {r: estimate_step_time(job("llama2-7b", recompute=r), Layout(dp=8), g, 300, 25, 8)
          for r in ("none", "op", "full")}
-    assert t["none"] < t["op"] < t["full"]
-    # op redoes k, proj and fc3: about a third of the block's matmul FLOPs forward, ~12% of the step
-    assert 1.08 < t["op"] / t["none"] < 1.16
+    assert t["none"] < t["full"] < t["op"]
+    # full runs each block's forward again: its matmuls, memory traffic and operations, 10-30% of the step here
+    assert 1.1 < t["full"] / t["none"] < 1.3
+    # op redoes fewer FLOPs than full, but every operation of the block's forward and its recomputation goes through
+    # torch's Python dispatch mode: on the H100, gpt2-774m's step took 2.4x and llama-0.85b's 1.26x the plain one
+    # (benchmarks/results/gpu_h100.json)
+    assert 1.3 < t["op"] / t["none"] < 1.7
 
 
 def test_recorded_out_of_memory_failures_correct_later_plans(tmp_path):

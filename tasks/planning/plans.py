@@ -25,10 +25,10 @@ from tasks.jobspec import JobSpec
 from tasks.planning.calibration import Calibration, OomObservation, calibrate, observations_path
 from tasks.planning.layout import Layout, check_layout, count_params, grad_accum_steps
 from tasks.planning.memory import GiB, predict_peak_memory
+from tasks.planning.steptime import StepModel, fitted_step_s
 
 RankBy = Literal["gpu_seconds", "time", "balanced", "compute"]
 BALANCED_SLACK = 0.25
-MFU = 0.45  # achievable fraction of dense peak for a well-tuned transformer step (Megatron/torchtitan 35-55%)
 
 
 class ResourcePlan(BaseModel):
@@ -69,22 +69,13 @@ def _comm_time(nbytes: float, group: int, gbs: float) -> float:
     return 0.0 if group <= 1 else 2 * (group - 1) / group * nbytes / (gbs * 1e9)
 
 
-def estimate_step_time(job: JobSpec, layout: Layout, gpu: GPUType, intra_gbs: float,
-                       inter_gbs: float, gpus_per_node: int) -> float:
-    """Compute (6 x params x tokens + attention), TP all-reduces, PP bubble and the DP gradient reduce."""
+def estimate_step_time(job: JobSpec, layout: Layout, gpu: GPUType, intra_gbs: float, inter_gbs: float,
+                       gpus_per_node: int, step_model: StepModel = fitted_step_s) -> float:
+    """One GPU's compute (`step_model`; by default matmul, memory-bound and host time, tasks/planning/steptime.py),
+    the PP bubble, TP all-reduces and the DP gradient reduce."""
     m, t = job.model, job.training
     pc = count_params(m, t.seq_len)
-    tokens = t.global_batch * t.seq_len
-    dense = pc.layers * pc.per_layer_linear + (pc.head or pc.embedding)
-    flops = 6 * dense * tokens + 12 * m.layers * m.hidden * t.seq_len * tokens / 2  # causal attention
-    if t.recompute == "full":
-        flops *= 4 / 3
-    elif t.recompute == "op":  # the recomputed matmuls (k, proj, and fc3 or fc2) run their forward again:
-        h, f, kv = m.hidden, m.ffn, m.n_kv_heads / m.heads  # 2 x their params x tokens more
-        mats = [h * h, h * h * kv, h * h * kv, h * h] + ([h * f, h * f, h * f] if m.mlp == "swiglu" else [h * f, h * f])
-        redo = sum(mats[1::2]) / sum(mats)
-        flops += 2 * pc.layers * pc.per_layer_linear * tokens * redo
-    compute = flops / (layout.gpus * gpu.tflops(t.precision) * 1e12 * MFU)
+    compute = step_model(job, layout, gpu)
     micro = grad_accum_steps(job, layout)
     if layout.pp > 1:
         compute *= 1 + (layout.pp - 1) / (micro * layout.vpp)
@@ -134,9 +125,11 @@ def enumerate_layouts(job: JobSpec, max_gpus: int, gpus_per_node: int) -> list[L
 
 def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_seconds",
                    margin: float = 0.05, catalog: Catalog | None = None, top: int | None = None,
-                   observations: list[OomObservation] | None = None) -> list[ResourcePlan]:
+                   observations: list[OomObservation] | None = None,
+                   step_model: StepModel = fitted_step_s) -> list[ResourcePlan]:
     """Ranked plans for `job` on the GPU types of `cluster`; raises InfeasibleJobError when none fits.
-    `observations`: recorded out-of-memory failures (calibration.py) that correct the predicted peaks."""
+    `observations`: recorded out-of-memory failures (calibration.py) that correct the predicted peaks; `step_model`:
+    one GPU's compute seconds (the placement simulator passes its own, cluster/jobperf.py)."""
     cat = catalog or default_catalog()
     cal = calibrate(job, observations or [])
     types = cluster.gpu_types(cat)
@@ -153,7 +146,7 @@ def plan_resources(job: JobSpec, cluster: Cluster, *, rank_by: RankBy = "gpu_sec
             device_bytes = est.device_bytes * cal.factor
             if device_bytes > g.memory_gib * GiB * (1 - margin) or (g.name, lay.label()) in cal.excluded:
                 continue
-            step = estimate_step_time(job, lay, g, intra, inter, per_node)
+            step = estimate_step_time(job, lay, g, intra, inter, per_node, step_model)
             need = device_bytes / (1 - margin) / GiB
             plan = ResourcePlan(
                 gpu_type=g.name, gpus=lay.gpus, min_gpu_memory_gib=round(need, 2),
