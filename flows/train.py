@@ -85,11 +85,13 @@ def _give_back(request: TrainRequest, logger: Any) -> None:
     hold = request.allocation
     if hold is None or not hold.release_at_end:
         return
-    from tasks.training.allocation import release_at_end, released_at_end
+    from tasks.training.allocation import release_at_end, released_at_end, released_by_hand
 
     started = release_at_end(hold)
     if released_at_end(hold.allocation_id):
-        logger.info("released allocation %s as the trainer ended%s", hold.allocation_id,
+        how = ("its GPUs, held since allocation %s was released by hand, are free now that the trainer has stopped"
+               if released_by_hand(hold.allocation_id) else "released allocation %s as the trainer ended")
+        logger.info(how + "%s", hold.allocation_id,
                     f"; {len(started)} queued job(s) started on its GPUs" if started else "")
 
 
