@@ -21,7 +21,7 @@ from tasks.artifactkey import run_key
 from tasks.errors import FrenzyError
 from tasks.latest import LatestOnly
 from tasks.training.launch import default_run_dir, launch
-from tasks.training.progress import WARNING_EVENTS, CommitProgress, ProgressRecord, StepProgress, describe
+from tasks.training.progress import CommitProgress, ProgressRecord, StepProgress, describe, is_warning
 from tasks.training.request import TrainRequest, TrainResult
 
 CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
@@ -65,7 +65,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                                                    f"{rec.tokens_per_s:,.0f} tok/s, ETA {rec.eta_s:.0f}s"))
         elif isinstance(rec, CommitProgress) and request.announce_commits:
             checkpoint_event(rec, job.name, suite, request.history_dir)
-        (logger.warning if rec.event in WARNING_EVENTS else logger.info)(describe(rec))
+        (logger.warning if is_warning(rec) else logger.info)(describe(rec))
 
     try:
         try:
