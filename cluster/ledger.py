@@ -675,9 +675,11 @@ class Ledger:
             return self._schedule_in(conn, order or self.order)
 
     def allocations(self, *, active_only: bool = True) -> list[Allocation]:
-        """Allocations oldest first; by default only those holding GPUs under a live lease."""
+        """Allocations oldest first; by default only those holding GPUs under a live lease (`releasing` ones too: a
+        release by hand waits for their trainer to stop)."""
         if active_only:
-            return self._allocations(allocations_t.c.state == "active", allocations_t.c.lease_expiry >= self.clock())
+            return self._allocations(allocations_t.c.state.in_(("active", "releasing")),
+                                     allocations_t.c.lease_expiry >= self.clock())
         return self._allocations()
 
     def _allocations(self, *where: Any) -> list[Allocation]:

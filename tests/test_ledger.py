@@ -331,6 +331,7 @@ def test_a_hand_release_under_a_running_trainer_holds_its_gpus_until_the_trainer
     led.submit("bob", [GpuRequest(1, 10)])
     assert led.release(a.id) == []  # by hand: nothing placed on GPUs the trainer still uses
     assert led.allocation(a.id).state == "releasing" and led.queue_status("bob").state == "waiting"
+    assert [(x.id, x.state) for x in led.allocations()] == [(a.id, "releasing")]  # shown: it holds the GPUs
     assert led.allocate("carol", [GpuRequest(1, 10)]) is None
     assert led.renew(a.id, 60, holder="trainer pid 1 on h") is False  # the trainer stops at its next step
     cause = lost_cause(led, url, a.id, 60, "this trainer")
