@@ -371,10 +371,10 @@ class _Run:
             t = time.monotonic()
             spec = {"name": name, "precursor": True, "uri": self.uri, "shm_dir": str(self.shm / f"node{node}")}
             stream, kill = self._spawn(spec, node, 0)
-            dog = Watchdog(kill)  # no event until the copy is made: the deadline of a trial's model load
+            dog = Watchdog(kill)  # the deadline of a trial's model load, for the read and for the copy
             dog.arm(self.precursor_step)
-            for _ in self._events(stream, name):
-                pass
+            for _ in self._events(stream, name):  # `loaded` (read and verified): the copy's own deadline starts
+                dog.arm(self.precursor_step)
             self.precursor_s[node] = time.monotonic() - t
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001

@@ -120,7 +120,8 @@ def precursor(spec: dict) -> None:
 
     t0 = time.perf_counter()
     state, info = load_remote(spec["uri"])
-    nbytes = write_shm(state, info, Path(spec["shm_dir"]))
+    print(json.dumps({"event": "loaded", "load_s": time.perf_counter() - t0}), flush=True)  # progress: its deadline
+    nbytes = write_shm(state, info, Path(spec["shm_dir"]))  # counts again from here (tasks/evaluation/stall.py)
     print(json.dumps({"event": "done", "bytes": nbytes, "load_s": time.perf_counter() - t0}), flush=True)
 
 
