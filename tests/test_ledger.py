@@ -323,7 +323,8 @@ def test_a_hand_release_under_a_running_trainer_holds_its_gpus_until_the_trainer
     GPUs at once, while the trainer stepped ~2 s more. Now an allocation a trainer renews (`renew(holder=)`) is only
     marked `releasing`: its GPUs stay held, the trainer's next renewal fails (it stops, commits, exits), and its own
     release (`by_holder`) frees them and places the queue; one with no trainer is freed at once, as before."""
-    from tasks.training.allocation import lost_cause
+    from tasks.training.allocation import lost_cause, release_at_end, released_by_hand
+    from tasks.training.request import AllocationHold
 
     led = Ledger(url)
     a = led.allocate("alice", [GpuRequest(10, 10)], lease_s=60)  # every GPU of SMALL
@@ -336,8 +337,10 @@ def test_a_hand_release_under_a_running_trainer_holds_its_gpus_until_the_trainer
     assert led.renew(a.id, 60, holder="trainer pid 1 on h") is False  # the trainer stops at its next step
     cause = lost_cause(led, url, a.id, 60, "this trainer")
     assert f"allocation {a.id} in the ledger {url} was released by hand while its trainer ran" in cause, cause
-    assert [p.job for p in led.release(a.id, by_holder=True)] == ["bob"]  # the trainer stopped: now bob
-    assert led.allocation(a.id).state == "released"
+    hold = AllocationHold(ledger=url, allocation_id=a.id, lease_s=60, release_at_end=True)
+    assert release_at_end(hold) == ["bob"]  # the trainer stopped and gave them back itself: now bob
+    assert led.allocation(a.id).state == "released" and released_by_hand(a.id)
+    assert lost_cause(led, url, a.id, 60, "this trainer") == cause  # what the submitter says after that
     kinds = [e.kind for e in led.events(20) if e.detail.get("allocation") == a.id]
     assert "release-requested" in kinds and "released" in kinds, kinds
     # no trainer renews it: a release by hand frees it at once

@@ -47,9 +47,9 @@ def lost_cause(ledger: object, url: str, allocation_id: str, lease_s: float, oth
         a = ledger.allocation(allocation_id)  # type: ignore[attr-defined]
     except Exception as err:  # noqa: BLE001 - the cause is said either way
         return f"{where} is gone ({err}); the ledger may have placed another job on its GPUs"
-    if a.state == "releasing":  # red team 41p S12a: held for this trainer until it stops
-        return (f"{where} was released by hand while its trainer ran; its GPUs stay held (nothing else is placed "
-                "on them) until this trainer has stopped, or its lease lapses")
+    if a.state == "releasing" or (a.state == "released" and released_by_hand(allocation_id)):  # red team 41p S12a
+        return (f"{where} was released by hand while its trainer ran; no other job is placed on its GPUs before "
+                "the trainer has stopped (or its lease lapses)")
     if a.state == "released":
         return (f"{where} was released while its trainer ran (by hand or by another process); the "
                 "ledger may have placed another job on its GPUs")
