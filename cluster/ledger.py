@@ -93,10 +93,11 @@ allocations_t = Table(
     Column("created_at", Float, nullable=False),
     Column("lease_s", Float, nullable=False),
     Column("lease_expiry", Float, nullable=False),
-    Column("state", String(16), nullable=False),  # active | released | expired
+    Column("state", String(16), nullable=False),  # active | releasing | released | expired
     Column("ended_at", Float),
     Column("predicted_end", Float),  # created_at + predicted run time, for the head's reservation; added 2026-11-23
     Column("decision", Text),  # why this plan (cluster/sizing.py's record); added 2026-11-24
+    Column("holder", Text),  # the trainer that renews it (its `renew(holder=)`), if one does; added 2026-11-27
 )
 held_t = Table(
     "held_gpus", _meta,
@@ -451,7 +452,7 @@ class Ledger:
         """Add the columns later versions introduced to a ledger created by an earlier one."""
         kind = "REAL" if self.sqlite else "DOUBLE PRECISION"
         for table, column, typ in (("queue", "predicted_s", kind), ("allocations", "predicted_end", kind),
-                                   ("allocations", "decision", "TEXT")):
+                                   ("allocations", "decision", "TEXT"), ("allocations", "holder", "TEXT")):
             if column not in {c["name"] for c in inspect(self.engine).get_columns(table)}:
                 with self.engine.begin() as conn:
                     conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {typ}")
@@ -487,12 +488,14 @@ class Ledger:
                                              detail=json.dumps(detail, default=str)))
 
     def _expire(self, conn: Connection, now: float) -> None:
-        overdue = conn.execute(select(allocations_t.c.id, allocations_t.c.job).where(
-            allocations_t.c.state == "active", allocations_t.c.lease_expiry < now)).all()
-        for aid, job in overdue:
+        overdue = conn.execute(select(allocations_t.c.id, allocations_t.c.job, allocations_t.c.state).where(
+            allocations_t.c.state.in_(("active", "releasing")), allocations_t.c.lease_expiry < now)).all()
+        for aid, job, state in overdue:  # a release by hand whose trainer never said it stopped: its lease bounds it
             conn.execute(delete(held_t).where(held_t.c.allocation_id == aid))
-            conn.execute(update(allocations_t).where(allocations_t.c.id == aid).values(state="expired", ended_at=now))
-            self._log(conn, "lease-expired", job, allocation=aid)
+            conn.execute(update(allocations_t).where(allocations_t.c.id == aid).values(
+                state="expired" if state == "active" else "released", ended_at=now))
+            self._log(conn, "lease-expired" if state == "active" else "released", job, allocation=aid,
+                      **({} if state == "active" else {"after": "its lease lapsed"}))
         stale = conn.execute(select(queue_t.c.job).where(queue_t.c.state == "waiting",
                                                          queue_t.c.lease_expiry < now)).scalars().all()
         for job in stale:
@@ -638,31 +641,45 @@ class Ledger:
             return self._allocate_in(conn, job, requests, lease_s, owner or owner_id(), pool, free_idx, types,
                                      fail_after_first_node=_fail_after_first_node, predicted_s=predicted_s)
 
-    def renew(self, allocation_id: str, lease_s: float | None = None) -> bool:
-        """Extend a lease; False when the allocation is no longer active (expired or released): stop the job."""
+    def renew(self, allocation_id: str, lease_s: float | None = None, *, holder: str | None = None) -> bool:
+        """Extend a lease; False when the allocation is no longer active (expired, released, or being released by
+        hand): stop the job. `holder` (a trainer's renewals) marks it as used by a running trainer (`release`)."""
         with self._tx() as conn:
             row = conn.execute(select(allocations_t).where(allocations_t.c.id == allocation_id)).first()
             if row is None or row.state != "active":
                 return False
             conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
-                         .values(lease_expiry=self.clock() + (lease_s or row.lease_s)))
+                         .values(lease_expiry=self.clock() + (lease_s or row.lease_s),
+                                 **({"holder": holder} if holder else {})))
             return True
 
-    def release(self, allocation_id: str, *, order: QueueOrder | None = None) -> list[Allocation]:
-        """Free an allocation's GPUs, then retry the queue; returns what the retry placed."""
+    def release(self, allocation_id: str, *, order: QueueOrder | None = None, by_holder: bool = False
+                ) -> list[Allocation]:
+        """Free an allocation's GPUs, then retry the queue; returns what the retry placed. A release by hand (not
+        `by_holder`, the process that used it) of one a running trainer renews (`renew(holder=)`) keeps its GPUs
+        held ("releasing": red team 41p S12a, the next job was placed while the trainer still stepped ~2 s): its
+        trainer's next renewal fails, it commits its step and stops, and its own release (`by_holder`) frees them;
+        if it never does, they are free once its lease lapses (at most `lease_s` after its last renewal)."""
         with self._tx() as conn:
             row = conn.execute(select(allocations_t).where(allocations_t.c.id == allocation_id)).first()
-            if row is not None and row.state == "active":
+            now = self.clock()
+            if row is not None and row.state == "active" and row.holder and not by_holder and row.lease_expiry >= now:
+                conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
+                             .values(state="releasing"))
+                self._log(conn, "release-requested", row.job, allocation=allocation_id, holder=row.holder)
+            elif row is not None and row.state in ("active", "releasing"):
                 conn.execute(delete(held_t).where(held_t.c.allocation_id == allocation_id))
                 conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
-                             .values(state="released", ended_at=self.clock()))
+                             .values(state="released", ended_at=now))
                 self._log(conn, "released", row.job, allocation=allocation_id)
             return self._schedule_in(conn, order or self.order)
 
     def allocations(self, *, active_only: bool = True) -> list[Allocation]:
-        """Allocations oldest first; by default only those holding GPUs under a live lease."""
+        """Allocations oldest first; by default only those holding GPUs under a live lease (`releasing` ones too: a
+        release by hand waits for their trainer to stop)."""
         if active_only:
-            return self._allocations(allocations_t.c.state == "active", allocations_t.c.lease_expiry >= self.clock())
+            return self._allocations(allocations_t.c.state.in_(("active", "releasing")),
+                                     allocations_t.c.lease_expiry >= self.clock())
         return self._allocations()
 
     def _allocations(self, *where: Any) -> list[Allocation]:
@@ -715,7 +732,7 @@ class Ledger:
         placed: list[Allocation] = []
         now = self.clock()
         active = conn.execute(select(allocations_t.c.placement, allocations_t.c.predicted_end)
-                              .where(allocations_t.c.state == "active")).all()
+                              .where(allocations_t.c.state.in_(("active", "releasing")))).all()
         running = [Running(end_s=math.inf if a.predicted_end is None else a.predicted_end,
                            nodes=[(p["node"], len(p["gpu_indices"])) for p in json.loads(a.placement)]) for a in active]
         reqs_of = {job: [_req_from(r) for r in json.loads(q.requests)] for job, q in rows.items()}

@@ -118,4 +118,4 @@ def placed(job: str, plans: Sequence[ResourcePlan], *, ledger_url: str | None = 
             raise LeaseLost(f"{job}: its lease expired while it ran (the heartbeat could not reach the ledger); "
                             "the GPUs may have been given to another job, so its results are not trusted")
     finally:
-        ledger.release(alloc.id)
+        ledger.release(alloc.id, by_holder=True)  # the body (its trainer) has ended

@@ -597,7 +597,7 @@ class FlowStages:
         # the ledger's own call, not a Prefect task: a task run is created through the API, and while a restarting
         # server comes back the client's retries held the GPUs of a finished run for 71 s (red team 41m R1)
         try:
-            started = self.ledger.release(run.attempt.allocation.id)
+            started = self.ledger.release(run.attempt.allocation.id, by_holder=True)  # its trainer has ended
             if released_at_end(run.attempt.allocation.id):  # the train task gave it back as the trainer ended
                 return
             self.log.info("released allocation %s%s", run.attempt.allocation.id,

@@ -21,7 +21,7 @@ from tasks.artifactkey import run_key
 from tasks.errors import FrenzyError
 from tasks.latest import LatestOnly
 from tasks.training.launch import default_run_dir, launch
-from tasks.training.progress import WARNING_EVENTS, CommitProgress, ProgressRecord, StepProgress, describe
+from tasks.training.progress import CommitProgress, ProgressRecord, StepProgress, describe, is_warning
 from tasks.training.request import TrainRequest, TrainResult
 
 CHECKPOINT_EVENT = "frenzy.checkpoint.committed"
@@ -65,7 +65,7 @@ def train_task(request: TrainRequest) -> TrainResult:
                                                    f"{rec.tokens_per_s:,.0f} tok/s, ETA {rec.eta_s:.0f}s"))
         elif isinstance(rec, CommitProgress) and request.announce_commits:
             checkpoint_event(rec, job.name, suite, request.history_dir)
-        (logger.warning if rec.event in WARNING_EVENTS else logger.info)(describe(rec))
+        (logger.warning if is_warning(rec) else logger.info)(describe(rec))
 
     try:
         try:
@@ -85,11 +85,13 @@ def _give_back(request: TrainRequest, logger: Any) -> None:
     hold = request.allocation
     if hold is None or not hold.release_at_end:
         return
-    from tasks.training.allocation import release_at_end, released_at_end
+    from tasks.training.allocation import release_at_end, released_at_end, released_by_hand
 
     started = release_at_end(hold)
     if released_at_end(hold.allocation_id):
-        logger.info("released allocation %s as the trainer ended%s", hold.allocation_id,
+        how = ("its GPUs, held since allocation %s was released by hand, are free now that the trainer has stopped"
+               if released_by_hand(hold.allocation_id) else "released allocation %s as the trainer ended")
+        logger.info(how + "%s", hold.allocation_id,
                     f"; {len(started)} queued job(s) started on its GPUs" if started else "")
 
 

@@ -23,6 +23,8 @@ class Echo(EvalDataset):  # a user dataset registered by decorator
         return 4
 
     def example(self, i):
+        if self.options.get("no_id"):  # red team 41p S3: `id` is optional
+            return {"prompt": f"x{i}"}
         return {"id": i, "prompt": f"x{i}"}
 
     def infer(self, lm, ex):

@@ -759,3 +759,61 @@ def test_a_metric_process_stopped_as_it_starts_fails_its_dataset_at_the_startup_
     assert started and started[0].poll() == -signal.SIGKILL  # its group killed, not left stopped
     assert MetricJobs(tmp_path, deadline_s=8).startup_s == STARTUP_FLOOR_S  # a short plugin deadline: the floor
     assert MetricJobs(tmp_path).startup_s == 900.0  # the default plugin deadline is longer: that one
+
+
+def test_a_stopped_precursor_is_killed_at_the_model_loads_deadline_and_its_node_loads_from_storage(
+        ckpt, tmp_path, monkeypatch):
+    """Red team 41p S7: a SIGSTOPped precursor (the process that copies the model into shared memory) held `frenzy
+    evaluate` with no deadline and no word. Now it has a trial's model-load deadline (`trial_stall_s` 1 s, or 10x the
+    predicted load, 1.5 s: 15 s here): its group is killed, it is named with the fix, and its node's trials load the
+    model from storage themselves; everything is scored."""
+    from tasks.evaluation import runner
+
+    real, stopped = runner.popen_trial, []
+
+    def stop_the_precursor(arg: str, device: str, gpu: int, log):  # noqa: ANN001, ANN202
+        p = real(arg, device, gpu, log)
+        if Path(arg).name == "precursor-n0.json":
+            os.kill(p.pid, signal.SIGSTOP)  # stopped before it read anything: it never answers
+            stopped.append(p)
+        return p
+
+    monkeypatch.setattr(runner, "popen_trial", stop_the_precursor)
+    suite = Suite.model_validate(three(kill=False).model_dump() | {
+        "datasets": [d.model_dump() for d in three(kill=False).datasets[:2]], "trial_stall_s": 1.0,
+        "model_load_s": {"remote": 1.5, "shm": 1.5}})
+    said: list[str] = []
+    try:
+        res = evaluate(ckpt, suite, _opts(tmp_path, "o"), progress=lambda msg, frac: said.append(msg))
+    finally:
+        for p in stopped:
+            p.kill()
+    assert stopped and stopped[0].returncode is not None  # its group was killed by the deadline, not left stopped
+    hung = [m for m in said if m.startswith("precursor-n0 hung while copying the model into shared memory")]
+    assert hung, said
+    assert "(no progress in 15s" in hung[0] and "raise `trial_stall_s` in the suite file" in hung[0], hung[0]
+    assert hung[0].endswith("node 0's trials load the model from storage themselves instead"), hung[0]
+    assert res.failed == {} and set(res.scores) == {"heldout-loss", "heldout-cloze"}
+    assert res.trials and all(t.load == "remote" and t.error is None for t in res.trials)
+    assert res.precursor_s == [0.0] and list(tmp_path.glob("shm/*")) == []
+
+
+def test_a_plugin_example_without_an_id_is_scored_and_a_trials_exception_is_in_the_log_it_names(ckpt, tmp_path):
+    """Red team 41p S3: a plugin whose `example(i)` gave no `id` failed every plugin dataset with `KeyError: 'id'`,
+    naming trial logs that were empty. `id` is optional (the index when absent), and a trial's exception is written,
+    with its traceback, to the log its error names; the dataset that raises fails alone."""
+    echo = {"dataset": "tests.evalplugin:Echo", "examples": 4, "mode": "gen", "infer_s_per_example": 0.01}
+    suite = Suite.model_validate({"name": "ids", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        echo | {"name": "no-id", "options": {"no_id": True}}, echo | {"name": "with-id"},
+        echo | {"name": "boom", "options": {"explode": True}}]})
+    res = evaluate(ckpt, suite, _opts(tmp_path, "o"))
+    assert set(res.scores) == {"no-id", "with-id"} and list(res.failed) == ["boom"], res.failed
+    assert res.scores["no-id"] == pytest.approx(res.scores["with-id"])
+    rows = [json.loads(line) for f in sorted((tmp_path / "o" / "predictions" / "no-id").glob("*.jsonl"))
+            for line in f.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [r["i"] for r in rows] == [0, 1, 2, 3]
+    cause = res.failed["boom"]
+    assert "RuntimeError: inference exploded" in cause, cause
+    log = Path(re.search(r"its log: (\S+\.stderr)\)", cause)[1])
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and "RuntimeError: inference exploded" in text, text[-2000:]

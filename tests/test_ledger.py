@@ -316,3 +316,47 @@ def test_a_sqlite_ledger_file_deleted_or_replaced_is_seen_by_the_ledger_that_ope
     path.unlink()
     assert led.vanished() == (f"the ledger file {path} was deleted while this process used it: its allocations, "
                               "queue and run records are gone from that path")
+
+
+def test_a_hand_release_under_a_running_trainer_holds_its_gpus_until_the_trainer_stops(url):
+    """Red team 41p S12a: `Ledger.release(id)` by hand while the trainer ran placed the next queued job on the same
+    GPUs at once, while the trainer stepped ~2 s more. Now an allocation a trainer renews (`renew(holder=)`) is only
+    marked `releasing`: its GPUs stay held, the trainer's next renewal fails (it stops, commits, exits), and its own
+    release (`by_holder`) frees them and places the queue; one with no trainer is freed at once, as before."""
+    from tasks.training.allocation import lost_cause, release_at_end, released_by_hand
+    from tasks.training.request import AllocationHold
+
+    led = Ledger(url)
+    a = led.allocate("alice", [GpuRequest(10, 10)], lease_s=60)  # every GPU of SMALL
+    assert led.renew(a.id, 60, holder="trainer pid 1 on h") is True
+    led.submit("bob", [GpuRequest(1, 10)])
+    assert led.release(a.id) == []  # by hand: nothing placed on GPUs the trainer still uses
+    assert led.allocation(a.id).state == "releasing" and led.queue_status("bob").state == "waiting"
+    assert [(x.id, x.state) for x in led.allocations()] == [(a.id, "releasing")]  # shown: it holds the GPUs
+    assert led.allocate("carol", [GpuRequest(1, 10)]) is None
+    assert led.renew(a.id, 60, holder="trainer pid 1 on h") is False  # the trainer stops at its next step
+    cause = lost_cause(led, url, a.id, 60, "this trainer")
+    assert f"allocation {a.id} in the ledger {url} was released by hand while its trainer ran" in cause, cause
+    hold = AllocationHold(ledger=url, allocation_id=a.id, lease_s=60, release_at_end=True)
+    assert release_at_end(hold) == ["bob"]  # the trainer stopped and gave them back itself: now bob
+    assert led.allocation(a.id).state == "released" and released_by_hand(a.id)
+    assert lost_cause(led, url, a.id, 60, "this trainer") == cause  # what the submitter says after that
+    kinds = [e.kind for e in led.events(20) if e.detail.get("allocation") == a.id]
+    assert "release-requested" in kinds and "released" in kinds, kinds
+    # no trainer renews it: a release by hand frees it at once
+    b = led.allocation(next(p.id for p in led.allocations() if p.job == "bob"))
+    assert led.release(b.id) == [] and led.allocation(b.id).state == "released"
+
+
+def test_a_hand_released_allocation_whose_trainer_never_stops_is_freed_when_its_lease_lapses(url):
+    """The bounded wait of a release by hand: the trainer renews no more (its renewals fail), so its lease lapses at
+    most `lease_s` after its last renewal, and then the GPUs come back (a trainer that died never acknowledges)."""
+    led = Ledger(url)
+    a = led.allocate("alice", [GpuRequest(10, 10)], lease_s=60)
+    led.renew(a.id, 60, holder="trainer pid 1 on h")
+    led.submit("bob", [GpuRequest(1, 10)], lease_s=600)  # bob still waits when alice's lease lapses
+    led.release(a.id)
+    expiry = led.allocation(a.id).lease_expiry
+    assert Ledger(url, clock=lambda: expiry - 0.01).schedule() == []  # still inside its lease: still held
+    placed = Ledger(url, clock=lambda: expiry + 0.01).schedule()  # lapsed: given back, bob placed
+    assert [p.job for p in placed] == ["bob"] and led.allocation(a.id).state == "released"

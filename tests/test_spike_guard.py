@@ -252,3 +252,30 @@ def test_a_loss_that_stays_above_chance_is_said_once_as_divergence():
     brief = SpikeGuard(SpikeSpec(), global_batch=8, vocab=256)
     losses = [5.0] * 30 + [20.0] * 19 + [5.0] * 30
     assert all(brief.judge(s, x, 1.0).diverging is None for s, x in enumerate(losses, 1))
+
+
+def test_skipped_gradient_norm_updates_are_counted_in_the_final_line_not_warned_about_one_by_one():
+    """Red team 41p S13: an ordinary default run skipped 10 updates on gradient-norm spikes (z 6.2-11.1, the loss in
+    range), each a WARNING of `submit`. Such a skip is progress (INFO); `frenzy train`'s final line counts them;
+    a loss spike (rolled back or skipped), one trained through, or any other warning event stays a warning."""
+    from types import SimpleNamespace
+
+    from cli.train import _spikes
+    from tasks.training.guard import SpikeCounts
+    from tasks.training.progress import is_warning, progress_record
+
+    def spike(reason: str, action: str, to: int | None) -> bool:
+        return is_warning(progress_record({"event": "spike", "time": 0.0, "step": 366, "reason": reason,
+                                           "action": action, "rolled_back_to": to, "skipped_samples": [0, 8]}))
+
+    assert not spike("gradient norm z-score 6.7 > 6", "update_skipped", None)
+    assert spike("loss z-score 9.0 > 6", "rolled_back", 300)
+    assert spike("loss z-score 9.0 > 6", "update_skipped", None)
+    assert spike("gradient norm z-score 7.0 > 6", "trained_through", None)
+    assert is_warning(progress_record({"event": "resume", "time": 0.0}))
+    assert not is_warning(progress_record({"event": "checkpoint_committed", "time": 0.0}))
+    counts = SpikeCounts(spikes=10, skipped_updates=10, skipped_samples=80)
+    line = _spikes(SimpleNamespace(spike_counts=counts))
+    assert line == "; 10 spikes (loss or gradient norm): 10 updates skipped (80 samples not trained on), 0 rollbacks, " \
+                   "0 trained through", line
+    assert _spikes(SimpleNamespace(spike_counts=SpikeCounts())) == ""  # an ordinary quiet run: nothing added

@@ -1133,7 +1133,7 @@ def test_a_stopped_submit_keeps_its_gpus_while_its_trainer_trains_and_a_released
     newest = max(m.step for m in ck.committed(root))
     last = err.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
-    assert f"allocation {held[0].id} in the ledger sqlite:///{led} was released while its trainer ran" in last, last
+    assert f"allocation {held[0].id} in the ledger sqlite:///{led} was released by hand while its trainer ran" in last, last
     assert f"Training stopped at step {newest} after committing it" in last, last
     assert f"rerun the same command to place the job again and resume from step {newest}" in last, last
     assert json.loads((tmp_path / "run" / "result.json").read_text())["final_step"] == newest

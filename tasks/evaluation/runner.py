@@ -39,8 +39,8 @@ from tasks.evaluation.datasets import DatasetError, EvalContext, frenzys_own, re
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.metricjobs import MetricJobs
 from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
-from tasks.evaluation.stall import Floors, Pending, Watchdog, hang_cause, pending
-from tasks.evaluation.suite import PLUGIN_TIMEOUT_S, Suite, SuiteDataset
+from tasks.evaluation.stall import Floors, Pending, Watchdog, copying, hang_cause, pending
+from tasks.evaluation.suite import PLUGIN_TIMEOUT_S, TRIAL_STALL_S, Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
 from tasks.evaluation.warmstart import Warm, kill_group, popen_trial, spawn_warm, take_precursor, take_trial
 from tasks.procs import exit_words
@@ -216,8 +216,13 @@ class _Run:
     the model copy overlaps preparing it; `execute` then runs the planned trials."""
 
     def __init__(self, uri: str, opts: EvalOptions, out: Path, ctx: EvalContext,
-                 progress: Callable[[str, float], None], plugin_timeout_s: float = PLUGIN_TIMEOUT_S) -> None:
+                 progress: Callable[[str, float], None], plugin_timeout_s: float = PLUGIN_TIMEOUT_S,
+                 precursor_step: Pending | None = None) -> None:
         self.uri, self.opts, self.out, self.ctx = uri, opts, out, ctx
+        self.precursor_step = precursor_step or copying(TRIAL_STALL_S, 0.0)
+        """A precursor's deadline (a trial's model load's): past it its group is killed and its node's trials load
+        the model from storage themselves (`unshared`)."""
+        self.unshared: set[int] = set()
         self.progress = progress
         self.queue: list[TrialPlan] = []
         self.lock = threading.Lock()
@@ -361,19 +366,31 @@ class _Run:
                 yield ev
 
     def precursor(self, node: int) -> None:
+        name, dog = f"precursor-n{node}", None
         try:
             t = time.monotonic()
-            spec = {"name": f"precursor-n{node}", "precursor": True, "uri": self.uri,
-                    "shm_dir": str(self.shm / f"node{node}")}
-            for _ in self._events(self._spawn(spec, node, 0)[0], spec["name"]):
-                pass
+            spec = {"name": name, "precursor": True, "uri": self.uri, "shm_dir": str(self.shm / f"node{node}")}
+            stream, kill = self._spawn(spec, node, 0)
+            dog = Watchdog(kill)  # the deadline of a trial's model load, for the read and for the copy
+            dog.arm(self.precursor_step)
+            for _ in self._events(stream, name):  # `loaded` (read and verified): the copy's own deadline starts
+                dog.arm(self.precursor_step)
             self.precursor_s[node] = time.monotonic() - t
-            for g in range(self.opts.gpus_per_node):  # the first trials' processes import while the suite is planned
-                self.prewarm(node, g)  # (not beside the copy: on 2 cores that slowed the copy and the plan by more)
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001
-            self.failed = self.failed or self._why(err)
+            if dog is None or dog.fired is None:
+                self.failed = self.failed or self._why(err)
+            elif not self.closed:  # hung: its node goes on as a schedule without a preloaded copy does
+                self.unshared.add(node)
+                cause = hang_cause(name, dog.fired, str(self.out / "trials" / f"{name}.stderr"))
+                self.progress(f"{cause}; node {node}'s trials load the model from storage themselves instead",
+                              self._frac())
         finally:
+            if dog is not None:
+                dog.stop()
+            if self.failed is None:  # the first trials' processes import while the suite is planned
+                for g in range(self.opts.gpus_per_node):  # (not beside the copy: on 2 cores that slowed it)
+                    self.prewarm(node, g)
             self.ready[node].set()
 
     def _why(self, err: Exception) -> str:
@@ -442,6 +459,8 @@ class _Run:
 
     def _run_trial(self, tr: TrialPlan, node: int, gpu: int) -> TrialResult:
         name = f"trial-{tr.id:04d}"
+        if tr.load == "shm" and node in self.unshared:  # its node's precursor hung: no copy to load from
+            tr = tr.model_copy(update={"load": "remote"})
         start = self.now()
         spec = {"name": name, "load": tr.load, "uri": self.uri, "shm_dir": str(self.shm / f"node{node}"),
                 "out_dir": str(self.out), "chunks": [_chunk_spec(self.suite, c) for c in tr.chunks],
@@ -719,7 +738,7 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     clean_stale_shm(opts.shm_root)
     shutil.rmtree(out / "aggregates", ignore_errors=True)  # made again by this run's metric jobs
     key = P.model_key(opts.device, info["model"])
-    run = _Run(uri, opts, out, ctx, progress, suite.plugin_timeout_s)
+    run = _Run(uri, opts, out, ctx, progress, suite.plugin_timeout_s, _precursor_step(suite, opts, key))
     try:
         if opts.schedule == "elastic":
             run.start_precursors()  # the model copy overlaps loading and planning the suite
@@ -751,6 +770,13 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
     if opts.learn_priors:
         learn(res, suite, key, Path(opts.priors_path) if opts.priors_path else None)
     return res
+
+
+def _precursor_step(suite: Suite, opts: EvalOptions, key: str) -> Pending:
+    """A precursor's deadline: `trial_stall_s`, or 10x the predicted remote load (the learned one when used)."""
+    ppath = Path(opts.priors_path) if opts.priors_path else None
+    load = (P.apply_priors(suite, key, ppath)[0] if opts.use_priors else suite).model_load_s.remote
+    return copying(suite.trial_stall_s, load)
 
 
 def _is_lmeval(d: SuiteDataset) -> bool:

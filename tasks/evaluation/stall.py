@@ -73,9 +73,16 @@ def _step(what: str, dataset: str | None, predicted_s: float, floors: Floors) ->
                    floors.trial_stall_s)
 
 
+def copying(trial_stall_s: float, load_s: float) -> Pending:
+    """The step of a node's precursor, copying the model into shared memory: the deadline of a trial's model load
+    (`trial_stall_s`, or 10x the predicted remote load `load_s` when that is larger; red team 41p S7: a SIGSTOPped
+    precursor held `frenzy evaluate` with no deadline and no word)."""
+    return _step("copying the model into shared memory", None, load_s, Floors(trial_stall_s, 0.0, load_s, lambda _: False))
+
+
 def hang_cause(name: str, p: Pending, log: str) -> str:
     """The cause of a trial killed at its deadline: the trial, the step, the deadline, the setting and the log."""
-    return (f"{name} hung while {p.what} (no progress in {p.deadline_s:g}s, the larger of `{p.setting}` "
+    return (f"{name} hung while {p.what} (no progress in {round(p.deadline_s, 1):g}s, the larger of `{p.setting}` "
             f"{p.floor_s:g}s and {STALL_FACTOR:g}x the predicted time; its process group was killed); if it only "
             f"needs longer, raise `{p.setting}` in the suite file (its log: {log})")
 

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from tasks.evaluation.datasets import DatasetError, EvalContext, EvalDataset, resolve
@@ -51,6 +52,11 @@ def score_chunk(chunk: dict, ctx: EvalContext, out_dir: Path) -> float:
     return dt
 
 
+def example_id(ex: object, i: int) -> object:
+    """The `id` an example of a dataset gives (optional: red team 41p S3), else its index `i`."""
+    return ex.get("id", i) if isinstance(ex, dict) else i
+
+
 def run_trial(spec: dict, emit=None) -> None:
     """Load the model (from shm or remote storage), infer every chunk, optionally score them here."""
     import torch
@@ -75,7 +81,7 @@ def run_trial(spec: dict, emit=None) -> None:
         ds = dataset_for(chunk, ctx)
         examples = [ds.example(i) for i in range(chunk["start"], chunk["stop"])]
         preds = ds.infer_batch(lm, examples)  # generation datasets decode the chunk in batches (KV cache)
-        lines = [json.dumps({"i": i, "id": ex["id"], "prediction": p})
+        lines = [json.dumps({"i": i, "id": example_id(ex, i), "prediction": p})
                  for i, ex, p in zip(range(chunk["start"], chunk["stop"]), examples, preds, strict=True)]
         _atomic_write(pred, "\n".join(lines) + "\n")
         emit({"event": "landed", "chunk": chunk, "infer_s": time.perf_counter() - t1, "cached": False})
@@ -114,7 +120,8 @@ def precursor(spec: dict) -> None:
 
     t0 = time.perf_counter()
     state, info = load_remote(spec["uri"])
-    nbytes = write_shm(state, info, Path(spec["shm_dir"]))
+    print(json.dumps({"event": "loaded", "load_s": time.perf_counter() - t0}), flush=True)  # progress: its deadline
+    nbytes = write_shm(state, info, Path(spec["shm_dir"]))  # counts again from here (tasks/evaluation/stall.py)
     print(json.dumps({"event": "done", "bytes": nbytes, "load_s": time.perf_counter() - t0}), flush=True)
 
 
@@ -197,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_trial(spec)
     except Exception as err:  # noqa: BLE001 - reported to the runner, which fails the evaluation with it
+        traceback.print_exc()  # into the log the runner's error names (red team 41p S3: it was empty)
         print(json.dumps({"event": "error", "error": f"{type(err).__name__}: {err}"}), flush=True)
         return 1
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from datetime import UTC, datetime
 
@@ -46,6 +47,9 @@ def lost_cause(ledger: object, url: str, allocation_id: str, lease_s: float, oth
         a = ledger.allocation(allocation_id)  # type: ignore[attr-defined]
     except Exception as err:  # noqa: BLE001 - the cause is said either way
         return f"{where} is gone ({err}); the ledger may have placed another job on its GPUs"
+    if a.state == "releasing" or (a.state == "released" and released_by_hand(allocation_id)):  # red team 41p S12a
+        return (f"{where} was released by hand while its trainer ran; no other job is placed on its GPUs before "
+                "the trainer has stopped (or its lease lapses)")
     if a.state == "released":
         return (f"{where} was released while its trainer ran (by hand or by another process); the "
                 "ledger may have placed another job on its GPUs")
@@ -55,7 +59,8 @@ def lost_cause(ledger: object, url: str, allocation_id: str, lease_s: float, oth
             "another job on its GPUs")
 
 
-_released_at_end: set[str] = set()
+_released_at_end: dict[str, str] = {}
+"""Allocations this process released as their trainer ended: the state each was in (`releasing`: by hand before)."""
 _released_lock = threading.Lock()
 
 
@@ -71,12 +76,16 @@ def release_at_end(hold: AllocationHold) -> list[str]:
     if _missing_file(hold.ledger) is not None:
         return []
     with _released_lock:
-        _released_at_end.add(hold.allocation_id)
+        _released_at_end[hold.allocation_id] = "active"
     try:
-        return [a.job for a in Ledger(hold.ledger).release(hold.allocation_id)]
+        ledger = Ledger(hold.ledger)
+        was = ledger.allocation(hold.allocation_id).state
+        with _released_lock:
+            _released_at_end[hold.allocation_id] = was
+        return [a.job for a in ledger.release(hold.allocation_id, by_holder=True)]
     except Exception as err:  # noqa: BLE001 - the flow's own release comes next, and the lease has its expiry
         with _released_lock:
-            _released_at_end.discard(hold.allocation_id)
+            _released_at_end.pop(hold.allocation_id, None)
         log.warning("could not release allocation %s in %s as its trainer ended: %s", hold.allocation_id,
                     hold.ledger, err)
         return []
@@ -86,6 +95,12 @@ def released_at_end(allocation_id: str) -> bool:
     """Whether this process released `allocation_id` as its trainer ended (`release_at_end`)."""
     with _released_lock:
         return allocation_id in _released_at_end
+
+
+def released_by_hand(allocation_id: str) -> bool:
+    """Whether `allocation_id`, released here as its trainer ended, had been released by hand while it ran."""
+    with _released_lock:
+        return _released_at_end.get(allocation_id) == "releasing"
 
 
 class AllocationLost(FrenzyError, RuntimeError):
@@ -101,6 +116,8 @@ class AllocationKeeper:
         self.cause = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="frenzy-allocation", daemon=True)
+        self.holder = f"trainer pid {os.getpid()} on {socket.gethostname()}"
+        """Recorded by its renewals: a release by hand then keeps the GPUs held until this trainer stops."""
 
     @classmethod
     def from_env(cls) -> AllocationKeeper | None:
@@ -118,7 +135,7 @@ class AllocationKeeper:
         ledger = Ledger(h.ledger)
         while True:
             try:
-                if not ledger.renew(h.allocation_id, h.lease_s):
+                if not ledger.renew(h.allocation_id, h.lease_s, holder=self.holder):
                     self.cause = self._why(ledger)
                     log.error("%s", self.cause)
                     self.lost.set()

@@ -81,6 +81,15 @@ def progress_record(line: dict[str, Any]) -> ProgressRecord:
         return ProgressRecord.model_validate(line)
 
 
+def is_warning(rec: ProgressRecord) -> bool:
+    """Whether a front-end shows `rec` as a warning. A gradient-norm spike whose update was only skipped (the loss in
+    range: 6-12 in an ordinary 1,500-step gpt-tiny run, red team 41p S13) is progress: the run's summary counts
+    them in one line, so they are not a warning each."""
+    if isinstance(rec, SpikeProgress) and rec.action == "update_skipped" and rec.rolled_back_to is None:
+        return not rec.reason.startswith("gradient norm")
+    return rec.event in WARNING_EVENTS
+
+
 def describe(rec: ProgressRecord) -> str:
     """A human line for one record of `progress.jsonl`."""
     if isinstance(rec, StepProgress):
