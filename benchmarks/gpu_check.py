@@ -493,6 +493,13 @@ def _gib(v: float | None) -> str:
     return "-" if v is None else f"{v / GiB:.2f}"
 
 
+def _step_cells(r: dict) -> str:
+    """The predicted step and its error; '- | -' for a row recorded before the prediction was (gpu_h100/h200.json)."""
+    if "pred_step_s" not in r:
+        return "- | -"
+    return f"{r['pred_step_s']:.4f} | {r['err_step']:+.1%}"
+
+
 def _marp_md(rows: list[dict]) -> list[str]:
     s = marp_summary(rows)
     out = ["## A. MARP's prediction against measured peak memory (steady-state steps), speed\n"]
@@ -517,8 +524,7 @@ def _marp_md(rows: list[dict]) -> list[str]:
         out.append(f"| {r['config']} | {r['params'] / 1e9:.2f}B | {_gib(r['alloc'])} | {_gib(r['pred_alloc'])} | "
                    f"{r['err_alloc']:+.1%} | {_gib(r['reserved'])} | {_gib(r['pred_reserved'])} | "
                    f"{r['err_reserved']:+.1%} | {_gib(r['first_steps_alloc'])} | {_gib(r['outside_torch'])} | "
-                   f"{r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {r['step_s']:.4f} | {r['pred_step_s']:.4f} | "
-                   f"{r['err_step']:+.1%} |")
+                   f"{r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | {r['step_s']:.4f} | {_step_cells(r)} |")
     return out
 
 

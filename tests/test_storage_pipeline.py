@@ -79,17 +79,22 @@ def test_a_corrupt_byte_in_a_parallel_written_shard_fails_verification(tmp_path)
 
 
 class _FailingPwrite:
-    """os.pwrite that fails (EIO) on its `nth` call, once, in whichever writer thread makes it."""
+    """os.pwrite that fails (EIO) on its `nth` call, once, in whichever writer thread makes it. Its first two calls
+    wait for each other, so they are made by two writer threads at once (a pool whose first thread finished each
+    write before the next was submitted would otherwise do them all in one thread: CI saw it)."""
 
     def __init__(self, nth: int) -> None:
         self.nth, self.calls, self.threads = nth, 0, set()
         self.lock = threading.Lock()
+        self.together = threading.Barrier(2, timeout=30)
 
     def __call__(self, fd: int, data: memoryview, offset: int) -> int:
         with self.lock:
             self.calls += 1
             self.threads.add(threading.get_ident())
-            fail = self.calls == self.nth
+            first_two, fail = self.calls <= 2, self.calls == self.nth
+        if first_two:
+            self.together.wait()  # BrokenBarrierError (a failed test) if no second writer ever comes
         if fail:
             raise OSError(errno.EIO, "injected write error")
         return _PWRITE(fd, data, offset)
