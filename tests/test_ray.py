@@ -173,7 +173,7 @@ def test_rank_0_on_ray_holds_the_allocation_and_stops_when_it_is_released(cluste
     th.join(timeout=180)
     assert not th.is_alive() and failed and isinstance(failed[0], TrainFailed), failed
     said = str(failed[0])
-    assert f"allocation {alloc.id} in the ledger {led.url} was released while its trainer ran" in said, said
+    assert f"allocation {alloc.id} in the ledger {led.url} was released by hand while its trainer ran" in said, said
     newest = max(_committed(uri))
     assert f"Training stopped at step {newest} after committing it" in said and newest < 10_000, said
 
