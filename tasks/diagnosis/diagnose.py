@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 from tasks.diagnosis.chains import EXCEPTION, innermost, links, rank_of, segments
 from tasks.diagnosis.compress import Compressed, Kept, compress
 from tasks.diagnosis.named import FRAME as _FRAME
-from tasks.diagnosis.named import LIBRARY as _LIBRARY
-from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure
+from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure, whose
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
 from tasks.diagnosis.rules import FETCH_FAILED as _FETCH_FAILED
 from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
@@ -184,7 +183,7 @@ def _blame(kept: list, i: int, category: str) -> str:
     for k in reversed(kept[max(0, i - 3):i]):
         m = _FRAME.search(k.text)
         if m:
-            return "framework" if _LIBRARY.search(m.group(1)) else "script"
+            return whose(m.group(1))
     return category
 
 
@@ -481,7 +480,7 @@ def _truncated_traceback(c: Compressed, base: dict) -> Diagnosis | None:
     where = _FRAME.search(frame.text)
     if where is None or frame.line_no != code.line_no - 1 or _FRAME.search(code.text) or not code.text.strip():
         return None
-    category = "framework" if _LIBRARY.search(where.group(1)) else "script"
+    category = whose(where.group(1))
     m = _RAISED.match(code.text)
     rule = match_line(f"{m.group(2)}: ") if m else None
     return Diagnosis(

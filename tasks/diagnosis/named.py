@@ -88,7 +88,8 @@ _NUMBERS = {"9": "KILL", "11": "SEGV", "7": "SEGV", "6": "SEGV", "8": "SEGV", "4
             "KILL": "KILL", "SEGV": "SEGV", "BUS": "SEGV", "ABRT": "SEGV", "FPE": "SEGV", "ILL": "SEGV", "TERM": "TERM"}
 
 
-def _whose(path: str) -> str:
+def whose(path: str) -> str:
+    """The category of a traceback frame's file: an installed library's or Python's own is the framework's."""
     return "framework" if LIBRARY.search(path) else "script"
 
 
@@ -107,7 +108,7 @@ def _raised(lines: list[tuple[int, str]], i: int) -> Named | None:
     frame = FRAME.match(lines[j - 1][1].lstrip())
     if frame is None or FRAME.search(lines[j][1]):
         return None
-    return Named("UncaughtException", _whose(frame.group(1)), n, text.rstrip(), False,
+    return Named("UncaughtException", whose(frame.group(1)), n, text.rstrip(), False,
                  f"{m.group(1)} ended the run (a class no rule knows), raised at {frame.group(1)}: read its message "
                  "and the frames above it (the script's own file: fix the code; a library: check its version and "
                  "what the code gave it)", 3)
