@@ -52,6 +52,8 @@ def test_the_shipped_fallback_votes_and_was_trained_beyond_the_tune_half():
     ("E1127 10:01:02.000 77 bfc_allocator.cc:12] XPU device ran out of memory allocating 2 GiB", "OutOfMemoryError",
      "framework"),
     ("ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY", "OutOfMemoryError", "framework"),
+    ("RuntimeError: out of memory while allocating 512 MB on device 3", "OutOfMemoryError", "framework"),
+    ("src/alloc.cc:88: hipMallocManaged returned: out of memory", "OutOfMemoryError", "framework"),
     ("E1127 10:01:02.000 77 alloc.cc:12] Out of memory: failed to allocate 1073741824 bytes", "HostOOM", "framework"),
     ("The instance ran out of memory and was terminated.", "HostOOM", "framework"),
     ("ERROR: worker 3 OOM while building the index", "HostOOM", "framework"),
@@ -64,6 +66,7 @@ def test_the_shipped_fallback_votes_and_was_trained_beyond_the_tune_half():
      "infrastructure"),
     ("kernel: amdgpu: [gfxhub] GPU page fault (src_id:0 ring:24 vmid:3 pasid:32770)", "NodeFailure", "infrastructure"),
     ("CUDA call failed: cudaErrorECCUncorrectable", "ECCError", "infrastructure"),
+    ("XPU runtime: page fault on the device at address 0x7f00 (queue 2)", "NodeFailure", "infrastructure"),
 ])
 def test_a_mechanism_in_any_runtimes_or_vendors_words(line, type_, category):
     assert assert_diagnosed(f"step 10 loss 2.0\n{line}\n", type_, category, root=line).line_no == 2

@@ -166,6 +166,8 @@ _ANY_WORDS: list[Rule] = [
     Rule("OutOfMemoryError", "framework",
          _UNHEDGED + r"\b(?:GPU|CUDA|device|HIP|XPU|NPU|TPU|VRAM|HBM)\b[^\n]*\b(?:ran out of memory|out of memory|OOM)\b|"
          r"\b(?:ran out of|insufficient|not enough) (?:GPU|device|CUDA|HBM|accelerator) memory\b|"
+         r"\b(?:out of memory|OOM)\b[^\n]*\b(?:on|for|in) (?:the )?(?:GPU|CUDA|device|HIP|XPU|NPU|TPU)\b|"
+         r"\b(?:cuda|cu|hip|ze|cl)[A-Z]\w*\b[^\n]*\bout of memory\b|"
          r"cudaErrorMemoryAllocation|ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)", 79, True,
          "the GPU (accelerator) ran out of memory: restart with more memory per GPU, a smaller batch or activation "
          "checkpointing"),
@@ -184,7 +186,7 @@ _ANY_WORDS: list[Rule] = [
     Rule("NodeFailure", "infrastructure",
          _UNHEDGED + r"ZE_RESULT_ERROR_DEVICE_LOST|\b(?:GPU|XPU|device)(?: error)?:? (?:device )?(?:was |is |has been )?lost\b|"
          r"\bamdgpu\b[^\n]*(?:GPU reset|ring \w+ timeout|GPU fault|page fault)|\bGPU (?:reset|hang)\b(?! ?(?:succeeded|ok))|"
-         r"\bGPU page fault\b)", 92, True,
+         r"\bGPU page fault\b|\b(?:memory access|page) fault\b[^\n]*\b(?:by|on) (?:the )?(?:GPU|device)\b)", 92, True,
          "the GPU was lost or hung (a reset, a page fault, the device gone): run the node check on this rank's node, "
          "cordon it if it fails, and resume from the newest checkpoint"),
 ]
