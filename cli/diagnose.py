@@ -82,4 +82,6 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                     help="ask the LLM agent (FRENZY_DIAGNOSIS_LLM_URL) when no rule matches; it learns a rule")
     sp.add_argument("--retrain-fallback", action="store_true",
                     help="rebuild the learned fallback (tasks/diagnosis/fallback_model.json) from the labelled "
-                         "real logs' tune half and the generated corpus, and recalibrate its threshold")
+                         "real logs' tune half, the generated corpus and the red-team sets "
+                         "(tests/data/diagnosis/redteam4..17), and recalibrate its threshold (leaving whole projects "
+                         "and sets out)")

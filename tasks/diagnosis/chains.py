@@ -176,6 +176,8 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
                 out.setdefault(below, above[0])
         elif _REMOTE.search(text):  # re-raised from another process: the exception that ends the inner traceback
             cause = _after(kept, i, 40 * WINDOW, lambda j: is_exc[j] and not _REMOTE.search(kept[j].text))
+            if cause is None:  # an exception class named neither Error nor Exception, read off its shape
+                cause = _after(kept, i, 40 * WINDOW, lambda j: j in found and not _REMOTE.search(kept[j].text))
             if cause is not None:
                 for w in ([i] if i in found else []) + _before(kept, i, 3, lambda j: j in found):
                     if w != cause:

@@ -333,6 +333,38 @@ def _after_device_assert(cands: dict[int, _Cand]) -> None:
             x.priority = min(x.priority, cands[at].priority - 1)
 
 
+_TB_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:)?((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s+\S.*)?\s*$")
+"""An exception line by its shape alone (`data.ShardCorrupt: shard 17 has a bad header`, `tok.VocabMissing`): a
+class name, optionally module-qualified, then its message."""
+_NOT_RAISED = frozenset(("Traceback", "KeyboardInterrupt", "GeneratorExit", "SystemExit"))
+_UNCAUGHT = next(r for r in GENERIC if r.type == "UncaughtException")
+_TRACEBACK_SPAN = 300
+"""Log lines after a `Traceback (most recent call last):` line within which its exception line is looked for."""
+
+
+def _ended_tracebacks(c: Compressed, cands: dict[int, _Cand]) -> None:
+    """The exception line that ends a traceback, where no rule names it (its class ends in neither Error nor
+    Exception: `data.ShardCorrupt: ...`): a candidate as an uncaught exception is (39), its category the nearest
+    frame's above it (a library's: the framework's; else the script's). A worker's own exception then outranks the
+    launcher's symptom of it (ChildFailed, 10) instead of leaving the wrapper as the answer. The shape: the line
+    right under a traceback's code line (indented, not a frame), within _TRACEBACK_SPAN lines of `Traceback`."""
+    start = None
+    for i, k in enumerate(c.kept):
+        if "Traceback (most recent call last)" in k.text:
+            start = k.line_no
+            continue
+        if start is None or k.line_no - start > _TRACEBACK_SPAN or i in cands or i == 0:
+            continue
+        prev, m = c.kept[i - 1], _TB_EXCEPTION.match(k.text)
+        code = prev.line_no == k.line_no - 1 and prev.text[:1].isspace() and not _FRAME.search(prev.text)
+        if m is None or not code or m.group(1).split(".")[-1] in _NOT_RAISED:
+            continue
+        frame = next((f for x in reversed(c.kept[:i]) if (f := _FRAME.search(x.text))), None)
+        category = whose(frame.group(1)) if frame else "script"
+        cands[i] = _Cand(_UNCAUGHT, _finding(_UNCAUGHT, category, k), _UNCAUGHT.priority)
+        start = None
+
+
 def _follow_chains(kept: list[Kept], cands: dict[int, _Cand]) -> set[int]:
     """Each wrapper yields to the innermost cause of its chain (tasks/diagnosis/chains.py): the cause competes
     with the wrapper's standing when that is higher, and a cause line no rule names takes the wrapper's rule.
@@ -494,6 +526,20 @@ def _truncated_traceback(c: Compressed, base: dict) -> Diagnosis | None:
         evidence=[], via="truncated", confidence=TRUNCATED_CONFIDENCE, **base)
 
 
+def _last_error(c: Compressed) -> Kept | None:
+    """The log's last error line (of its kept lines and its end) that states something: not a traceback's header,
+    frame or code line, a C++ backtrace frame, an info or warning line; where an unknown answer starts reading."""
+    lines = {k.line_no: k for k in c.kept if k.error}
+    lines.update({k.line_no: k for k in c.tail if k.error and k.line_no not in lines})
+    for n in sorted(lines, reverse=True):
+        t = lines[n].text
+        if t.strip() and "Traceback (most recent" not in t and not (
+                _SOURCE.match(t) or _FRAME.search(t) or _CXX_FRAME.match(t) or _NCCL_INFO.match(t) or _INFO.search(t)
+                or _WARNING.search(t)):
+            return lines[n]
+    return None
+
+
 def _named(c: Compressed, base: dict) -> Diagnosis | None:
     """The failure the log names by its shape (tasks/diagnosis/named.py: an exception no rule knows, a native fatal
     check, a signal or exit status a launcher reports, an ERROR log line), read off the kept lines and the log's
@@ -515,6 +561,8 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
     explains, the learned fallback (when it is confident enough), then the LLM agent when `agent` is given; else
     `unknown`."""
     cands = _candidates(c, learned_rules())
+    if cands:
+        _ended_tracebacks(c, cands)
     wrappers = _follow_chains(c.kept, cands)
     _divergence(c, cands)
     cands = cands or _backtrace_only(c)
@@ -525,11 +573,13 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
         d = d or (_learned(c, base) if use_fallback else None)
         d = d or (_agent(c, agent, base) if agent is not None else None)
         d = d or _named(c, base)
+        last = _last_error(c)
         return d or Diagnosis(
-            category="unknown", type="Unknown", root_cause_line=None, line_no=None, rank=None, node=None,
-            restartable=False, evidence=[], **base,
-            mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`); a person decides, and a rule "
-                       "for it can be added to tasks/diagnosis/rules.py")
+            category="unknown", type="Unknown", root_cause_line=last.text.rstrip() if last else None,
+            line_no=last.line_no if last else None, rank=None, node=None, restartable=False, evidence=[], **base,
+            mitigation="no rule matched: read the kept lines (`frenzy diagnose --show`; the line given is the log's "
+                       "last error line, where to start); a person decides, and a rule for it can be added to "
+                       "tasks/diagnosis/rules.py")
     best = _error_after_warning(cands, _pick(c, cands, wrappers))
     evidence = [x.finding for _, x in sorted(cands.items()) if x is not best][:MAX_EVIDENCE]
     f = best.finding

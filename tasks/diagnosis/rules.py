@@ -157,6 +157,44 @@ FETCH_FAILED = Rule("ServiceUnreachable", "script", r"(?!)", 53, False, _FETCH)
 """A connect failure (`Network is unreachable`, `Connection timed out`, ...) raised in an HTTP client's or a
 download's frame (tasks/diagnosis/diagnose.py reads the frame): the run's download never reached its server."""
 
+# Round 21 (issue 45): mechanisms in any framework's, allocator's or vendor's words, tried after every other
+# content rule (a rule that names the line more precisely wins it) and ranked just below the precise rule of the
+# same mechanism (so its line wins where a log holds both).
+_UNHEDGED = r"(?i)^(?!.*\b(?:may|might|could|if|avoid\w*|prevent\w*|warn\w*|potential(?:ly)?|possibl[ey])\b).*?(?:"
+"""The start of a pattern for a line that states a failure: not one that guesses at a cause (Ray's `potential root
+causes: (1) ... killed by OOM killer`), advises (`to avoid OOM, ...`) or warns (`GPU memory almost full, may OOM`).
+The pattern closes the group it opens."""
+_ANY_WORDS: list[Rule] = [
+    # a device's memory exhausted, however the runtime words it: an allocator that ran out of memory on a GPU (or
+    # an accelerator: CUDA's runtime enum, Level Zero's, `device memory`), the GPU's OOM read as torch's
+    Rule("OutOfMemoryError", "framework",
+         _UNHEDGED + r"\b(?:GPU|CUDA|device|HIP|XPU|NPU|TPU|VRAM|HBM)\b[^\n]*\b(?:ran out of memory|out of memory|OOM)\b|"
+         r"\b(?:ran out of|insufficient|not enough) (?:GPU|device|CUDA|HBM|accelerator) memory\b|"
+         r"\b(?:out of memory|OOM)\b[^\n]*\b(?:on|for|in) (?:the )?(?:GPU|CUDA|device|HIP|XPU|NPU|TPU)\b|"
+         r"\b(?:cuda|cu|hip|ze|cl)[A-Z]\w*\b[^\n]*\bout of memory\b|"
+         r"cudaErrorMemoryAllocation|ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)", 79, True,
+         "the GPU (accelerator) ran out of memory: restart with more memory per GPU, a smaller batch or activation "
+         "checkpointing"),
+    # the host's memory exhausted in any words: an allocator's `out of memory` with no device named, a VM or
+    # container stopped for memory, an OOM named in an error line
+    Rule("HostOOM", "framework",
+         _UNHEDGED + r"\b(?:ran|runs|running) out of (?:host |system |cpu |)memory\b|\bout of memory: failed to allocate\b|"
+         r"\b(?:instance|vm|container|pod)\b[^\n]*\b(?:killed|terminated|stopped|evicted)\b[^\n]*"
+         r"\b(?:memory|oom)\b|(?-i:\b(?:Error|ERROR|FATAL|Fatal)\b[^\n]*\bOOM\b))", 78, False,
+         "the host ran out of memory (RAM): fewer data-loader workers, a smaller prefetch or cache, no CPU offload, or "
+         "a machine with more RAM; a restart fails the same way"),
+    # a GPU lost or faulted, in any vendor's words: Intel's Level Zero and XPU (`device lost`), AMD's kernel
+    # driver (a GPU reset, a ring timeout: a hung GPU), a GPU page fault, CUDA's ECC enum
+    Rule("ECCError", "infrastructure", r"cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|ECCUncorrectable",
+         95, True, "cordon the node (GPU memory errors) and resume on healthy GPUs; have the GPU checked"),
+    Rule("NodeFailure", "infrastructure",
+         _UNHEDGED + r"ZE_RESULT_ERROR_DEVICE_LOST|\b(?:GPU|XPU|device)(?: error)?:? (?:device )?(?:was |is |has been )?lost\b|"
+         r"\bamdgpu\b[^\n]*(?:GPU reset|ring \w+ timeout|GPU fault|page fault)|\bGPU (?:reset|hang)\b(?! ?(?:succeeded|ok))|"
+         r"\bGPU page fault\b|\b(?:memory access|page) fault\b[^\n]*\b(?:by|on) (?:the )?(?:GPU|device)\b)", 92, True,
+         "the GPU was lost or hung (a reset, a page fault, the device gone): run the node check on this rank's node, "
+         "cordon it if it fails, and resume from the newest checkpoint"),
+]
+
 # priority bands: 90 hardware/node, 70 resource & loading, 60 script, 50 network faults and storage, 40 generic
 # framework, 30 what a peer's death looks like from here (remote errors, lost connections), 20 collective
 # timeouts, 10 launcher symptoms
@@ -670,6 +708,7 @@ RULES: list[Rule] = [
          r"^\s*(?:\[(?:rank|Rank|default)\s*\d+\]:\s*)?(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?::|\s*$)", 39,
          False, "an exception no rule classifies ended the run: read it and its traceback (the script's own file: "
                 "fix the code; a library: check its version and the arguments given to it)", blame=True),
+    *_ANY_WORDS,
 ]
 
 
@@ -757,7 +796,8 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"not used in producing", b"socket interface", b"cannot assign requested", b"ssh: connect",
     b"remote end closed", b"remotedisconnected", b"too many requests", b"name or service", b"nodename nor servname",
     b"address associated with hostname", b"resolve host", b"name resolution", b"incompleteread", b"return code",
-    b"valid range", b"connection aborted", b"loss is nan", b"loss is inf", b"times out", b"hccl", b"imminent",
+    b"valid range", b"connection aborted",
+    b"device lost", b"gpu reset", b"page fault", b"gpu hang", b"loss is nan", b"loss is inf", b"times out", b"hccl", b"imminent",
     b"lame worker", b"diverged", b"mismatch between collectives", b"rminitadapter", b"rm_init_adapter",
     b"attach gpu", b"gpu is lost", b"overflow", b"divisible", b"multiple of", b"api_key", b"api key",
     b"unauthorized", b"invalid token", b"memory pressure", b"death signal", b"sighup", b"identify image",
