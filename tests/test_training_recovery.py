@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -16,13 +17,19 @@ STEPS = 60
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted run: the ground truth every recovered run must equal bit for bit."""
+def reference_run(tmp_path_factory) -> Path:
+    """An uninterrupted run of `tiny_job(uri, STEPS)`: its checkpoints under `ckpt/` (steps 40, 50 and 60 kept), its
+    run directory `run/`. Read-only: a test that changes it works on `copy_trained(...)`."""
     d = tmp_path_factory.mktemp("ref")
-    uri = f"file://{d}/ckpt"
-    result = run(tiny_job(uri, STEPS), d / "run")
+    result = run(tiny_job(f"file://{d}/ckpt", STEPS), d / "run")
     assert result["final_step"] == STEPS and result["resumed_from_step"] is None
-    return final_state(uri, STEPS)
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    """The uninterrupted run's final state: the ground truth every recovered run must equal bit for bit."""
+    return final_state(f"file://{reference_run}/ckpt", STEPS)
 
 
 def test_sigkill_at_random_points_then_resume_is_bitwise_equal(tmp_path, reference):
@@ -96,9 +103,8 @@ def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(tmp_path, refere
     assert_bitwise_equal(final_state(uri, STEPS), reference)
 
 
-def test_corrupted_shard_is_detected_and_previous_checkpoint_used(tmp_path, reference):
-    uri = f"file://{tmp_path}/ckpt"
-    run(tiny_job(uri, STEPS), tmp_path / "a")
+def test_corrupted_shard_is_detected_and_previous_checkpoint_used(tmp_path, reference_run, reference):
+    uri = copy_trained(reference_run, tmp_path, "a")  # tiny_job(uri, STEPS), trained in tmp_path / "a"
     shard = tmp_path / "ckpt" / f"step_{STEPS:08d}" / "rank00000.bin"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)  # a 4 KiB hole, as a bad disk block would leave
@@ -132,19 +138,18 @@ def test_injected_spike_is_detected_rolled_back_and_skipped(tmp_path):
     assert clean["spikes"] == []
 
 
-def test_resume_refuses_checkpoints_of_another_job(tmp_path):
-    uri = f"file://{tmp_path}/ckpt"
-    run(tiny_job(uri, 10), tmp_path / "a")
-    other = tiny_job(uri, 20, seq_len=32)
+def test_resume_refuses_checkpoints_of_another_job(tmp_path, tiny_trained):
+    uri = copy_trained(tiny_trained, tmp_path, "a")  # tiny_job(uri, 20), trained in tmp_path / "a"
+    other = tiny_job(uri, 30, seq_len=32)
     p = start(other, tmp_path / "b", resume=True)
     assert p.wait(timeout=120) == 2
     log = (tmp_path / "b" / "train.log").read_text()
     assert "different job" in log and "seq_len" in log
     # and a fresh start on a directory with checkpoints is refused rather than overwriting them
-    p = start(tiny_job(uri, 20), tmp_path / "c")
+    p = start(tiny_job(uri, 30), tmp_path / "c")
     assert p.wait(timeout=120) == 2
     assert "pass --resume" in (tmp_path / "c" / "train.log").read_text()
-    assert json.loads((tmp_path / "a" / "result.json").read_text())["final_step"] == 10
+    assert json.loads((tmp_path / "a" / "result.json").read_text())["final_step"] == 20
 
 
 def test_a_checkpoint_due_during_a_slow_persist_is_deferred_not_waited_for(tmp_path):

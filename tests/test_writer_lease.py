@@ -15,7 +15,7 @@ import torch
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 from tasks.training.writer import LEASE_KEY, WriterLease, WriterLeaseError
-from tests.trainer_util import final_state, progress, run, start, tiny_job, wait_for
+from tests.trainer_util import final_state, run, start, tiny_job, wait_for
 
 
 def test_a_live_holder_is_refused_by_name_and_the_fix(tmp_path):
@@ -67,14 +67,16 @@ def test_a_second_trainer_on_a_running_trainers_root_is_refused_then_resumes_aft
     """The issue's repro: `frenzy train J --resume` beside a live trainer of J corrupted every kept checkpoint."""
     uri = f"file://{tmp_path}/ckpt"
     job = tiny_job(uri, steps=100000, every=20)
-    a = start(job, tmp_path / "a")
+    # a commits step 20, then stops making progress at step 21 (the hang drill): alive and holding its lease (the
+    # lease's heartbeat is a thread of its own), but off the CPU while b starts, instead of training on beside it
+    a = start(job, tmp_path / "a", env={"FRENZY_FAULT_HANG": "21"})
     try:
-        wait_for(lambda: any(r["event"] == "checkpoint" for r in progress(tmp_path / "a")), 180, "a's first commit")
+        wait_for(lambda: bool(ck.committed(Storage(uri))) or a.poll() is not None, 180, "a's first commit")
         b = start(job, tmp_path / "b", resume=True)
         assert b.wait(timeout=120) == 2
         log = (tmp_path / "b" / "train.log").read_text()
         assert f"being written by pid {a.pid}" in log, log[-2000:]
-        assert a.poll() is None  # the first trainer runs on, untouched
+        assert a.poll() is None  # the first trainer is still there, untouched
     finally:
         a.send_signal(signal.SIGKILL)  # a crash: no release, its lease stays in the root
         a.wait()
