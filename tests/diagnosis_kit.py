@@ -13,3 +13,11 @@ def assert_diagnosed(text: str, type_: str, category: str, root: str | None = No
     if root is not None:
         assert d.root_cause_line is not None and root in d.root_cause_line, d.root_cause_line
     return d
+
+
+def assert_case(head: str, case: tuple[str, str, str, str, str, bool]) -> None:
+    """One row of a round's case table: (what it shows, the log after `head`, type, category, a piece of the root
+    line, restartable)."""
+    what, log, type_, category, root, restartable = case
+    d = assert_diagnosed(head + log, type_, category, root)
+    assert d.restartable is restartable, what

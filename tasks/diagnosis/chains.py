@@ -75,6 +75,9 @@ FIRST_ROOT = re.compile(r"^\s*\(0\) \S")
 """TensorFlow's summary of a failed graph run (`ResourceExhaustedError: 2 root error(s) found.`) and the first of the
 errors it lists on the lines below (`  (0) Resource exhausted: OOM when allocating ...`): the summary only counts
 them; the listed line states what failed."""
+TRACEBACK = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?Traceback \(most recent call last\):?\s*$")
+"""A traceback's header: where it follows an exception class printed alone (a handler's `print(type(e).__name__)`),
+the class's message is the exception line that ends the traceback, not the header."""
 INLINE = re.compile(r"Original reason for failure was:|terminated with exception:|\bwhat\(\):|Caused by:|"
                     r"because of the following error[^:]*:|Last error:")
 """In-line chain markers: the text after the last one is the innermost cause."""
@@ -155,8 +158,12 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
                 for w in [i] * (cause != i) + above:
                     out.setdefault(w, cause)
         elif i in found and ((is_exc[i] and _DETAIL.search(text)) or MESSAGE_BELOW.search(text)):
-            cause = _after(kept, i, 1, lambda j: bool(kept[j].text.strip()))
-            if cause is not None and (cause in found or MESSAGE_BELOW.search(text)):
+            cause = _message_below(kept, i)
+            if cause is not None and TRACEBACK.match(kept[cause].text):  # a class printed alone, then its traceback
+                below = _same_class_below(kept, i, is_exc)
+                if below is not None:
+                    out.setdefault(i, below)
+            elif cause is not None and (cause in found or MESSAGE_BELOW.search(text)):
                 out.setdefault(i, cause)
             elif is_exc[i]:  # a header: the next exception of its class states what failed
                 below = _same_class_below(kept, i, is_exc)
@@ -178,6 +185,20 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
     for w, cause in _handled(kept, is_exc).items():
         out.setdefault(w, cause)
     return out
+
+
+def _message_below(kept: Sequence[Line], i: int) -> int | None:
+    """The line that carries line i's message: the next line of its process, or the one after a blank line (Paddle
+    prints `ResourceExhaustedError: `, a blank line, then the message) unless that one is a chain's marker (torch's
+    `ProcessRaisedException: `, a blank line, then `-- Process N terminated with the following error:`)."""
+    start = kept[i].line_no
+
+    def carries(j: int) -> bool:
+        text = kept[j].text
+        return bool(text.strip()) and (kept[j].line_no == start + 1 or (
+            kept[j - 1].line_no == start + 1 and not kept[j - 1].text.strip()
+            and not (_REMOTE.search(text) or _DIRECT.search(text) or _DURING.search(text))))
+    return _after(kept, i, 2, carries)
 
 
 def _same_class_below(kept: Sequence[Line], i: int, is_exc: list[bool]) -> int | None:

@@ -48,8 +48,10 @@ _BRACKETED = re.compile(r"^\s*[\[(]\s*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Excep
 _CXX_FRAME = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?frame #\d+: ")
 """A C++ backtrace's frame line (c10's `frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(...)`): where the
 error was raised, not an error; the message above the backtrace states it."""
-_NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO ")
-"""NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does."""
+_NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO "
+                        r"(?!Call to connect returned (?:Connection timed out|No route to host|Network is unreachable))")
+"""NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does, and so does its
+socket connect to a peer that timed out or found no route (NCCL logs its retries of such a connect at INFO)."""
 _GLUED = re.compile(r"(?:Error|Exception):?\s*[A-Z]\w*(?:Error|Exception)\b|[a-z](?:Error|Exception)[A-Z]")
 """Two exception lines written into each other by interleaved ranks (`RuntimeError: RuntimeErrorRuntimeError: ...`,
 `RuntimeErrorNCCL error in: ...`): a garbled copy, which yields to a clean one of the same failure."""

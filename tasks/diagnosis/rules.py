@@ -56,6 +56,10 @@ _ASSERT = ("a device-side assert: usually an index out of range in the data (a l
 _ARCH = ("the environment: the installed build has no kernels for this GPU (its compute capability); install a build "
          "for this GPU architecture, or run on GPUs it supports")
 
+_STOP = r"(?:terminat(?:e|es|ed|ing)|end(?:s|ed|ing)?|stop(?:s|ped|ping)?|abort(?:s|ed|ing)?|halt(?:s|ed|ing)?)\s+" \
+        r"(?:the\s+)?training\b"
+"""A run's words for ending its training (`Terminate training`, `stopping training`)."""
+_FULL = "the disk or quota is full: free space (old checkpoints) or point the output elsewhere, then resume"
 _FETCH = ("the run could not reach the server it downloads from (weights, a config, a dataset: a model hub, a release "
           "URL): the connection was never opened, so this machine's network access is the cause (no internet on a "
           "compute node, a proxy or firewall, DNS); set the proxy (HTTPS_PROXY), use a mirror (HF_ENDPOINT), or fetch "
@@ -266,7 +270,7 @@ RULES: list[Rule] = [
          "a GPU with no display attached, raise or lift the limit (TdrDelay on Windows), or shorten each kernel "
          "(a smaller batch or resolution); a restart fails the same way"),
     Rule("CUDAError", "infrastructure",
-         r"(?i)unhandled cuda error|Cuda failure (?!'?out of memory)|"
+         r"(?i)unhandled cuda error|Cuda failure (?!(?:\d+ )?'?out of memory)|"
          r"(?-i:CUDA error: (?!out of memory)(?!device-side assert)(?!invalid device (?:ordinal|function))"
          r"(?!no kernel image)|"
          r"CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
@@ -280,9 +284,12 @@ RULES: list[Rule] = [
          "shared memory (/dev/shm, where semaphores and worker tensors live) is full, not the disk: run the "
          "container with a larger --shm-size (or --ipc=host), or fewer workers; a restart fails the same way"),
     Rule("DiskFull", "infrastructure",
-         r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|Disk quota exceeded|StorageFull|"
-         r"file write failed|failed writing file",
-         86, False, "the disk or quota is full: free space (old checkpoints) or point the output elsewhere, then resume"),
+         r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|Disk quota exceeded|StorageFull",
+         86, False, _FULL),
+    # a library's summary of a write that failed (HDF5's `file write failed: time = ..., errno = 28, error message =
+    # 'No space left on device'`, its message often wrapped onto a second line): the errno's text, where the log
+    # holds it, says why, so the summary ranks just below it
+    Rule("DiskFull", "infrastructure", r"file write failed|failed writing file", 85, False, _FULL),
     Rule("StorageError", "infrastructure",
          # the errno's own text, or its number with the text cut short (`[Errno 5] Input/output` quoted to the
          # line's end): the number alone differs between platforms, the text does not
@@ -315,7 +322,9 @@ RULES: list[Rule] = [
          "the host (or the job's cgroup) ran out of memory: fewer data-loader workers, less CPU offload or a "
          "larger memory request"),
     Rule("OutOfMemoryError", "framework",
-         r"Cuda failure '?out of memory|OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|"
+         # NCCL's `Cuda failure 'out of memory'`, newer NCCL with the code first (`Cuda failure 2 'out of memory'`)
+         r"Cuda failure (?:\d+ )?'?out of memory|OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|"
+         r"CUDA_ERROR_OUT_OF_MEMORY|"
          r"HIP out of memory|Tried to allocate [\d.]+ [KMG]iB|cuda runtime error \(2\) : out of memory|error=2 : out of "
          r"memory|ResourceExhaustedError|OOM when allocating|RESOURCE_EXHAUSTED: Out of memory", 80, True,
          "restart with the next resource plan with more memory per GPU (or a smaller micro-batch)"),
@@ -338,6 +347,14 @@ RULES: list[Rule] = [
          r"DataLoader worker \(pid\(?s?\)?[^\n]*exited unexpectedly", 74, False,
          "the data-loader workers exited with no signal named: their start-up (spawn on Windows, a too small "
          "/dev/shm) or the dataset code in them; run with num_workers=0 to see the worker's own error, then fix it"),
+    # the run's own statement that it ended training on a non-finite value, the value named before or after the
+    # stop (`non-finite loss, ending training`, `Loss is not finite. Terminate training.`, `stopping training: loss
+    # = nan`): above the notices of steps it skipped for one before (78)
+    Rule("NumericalError", "framework",
+         r"(?i)(?:not finite|non-finite|\bnan\b|\binf\b)[^\n]{0,60}?\b" + _STOP + r"|"
+         + _STOP + r"[^\n]{0,60}?(?:not finite|non-finite|\bnan\b|\binf\b)", 79, False,
+         "the loss became NaN/inf and the run stopped on it: lower the learning rate, use bf16 or gradient clipping, "
+         "and resume from a checkpoint before the divergence"),
     Rule("NumericalError", "framework",
          r"(?i)loss became infinite or nan|loss scale already at minimum|minimum loss scale reached|non-finite loss|"
          r"loss scale reached (?:the |its )?minimum|Tensor had (?:nan|inf) values|nan in summary histogram|"
@@ -600,6 +617,7 @@ RULES: list[Rule] = [
          r"socket(?:StartConnect|PollConnect|Progress|Connect)|Software caused connection abort|"
          r"Transport endpoint is not connected|No route to host|Network is unreachable|connectFullMesh failed|"
          r"failed to connect to all addresses|Network error \((?:ReadTimeout|ConnectionError)\)|"
+         r"Call to connect returned Connection timed out|"
          r"initialization has timed out", 50, True,
          "a network fault: run the node check on the job's nodes and resume"),
     # Ray's detail under an ActorDiedError saying why the actor died: its node (or its owner's) was lost. The
@@ -631,7 +649,10 @@ RULES: list[Rule] = [
          r"DistStoreError|Broken pipe|Socket Timeout|failed to recv, got 0 bytes|waiting for clients\. \d+/\d+ clients|"
          r"TCPStore[^\n]*(?:failed|timed out)|RendezvousTimeoutError|RendezvousConnectionError|connect\(\) timed out|"
          r"socket has timed out|errno: 113|\bECONNRE(?:SET|FUSED)\b|store based barrier|Timed out initializing "
-         r"process group|RendezvousClosedError", 30, True,
+         r"process group|RendezvousClosedError|"
+         # the coordination service of XLA's runtime (JAX, TensorFlow) giving up on a barrier the tasks meet at (the
+         # start-up registration of every task, a shutdown barrier): a task never reached it, as torch's rendezvous
+         r"DEADLINE_EXCEEDED:[^\n]*\bBarrier timed out\b", 30, True,
          "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
     # -- symptoms ----------------------------------------------------------------------------------------------
     Rule("NCCLTimeoutError", "infrastructure",
