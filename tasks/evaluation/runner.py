@@ -788,6 +788,9 @@ def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset
     """One dataset's aggregate from its chunks' score files (chunks in any order); for an lm-eval task, lm-eval's
     task metrics with the sample count its group aggregation weighs by. A plugin's (not `frenzys_own`) is made in a
     metric process of `jobs` when given, so its factory and `aggregate` never run in the evaluator."""
+    if twice := repeated_id(out / "predictions" / d.name):
+        raise EvalError(f"{d.name} ({d.source}): {twice}; an example's `id` names its prediction and must be unique in "
+                        "its dataset: give each example its own `id` in `example()` (its index, say), or none")
     if jobs is not None and not frenzys_own(d.source):
         agg = jobs.aggregate({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx, out)
         if agg.examples != d.examples:
@@ -802,6 +805,18 @@ def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset
 
         return task_metrics(suite.lmeval, d.name, per)  # type: ignore[arg-type]
     return resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+
+
+def repeated_id(pred_dir: Path) -> str | None:
+    """The first `id` that two predictions of one dataset share (its chunks' `*.jsonl` under `pred_dir`), said as
+    `examples 0 and 3 have the same id 'same'`; None when each is its own (red team 41q X8: accepted in silence)."""
+    seen: dict[object, int] = {}
+    for f in sorted(pred_dir.glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            if (first := seen.setdefault(row["id"], row["i"])) != row["i"]:
+                return f"examples {first} and {row['i']} have the same id {row['id']!r}"
+    return None
 
 
 def aggregate(suite: Suite, ctx: EvalContext, out: Path, skip: dict[str, str] | None = None,
