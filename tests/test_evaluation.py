@@ -760,3 +760,20 @@ def test_the_evaluate_pending_counts_add_up_to_the_checkpoints():
     whole = [*failed, ("/c/step_30", "EvalError: ...")]
     assert pending_counts([*partial, step(40, {})], whole, [("/c/step_50", "being evaluated")]) == (
         "3 evaluated (2 with failed datasets), 1 could not be evaluated, 1 skipped")
+
+
+def test_an_evaluation_whose_progress_reports_cannot_be_made_is_scored(ckpt, tmp_path, capsys):
+    """Red team 41q B3: the Prefect API refused the progress artifact's update while a worker's evaluation ran, and
+    the whole step failed (`[Errno 111] Connection refused`), its work discarded. A report is not the evaluation."""
+    calls: list[str] = []
+
+    def api_gone(msg: str, frac: float) -> None:
+        calls.append(msg)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    res = evaluate(ckpt, one_dataset(), EvalOptions(schedule="naive", out_dir=str(tmp_path / "o")), progress=api_gone)
+    assert set(res.scores) == {"heldout-loss"} and res.failed == {}, res.failed
+    assert len(calls) > 1  # tried at each report, not given up after the first
+    err = capsys.readouterr().err
+    assert err.count("evaluation progress could not be reported") == 1, err
+    assert "ConnectionRefusedError: [Errno 111] Connection refused" in err and "the evaluation goes on" in err, err
