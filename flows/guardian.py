@@ -123,15 +123,17 @@ def _unreachable(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.TransportError, OSError))
 
 
-def _crash(run_id: str, pid: int) -> None:
+def _crash(run_id: str, pid: int) -> str:
+    """Set the run Crashed unless it has already ended; what was done."""
     from prefect import get_client
     from prefect.states import Crashed
 
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)  # type: ignore[arg-type]
         if run.state is not None and run.state.is_final():
-            return
+            return f"found {run.state.name}"
         client.set_flow_run_state(run_id, Crashed(message=crashed_message(pid)), force=True)  # type: ignore[arg-type]
+    return "marked Crashed"
 
 
 def crash_until_answered(run_id: str, pid: int, patience_s: float) -> bool:
@@ -140,7 +142,7 @@ def crash_until_answered(run_id: str, pid: int, patience_s: float) -> bool:
     start, pause, api = time.monotonic(), 0.5, os.environ.get("PREFECT_API_URL", "")
     while True:
         try:
-            _crash(run_id, pid)
+            did = _crash(run_id, pid)
         except Exception as exc:
             if not _unreachable(exc):
                 raise
@@ -157,7 +159,7 @@ def crash_until_answered(run_id: str, pid: int, patience_s: float) -> bool:
             pause = min(pause * 2, 10.0)
             continue
         if pause > 0.5:
-            _say(f"flow run {run_id} marked Crashed after {time.monotonic() - start:.0f} s: the API answers again")
+            _say(f"flow run {run_id} {did} after {time.monotonic() - start:.0f} s: the API answers again")
         return True
 
 
