@@ -171,12 +171,22 @@ def completed_summary(state: Any, history_dir: str, suite: str, uri: str) -> Eva
 
 
 def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]]) -> None:
-    lines = [f"# evaluate-pending: {len(done)} evaluated, {len(failed)} failed, {len(skipped)} skipped", ""]
+    lines = [f"# evaluate-pending: {pending_counts(done, failed, skipped)}", ""]
     for title, rows in (("failed", failed), ("skipped", skipped)):
         if rows:
             lines += [f"| {title}: checkpoint or root | why |", "|---|---|"] + [
                 f"| `{u}` | {_cell(why)} |" for u, why in rows] + [""]
     create_markdown_artifact("\n".join(lines), key="evaluate-pending", description="the last pending evaluation pass")
+
+
+def pending_counts(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]]) -> str:
+    """The pass in counts that add up: a step scored but for some datasets is evaluated (and counted among those
+    with failed datasets), not also failed; failed are the steps or roots that could not be evaluated at all (red team
+    41q Y1: "2 evaluated, 2 failed" for two checkpoints read as four)."""
+    partly = sum(1 for d in done if d.failed)
+    with_failed = f" ({partly} with failed datasets)" if partly else ""
+    return (f"{len(done)} evaluated{with_failed}, {len(failed) - partly} could not be evaluated, "
+            f"{len(skipped)} skipped")
 
 
 def _cell(text: str, limit: int = 2000) -> str:

@@ -38,6 +38,7 @@ from tasks.pipeline.evaluations import (
     EvalFailure,
     InFlowEvaluator,
     Verdict,
+    api_outage_cause,
     collect_scores,
     crash_cause,
     retired_steps,
@@ -255,6 +256,8 @@ class TriggeredEvaluations:
         if st.type.value in ("FAILED", "CRASHED", "CANCELLED"):  # a cancelled one (a person's stop) is not rerun
             if st.type.value == "CRASHED":  # a killed evaluation process said so, not as Prefect's guess
                 return "crashed", crash_cause(st.message, fr.name)
+            if st.type.value == "FAILED" and (outage := api_outage_cause(st.message, fr.name)):  # worth one more run
+                return "crashed", outage
             return "failed", st.message or f"the run {fr.name} ended {st.name}"
         if st.type.value == "PENDING" and waited > stuck_s():  # claimed, and its process stopped, or its worker
             return "crashed", self._reap(client, fr, waited)
@@ -653,9 +656,12 @@ class FlowStages:
                                          waited=frozenset(steps), outages=self.outages,
                                          committed_at=lambda: commit_times(Path(run.run_dir) / "progress.jsonl"))
 
+        why: dict[int, tuple[Verdict, str]] = {}  # the newest verdicts: what `again` says
+
         def runs() -> dict[int, tuple[Verdict, str]]:
             self.cancelled()
             ended = triggered.ended_without_score()
+            why.update(ended)
             unscored = set(steps) - set(read())
             for step in triggered.orphans(unscored):  # its commit made no run (or was stopped first)
                 if step in triggered.lost:
@@ -671,8 +677,12 @@ class FlowStages:
 
         def again(step: int) -> bool:
             if step not in triggered.balked:
-                self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it again",
-                                 step)
+                cause = why.get(step, ("", ""))[1]
+                if "Prefect API did not answer" in cause:  # red team 41q B3: an outage failed it, not the checkpoint
+                    self.log.warning("step %d: %s: running it again", step, cause)
+                else:
+                    self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it "
+                                     "again", step)
             return triggered.rerun(step)
 
         try:

@@ -25,6 +25,9 @@ class Echo(EvalDataset):  # a user dataset registered by decorator
     def example(self, i):
         if self.options.get("no_id"):  # red team 41p S3: `id` is optional
             return {"prompt": f"x{i}"}
+        if odd := self.options.get("odd_id"):  # red team 41q X8: ids that JSON cannot write, or writes loosely, or twice
+            return {"id": {"bytes": f"q{i}".encode(), "set": {i}, "nan": float("nan"), "same": "same"}[odd],
+                    "prompt": f"x{i}"}
         return {"id": i, "prompt": f"x{i}"}
 
     def infer(self, lm, ex):

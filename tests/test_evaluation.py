@@ -668,12 +668,14 @@ def test_evaluate_pending_skips_a_step_another_run_is_evaluating_and_leaves_no_l
         p.wait(60)
     assert [d.step for d in done] == [20]
     report = str(Artifact.get("evaluate-pending").data)
-    assert "1 evaluated, 0 failed, 1 skipped" in report and f"pid {p.pid}" in report and "step_00000010" in report
+    assert "1 evaluated, 0 could not be evaluated, 1 skipped" in report, report
+    assert f"pid {p.pid}" in report and "step_00000010" in report
     # the holder is gone: the next pass evaluates it; a root deleted by hand is a row of the artifact (red team 41f S17)
     done = evaluate_pending(req.model_copy(update={"roots": [ckpt, str(tmp_path / "gone")]}))
     assert [d.step for d in done] == [10]
     report = str(Artifact.get("evaluate-pending").data)
-    assert "1 evaluated, 0 failed, 1 skipped" in report and f"`{tmp_path}/gone` | checkpoint root" in report
+    assert "1 evaluated, 0 could not be evaluated, 1 skipped" in report, report
+    assert f"`{tmp_path}/gone` | checkpoint root" in report
     assert len(history.history_file(hist, done[0].run).read_text().splitlines()) == 2  # one line per step
     left = sorted(str(f.relative_to(hist)) for f in Path(hist).rglob("*") if f.name.startswith("."))
     assert left == [], left  # no `.history-small.png.lock`, no `.claims`
@@ -695,7 +697,8 @@ def test_one_step_that_cannot_start_does_not_end_the_evaluate_pending_pass(ckpt,
                                            ledger=str(tmp_path / "ledger.db"), schedule="naive"))
     assert [d.step for d in done] == [20]
     report = str(Artifact.get("evaluate-pending").data)
-    assert "1 evaluated, 1 failed, 0 skipped" in report and "step_00000010` | IsADirectoryError" in report
+    assert "1 evaluated, 1 could not be evaluated, 0 skipped" in report, report
+    assert "step_00000010` | IsADirectoryError" in report
 
 
 def test_a_completed_evaluation_whose_state_lost_its_data_is_read_from_the_history_not_failed(tmp_path):
@@ -740,3 +743,37 @@ def test_evaluate_pending_with_nothing_to_cover_names_the_ledger_and_why(tmp_pat
     said = no_roots(req, tmp_path)
     assert f"the ledger sqlite:///{tmp_path}/l.db records 1 run(s), none with an evaluation suite" in said
     assert "evaluation off: offjob" in said and "give `suite` in the request" in said and "no submitted job" not in said
+
+
+def test_the_evaluate_pending_counts_add_up_to_the_checkpoints():
+    """Red team 41q Y1: two checkpoints, each scored but for one dataset, were headed "2 evaluated, 2 failed"."""
+    from flows.evaluate import pending_counts
+    from tasks.evaluation.summary import EvalSummary
+
+    def step(n: int, failed: dict[str, str]) -> EvalSummary:
+        return EvalSummary(uri=f"/c/step_{n}", run="r", step=n, suite="s", scores={}, makespan_s=1.0,
+                           predicted_makespan_s=1.0, result="", history_plot=None, failed=failed)
+
+    partial = [step(10, {"hangs": "no progress"}), step(20, {"hangs": "no progress"})]
+    failed = [(d.uri, "; ".join(d.failed_lines())) for d in partial]
+    assert pending_counts(partial, failed, []) == "2 evaluated (2 with failed datasets), 0 could not be evaluated, 0 skipped"
+    whole = [*failed, ("/c/step_30", "EvalError: ...")]
+    assert pending_counts([*partial, step(40, {})], whole, [("/c/step_50", "being evaluated")]) == (
+        "3 evaluated (2 with failed datasets), 1 could not be evaluated, 1 skipped")
+
+
+def test_an_evaluation_whose_progress_reports_cannot_be_made_is_scored(ckpt, tmp_path, capsys):
+    """Red team 41q B3: the Prefect API refused the progress artifact's update while a worker's evaluation ran, and
+    the whole step failed (`[Errno 111] Connection refused`), its work discarded. A report is not the evaluation."""
+    calls: list[str] = []
+
+    def api_gone(msg: str, frac: float) -> None:
+        calls.append(msg)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    res = evaluate(ckpt, one_dataset(), EvalOptions(schedule="naive", out_dir=str(tmp_path / "o")), progress=api_gone)
+    assert set(res.scores) == {"heldout-loss"} and res.failed == {}, res.failed
+    assert len(calls) > 1  # tried at each report, not given up after the first
+    err = capsys.readouterr().err
+    assert err.count("evaluation progress could not be reported") == 1, err
+    assert "ConnectionRefusedError: [Errno 111] Connection refused" in err and "the evaluation goes on" in err, err

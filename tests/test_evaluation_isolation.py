@@ -197,7 +197,8 @@ def test_evaluate_pending_scores_the_rest_names_the_failed_dataset_and_leaves_th
     assert [d.step for d in done] == [10, 20]
     assert all(set(d.scores) == {"heldout-loss", "heldout-cloze"} and KILLED in d.failed["huge"] for d in done)
     report = str(Artifact.get("evaluate-pending").data)
-    assert "2 evaluated, 2 failed" in report and "step 20: huge FAILED (not scored)" in report, report
+    assert "2 evaluated (2 with failed datasets), 0 could not be evaluated, 0 skipped" in report, report
+    assert "step 20: huge FAILED (not scored)" in report, report
     key = run_key("eval-iso", done[1].run, step_root(done[1].uri))
     assert "FAILED (not scored)" in str(Artifact.get(key).data) and "SIGKILL" in str(Artifact.get(key).data)
     by_step = str(Artifact.get(run_key("eval-history-iso", done[1].run, step_root(done[1].uri))).data)
@@ -512,7 +513,8 @@ def test_evaluate_pending_with_a_plugin_that_kills_its_group_while_it_loads_eval
     assert all(set(d.scores) == {"heldout-loss"} and "killed its process group while loading" in d.failed["dies"]
                for d in done), [d.failed for d in done]
     report = str(Artifact.get("evaluate-pending").data)
-    assert "2 evaluated, 2 failed" in report and "killed its process group while loading" in report, report
+    assert "2 evaluated (2 with failed datasets), 0 could not be evaluated, 0 skipped" in report, report
+    assert "killed its process group while loading" in report, report
     assert os.getpid() not in {int(x) for x in (tmp_path / "loads").read_text().split()}
     assert sorted(str(p.relative_to(hist)) for p in hist.rglob(".*")) == []  # no claim, lock nor temp directory
 
@@ -817,3 +819,27 @@ def test_a_plugin_example_without_an_id_is_scored_and_a_trials_exception_is_in_t
     log = Path(re.search(r"its log: (\S+\.stderr)\)", cause)[1])
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and "RuntimeError: inference exploded" in text, text[-2000:]
+
+
+def test_plugin_examples_whose_ids_are_not_json_or_repeat_fail_their_dataset_naming_the_id_and_the_fix(ckpt, tmp_path):
+    """Red team 41q X8: a bytes or set `id` failed its dataset as `TypeError: Object of type set is not JSON
+    serializable` (no word of the `id`), a NaN id was written as a bare `NaN` (not strict JSON), a repeated id passed
+    in silence. Each now fails its own dataset, naming the plugin, the example and the fix; the others are scored."""
+    echo = {"dataset": "tests.evalplugin:Echo", "examples": 4, "mode": "gen", "infer_s_per_example": 0.01}
+    odd = ("bytes", "set", "nan", "same")
+    suite = Suite.model_validate({"name": "ids", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        echo | {"name": "with-id"}, *(echo | {"name": f"id-{k}", "options": {"odd_id": k}} for k in odd)]})
+    res = evaluate(ckpt, suite, _opts(tmp_path, "o"))
+    assert set(res.scores) == {"with-id"} and sorted(res.failed) == sorted(f"id-{k}" for k in odd), res.failed
+    for k, shown in (("bytes", "b'q0' (bytes)"), ("set", "{0} (set)"), ("nan", "nan (float)")):
+        cause = res.failed[f"id-{k}"]
+        assert f"tests.evalplugin:Echo: example 0 has the id {shown}" in cause, cause
+        assert "must be a str or an int" in cause and "`str(...)`" in cause, cause
+    cause = res.failed["id-same"]
+    assert "examples 0 and 1 have the same id 'same'" in cause and "must be unique in its dataset" in cause, cause
+    def not_json(constant: str) -> None:
+        raise AssertionError(f"{constant} in a predictions file is not JSON")
+
+    for f in (tmp_path / "o" / "predictions").rglob("*.jsonl"):  # what was written is strict JSON
+        for line in f.read_text().splitlines():
+            json.loads(line, parse_constant=not_json)

@@ -4,6 +4,7 @@ normally leaves the state to Prefect. Real processes, a real server on loopback 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -107,3 +108,100 @@ def test_two_submits_in_two_threads_of_one_killed_process_both_end_crashed(prefe
         assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
         for run in (a, b):
             assert "killed (SIGKILL" in _wait_crashed(client, run.id).message
+
+
+def _forward(conn, upstream: tuple[str, int]) -> None:
+    import socket
+    import threading
+
+    up = socket.create_connection(upstream)
+
+    def pump(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    threading.Thread(target=pump, args=(up, conn), daemon=True).start()
+    pump(conn, up)
+
+
+def _guardian(api_url: str, home: Path, run_id: object, patience_s: float) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home),
+           "FRENZY_GUARDIAN_PATIENCE_S": str(patience_s)}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.guardian", "4242"], stdin=subprocess.PIPE, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc.stdin.write(f"id {run_id}\n".encode())  # then the pipe ends without `done`: the submitter died
+    proc.stdin.close()
+    return proc
+
+
+def _wait_for_line(path: Path, text: str, proc: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 60
+    while text not in (log := path.read_text() if path.exists() else ""):
+        assert proc.poll() is None, f"the guardian ended ({proc.returncode}) before saying {text!r}: {log}"
+        assert time.monotonic() < deadline, log
+        time.sleep(0.05)
+    return log
+
+
+def test_a_run_killed_with_its_server_is_crashed_once_the_server_answers_again(prefect_server, tmp_path):
+    """Red team 41q Z2: a submit SIGKILLed while its server was down stayed Running for good (the guardian tried the
+    API once). Here the API's port refuses (bound, not listening) until the guardian has said it will try again; then
+    the port answers, forwarding to the real server, and the run ends Crashed."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    real = urlsplit(PREFECT_API_URL.value())
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))  # not listening: a connection is refused, as by a stopped server
+    api = f"http://127.0.0.1:{port.getsockname()[1]}{real.path}"
+    with get_client(sync_client=True) as client:
+        run = _running_run(client)
+        proc = _guardian(api, tmp_path, run.id, patience_s=120)
+        log = _wait_for_line(tmp_path / "guardian.log", "does not answer", proc)
+        assert "ConnectError" in log and "up to 120 s" in log, log
+        assert client.read_flow_run(run.id).state.type.value == "RUNNING"
+        port.listen()
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = port.accept()
+                except OSError:
+                    return
+                threading.Thread(target=_forward, args=(conn, (real.hostname, real.port)), daemon=True).start()
+
+        threading.Thread(target=serve, daemon=True).start()
+        try:
+            assert proc.wait(timeout=90) == 0, proc.stderr.read().decode()[-2000:]
+        finally:
+            port.close()
+        assert "killed (SIGKILL" in client.read_flow_run(run.id).state.message
+        assert "marked Crashed after" in (tmp_path / "guardian.log").read_text()
+
+
+def test_a_guardian_that_gives_up_says_so_in_its_log(prefect_server, tmp_path):
+    import socket
+
+    from prefect import get_client
+
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    with get_client(sync_client=True) as client:
+        run = _running_run(client)
+        proc = _guardian(f"http://127.0.0.1:{port.getsockname()[1]}/api", tmp_path, run.id, patience_s=1)
+        assert proc.wait(timeout=60) == 1, proc.stderr.read().decode()[-2000:]
+    port.close()
+    log = (tmp_path / "guardian.log").read_text()
+    assert "gave up after" in log and f"{run.id} of the killed process 4242 stays Running" in log, log
+    assert f"prefect flow-run cancel {run.id}" in log

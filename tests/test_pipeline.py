@@ -503,8 +503,18 @@ def test_a_rerun_of_a_finished_job_marks_its_old_evaluation_failures_as_the_earl
         "evaluation of step 10 FAILED in the earlier run (not tried again by this one): TypeError: factory() takes 0 "
         "positional arguments"]
     [note] = again.notes
-    assert note.startswith("step(s) 10: their evaluation failed in the earlier run of j") and "from then" in note
+    assert note.startswith("step(s) 10: their evaluation (or some of its datasets) failed in an earlier evaluation of j")
+    assert "not tried again by this run" in note and "from then" in note
     assert f"`frenzy evaluate {root}/step_00000010 --suite quick`" in note and "evaluate-pending" in note
+    # red team 41q Y4: a later pass (evaluate-pending) scored step 10 but for one dataset: said as earlier, with the note
+    history.append(tmp_path / "evals", "j", 10, f"{root}/step_00000010", "quick", {"x": {"acc": 0.4}},
+                   failed={"hangs": "hung while loading"})
+    again = already_finished(rec, run.request, "quick")
+    assert again is not None and [e.step for e in again.evaluations] == [10, 20] and not again.evaluation_failures
+    assert [line for e in again.evaluations for line in e.failed_lines()] == [
+        "step 10: hangs FAILED in an earlier evaluation (not tried again by this run): hung while loading"]
+    [note] = again.notes
+    assert note.startswith("step(s) 10: ") and f"`frenzy evaluate {root}/step_00000010 --suite quick`" in note
 
 
 def test_a_second_signal_while_the_stop_is_asked_still_asks_it():

@@ -607,6 +607,29 @@ def test_the_waiting_line_names_only_the_steps_waited_for():
     assert said == ["waiting for the evaluation runs: step 40 Pending"]  # no list given: every step with a run
 
 
+def test_an_evaluation_run_failed_by_an_unreachable_api_is_run_again_naming_the_api_and_its_log():
+    """Red team 41q B3: an evaluation whose Prefect API refused connections while it ran Failed, and submit reported
+    the step failed (`[Errno 111] Connection refused`), not run again, naming neither the API nor its log. A Failed
+    run whose cause is the API's is run again as a crashed one is; any other failure is still the step's."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from flows.stages import TriggeredEvaluations
+
+    def failed(message: str) -> SimpleNamespace:
+        return SimpleNamespace(id=message, name="lurking-sheep", state=SimpleNamespace(
+            type=SimpleNamespace(value="FAILED"), name="Failed", message=message, timestamp=datetime.now(UTC)))
+
+    t = TriggeredEvaluations("file:///d/ck", datetime.now(UTC), print, print)
+    refused = ("Flow run encountered an exception: EvalError: evaluation of file:///d/ck/step_00000020 failed: "
+               "[Errno 111] Connection refused (logs in /d/evals/s3.failed/trials)")
+    verdict, cause = t._verdict(None, 20, failed(refused))
+    assert verdict == "crashed" and "the Prefect API did not answer" in cause, cause
+    assert "`prefect flow-run logs lurking-sheep`" in cause and cause.endswith(refused), cause
+    assert t._verdict(None, 20, failed("httpx.ConnectError: All connection attempts failed"))[0] == "crashed"
+    assert t._verdict(None, 20, failed("EvalError: shape mismatch")) == ("failed", "EvalError: shape mismatch")
+
+
 def test_an_api_error_rerunning_one_crashed_evaluation_is_that_steps_failure_and_a_retry_that_helps_is_made(prefect_server):
     """Red team 41h N15: a 503 on `create_flow_run` while submit re-ran one crashed evaluation run ended the whole
     submit as a bug. The real server behind a proxy that answers 503 to that route: the step is failed with the API's

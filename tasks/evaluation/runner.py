@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -724,13 +725,32 @@ def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str, jobs: Met
     return suite, sched, used, bad, later
 
 
+def report_only(progress: Callable[[str, float], None]) -> Callable[[str, float], None]:
+    """`progress` that cannot fail the evaluation: it reports (a Prefect progress artifact, over the API), and an
+    API that does not answer for a while (a server restarted) failed the whole step with `[Errno 111] Connection
+    refused`, its work discarded (red team 41q B3). Its first error is said on stderr (the run's log), and the
+    evaluation goes on; the reports come back when the callback works again."""
+    said = threading.Event()
+
+    def report(msg: str, frac: float) -> None:
+        try:
+            progress(msg, frac)
+        except Exception as err:  # noqa: BLE001 - a report that cannot be made is not the evaluation's failure
+            if not said.is_set():
+                said.set()
+                print(f"evaluation progress could not be reported ({type(err).__name__}: {err}); the evaluation "
+                      f"goes on (the Prefect API not answering, most often)", file=sys.stderr, flush=True)
+
+    return report
+
+
 def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
              progress: Callable[[str, float], None] | None = None,
              while_running: Callable[[], object] | None = None) -> EvalResult:
     """Evaluate one committed checkpoint on a suite; see the module docstring. `while_running` is called once the
     suite is planned, as its trials start (work of the caller's that can overlap them: this process mostly waits)."""
     opts = opts or EvalOptions()
-    progress = progress or (lambda msg, frac: None)
+    progress = report_only(progress or (lambda msg, frac: None))
     uri, run_name, step, info = _model(uri)
     ctx = EvalContext(seq_len=int(info["seq_len"]), data=info.get("data"), tokenizer=tokenizer_path(info))
     out = Path(opts.out_dir) if opts.out_dir else Path("evals") / run_name / f"step_{step:08d}" / suite.name
@@ -788,6 +808,9 @@ def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset
     """One dataset's aggregate from its chunks' score files (chunks in any order); for an lm-eval task, lm-eval's
     task metrics with the sample count its group aggregation weighs by. A plugin's (not `frenzys_own`) is made in a
     metric process of `jobs` when given, so its factory and `aggregate` never run in the evaluator."""
+    if twice := repeated_id(out / "predictions" / d.name):
+        raise EvalError(f"{d.name} ({d.source}): {twice}; an example's `id` names its prediction and must be unique in "
+                        "its dataset: give each example its own `id` in `example()` (its index, say), or none")
     if jobs is not None and not frenzys_own(d.source):
         agg = jobs.aggregate({"dataset": d.name, "source": d.source, "mode": d.mode, "options": d.options}, ctx, out)
         if agg.examples != d.examples:
@@ -802,6 +825,18 @@ def aggregate_dataset(suite: Suite, ctx: EvalContext, out: Path, d: SuiteDataset
 
         return task_metrics(suite.lmeval, d.name, per)  # type: ignore[arg-type]
     return resolve(d.source, d.mode, d.options, ctx).aggregate(per)
+
+
+def repeated_id(pred_dir: Path) -> str | None:
+    """The first `id` that two predictions of one dataset share (its chunks' `*.jsonl` under `pred_dir`), said as
+    `examples 0 and 3 have the same id 'same'`; None when each is its own (red team 41q X8: accepted in silence)."""
+    seen: dict[object, int] = {}
+    for f in sorted(pred_dir.glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            if (first := seen.setdefault(row["id"], row["i"])) != row["i"]:
+                return f"examples {first} and {row['i']} have the same id {row['id']!r}"
+    return None
 
 
 def aggregate(suite: Suite, ctx: EvalContext, out: Path, skip: dict[str, str] | None = None,

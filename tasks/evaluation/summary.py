@@ -21,6 +21,10 @@ class EvalSummary(BaseModel):
     failed: dict[str, str] = {}
     """Datasets of the suite not scored, each with its cause (`EvalResult.failed`); empty: every one was."""
 
+    earlier: bool = False
+    """Reported again from an earlier evaluation (a rerun of a finished job): its failed datasets were not tried again."""
+
     def failed_lines(self) -> list[str]:
         """One line per failed dataset, as the CLI and the report say it."""
-        return [f"step {self.step}: {ds} FAILED (not scored): {why}" for ds, why in self.failed.items()]
+        when = " in an earlier evaluation (not tried again by this run)" if self.earlier else " (not scored)"
+        return [f"step {self.step}: {ds} FAILED{when}: {why}" for ds, why in self.failed.items()]

@@ -52,9 +52,16 @@ def score_chunk(chunk: dict, ctx: EvalContext, out_dir: Path) -> float:
     return dt
 
 
-def example_id(ex: object, i: int) -> object:
-    """The `id` an example of a dataset gives (optional: red team 41p S3), else its index `i`."""
-    return ex.get("id", i) if isinstance(ex, dict) else i
+def example_id(ex: object, i: int, source: str = "") -> str | int:
+    """The `id` an example of a dataset gives (optional: red team 41p S3), else its index `i`. One that is not a str
+    or an int (bytes, a set, a float, NaN: not strict JSON, or not JSON at all) is refused, naming the plugin, the
+    example and the fix (red team 41q X8: `TypeError: Object of type set is not JSON serializable`, nothing more)."""
+    v = ex.get("id", i) if isinstance(ex, dict) else i
+    if isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    raise DatasetError(f"{source or 'the dataset'}: example {i} has the id {v!r} ({type(v).__name__}); an example's "
+                       "`id` is written as JSON beside its prediction and must be a str or an int: return e.g. "
+                       f"`str(...)` as `id` from `example()`, or no `id` (its index {i} is written)")
 
 
 def run_trial(spec: dict, emit=None) -> None:
@@ -81,7 +88,7 @@ def run_trial(spec: dict, emit=None) -> None:
         ds = dataset_for(chunk, ctx)
         examples = [ds.example(i) for i in range(chunk["start"], chunk["stop"])]
         preds = ds.infer_batch(lm, examples)  # generation datasets decode the chunk in batches (KV cache)
-        lines = [json.dumps({"i": i, "id": example_id(ex, i), "prediction": p})
+        lines = [json.dumps({"i": i, "id": example_id(ex, i, chunk["source"]), "prediction": p})
                  for i, ex, p in zip(range(chunk["start"], chunk["stop"]), examples, preds, strict=True)]
         _atomic_write(pred, "\n".join(lines) + "\n")
         emit({"event": "landed", "chunk": chunk, "infer_s": time.perf_counter() - t1, "cached": False})

@@ -118,6 +118,21 @@ def crash_cause(message: str | None, run_name: str) -> str:
             f"the worker said: {text}")
 
 
+_API_GONE = re.compile(r"Connection refused|All connection attempts failed|ConnectError|Connection reset|"
+                       r"RemoteProtocolError|Server disconnected")
+"""How an exception of an unreachable Prefect API reads in a run's Failed message (httpx's, the OS's)."""
+
+
+def api_outage_cause(message: str | None, run_name: str) -> str | None:
+    """The cause `submit` reports for an evaluation run that Failed because the Prefect API did not answer (a server
+    restarted: its code raised a connection error, not the checkpoint nor a dataset), so that it is run again like a
+    crashed one instead of reported as the step's failure (red team 41q B3); None for any other failure."""
+    if not message or _API_GONE.search(message) is None:
+        return None
+    return (f"its evaluation run {run_name} failed when the Prefect API did not answer (a server restart or a network "
+            f"cut, not the checkpoint nor a dataset); its log: `prefect flow-run logs {run_name}`; it said: {message}")
+
+
 _KILL_SENDERS = ("a dataset plugin that kills its own process group, the kernel's out-of-memory killer (`dmesg` on the "
                  "worker) or a manual kill")
 

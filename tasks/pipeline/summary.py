@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cluster.ledger import RunRecord
 from tasks.paths import place_key
-from tasks.pipeline.evaluations import EvalFailure, scored, step_uri
+from tasks.pipeline.evaluations import scored, step_uri
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import TERMINAL, Run, Stage
 from tasks.report import RunReport, StragglerSummary
@@ -145,10 +145,12 @@ def already_finished(rec: RunRecord | None, request: SubmitRequest, suite: str =
         return None
     now = scored(rec.history_dir, rec.job, suite, rec.checkpoint_root) if suite else {}
     evals = {s: e for s, e in now.items() if s <= done.train.final_step} | {e.step: e for e in done.evaluations}
+    evals = {s: e.model_copy(update={"earlier": True}) if e.failed else e for s, e in evals.items()}  # red team 41q Y4
     failed = [f.model_copy(update={"earlier": True}) for f in done.evaluation_failures if f.step not in evals]
     if never_evaluated(rec, request, suite):
         return None  # evaluation asked for, and committed steps never evaluated (it was off): the run evaluates them
-    notes = [n for n in [fewer_steps(request, done.train.final_step), failed_before(failed, root or "", rec)] if n]
+    again = sorted({f.step for f in failed} | {s for s, e in evals.items() if e.failed})
+    notes = [n for n in [fewer_steps(request, done.train.final_step), failed_before(again, root or "", rec)] if n]
     return done.model_copy(update={"already_finished": True, "evaluations": [evals[s] for s in sorted(evals)],
                                    "evaluation_failures": failed, "notes": notes})
 
@@ -174,15 +176,16 @@ def never_evaluated(rec: RunRecord | None, request: SubmitRequest, suite: str = 
     return [s for s in committed_steps(root) if s <= done.train.final_step and s not in evals]
 
 
-def failed_before(failed: list[EvalFailure], root: str, rec: RunRecord) -> str | None:
-    """What to say about the steps whose evaluation failed in the finished run and that have no score since: the
-    causes shown are from then (the cause may be fixed by now), and how to have them evaluated again."""
-    if not failed:
+def failed_before(steps: list[int], root: str, rec: RunRecord) -> str | None:
+    """What to say about the steps whose evaluation (or some of its datasets) failed in the finished run or a later
+    evaluation and that have no full score since: the causes shown are from then (the cause may be fixed by now),
+    and how to have them evaluated again."""
+    if not steps:
         return None
-    steps = [f.step for f in failed]
     one = step_uri(root, steps[0])
-    return (f"step(s) {', '.join(map(str, steps))}: their evaluation failed in the earlier run of {rec.job} and nothing "
-            f"scored them since; the causes below are from then. To evaluate them again now: `frenzy evaluate {one} "
+    return (f"step(s) {', '.join(map(str, steps))}: their evaluation (or some of its datasets) failed in an earlier "
+            f"evaluation of {rec.job} and was not tried again by this run; the causes below are from then. "
+            f"To evaluate them again now: `frenzy evaluate {one} "
             f"--suite {rec.suite or 'SUITE'}` (one per step), or a pass of the evaluate-pending deployment (hourly; "
             "now: `prefect deployment run evaluate-pending/evaluate-pending`), then submit again to see the scores")
 
