@@ -59,6 +59,9 @@ _ARCH = ("the environment: the installed build has no kernels for this GPU (its 
 _STOP = r"(?:terminat(?:e|es|ed|ing)|end(?:s|ed|ing)?|stop(?:s|ped|ping)?|abort(?:s|ed|ing)?|halt(?:s|ed|ing)?)\s+" \
         r"(?:the\s+)?training\b"
 """A run's words for ending its training (`Terminate training`, `stopping training`)."""
+_NO_CONNECT = ("the job's processes never connected: the launch's network settings (MASTER_ADDR and port reachable "
+               "from every node, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming the interface the nodes share, the "
+               "hostfile's addresses, a firewall); a restart fails the same way until they are fixed")
 _FULL = "the disk or quota is full: free space (old checkpoints) or point the output elsewhere, then resume"
 _FETCH = ("the run could not reach the server it downloads from (weights, a config, a dataset: a model hub, a release "
           "URL): the connection was never opened, so this machine's network access is the cause (no internet on a "
@@ -275,7 +278,8 @@ RULES: list[Rule] = [
          r"(?!no kernel image)|"
          r"CUDA_ERROR_(?!OUT_OF_MEMORY)\w+|"
          r"cudaErrorIllegalAddress|unspecified launch failure|an illegal memory access was encountered|"
-         r"CUBLAS_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b)", 90, True,
+         # a kernel library's own word that the kernel it launched failed on the GPU (cuBLAS's, cuDNN's)
+         r"CU(?:BLAS|DNN)_STATUS_EXECUTION_FAILED|CUBLAS_STATUS_INTERNAL_ERROR|Xid \([^)]*\):\s*(?:13|31|43|45|61|62|69)\b)", 90, True,
          "run the node check on this rank's node, cordon it if it fails, and resume"),
     # -- infrastructure: storage (errno families; a full disk fails again until space is freed) -----------------
     Rule("SharedMemoryError", "script",  # ENOSPC from the shared-memory machinery, not from a disk
@@ -335,7 +339,9 @@ RULES: list[Rule] = [
          "the container's shared memory (/dev/shm) is too small for NCCL or the data loader: run it with a larger "
          "--shm-size (or --ipc=host); a restart fails the same way"),
     Rule("DataloaderKilled", "script",  # a bus error in a worker: /dev/shm, the container's setting
-         r"(?i)(?:worker|dataloader)[^\n]*bus error|bus error[^\n]*worker|out of shared memory|insufficient shared "
+         # torch's `killed by signal: Bus error.` wraps after `Bus` where a copy cut the line: SIGBUS is the signal
+         r"(?i)(?:worker|dataloader)[^\n]*bus error|(?-i:DataLoader worker[^\n]*killed by signal: Bus\b)|"
+         r"bus error[^\n]*worker|out of shared memory|insufficient shared "
          r"memory|raise your shared memory limit", 76, False,
          "the data-loader workers ran out of shared memory (/dev/shm, a container or host setting): run with a larger "
          "--shm-size (or --ipc=host), or fewer workers; a restart fails the same way"),
@@ -347,6 +353,14 @@ RULES: list[Rule] = [
          r"DataLoader worker \(pid\(?s?\)?[^\n]*exited unexpectedly", 74, False,
          "the data-loader workers exited with no signal named: their start-up (spawn on Windows, a too small "
          "/dev/shm) or the dataset code in them; run with num_workers=0 to see the worker's own error, then fix it"),
+    # torch's wrapper, in the main process, for an exception a DataLoader worker raised loading a sample: the dataset
+    # code or the data it read (an unreadable file, a missing key). Where the worker's `Original Traceback` is in the
+    # log, the exception that ends it is the cause (chains.py) and takes this line's place; where it is cut off,
+    # this line is what is left to say so
+    Rule("DataLoaderWorkerError", "script", r"Caught \w+ in DataLoader worker process \d+", 40, False,
+         "a DataLoader worker failed loading a sample (the dataset code, or a file of the data it read): the worker's "
+         "`Original Traceback` names the sample or the line; run with num_workers=0 to see it in the main process, "
+         "fix the data or the dataset code; a restart fails the same way"),
     # the run's own statement that it ended training on a non-finite value, the value named before or after the
     # stop (`non-finite loss, ending training`, `Loss is not finite. Terminate training.`, `stopping training: loss
     # = nan`): above the notices of steps it skipped for one before (78)
@@ -444,8 +458,11 @@ RULES: list[Rule] = [
     Rule("ArgumentError", "script",
          r"ArgumentError|error: unrecognized arguments|error: argument -|the following arguments are required",
          64, False, "fix the command line"),
-    Rule("ResourceLimitError", "script",  # EMFILE: the process's open-file limit (ulimit -n), not the disk
-         r"\[Errno 24\]|\bEMFILE\b|(?i:too many (?:open files|files open))", 63, False,
+    # EMFILE: the process's open-file limit (ulimit -n), not the disk. A DataLoader worker passes each tensor's
+    # shared memory to the main process as a file descriptor (SCM_RIGHTS); where the receiver is out of descriptors
+    # the message arrives without it, and multiprocessing's recvfds says `received 0 items of ancdata`
+    Rule("ResourceLimitError", "script",
+         r"\[Errno 24\]|\bEMFILE\b|(?i:too many (?:open files|files open))|received 0 items of ancdata", 63, False,
          "the process hit its open-file limit (ulimit -n), typically DataLoader workers passing tensors through file "
          "descriptors: raise the limit (ulimit -n 65535), use torch.multiprocessing.set_sharing_strategy('file_system') "
          "or fewer workers; a restart fails the same way"),
@@ -552,14 +569,16 @@ RULES: list[Rule] = [
          "a rank exited; the root cause is in the lines before"),
     Rule("CalledProcessError", "script", _PY + r"CalledProcessError\b", 13, False,
          "a subprocess the script runs failed: see its output above"),
+    # c10d's client logs a warning for each address it failed to connect to, then its error that none answered: the
+    # error (the outcome of every try) over the warnings of the single tries, which match the rule below as well
+    Rule("NetworkConfigError", "script", r"client socket has failed to connect to any network address", 53, False,
+         _NO_CONNECT),
     Rule("NetworkConfigError", "script",  # a connection the job's processes could never set up: the launch's config
          r"Connect to \S+ failed\s*:\s*(?:No route to host|Network is unreachable|Cannot assign requested "
          r"address)|no socket interface found|client socket has failed to connect|Cannot assign requested address|"
          r"errno: 99\b|ssh: connect to host|(?:Connect|connect|connection) "
          r"to (?:127\.0\.0\.1|localhost|\[localhost\])\b[^\n]*(?:failed|refused)", 52, False,
-         "the job's processes never connected: the launch's network settings (MASTER_ADDR and port reachable from "
-         "every node, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming the interface the nodes share, the hostfile's "
-         "addresses, a firewall); a restart fails the same way until they are fixed"),
+         _NO_CONNECT),
     Rule("NameResolutionError", "script",  # a host name that does not resolve: the URL or address the job was given
          r"Name or service not known|nodename nor servname provided|No address associated with hostname|"
          r"Could not resolve host", 53, False,
@@ -652,7 +671,9 @@ RULES: list[Rule] = [
          r"process group|RendezvousClosedError|"
          # the coordination service of XLA's runtime (JAX, TensorFlow) giving up on a barrier the tasks meet at (the
          # start-up registration of every task, a shutdown barrier): a task never reached it, as torch's rendezvous
-         r"DEADLINE_EXCEEDED:[^\n]*\bBarrier timed out\b", 30, True,
+         r"DEADLINE_EXCEEDED:[^\n]*\bBarrier timed out\b|"
+         # ... or its agent giving up on a call to the leader (RegisterTask at start-up): the task never reached it
+         r"Coordination service agent in error status: DEADLINE_EXCEEDED|RegisterTask[^\n]*DEADLINE_EXCEEDED", 30, True,
          "a rank lost its connection (often to a peer that died first): check the earliest failure, resume"),
     # -- symptoms ----------------------------------------------------------------------------------------------
     Rule("NCCLTimeoutError", "infrastructure",
