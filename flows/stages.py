@@ -48,6 +48,7 @@ from tasks.pipeline.outage import CommitTimes, Outages, commit_times
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
+from tasks.pipeline.stopped import trainer_ended
 from tasks.pipeline.summary import committed_steps, run_record, run_report
 from tasks.pipeline.watch import Controls, watch
 from tasks.planning.calibration import load_observations
@@ -547,6 +548,7 @@ class FlowStages:
             treq.allocation.release_at_end = ev is None or self.device == "cpu"
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
+            trainer_ended(run.job, None)
             handle = _Future(fut := train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"})))
             progress = run_dir / "progress.jsonl"
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
@@ -571,6 +573,7 @@ class FlowStages:
             if lost is not None:
                 raise LeaseLost(f"{lost} (step {result.final_step}); rerun the same command to place the job again and "
                                 f"resume from step {result.final_step}")
+            trainer_ended(run.job, a.allocation.id)  # a stop from here on cuts only the evaluations' wait
             if (kept := earlier.carried_over(result)) is not result:
                 self.log.info("nothing left to train: step %d was committed by an earlier run of %s; its result "
                               "is kept", result.final_step, run.job)
