@@ -40,6 +40,7 @@ from tasks.pipeline.evaluations import (
     Verdict,
     collect_scores,
     crash_cause,
+    rerun_line,
     retired_steps,
     scored,
     step_uri,
@@ -656,9 +657,12 @@ class FlowStages:
                                          waited=frozenset(steps), outages=self.outages,
                                          committed_at=lambda: commit_times(Path(run.run_dir) / "progress.jsonl"))
 
+        causes: dict[int, str] = {}  # why each step's newest run ended without a score, as said when it is rerun
+
         def runs() -> dict[int, tuple[Verdict, str]]:
             self.cancelled()
             ended = triggered.ended_without_score()
+            causes.update({step: why for step, (_, why) in ended.items()})
             unscored = set(steps) - set(read())
             for step in triggered.orphans(unscored):  # its commit made no run (or was stopped first)
                 if step in triggered.lost:
@@ -674,8 +678,7 @@ class FlowStages:
 
         def again(step: int) -> bool:
             if step not in triggered.balked:
-                self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it again",
-                                 step)
+                self.log.warning("%s", rerun_line(step, causes.get(step, "")))
             return triggered.rerun(step)
 
         try:
