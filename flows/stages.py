@@ -443,6 +443,7 @@ class FlowStages:
 
     def __init__(self, request: SubmitRequest, ledger: Ledger, cluster: Cluster) -> None:
         self.request, self.ledger, self.cluster = request, ledger, cluster
+        trainer_ended(request.job.name, None)  # an earlier submit of this name in this process (a notebook's) is over
         self.log = get_run_logger()
         self.started = datetime.now(UTC)
         self.device = "cpu"
@@ -549,7 +550,6 @@ class FlowStages:
             treq.allocation.release_at_end = ev is None or self.device == "cpu"
             # in-flow, commit events would have each step evaluated twice: only the deployment mode announces them
             earlier = Earlier(run_dir)  # read before the trainer replaces it
-            trainer_ended(run.job, None)
             handle = _Future(fut := train_task.submit(treq.model_copy(update={"announce_commits": run.mode == "deployment"})))
             progress = run_dir / "progress.jsonl"
             controls = Controls(progress_size=lambda: progress.stat().st_size if progress.exists() else 0,
@@ -601,9 +601,15 @@ class FlowStages:
         # the ledger's own call, not a Prefect task: a task run is created through the API, and while a restarting
         # server comes back the client's retries held the GPUs of a finished run for 71 s (red team 41m R1)
         try:
-            started = self.ledger.release(run.attempt.allocation.id, by_holder=True)  # its trainer has ended
-            if released_at_end(run.attempt.allocation.id):  # the train task gave it back as the trainer ended
+            aid = run.attempt.allocation.id
+            if released_at_end(aid):  # the train task gave it back as the trainer ended (or said it was freed)
+                self.ledger.release(aid, by_holder=True)
                 return
+            if self.ledger.allocation(aid).state in ("released", "expired"):  # freed before: lapsed, or released
+                self.log.warning("allocation %s had been %s before this run released it: nothing left to release",
+                                 aid, self.ledger.how_ended(aid))
+                return
+            started = self.ledger.release(aid, by_holder=True)  # its trainer has ended
             self.log.info("released allocation %s%s", run.attempt.allocation.id,
                           f"; {len(started)} queued job(s) started on its GPUs" if started else "")
         except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error

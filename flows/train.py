@@ -85,10 +85,13 @@ def _give_back(request: TrainRequest, logger: Any) -> None:
     hold = request.allocation
     if hold is None or not hold.release_at_end:
         return
-    from tasks.training.allocation import release_at_end, released_at_end, released_by_hand
+    from tasks.training.allocation import freed_before_end, ledger_says, release_at_end, released_at_end, released_by_hand
 
     started = release_at_end(hold)
-    if released_at_end(hold.allocation_id):
+    if freed_before_end(hold.allocation_id):  # nothing released here: said as the ledger records it
+        logger.warning("allocation %s had been %s before the trainer ended: nothing left to release",
+                       hold.allocation_id, ledger_says(hold.ledger, hold.allocation_id) or "freed by the ledger")
+    elif released_at_end(hold.allocation_id):
         how = ("its GPUs, held since allocation %s was released by hand, are free now that the trainer has stopped"
                if released_by_hand(hold.allocation_id) else "released allocation %s as the trainer ended")
         logger.info(how + "%s", hold.allocation_id,

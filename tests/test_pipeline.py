@@ -550,8 +550,8 @@ def test_a_lost_lease_names_its_cause_from_the_ledger_released_or_lapsed(tmp_pat
                        lost_cause=lambda: lost_cause(led, led.url, released.id, 30, "its trainer"))
     with pytest.raises(LeaseLost) as err:
         watch(t, c, "rel", hang_s=100, clock=lambda: 0.0)
-    assert str(err.value).startswith(f"rel: allocation {released.id} in the ledger {led.url} was released while its "
-                                     "trainer ran"), str(err.value)
+    assert str(err.value).startswith(f"rel: allocation {released.id} in the ledger {led.url} was released by hand "
+                                     "while its trainer ran"), str(err.value)
     assert said == ["stop"] and "committing its step" in str(err.value)
     said_lapsed = lost_cause(led, led.url, lapsed.id, 30, "its trainer")
     assert f"allocation {lapsed.id}" in said_lapsed and "lapsed: its lease ran out at" in said_lapsed, said_lapsed
