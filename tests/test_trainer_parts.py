@@ -412,3 +412,16 @@ def test_a_real_trainer_sigstopped_past_its_lease_takes_no_step_after_sigcont(tm
     assert [r["step"] for r in after if r["event"] == "step"] in ([], [stopped_at + 1]), after
     assert not [r for r in after if r["event"] == "checkpoint"] and last_step(tmp_path / "run") <= stopped_at + 1, after
     assert max((c.step for c in ck.committed(Storage(f"file://{tmp_path}/ckpt"))), default=0) <= stopped_at
+
+
+def test_the_late_checkpoint_advice_compares_the_persist_with_every_steps_steps():
+    """`frenzy train` warned "checkpoint.every_steps=10 is shorter than a persist (0.0 s); >= 11 would fit" where
+    persists took 0.0-0.29 s: the advice added a step whatever the figures. It is given only when the measured
+    persist outlasts every_steps steps, with the smallest every_steps that fits."""
+    from tasks.training.interval import interval_fit
+
+    assert interval_fit(10, 0.0, 0.05) is None  # a 0.0 s persist is longer than nothing
+    assert interval_fit(10, 0.29, 0.05) is None  # 0.29 s < 10 steps of 0.05 s
+    assert interval_fit(10, 0.5, 0.05) is None  # exactly 10 steps: fits
+    assert interval_fit(10, 2.0, 0.05) == 40 and interval_fit(10, 0.51, 0.05) == 11
+    assert interval_fit(10, 1.0, 0.0) is None  # no step time measured: no advice
