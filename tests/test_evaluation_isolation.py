@@ -817,3 +817,36 @@ def test_a_plugin_example_without_an_id_is_scored_and_a_trials_exception_is_in_t
     log = Path(re.search(r"its log: (\S+\.stderr)\)", cause)[1])
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and "RuntimeError: inference exploded" in text, text[-2000:]
+
+
+def test_overwrite_that_fails_on_a_full_disk_says_the_complete_earlier_result_was_kept(ckpt, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """`frenzy evaluate --overwrite --json` over a complete result on a disk that fills: exit 2 naming the file and
+    the fix, the earlier result.json intact, but the message did not say the earlier result was kept (only the
+    failed-dataset path said so). Every failure path of --overwrite says it."""
+    import errno
+
+    from cli.main import main
+    from tasks.evaluation import record
+
+    (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    out = tmp_path / "o"
+    args = ["evaluate", ckpt, "--suite", str(tmp_path / "s.yaml"), "--history-dir", str(tmp_path / "h"), "--no-learn",
+            "--out-dir", str(out), "--json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = (out / "result.json").read_bytes()
+
+    def full(uri, suite, opts, *_a):
+        raise OSError(errno.ENOSPC, "No space left on device", f"{opts.out_dir}/trials/trial-0001.json")
+
+    monkeypatch.setattr(record, "evaluate", full)
+    assert main([*args, "--overwrite"]) == 2
+    msg = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert "no space left" in msg and "point --out-dir and --history-dir at another disk" in msg, msg
+    assert f"{out} keeps its earlier complete results (heldout-loss scored): nothing of them was replaced" in msg, msg
+    assert (out / "result.json").read_bytes() == before
+    (tmp_path / "o2").mkdir()  # the control: with no earlier result, nothing is said to be kept
+    assert main([*args[:-3], "--out-dir", str(tmp_path / "o2"), "--json", "--overwrite"]) == 2
+    assert "keeps its earlier" not in json.loads(capsys.readouterr().out)["error"]["message"]

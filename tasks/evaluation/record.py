@@ -179,6 +179,9 @@ def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_d
         return res, EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                                 makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                                 result=f"{res.out_dir}/result.json", history_plot=None, failed=res.failed)
+    except FrenzyError as err:  # any other failure (a full disk, say): the complete earlier result is untouched
+        _say_kept(err, out, earlier)
+        raise
     plot = _plot(history_dir, res, suite.name, out)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
@@ -213,6 +216,15 @@ def _kept_aside(res: EvalResult, tmp: Path, out: Path, earlier: EvalResult) -> E
         f"{', '.join(res.failed)} not scored, is in {kept} (only an attempt that scores every dataset replaces them)")})
     (tmp / "result.json").write_text(res.model_dump_json(indent=1))
     return res
+
+
+def _say_kept(err: FrenzyError, out: Path, earlier: EvalResult | None) -> None:
+    """Add to `err`'s message that `out` keeps `earlier`, the complete result an `--overwrite` failed to replace
+    (its type and causes stay: the CLI still names the fix of a full disk)."""
+    if earlier is None or len(err.args) != 1 or str(err) != err.args[0]:
+        return
+    err.args = (f"{err.args[0]}; {out} keeps its earlier complete results ({', '.join(earlier.scores)} scored): "
+                "nothing of them was replaced",)
 
 
 def _naming(progress: Callable[[str, float], None] | None, tmp: Path, out: Path
