@@ -850,3 +850,37 @@ def test_overwrite_that_fails_on_a_full_disk_says_the_complete_earlier_result_wa
     (tmp_path / "o2").mkdir()  # the control: with no earlier result, nothing is said to be kept
     assert main([*args[:-3], "--out-dir", str(tmp_path / "o2"), "--json", "--overwrite"]) == 2
     assert "keeps its earlier" not in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_a_read_only_history_names_the_option_and_a_recorded_step_is_returned_without_a_lock(ckpt, tmp_path, capsys,
+                                                                                           monkeypatch):
+    """A read-only history directory: "is on a read-only file system: give a writable location" named no option, and
+    `--no-reevaluate` of a step whose complete scores are recorded there failed taking `.SUITE.lock` for writing
+    instead of returning them (it writes nothing). The message names `--history-dir` (or `--out-dir`, where that is
+    what was refused), and the recorded scores come back without a lock."""
+    import errno
+
+    from cli.main import main
+    from tasks.evaluation import record
+
+    (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    hist = tmp_path / "h"
+    args = ["evaluate", ckpt, "--suite", str(tmp_path / "s.yaml"), "--history-dir", str(hist), "--no-learn", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+
+    def read_only(out, *_a, **_k):
+        raise OSError(errno.EROFS, "Read-only file system", f"{out.parent}/.{out.name}.lock")
+
+    monkeypatch.setattr(record, "sole_writer", read_only)
+    assert main([*args, "--no-reevaluate"]) == 0  # recorded whole: read, no lock taken
+    again = json.loads(capsys.readouterr().out)
+    assert again["scores"] == first["scores"] and again["out_dir"] == first["out_dir"]
+    assert main(args) == 2  # the control: evaluating again needs the lock, refused by the read-only file system
+    msg = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert msg.endswith("is on a read-only file system: give a writable location with --history-dir"), msg
+    out = tmp_path / "o"
+    assert main([*args, "--out-dir", str(out), "--overwrite"]) == 2
+    msg = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert msg.endswith("give a writable location with --out-dir"), msg

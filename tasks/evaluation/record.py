@@ -128,6 +128,8 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         storage, m = resolve_manifest(uri)
         run, step, at = m.run, m.step, storage.url(ck.step_dir(m.step))
     root = uri if at is None else step_root(at)
+    if not reevaluate and (kept := _whole(recorded(history_dir, run, step, suite.name, at))) is not None:
+        return kept  # scored whole already: read and returned, nothing written, no lock (a read-only history too)
     for _ in range(3):  # another root of the run name may take the plain directory first, or while this waits
         out = (Path(opts.out_dir).expanduser().absolute() if opts.out_dir
                else results_dir(history_dir, run, step, suite.name, root))
@@ -147,6 +149,16 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
                                     place_key(root))
     raise OutputError(f"{out} was taken by another checkpoint root's evaluation three times while this one waited; "
                       "run it again")
+
+
+def _whole(done: EvalSummary | None) -> tuple[EvalResult, EvalSummary] | None:
+    """The recorded evaluation `done` with its result file, when that file is there and reads."""
+    if done is None or not done.result:
+        return None
+    try:
+        return EvalResult.model_validate_json(Path(done.result).read_text()), done
+    except (OSError, ValueError):
+        return None
 
 
 def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_dir: str,
