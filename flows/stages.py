@@ -574,7 +574,6 @@ class FlowStages:
             if lost is not None:
                 raise LeaseLost(f"{lost} (step {result.final_step}); rerun the same command to place the job again and "
                                 f"resume from step {result.final_step}")
-            trainer_ended(run.job, a.allocation.id)  # a stop from here on cuts only the evaluations' wait
             if (kept := earlier.carried_over(result)) is not result:
                 self.log.info("nothing left to train: step %d was committed by an earlier run of %s; its result "
                               "is kept", result.final_step, run.job)

@@ -20,6 +20,7 @@ from flows.stragglers import StragglerRequest, stragglers_task
 from tasks.artifactkey import run_key
 from tasks.errors import FrenzyError
 from tasks.latest import LatestOnly
+from tasks.pipeline.stopped import trainer_ended
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import CommitProgress, ProgressRecord, StepProgress, describe, is_warning
 from tasks.training.request import TrainRequest, TrainResult
@@ -72,6 +73,8 @@ def train_task(request: TrainRequest) -> TrainResult:
             result = _run_trainer(request, job, on_record)
         finally:  # the trainer has ended: its GPUs go back now, whatever the API does after this
             _give_back(request, logger)
+        if request.allocation is not None and not result.stopped_early:  # said as it happens, not when the flow
+            trainer_ended(job.name, request.allocation.allocation_id)      # is free (in-flow evaluations first)
         bar.put((100.0, f"{job.name}: done at step {result.final_step}"))
     finally:
         bar.close(timeout_s=5.0)
