@@ -57,7 +57,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
     try:
-        with _stop_cleanly_on_sigterm(), _full_disk_names_the_flags():
+        with _stop_cleanly_on_sigterm(), _full_disk_names_the_flags(req.out_dir):
             res, summary = evaluate_and_record(req.uri, suite, req.options(), req.history_dir, progress,
                                                req.reevaluate, overwrite=req.overwrite)
     finally:
@@ -82,21 +82,44 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _full_disk_names_the_flags() -> Iterator[None]:
+def _full_disk_names_the_flags(out_dir: str | None = None) -> Iterator[None]:
     """A full disk (or quota) while evaluating: its message (the path that filled, `free space there`) also names
-    where else this command can write (red team 41n C4: `[Errno 28] No space left on device` was all it said)."""
+    where else this command can write (red team 41n C4: `[Errno 28] No space left on device` was all it said); a
+    read-only file system names the option of the directory it refused (`--out-dir` when it is under the one given,
+    else `--history-dir`)."""
     import errno
 
-    from tasks.errors import EnvironmentProblem, causes
+    from tasks.errors import EnvironmentProblem, causes, environment_problem
 
     try:
         yield
-    except EnvironmentProblem as err:
-        if not any(isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT) for c in causes(err)):
+    except (EnvironmentProblem, OSError) as err:  # (a bare OSError: a lock the history's file system refused)
+        hit = next((c for c in causes(err) if isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT,
+                                                                                         errno.EROFS)), None)
+        said = str(err) if isinstance(err, EnvironmentProblem) else environment_problem(err)
+        if hit is None or said is None:
             raise
-        fix = "free space there, or point --out-dir and --history-dir at another disk"
-        text = str(err).replace("free space there or write somewhere else", fix)
+        if hit.errno == errno.EROFS:
+            flag = ("--history-dir" if not out_dir else "--out-dir" if _under(hit.filename, out_dir) else
+                    "--history-dir" if hit.filename else "--out-dir or --history-dir")
+            old, fix = "give a writable location", f"give a writable location with {flag}"
+        else:
+            old, fix = ("free space there or write somewhere else",
+                        "free space there, or point --out-dir and --history-dir at another disk")
+        text = said.replace(old, fix)
         raise EnvironmentProblem(text if fix in text else f"{text}; {fix}") from err
+
+
+def _under(path: object, top: str) -> bool:
+    """Whether `path` (an OSError's filename) is `top`, inside it, or one of its siblings made while writing it
+    (`.TOP.tmp-PID`, `TOP.failed`)."""
+    from pathlib import Path
+
+    if not isinstance(path, str | Path):
+        return False
+    p, t = Path(path).expanduser().absolute(), Path(top).expanduser().absolute()
+    return any(q == t or (q.parent == t.parent and q.name.startswith((f".{t.name}.", f"{t.name}.")))
+               for q in (p, *p.parents))
 
 
 @contextlib.contextmanager

@@ -671,8 +671,33 @@ class Ledger:
                 conn.execute(delete(held_t).where(held_t.c.allocation_id == allocation_id))
                 conn.execute(update(allocations_t).where(allocations_t.c.id == allocation_id)
                              .values(state="released", ended_at=now))
-                self._log(conn, "released", row.job, allocation=allocation_id)
+                self._log(conn, "released", row.job, allocation=allocation_id, by="holder" if by_holder else "hand")
             return self._schedule_in(conn, order or self.order)
+
+    def how_ended(self, allocation_id: str) -> str:
+        """How allocation `allocation_id` stopped holding its GPUs, as this ledger recorded it: "" while it holds
+        them (active), else words for a sentence ("freed as its lease lapsed", "released by hand", "released by its
+        holder", "released by hand, then freed as its lease lapsed", ...)."""
+        state = self.allocation(allocation_id).state
+        if state == "active":
+            return ""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(events_t.c.kind, events_t.c.detail).where(
+                events_t.c.kind.in_(("release-requested", "released", "lease-expired")),
+                events_t.c.detail.contains(allocation_id)).order_by(events_t.c.id)).all()
+        mine = [(k, json.loads(d)) for k, d in rows if json.loads(d).get("allocation") == allocation_id]
+        asked = any(k == "release-requested" for k, _ in mine)
+        if state == "releasing":
+            return "released by hand (its GPUs stay held until its trainer stops or its lease lapses)"
+        if state == "expired":
+            return "freed as its lease lapsed"
+        last = next((d for k, d in reversed(mine) if k == "released"), {})
+        if last.get("after"):
+            return "released by hand, then freed as its lease lapsed"
+        by = last.get("by") or ("hand" if asked else "")
+        if by == "holder":
+            return "released by its holder" + (" after a release by hand" if asked else "")
+        return "released by hand" if by == "hand" else "released (by hand or by another process)"
 
     def allocations(self, *, active_only: bool = True) -> list[Allocation]:
         """Allocations oldest first; by default only those holding GPUs under a live lease (`releasing` ones too: a

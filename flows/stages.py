@@ -41,6 +41,7 @@ from tasks.pipeline.evaluations import (
     api_outage_cause,
     collect_scores,
     crash_cause,
+    rerun_line,
     retired_steps,
     scored,
     step_uri,
@@ -49,6 +50,7 @@ from tasks.pipeline.outage import CommitTimes, Outages, commit_times
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
+from tasks.pipeline.stopped import trainer_ended
 from tasks.pipeline.summary import committed_steps, run_record, run_report
 from tasks.pipeline.watch import Controls, watch
 from tasks.planning.calibration import load_observations
@@ -444,6 +446,7 @@ class FlowStages:
 
     def __init__(self, request: SubmitRequest, ledger: Ledger, cluster: Cluster) -> None:
         self.request, self.ledger, self.cluster = request, ledger, cluster
+        trainer_ended(request.job.name, None)  # an earlier submit of this name in this process (a notebook's) is over
         self.log = get_run_logger()
         self.started = datetime.now(UTC)
         self.device = "cpu"
@@ -600,9 +603,15 @@ class FlowStages:
         # the ledger's own call, not a Prefect task: a task run is created through the API, and while a restarting
         # server comes back the client's retries held the GPUs of a finished run for 71 s (red team 41m R1)
         try:
-            started = self.ledger.release(run.attempt.allocation.id, by_holder=True)  # its trainer has ended
-            if released_at_end(run.attempt.allocation.id):  # the train task gave it back as the trainer ended
+            aid = run.attempt.allocation.id
+            if released_at_end(aid):  # the train task gave it back as the trainer ended (or said it was freed)
+                self.ledger.release(aid, by_holder=True)
                 return
+            if self.ledger.allocation(aid).state in ("released", "expired"):  # freed before: lapsed, or released
+                self.log.warning("allocation %s had been %s before this run released it: nothing left to release",
+                                 aid, self.ledger.how_ended(aid))
+                return
+            started = self.ledger.release(aid, by_holder=True)  # its trainer has ended
             self.log.info("released allocation %s%s", run.attempt.allocation.id,
                           f"; {len(started)} queued job(s) started on its GPUs" if started else "")
         except LedgerError as err:  # the lease runs out anyway; say so rather than hide the original error
@@ -656,12 +665,12 @@ class FlowStages:
                                          waited=frozenset(steps), outages=self.outages,
                                          committed_at=lambda: commit_times(Path(run.run_dir) / "progress.jsonl"))
 
-        why: dict[int, tuple[Verdict, str]] = {}  # the newest verdicts: what `again` says
+        causes: dict[int, str] = {}  # why each step's newest run ended without a score, as said when it is rerun
 
         def runs() -> dict[int, tuple[Verdict, str]]:
             self.cancelled()
             ended = triggered.ended_without_score()
-            why.update(ended)
+            causes.update({step: why for step, (_, why) in ended.items()})
             unscored = set(steps) - set(read())
             for step in triggered.orphans(unscored):  # its commit made no run (or was stopped first)
                 if step in triggered.lost:
@@ -677,12 +686,7 @@ class FlowStages:
 
         def again(step: int) -> bool:
             if step not in triggered.balked:
-                cause = why.get(step, ("", ""))[1]
-                if "Prefect API did not answer" in cause:  # red team 41q B3: an outage failed it, not the checkpoint
-                    self.log.warning("step %d: %s: running it again", step, cause)
-                else:
-                    self.log.warning("the evaluation run of step %d crashed (its worker or process died): running it "
-                                     "again", step)
+                self.log.warning("%s", rerun_line(step, causes.get(step, "")))
             return triggered.rerun(step)
 
         try:

@@ -20,6 +20,7 @@ from flows.stragglers import StragglerRequest, stragglers_task
 from tasks.artifactkey import run_key
 from tasks.errors import FrenzyError
 from tasks.latest import LatestOnly
+from tasks.pipeline.stopped import trainer_ended
 from tasks.training.launch import default_run_dir, launch
 from tasks.training.progress import CommitProgress, ProgressRecord, StepProgress, describe, is_warning
 from tasks.training.request import TrainRequest, TrainResult
@@ -72,6 +73,8 @@ def train_task(request: TrainRequest) -> TrainResult:
             result = _run_trainer(request, job, on_record)
         finally:  # the trainer has ended: its GPUs go back now, whatever the API does after this
             _give_back(request, logger)
+        if request.allocation is not None and not result.stopped_early:  # said as it happens, not when the flow
+            trainer_ended(job.name, request.allocation.allocation_id)      # is free (in-flow evaluations first)
         bar.put((100.0, f"{job.name}: done at step {result.final_step}"))
     finally:
         bar.close(timeout_s=5.0)
@@ -85,10 +88,13 @@ def _give_back(request: TrainRequest, logger: Any) -> None:
     hold = request.allocation
     if hold is None or not hold.release_at_end:
         return
-    from tasks.training.allocation import release_at_end, released_at_end, released_by_hand
+    from tasks.training.allocation import freed_before_end, ledger_says, release_at_end, released_at_end, released_by_hand
 
     started = release_at_end(hold)
-    if released_at_end(hold.allocation_id):
+    if freed_before_end(hold.allocation_id):  # nothing released here: said as the ledger records it
+        logger.warning("allocation %s had been %s before the trainer ended: nothing left to release",
+                       hold.allocation_id, ledger_says(hold.ledger, hold.allocation_id) or "freed by the ledger")
+    elif released_at_end(hold.allocation_id):
         how = ("its GPUs, held since allocation %s was released by hand, are free now that the trainer has stopped"
                if released_by_hand(hold.allocation_id) else "released allocation %s as the trainer ended")
         logger.info(how + "%s", hold.allocation_id,

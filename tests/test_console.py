@@ -116,3 +116,33 @@ def test_the_scores_table_of_many_datasets_turns_to_one_row_per_score_and_fits_a
     assert max(map(len, lines)) <= TABLE_WIDTH and "step 3000" in lines[0] and "step 100 " not in lines[0] + " "
     assert lines[-1].startswith("(the newest ") and lines[-1].endswith("of 30 checkpoints; the report has every one: "
                                                                       "/r/report.html)")
+
+
+def test_a_stop_while_in_flow_evaluations_run_after_training_says_training_had_finished(tmp_path, tiny_trained):
+    """A SIGTERM 2 s after training ended, while the in-flow evaluations of the last checkpoints ran, printed
+    "stopped at step 60 ...; rerun the same command to resume": in-flow, the run's record stays `training` until they
+    are done. What happened decides the line: the trainer finished here and the ledger released its allocation."""
+    from cluster.has import GpuRequest
+    from cluster.inventory import Cluster, Node
+    from cluster.ledger import Ledger, RunRecord
+    from tasks.pipeline.stopped import trainer_ended
+
+    root, ledger = f"file://{tmp_path}/ckpt", str(tmp_path / "l.db")
+    copy_trained(tiny_trained, tmp_path)
+    led = Ledger(ledger)
+    led.sync(Cluster(name="t", nodes=[Node(name="n0", gpu="A100-40GB-PCIE", count=2)]))
+    led.record_run(RunRecord(job="tiny", stage="training", checkpoint_root=root, run_dir=str(tmp_path / "run"),
+                             history_dir=str(tmp_path / "evals")))
+    a = led.allocate("tiny", [GpuRequest(1, 10)], lease_s=600)
+    resume = f"frenzy submit: stopped at step 20, committed under {root}; rerun the same command to resume"
+    try:
+        trainer_ended("tiny", a.id)  # the control: on cuda in-flow the GPUs stay held while it evaluates on them
+        assert interrupted_message("submit", root, ledger=ledger, job="tiny") == resume
+        led.release(a.id, by_holder=True)
+        line = interrupted_message("submit", root, ledger=ledger, job="tiny")
+        assert line.startswith(f"frenzy submit: training had finished (step 20, committed under {root}; its GPUs were "
+                               "released); only the wait for the evaluations and the report was cut"), line
+        trainer_ended("tiny", None)  # a new attempt trains: its stop is the resume line again
+        assert interrupted_message("submit", root, ledger=ledger, job="tiny") == resume
+    finally:
+        trainer_ended("tiny", None)

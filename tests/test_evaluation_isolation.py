@@ -843,3 +843,70 @@ def test_plugin_examples_whose_ids_are_not_json_or_repeat_fail_their_dataset_nam
     for f in (tmp_path / "o" / "predictions").rglob("*.jsonl"):  # what was written is strict JSON
         for line in f.read_text().splitlines():
             json.loads(line, parse_constant=not_json)
+
+
+def test_overwrite_that_fails_on_a_full_disk_says_the_complete_earlier_result_was_kept(ckpt, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """`frenzy evaluate --overwrite --json` over a complete result on a disk that fills: exit 2 naming the file and
+    the fix, the earlier result.json intact, but the message did not say the earlier result was kept (only the
+    failed-dataset path said so). Every failure path of --overwrite says it."""
+    import errno
+
+    from cli.main import main
+    from tasks.evaluation import record
+
+    (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    out = tmp_path / "o"
+    args = ["evaluate", ckpt, "--suite", str(tmp_path / "s.yaml"), "--history-dir", str(tmp_path / "h"), "--no-learn",
+            "--out-dir", str(out), "--json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = (out / "result.json").read_bytes()
+
+    def full(uri, suite, opts, *_a):
+        raise OSError(errno.ENOSPC, "No space left on device", f"{opts.out_dir}/trials/trial-0001.json")
+
+    monkeypatch.setattr(record, "evaluate", full)
+    assert main([*args, "--overwrite"]) == 2
+    msg = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert "no space left" in msg and "point --out-dir and --history-dir at another disk" in msg, msg
+    assert f"{out} keeps its earlier complete results (heldout-loss scored): nothing of them was replaced" in msg, msg
+    assert (out / "result.json").read_bytes() == before
+    (tmp_path / "o2").mkdir()  # the control: with no earlier result, nothing is said to be kept
+    assert main([*args[:-3], "--out-dir", str(tmp_path / "o2"), "--json", "--overwrite"]) == 2
+    assert "keeps its earlier" not in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_a_read_only_history_names_the_option_and_a_recorded_step_is_returned_without_a_lock(ckpt, tmp_path, capsys,
+                                                                                           monkeypatch):
+    """A read-only history directory: "is on a read-only file system: give a writable location" named no option, and
+    `--no-reevaluate` of a step whose complete scores are recorded there failed taking `.SUITE.lock` for writing
+    instead of returning them (it writes nothing). The message names `--history-dir` (or `--out-dir`, where that is
+    what was refused), and the recorded scores come back without a lock."""
+    import errno
+
+    from cli.main import main
+    from tasks.evaluation import record
+
+    (tmp_path / "s.yaml").write_text(json.dumps({"name": "s", "model_load_s": {"remote": 2.0, "shm": 2.0}, "datasets": [
+        {"name": "heldout-loss", "examples": 6, "mode": "ppl", "infer_s_per_example": 0.01}]}))
+    hist = tmp_path / "h"
+    args = ["evaluate", ckpt, "--suite", str(tmp_path / "s.yaml"), "--history-dir", str(hist), "--no-learn", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+
+    def read_only(out, *_a, **_k):
+        raise OSError(errno.EROFS, "Read-only file system", f"{out.parent}/.{out.name}.lock")
+
+    monkeypatch.setattr(record, "sole_writer", read_only)
+    assert main([*args, "--no-reevaluate"]) == 0  # recorded whole: read, no lock taken
+    again = json.loads(capsys.readouterr().out)
+    assert again["scores"] == first["scores"] and again["out_dir"] == first["out_dir"]
+    assert main(args) == 2  # the control: evaluating again needs the lock, refused by the read-only file system
+    msg = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert msg.endswith("is on a read-only file system: give a writable location with --history-dir"), msg
+    out = tmp_path / "o"
+    assert main([*args, "--out-dir", str(out), "--overwrite"]) == 2
+    msg = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert msg.endswith("give a writable location with --out-dir"), msg

@@ -560,8 +560,8 @@ def test_a_lost_lease_names_its_cause_from_the_ledger_released_or_lapsed(tmp_pat
                        lost_cause=lambda: lost_cause(led, led.url, released.id, 30, "its trainer"))
     with pytest.raises(LeaseLost) as err:
         watch(t, c, "rel", hang_s=100, clock=lambda: 0.0)
-    assert str(err.value).startswith(f"rel: allocation {released.id} in the ledger {led.url} was released while its "
-                                     "trainer ran"), str(err.value)
+    assert str(err.value).startswith(f"rel: allocation {released.id} in the ledger {led.url} was released by hand "
+                                     "while its trainer ran"), str(err.value)
     assert said == ["stop"] and "committing its step" in str(err.value)
     said_lapsed = lost_cause(led, led.url, lapsed.id, 30, "its trainer")
     assert f"allocation {lapsed.id}" in said_lapsed and "lapsed: its lease ran out at" in said_lapsed, said_lapsed
@@ -609,3 +609,27 @@ def test_a_crashed_evaluation_run_killed_by_a_signal_is_named_as_a_killed_evalua
     assert "`prefect flow-run logs lurking-sheep`" in line and line.endswith(prefect_says)
     assert crash_cause("Flow run infrastructure went away", "x") == "Flow run infrastructure went away"
     assert crash_cause(None, "x") == "the run x ended Crashed"
+
+
+def test_submit_says_why_it_runs_an_evaluation_again_stuck_pending_is_not_called_a_crash():
+    """An evaluation run left PENDING (its process SIGSTOPped as it spawned) was named after FRENZY_EVAL_STUCK_S and
+    run again, but submit's line read "crashed (its worker or process died)" though the process was alive and stopped
+    and the worker up; the cause `_reap` records reached only the run's state. The rerun line carries that cause."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from flows.stages import TriggeredEvaluations
+    from tasks.pipeline.evaluations import rerun_line
+
+    set_states = []
+    client = SimpleNamespace(set_flow_run_state=lambda rid, state, force: set_states.append((rid, state.type.value)))
+    t = TriggeredEvaluations("file:///c", datetime.now(UTC), warn=lambda _: None)
+    why = t._reap(client, SimpleNamespace(id="r1", name="lurking-sheep"), 20.2)
+    assert set_states == [("r1", "CANCELLING")]
+    line = rerun_line(20, why)
+    assert line.startswith("the evaluation run of step 20 ended without a score: the evaluation run lurking-sheep was "
+                           "claimed by a worker and never started (20 s PENDING"), line
+    assert "its process is stopped or stuck" in line and line.endswith("; running it again")
+    assert "died" not in line
+    # the control: a run whose cause the server did not give is still called a crash
+    assert rerun_line(20, "") == "the evaluation run of step 20 crashed (its worker or process died): running it again"

@@ -309,3 +309,119 @@ def test_the_release_at_the_trainers_end_gives_the_gpus_back_and_is_told_from_a_
     assert release_at_end(AllocationHold(ledger=led.url, allocation_id=alloc.id, lease_s=60)) == []  # none queued
     assert led.allocation(alloc.id).state == "released" and released_at_end(alloc.id)
     assert led.allocate("second", [GpuRequest(1, 0)], lease_s=60) is not None
+
+
+def test_a_trainer_stopped_past_its_lease_takes_no_step_and_says_what_the_ledger_recorded(tmp_path):
+    """A trainer whose whole process tree was SIGSTOPped past its lease (released by hand meanwhile; the ledger then
+    freed it as the lease lapsed and placed the next job on its GPUs), once SIGCONTed, ran 4 more steps and committed
+    before its renewal found the allocation gone, and said "released while its trainer ran (by hand or by another
+    process)". Its own clock now fences it: past the lease since its newest renewal, no step and no commit; the line
+    names the lapse, the id, and the ledger's record."""
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+    from cluster.ledger import Ledger
+    from tasks.training.allocation import AllocationKeeper, AllocationLost, lost_cause
+    from tasks.training.request import AllocationHold
+
+    now = [1000.0]
+    led = Ledger(str(tmp_path / "l.db"), clock=lambda: now[0])
+    led.sync(load_cluster("local"))
+    vic = led.allocate("vic", [GpuRequest(1, 0)], lease_s=10)
+    keeper = AllocationKeeper(AllocationHold(ledger=led.url, allocation_id=vic.id, lease_s=10))
+    mono = [50.0]
+    keeper.clock, keeper.renewed_at = (lambda: mono[0]), 50.0
+    assert led.renew(vic.id, 10, holder=keeper.holder)
+    mono[0] += 9.9  # the control: within the lease, the step is taken
+    keeper.fence(11510, 11500)
+    led.release(vic.id)  # by hand while its tree is stopped: held as `releasing` for the trainer
+    assert led.how_ended(vic.id).startswith("released by hand")
+    now[0] += 11  # the lease lapses; the next transaction frees its GPU: wendy gets it
+    led.sync(load_cluster("local"))
+    assert led.allocate("wendy", [GpuRequest(1, 0)], lease_s=600) is not None  # on vic's GPU
+    mono[0] += 2  # SIGCONT: 11.9 s since the newest renewal, on this process's own clock
+    with pytest.raises(AllocationLost) as err:
+        keeper.fence(11510, 11500)
+    said = str(err.value)
+    assert said.startswith(f"allocation {vic.id} in the ledger {led.url} lapsed: this trainer's newest renewal was "
+                           "11.9 s ago, longer than its 10 s lease"), said
+    assert "the ledger records it released by hand, then freed as its lease lapsed" in said
+    assert "Training stopped at step 11510 without another step or commit" in said and said.endswith(
+        "resume from step 11500")
+    cause = lost_cause(led, led.url, vic.id, 10, "this trainer")  # what its renewal or its submitter says
+    assert "was released by hand while its trainer ran, then freed as its lease lapsed" in cause, cause
+    assert "(by hand or by another process)" not in cause
+
+
+def test_the_ledger_says_how_an_allocation_ended(tmp_path):
+    """`Ledger.how_ended`: what the final lines of a trainer and its submitter say, never a release they did not make."""
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+    from cluster.ledger import Ledger
+
+    now = [1000.0]
+    led = Ledger(str(tmp_path / "l.db"), clock=lambda: now[0])
+    led.sync(load_cluster("phoebe"))
+    held, hand, holder, lapsed = (led.allocate(j, [GpuRequest(1, 1)], lease_s=30) for j in "abcd")
+    led.release(hand.id)
+    led.release(holder.id, by_holder=True)
+    assert led.renew(held.id, 100)  # the control: renewed in time, it holds its GPUs
+    now[0] += 31
+    led.sync(load_cluster("phoebe"))
+    assert [led.how_ended(a.id) for a in (hand, holder, lapsed)] == [
+        "released by hand", "released by its holder", "freed as its lease lapsed"]
+    assert led.how_ended(held.id) == ""
+
+
+def test_a_real_trainer_sigstopped_past_its_lease_takes_no_step_after_sigcont(tmp_path):
+    """The trainer process itself: SIGSTOPped while it trains, its lease lapses and the ledger gives its GPU to
+    another job; after SIGCONT it exits naming the lapse and the id, with no step logged and nothing committed after
+    the stop (it made 4 more steps and a commit before)."""
+    import os
+    import signal
+
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+    from cluster.ledger import LeaseKeeper, Ledger
+    from tasks.training.request import AllocationHold
+    from tests.trainer_util import last_step, progress, start, tiny_job, wait_for
+
+    led = Ledger(str(tmp_path / "l.db"))
+    led.sync(load_cluster("local"))
+    vic = led.allocate("vic", [GpuRequest(1, 0)], lease_s=4)
+    hold = AllocationHold(ledger=led.url, allocation_id=vic.id, lease_s=4)
+    p = start(tiny_job(f"file://{tmp_path}/ckpt", steps=100000, every=5), tmp_path / "run",
+              env={"FRENZY_ALLOCATION": hold.model_dump_json()})
+    try:
+        with LeaseKeeper(led, vic.id, 4):  # the submitter's heartbeat while the trainer starts; then it is stopped too
+            wait_for(lambda: p.poll() is not None or last_step(tmp_path / "run") >= 3, timeout=180, what="training")
+        assert p.poll() is None, (tmp_path / "run" / "train.log").read_text()[-2000:]
+        os.kill(p.pid, signal.SIGSTOP)
+        at_stop, stopped_at = len(progress(tmp_path / "run")), last_step(tmp_path / "run")
+        wait_for(lambda: led.allocate("wendy", [GpuRequest(1, 0)], lease_s=600) is not None, timeout=60,
+                 what="the lease to lapse and the GPU to go to wendy")
+        os.kill(p.pid, signal.SIGCONT)
+        rc = p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert rc != 0, log[-2000:]
+    assert f"allocation {vic.id} in the ledger {led.url} lapsed: this trainer's newest renewal was" in log, log[-2000:]
+    assert "freed as its lease lapsed" in log and "without another step or commit" in log
+    after = progress(tmp_path / "run")[at_stop:]  # at most the step it was in the middle of is logged
+    assert [r["step"] for r in after if r["event"] == "step"] in ([], [stopped_at + 1]), after
+    assert not [r for r in after if r["event"] == "checkpoint"] and last_step(tmp_path / "run") <= stopped_at + 1, after
+    assert max((c.step for c in ck.committed(Storage(f"file://{tmp_path}/ckpt"))), default=0) <= stopped_at
+
+
+def test_the_late_checkpoint_advice_compares_the_persist_with_every_steps_steps():
+    """`frenzy train` warned "checkpoint.every_steps=10 is shorter than a persist (0.0 s); >= 11 would fit" where
+    persists took 0.0-0.29 s: the advice added a step whatever the figures. It is given only when the measured
+    persist outlasts every_steps steps, with the smallest every_steps that fits."""
+    from tasks.training.interval import interval_fit
+
+    assert interval_fit(10, 0.0, 0.05) is None  # a 0.0 s persist is longer than nothing
+    assert interval_fit(10, 0.29, 0.05) is None  # 0.29 s < 10 steps of 0.05 s
+    assert interval_fit(10, 0.5, 0.05) is None  # exactly 10 steps: fits
+    assert interval_fit(10, 2.0, 0.05) == 40 and interval_fit(10, 0.51, 0.05) == 11
+    assert interval_fit(10, 1.0, 0.0) is None  # no step time measured: no advice

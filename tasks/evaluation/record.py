@@ -128,6 +128,8 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         storage, m = resolve_manifest(uri)
         run, step, at = m.run, m.step, storage.url(ck.step_dir(m.step))
     root = uri if at is None else step_root(at)
+    if not reevaluate and (kept := _whole(recorded(history_dir, run, step, suite.name, at))) is not None:
+        return kept  # scored whole already: read and returned, nothing written, no lock (a read-only history too)
     for _ in range(3):  # another root of the run name may take the plain directory first, or while this waits
         out = (Path(opts.out_dir).expanduser().absolute() if opts.out_dir
                else results_dir(history_dir, run, step, suite.name, root))
@@ -147,6 +149,16 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
                                     place_key(root))
     raise OutputError(f"{out} was taken by another checkpoint root's evaluation three times while this one waited; "
                       "run it again")
+
+
+def _whole(done: EvalSummary | None) -> tuple[EvalResult, EvalSummary] | None:
+    """The recorded evaluation `done` with its result file, when that file is there and reads."""
+    if done is None or not done.result:
+        return None
+    try:
+        return EvalResult.model_validate_json(Path(done.result).read_text()), done
+    except (OSError, ValueError):
+        return None
 
 
 def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_dir: str,
@@ -179,6 +191,9 @@ def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_d
         return res, EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                                 makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                                 result=f"{res.out_dir}/result.json", history_plot=None, failed=res.failed)
+    except FrenzyError as err:  # any other failure (a full disk, say): the complete earlier result is untouched
+        _say_kept(err, out, earlier)
+        raise
     plot = _plot(history_dir, res, suite.name, out)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                           makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
@@ -213,6 +228,15 @@ def _kept_aside(res: EvalResult, tmp: Path, out: Path, earlier: EvalResult) -> E
         f"{', '.join(res.failed)} not scored, is in {kept} (only an attempt that scores every dataset replaces them)")})
     (tmp / "result.json").write_text(res.model_dump_json(indent=1))
     return res
+
+
+def _say_kept(err: FrenzyError, out: Path, earlier: EvalResult | None) -> None:
+    """Add to `err`'s message that `out` keeps `earlier`, the complete result an `--overwrite` failed to replace
+    (its type and causes stay: the CLI still names the fix of a full disk)."""
+    if earlier is None or len(err.args) != 1 or str(err) != err.args[0]:
+        return
+    err.args = (f"{err.args[0]}; {out} keeps its earlier complete results ({', '.join(earlier.scores)} scored): "
+                "nothing of them was replaced",)
 
 
 def _naming(progress: Callable[[str, float], None] | None, tmp: Path, out: Path

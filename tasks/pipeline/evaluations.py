@@ -133,6 +133,13 @@ def api_outage_cause(message: str | None, run_name: str) -> str | None:
             f"cut, not the checkpoint nor a dataset); its log: `prefect flow-run logs {run_name}`; it said: {message}")
 
 
+def rerun_line(step: int, cause: str) -> str:
+    """What `submit` says as it runs a step's evaluation again: why its run ended without a score (`crash_cause`, or
+    a run stuck PENDING that was ended), as the server's state records it."""
+    return (f"the evaluation run of step {step} ended without a score: {cause.rstrip('.')}; running it again" if cause
+            else f"the evaluation run of step {step} crashed (its worker or process died): running it again")
+
+
 _KILL_SENDERS = ("a dataset plugin that kills its own process group, the kernel's out-of-memory killer (`dmesg` on the "
                  "worker) or a manual kill")
 

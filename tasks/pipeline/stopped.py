@@ -5,6 +5,7 @@ cell). No Prefect here."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -37,24 +38,61 @@ AFTER_TRAINING = ("released", "evaluated")
 """The stages (tasks/pipeline/run.py) of a run whose training has ended and whose GPUs are back."""
 
 
+_trainer_ended: dict[str, str] = {}
+"""Jobs whose trainer finished in this process, with the id of the allocation it trained on: while the in-flow
+evaluations of the last checkpoints run the run's record still says `training`, although training is over."""
+_ended_lock = threading.Lock()
+
+
+def trainer_ended(job: str, allocation_id: str | None) -> None:
+    """The trainer of `job` returned its result (None: a new attempt starts; what an earlier one ended is forgotten)."""
+    with _ended_lock:
+        if allocation_id is None:
+            _trainer_ended.pop(job, None)
+        else:
+            _trainer_ended[job] = allocation_id
+
+
 def stopped_at(checkpoint_uri: str, ledger: str | None = None, job: str = "") -> Stopped:
     """Read the root once the trainer has committed the step it was at; whatever the storage says, a record. With the
-    run's `ledger` and `job` name, a run stopped after its training ended says so (its record's stage)."""
+    run's `ledger` and `job` name, a run stopped after its training ended says so: its record's stage, or (while
+    in-flow evaluations run) its trainer having finished here and the ledger having released its allocation."""
     try:
         newest = ck.committed(Storage(checkpoint_uri))
     except Exception:  # noqa: BLE001 - the line must be given whatever the storage says
         newest = []
-    return Stopped(checkpoint_uri=checkpoint_uri, step=newest[0].step if newest else None,
-                   trained=bool(job) and _stage(ledger, job, checkpoint_uri) in AFTER_TRAINING)
+    trained = bool(job) and (_stage(ledger, job, checkpoint_uri) in AFTER_TRAINING or _ended_here(ledger, job))
+    return Stopped(checkpoint_uri=checkpoint_uri, step=newest[0].step if newest else None, trained=trained)
+
+
+def _ended_here(ledger: str | None, job: str) -> bool:
+    """Whether `job`'s trainer finished in this process and the ledger records its allocation as released."""
+    with _ended_lock:
+        allocation_id = _trainer_ended.get(job)
+    if allocation_id is None or _no_file(ledger):
+        return False
+    from cluster.ledger import Ledger
+
+    try:
+        return Ledger(ledger).allocation(allocation_id).state == "released"
+    except Exception:  # noqa: BLE001 - the line must be given whatever the ledger says
+        return False
+
+
+def _no_file(ledger: str | None) -> bool:
+    """A SQLite ledger whose file is not there (opening it would make one)."""
+    from cluster.ledger import ledger_url
+
+    url = ledger_url(ledger)
+    return url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).expanduser().is_file()
 
 
 def _stage(ledger: str | None, job: str, checkpoint_uri: str) -> str:
     """The ledger's stage of the run of `job` at `checkpoint_uri`; "" when it cannot be read (never made here)."""
-    from cluster.ledger import Ledger, ledger_url
+    from cluster.ledger import Ledger
     from tasks.pipeline.summary import this_run
 
-    url = ledger_url(ledger)
-    if url.startswith("sqlite:///") and not Path(url.split(":///", 1)[1]).expanduser().is_file():
+    if _no_file(ledger):
         return ""
     try:
         rec = this_run(Ledger(ledger).runs(job), checkpoint_uri or None)

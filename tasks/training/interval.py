@@ -196,6 +196,14 @@ class Cadence:
         return self.inputs or FixedInterval(self.every)
 
 
+def interval_fit(every: int, persist_s: float, step_s: float) -> int | None:
+    """The smallest `checkpoint.every_steps` whose steps (`step_s` each) outlast a persist of `persist_s`; None when
+    `every` steps already do (a save that came late then waited on something else, not on the persist's length)."""
+    if step_s <= 0 or persist_s <= every * step_s:
+        return None
+    return max(every + 1, math.ceil(persist_s / step_s))
+
+
 def agree_max(value: int) -> int:
     """The largest `value` over the ranks (every rank must checkpoint at the same steps)."""
     import torch

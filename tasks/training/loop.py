@@ -35,7 +35,8 @@ def train(opts: TrainOptions) -> TrainerResult:
     # rank 0 also renews the ledger allocation it runs on: the GPUs stay allocated while it uses them (allocation.py)
     keeper = AllocationKeeper.from_env() if d.rank == 0 else None
     with lease or contextlib.nullcontext(), keeper or contextlib.nullcontext():
-        result = Trainer(opts, d, dev, storage, lease, stop_when=keeper.lost.is_set if keeper else None).run()
+        result = Trainer(opts, d, dev, storage, lease, stop_when=keeper.lost.is_set if keeper else None,
+                         fence=keeper.fence if keeper else None).run()
     if keeper is not None and keeper.lost.is_set() and result.stopped_early:  # (not when the last step was done)
         raise AllocationLost(keeper.message(result.final_step))
     return result

@@ -18,7 +18,7 @@ import torch
 
 from tasks.jobspec import JobSpec
 from tasks.training import checkpoint as ck
-from tasks.training.interval import Cadence, FixedInterval, IntervalInputs, agree_max
+from tasks.training.interval import Cadence, FixedInterval, IntervalInputs, agree_max, interval_fit
 from tasks.training.metrics import Meter, Progress
 from tasks.training.request import FailedCheckpoint
 from tasks.training.setup import Dist, agree
@@ -163,20 +163,24 @@ class CheckpointSchedule:
             # taken while one still runs, waits for it), so its duration is measured (while a first persist runs
             # there is no figure, and the advice would be a guess)
             if warn and self.engine.last_persist_s is not None:  # None: a buffer was made, no persist has ended
-                self._warned_interval = True
                 self._warn_interval(due, step - due, meter.step_s())
             return
         if step == self.due_at:
             self.prog.emit("checkpoint_deferred", step=step, reason="the previous persist is still running")
 
     def _warn_interval(self, due: int, late: int, step_s: float) -> None:
+        """Said once, and only when the measured persist outlasts `every_steps` steps (a 0.0 s persist never does)."""
         persist_s = self.engine.last_persist_s or 0.0
         every = self.cadence.every
-        fit = max(every + 1, int(persist_s / max(step_s, 1e-9)) + 1)
-        log.warning("checkpoint of step %d came %d steps late: a persist takes %.1f s, longer than %d steps of "
-                    "%.2f s; checkpoint.every_steps >= %d would fit", due, late, persist_s, every, step_s, fit)
-        self.prog.emit("warning", message=f"checkpoint.every_steps={every} is shorter "
-                                          f"than a persist ({persist_s:.1f} s); >= {fit} would fit")
+        if (fit := interval_fit(every, persist_s, step_s)) is None:
+            log.info("checkpoint of step %d came %d steps late, though a persist (%.2f s) fits in %d steps of %.3f s",
+                     due, late, persist_s, every, step_s)
+            return
+        self._warned_interval = True
+        log.warning("checkpoint of step %d came %d steps late: a persist takes %.2f s, longer than %d steps of "
+                    "%.3f s; checkpoint.every_steps >= %d would fit", due, late, persist_s, every, step_s, fit)
+        self.prog.emit("warning", message=f"checkpoint.every_steps={every} is shorter than a persist ({persist_s:.2f} "
+                                          f"s, {every} steps take {every * step_s:.2f} s); >= {fit} would fit")
 
     def finish(self, step: int, stopped: bool) -> None:
         """Stopped early: commit the step first; then wait for every persist and end the engine."""

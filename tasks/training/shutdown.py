@@ -72,11 +72,13 @@ class Shutdown:
 
     def __init__(self, opts: TrainOptions, d: Dist, lease: WriterLease | None, root: str,
                  persist_fault: Callable[[], Fault | None] = lambda: None,
-                 newest: Callable[[], int | None] = lambda: None, stop_when: Callable[[], bool] | None = None) -> None:
+                 newest: Callable[[], int | None] = lambda: None, stop_when: Callable[[], bool] | None = None,
+                 fence: Callable[[int, int | None], None] | None = None) -> None:
         """`persist_fault`: the checkpointer's first persist that failed on an error no retry can fix;
-        `newest`: the newest step committed (what a rerun resumes from); `stop_when`: one more reason to stop."""
+        `newest`: the newest step committed (what a rerun resumes from); `stop_when`: one more reason to stop;
+        `fence(step, newest)`: raises when this rank may no longer use its GPUs (its allocation lapsed)."""
         self.opts, self.d, self.lease, self.root = opts, d, lease, root
-        self.persist_fault, self.newest, self.stop_when = persist_fault, newest, stop_when
+        self.persist_fault, self.newest, self.stop_when, self.fence = persist_fault, newest, stop_when, fence
         self.preempt = threading.Event()
         self.stop_file = opts.run_dir / "stop"
         self.stopped = False
@@ -96,6 +98,7 @@ class Shutdown:
     def should_stop(self, step: int, steps_run: int) -> bool:
         """At a step boundary, before step `step + 1`: True on every rank when any rank must stop."""
         fault_inject(step, self.opts.run_dir)
+        self.fenced(step)
         fault = self.fault()
         if self.lease is not None and self.lease.lost.is_set() and fault is None:  # commit nothing more
             raise WriterLeaseError(f"lost the writer lease of {self.root} at step {step}: {self.lease.loss_cause()}; "
@@ -106,6 +109,11 @@ class Shutdown:
                    else f"another rank could not write its checkpoint of {self.root} (its log says why)")
             raise CheckpointError(msg)
         return self.stopped
+
+    def fenced(self, step: int) -> None:
+        """Before a step or a commit: raise (commit nothing more) once the allocation's lease lapsed here."""
+        if self.fence is not None:
+            self.fence(step, self.newest())
 
     def fault(self) -> Fault | None:
         """A write of the root no retry can fix: a persist's, else the writer lease renewal's."""

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks.training import data as D
+from tasks.training.allocation import AllocationLost
 from tasks.training.guard import Decision, SpikeGuard
 from tasks.training.metrics import Meter, Progress
 from tasks.training.optrace import OpTracer, merge_traces
@@ -37,10 +38,12 @@ SALVAGE_S = 120.0
 
 class Trainer:
     def __init__(self, opts: TrainOptions, d: Dist, dev: torch.device, storage: Storage,
-                 lease: WriterLease | None, stop_when: Callable[[], bool] | None = None) -> None:
-        """`stop_when`: a further reason to stop with a commit (the ledger allocation is gone)."""
+                 lease: WriterLease | None, stop_when: Callable[[], bool] | None = None,
+                 fence: Callable[[int, int | None], None] | None = None) -> None:
+        """`stop_when`: a further reason to stop with a commit (the ledger allocation is gone); `fence(step,
+        newest)`: raises before a step or a commit once the allocation lapsed (no commit: the GPUs may be another's)."""
         self.opts, self.d, self.dev, self.storage, self.lease = opts, d, dev, storage, lease
-        self.stop_when = stop_when
+        self.stop_when, self.fence = stop_when, fence
         self.job, t = opts.job, opts.job.training
         opts.run_dir.mkdir(parents=True, exist_ok=True)
         self.prog = Progress(opts.run_dir / "progress.jsonl", d.rank)
@@ -65,8 +68,8 @@ class Trainer:
                 if self.shutdown.should_stop(self.step, self.meter.steps_run):
                     break
                 self._train_step()
-        except WriterLeaseError:
-            raise  # another trainer owns the root: commit nothing more
+        except (WriterLeaseError, AllocationLost):
+            raise  # another trainer owns the root, or another job the GPUs: commit nothing more
         except BaseException:
             # an error (an OOM, a CUDA error, a bad batch) ends the process, but the snapshot already in CPU
             # memory is still good: persist it, so the restart resumes from it and not from the commit before
@@ -91,7 +94,7 @@ class Trainer:
         engine = self.schedule.engine
         self.shutdown = Shutdown(self.opts, d, self.lease, self.storage.uri, persist_fault=lambda: engine.unfixable,
                                  newest=lambda: max((r.step for r in engine.records), default=self.resumed_from),
-                                 stop_when=self.stop_when)
+                                 stop_when=self.stop_when, fence=self.fence)
         self.shutdown.install()
 
     def _train_step(self) -> None:
@@ -112,6 +115,7 @@ class Trainer:
             if decision.action == "skip":
                 self._spike(decision, indices[0])
             return
+        self.shutdown.fenced(self.step)  # a process stopped mid-step past its lease: no update, no commit
         self.schedule.barrier()
         self.runner.apply(traced)
         self.step = nxt
@@ -166,6 +170,7 @@ class Trainer:
     def _finish(self) -> TrainerResult:
         """Commit a stopped run's step, wait for every persist, merge the op traces, write the result."""
         d, stopped = self.d, self.shutdown.stopped
+        self.shutdown.fenced(self.step)
         self.schedule.finish(self.step, stopped)
         self.schedule.close()
         figures = self.meter.figures(self.runner.data_s, self.schedule.blocked_s)
