@@ -64,5 +64,5 @@ def process_gone(seen: Liveness, period: float | None, name: str, run_id: str) -
         return None
     beat = "sent no heartbeat since it started" if seen.beat_s is None else f"sent no heartbeat for {seen.beat_s:.0f} s"
     return (f"the evaluation run {name} has been Running {seen.running_s:.0f} s, {beat} (its process sends one every "
-            f"{period:.0f} s) and logged nothing for {seen.quiet_s:.0f} s: its process is gone (killed, or its worker "
-            f"or machine died); marked Crashed; its log: `prefect flow-run logs {run_id}`")
+            f"{period:.0f} s) and logged nothing for {seen.quiet_s:.0f} s: its process is gone or stopped (killed, "
+            f"SIGSTOPped, or its worker or machine died); marked Crashed; its log: `prefect flow-run logs {run_id}`")
