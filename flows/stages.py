@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from tasks.pipeline.evaluations import (
     scored,
     step_uri,
 )
+from tasks.pipeline.liveness import Liveness, heartbeat_period, process_gone, worth_reading
 from tasks.pipeline.outage import CommitTimes, Outages, commit_times
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
@@ -199,6 +200,12 @@ class TriggeredEvaluations:
         """Per RUNNING step: seconds since it started running, seconds since its newest log line (or its start)."""
         self.reaped: dict[Any, tuple[str, datetime]] = {}
         """Runs found stuck PENDING and set Cancelling (so their worker kills the process): why, and when."""
+        self.period: float | None = None
+        """The heartbeat period of the deployment's runs (None: they send none); `_gone` reads their heartbeats."""
+        self.newest: dict[int, Any] = {}
+        """Per step: its newest run, as last read."""
+        self.beats: dict[Any, tuple[datetime, datetime | None]] = {}
+        """Per quiet RUNNING run: when its heartbeats were last read, and its newest heartbeat then."""
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
         """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
@@ -227,6 +234,7 @@ class TriggeredEvaluations:
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
             self._paused(client, dep)
+            self.period = heartbeat_period((dep.job_variables or {}).get("env") or {})
             after = None if self.earlier else FlowRunFilterExpectedStartTime(after_=self.since)
             runs = client.read_flow_runs(
                 deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
@@ -242,6 +250,7 @@ class TriggeredEvaluations:
             self.completed = {step for step, fr in newest.items() if fr.state is not None and fr.state.type.value == "COMPLETED"}
             out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
             self._crash_unreaped(client)
+        self.newest = newest
         self.read_ok = True
         self.outages.answered(self.now().timestamp())
         self._say(newest)
@@ -269,6 +278,8 @@ class TriggeredEvaluations:
                       + self._no_worker_hint())
         if st.type.value == "RUNNING":
             self._watch_running(client, step, fr)
+            if (why := self._gone(client, step, fr)) is not None:
+                return "crashed", why
         return None
 
     def _reap(self, client: Any, fr: Any, waited: float) -> str:
@@ -282,6 +293,34 @@ class TriggeredEvaluations:
         client.set_flow_run_state(fr.id, Cancelling(message=why), force=True)
         self.reaped[fr.id] = (why, self.now())
         return why
+
+    def _gone(self, client: Any, step: int, fr: Any) -> str | None:
+        """For a RUNNING run quiet longer than `late_after` (its logs read by `_watch_running`), its newest heartbeat,
+        read at most once a period: when none came for as long either, its process is gone (killed with its worker:
+        red team 41q G3) and the run is marked Crashed with the cause, which is returned (it is run again once)."""
+        from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+        from prefect.states import Crashed
+
+        running_s, quiet_s = self.quiet[step]
+        now, (read_at, _) = self.now(), self.beats.get(fr.id, (None, None))
+        if not worth_reading(quiet_s, self.period, None if read_at is None else (now - read_at).total_seconds()):
+            return None
+        since = fr.state.timestamp - timedelta(seconds=60)  # the worker's clock may be behind the server's
+        page = client.read_events(EventFilter(
+            occurred=EventOccurredFilter(since=since, until=now + timedelta(hours=1)),
+            event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+            resource=EventResourceFilter(id=[f"prefect.flow-run.{fr.id}"])), limit=1)
+        beat = page.events[0].occurred if page.events else None
+        self.beats[fr.id] = (now, beat)
+        seen = Liveness(running_s=running_s, quiet_s=quiet_s, beat_s=None if beat is None else (now - beat).total_seconds())
+        if (why := process_gone(seen, self.period, fr.name, str(fr.id))) is not None:
+            client.set_flow_run_state(fr.id, Crashed(message=why), force=True)
+        return why
+
+    def left(self, steps: list[int]) -> str:
+        """The runs of `steps` as last read, with their states: `step 20: run NAME (ID) Scheduled` (or no run)."""
+        return "; ".join(f"step {s}: run {fr.name} ({fr.id}) {self._state_words(s, fr).removeprefix(f'step {s} ')}"
+                         if (fr := self.newest.get(s)) is not None else f"step {s}: no evaluation run" for s in steps)
 
     def _crash_unreaped(self, client: Any) -> None:
         """A run set Cancelling as stuck that no worker ended within `stuck_s` (its worker stopped: nothing can end
@@ -702,7 +741,8 @@ class FlowStages:
         for f in failures:
             self.log.error("evaluation of step %d failed: %s", f.step, f.cause)
         if missing := sorted(set(steps) - set(found) - {f.step for f in failures}):
-            self.log.warning("no score for step(s) %s within %.0f s of training's end", missing, r.eval_timeout_s)
+            self.log.warning("no score for step(s) %s within %.0f s of training's end; %s", missing, r.eval_timeout_s,
+                             triggered.left(missing))
         return [found[s] for s in sorted(found)], failures
 
     def analyse(self, run: Run) -> StragglerReport | None:

@@ -425,6 +425,8 @@ def test_steps_left_unscored_when_the_wait_ran_out_are_named_in_the_summary(tmp_
                                                           "evaluations": [summary(30)]})
     note = unscored_note(run)
     assert note is not None and note.startswith("no score for step(s) 20 within eval_timeout_s (45 s")
+    # red team 41q G3: it promised "their evaluation runs score them when a worker takes them" of a run nothing ran
+    assert "when a worker takes them" not in note and f"`frenzy evaluate {root}/step_00000020 --suite " in note, note
     assert unscored_note(run.model_copy(update={"evaluations": [summary(20), summary(30)]})) is None
     assert unscored_note(run.model_copy(update={"mode": "in-flow"})) is None
 
@@ -633,3 +635,27 @@ def test_submit_says_why_it_runs_an_evaluation_again_stuck_pending_is_not_called
     assert "died" not in line
     # the control: a run whose cause the server did not give is still called a crash
     assert rerun_line(20, "") == "the evaluation run of step 20 crashed (its worker or process died): running it again"
+
+
+def test_a_running_evaluation_silent_for_three_heartbeats_is_gone_and_a_quiet_live_one_is_not():
+    """Red team 41q G3: an evaluation run whose process was SIGKILLed with its worker stayed Running, and submit waited
+    it out until eval_timeout_s. The decision from the server's records (seconds before now), and what it costs."""
+    from tasks.pipeline.liveness import Liveness, heartbeat_period, process_gone, worth_reading
+
+    period = heartbeat_period({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"})
+    assert period == 30.0 and heartbeat_period({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": 10}) == 30.0  # Prefect's least
+    assert heartbeat_period({}) is None and heartbeat_period({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "0"}) is None
+    assert heartbeat_period({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "often"}) is None
+    killed = Liveness(running_s=120, quiet_s=115, beat_s=115)  # G3: one heartbeat at its start, killed 5 s in
+    why = process_gone(killed, period, "evaluate-ck-20", "92f1")
+    assert why is not None and "sent no heartbeat for 115 s" in why and "logged nothing for 115 s" in why
+    assert "its process is gone" in why and "`prefect flow-run logs 92f1`" in why
+    assert process_gone(Liveness(running_s=900, quiet_s=900, beat_s=12), period, "r", "i") is None  # quiet, beating
+    assert process_gone(Liveness(running_s=900, quiet_s=20, beat_s=400), period, "r", "i") is None  # logs: alive
+    assert process_gone(Liveness(running_s=80, quiet_s=80, beat_s=None), period, "r", "i") is None  # too early
+    never = process_gone(Liveness(running_s=100, quiet_s=100, beat_s=None), period, "r", "i")
+    assert never is not None and "sent no heartbeat since it started" in never
+    assert process_gone(killed, None, "r", "i") is None  # a deployment without heartbeats: nothing tells
+    # the cost: heartbeats are read only for a run quiet past 3 periods, and then once a period
+    assert not worth_reading(90, period, None) and worth_reading(91, period, None)
+    assert not worth_reading(500, period, 29) and worth_reading(500, period, 30) and not worth_reading(500, None, None)

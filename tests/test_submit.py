@@ -719,6 +719,59 @@ def test_a_quiet_running_evaluation_is_named_with_how_long_and_how_to_look(prefe
         assert len(warned) == 1 and len(said) == 2  # the warning once, the waiting line each minute
 
 
+def test_a_running_evaluation_whose_process_stopped_beating_is_crashed_and_run_again_a_beating_one_is_not(
+        prefect_server):
+    """Red team 41q G3: the worker and its evaluation process SIGKILLed 5 s after the run started: Running for good,
+    waited out until eval_timeout_s. On the real server: a deployment whose runs send heartbeats, two quiet RUNNING
+    runs 200 s after they started, one that sent a heartbeat 10 s ago and one whose last came 195 s ago."""
+    from datetime import timedelta
+    from uuid import uuid4
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.events import Event
+    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.states import Running
+
+    from flows.stages import TriggeredEvaluations
+    from tasks.pipeline.evaluations import collect_scores
+
+    root = "file:///data/g3/ckpt"
+    with get_client(sync_client=True) as client:
+        dep = client.create_deployment(client.create_flow_from_name("evaluate-checkpoint"), name="evaluate-on-checkpoint")
+        runs = {s: client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_{s:08d}"}})
+                for s in (10, 20)}
+        for fr in runs.values():
+            client.set_flow_run_state(fr.id, Running(), force=True)
+        started = client.read_flow_run(runs[20].id).state.timestamp
+        later = started + timedelta(seconds=200)  # the waiting submit's clock
+        beats = [Event(id=uuid4(), occurred=at, event="prefect.flow-run.heartbeat",
+                       resource={"prefect.resource.id": f"prefect.flow-run.{runs[s].id}"})
+                 for s, at in ((10, later - timedelta(seconds=10)), (20, started + timedelta(seconds=5)))]
+        client.request("POST", "/events", json=[b.model_dump(mode="json") for b in beats])
+        flt = EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]))
+        flt.occurred.until = later
+        for _ in range(1000):  # the server persists events in batches: read (each read a round trip) until stored
+            if {e.id for e in client.read_events(flt, limit=50).events} >= {b.id for b in beats}:
+                break
+        warned, said = [], []
+        t = TriggeredEvaluations(root, started - timedelta(seconds=60), warned.append, said.append, now=lambda: later)
+        assert t.ended_without_score() == {}  # the deployment sends no heartbeats: nothing tells a dead run apart
+        client.update_deployment(dep, DeploymentUpdate(job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}))
+        try:
+            got, failed = collect_scores(dict, [10, 20], 1800, runs=t.ended_without_score, rerun=t.rerun,
+                                         clock=iter(range(0, 10**6, 700)).__next__, sleep=lambda _: None)
+            assert got == {} and failed == [], failed  # the wait ran out (fake clock): nothing failed yet
+            dead, live = client.read_flow_run(runs[20].id).state, client.read_flow_run(runs[10].id).state
+            assert dead.type.value == "CRASHED" and "sent no heartbeat for 195 s" in dead.message, dead
+            assert "its process is gone" in dead.message and f"prefect flow-run logs {runs[20].id}" in dead.message
+            assert live.type.value == "RUNNING"  # quiet 200 s, but beating
+            assert t.newest[20].id != runs[20].id and t.newest[10].id == runs[10].id  # step 20 run again, once
+            assert "step 20: run " in t.left([10, 20]) and "Scheduled" in t.left([10, 20])
+        finally:
+            client.update_deployment(dep, DeploymentUpdate(job_variables={}))
+
+
 def test_a_root_that_holds_another_jobs_checkpoints_is_refused_with_both_fixes(tmp_path):
     import torch
 

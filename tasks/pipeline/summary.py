@@ -214,7 +214,8 @@ def submit_result(run: Run) -> SubmitResult:
 
 def unscored_note(run: Run) -> str | None:
     """deployment mode: the committed steps (still on disk) with neither a score nor a failure when submit stopped
-    waiting (`eval_timeout_s` ran out: a paused pool, no worker, slow evaluations). Their runs may still score them."""
+    waiting (`eval_timeout_s` ran out: a paused pool, no worker, slow evaluations), with the command that evaluates
+    them: a run no worker takes never scores its step (red team 41q G3: the note promised a worker would)."""
     if run.mode != "deployment" or run.result is None:
         return None
     settled = {e.step for e in run.evaluations} | {f.step for f in run.evaluation_failures}
@@ -222,6 +223,9 @@ def unscored_note(run: Run) -> str | None:
     left = sorted({c.step for c in run.result.checkpoints} & on_disk - settled)
     if not left:
         return None
-    return (f"no score for step(s) {', '.join(map(str, left))} within eval_timeout_s ({run.request.eval_timeout_s:.0f} s; "
-            "the warnings above say what they waited for): their evaluation runs score them when a worker takes them; "
-            "the hourly evaluate-pending run, or submitting the job again, reports them")
+    r, more = run.request, " (and alike for the others)" if len(left) > 1 else ""
+    return (f"no score for step(s) {', '.join(map(str, left))} within eval_timeout_s ({r.eval_timeout_s:.0f} s; the "
+            "warning above names each one's run and its state): a run still Scheduled or Running scores its step only "
+            f"if a worker takes it or its process finishes; to evaluate one now: `frenzy evaluate "
+            f"{step_uri(run.result.checkpoint_uri, left[0])} --suite {r.suite_spec} --history-dir {r.history_dir}`{more}, "
+            "or let the hourly evaluate-pending run, or submitting the job again, evaluate them")
