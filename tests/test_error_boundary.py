@@ -365,7 +365,9 @@ def test_a_checkpoint_disk_that_fills_while_training_stops_the_trainer_naming_th
     assert m is not None and int(m[2]) >= 2 and int(m[2]) % 2 == 0 and int(m[1]) > int(m[2]), line
     committed = [int(x) for x in re.findall(r"checkpoint step (\d+) committed", err)]
     assert committed and max(committed) == int(m[2]), (committed, line)  # the step named is the newest commit
-    assert "writer lease" not in line and "another trainer" not in line and "Traceback" not in err, line
+    # the full disk may refuse the lease's renewal (a write in the root) before a checkpoint's: the line may say so,
+    # but never that the lease was lost to another trainer
+    assert "lost the writer lease" not in line and "another trainer" not in line and "Traceback" not in err, line
 
 
 class _Api404:
