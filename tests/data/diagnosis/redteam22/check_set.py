@@ -93,8 +93,9 @@ def main() -> int:
         print(*found, sep="\n")
         return 1
     long = sum(len(_log(r, HERE).read_text().splitlines()) >= LONG for r in rows)
-    tallies = "; ".join(f"by {key} {dict(sorted(collections.Counter(r[key] for r in rows).items()))}"
-                        for key in ("family", "category"))
+    tallies = "; ".join(
+        f"by {key} {dict(sorted(collections.Counter(r[key] for r in rows).items()))}" for key in ("family", "category")
+    )
     print(f"ok: {len(rows)} logs, {len(one_line_logs(rows))} of one line, {long} of {LONG}+ lines; {tallies}")
     return 0
 
