@@ -31,8 +31,22 @@ def test_batched_cached_generation_matches_the_recompute_path_token_for_token(mo
 
 def test_generation_past_the_context_slides_like_the_recompute_path():
     lm = _lm({"preset": "gpt-tiny"}, seq_len=32)
-    prompts = ["a" * 50, "short"]  # the first is cut to the context; both outgrow it while generating
+    prompts = ["a" * 50, "short"]  # 60 new tokens outgrow the context of 32 whatever the prompt keeps
     assert lm.generate_batch(prompts, 60) == [lm.generate_recompute(p, 60) for p in prompts]
+
+
+def test_a_prompt_longer_than_the_context_is_cut_to_leave_room_for_the_new_tokens_and_stays_in_the_cache():
+    lm = _lm({"preset": "gpt-tiny"}, seq_len=32, seed=2)
+    long = "".join(chr(97 + i % 26) for i in range(50))
+    full_windows: list[int] = []
+    logits = lm.model.logits
+    lm.model.logits = lambda idx, *a, **k: (full_windows.append(idx.shape[1]), logits(idx, *a, **k))[1]
+    out = lm.generate_batch([long, "short"], 8)
+    assert full_windows == []  # every token came from the cache: no row ran a full window
+    lm.model.logits = logits
+    # the first 50 - (32 - 8) characters are dropped (byte tokens), as lm-eval's HF backend truncates
+    assert out == [lm.generate_batch([long[-24:]], 8)[0], lm.generate_batch(["short"], 8)[0]]
+    assert out == [lm.generate_recompute(p, 8) for p in (long, "short")]
 
 
 def test_stop_sequences_cut_each_row():
@@ -108,3 +122,16 @@ def test_decode_weights_follow_in_place_updates_of_every_projection():
     after = lm.generate_batch(PROMPTS, 20)
     assert after == fresh.generate_batch(PROMPTS, 20) == [fresh.generate_recompute(p, 20) for p in PROMPTS]
     assert after != before
+
+
+def test_a_model_wider_than_its_byte_tokenizer_generates_only_byte_ids():
+    from tasks.evaluation.decode import Sampling
+
+    lm = _lm({"preset": "gpt-tiny", "vocab": 4096}, seq_len=64, seed=4)  # a 4k-id output layer on byte-level data
+    with torch.no_grad():
+        lm.model.lm_head.weight[256:] += 5.0  # make the ids past the bytes the likeliest
+    for sampling in (None, Sampling(temperature=1.0, seed=3)):
+        texts = lm.generate_batch(PROMPTS, 12, stop=["\n"], sampling=sampling)  # stop strings check bytes
+        assert len(texts) == len(PROMPTS) and all(isinstance(t, str) for t in texts)
+    assert lm.generate_batch(PROMPTS, 12) == [lm.generate_recompute(p, 12) for p in PROMPTS]
+    assert lm.text_vocab == 256

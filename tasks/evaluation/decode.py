@@ -3,9 +3,11 @@
 The prompts of a batch are left-padded to one width; each row's positions count from its first real token (so
 learned and rotary position encodings see what an unpadded run sees) and its padding is masked out of every
 attention. The prompt is run once (prefill) into a key/value cache of the model's context length; each new token
-then costs one position through the network instead of the whole window. A row that would outgrow the context
-falls back to the sliding window (a full forward of the last `seq_len` tokens per step), which is what
-generation without a cache always did, so results match it token for token.
+then costs one position through the network instead of the whole window. A prompt is left-truncated so that it and
+its new tokens fit the context (`seq_len - max_new_tokens` prompt tokens, as lm-eval's Hugging Face backend does), so
+generation never leaves the cache; only a budget of new tokens as long as the context itself makes rows outgrow it,
+and those fall back to the sliding window (a full forward of the last `seq_len` tokens per row and step). Either
+way the tokens match generation without a cache (`LM.generate_recompute`, same truncation) token for token.
 
 This reuses the model's own modules (projections, norms, MLP), so a checkpoint's weights decode unchanged.
 """
@@ -215,25 +217,35 @@ def _next_logits(model: GPT, st: _Rows, nxt: torch.Tensor, history: list[list[in
                         for r in st.rows])
 
 
+def prompt_room(seq_len: int, max_new_tokens: int) -> int:
+    """How many of a prompt's last tokens generation keeps: room for the new tokens inside the context (a prompt
+    past it would make every row of its batch run a full window per token, on a GPU 20-60x the cached step), at
+    least one token."""
+    return max(1, seq_len - max_new_tokens)
+
+
 @torch.inference_mode()
 def greedy(model: GPT, prompts: list[list[int]], max_new_tokens: int,
            stop: Callable[[list[int]], bool] | None = None, pad: int = 0, eos: int | None = None,
-           empty: int = 10, sampling: Sampling | None = None) -> list[list[int]]:
+           empty: int = 10, sampling: Sampling | None = None, vocab: int | None = None) -> list[list[int]]:
     """Continuations (token ids) of `prompts`, greedy or sampled (`sampling`), each at most `max_new_tokens`; a row
     ends once `stop(its new tokens)` is true (the caller trims the text at the stop string) or it produced `eos`.
-    Finished rows leave the batch once they are a quarter of it. An empty prompt starts from the token `empty`."""
+    Finished rows leave the batch once they are a quarter of it. An empty prompt starts from the token `empty`.
+    `vocab`: only ids below it are picked (a model whose output layer is wider than its tokenizer, e.g. a 32k-id model
+    trained on byte-level data, whose ids past 255 stand for no text)."""
     sampling = sampling or Sampling()
     if not prompts or max_new_tokens <= 0:
         return [[] for _ in prompts]
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(sampling.seed) if sampling.temperature > 0 else None
-    prompts = [[int(t) for t in p[-(model.seq_len - 1):]] or [empty] for p in prompts]
+    keep = prompt_room(model.seq_len, max_new_tokens)
+    prompts = [[int(t) for t in p[-keep:]] or [empty] for p in prompts]
     logits, st = _prefill(model, prompts, max_new_tokens, pad)
     out: list[list[int]] = [[] for _ in prompts]
     history = [list(p) for p in prompts]
     ended: set[int] = set()  # batch positions of finished rows not dropped yet
     for step in range(max_new_tokens):
-        nxt = pick(logits, sampling, gen)
+        nxt = pick(logits if vocab is None else logits[:, :vocab], sampling, gen)
         for j, r in enumerate(st.rows):
             if j in ended:
                 continue

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tasks.errors import FrenzyError
-from tasks.evaluation.decode import Sampling, greedy
+from tasks.evaluation.decode import Sampling, greedy, prompt_room
 from tasks.jobspec import ModelSpec
 from tasks.training import checkpoint as ck
 from tasks.training.checkpoint import CheckpointMismatch
@@ -167,6 +167,12 @@ class LM:
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tok.encode(text)]
 
+    @property
+    def text_vocab(self) -> int | None:
+        """The ids generation may pick: the tokenizer's, where the model's output layer is wider (none: all)."""
+        size = int(getattr(self.tok, "vocab_size", 0) or 0)
+        return size if 0 < size < int(self.model.spec.vocab or 0) else None
+
     @torch.inference_mode()
     def nll(self, tokens: np.ndarray) -> tuple[float, int]:
         """Summed negative log-likelihood (nats) of tokens[1:] given the prefix, and the count."""
@@ -265,19 +271,20 @@ class LM:
         each ended by a stop string or the end-of-text token."""
         outs = greedy(self.model, [self.encode(p) for p in prompts], max_new_tokens, self.stopper(stop),
                       eos=self.tok.eos_id, empty=self.tok.eos_id if self.tok.eos_id is not None else 10,
-                      sampling=sampling)
+                      sampling=sampling, vocab=self.text_vocab)
         return [self._cut(o, stop) for o in outs]
 
     @torch.inference_mode()
     def generate_recompute(self, prompt: str, max_new_tokens: int = 64, stop: list[str] | None = None) -> str:
-        """The same greedy continuation without a cache (the whole window per token): the reference the cached
-        engine is tested and benchmarked against."""
-        toks = self.encode(prompt)[-(self.seq_len - 1):] or [self.tok.eos_id if self.tok.eos_id is not None else 10]
+        """The same greedy continuation without a cache (the whole window per token, the prompt cut as the cached
+        engine cuts it): the reference the cached engine is tested and benchmarked against."""
+        keep = prompt_room(self.seq_len, max_new_tokens)
+        toks = self.encode(prompt)[-keep:] or [self.tok.eos_id if self.tok.eos_id is not None else 10]
         out: list[int] = []
         stopper = self.stopper(stop)
         for _ in range(max_new_tokens):
             window = torch.as_tensor([toks[-self.seq_len:]], dtype=torch.int64, device=self.device)
-            nxt = int(self.model.logits(window)[0, -1].argmax())
+            nxt = int(self.model.logits(window)[0, -1, :self.text_vocab].argmax())
             toks.append(nxt)
             out.append(nxt)
             if nxt == self.tok.eos_id or (stopper and stopper(out)):

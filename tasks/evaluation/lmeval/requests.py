@@ -223,7 +223,7 @@ class Harness:
             for k in range(0, len(order), self.gen_batch):
                 part = order[k:k + self.gen_batch]
                 toks = greedy(self.model, [enc[i] for i in part], st.max_gen_toks, stop, eos=self.eos_id,
-                              empty=self.prefix_id)
+                              empty=self.prefix_id, vocab=self.lm.text_vocab)
                 for i, t in zip(part, toks, strict=True):
                     out[i] = cut_at_stops(self._decode(t), st.until)
         return out
