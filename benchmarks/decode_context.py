@@ -56,7 +56,8 @@ def run(job: Path, device: str, start: int, problems: int, batch: int, new: int)
         _sync(device)
         per_batch.append(round(time.perf_counter() - t0, 3))
     return {"job": str(job), "device": device, "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else "",
-            "torch": torch.__version__, "python": platform.python_version(), "seq_len": seq_len, "start": start, "problems": len(examples),
+            "torch": torch.__version__, "python": platform.python_version(), "seq_len": seq_len, "start": start,
+            "problems": len(examples),
             "batch": batch, "new_tokens": new, "prompts_past_room": long, "seconds_per_batch": per_batch,
             "seconds": round(sum(per_batch), 3)}
 
