@@ -6,9 +6,10 @@ artifact and a plot; the work itself is `tasks.evaluation.runner.evaluate`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_client, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 
@@ -21,11 +22,34 @@ from tasks.evaluation.pending import Target, missing, no_roots, targets
 from tasks.evaluation.request import EvaluateRequest, PendingRequest
 from tasks.evaluation.suite import load_suite
 from tasks.evaluation.summary import EvalSummary
+from tasks.pipeline.liveness import fenced
+
+
+def _run_fence() -> Callable[[], str | None] | None:
+    """Why this process must not publish its evaluation: its flow run no longer RUNNING on the server (a submit marked
+    it Crashed, its process having sent no heartbeat for 90 s, SIGSTOPped say, and ran the step again: red team 41q
+    G3's sequel). Read once, just before the publish; a server that does not answer then does not stop it (an
+    outage is no reason to lose a score: the run made again, if any, finds it recorded and evaluates nothing)."""
+    rid, name = flow_run.get_id(), flow_run.get_name() or "?"
+    if rid is None:
+        return None
+
+    def fence() -> str | None:
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(rid).state
+        except Exception as err:  # noqa: BLE001 - see above: publish
+            get_run_logger().warning("could not read this run's state before publishing its evaluation (%s: %s); "
+                                     "publishing it", type(err).__name__, err)
+            return None
+        return fenced(state.type.value if state is not None else None, name)
+
+    return fence
 
 
 @task(name="evaluate", task_run_name="evaluate-{request.uri}")
 def evaluate_task(request: EvaluateRequest) -> EvalSummary:
-    from tasks.evaluation.record import evaluate_and_record  # the evaluation stack and torch: when one runs, not on import
+    from tasks.evaluation.record import Fenced, evaluate_and_record  # the evaluation stack and torch: when one runs
 
     logger = get_run_logger()
     request = request.resolved(submission_base())
@@ -36,8 +60,13 @@ def evaluate_task(request: EvaluateRequest) -> EvalSummary:
         logger.info(msg)
         update_progress_artifact(art, 100.0 * frac, description=msg)
 
-    _, summary = evaluate_and_record(request.uri, suite, request.options(), request.history_dir, progress,
-                                     request.reevaluate, overwrite=True)  # the pipeline's own directory
+    try:
+        _, summary = evaluate_and_record(request.uri, suite, request.options(), request.history_dir, progress,
+                                         request.reevaluate, overwrite=True,  # the pipeline's own directory
+                                         fence=_run_fence())
+    except Fenced as err:
+        logger.error("%s", err)
+        raise
     logger.info("step %d: %s (makespan %.1fs, predicted %.1fs)", summary.step, summary.scores, summary.makespan_s,
                 summary.predicted_makespan_s)
     for line in summary.failed_lines():  # the others are scored; the step stays pending (docs/evaluation.md)

@@ -46,7 +46,16 @@ from tasks.pipeline.evaluations import (
     scored,
     step_uri,
 )
-from tasks.pipeline.liveness import Liveness, heartbeat_period, process_gone, worth_reading
+from tasks.pipeline.liveness import (
+    NO_WORKER_S,
+    Liveness,
+    WorkerSeen,
+    heartbeat_period,
+    no_worker_words,
+    process_gone,
+    unattended_s,
+    worth_reading,
+)
 from tasks.pipeline.outage import CommitTimes, Outages, commit_times
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
@@ -66,19 +75,60 @@ from tasks.training.launch import TrainFailed, request_kill, request_stop
 EVAL_DEPLOYMENT = "evaluate-checkpoint/evaluate-on-checkpoint"
 
 
-def evaluation_mode(request: SubmitRequest) -> str:
+def evaluation_mode(request: SubmitRequest, say: Callable[[str], None] = lambda _: None) -> str:
     """in-flow, deployment or off: `auto` is deployment when a Prefect server has the evaluate-on-checkpoint
-    deployment (the ephemeral API runs no workers), else in-flow."""
-    if request.evaluation != "auto":
+    deployment (the ephemeral API runs no workers) and a worker polls its work pool, else in-flow. No worker polling
+    the pool is said (`say`) at once: in `auto`, as the reason to evaluate in-flow; with `deployment`, as what the
+    runs wait for, and what this submit does when none comes."""
+    if request.evaluation in ("in-flow", "off"):
         return request.evaluation
+    if request.evaluation == "deployment":
+        if why := unattended_pool():
+            say(f"{why}; the evaluation runs wait for one, and after {no_worker_s():.0f} s with none this submit "
+                "evaluates the steps left itself")
+        return "deployment"
     if not PREFECT_API_URL.value():
         return "in-flow"
     try:
         with get_client(sync_client=True) as client:
             client.read_deployment_by_name(EVAL_DEPLOYMENT)
-        return "deployment"
     except Exception:  # noqa: BLE001 - no such deployment (or no server): evaluate here
         return "in-flow"
+    if why := unattended_pool():
+        say(f"{why}; evaluating in this run (in-flow) instead")
+        return "in-flow"
+    return "deployment"
+
+
+def no_worker_s() -> float:
+    """How long no worker may poll the evaluation pool before a waiting submit evaluates the steps left itself:
+    `FRENZY_EVAL_NO_WORKER_S` when set, else NO_WORKER_S."""
+    return float(os.environ.get("FRENZY_EVAL_NO_WORKER_S", NO_WORKER_S))
+
+
+def pool_workers(client: Any, pool: Any, now: datetime) -> list[WorkerSeen] | None:
+    """The workers of the work pool `pool` as of `now`; None where workers say nothing (no pool, a paused one, said
+    apart; a push or managed pool, which has none)."""
+    if pool is None or pool.is_paused or pool.type.endswith(":push") or pool.type.startswith("prefect:"):
+        return None
+    return [WorkerSeen(name=w.name, interval_s=w.heartbeat_interval_seconds,
+                       beat_s=None if w.last_heartbeat_time is None else (now - w.last_heartbeat_time).total_seconds())
+            for w in client.read_workers_for_work_pool(pool.name)]
+
+
+def unattended_pool() -> str | None:
+    """Why no worker would take the evaluation deployment's runs now (its pool has no live worker), with the fixes;
+    None when one polls it, or the server cannot say (no server, no such deployment or pool)."""
+    try:
+        with get_client(sync_client=True) as client:
+            dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
+            pool = client.read_work_pool(dep.work_pool_name) if dep.work_pool_name else None
+            seen = pool_workers(client, pool, datetime.now(UTC))
+    except Exception:  # noqa: BLE001 - nothing known: the wait names a late run as before
+        return None
+    if seen is None or unattended_s(seen, 0.0) is None:
+        return None
+    return no_worker_words(pool.name, seen)
 
 
 def _watched(handle: _Future, controls: Controls, job: str, hang_s: float) -> LeaseLost | None:
@@ -122,6 +172,16 @@ event reached the server, but no run was created): submit starts its run itself.
 
 class DeploymentGone(Exception):  # noqa: N818 - a condition, not a failure: the waiting submit evaluates in-flow
     """The evaluate-on-checkpoint deployment is not on the server (deleted while submit waited)."""
+
+    fix = "`bash deployments/deploy.sh` deploys it again"
+
+
+class NoWorker(DeploymentGone):
+    """No worker has polled the deployment's work pool for `no_worker_s` while its runs waited, none running: the
+    waiting submit evaluates the steps left in-flow. Their runs stay queued: a worker started later takes them, finds
+    the steps scored (their lock, `reevaluate: false`) and evaluates nothing again."""
+
+    fix = "their runs stay queued: a worker started later finds those steps scored and evaluates nothing again"
 
 
 CANCEL_POLL_S = 10.0
@@ -169,13 +229,14 @@ class TriggeredEvaluations:
                  info: Callable[[str], None] = lambda _: None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC), earlier: frozenset[int] = frozenset(),
                  waited: frozenset[int] | None = None, outages: Outages | None = None,
-                 committed_at: Callable[[], CommitTimes] = CommitTimes) -> None:
+                 committed_at: Callable[[], CommitTimes] = CommitTimes, watched: datetime | None = None) -> None:
         """`earlier`: steps an earlier invocation committed (a resumed run): their runs count from any time.
         `waited`: the steps the submit waits for (None: every step with a run); the once-a-minute line names only
         these (red team 41l D1: it listed `step 40 Submitting`, a step retention had removed and that was not
         waited for). `outages`: when the API was unreachable (shared with the training's polls), and
         `committed_at`: when each step committed (epoch seconds): a step committed before an outage ended with no run
-        is started as soon as the server answers again."""
+        is started as soon as the server answers again. `watched`: since when the pool's workers have been watched
+        (the submit's start, where no worker was said first): the time with none counts from there."""
         self.root, self.since, self.warn, self.info, self.now = root.rstrip("/"), since, warn, info, now
         self.outages, self.committed_at = outages or Outages(slack_s=ORPHAN_S), committed_at
         self.lost: dict[int, str] = {}
@@ -206,6 +267,11 @@ class TriggeredEvaluations:
         """Per step: its newest run, as last read."""
         self.beats: dict[Any, tuple[datetime, datetime | None]] = {}
         """Per quiet RUNNING run: when its heartbeats were last read, and its newest heartbeat then."""
+        self.watched = watched
+        """Since when the pool's workers have been watched (their first read, unless given)."""
+        self.unattended: tuple[float, str] | None = None
+        """How long no worker has polled the pool, and why (with the fixes); None while one does (or none can say)."""
+        self.unattended_said = False
 
     def ended_without_score(self) -> dict[int, tuple[Verdict, str]]:
         """Steps whose newest run ended failed or crashed; {} (and one warning) when the server cannot say."""
@@ -215,6 +281,8 @@ class TriggeredEvaluations:
             return {**self._ended(), **{s: ("failed", why) for s, why in self.unstarted.items()}}
         except ObjectNotFound as err:
             raise DeploymentGone(f"the {EVAL_DEPLOYMENT} deployment is not on the server (deleted?)") from err
+        except DeploymentGone:
+            raise
         except Exception as err:  # noqa: BLE001 - the scores still arrive; only the early failure report is lost
             self.outages.failed(self.now().timestamp())
             if not self.warned:
@@ -233,7 +301,7 @@ class TriggeredEvaluations:
 
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name(EVAL_DEPLOYMENT)
-            self._paused(client, dep)
+            self._attended(client, self._paused(client, dep))
             self.period = heartbeat_period((dep.job_variables or {}).get("env") or {})
             after = None if self.earlier else FlowRunFilterExpectedStartTime(after_=self.since)
             runs = client.read_flow_runs(
@@ -251,6 +319,7 @@ class TriggeredEvaluations:
             out = {step: v for step, fr in newest.items() if (v := self._verdict(client, step, fr)) is not None}
             self._crash_unreaped(client)
         self.newest = newest
+        self._fall_back(newest)
         self.read_ok = True
         self.outages.answered(self.now().timestamp())
         self._say(newest)
@@ -272,7 +341,8 @@ class TriggeredEvaluations:
             return "failed", st.message or f"the run {fr.name} ended {st.name}"
         if st.type.value == "PENDING" and waited > stuck_s():  # claimed, and its process stopped, or its worker
             return "crashed", self._reap(client, fr, waited)
-        if st.type.value == "SCHEDULED" and waited > stuck_s() and step not in self.late_said and not self.pool_said:
+        if (st.type.value == "SCHEDULED" and waited > stuck_s() and step not in self.late_said and not self.pool_said
+                and self.unattended is None):  # no worker at all is said once, with the pool's workers
             self.late_said.add(step)
             self.warn(f"the evaluation run of step {step} ({fr.name}) has waited {waited:.0f} s for a worker: "
                       + self._no_worker_hint())
@@ -344,7 +414,33 @@ class TriggeredEvaluations:
         return (f"the deployment {EVAL_DEPLOYMENT} has no work pool: if a process serves it, is that process running? "
                 "if its work pool was deleted, deploy it again (`bash deployments/deploy.sh`)")
 
-    def _paused(self, client: Any, dep: Any) -> None:
+    def _attended(self, client: Any, pool: Any) -> None:
+        """Whether a worker polls the pool `pool` (None: paused, deleted, or not made yet: said apart): none alive
+        (none ever started, or every one missed three heartbeats) sets `unattended`."""
+        now = self.now()
+        self.watched = self.watched or now
+        seen = pool_workers(client, pool, now)
+        gap = None if seen is None else unattended_s(seen, (now - self.watched).total_seconds())
+        self.unattended = None if gap is None else (gap, no_worker_words(pool.name, seen or []))
+
+    def _fall_back(self, newest: dict[int, Any]) -> None:
+        """NoWorker when no worker has polled the pool for `no_worker_s` and none of the runs waited for is taken
+        (RUNNING, PENDING or CANCELLING: its process may still give a score, and is waited for as before); until
+        then, no worker is said once (again should it recur after one polled), with the fixes."""
+        if self.unattended is None:
+            self.unattended_said = False
+            return
+        gap, words = self.unattended
+        taken = [s for s, fr in newest.items() if (self.waited is None or s in self.waited) and fr.state is not None
+                 and fr.state.type.value in ("RUNNING", "PENDING", "CANCELLING")]
+        if gap >= no_worker_s() and not taken:
+            raise NoWorker(f"{words}; none for {gap:.0f} s")
+        if not self.unattended_said:
+            self.unattended_said = True
+            self.warn(f"{words}; the evaluation runs wait for one, and after {no_worker_s():.0f} s with none this "
+                      "submit evaluates the steps left itself")
+
+    def _paused(self, client: Any, dep: Any) -> Any:
         """Say when the deployment or its work pool is paused (its runs wait until it is resumed), with the fix, and
         when the pool it was bound to is deleted while submit waits (no worker takes its runs any more). Read at every
         poll: a pause said once may be lifted, or turn into a deletion."""
@@ -365,6 +461,7 @@ class TriggeredEvaluations:
                          and pool.is_paused else (f"the deployment {EVAL_DEPLOYMENT}", f"prefect deployment resume {EVAL_DEPLOYMENT}"))
             self.warn(f"{what} is paused: the evaluation runs wait until it is resumed (`{fix}`)")
         self.pool_said = paused or self.gone_said
+        return None if dep.paused else pool
 
     def other_suite(self, unscored: set[int], suite: str, history_dir: str) -> list[tuple[int, str]]:
         """The steps of `unscored` whose newest run completed for another suite or history directory (the job was
@@ -626,12 +723,12 @@ class FlowStages:
             return TrainOutcome(result=result, evaluations=ev.summaries() if ev else [],
                                 evaluation_failures=ev.failures() if ev else [])
 
-    def _evaluator(self, run: Run, device: str) -> InFlowEvaluator:
+    def _evaluator(self, run: Run, device: str, reevaluate: bool = True) -> InFlowEvaluator:
         r = self.request
         return InFlowEvaluator(r.job.training.checkpoint.uri, r.history_dir, run.job, run.suite,
                                evaluate=lambda uri: evaluate_task(EvaluateRequest(
                                    uri=uri, suite=r.suite_spec, device=device, executor=r.executor,
-                                   history_dir=r.history_dir)),
+                                   history_dir=r.history_dir, reevaluate=reevaluate)),
                                warn=self.log.warning,
                                ahead=(lambda: warmstart.start_next(device)) if r.executor == "local" else None)
 
@@ -702,7 +799,8 @@ class FlowStages:
         self.log.info("waiting for the evaluate-on-checkpoint runs of steps %s", steps)
         triggered = TriggeredEvaluations(root, self.started, self.log.warning, self.log.info, earlier=frozenset(earlier),
                                          waited=frozenset(steps), outages=self.outages,
-                                         committed_at=lambda: commit_times(Path(run.run_dir) / "progress.jsonl"))
+                                         committed_at=lambda: commit_times(Path(run.run_dir) / "progress.jsonl"),
+                                         watched=self.started)  # where no worker was said first (evaluation_mode)
 
         causes: dict[int, str] = {}  # why each step's newest run ended without a score, as said when it is rerun
 
@@ -733,9 +831,8 @@ class FlowStages:
             triggered.unseen = dict.fromkeys(earlier, datetime.min.replace(tzinfo=UTC))
             found, failures = collect_scores(read, steps, r.eval_timeout_s, runs=runs, rerun=again)
         except DeploymentGone as gone:
-            self.log.warning("%s: evaluating the steps left in this run (in-flow); `bash deployments/deploy.sh` "
-                             "deploys it again", gone)
-            ev = self._evaluator(run, self.device)
+            self.log.warning("%s: evaluating the steps left in this run (in-flow); %s", gone, gone.fix)
+            ev = self._evaluator(run, self.device, reevaluate=False)  # a step a late worker is scoring: its result
             ev.catch_up()
             found, failures = {s: ev.done[s] for s in steps if s in ev.done}, [f for f in ev.failures() if f.step in steps]
         for f in failures:

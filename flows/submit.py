@@ -69,7 +69,7 @@ def start(request: SubmitRequest) -> Run:
     process of the user's (the CLI, a notebook), to where it runs."""
     request = request.resolved(submission_base())
     suite = load_suite(request.suite_spec) if request.evaluation != "off" else None
-    mode = evaluation_mode(request) if suite else "off"
+    mode = evaluation_mode(request, get_run_logger().warning) if suite else "off"
     problems = _dataset_problems(request, suite)
     # in-flow the evaluation runs in this process: what it lacks fails here; a worker may have a plugin this lacks
     if refused := [p.text for p in problems if p.everywhere or mode == "in-flow"]:

@@ -778,3 +778,29 @@ def test_an_evaluation_whose_progress_reports_cannot_be_made_is_scored(ckpt, tmp
     err = capsys.readouterr().err
     assert err.count("evaluation progress could not be reported") == 1, err
     assert "ConnectionRefusedError: [Errno 111] Connection refused" in err and "the evaluation goes on" in err, err
+
+
+def test_an_evaluation_whose_run_ended_while_it_was_stopped_publishes_nothing_and_the_rerun_publishes(ckpt, tmp_path):
+    """Issue 41: an evaluation process SIGSTOPped on a worker is marked Crashed by the waiting submit (no heartbeat for
+    90 s) and its step run again; continued (SIGCONT), it wrote its result as well. Its run's state is now read just
+    before the publish: a run that ended there publishes nothing (no history line, no results directory), and the
+    run made again scores the step as if the first had never run."""
+    from tasks.evaluation.record import Fenced, evaluate_and_record
+    from tasks.pipeline.liveness import fenced
+
+    hist, uri = str(tmp_path / "evals"), f"{ckpt}/step_00000010"
+    run = ck.read_manifest(Storage(ckpt), 10).run
+    asked: list[str] = []
+
+    def crashed() -> str | None:
+        asked.append("CRASHED")
+        return fenced("CRASHED", "stopped-run")
+
+    with pytest.raises(Fenced, match="its run stopped-run is Crashed on the server") as err:
+        evaluate_and_record(uri, one_dataset(), EvalOptions(schedule="naive"), hist, reevaluate=False, fence=crashed)
+    assert asked == ["CRASHED"] and "nothing of this attempt is written" in str(err.value)
+    assert history.read(hist, run, "small") == [] and not (tmp_path / "evals" / run / "step_00000010" / "small").exists()
+    got = evaluate_and_record(uri, one_dataset(), EvalOptions(schedule="naive"), hist, reevaluate=False,
+                              fence=lambda: fenced("RUNNING", "rerun"))[1]
+    assert got.scores and [e.step for e in history.read(hist, run, "small")] == [10]
+    assert (tmp_path / "evals" / run / "step_00000010" / "small" / "result.json").exists()

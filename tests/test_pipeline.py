@@ -659,3 +659,26 @@ def test_a_running_evaluation_silent_for_three_heartbeats_is_gone_and_a_quiet_li
     # the cost: heartbeats are read only for a run quiet past 3 periods, and then once a period
     assert not worth_reading(90, period, None) and worth_reading(91, period, None)
     assert not worth_reading(500, period, 29) and worth_reading(500, period, 30) and not worth_reading(500, None, None)
+
+
+def test_a_pool_is_unattended_once_every_worker_missed_three_heartbeats_and_a_worker_between_polls_is_alive():
+    """Issue 41: with no worker on the evaluation pool, submit waited eval_timeout_s (1800 s) for runs no worker would
+    take. The decision, on fake worker records: alive until three heartbeats are missed (its own period, or Prefect's
+    30 s), so a worker between two polls is never taken for gone; with none alive, how long none has been seen."""
+    from tasks.pipeline.liveness import WorkerSeen, fenced, no_worker_words, unattended_s, worker_alive
+
+    between = WorkerSeen(name="w-between", beat_s=85.0)  # 30 s period: 2.8 periods since its last heartbeat
+    slow = WorkerSeen(name="w-slow", beat_s=170.0, interval_s=60)  # its own 60 s period: alive until 180 s
+    dead = WorkerSeen(name="w-dead", beat_s=95.0)
+    older = WorkerSeen(name="w-older", beat_s=4000.0)
+    assert worker_alive(between) and worker_alive(slow) and not worker_alive(dead)
+    assert not worker_alive(WorkerSeen(name="w-never", beat_s=None))
+    assert unattended_s([between, dead], watched_s=0.0) is None and unattended_s([slow], 0.0) is None
+    assert unattended_s([dead, older], watched_s=5.0) == 95.0  # since the newest heartbeat, however long watched
+    assert unattended_s([], watched_s=42.0) == 42.0  # none ever started: as long as submit has watched
+    words = no_worker_words("frenzy", [older, dead])
+    assert "no worker polls the work pool frenzy" in words and "w-dead, last polled 95 s ago" in words
+    assert "`prefect worker start --pool frenzy`" in words and "--evaluation in-flow" in words
+    assert "no worker ever polled it" in no_worker_words("frenzy", [])
+    assert fenced("RUNNING", "r") is None and fenced("CANCELLING", "r") is None and fenced(None, "r") is None
+    assert "its run r is Crashed on the server" in (fenced("CRASHED", "r") or "")

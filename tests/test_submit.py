@@ -1411,3 +1411,62 @@ def test_the_in_flow_evaluator_starts_the_next_evaluations_processes_only_when_a
     commit(40)
     ev.catch_up()
     assert calls[6:] == ["40"]  # the trainer has ended: nothing started after the last step
+
+
+def test_runs_no_worker_will_take_are_said_at_once_and_given_up_for_in_flow_a_worker_between_polls_is_alive(
+        prefect_server, tmp_path):
+    """Issue 41: `frenzy submit --evaluation deployment` with no worker on the pool waited eval_timeout_s (1800 s) for
+    Scheduled runs no worker would take. On the real server, a worker's heartbeats as the server records them and
+    the waiting submit's clock moved on: a worker 60 s after its heartbeat (between polls) is alive; 100 s after,
+    with the step's run not taken, NoWorker (the caller evaluates the steps left in-flow); a RUNNING run holds it
+    off. A pool that no worker ever polled is said at once, and `auto` evaluates in-flow from the start."""
+    from datetime import UTC, datetime, timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Running, Scheduled
+
+    from flows.stages import NoWorker, TriggeredEvaluations, evaluation_mode
+
+    root = f"file://{tmp_path}/ck-41p"
+    with get_client(sync_client=True) as client:
+        for name in ("pool-41p", "pool-41p-empty"):
+            client.create_work_pool(WorkPoolCreate(name=name, type="process"), overwrite=True)
+        flow_id = client.create_flow_from_name("evaluate-checkpoint")
+        dep = client.create_deployment(flow_id, name="evaluate-on-checkpoint", work_pool_name="pool-41p")
+        fr = client.create_flow_run_from_deployment(dep, parameters={"request": {"uri": f"{root}/step_00000010"}})
+        client.send_worker_heartbeat("pool-41p", "w-41p", heartbeat_interval_seconds=30)
+        beat = client.read_workers_for_work_pool("pool-41p")[0].last_heartbeat_time
+        clock, warned = [beat + timedelta(seconds=60)], []
+        t = TriggeredEvaluations(root, datetime.now(UTC) - timedelta(seconds=60), warned.append,
+                                 now=lambda: clock[0], waited=frozenset({10}))
+        assert t.ended_without_score() == {} and warned == []  # 2 of its heartbeats missed: between polls, alive
+        clock[0] = beat + timedelta(seconds=100)
+        client.set_flow_run_state(fr.id, Running(), force=True)
+        assert t.ended_without_score() == {}  # its process may still score the step: waited for as before
+        assert len(warned) == 1 and "no worker polls the work pool pool-41p (its newest worker, w-41p, last polled " \
+            "100 s ago)" in warned[0] and "`prefect worker start --pool pool-41p`" in warned[0], warned
+        client.set_flow_run_state(fr.id, Scheduled(), force=True)
+        with pytest.raises(NoWorker, match="none for 100 s"):
+            t.ended_without_score()
+        assert len(warned) == 1  # said once
+        assert client.read_flow_run(fr.id).state.type.value == "SCHEDULED"  # left for a worker started later
+        # a pool no worker ever polled: said at the first look, given up NO_WORKER_S (90 s) of watching later
+        client.create_deployment(flow_id, name="evaluate-on-checkpoint", work_pool_name="pool-41p-empty")
+        clock[0], warned[:] = datetime.now(UTC), []
+        t = TriggeredEvaluations(root, clock[0] - timedelta(seconds=60), warned.append, now=lambda: clock[0])
+        assert t.ended_without_score() == {} and len(warned) == 1 and "no worker ever polled it" in warned[0]
+        clock[0] += timedelta(seconds=91)
+        with pytest.raises(NoWorker, match="no worker polls the work pool pool-41p-empty"):
+            t.ended_without_score()
+        said: list[str] = []
+        req = _request(tmp_path)
+        assert evaluation_mode(req.model_copy(update={"evaluation": "auto"}), said.append) == "in-flow"
+        assert evaluation_mode(req.model_copy(update={"evaluation": "deployment"}), said.append) == "deployment"
+        assert len(said) == 2 and all("no worker polls the work pool pool-41p-empty" in s for s in said), said
+        assert "evaluating in this run (in-flow) instead" in said[0] and "evaluates the steps left itself" in said[1]
+        client.create_deployment(flow_id, name="evaluate-on-checkpoint", work_pool_name="pool-41p")
+        client.send_worker_heartbeat("pool-41p", "w-41p", heartbeat_interval_seconds=30)
+        assert evaluation_mode(req.model_copy(update={"evaluation": "auto"}), said.append) == "deployment"
+        assert len(said) == 2
+        client.delete_deployment(dep)  # no later test meets this pool's worker, gone quiet

@@ -113,7 +113,8 @@ def _writer(out: Path) -> Writer | None:
 
 def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: str = "evals",
                         progress: Callable[[str, float], None] | None = None,
-                        reevaluate: bool = True, overwrite: bool = False) -> tuple[EvalResult, EvalSummary]:
+                        reevaluate: bool = True, overwrite: bool = False,
+                        fence: Callable[[], str | None] | None = None) -> tuple[EvalResult, EvalSummary]:
     """Evaluate `uri` (a committed step or a root's newest) on `suite`, append the score to the run's history
     and redraw its plot; returns the full result and the summary. With `reevaluate` False, a step the history
     already scores on `suite` (or that another process is scoring now: this waits for it) is not evaluated again;
@@ -121,7 +122,9 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
 
     The results are written whole or not at all: into a temp directory beside the target, renamed over it when the
     evaluation is complete (tasks/outdir.py), so a kill leaves the previous results as they were. A target that holds
-    results is replaced only with `overwrite` (`--overwrite`)."""
+    results is replaced only with `overwrite` (`--overwrite`). `fence`, asked once the results are complete and
+    before any of them is published (the history line, the rename): a reason not to publish (this process's run was
+    marked Crashed and run again while it was stopped), raised as `Fenced`; its logs stay at `OUT.failed`."""
     if is_hf_dir(uri):  # a Hugging Face model directory is step 0 of a run named after it (as `evaluate` has it)
         run, step, at = str(hf_info(uri)["run"]), 0, None
     else:
@@ -146,9 +149,14 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
             if opts.out_dir or results_dir(history_dir, run, step, suite.name, root) == out:
                 return _record_into(out, uri, suite, opts, history_dir, progress,
                                     None if reevaluate else recorded(history_dir, run, step, suite.name, at), overwrite,
-                                    place_key(root))
+                                    place_key(root), fence)
     raise OutputError(f"{out} was taken by another checkpoint root's evaluation three times while this one waited; "
                       "run it again")
+
+
+class Fenced(FrenzyError):
+    """An evaluation complete but not published: its run was marked ended on the server (Crashed while its process
+    was stopped) and run again; the run made again publishes the step's result."""
 
 
 def _whole(done: EvalSummary | None) -> tuple[EvalResult, EvalSummary] | None:
@@ -163,7 +171,7 @@ def _whole(done: EvalSummary | None) -> tuple[EvalResult, EvalSummary] | None:
 
 def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_dir: str,
                  progress: Callable[[str, float], None] | None, done: EvalSummary | None,
-                 overwrite: bool, root: str) -> tuple[EvalResult, EvalSummary]:
+                 overwrite: bool, root: str, fence: Callable[[], str | None] | None = None) -> tuple[EvalResult, EvalSummary]:
     """`evaluate_and_record` into `out`, held alone: the recorded result `done` when its files are there, else a new
     evaluation, its history line (naming `out/result.json`) and the redrawn plot. `root`: the checkpoint root
     (place_key), marked in the attempt while it runs and so in its logs should it fail (`ROOT_MARK`)."""
@@ -180,6 +188,8 @@ def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_d
             if res.failed and earlier is not None:  # a partial result never replaces a complete one (red team 41m C2)
                 raise _KeptEarlier(_kept_aside(res, tmp, out, earlier))
             res = _renamed(res, tmp, out)
+            if fence is not None and (why := fence()):  # nothing of this attempt reaches the history or `out`
+                raise Fenced(why)
             (tmp / "result.json").write_text(res.model_dump_json(indent=1))
             # before the rename: a history that cannot be written (a full disk) leaves no results behind
             with machine_errors("frenzy evaluate", history.history_file(history_dir, res.run)):
