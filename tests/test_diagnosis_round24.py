@@ -7,6 +7,8 @@ B. A runner's in-line report of a step that raised (`Node 'x' failed with error:
 C. A device lost, in any runtime's enum (Unified Runtime's `UR_RESULT_ERROR_DEVICE_LOST`, Vulkan's).
 D. gloo unable to make a transport device for the host (`makeDeviceForHostname(): unsupported gloo device`).
 E. XLA's device allocator failing in words without `out of memory` (`Error allocating device buffer`).
+G. NCCL's `unhandled cuda error` raised while the process group is set up (an init frame beside it): the machine's
+   CUDA set-up; without such a frame it stays the GPU-fault rule's.
 F. Line choice: a DataLoader worker's traceback cut at its `raise` statement; a stamped watchdog line over the
    terminate handler's unstamped `what():` copy of it.
 
@@ -58,6 +60,19 @@ CASES = [
      "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to "
      "allocate 3.20G. That was not possible. There are 1.75G free.; (0x0x0_HBM0)\n",
      "OutOfMemoryError", "framework", "Error allocating device buffer", True),
+    ("NCCL's unhandled CUDA error under the process group's set-up is the machine's CUDA set-up",
+     "Traceback (most recent call last):\n  File \"train.py\", line 30, in <module>\n"
+     "    dist.init_process_group(backend='nccl')\n"
+     "  File \"/opt/torch/distributed/distributed_c10d.py\", line 1151, in init_process_group\n"
+     "    default_pg._get_backend(device).eager_connect_single_device(device)\n"
+     "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL "
+     "version 2.18.1\n",
+     "DriverError", "script", "unhandled cuda error, NCCL version 2.18.1", False),
+    ("a native stack's init frame below the abort counts the same",
+     "terminate called after throwing an instance of 'std::runtime_error'\n  what():  unhandled cuda error\n"
+     "*** SIGABRT received by PID 812; stack trace: ***\n    @     0x55d0c1a2 app::ncclCheck()\n"
+     "    @     0x55d0c1b9 app::distributedInit()\n    @     0x55d0c0f1 main\n",
+     "DriverError", "script", "what():  unhandled cuda error", False),
     ("a worker's traceback cut at its raise statement names the line",
      "Traceback (most recent call last):\n  File \"run.py\", line 40, in <module>\n    for batch in loader:\n"
      "KeyError: Caught KeyError in DataLoader worker process 2.\nOriginal Traceback (most recent call last):\n"
@@ -79,6 +94,15 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_failure_named_and_line_chosen(case: tuple[str, str, str, str, str, bool]) -> None:
     assert_case(HEAD, case)
+
+
+def test_unhandled_cuda_error_without_an_init_frame_stays_a_gpu_fault() -> None:
+    """Guard: mid-training, with no set-up frame near it, NCCL's unhandled CUDA error keeps the GPU-fault rule."""
+    assert_case(HEAD, (
+        "no init frame: the GPU-fault rule",
+        "terminate called after throwing an instance of 'std::runtime_error'\n"
+        "  what():  NCCL Error 1: unhandled cuda error\n",
+        "CUDAError", "infrastructure", "NCCL Error 1: unhandled cuda error", True))
 
 
 def test_a_cut_traceback_that_raises_nothing_keeps_the_wrapper() -> None:

@@ -20,6 +20,7 @@ from tasks.diagnosis.named import FRAME as _FRAME
 from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure, whose
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
 from tasks.diagnosis.rules import FETCH_FAILED as _FETCH_FAILED
+from tasks.diagnosis.rules import NCCL_INIT_CUDA as _NCCL_INIT_CUDA
 from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
 
 if TYPE_CHECKING:  # the agent (urllib, http) is imported only when it is asked
@@ -229,7 +230,7 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
         rule = match_line(k.text, learned)
         if rule is None:
             continue
-        rule = _fetch_failed(c.kept, i, rule)
+        rule = _init_cuda_failed(c, k, _fetch_failed(c.kept, i, rule))
         f = _finding(rule, _blame(c.kept, i, rule.category) if rule.blame else rule.category, k)
         if rule.type == "ChildFailed" and f.rank is None:  # an exitcode line of the summary: its block's rank, host
             f.rank, f.node = block_rank, f.node or block_host
@@ -263,6 +264,25 @@ def _fetch_failed(kept: list[Kept], i: int, rule: Rule) -> Rule:
         if _FRAME.search(k.text):
             return _FETCH_FAILED if _CLIENT_FRAME.search(k.text) else rule
     return rule
+
+
+_UNHANDLED_CUDA = re.compile(r"(?i)unhandled cuda error")
+_INIT_FRAME = re.compile(r"\b(?:init_process_group|init_parallel_env|_init_parallel_ctx|ncclCommInit\w*|"
+                         r"distributedInit|initDistributed|init_distributed\w*)\b")
+"""A frame (Python's or a native stack trace's) of a process group's set-up: torch's, Paddle's, flashlight's
+(`fl::distributedInit()`), NCCL's communicator creation."""
+_INIT_SPAN = 12
+
+
+def _init_cuda_failed(c: Compressed, k: Kept, rule: Rule) -> Rule:
+    """NCCL's `unhandled cuda error` (a CUDA call NCCL made failed) where the frames within _INIT_SPAN lines of it
+    (the traceback above, a native stack trace below; kept lines and the log's end) are the process group's
+    set-up: no collective has run, so the machine's CUDA set-up, not a GPU that faulted (NCCL_INIT_CUDA). Without
+    such a frame it keeps the GPU-fault rule."""
+    if rule.type != "CUDAError" or rule.category != "infrastructure" or not _UNHANDLED_CUDA.search(k.text):
+        return rule
+    near = [x.text for x in (*c.kept, *c.tail) if abs(x.line_no - k.line_no) <= _INIT_SPAN]
+    return _NCCL_INIT_CUDA if any(_INIT_FRAME.search(t) for t in near) else rule
 
 
 _LOCAL_PEER = 11

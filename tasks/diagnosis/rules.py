@@ -189,6 +189,14 @@ _OTHER_WORDS: list[Rule] = [
          "a NaN/inf was logged (the loss diverged): lower the learning rate, use bf16 or gradient clipping, and "
          "resume from a checkpoint before the divergence"),
 ]
+NCCL_INIT_CUDA = Rule("DriverError", "script", r"(?!)", 90, False,
+                      "NCCL could not make a CUDA call while the process group was being set up, before any "
+                      "collective ran: the machine's CUDA set-up (a driver older than the CUDA runtime torch or NCCL "
+                      "was built with, two ranks given one GPU, CUDA_VISIBLE_DEVICES hiding the GPU a rank asks for, "
+                      "IPC or peer access blocked in a container: --ipc=host, NCCL_P2P_DISABLE=1 to test); run with "
+                      "NCCL_DEBUG=INFO for the call that failed; a restart fails the same way")
+"""NCCL's `unhandled cuda error` (ncclUnhandledCudaError: a CUDA call NCCL made failed) in a log whose frames show the
+process group's set-up (tasks/diagnosis/diagnose.py reads them); elsewhere it keeps the GPU-fault rule."""
 FETCH_FAILED = Rule("ServiceUnreachable", "script", r"(?!)", 53, False, _FETCH)
 """A connect failure (`Network is unreachable`, `Connection timed out`, ...) raised in an HTTP client's or a
 download's frame (tasks/diagnosis/diagnose.py reads the frame): the run's download never reached its server."""
