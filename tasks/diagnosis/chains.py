@@ -15,8 +15,8 @@ A failed run's log often holds a wrapper and, beneath or above it, the line that
 - TensorFlow's `N root error(s) found.`: the first error it lists below it, `(0) Kind: message`, is the cause;
 - an exception class with its message on the next line (a paste that moved a line end, a debugger's banner): the
   next line is the cause;
-- inside one line: `Original reason for failure was:`, `terminated with exception:`, `what():`: the text after the
-  marker is the cause (`segments`).
+- inside one line: `Original reason for failure was:`, `terminated with exception:`, `what():`, `failed with error:`:
+  the text after the marker is the cause (`segments`).
 
 `links(kept)` maps each wrapper line (an index into the kept lines) to the line that states its cause; the
 diagnosis follows the links to the innermost cause, which takes the wrapper's place and standing. Lines are paired
@@ -55,7 +55,7 @@ _SAME_LINE = re.compile(r"(?:Last error:|Caused by:)\s*(\S.*)$")
 _DIRECT = re.compile(r"The above exception was the direct cause of the following exception")
 _CLASS = re.compile(r"([A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))\b")
 _DURING = re.compile(r"During handling of the above exception, another exception occurred")
-_REMOTE = re.compile(r"Original Traceback \(most recent call last\)|-- Process \d+ terminated with the following "
+REMOTE = re.compile(r"Original Traceback \(most recent call last\)|-- Process \d+ terminated with the following "
                      r"error|RemoteTraceback|\bRayTaskError\b|\bRaySystemError\b: System error: ")
 """A traceback re-raised from another process: the cause is the exception that ends it."""
 _DETAIL = re.compile(r":\s*$")
@@ -79,8 +79,9 @@ TRACEBACK = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?Traceback \(most recent call la
 """A traceback's header: where it follows an exception class printed alone (a handler's `print(type(e).__name__)`),
 the class's message is the exception line that ends the traceback, not the header."""
 INLINE = re.compile(r"Original reason for failure was:|terminated with exception:|\bwhat\(\):|Caused by:|"
-                    r"because of the following error[^:]*:|Last error:")
-"""In-line chain markers: the text after the last one is the innermost cause."""
+                    r"because of the following error[^:]*:|Last error:|\bfailed with error:")
+"""In-line chain markers: the text after the last one is the innermost cause. `X failed with error: Y` is a
+runner's report of a step that raised (a pipeline's node, a task, a backend's call): Y is what the step said."""
 WINDOW = 6
 """How far (in log lines) a wrapper may be from its marker, and a marker from the cause it announces."""
 HEADER_SPAN = 80
@@ -174,10 +175,10 @@ def links(kept: Sequence[Line], found: set[int]) -> dict[int, int]:
             below = _after(kept, i, 8 * WINDOW, lambda j: is_exc[j])
             if above and below is not None:
                 out.setdefault(below, above[0])
-        elif _REMOTE.search(text):  # re-raised from another process: the exception that ends the inner traceback
-            cause = _after(kept, i, 40 * WINDOW, lambda j: is_exc[j] and not _REMOTE.search(kept[j].text))
+        elif REMOTE.search(text):  # re-raised from another process: the exception that ends the inner traceback
+            cause = _after(kept, i, 40 * WINDOW, lambda j: is_exc[j] and not REMOTE.search(kept[j].text))
             if cause is None:  # an exception class named neither Error nor Exception, read off its shape
-                cause = _after(kept, i, 40 * WINDOW, lambda j: j in found and not _REMOTE.search(kept[j].text))
+                cause = _after(kept, i, 40 * WINDOW, lambda j: j in found and not REMOTE.search(kept[j].text))
             if cause is not None:
                 for w in ([i] if i in found else []) + _before(kept, i, 3, lambda j: j in found):
                     if w != cause:
@@ -197,7 +198,7 @@ def _message_below(kept: Sequence[Line], i: int) -> int | None:
         text = kept[j].text
         return bool(text.strip()) and (kept[j].line_no == start + 1 or (
             kept[j - 1].line_no == start + 1 and not kept[j - 1].text.strip()
-            and not (_REMOTE.search(text) or _DIRECT.search(text) or _DURING.search(text))))
+            and not (REMOTE.search(text) or _DIRECT.search(text) or _DURING.search(text))))
     return _after(kept, i, 2, carries)
 
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tasks.diagnosis.chains import EXCEPTION, innermost, links, rank_of, segments
+from tasks.diagnosis.chains import EXCEPTION, REMOTE, innermost, links, rank_of, segments
 from tasks.diagnosis.compress import Compressed, Kept, compress
 from tasks.diagnosis.named import FRAME as _FRAME
 from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure, whose
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
 from tasks.diagnosis.rules import FETCH_FAILED as _FETCH_FAILED
+from tasks.diagnosis.rules import NCCL_INIT_CUDA as _NCCL_INIT_CUDA
 from tasks.userfiles import UserFileError, looks_binary, open_user_file, regular_file
 
 if TYPE_CHECKING:  # the agent (urllib, http) is imported only when it is asked
@@ -190,11 +191,13 @@ def _blame(kept: list, i: int, category: str) -> str:
 
 
 def _order(cand: _Cand) -> tuple:
-    """Highest priority first; among equals the earliest by the log's own timestamps (ranks interleave out of
-    order in merged logs), then by position."""
+    """Highest priority first; among equals a line the runtime stamped when it wrote it (glog's, c10d's) before
+    one with no stamp, the earliest stamp first (ranks interleave out of order in merged logs), then by position.
+    An unstamped line of the same standing is written later about the same failure (the C++ terminate handler's
+    `what():` copy of the watchdog's exception, printed as the process dies) or its time is unknown."""
     f = cand.finding
     m = _STAMP.search(f.line)
-    return (cand.priority, -int(bool(m)), tuple(-ord(ch) for ch in "".join(m.groups())) if m else (), -f.line_no)
+    return (cand.priority, bool(m), tuple(-ord(ch) for ch in "".join(m.groups())) if m else (), -f.line_no)
 
 
 def _finding(rule: Rule, category: str, k: Kept, rank: int | None = None, node: str | None = None) -> Finding:
@@ -227,7 +230,7 @@ def _candidates(c: Compressed, learned: list[Rule]) -> dict[int, _Cand]:
         rule = match_line(k.text, learned)
         if rule is None:
             continue
-        rule = _fetch_failed(c.kept, i, rule)
+        rule = _init_cuda_failed(c, k, _fetch_failed(c.kept, i, rule))
         f = _finding(rule, _blame(c.kept, i, rule.category) if rule.blame else rule.category, k)
         if rule.type == "ChildFailed" and f.rank is None:  # an exitcode line of the summary: its block's rank, host
             f.rank, f.node = block_rank, f.node or block_host
@@ -261,6 +264,25 @@ def _fetch_failed(kept: list[Kept], i: int, rule: Rule) -> Rule:
         if _FRAME.search(k.text):
             return _FETCH_FAILED if _CLIENT_FRAME.search(k.text) else rule
     return rule
+
+
+_UNHANDLED_CUDA = re.compile(r"(?i)unhandled cuda error")
+_INIT_FRAME = re.compile(r"\b(?:init_process_group|init_parallel_env|_init_parallel_ctx|ncclCommInit\w*|"
+                         r"distributedInit|initDistributed|init_distributed\w*)\b")
+"""A frame (Python's or a native stack trace's) of a process group's set-up: torch's, Paddle's, flashlight's
+(`fl::distributedInit()`), NCCL's communicator creation."""
+_INIT_SPAN = 12
+
+
+def _init_cuda_failed(c: Compressed, k: Kept, rule: Rule) -> Rule:
+    """NCCL's `unhandled cuda error` (a CUDA call NCCL made failed) where the frames within _INIT_SPAN lines of it
+    (the traceback above, a native stack trace below; kept lines and the log's end) are the process group's
+    set-up: no collective has run, so the machine's CUDA set-up, not a GPU that faulted (NCCL_INIT_CUDA). Without
+    such a frame it keeps the GPU-fault rule."""
+    if rule.type != "CUDAError" or rule.category != "infrastructure" or not _UNHANDLED_CUDA.search(k.text):
+        return rule
+    near = [x.text for x in (*c.kept, *c.tail) if abs(x.line_no - k.line_no) <= _INIT_SPAN]
+    return _NCCL_INIT_CUDA if any(_INIT_FRAME.search(t) for t in near) else rule
 
 
 _LOCAL_PEER = 11
@@ -581,6 +603,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                        "last error line, where to start); a person decides, and a rule for it can be added to "
                        "tasks/diagnosis/rules.py")
     best = _error_after_warning(cands, _pick(c, cands, wrappers))
+    _cut_remote(c, best, base)
     evidence = [x.finding for _, x in sorted(cands.items()) if x is not best][:MAX_EVIDENCE]
     f = best.finding
     restartable, mitigation = best.rule.restartable, best.rule.mitigation
@@ -590,6 +613,22 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                      rank=f.rank,
                      node=f.node, restartable=restartable, mitigation=mitigation, evidence=evidence, via=best.via,
                      **base)
+
+
+def _cut_remote(c: Compressed, best: _Cand, base: dict) -> None:
+    """A wrapper of an exception re-raised from another process (`Caught ValueError in DataLoader worker process 0`
+    above the worker's `Original Traceback`) whose inner traceback the log cuts before its exception line: the
+    inner traceback's last code line, where it is a `raise` statement (`raise ValueError('fail to read ...')` in
+    the dataset's code), states the exception the worker raised, as in any traceback a log cuts
+    (`_truncated_traceback`), and takes the root line; the wrapper's diagnosis stays (it says what kind of failure
+    it re-raised). A traceback cut at a frame that raises nothing (torch's own `fetcher.fetch(index)`) says less
+    than the wrapper, which keeps the line."""
+    f = best.finding
+    if not any(REMOTE.search(k.text) and k.line_no > f.line_no for k in c.kept):
+        return
+    cut = _truncated_traceback(c, base)
+    if cut and cut.line_no and cut.line_no > f.line_no and _RAISED.match(cut.root_cause_line or ""):
+        f.line, f.line_no = (cut.root_cause_line or "").strip(), cut.line_no
 
 
 def _as_written(c: Compressed, f: Finding) -> str:

@@ -112,6 +112,39 @@ _SETUP_AND_RESOURCE: list[Rule] = [
          "lost node); resumed once, and if it recurs, check dmesg for the OOM killer and lower the host memory the "
          "ranks use (data-loader workers, CPU offload)"),
 ]
+# Round 24 (issue 45): sets 21 and 22's families, each a mechanism in the words of the system that reports it.
+_ROUND24: list[Rule] = [
+    # The shell could not find the program it was told to run (bash's `X: command not found`, zsh's `command not
+    # found: X`, dash's `sh: 1: X: not found`), in the locale's words where the shell is translated, or Windows'
+    # cmd.exe and PowerShell: the launcher (torchrun, deepspeed, python of an environment) is not installed or not
+    # on PATH in the environment the script ran in. The job never started; a restart fails the same way.
+    Rule("CommandNotFound", "script",
+         r"\bcommand not found\b|^\S*sh: (?:line )?\d+: [^\s:]+: not found\s*$|"
+         r"未找到命令|找不到命令|命令找不到|コマンドが見つかりません|Befehl nicht gefunden|commande introuvable|"
+         r"no se encontró la orden|orden no encontrada|comando não encontrado|comando non trovato|"
+         r"команда не найдена|is not recognized as an internal or external command|"
+         r"is not recognized as (?:the )?name of a cmdlet", 66, False,
+         "the shell could not find the program the script runs (torchrun, deepspeed, a python of another "
+         "environment): install it or activate the environment that has it (check with `which NAME`), or call it by "
+         "its full path (`python -m torch.distributed.run`); a restart fails the same way"),
+    # gloo could not build a transport device for this host (`makeDeviceForHostname(): unsupported gloo device`,
+    # `makeDeviceForInterface`): the host's name resolves to no address of an interface gloo can use, or this
+    # build's gloo has no transport for the platform (Windows builds: libuv only). Before any peer is contacted,
+    # so the machine's set-up, not the network.
+    Rule("DistributedInitError", "script",
+         r"makeDeviceFor(?:Hostname|Interface)\(\)[^\n]*(?:unsupported|failed|error)|unsupported gloo device",
+         63, False,
+         "gloo could not make a network device for this host before any peer was contacted: set GLOO_SOCKET_IFNAME to "
+         "an interface the host has (and MASTER_ADDR to its address), make the host's name resolve to that address, "
+         "or on Windows use a build and init method its gloo supports (USE_LIBUV=1, a tcp:// init_method); a restart "
+         "fails the same way"),
+    # XLA's device allocator words its failure without `out of memory` (`Error allocating device buffer: Attempting
+    # to allocate 15.65G. That was not possible. There are 11.08G free.`): the accelerator's memory, as torch's OOM
+    Rule("OutOfMemoryError", "framework",
+         r"Error allocating device buffer|Attempting to allocate [\d.]+\s?[KMGT]?i?B?\. That was not possible", 80,
+         True, "the accelerator (GPU or TPU HBM) ran out of memory: free what an earlier run in this process still "
+               "holds, a smaller batch or model shard; restart with more memory per device"),
+]
 # Round 20 (issue 45): failures in the words of other frameworks, runtimes and services (set 17's families).
 _OTHER_WORDS: list[Rule] = [
     # GPU memory exhausted, in the words of runtimes other than torch's: Paddle's allocator (`Out of memory error on
@@ -156,6 +189,14 @@ _OTHER_WORDS: list[Rule] = [
          "a NaN/inf was logged (the loss diverged): lower the learning rate, use bf16 or gradient clipping, and "
          "resume from a checkpoint before the divergence"),
 ]
+NCCL_INIT_CUDA = Rule("DriverError", "script", r"(?!)", 90, False,
+                      "NCCL could not make a CUDA call while the process group was being set up, before any "
+                      "collective ran: the machine's CUDA set-up (a driver older than the CUDA runtime torch or NCCL "
+                      "was built with, two ranks given one GPU, CUDA_VISIBLE_DEVICES hiding the GPU a rank asks for, "
+                      "IPC or peer access blocked in a container: --ipc=host, NCCL_P2P_DISABLE=1 to test); run with "
+                      "NCCL_DEBUG=INFO for the call that failed; a restart fails the same way")
+"""NCCL's `unhandled cuda error` (ncclUnhandledCudaError: a CUDA call NCCL made failed) in a log whose frames show the
+process group's set-up (tasks/diagnosis/diagnose.py reads them); elsewhere it keeps the GPU-fault rule."""
 FETCH_FAILED = Rule("ServiceUnreachable", "script", r"(?!)", 53, False, _FETCH)
 """A connect failure (`Network is unreachable`, `Connection timed out`, ...) raised in an HTTP client's or a
 download's frame (tasks/diagnosis/diagnose.py reads the frame): the run's download never reached its server."""
@@ -191,7 +232,9 @@ _ANY_WORDS: list[Rule] = [
     Rule("ECCError", "infrastructure", r"cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|ECCUncorrectable",
          95, True, "cordon the node (GPU memory errors) and resume on healthy GPUs; have the GPU checked"),
     Rule("NodeFailure", "infrastructure",
-         _UNHEDGED + r"ZE_RESULT_ERROR_DEVICE_LOST|\b(?:GPU|XPU|device)(?: error)?:? (?:device )?(?:was |is |has been )?lost\b|"
+         # the runtime's enum for a lost device: Level Zero's, Unified Runtime's (SYCL, torch's XPU), Vulkan's
+         _UNHEDGED + r"\b(?:ZE|UR|VK)_(?:RESULT_)?ERROR_DEVICE_LOST\b|"
+         r"\b(?:GPU|XPU|device)(?: error)?:? (?:device )?(?:was |is |has been )?lost\b|"
          r"\bamdgpu\b[^\n]*(?:GPU reset|ring \w+ timeout|GPU fault|page fault)|\bGPU (?:reset|hang)\b(?! ?(?:succeeded|ok))|"
          r"\bGPU page fault\b|\b(?:memory access|page) fault\b[^\n]*\b(?:by|on) (?:the )?(?:GPU|device)\b)", 92, True,
          "the GPU was lost or hung (a reset, a page fault, the device gone): run the node check on this rank's node, "
@@ -601,6 +644,7 @@ RULES: list[Rule] = [
          "(HTTPS_PROXY), use a mirror (HF_ENDPOINT) or fetch the files beforehand and run offline (HF_HUB_OFFLINE=1); "
          "a restart from the same machine fails the same way"),
     *_SETUP_AND_RESOURCE,
+    *_ROUND24,
     *_OTHER_WORDS,
     # -- infrastructure: network and storage (often the consequence of a dead peer) ---------------------------
     Rule("S3StorageError", "infrastructure",
@@ -832,7 +876,10 @@ ERROR_KEYWORDS: tuple[bytes, ...] = (
     b"memory usage limit", b" spot", b"nvcc fatal", b"satisfies the requirement",
     b"matching distribution", b"badzipfile", b"windows fatal", b"tensor had", b"summary histogram", b"preempted",
     b"pthread_create", b"start new thread", b"stack overflow", b"compiled using numpy", b"critical", b"check failed",
-    b"on signal", b"signals.sig", b"sigterm", b"memory access fault", b"has been shut down")
+    b"on signal", b"signals.sig", b"sigterm", b"memory access fault", b"has been shut down",
+    b"not recognized", "未找到命令".encode(), "找不到命令".encode(), "命令找不到".encode(),
+    "コマンドが見つかりません".encode(), b"befehl nicht gefunden", b"commande introuvable", "no se encontró".encode(),
+    b"orden no encontrada", "comando não encontrado".encode(), b"comando non trovato", "команда не найдена".encode())
 """Lines worth keeping in compression and trying rules on (lower-case substrings): cheap to find (`bytes.find`,
 in C), a superset of what the rules match. They are looked for in templates whose digits are 0, so no keyword holds
 another digit."""
