@@ -108,19 +108,21 @@ def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, t
 
 def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server, tmp_path):
     from cluster.inventory import InventoryError
-    from flows.submit import submit
+    from flows.submit import start, submit
     from tasks.evaluation.suite import SuiteError
 
     req = _request(tmp_path)
+    # whole flow runs: a suite the run's start refuses, and a cluster the flow cannot load
     with pytest.raises(SuiteError, match="neither a built-in suite .*core.*quick"):
         submit(req.model_copy(update={"suite": "nope"}))
     with pytest.raises(InventoryError, match="phoebe"):
         submit(req.model_copy(update={"cluster": "nope"}))
+    # what else the run's start (the flow's first step, flows/submit.start) refuses, called as the flow calls it:
     # evaluated in this process (in-flow), a dataset plugin it cannot import would fail only after training
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
         {"name": "qa", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "no_such_pkg_x:make"}]}))
     with pytest.raises(SuiteError, match="plugin no_such_pkg_x:make: no module 'no_such_pkg_x' here"):
-        submit(req.model_copy(update={"suite": str(tmp_path / "s.yaml")}))
+        start(req.model_copy(update={"suite": str(tmp_path / "s.yaml")}))
     # a dataset that names a directory (where its .jsonl files were meant) fails every evaluation, on any worker:
     # refused before training, also when workers evaluate (deployment), naming the suite, the dataset and the fix
     (tmp_path / "data").mkdir()
@@ -129,7 +131,7 @@ def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server
         {"name": "qa", "examples": 1, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "data"}]}))
     for mode in ("in-flow", "deployment"):
         with pytest.raises(SuiteError, match=r"d.yaml: dataset 'qa': data is a directory .*`dataset: data/a.jsonl`"):
-            submit(req.model_copy(update={"suite": str(tmp_path / "d.yaml"), "evaluation": mode}))
+            start(req.model_copy(update={"suite": str(tmp_path / "d.yaml"), "evaluation": mode}))
     assert not (tmp_path / "run").exists() and not (tmp_path / "ledger.db").exists()
 
 
