@@ -106,7 +106,10 @@ def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, t
     assert led.allocations() == [] and led.queue() == []
 
 
-def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server, tmp_path):
+def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server, tmp_path, monkeypatch):
+    import logging
+
+    import flows.submit
     from cluster.inventory import InventoryError
     from flows.submit import start, submit
     from tasks.evaluation.suite import SuiteError
@@ -117,7 +120,9 @@ def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server
         submit(req.model_copy(update={"suite": "nope"}))
     with pytest.raises(InventoryError, match="phoebe"):
         submit(req.model_copy(update={"cluster": "nope"}))
-    # what else the run's start (the flow's first step, flows/submit.start) refuses, called as the flow calls it:
+    # what else the run's start (the flow's first step, flows/submit.start) refuses, called as the flow calls it
+    # (a plain logger for the run's, which exists only in a flow run):
+    monkeypatch.setattr(flows.submit, "get_run_logger", lambda: logging.getLogger("frenzy.test.start"))
     # evaluated in this process (in-flow), a dataset plugin it cannot import would fail only after training
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
         {"name": "qa", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "no_such_pkg_x:make"}]}))
