@@ -677,10 +677,8 @@ class FlowStages:
             tune_auto(treq.job, self.ledger, a.plan, a.allocation, len(run.recoveries), self.log)
             self.log.info("evaluation: %s%s", run.mode, f" on suite {run.suite}" if run.suite else "")
             self.device = "cuda" if treq.gpu_indices else "cpu"  # where evaluations run in-flow (also as a fallback)
-            if r.device == "cuda" and not treq.gpu_indices:
-                self.log.warning("--device cuda, but the allocation on %s holds no CUDA GPU: training runs on the CPU "
-                                 "(give a cluster with GPUs, or --device cpu to say so)",
-                                 ", ".join(n.node for n in a.allocation.nodes))
+            if (on_cpu := at.cpu_fallback(r, treq, a.allocation)) is not None:
+                self.log.warning("%s", on_cpu)
             ev = self._evaluator(run, self.device) if run.mode == "in-flow" else None
             if ev is not None and ev.ahead is not None:  # the first evaluation's imports and processes, made ready now
                 _ready_ahead(self.device)

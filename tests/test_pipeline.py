@@ -682,3 +682,113 @@ def test_a_pool_is_unattended_once_every_worker_missed_three_heartbeats_and_a_wo
     assert "no worker ever polled it" in no_worker_words("frenzy", [])
     assert fenced("RUNNING", "r") is None and fenced("CANCELLING", "r") is None and fenced(None, "r") is None
     assert "its run r is Crashed on the server" in (fenced("CRASHED", "r") or "")
+
+
+def commit_steps(root: str, steps: tuple[int, ...]) -> None:
+    """Committed checkpoints of a 2-float model at `steps` under `root` (what `already_finished` looks for)."""
+    import torch
+
+    from tasks.training import checkpoint as ck
+    from tasks.training.storage import Storage
+
+    c = ck.AsyncCheckpointer(Storage(root), 0, 1, run="j", keep=5)
+    fields = {"layout": {}, "cursor": {}, "loss": {}, "healthy": True, "trainer": {}, "fingerprint": {}}
+    for step in steps:
+        c.save(step, [("w", torch.zeros(2))], fields)
+    c.close()
+
+
+def test_a_finished_job_submitted_again_is_reported_with_the_historys_scores_and_fewer_steps_are_named(tmp_path):
+    """What test_submit's whole-pipeline test asked of three more submits of its finished 60-step job: the same job
+    is reported and trains nothing; edited to fewer steps (red team 41c S9) it is still the 60-step run, said so; a
+    score that landed after the run was reported counts. The flow's early return is the evaluation-off test's third
+    submit (tests/test_submit.py)."""
+    from cli.submit import _human
+    from cluster.ledger import RunRecord
+    from tasks.evaluation import history
+    from tasks.pipeline.summary import already_finished
+
+    root, hist = f"file://{tmp_path}/ck", str(tmp_path / "evals")
+    commit_steps(root, (20, 40, 60))
+    run = new_run(history_dir=hist)
+    run.request.job.training.steps, run.request.job.training.checkpoint.uri = 60, root
+    trained = result(60).model_copy(update={"checkpoint_uri": root, "checkpoints": [
+        CheckpointRecord(step=s, uri=f"{root}/step_{s:08d}", blocked_s=0, persist_s=0, bytes=1) for s in (20, 40, 60)]})
+    f = Fake(plans=[plan("A100", 1)], allocations=[alloc(1, 1, "A100", "n0")],
+             outcomes=[TrainOutcome(result=trained, evaluations=[summary(20), summary(40), summary(60)])])
+    res = submit_result(drive(run, f, clock=ticks()))
+    rec = RunRecord(job="j", stage="reported", checkpoint_root=root, run_dir="/runs/j", history_dir=hist, suite="quick",
+                    result=res.model_dump_json(), report=res.report)
+    done = already_finished(rec, run.request, "quick")
+    assert done is not None and done.already_finished and done.train == res.train and done.report == res.report
+    assert done.evaluations == res.evaluations and done.notes == [] and "nothing trained again" in _human(done, 1.0)
+    fewer = run.request.model_copy(update={"job": run.request.job.model_copy(deep=True)})
+    fewer.job.training.steps = 40
+    edited = already_finished(rec, fewer, "quick")
+    assert edited is not None and edited.already_finished and edited.train.final_step == 60
+    [note] = edited.notes
+    assert "j now asks for 40 steps, but its run" in note and "holds 60" in note, note
+    assert "new name or a new training.checkpoint.uri" in note and f"note: {note}" in _human(edited, 1.0)
+    # reported before step 60's score landed (an evaluation run that ended later): the history's score counts
+    early = res.model_copy(update={"evaluations": res.evaluations[:2]}).model_dump_json()
+    assert [e.step for e in already_finished(rec, run.request, "quick").evaluations] == [20, 40, 60]
+    # control: no score of step 60 anywhere yet, so it was never evaluated: the submit evaluates it, reports nothing
+    assert already_finished(rec.model_copy(update={"result": early}), run.request, "quick") is None
+    history.append(hist, "j", 60, f"{root}/step_00000060", "quick", {"x": {"acc": 0.5}})
+    again = already_finished(rec.model_copy(update={"result": early}), run.request, "quick")
+    assert again is not None and [e.step for e in again.evaluations] == [20, 40, 60]
+
+
+def test_a_rerun_that_trains_nothing_reports_the_training_that_committed_its_final_step(tmp_path):
+    """The ledger has no word of a finished run (another ledger, or stopped while it waited for its evaluations): the
+    trainer resumes at the final step and trains nothing, and the run reports the earlier training (its loss,
+    throughput, checkpoints and trace, for the straggler analysis), its result.json put back. What the whole-pipeline
+    test's sixth submit checked; the real trainer's path through it is the evaluation-off test's second submit."""
+    import math
+
+    from tasks.pipeline.rerun import Earlier
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    earlier = result(60).model_copy(update={"last_loss": 2.5, "tokens_per_s": 1234.0, "trace": "/runs/j/traces"})
+    (run_dir / "result.json").write_text(text := earlier.model_dump_json())
+    before = Earlier(run_dir)  # read before the trainer replaces it
+    nothing = result(60).model_copy(update={"resumed_from_step": 60, "checkpoints": [], "last_loss": math.nan,
+                                            "tokens_per_s": 0.0, "trace": None})
+    (run_dir / "result.json").write_text(nothing.model_dump_json())
+    kept = before.carried_over(nothing)
+    assert kept == earlier.model_copy(update={"resumed_from_step": 60})
+    assert (run_dir / "result.json").read_text() == text
+    # controls: a resume that trained, a result of another checkpoint root, no earlier result: this run's own
+    trained = result(80).model_copy(update={"resumed_from_step": 60})
+    assert before.carried_over(trained) is trained
+    elsewhere = nothing.model_copy(update={"checkpoint_uri": "file:///elsewhere"})
+    assert before.carried_over(elsewhere) is elsewhere
+    assert Earlier(tmp_path / "none").carried_over(nothing) is nothing
+
+
+def test_device_cuda_on_an_allocation_without_a_cuda_gpu_trains_on_the_cpu_and_says_so():
+    """Red team 41g S15: `--device cuda` on a machine without CUDA trained on the CPU and said nothing. The trainer's
+    request is for the CPU, the warning names the allocation's node, and the summary says where it trained. A GPU
+    allocation and `--device cpu` say nothing. (test_submit's device test reads the same lines of a real run.)"""
+    import socket
+    from pathlib import Path
+
+    from cli.submit import _human
+    from tasks.pipeline.attempt import cpu_fallback, training_request
+
+    host = socket.gethostname()
+    req = new_run(device="cuda").request
+    on_cpu = alloc(1, 1, "cpu", host)
+    treq = training_request(req, on_cpu, plan("cpu", 1), Path("/runs/j"))
+    assert treq.device == "cpu" and not treq.gpu_indices
+    assert cpu_fallback(req, treq, on_cpu) == (
+        f"--device cuda, but the allocation on {host} holds no CUDA GPU: training runs on the CPU (give a cluster "
+        "with GPUs, or --device cpu to say so)")
+    assert cpu_fallback(req.model_copy(update={"device": "cpu"}), treq, on_cpu) is None
+    on_gpu = alloc(2, 2, "A100", host)
+    gtreq = training_request(req, on_gpu, plan("A100", 2), Path("/runs/j"))
+    assert gtreq.device == "cuda" and gtreq.gpu_indices == [0, 1] and cpu_fallback(req, gtreq, on_gpu) is None
+    f = Fake(plans=[plan("cpu", 1)], allocations=[on_cpu], outcomes=[TrainOutcome(result=result(10))])
+    said = _human(submit_result(drive(new_run(), f, ticks())), 1.0)
+    assert said.startswith(f"j: 10 steps on 1 x cpu (dp=1 tp=1 pp=1 mb=2), placed on {host}[0]; "), said

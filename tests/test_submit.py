@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -86,34 +87,12 @@ def test_submit_runs_the_whole_pipeline_and_gives_the_gpus_back(prefect_server, 
     assert [e.step for e in again.evaluations] == [20, 40, 60]  # the report shows the whole run
     assert len((tmp_path / "evals" / "sub" / "history.jsonl").read_text().splitlines()) == 3  # 20, 40 not redone
 
-    # the ledger records where the run's files are; submitting the finished job again reports it, trains nothing
+    # the ledger records where the run's files are (what a later submit of the finished job reports from: that
+    # decision, the history's scores and the fewer-steps note are test_pipeline's; the flow's early return is the
+    # evaluation-off test's third submit; a rerun that trains nothing reports the earlier training: test_pipeline's
+    # Earlier test, and the evaluation-off test's second submit through the real trainer)
     rec = Ledger(str(tmp_path / "ledger.db")).run("sub")
     assert rec.stage == "reported" and rec.report == again.report and rec.history_dir == str(tmp_path / "evals")
-    done = submit(traced(steps=60))
-    assert done.already_finished and done.train == again.train and done.evaluations == again.evaluations
-    assert done.report == again.report and "nothing trained again" in _human(done, 1.0)
-    assert done.notes == []
-    # the job edited to fewer steps than its run holds (red team 41c S9): the 60-step run is reported, and said so
-    fewer = submit(traced(steps=40))
-    assert fewer.already_finished and fewer.train.final_step == 60 and len(fewer.notes) == 1
-    assert "sub now asks for 40 steps, but its run" in fewer.notes[0] and "holds 60" in fewer.notes[0]
-    assert "new name or a new training.checkpoint.uri" in fewer.notes[0]
-    assert f"note: {fewer.notes[0]}" in _human(fewer, 1.0)
-    # the run reported before step 60's score landed (an evaluation run that ended later): the history's score counts
-    led = Ledger(str(tmp_path / "ledger.db"))
-    early = again.model_copy(update={"evaluations": again.evaluations[:2]})
-    led.record_run(rec.model_copy(update={"result": early.model_dump_json()}))
-    assert [e.step for e in submit(traced(steps=60)).evaluations] == [20, 40, 60]
-
-    # the ledger has no word of it (stopped while it waited for its evaluations, or another ledger): the trainer
-    # resumes at step 60 and trains nothing; the run reports the training that committed it, not an empty one
-    before = (tmp_path / "run" / "result.json").read_text()
-    other = submit(traced(steps=60).model_copy(update={"ledger": str(tmp_path / "other.db")}))
-    assert not other.already_finished and other.train.final_step == 60 and other.train.resumed_from_step == 60
-    assert other.train.last_loss == again.train.last_loss and other.train.checkpoints == again.train.checkpoints
-    assert other.train.tokens_per_s == again.train.tokens_per_s and other.stragglers is not None
-    assert [e.step for e in other.evaluations] == [20, 40, 60]
-    assert (tmp_path / "run" / "result.json").read_text() == before
 
 
 def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, tmp_path):
@@ -127,21 +106,28 @@ def test_an_infeasible_job_fails_at_plan_and_allocates_nothing(prefect_server, t
     assert led.allocations() == [] and led.queue() == []
 
 
-def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server, tmp_path):
+def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server, tmp_path, monkeypatch):
+    import logging
+
+    import flows.submit
     from cluster.inventory import InventoryError
-    from flows.submit import submit
+    from flows.submit import start, submit
     from tasks.evaluation.suite import SuiteError
 
     req = _request(tmp_path)
+    # whole flow runs: a suite the run's start refuses, and a cluster the flow cannot load
     with pytest.raises(SuiteError, match="neither a built-in suite .*core.*quick"):
         submit(req.model_copy(update={"suite": "nope"}))
     with pytest.raises(InventoryError, match="phoebe"):
         submit(req.model_copy(update={"cluster": "nope"}))
+    # what else the run's start (the flow's first step, flows/submit.start) refuses, called as the flow calls it
+    # (a plain logger for the run's, which exists only in a flow run):
+    monkeypatch.setattr(flows.submit, "get_run_logger", lambda: logging.getLogger("frenzy.test.start"))
     # evaluated in this process (in-flow), a dataset plugin it cannot import would fail only after training
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "datasets": [
         {"name": "qa", "examples": 2, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "no_such_pkg_x:make"}]}))
     with pytest.raises(SuiteError, match="plugin no_such_pkg_x:make: no module 'no_such_pkg_x' here"):
-        submit(req.model_copy(update={"suite": str(tmp_path / "s.yaml")}))
+        start(req.model_copy(update={"suite": str(tmp_path / "s.yaml")}))
     # a dataset that names a directory (where its .jsonl files were meant) fails every evaluation, on any worker:
     # refused before training, also when workers evaluate (deployment), naming the suite, the dataset and the fix
     (tmp_path / "data").mkdir()
@@ -150,7 +136,7 @@ def test_an_unknown_suite_or_cluster_fails_before_anything_starts(prefect_server
         {"name": "qa", "examples": 1, "mode": "gen", "infer_s_per_example": 0.1, "dataset": "data"}]}))
     for mode in ("in-flow", "deployment"):
         with pytest.raises(SuiteError, match=r"d.yaml: dataset 'qa': data is a directory .*`dataset: data/a.jsonl`"):
-            submit(req.model_copy(update={"suite": str(tmp_path / "d.yaml"), "evaluation": mode}))
+            start(req.model_copy(update={"suite": str(tmp_path / "d.yaml"), "evaluation": mode}))
     assert not (tmp_path / "run").exists() and not (tmp_path / "ledger.db").exists()
 
 
@@ -1118,39 +1104,59 @@ def test_the_cancel_poll_period_is_ten_seconds_unless_frenzy_cancel_poll_s_says_
     assert cancel_poll_s() == 1.5
 
 
-def test_device_cuda_on_an_allocation_without_a_cuda_gpu_says_it_trains_on_the_cpu(prefect_server, tmp_path):
-    """Red team 41g S15: `--device cuda` on a machine without CUDA trained on the CPU and said nothing."""
-    Ledger(str(tmp_path / "l.db"))
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="nocuda", steps=10, every=10)))
-    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cuda",
-                 "--run-dir", str(tmp_path / "run")], tmp_path)
-    out, _ = proc.communicate(timeout=300)
-    err = (tmp_path / "cli.err").read_text()
-    assert proc.returncode == 0, err[-3000:]
-    assert "--device cuda, but the allocation on " in err and "holds no CUDA GPU: training runs on the CPU" in err
-    assert "10 steps on 1 x cpu" in out
+@dataclass
+class Finished:
+    """A `frenzy submit` that ran to its end: its directory, its ledger's path, exit status, stdout and stderr."""
+
+    dir: Path
+    ledger: Path
+    rc: int
+    out: str
+    err: str
 
 
-def test_a_ledger_deleted_while_a_job_holds_its_gpus_is_said_and_not_made_again(prefect_server, tmp_path):
-    """Red team 41g S13: the ledger file deleted mid-run was recreated silently (empty) and the summary said "GPUs
-    released: yes" against a ledger that no longer held the allocation. The run's last commit (step 40) is held 5 s
-    (FRENZY_FAULT_PERSIST_DELAY), so the deletion after step 20's commit comes while the job holds its GPUs; before,
-    380 more steps (12 s of a core) made that window."""
-    led = tmp_path / "l.db"
+@pytest.fixture(scope="module")
+def cuda_asked_ledger_deleted(prefect_server, tmp_path_factory) -> Finished:
+    """One `frenzy submit --device cuda` of a 40-step job on this machine's CPU allocation, whose ledger file is deleted
+    once step 20 is committed: the run's last commit (step 40) is held 5 s (FRENZY_FAULT_PERSIST_DELAY), so the
+    deletion comes while the job holds its GPUs. Two tests read it, each for its own lines: the device test and the
+    ledger test (two runs before, one for each)."""
+    tmp = tmp_path_factory.mktemp("cuda-ledger")
+    led = tmp / "l.db"
     Ledger(str(led))
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="noledger", steps=40, every=20)))
-    proc = _cli(["submit", "job.yaml", "--ledger", str(led), "--evaluation", "off", "--device", "cpu",
-                 "--run-dir", str(tmp_path / "run")], tmp_path, FRENZY_FAULT_PERSIST_DELAY="40:5")
-    _wait_for_commit(tmp_path / "ckpt", 20, proc)
-    for f in tmp_path.glob("l.db*"):  # the database and its WAL files, as `rm ledger.db*`
-        f.unlink()
-    out, _ = proc.communicate(timeout=300)
-    err = (tmp_path / "cli.err").read_text()
-    assert proc.returncode == 0, err[-3000:]
-    said = f"the ledger file {led} was deleted while this process used it"
-    assert said in err and "is no longer recorded (another job may be placed on its GPUs)" in err, err[-3000:]
-    assert f"note: {said}" in out and "GPUs released: NO" in out, out
-    assert not led.exists()  # nothing made again mid-run; `frenzy cluster init` makes a ledger
+    (tmp / "job.yaml").write_text(yaml.safe_dump(_job(tmp, name="noledger", steps=40, every=20)))
+    try:
+        proc = _cli(["submit", "job.yaml", "--ledger", str(led), "--evaluation", "off", "--device", "cuda",
+                     "--run-dir", str(tmp / "run")], tmp, FRENZY_FAULT_PERSIST_DELAY="40:5")
+        _wait_for_commit(tmp / "ckpt", 20, proc)
+        for f in tmp.glob("l.db*"):  # the database and its WAL files, as `rm ledger.db*`
+            f.unlink()
+        out, _ = proc.communicate(timeout=300)
+    finally:  # as _no_process_outlives_its_test does for a test's own directory
+        subprocess.run(["pkill", "-KILL", "-f", "--", f"{tmp}/"], check=False)
+    return Finished(dir=tmp, ledger=led, rc=proc.returncode, out=out, err=(tmp / "cli.err").read_text())
+
+
+def test_device_cuda_on_an_allocation_without_a_cuda_gpu_says_it_trains_on_the_cpu(cuda_asked_ledger_deleted):
+    """Red team 41g S15: `--device cuda` on a machine without CUDA trained on the CPU and said nothing. (The decision
+    and its words: test_pipeline's device test.)"""
+    run = cuda_asked_ledger_deleted
+    assert "--device cuda, but the allocation on " in run.err and "holds no CUDA GPU: training runs on the CPU" in \
+        run.err, run.err[-3000:]
+    assert "40 steps on 1 x cpu" in run.out, run.out
+
+
+def test_a_ledger_deleted_while_a_job_holds_its_gpus_is_said_and_not_made_again(cuda_asked_ledger_deleted):
+    """Red team 41g S13: the ledger file deleted mid-run was recreated silently (empty) and the summary said "GPUs
+    released: yes" against a ledger that no longer held the allocation. Before, 380 more steps (12 s of a core) made
+    the window for the deletion; now the held last commit does (the fixture)."""
+    run = cuda_asked_ledger_deleted
+    assert run.rc == 0, run.err[-3000:]
+    said = f"the ledger file {run.ledger} was deleted while this process used it"
+    assert said in run.err and "is no longer recorded (another job may be placed on its GPUs)" in run.err, \
+        run.err[-3000:]
+    assert f"note: {said}" in run.out and "GPUs released: NO" in run.out, run.out
+    assert not run.ledger.exists()  # nothing made again mid-run; `frenzy cluster init` makes a ledger
 
 
 def test_a_second_sigterm_while_the_trainer_commits_still_leaves_no_trainer(prefect_server, tmp_path):
@@ -1225,6 +1231,8 @@ def test_a_finished_run_that_had_evaluation_off_is_evaluated_when_submitted_agai
     assert off.evaluations == [] and [c.step for c in off.train.checkpoints] == [20, 40]
     on = submit(_request(tmp_path))
     assert not on.already_finished and on.train.resumed_from_step == 40 and on.train.final_step == 40
+    # the trainer trained nothing: the run reports the training that committed step 40 (tasks/pipeline/rerun.py)
+    assert on.train.checkpoints == off.train.checkpoints and on.train.last_loss == off.train.last_loss
     assert [e.step for e in on.evaluations] == [20, 40]
     assert all(0 < e.scores["heldout-loss"]["loss"] < 6 for e in on.evaluations)
     # red team 41j S06: the summary said nothing of the job having finished already

@@ -59,6 +59,15 @@ def training_request(request: SubmitRequest, alloc: Allocation, chosen: Resource
                         evaluation_suite=suite or None, history_dir=request.history_dir)
 
 
+def cpu_fallback(request: SubmitRequest, treq: TrainRequest, alloc: Allocation) -> str | None:
+    """The warning when `--device cuda` was asked for and the allocation's trainer gets no CUDA GPU (a `cpu` node):
+    it trains on the CPU, and says so (red team 41g S15: it trained there silently). None otherwise."""
+    if request.device != "cuda" or treq.gpu_indices:
+        return None
+    return (f"--device cuda, but the allocation on {', '.join(n.node for n in alloc.nodes)} holds no CUDA GPU: "
+            "training runs on the CPU (give a cluster with GPUs, or --device cpu to say so)")
+
+
 def check_shared_paths(request: SubmitRequest, alloc: Allocation, run_dir: Path) -> None:
     """On Ray: the run directory, the evaluation history and a local checkpoint root are the same directories on every
     node of the allocation (cluster/ray_exec.check_shared_paths); a PipelineError naming the fix when not."""
