@@ -496,6 +496,10 @@ def test_a_rerun_of_a_finished_job_marks_its_old_evaluation_failures_as_the_earl
     done = drive(run, f, clock=ticks())
     assert [x.line() for x in submit_result(done).evaluation_failures][0] == (
         "evaluation of step 10 FAILED: TypeError: factory() takes 0 positional arguments")  # the run's own: current
+    # red team 41r S4: a step lost for good names the command that scores it later
+    note = [n for n in submit_result(done).notes if n.startswith("step(s) 10, 20: no score")]
+    uri = done.result.checkpoint_uri.rstrip("/")
+    assert note and f"`frenzy evaluate {uri}/step_00000010 --suite " in note[0] and "(one per step)" in note[0], note
     rec = RunRecord(job="j", stage="reported", checkpoint_root=root, run_dir="/runs/j", history_dir=str(tmp_path / "evals"),
                     suite="quick", result=submit_result(done).model_dump_json())
     history.append(tmp_path / "evals", "j", 20, f"{root}/step_00000020", "quick", {"x": {"acc": 0.5}})  # scored since

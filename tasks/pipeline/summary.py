@@ -209,7 +209,8 @@ def submit_result(run: Run) -> SubmitResult:
                         train=run.result, evaluations=run.evaluations, stragglers=run.stragglers, report=run.report,
                         released=not run.held, timings_s=run.timings_s, recoveries=run.recoveries,
                         evaluation_failures=run.evaluation_failures,
-                        notes=[n for n in [fewer_steps(run.request, run.result.final_step), unscored_note(run)] if n])
+                        notes=[n for n in [fewer_steps(run.request, run.result.final_step), unscored_note(run),
+                                           failed_note(run)] if n])
 
 
 def unscored_note(run: Run) -> str | None:
@@ -229,3 +230,17 @@ def unscored_note(run: Run) -> str | None:
             f"if a worker takes it or its process finishes; to evaluate one now: `frenzy evaluate "
             f"{step_uri(run.result.checkpoint_uri, left[0])} --suite {r.suite_spec} --history-dir {r.history_dir}`{more}, "
             "or let the hourly evaluate-pending run, or submitting the job again, evaluate them")
+
+
+def failed_note(run: Run) -> str | None:
+    """The steps whose evaluation failed in this run (after the one rerun a crash gets), with the command that
+    evaluates them again once the cause is fixed (a dead worker, a full disk): a second loss ended the step with its
+    cause and no way on (red team 41r S4)."""
+    now = [f.step for f in run.evaluation_failures if not f.earlier]
+    if not now or run.result is None:
+        return None
+    r, more = run.request, " (one per step)" if len(now) > 1 else ""
+    return (f"step(s) {', '.join(map(str, now))}: no score (the causes below); once the cause is fixed, evaluate "
+            f"again with `frenzy evaluate {step_uri(run.result.checkpoint_uri, now[0])} --suite {r.suite_spec} "
+            f"--history-dir {r.history_dir}`{more}, or with a server a pass of the evaluate-pending deployment "
+            "(`prefect deployment run evaluate-pending/evaluate-pending`); submitting the job again then shows the scores")
