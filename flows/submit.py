@@ -26,7 +26,7 @@ from cluster.ledger import Ledger
 from flows import guardian
 from flows.logs import verbatim_console
 from flows.naming import run_name, submission_base
-from flows.stages import FlowStages, evaluation_mode
+from flows.stages import FlowStages, evaluation_mode, report_task
 from tasks.evaluation.suite import Suite, SuiteError, load_suite
 from tasks.paths import path_like
 from tasks.pipeline.attempt import PipelineError
@@ -41,6 +41,7 @@ from tasks.pipeline.summary import (
     name_taken,
     never_evaluated,
     outputs_in_root,
+    rerun_report,
     submit_result,
     this_run,
 )
@@ -99,6 +100,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
     if (done := already_finished(rec, request, run.suite)) is not None:
         get_run_logger().info("%s had finished at step %d (report %s): nothing to train or evaluate again",
                               run.job, done.train.final_step, done.report)
+        if Path(done.report).parent.is_dir():  # the report says what this rerun says: today's scores and failures
+            report_task(rerun_report(done, request, cluster.name), done.report, request.job.training.checkpoint.uri or "")
         for note in done.notes:
             get_run_logger().warning(note)
         return done

@@ -60,6 +60,8 @@ class RunReport(BaseModel):
     `checkpoints` are only the ones it wrote); empty: those of `checkpoints`."""
     recoveries: list[str] = []
     """One sentence per automatic recovery: the failure, the action, where the job went (tasks/pipeline/request.Recovery.line)."""
+    evaluation_failures: list[str] = []
+    """One line per committed step whose evaluation failed as a whole (tasks/pipeline/evaluations.EvalFailure.line)."""
 
 
 NOT_SCORES = frozenset({"isolated"})
@@ -239,7 +241,7 @@ def markdown(r: RunReport, html_path: str | None = None) -> str:
         lines += ["## Recoveries", "", *(f"{i}. {x}" for i, x in enumerate(r.recoveries, 1)), ""]
     lines += [f"## {_plans_heading(r)}", "", _md_table(_plan_rows(r)), "", "## Scores by checkpoint", "",
               _md_table(_score_rows(r))]
-    if fails := [line for e in r.evaluations for line in e.failed_lines()]:
+    if fails := [*r.evaluation_failures, *(line for e in r.evaluations for line in e.failed_lines())]:
         lines += ["", *(f"- {line}" for line in fails)]
     if cond := conditions(r.evaluations):
         lines += ["", "Evaluated with: " + ", ".join(cond) + "."]
@@ -276,7 +278,7 @@ def render_html(r: RunReport, out: str | Path) -> Path:
     if loss:
         parts.append(f"<img alt='loss curve' src='data:image/png;base64,{loss}'>")
     parts += ["<h2>Evaluation: scores by checkpoint</h2>", _html_table(_score_rows(r))]
-    if fails := [line for e in r.evaluations for line in e.failed_lines()]:
+    if fails := [*r.evaluation_failures, *(line for e in r.evaluations for line in e.failed_lines())]:
         parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in fails) + "</ul>")
     if cond := conditions(r.evaluations):
         parts.append(f"<p class='kv'>Evaluated with: {html.escape(', '.join(cond))}.</p>")

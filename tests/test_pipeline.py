@@ -512,6 +512,13 @@ def test_a_rerun_of_a_finished_job_marks_its_old_evaluation_failures_as_the_earl
     assert note.startswith("step(s) 10: their evaluation (or some of its datasets) failed in an earlier evaluation of j")
     assert "not tried again by this run" in note and "from then" in note
     assert f"`frenzy evaluate {root}/step_00000010 --suite quick`" in note and "evaluate-pending" in note
+    # red team 41r S19: the report a rerun names is rewritten with today's scores and every failure
+    from tasks.pipeline.summary import rerun_report
+    from tasks.report import markdown
+
+    text = markdown(rerun_report(again, run.request, "local"))
+    assert "- evaluation of step 10 FAILED in the earlier run" in text, text
+    assert "| metric | step 20 |" in text and "| x acc | 0.5 |" in text, text
     # red team 41q Y4: a later pass (evaluate-pending) scored step 10 but for one dataset: said as earlier, with the note
     history.append(tmp_path / "evals", "j", 10, f"{root}/step_00000010", "quick", {"x": {"acc": 0.4}},
                    failed={"hangs": "hung while loading"})

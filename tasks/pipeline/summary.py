@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cluster.ledger import RunRecord
+from cluster.ledger import Allocation, RunRecord
+from tasks.evaluation.summary import EvalSummary
 from tasks.paths import place_key
 from tasks.pipeline.evaluations import scored, step_uri
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import TERMINAL, Run, Stage
+from tasks.planning.plans import ResourcePlan
 from tasks.report import RunReport, StragglerSummary
+from tasks.stragglers.request import StragglerReport
 from tasks.training import checkpoint as ck
+from tasks.training.request import TrainResult
 from tasks.training.storage import Storage
 
 
@@ -27,16 +31,32 @@ def committed_steps(root: str) -> list[int]:
 def run_report(run: Run) -> RunReport:
     """The report of a trained, evaluated run."""
     assert run.result is not None and run.attempt is not None
-    job, res, chosen = run.request.job, run.result, run.attempt.plan
-    strag = run.stragglers
-    return RunReport(job=job.name, model=job.model.display_name, cluster=run.cluster, plans=run.plans[:10],
-                     chosen=min(run.plans.index(chosen), 9) if chosen in run.plans else 0,
-                     allocation=run.attempt.allocation, final_step=res.final_step,
+    return _report(run.request, run.cluster, run.plans, run.attempt.plan, run.attempt.allocation, run.result,
+                   run.evaluations, run.timings_s, [r.line() for r in run.recoveries], run.stragglers,
+                   [f.line() for f in run.evaluation_failures])
+
+
+def rerun_report(done: SubmitResult, request: SubmitRequest, cluster: str) -> RunReport:
+    """The report of a finished run submitted again (`already_finished`'s result): its scores as the history holds
+    them now (a later `evaluate-pending` pass's included) and every failure, so the report the rerun names says what
+    the rerun printed (red team 41r S19: it showed the scores of when it was first written)."""
+    return _report(request, cluster, done.plans, done.plan, done.allocation, done.train, done.evaluations,
+                   done.timings_s, [r.line() for r in done.recoveries], done.stragglers,
+                   [f.line() for f in done.evaluation_failures])
+
+
+def _report(request: SubmitRequest, cluster: str, plans: list[ResourcePlan], chosen: ResourcePlan,
+            allocation: Allocation, res: TrainResult, evaluations: list[EvalSummary], timings_s: dict[str, float],
+            recoveries: list[str], strag: StragglerReport | None, failures: list[str]) -> RunReport:
+    job = request.job
+    return RunReport(job=job.name, model=job.model.display_name, cluster=cluster, plans=plans[:10],
+                     chosen=min(plans.index(chosen), 9) if chosen in plans else 0,
+                     allocation=allocation, final_step=res.final_step,
                      resumed_from_step=res.resumed_from_step, tokens_per_s=res.tokens_per_s,
                      checkpoints=res.checkpoints, progress=str(Path(res.run_dir) / "progress.jsonl"),
-                     evaluations=run.evaluations, timings_s=run.timings_s, spikes=res.spike_counts,
+                     evaluations=evaluations, timings_s=timings_s, spikes=res.spike_counts,
                      committed_steps=committed_steps(job.training.checkpoint.uri),
-                     recoveries=[r.line() for r in run.recoveries],
+                     recoveries=recoveries, evaluation_failures=failures,
                      stragglers=StragglerSummary(**strag.model_dump(include=set(StragglerSummary.model_fields)))
                      if strag else None)
 
