@@ -135,3 +135,17 @@ def test_a_model_wider_than_its_byte_tokenizer_generates_only_byte_ids():
         assert len(texts) == len(PROMPTS) and all(isinstance(t, str) for t in texts)
     assert lm.generate_batch(PROMPTS, 12) == [lm.generate_recompute(p, 12) for p in PROMPTS]
     assert lm.text_vocab == 256
+
+
+def test_a_multibyte_stop_string_ends_a_row_under_a_byte_level_bpe(tmp_path):
+    from tasks.training.tokenizer import train_bpe
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 200)  # no "€": BPE keeps it as 3 byte tokens
+    tok = train_bpe([str(corpus)], tmp_path / "tok", vocab_size=300)
+    spec = ModelSpec.model_validate({"preset": "gpt-tiny", "vocab": tok.vocab_size})
+    lm = LM(GPT(spec, 64).state_dict(), ModelInfo(model=spec.model_dump(), seq_len=64, tokenizer=tok.path,
+                                                  tokenizer_root=None))
+    ids = lm.encode("ab €")
+    assert len(ids) - len(lm.encode("ab ")) >= 2  # the stop spans tokens
+    assert lm.stopper(["€"])(ids) and lm.stopper(["ab €"])(ids) and not lm.stopper(["€"])(lm.encode("ab "))

@@ -248,9 +248,10 @@ class LM:
         if self.tok.name == "byte":
             raw = [s.encode() for s in stop]
             return lambda toks: any(bytes(toks).find(s) >= 0 for s in raw)
-        # a stop string can span tokens: decode the row's tail (the longest stop string's worth of tokens suffices,
-        # as every token decodes to at least one character)
-        tail = max(len(s) for s in stop) + 1
+        # a stop string can span tokens: decode the row's tail, the longest stop string's UTF-8 bytes' worth of
+        # tokens (+1): a byte-level BPE splits a character it never merged into byte tokens ("€" is three), and every
+        # token but a special one decodes to at least one byte
+        tail = max(len(s.encode()) for s in stop) + 1
 
         def ended(toks: list[int]) -> bool:
             text = self.tok.decode(toks[-tail:])  # once for every stop string
