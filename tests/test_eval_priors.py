@@ -35,3 +35,36 @@ def test_two_runs_fold_into_a_moving_average_that_a_suite_then_uses(tmp_path):
     assert planned.model_load_s.remote == 8.0 and planned.model_load_s.shm == entry.model_load_s["shm"]
     untouched, none_used = apply_priors(suite, "cuda/other", path)
     assert none_used == [] and untouched == suite
+
+
+def _trial(id_, load, start, load_s, end, chunks, metrics_on="cpu", error=None):
+    from tasks.evaluation.runner import ChunkResult, TrialResult
+
+    return TrialResult(id=id_, node=0, gpu=0, load=load, start_s=start, load_s=load_s, end_s=end, error=error,
+                       metrics_on=metrics_on,
+                       chunks=[ChunkResult(dataset="heldout-loss", start=a, stop=b, infer_s=i, landed_s=end, metric_s=m)
+                               for a, b, i, m in chunks])
+
+
+def test_a_trials_fixed_cost_is_its_wall_time_less_its_chunks_work():
+    # a warm process hid the import: `loaded` came after 0.1 s, but the slot was busy 1.4 s beyond the inference
+    warm = _trial(0, "shm", 10.0, 0.1, 12.4, [(0, 32, 0.6, 0.3), (32, 64, 0.4, 0.2)])
+    assert warm.fixed_s == pytest.approx(1.4)
+    on_gpu = _trial(1, "remote", 0.0, 3.0, 6.0, [(0, 64, 1.0, 1.5)], metrics_on="gpu")
+    assert on_gpu.fixed_s == pytest.approx(3.5)  # its scoring ran in the trial: not a fixed cost
+
+
+def test_learning_folds_each_trials_fixed_cost_not_its_loaded_event(tmp_path):
+    from tasks.evaluation.runner import EvalResult, learn
+
+    trials = [_trial(0, "shm", 2.0, 3.0, 6.0, [(0, 32, 0.5, 0.0)]),  # cold: 3.5 s fixed
+              _trial(1, "shm", 6.0, 0.05, 7.5, [(32, 64, 0.5, 0.0)]),  # warm: loaded at once, still 1.0 s fixed
+              _trial(2, "shm", 7.5, 0.05, 30.0, [], error="killed")]  # a failed trial teaches nothing
+    res = EvalResult(uri="file:///x", run="r", step=1, suite="core", schedule="elastic", nodes=1, gpus_per_node=1,
+                     cpu_workers_per_node=1, makespan_s=8.0, predicted_makespan_s=8.0, precursor_s=[2.0], scores={},
+                     trials=trials, out_dir=str(tmp_path), priors_used=[])
+    path = learn(res, load_suite("core"), "cpu/k", tmp_path / "p.json")
+    loads = load_priors(path)["cpu/k"].model_load_s
+    assert loads["shm"] == pytest.approx((3.5 + 1.0) / 2)  # the loaded events alone would say 1.525
+    assert loads["remote"] == pytest.approx(2.0)  # the precursor's copy
+    assert load_priors(path)["cpu/k"].datasets["heldout-loss"].infer_s_per_example == pytest.approx(1.0 / 64)

@@ -4,7 +4,20 @@ import random
 
 import pytest
 
-from tasks.evaluation.schedule import elastic_trials, lower_bound, plan, plan_elastic, plan_naive, plan_partitioned, simulate
+from tasks.evaluation.schedule import (
+    GRANULARITIES,
+    ORDERS,
+    SPLIT_TOLERANCE,
+    Schedule,
+    elastic_trials,
+    fewest_trials_near_best,
+    lower_bound,
+    plan,
+    plan_elastic,
+    plan_naive,
+    plan_partitioned,
+    simulate,
+)
 from tasks.evaluation.suite import Suite, SuiteError, load_suite
 
 
@@ -99,3 +112,39 @@ def test_suite_errors_name_the_field_and_the_fix(tmp_path):
         load_suite(bad)
     with pytest.raises(SuiteError, match="core"):
         load_suite("no-such-suite")
+
+
+def test_a_plan_with_more_trials_must_be_more_than_two_percent_faster():
+    # 1 GPU, 1 CPU worker, a long metric (the core suite's learned priors on a 2-core CPU): the metric chain sets the
+    # makespan, so 9 trials of under a second are predicted 0.6% faster than 1 and pay 8 more start-ups in the run
+    s = suite([ds("code", 164, 0.016, metric=0.10, mode="exec"), ds("cloze", 96, 0.012), ds("line", 48, 0.01),
+               ds("loss", 64, 0.002)], remote=3.0, shm=1.5, cpus=1)
+    finest = min((simulate(elastic_trials(s, 1, 1, k, o), s, 1, 1, precursor=True), k, o)
+                 for k in GRANULARITIES for o in ORDERS)
+    sch = plan_elastic(s, 1, 1)
+    assert len(sch.trials) == 1, [len(t.chunks) for t in sch.trials]
+    assert sch.makespan_s <= finest[0] * (1 + SPLIT_TOLERANCE) + 1e-9
+    code = [c for c in sch.trials[0].chunks if c.dataset == "code"]
+    assert len(code) > 1 and sch.trials[0].chunks[0].dataset == "code", "chunks still land early for the metric pool"
+
+
+def test_splitting_that_pays_is_kept():
+    # 8 GPUs and one big dataset: one trial would leave 7 GPUs idle
+    s = suite([ds("big", 800, 1.0)], remote=10.0, shm=1.0, cpus=4)
+    sch = plan_elastic(s, 1, 8)
+    assert len(sch.trials) >= 8
+    assert sch.makespan_s < 0.2 * plan_naive(s, 1, 8).makespan_s
+
+
+def test_fewest_trials_near_best_picks_by_tolerance_then_count():
+    s = suite([ds("a", 100, 0.1)], cpus=1)
+    one, many = elastic_trials(s, 1, 1, 1.0), elastic_trials(s, 4, 1, 4.0)
+    assert len(one) < len(many)
+
+    def sched(trials, span):
+        return Schedule(kind="elastic", nodes=1, gpus_per_node=1, cpu_workers_per_node=1, trials=trials,
+                        makespan_s=span, precursor_s=0.0, gpu_busy_s=0.0)
+
+    assert fewest_trials_near_best([sched(many, 100.0), sched(one, 101.9)]).makespan_s == 101.9
+    assert fewest_trials_near_best([sched(many, 100.0), sched(one, 102.1)]).makespan_s == 100.0
+    assert fewest_trials_near_best([sched(one, 50.0), sched(one, 49.5)]).makespan_s == 49.5

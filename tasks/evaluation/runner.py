@@ -144,6 +144,18 @@ class TrialResult(BaseModel):
     """Why its process failed (its chunks not landed by then were retried, or their dataset failed); None: it ran."""
     retry_of: int | None = None
     """The failed trial whose chunks of one dataset this trial retried."""
+    metrics_on: str = "cpu"
+    """`gpu`: its chunks were scored in the trial (the naive schedule); `cpu`: by the node's metric pool."""
+
+    @property
+    def fixed_s(self) -> float:
+        """The trial's cost beyond its chunks' work: its process start where no warm process hid it, the model
+        load, and its exit (the wall time from dispatch to the slot being free, less inference and, with metrics on
+        the GPU, scoring). This, not the `loaded` event alone, is what one more trial costs a slot."""
+        work = sum(c.infer_s for c in self.chunks)
+        if self.metrics_on == "gpu":
+            work += sum(c.metric_s for c in self.chunks)
+        return max(0.0, self.end_s - self.start_s - work)
 
 
 class EvalResult(BaseModel):
@@ -475,8 +487,8 @@ class _Run:
         def record(error: str | None = None) -> TrialResult:
             return TrialResult(id=tr.id, node=node, gpu=gpu, load=tr.load, start_s=start, load_s=st.load_s,
                                end_s=self.now(), chunks=list(st.chunks.values()), host=self.hosts[node], error=error,
-                               retry_of=self.retry_of.get(tr.id), datasets=list(dict.fromkeys(c.dataset
-                                                                                           for c in tr.chunks)))
+                               retry_of=self.retry_of.get(tr.id), metrics_on=tr.metrics_on,
+                               datasets=list(dict.fromkeys(c.dataset for c in tr.chunks)))
 
         dog = Watchdog(kill)  # a trial that makes no progress by its deadline is killed as hung (stall.py)
         try:
@@ -859,7 +871,13 @@ def aggregate(suite: Suite, ctx: EvalContext, out: Path, skip: dict[str, str] | 
 
 
 def learn(res: EvalResult, suite: Suite, key: str, path: Path | None = None) -> Path:
-    """Fold a run's per-example times and load times into the priors."""
+    """Fold a run's per-example times and per-trial fixed costs into the priors.
+
+    A load prior (`shm`, `remote`) is the mean `TrialResult.fixed_s` of the run's trials that ran to the end: the
+    whole cost of one more trial, exit and unhidden process start included. The `loaded` event alone (`load_s`)
+    under-counts it whenever a warm process had imported torch ahead of time, and a plan learned from it split small
+    suites into many short trials that each paid more than predicted (benchmarks/results/evaluation.md, 2026-11-27).
+    """
     per: dict[str, dict[str, float]] = {}
     for d in suite.datasets:
         cs = [c for t in res.trials for c in t.chunks if c.dataset == d.name and not c.cached]
@@ -868,8 +886,9 @@ def learn(res: EvalResult, suite: Suite, key: str, path: Path | None = None) -> 
             per[d.name] = {"infer_s_per_example": sum(c.infer_s for c in cs) / n,
                            "metric_s_per_example": sum(c.metric_s for c in cs) / n}
     loads: dict[str, float] = {}
-    shm = [t.load_s for t in res.trials if t.load == "shm"]
-    remote = [t.load_s for t in res.trials if t.load == "remote"] + [s for s in res.precursor_s if s > 0]
+    ran = [t for t in res.trials if t.error is None]
+    shm = [t.fixed_s for t in ran if t.load == "shm"]
+    remote = [t.fixed_s for t in ran if t.load == "remote"] + [s for s in res.precursor_s if s > 0]
     if shm:
         loads["shm"] = sum(shm) / len(shm)
     if remote:
