@@ -382,7 +382,7 @@ def _ended_tracebacks(c: Compressed, cands: dict[int, _Cand]) -> None:
         if m is None or not code or m.group(1).split(".")[-1] in _NOT_RAISED:
             continue
         frame = next((f for x in reversed(c.kept[:i]) if (f := _FRAME.search(x.text))), None)
-        category = whose(frame.group(1)) if frame else "script"
+        category = whose(frame.group(1), k.text.partition(":")[2].strip()) if frame else "script"
         cands[i] = _Cand(_UNCAUGHT, _finding(_UNCAUGHT, category, k), _UNCAUGHT.priority)
         start = None
 
@@ -562,13 +562,19 @@ def _last_error(c: Compressed) -> Kept | None:
     return None
 
 
+def _numbered(c: Compressed) -> dict[int, str]:
+    """The kept lines and the log's end, by line number."""
+    lines = {k.line_no: k.text for k in c.kept}
+    for k in c.tail:
+        lines.setdefault(k.line_no, k.text)
+    return lines
+
+
 def _named(c: Compressed, base: dict) -> Diagnosis | None:
     """The failure the log names by its shape (tasks/diagnosis/named.py: an exception no rule knows, a native fatal
     check, a signal or exit status a launcher reports, an ERROR log line), read off the kept lines and the log's
     end, at NAMED_CONFIDENCE; None where no line has one of those shapes."""
-    lines = {k.line_no: k.text for k in c.kept}
-    for k in c.tail:
-        lines.setdefault(k.line_no, k.text)
+    lines = _numbered(c)
     x = named_failure(sorted(lines.items()))
     if x is None:
         return None
@@ -604,6 +610,7 @@ def diagnose_compressed(c: Compressed, log: str = "", agent: AgentConfig | None 
                        "tasks/diagnosis/rules.py")
     best = _error_after_warning(cands, _pick(c, cands, wrappers))
     _cut_remote(c, best, base)
+    _reported_before_bare_raise(c, best)
     evidence = [x.finding for _, x in sorted(cands.items()) if x is not best][:MAX_EVIDENCE]
     f = best.finding
     restartable, mitigation = best.rule.restartable, best.rule.mitigation
@@ -629,6 +636,33 @@ def _cut_remote(c: Compressed, best: _Cand, base: dict) -> None:
     cut = _truncated_traceback(c, base)
     if cut and cut.line_no and cut.line_no > f.line_no and _RAISED.match(cut.root_cause_line or ""):
         f.line, f.line_no = (cut.root_cause_line or "").strip(), cut.line_no
+
+
+_LEVELLED_ERROR = re.compile(r"(?:^|[\s\[|:])(?:ERROR|CRITICAL|FATAL)(?=[\s\]|:]|$)")
+"""A line logged at ERROR level or above, wherever the format puts the level (`2019-06-12 16:42:49,964 CRITICAL
+name: ...`, `[ERROR] ...`, `| ERROR |`)."""
+_REPORTED_SPAN = 5
+"""Log lines above a traceback's header within which the error its bare `raise` stands for is looked for."""
+
+
+def _reported_before_bare_raise(c: Compressed, best: _Cand) -> None:
+    """A bare `raise` with no exception being handled (`RuntimeError: No active exception to reraise`) says only
+    that the program's error path re-raised nothing; the failure is what that path reported just before: the
+    nearest line logged at ERROR level or above within _REPORTED_SPAN lines above the traceback's header takes the
+    root line (`CRITICAL wav_generation: The vocoder world is not supported yet!`); the diagnosis stays (the
+    script's, not restartable). Where no such line precedes the traceback, the bare raise keeps the line."""
+    f = best.finding
+    if best.rule.type != "BareReraise":
+        return
+    lines = _numbered(c)
+    header = max((n for n, t in lines.items() if n < f.line_no and "Traceback (most recent call last)" in t),
+                 default=None)
+    if header is None:
+        return
+    reported = [n for n, t in lines.items() if header - _REPORTED_SPAN <= n < header and _LEVELLED_ERROR.search(t)]
+    if reported:
+        f.line_no = max(reported)
+        f.line = lines[f.line_no].strip()
 
 
 def _as_written(c: Compressed, f: Finding) -> str:

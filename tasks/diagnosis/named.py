@@ -7,7 +7,8 @@ Four shapes, each answered with the category its source gives and a lower confid
   marks) whose class the rules do not know, whatever its name ends in (`torch._dynamo.exc.Unsupported: ...`,
   `StopIteration`, `SystemExit: 2`), and a C++ exception that ended the process (`terminate called after
   throwing an instance of 'X'` and its `what():` line): the frame's file says whose (a library under
-  site-packages: the framework's; any other file: the script's; a C++ exception: the framework's native code);
+  site-packages: the framework's, unless its message checks what the caller gave or returned, `Expected X to
+  return ...`: the script's; any other file: the script's; a C++ exception: the framework's native code);
 - a native library's fatal check: glog's `F` lines (`F1127 10:01:02.1 123 file.cc:88] Check failed: ...`, c10's
   bracketed `[F1127 ...]`), the C library's `Assertion ... failed.` and a Rust library's `thread 'main' panicked
   at ...` (tokenizers): the framework's;
@@ -88,9 +89,18 @@ _NUMBERS = {"9": "KILL", "11": "SEGV", "7": "SEGV", "6": "SEGV", "8": "SEGV", "4
             "KILL": "KILL", "SEGV": "SEGV", "BUS": "SEGV", "ABRT": "SEGV", "FPE": "SEGV", "ILL": "SEGV", "TERM": "TERM"}
 
 
-def whose(path: str) -> str:
-    """The category of a traceback frame's file: an installed library's or Python's own is the framework's."""
-    return "framework" if LIBRARY.search(path) else "script"
+_CALLER_CHECK = re.compile(r"(?i)^expected\b|\bexpected\b.*\b(?:got|returned|received|actual|instead|but)\b|"
+                           r"\b(?:must|should) (?:be|have|return)\b")
+"""A library's check of what its caller gave it or returned to it (gym's `Expected `Env.step` to return a four or
+five element tuple, actual number of elements returned: 3.`): the caller's code against the library's API."""
+
+
+def whose(path: str, message: str = "") -> str:
+    """The category of a traceback frame's file: an installed library's or Python's own is the framework's, except
+    where the exception's message is the library's check of what the caller gave or returned (`_CALLER_CHECK`):
+    code written for another version of the API is the script's, as the corpus labels an API the code calls with
+    arguments it no longer takes."""
+    return "framework" if LIBRARY.search(path) and not _CALLER_CHECK.search(message) else "script"
 
 
 def _raised(lines: list[tuple[int, str]], i: int) -> Named | None:
@@ -108,7 +118,7 @@ def _raised(lines: list[tuple[int, str]], i: int) -> Named | None:
     frame = FRAME.match(lines[j - 1][1].lstrip())
     if frame is None or FRAME.search(lines[j][1]):
         return None
-    return Named("UncaughtException", whose(frame.group(1)), n, text.rstrip(), False,
+    return Named("UncaughtException", whose(frame.group(1), m.group(3) or ""), n, text.rstrip(), False,
                  f"{m.group(1)} ended the run (a class no rule knows), raised at {frame.group(1)}: read its message "
                  "and the frames above it (the script's own file: fix the code; a library: check its version and "
                  "what the code gave it)", 3)

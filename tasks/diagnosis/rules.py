@@ -517,6 +517,12 @@ RULES: list[Rule] = [
          "fix the path (a restart will fail the same way)"),
     Rule("PermissionError", "script", _PY + r"PermissionError\b|Permission denied", 63, False,
          "fix the permissions or the path"),
+    Rule("BareReraise", "script",  # Python 3's and Python 2's words for a `raise` with nothing being handled
+         r"No active exception to re-?raise|exceptions must be old-style classes or derived from BaseException, "
+         r"not NoneType", 38, False,
+         "a bare `raise` ran where no exception was being handled (an error path that reports a problem, then "
+         "re-raises nothing): the failure is the error the program reported just before this traceback; fix that "
+         "(and the bare raise); a restart fails the same way"),
     Rule("TypeError", "script",  # a call the callee does not take: code written for another version of the API
          r"got an unexpected keyword argument|takes (?:from )?\d+ (?:to \d+ )?positional arguments? but \d+ "
          r"(?:were|was) given|missing \d+ required (?:positional |keyword-only )?arguments?|got multiple values for "
