@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tasks.diagnosis.chains import EXCEPTION, REMOTE, innermost, links, rank_of, segments
 from tasks.diagnosis.compress import Compressed, Kept, compress
 from tasks.diagnosis.named import FRAME as _FRAME
-from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure, whose
+from tasks.diagnosis.named import NAMED_CONFIDENCE, named_failure, rejects_given, whose
 from tasks.diagnosis.rules import CONTENT, DIVERGENCE, GENERIC, Rule, learned_rules
 from tasks.diagnosis.rules import FETCH_FAILED as _FETCH_FAILED
 from tasks.diagnosis.rules import NCCL_INIT_CUDA as _NCCL_INIT_CUDA
@@ -68,6 +68,10 @@ _CARRIED_ON = re.compile(r"(?i)\binstead\b|\bfall(?:ing)? ?back\b|\bretrying\b|\
                          r"\bcontinuing\b")
 """A line that says the program carried on after it (`slurmstepd: error: couldn't chdir to ...: going to /tmp
 instead`, `falling back to ...`, `retrying`)."""
+_SHELL_WENT_ON = re.compile(r"Your shell has not been properly configured to use 'conda activate'")
+"""conda's shell function failing to activate an environment in a batch script (`CommandNotFoundError: Your shell has
+not been properly configured to use 'conda activate'`): a command's report, after which the shell runs the script's
+next line; where a failure follows, the job went on to it."""
 SYMPTOM = 20
 """Rules below this priority name a launcher's symptoms (exit codes, ChildFailedError, signals sent to workers): a
 line the run survived does not yield to them, only to a failure."""
@@ -180,14 +184,23 @@ def match_line(text: str, learned: list[Rule] | None = None) -> Rule | None:
 
 def _blame(kept: list, i: int, category: str) -> str:
     """A generic framework exception (RuntimeError, AssertionError) raised from the script's own file is the
-    script's: read off the nearest traceback frame above it (a library under site-packages keeps the framework's)."""
+    script's: read off the nearest traceback frame above it (a library under site-packages keeps the framework's).
+    One whose message rejects what the caller gave the library (`named.rejects_given`: `AssertionError: Unsupported
+    structured space ...`) is the script's, from a library's frame or with no frame shown."""
     if category != "framework":
         return category
+    found = _MESSAGE.search(kept[i].text)
+    if found and rejects_given(found.group(1)):
+        return "script"
     for k in reversed(kept[max(0, i - 3):i]):
         m = _FRAME.search(k.text)
         if m:
             return whose(m.group(1))
     return category
+
+
+_MESSAGE = re.compile(r"(?:Error|Exception)\s*:\s*(.*)")
+"""An exception line's message: what follows its class."""
 
 
 def _order(cand: _Cand) -> tuple:
@@ -433,16 +446,17 @@ def _garbled_copies(cands: dict[int, _Cand], wrappers: set[int]) -> set[int]:
 
 
 def _survived(c: Compressed, cands: dict[int, _Cand], out: set[int]) -> set[int]:
-    """The lines the run survived, when a failure (not a launcher's symptom) follows them: a line that says the
-    program carried on (`_CARRIED_ON`), and a warning (`_WARNING`) after which the run printed a finite loss. A
-    raised exception ended its process, whatever its message says. A line logged at info or debug level (`_INFO`)
-    yields to a raised exception after it (jax's "Unable to initialize backend 'tpu': ... cannot open shared object
-    file" at INFO, before the XlaRuntimeError that ended the run)."""
+    """The lines the run survived, when a failure (not a launcher's symptom; the scheduler's time limit counts)
+    follows them: a line that says the program carried on (`_CARRIED_ON`, `_SHELL_WENT_ON`), and a warning
+    (`_WARNING`) after which the run printed a finite loss. A raised exception ended its process, whatever its message
+    says. A line logged at info or debug level (`_INFO`) yields to a raised exception after it (jax's "Unable to
+    initialize backend 'tpu': ... cannot open shared object file" at INFO, before the XlaRuntimeError that ended the
+    run)."""
     def carried_on(line: str) -> bool:
-        return bool(_CARRIED_ON.search(line)) and not EXCEPTION.match(line)
+        return bool(_CARRIED_ON.search(line)) and not EXCEPTION.match(line) or bool(_SHELL_WENT_ON.search(line))
 
-    fatal = [x.finding.line_no for i, x in cands.items()
-             if i not in out and x.priority >= SYMPTOM and not carried_on(x.finding.line)]
+    fatal = [x.finding.line_no for i, x in cands.items() if i not in out and (
+        x.priority >= SYMPTOM or x.rule.type == "TimeLimit") and not carried_on(x.finding.line)]
     last = max(fatal, default=0)
     raised = max((x.finding.line_no for i, x in cands.items() if i not in out and EXCEPTION.match(x.finding.line)
                   and not _INFO.search(x.finding.line)), default=0)

@@ -95,6 +95,17 @@ _CALLER_CHECK = re.compile(r"(?i)^expected\b|\bexpected\b.*\b(?:got|returned|rec
 five element tuple, actual number of elements returned: 3.`): the caller's code against the library's API."""
 
 
+_REJECTS_GIVEN = re.compile(r"(?i)^unsupported\b|\bonly supports?\b.*\bbut\b|\b(?:was|were) (?:provided|given|passed)\b")
+"""An assert's message that names what the library supports and rejects what it was given (`Unsupported structured
+space ...`, `The algorithm only supports (Box, Discrete) as action spaces but Dict(...) was provided`): the caller's
+code or configuration against the library's API."""
+
+
+def rejects_given(message: str) -> bool:
+    """Whether a generic exception's message rejects what the caller gave the library (`_REJECTS_GIVEN`)."""
+    return bool(_REJECTS_GIVEN.search(message))
+
+
 def whose(path: str, message: str = "") -> str:
     """The category of a traceback frame's file: an installed library's or Python's own is the framework's, except
     where the exception's message is the library's check of what the caller gave or returned (`_CALLER_CHECK`):

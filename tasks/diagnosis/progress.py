@@ -2,7 +2,7 @@
 
 A run that diverges often raises nothing: it keeps printing its ordinary metric lines with a non-finite loss
 (`{'loss': nan, 'grad_norm': nan, ...}`, `iter 900: loss nan`, `| lm loss: NaN |`, a key | value table's
-`| loss | nan |`, `loss=inf`, a JSON `NaN`, a
+`| loss | nan |`, `loss=inf`, a JSON `NaN`, a headerless row's column that held a number in the row above, a
 value in a list or a tensor's repr: `Loss:[tensor(nan, device='cuda:0')]`; unnamed: a line that starts with a
 scalar tensor, what `print(loss)` writes, or a value in a progress bar's postfix, `21.7it/s, D=0.7, G=nan]`) until
 it ends or is stopped. A person reading the log says "the loss diverged at step N": the first line of the last run
@@ -137,6 +137,29 @@ def _under_loss(header: bytes, line: bytes) -> bool:
     return False
 
 
+_NUMBER = re.compile(rb"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
+
+
+def _row_nonfinite(low: bytes, start: int, end: int) -> bool:
+    """A headerless progress row (the PyTorch tutorials' `35000 35% (1m 4s) nan Nam / Russian`: a step, a percentage,
+    the time, then the loss, no name printed) whose cell is non-finite where the row above, of the same shape, printed a
+    number: both rows start with a count, every cell before that one holds a digit in both, and the cell above is a
+    finite number. A column that held a number and now holds `nan` is the quantity the loop prints, gone non-finite."""
+    if start == 0:
+        return False
+    ps, pe = _line_at(low, start - 1)
+    row = low[start:min(end, start + MAX_LINE)].split()
+    above = low[ps:min(pe, ps + MAX_LINE)].split()
+    if not row or not above or not row[0].isdigit() or not above[0].isdigit():
+        return False
+    for j, cell in enumerate(row[1:len(above)], 1):
+        if cell.strip(_BRACKETS) in _NONFINITE_CELLS:
+            return bool(_NUMBER.fullmatch(above[j].strip(_BRACKETS)))
+        if not (_DIGIT.search(cell) and _DIGIT.search(above[j])):
+            return False
+    return False
+
+
 class _Next:
     """The next match of one pattern at or after a position in one chunk, remembered: a search from `pos` that found
     its match at `hit` answers every later question for a position in [pos, hit] (and, when it found none, for any
@@ -169,7 +192,7 @@ def _next_nonfinite(low: bytes, pos: int, tokens: tuple[_Next, ...]) -> tuple[in
         start, end = _line_at(low, at)
         if start >= pos and (_first(_NONFINITE, low, start, min(end, start + MAX_LINE)) is not None
                              or _AVERAGE.search(low, start, min(end, start + MAX_LINE))
-                             or _table_nonfinite(low, start, end)):
+                             or _table_nonfinite(low, start, end) or _row_nonfinite(low, start, end)):
             return start, end
         pos = end + 1
     return None

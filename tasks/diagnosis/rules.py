@@ -274,7 +274,11 @@ RULES: list[Rule] = [
     Rule("DriverError", "script",
          r"(?i)driver version is insufficient for CUDA runtime|NVIDIA driver on your system is too old|"
          r"CUDA driver initialization failed|no CUDA-capable device is detected|(?-i:Torch not compiled with CUDA "
-         r"enabled)|Found no NVIDIA driver on your system|No CUDA GPUs are available", 93, False,
+         r"enabled)|Found no NVIDIA driver on your system|No CUDA GPUs are available|"
+         # PTX built by a newer CUDA toolkit than the driver can compile (cudaErrorUnsupportedPtxVersion): the
+         # driver is older than the toolkit, as above
+         r"PTX was compiled with an unsupported toolchain|cudaErrorUnsupportedPtxVersion|"
+         r"CUDA_ERROR_UNSUPPORTED_PTX_VERSION", 93, False,
          "the environment: the NVIDIA driver is older than the CUDA this build needs (or there is no GPU); "
          "install a matching driver or a build for this driver"),
     Rule("GPUArchError", "script",  # the warning that names the GPU and the build's capabilities says why
@@ -355,7 +359,10 @@ RULES: list[Rule] = [
          # the kernel's OOM killer names the process it killed, in the whole host's or a memory cgroup's words
          # (`Memory cgroup out of memory: Killed process N`; older kernels `Kill process N`): the cause of the
          # worker or rank killed by signal 9 that the run reports (DataloaderKilled 75, Killed 12 rank below)
-         r"(?i:out of memory): Kill(?:ed)? process|invoked oom-killer|(?i:killed by (?:the )?oom[- ]?killer)|"
+         r"(?i:out of memory): Kill(?:ed)? process|invoked oom-killer|"
+         # ... but not where the OOM killer is one of a list of causes a message names as possible (Ray's `Some
+         # common causes include: (1) the process was killed by the OOM killer ..., (2) ray stop --force`)
+         r"(?i:^(?!.*\bcauses? (?:include|are|is|could be|may be)\b).*?killed by (?:the )?oom[- ]?killer)|"
          # a notebook service's own report that the kernel used up the VM's RAM (no exception is raised: the
          # kernel is killed and restarted): Colab's and Kaggle's wording
          r"session crashed after using all available RAM|tried to allocate more memory than is available|"
@@ -696,8 +703,14 @@ RULES: list[Rule] = [
          r"Owner's node has crashed|because its node has died|the actor's node was preempted", 34, True,
          "the node a Ray actor (or its owner) ran on died or was taken away (a crash, the raylet killed, a lost "
          "heartbeat, a preemption): check that node (dmesg, the raylet log), then resume on healthy nodes"),
+    # The raylet's own report that a worker process died (`(raylet) A worker died or was killed while executing a
+    # task by an unexpected system error`): the death that the driver's ActorDiedError or ActorUnavailableError (an
+    # RPC to the dead worker failing) reports from the other side; the same standing as the node's loss above.
+    Rule("RayError", "infrastructure", r"A worker died or was killed", 34, True,
+         "a Ray worker process died (the raylet saw it exit: the host OOM killer, a crash, a lost connection): "
+         "read the dead worker's log on its node (and dmesg for the OOM killer), then resume"),
     Rule("RayError", "infrastructure",
-         r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed|RaySystemError|"
+         r"ActorDiedError|ActorUnavailableError|RayActorError|The actor died unexpectedly|RaySystemError|"
          r"ObjectLostError|NodeDiedError", 33, True,
          "a Ray worker process died (often the host OOM killer or a lost node): check its node, then resume"),
     # The store-based barrier of init_process_group timed out: this rank reached the store (it counts the workers
