@@ -15,6 +15,7 @@ from cluster.catalog import Catalog, default_catalog
 from cluster.has import FreePool, GpuRequest, NodeInfo
 from cluster.inventory import Cluster
 from cluster.jobperf import (
+    INTER_NODE_GBS,
     SIM_STEP_MODEL,
     JobKey,
     fits,
@@ -189,8 +190,6 @@ class Perf:
         self.per_node = {t: max(i.capacity for i in self.node.values() if i.gpu_type == t) for t in self.types}
         self.intra = {t: min(i.link_gbs for i in self.node.values() if i.gpu_type == t and i.capacity == self.per_node[t])
                       for t in self.types}
-        self.inter_of = {t: min(self.inter[n] for n, i in self.node.items() if i.gpu_type == t) for t in self.types}
-        """Per type, the slowest inter-node link of its nodes: what a gang spread over them is predicted to cross."""
         self._plans: dict[tuple[JobKey, float], list[ResourcePlan] | None] = {}
 
     def plans(self, key: JobKey, margin: float = 0.05) -> list[ResourcePlan] | None:
@@ -215,11 +214,7 @@ class Perf:
             if lay is None or job.num_gpus > self.total[t]:
                 continue
             per_node = min(job.num_gpus, self.per_node[t])
-            # a gang wider than a node crosses this cluster's inter-node link, as it does when it runs (round 21: the
-            # catalogue's 12.5 GB/s where the fresh clusters link nodes at 25 predicted 16- and 32-GPU gangs 1.14-1.57x
-            # their runs, and the queue walk's waits behind them as long)
-            inter = self.inter_of[t]
-            out.append((t, lay, job.steps * step_time(job.key, t, lay, self.intra[t], inter, per_node)))
+            out.append((t, lay, job.steps * step_time(job.key, t, lay, self.intra[t], INTER_NODE_GBS, per_node)))
         return sorted(out, key=lambda x: (x[2], x[0]))
 
     def split_run(self, job: SimJob, gpu_type: str, layout: Layout) -> float | None:
@@ -228,7 +223,7 @@ class Perf:
         cannot hold it (`rigid`'s run already counts the split) or it needs one GPU."""
         if not 1 < job.num_gpus <= self.per_node[gpu_type]:
             return None
-        inter = self.inter_of[gpu_type]
+        inter = min(self.inter[n] for n, i in self.node.items() if i.gpu_type == gpu_type)
         return job.steps * step_time(job.key, gpu_type, layout, self.intra[gpu_type], inter, job.num_gpus - 1)
 
     def mem_gib(self, gpu_type: str) -> float:

@@ -185,15 +185,3 @@ def test_has_weighs_a_gang_spread_over_nodes_against_waiting_for_one_node():
     h = long["has"]
     assert h.start == 5000 and len(h.nodes) == 2 and h.run_s == pytest.approx(long["fcfs"].run_s)
     assert f"predicted run {h.run_s:.0f} s" in h.decision  # the prediction is the spread run, not the one-node one
-
-
-@pytest.mark.parametrize("inter_gbs", [25.0, 50.0])
-def test_has_predicts_a_gang_wider_than_a_node_over_the_cluster_s_inter_node_link(inter_gbs):
-    """A rigid 16-GPU job on two 8-GPU nodes crosses this cluster's inter-node link: `has` predicts the run it gets
-    (round 21: predicted at the catalogue's 12.5 GB/s where the nodes are linked at 25, 16- and 32-GPU gangs were
-    predicted 1.14-1.57x their runs, and every wait behind them as long)."""
-    c = Cluster(name="t", nodes=[Node(name=f"n{k}", gpu="H100-80GB", count=8, interconnect="nvlink",
-                                      inter_node_gbs=inter_gbs) for k in range(2)])
-    job = TraceJob("g", 0, 20000, 16, "gpt2-774m", 64, gpu_type="H100-80GB", elastic=False, traced=True)
-    h = simulate(c, [job], "has").jobs[0]
-    assert len(h.nodes) == 2 and f"predicted run {h.run_s:.0f} s" in h.decision
