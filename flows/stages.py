@@ -21,6 +21,7 @@ from prefect.settings import PREFECT_API_URL
 
 from cluster.inventory import Cluster
 from cluster.ledger import Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError
+from flows import guardian
 from flows.evaluate import evaluate_task
 from flows.place import place
 from flows.plan import plan_resources, plans_markdown
@@ -60,7 +61,7 @@ from tasks.pipeline.outage import CommitTimes, Outages, commit_times
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
-from tasks.pipeline.stopped import trainer_ended
+from tasks.pipeline.stopped import reached, trainer_ended
 from tasks.pipeline.summary import committed_steps, run_record, run_report
 from tasks.pipeline.watch import Controls, watch
 from tasks.planning.calibration import load_observations
@@ -632,7 +633,14 @@ class FlowStages:
                              "step first)")
             raise TerminationSignal(signal=signal.SIGTERM)
 
+    def reach(self, phase: str) -> None:
+        """The run is now in `phase` (tasks/pipeline/stopped.py's PHASES): what a stop's line and, should this process
+        be killed outright, the guardian's Crashed message say about it."""
+        reached(self.request.job.name, phase)
+        guardian.tell_phase(phase)
+
     def plan(self, run: Run) -> tuple[list[ResourcePlan], str]:
+        self.reach("planning")
         job, spec = self.request.job, self.request.cluster_spec
         plans = plan_resources(PlanRequest(job=job, cluster=spec, rank_by=self.request.rank_by, top=1000),
                                load_observations(), self.cluster)
@@ -646,6 +654,7 @@ class FlowStages:
         return runnable, self.cluster.name
 
     def place(self, run: Run) -> Allocation:
+        self.reach("queued")
         r = self.request
         if r.executor != "local":  # nothing is placed on a node Ray already knows is gone
             from cluster.ray_health import sync_ledger
@@ -665,6 +674,7 @@ class FlowStages:
 
     def train(self, run: Run) -> TrainOutcome:
         assert run.attempt is not None
+        self.reach("training")
         a, r, run_dir = run.attempt, self.request, Path(run.run_dir)
         with LeaseKeeper(self.ledger, a.allocation.id, r.lease_s) as keeper:
             if r.executor != "local":  # every node must see the files this run writes, before it trains
@@ -784,6 +794,7 @@ class FlowStages:
         return replan_after_oom(self.request.job, self.cluster, self.request.rank_by, load_observations())
 
     def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
+        self.reach("evaluating")
         if run.mode != "deployment" or run.result is None:  # in-flow: scored, or failed, as training ran
             return run.evaluations, run.evaluation_failures
         r, res, root = self.request, run.result, run.request.job.training.checkpoint.uri or ""
