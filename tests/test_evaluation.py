@@ -827,11 +827,16 @@ def test_an_evaluation_stopped_in_its_lock_is_taken_over_after_the_stale_time_an
             time.sleep(0.1)  # a poll of another process's state
         out = results_dir(hist, run, 10, "small", ckpt)
         assert f"pid {holder.pid}" in lock_path(out).read_text()  # stopped holding the step's lock
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # on main this waited until the holder went on
-            t0 = time.monotonic()
-            got = pool.submit(evaluate_and_record, uri, one_dataset(), EvalOptions(schedule="naive"), hist,
-                              reevaluate=False).result(timeout=240)[1]
-            waited = time.monotonic() - t0
+        pool, t0 = concurrent.futures.ThreadPoolExecutor(1), time.monotonic()
+        taker = pool.submit(evaluate_and_record, uri, one_dataset(), EvalOptions(schedule="naive"), hist,
+                            reevaluate=False)
+        try:  # on main the taker waited for as long as the holder stayed stopped (here: 240 s, then it is killed)
+            got = taker.result(timeout=240)[1]
+        finally:
+            if not taker.done():
+                holder.kill()  # its lock goes with it: the taker's thread ends, and the pool with it
+            pool.shutdown(wait=True)
+        waited = time.monotonic() - t0
         said = capfd.readouterr().err
         assert f"frenzy evaluate (pid {holder.pid} on " in said and "with no heartbeat for" in said, said
         assert "taking its lock over; should it continue, it publishes nothing of its attempt" in said, said
