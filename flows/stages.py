@@ -32,6 +32,7 @@ from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation import warmstart
 from tasks.evaluation.request import EvaluateRequest
+from tasks.evaluation.suite import load_suite
 from tasks.evaluation.summary import EvalSummary
 from tasks.paths import path_like, place_key
 from tasks.pipeline import attempt as at
@@ -42,6 +43,7 @@ from tasks.pipeline.evaluations import (
     api_outage_cause,
     collect_scores,
     crash_cause,
+    lacking_here,
     rerun_line,
     retired_steps,
     scored,
@@ -841,6 +843,8 @@ class FlowStages:
             found, failures = collect_scores(read, steps, r.eval_timeout_s, runs=runs, rerun=again)
         except DeploymentGone as gone:
             self.log.warning("%s: evaluating the steps left in this run (in-flow); %s", gone, gone.fix)
+            if lacks := lacking_here(load_suite(r.suite_spec)):  # a plugin only the workers had (red team 41r)
+                self.log.warning("%s", lacks)
             ev = self._evaluator(run, self.device, reevaluate=False)  # a step a late worker is scoring: its result
             ev.catch_up()
             found, failures = {s: ev.done[s] for s in steps if s in ev.done}, [f for f in ev.failures() if f.step in steps]
