@@ -140,9 +140,10 @@ def stop_on_signals(command: str) -> None:
 
 def _interrupted(command: str, err: KeyboardInterrupt) -> tuple[int, str]:
     """The exit status and the line of a command stopped by Ctrl-C or a signal that escaped it (for `submit`, a stop
-    before its flow was called: it was planning)."""
+    before it ran the flow, which says where its own stops were: it was planning)."""
     rc = 128 + err.signum if isinstance(err, Signalled) else 130
-    if command not in PIPELINE_COMMANDS:
+    ran = sys.modules.get("tasks.pipeline.stopped")  # what the run reached, once `run_submit` started it
+    if command not in PIPELINE_COMMANDS or (ran is not None and ran.any_reached()):
         return rc, f"frenzy {command}: interrupted"
     from tasks.pipeline.stopped import Stopped
 

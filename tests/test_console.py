@@ -189,3 +189,22 @@ def test_prefects_error_logging_to_api_ends_its_line_before_frenzys_next_line(wh
     said = next(line for line in lines if "Error logging to API" in line)
     assert "1 log line(s) not sent to the Prefect API (ConnectError: " in said and said.endswith(
         "the run's logs on the server lack them"), said
+
+
+def test_an_interrupt_that_escapes_submit_says_planning_only_before_the_run_said_where_it_was(monkeypatch, capsys):
+    """A Ctrl-C or SIGTERM that reaches the CLI's boundary (cli/output.py) before `run_submit` started the run (reading
+    the job, the imports) was planning; one after the run said where it was (while its result is printed) is no stop
+    of the run, and is not called planning."""
+    import signal
+
+    import tasks.pipeline.stopped as stopped
+    from cli.output import Signalled, finish
+
+    monkeypatch.setattr(stopped, "_phase", {})
+    assert finish("submit", Signalled(signal.SIGTERM)) == 143
+    assert capsys.readouterr().err.strip() == ("frenzy submit: stopped while planning, before it asked for GPUs: "
+                                               "nothing was queued or trained; rerun the same command to start it")
+    stopped.reached("job", "training")
+    assert finish("submit", KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err.strip() == "frenzy submit: interrupted"
+    assert finish("plan", KeyboardInterrupt()) == 130 and capsys.readouterr().err.strip() == "frenzy plan: interrupted"

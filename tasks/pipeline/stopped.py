@@ -70,6 +70,13 @@ def reached(job: str, phase: str) -> None:
         _phase[job] = phase
 
 
+def any_reached() -> bool:
+    """Whether a run of this process said where it was (a stop after it, while its result is printed, was no stop of
+    the run)."""
+    with _ended_lock:
+        return bool(_phase)
+
+
 def phase_of(job: str) -> str:
     """The phase `job`'s run in this process reached last; "" when none was said."""
     with _ended_lock:
