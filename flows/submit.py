@@ -132,6 +132,8 @@ class _SubmitFlow(Flow):
     server, a guardian process marks the run Crashed should this process be killed outright (flows/guardian.py)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(request := args[0] if args else kwargs.get("request"), SubmitRequest):
+            reached(request.job.name, "planning")  # an interrupt before the flow's own start says so too
         try:
             with guardian.guarded():
                 return super().__call__(*args, **kwargs)
