@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import sys
+import threading
 from typing import TYPE_CHECKING
 
 from tasks.errors import FrenzyError
@@ -167,17 +170,52 @@ def refuse_before_the_flow(request: SubmitRequest) -> None:
 def run_submit(command: str, request: object) -> object | None:
     """Run the `submit` flow for `frenzy <command>`: an infeasible job is refused with MARP's message before the
     flow starts (nothing else printed first), tracebacks stay off the terminal, and Ctrl-C ends in one line (the
-    flow has the trainer commit its step first). None when interrupted; SIGTERM prints the same line and exits 143."""
-    import sys
-
+    flow has the trainer commit its step first) that says where the run was: planning (these checks, the imports),
+    queued, training or evaluating. None when interrupted; SIGTERM prints the same line and exits 143."""
     from tasks.pipeline.request import SubmitRequest
+    from tasks.pipeline.stopped import reached
 
     assert isinstance(request, SubmitRequest)
+    reached(request.job.name, "planning")  # until the flow's stages say more (flows/stages.py, FlowStages.reach)
+    try:
+        return _run_flow(request)
+    except BaseException as err:
+        if (signum := stop_signal(err)) is None:
+            raise
+        logs = sys.modules.get("flows.logs")  # not imported yet when the stop came during the checks or the imports
+        logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
+        stopped = err.stopped if isinstance(err, SubmitInterrupted) else None
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: the line goes where it can
+            print(interrupted_message(command, request.job.training.checkpoint.uri, stopped, request.ledger,
+                                      request.job.name), file=sys.stderr)
+        if signum:  # 143 (129 for SIGHUP, 141 for a reader gone): what a shell reports
+            raise SystemExit(128 + (signal.SIGPIPE if logs and logs.PIPE_BROKEN.is_set() else signum)) from None
+        return None
+    finally:
+        if (logs := sys.modules.get("flows.logs")) is not None:
+            logs.on_broken_pipe = None  # a later broken pipe of this process (a notebook's) stops nothing
+
+
+def stop_signal(err: BaseException) -> int | None:
+    """The signal that `err` stops the command for: 0 for Ctrl-C, the number for SIGTERM/SIGHUP (raised as
+    cli/output.py's `Signalled` before the flow's handler is set, as Prefect's TerminationSignal after); None when
+    `err` is no stop."""
+    from cli.output import Signalled
+
+    if isinstance(err, Signalled):
+        return err.signum
+    if isinstance(err, KeyboardInterrupt):
+        return 0
+    prefect_exceptions = sys.modules.get("prefect.exceptions")
+    if prefect_exceptions is not None and isinstance(err, prefect_exceptions.TerminationSignal):
+        return int(err.signal)
+    return None
+
+
+def _run_flow(request: SubmitRequest) -> object:
+    """The checks before the flow, then the flow, with SIGTERM and SIGHUP raising Prefect's TerminationSignal."""
     refuse_before_the_flow(request)
     one_line_console()
-    import signal
-    import threading
-
     from prefect.exceptions import TerminationSignal
 
     import flows.logs
@@ -202,14 +240,3 @@ def run_submit(command: str, request: object) -> object | None:
             f"Prefect's embedded API did not start within {os.environ.get(STARTUP_VAR, '20')} s (a loaded machine): "
             f"run again with {STARTUP_VAR}=300, or start a server once (`prefect server start`) and set "
             "PREFECT_API_URL=http://127.0.0.1:4200/api") from None
-    except (KeyboardInterrupt, TerminationSignal) as err:  # Ctrl-C; SIGTERM (`kill`, a Prefect cancellation)
-        logging.getLogger("prefect").setLevel(logging.WARNING)  # the embedded server's goodbye after the line: quiet
-        stopped = err.stopped if isinstance(err, SubmitInterrupted) else None
-        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: the line goes where it can
-            print(interrupted_message(command, request.job.training.checkpoint.uri, stopped, request.ledger,
-                                      request.job.name), file=sys.stderr)
-        if isinstance(err, TerminationSignal):  # 143 (129 for SIGHUP, 141 for a reader gone): what a shell reports
-            raise SystemExit(128 + (signal.SIGPIPE if flows.logs.PIPE_BROKEN.is_set() else err.signal)) from None
-        return None
-    finally:
-        flows.logs.on_broken_pipe = None  # a later broken pipe of this process (a notebook's) stops nothing

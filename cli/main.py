@@ -97,6 +97,10 @@ def entry() -> int:
     """The `frenzy` console script and `python -m cli`: `main`, then exit without the interpreter's final collections
     over every module the command imported (2-3 s of one core after a command that imported torch; as
     tasks/quickexit.py's exit_now, which is not imported here: `frenzy --help` imports nothing of tasks/)."""
+    if command := _command(sys.argv[1:]):  # every command imports cli/output.py anyway; `frenzy --help` does not
+        from cli.output import stop_on_signals
+
+        stop_on_signals(command)  # `submit`'s SIGTERM in its first seconds ends with its line too
     code = main()
     gc.freeze()
     return code

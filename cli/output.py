@@ -19,7 +19,9 @@ import contextvars
 import io
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -108,6 +110,46 @@ class CommandFailed(Exception):
         self.exit_code = exit_code
 
 
+PIPELINE_COMMANDS = ("submit", "demo")
+"""The commands that run the `submit` flow: a stop ends them with the line saying where the run was."""
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) that reached `frenzy submit`/`demo` before the flow's own handler was set (cli/console.py):
+    the command ends as after Ctrl-C, with its line, and exits 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_on_signals(command: str) -> None:
+    """From the first moment of `frenzy submit`/`demo` (its imports, reading the job, planning), SIGTERM and SIGHUP
+    (unless ignored, as under nohup) raise `Signalled`: red team 41r's SIGTERM in its first 5 s exited 143 with no
+    line. Other commands keep the default (they hold nothing to give back)."""
+    if command not in PIPELINE_COMMANDS or threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Signalled(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, stop)
+
+
+def _interrupted(command: str, err: KeyboardInterrupt) -> tuple[int, str]:
+    """The exit status and the line of a command stopped by Ctrl-C or a signal that escaped it (for `submit`, a stop
+    before it ran the flow, which says where its own stops were: it was planning)."""
+    rc = 128 + err.signum if isinstance(err, Signalled) else 130
+    ran = sys.modules.get("tasks.pipeline.stopped")  # what the run reached, once `run_submit` started it
+    if command not in PIPELINE_COMMANDS or (ran is not None and ran.any_reached()):
+        return rc, f"frenzy {command}: interrupted"
+    from tasks.pipeline.stopped import Stopped
+
+    return rc, Stopped(checkpoint_uri="", phase="planning").line(f"frenzy {command}")
+
+
 def _bug(command: str, err: BaseException) -> tuple[str, str | None]:
     """A bug: one short message saying so, the traceback in a file (printed instead when no file can be written);
     returns the message and the file (None when none could be written)."""
@@ -143,8 +185,11 @@ def finish(command: str, err: BaseException, as_json: bool = False) -> int:
         return _quiet_pipe()
     crash = None
     if isinstance(err, KeyboardInterrupt):
-        rc, kind, msg = 130, "interrupted", "interrupted (Ctrl-C); run the same command again"
-        print(f"frenzy {command}: interrupted", file=sys.stderr)
+        rc, line = _interrupted(command, err)
+        kind, msg = "interrupted", ("interrupted (Ctrl-C); run the same command again" if line.endswith(": interrupted")
+                                    else line)
+        with contextlib.suppress(OSError):
+            print(line, file=sys.stderr)
     else:
         from tasks.errors import user_message
 

@@ -804,9 +804,12 @@ class Ledger:
                            waited_s=self.clock() - row.submitted_at, allocation_id=row.allocation_id)
 
     def queue(self) -> list[QueueEntry]:
-        """The jobs waiting, in arrival order."""
+        """The jobs waiting under a live lease, in arrival order: a waiter whose process died (killed while queued) is
+        not listed once its lease has lapsed, before any write reclaims it (as `allocations()` has it; red team 41r:
+        `frenzy cluster show` listed the dead waiter until the next placement)."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(queue_t).where(queue_t.c.state == "waiting").order_by(queue_t.c.seq)).all()
+            rows = conn.execute(select(queue_t).where(queue_t.c.state == "waiting", queue_t.c.lease_expiry >= self.clock())
+                                .order_by(queue_t.c.seq)).all()
         return [QueueEntry(job=r.job, owner=r.owner, submitted_at=r.submitted_at, predicted_s=r.predicted_s,
                            requests=json.loads(r.requests)) for r in rows]
 

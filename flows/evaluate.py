@@ -6,7 +6,7 @@ artifact and a plot; the work itself is `tasks.evaluation.runner.evaluate`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefect import flow, get_client, get_run_logger, task
@@ -119,11 +119,12 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
     out: list[EvalSummary] = []
     failed: list[tuple[str, str]] = []
     skipped: list[tuple[str, str]] = []
+    gone: list[tuple[str, str]] = []
     for t in todo:
         try:
-            if why := missing(t):
-                logger.warning(why)
-                skipped.append((t.root, why))  # in the artifact too: the UI reader sees the vanished root
+            if why := missing(t):  # its own count and rows, never folded into skipped (red team 41r)
+                logger.warning("missing: %s; the pass goes on", why)
+                gone.append((t.root, why))
                 continue
             suite = load_suite(t.suite).name
             uris, unreadable = history.survey_pending(t.root, t.history_dir, suite)
@@ -142,7 +143,7 @@ def evaluate_pending(request: PendingRequest) -> list[EvalSummary]:
             except Exception as err:  # noqa: BLE001 - one step (a server error starting its run) does not end the pass
                 failed.append((uri, f"{type(err).__name__}: {err}"))
                 logger.error("evaluation of %s could not run: %s; the pass goes on", uri, err)
-    _publish_pending(out, failed, skipped)
+    _publish_pending(out, failed, skipped, gone)
     return out
 
 
@@ -199,23 +200,27 @@ def completed_summary(state: Any, history_dir: str, suite: str, uri: str) -> Eva
         return done
 
 
-def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]]) -> None:
-    lines = [f"# evaluate-pending: {pending_counts(done, failed, skipped)}", ""]
-    for title, rows in (("failed", failed), ("skipped", skipped)):
+def _publish_pending(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]],
+                     gone: list[tuple[str, str]]) -> None:
+    lines = [f"# evaluate-pending: {pending_counts(done, failed, skipped, gone)}", ""]
+    for title, rows, what in (("failed", failed, "checkpoint or root"), ("skipped", skipped, "checkpoint or root"),
+                              ("missing", gone, "checkpoint root")):
         if rows:
-            lines += [f"| {title}: checkpoint or root | why |", "|---|---|"] + [
-                f"| `{u}` | {_cell(why)} |" for u, why in rows] + [""]
+            lines += [f"| {title}: {what} | why |", "|---|---|"] + [f"| `{u}` | {_cell(why)} |" for u, why in rows] + [""]
     create_markdown_artifact("\n".join(lines), key="evaluate-pending", description="the last pending evaluation pass")
 
 
-def pending_counts(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]]) -> str:
+def pending_counts(done: list[EvalSummary], failed: list[tuple[str, str]], skipped: list[tuple[str, str]],
+                   gone: Sequence[tuple[str, str]] = ()) -> str:
     """The pass in counts that add up: a step scored but for some datasets is evaluated (and counted among those
     with failed datasets), not also failed; failed are the steps or roots that could not be evaluated at all (red team
-    41q Y1: "2 evaluated, 2 failed" for two checkpoints read as four)."""
+    41q Y1: "2 evaluated, 2 failed" for two checkpoints read as four); skipped are steps another run has or is scoring;
+    missing are checkpoint roots that do not exist (deleted, or a job that never committed: red team 41r counted them
+    as skipped)."""
     partly = sum(1 for d in done if d.failed)
     with_failed = f" ({partly} with failed datasets)" if partly else ""
     return (f"{len(done)} evaluated{with_failed}, {len(failed) - partly} could not be evaluated, "
-            f"{len(skipped)} skipped")
+            f"{len(skipped)} skipped, {len(gone)} missing")
 
 
 def _cell(text: str, limit: int = 2000) -> str:

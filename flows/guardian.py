@@ -8,7 +8,10 @@ tells it the flow run's id; the submitter writes `done` once the flow call has e
 failure, Ctrl-C, SIGTERM: Prefect sets those states itself). End of file without `done` means the process died
 without ending its run: the guardian sets the flow run Crashed, saying so, unless it had already reached a final state.
 
-    python -m flows.guardian PID    (stdin: `id <flow run id>` and `done` lines)
+    python -m flows.guardian PID    (stdin: `id <flow run id>`, `phase <where the run is>` and `done` lines)
+
+The flow tells its phase as it goes (tasks/pipeline/stopped.py's PHASES), so a Crashed message says what the killed
+process held: a run killed while it waited in the queue held no GPUs and had no trainer (red team 41r).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 _guards: dict[int, list[int]] = {}
@@ -65,33 +69,67 @@ def guarded() -> Iterator[None]:
             proc.wait(timeout=10)
 
 
+def _tell(line: str) -> None:
+    mine = _guards.get(threading.get_ident())
+    if mine:
+        with contextlib.suppress(OSError):
+            os.write(mine[-1], f"{line}\n".encode())
+
+
 def tell(flow_run_id: object) -> None:
     """Give the guardian of this thread's flow call the id of the flow run it watches (from inside the flow, which a
     sync flow runs in the caller's thread)."""
-    mine = _guards.get(threading.get_ident())
-    if mine and flow_run_id:
-        with contextlib.suppress(OSError):
-            os.write(mine[-1], f"id {flow_run_id}\n".encode())
+    if flow_run_id:
+        _tell(f"id {flow_run_id}")
 
 
-def crashed_message(pid: int) -> str:
-    """What the flow run's Crashed state says."""
+def tell_phase(phase: str) -> None:
+    """Tell the guardian of this thread's flow call where the run is now (planning, queued, training, evaluating)."""
+    _tell(f"phase {phase}")
+
+
+_HELD = {
+    "planning": "It had not asked for GPUs yet: nothing was queued, placed or trained. Run the same command again to "
+                "start it",
+    "queued": "It was waiting in the ledger's queue for GPUs: no trainer had started and it held no GPUs; its place in "
+              "the queue lapses with its lease (`--lease`). Run the same command again to queue it again",
+    "evaluating": "Its training had finished and its GPUs were released; only the wait for the evaluations and the "
+                  "report was cut. Run the same command again to wait for the scores and write the report",
+}
+"""What the killed process held, by its phase; training (or a phase never told) is the default below."""
+
+
+def crashed_message(pid: int, phase: str = "") -> str:
+    """What the flow run's Crashed state says, for a run killed in `phase`."""
+    held = _HELD.get(phase, "The trainer it started commits its step and stops; its GPUs come back when the "
+                     "allocation's lease runs out (`--lease`). Run the same command again to resume from the newest "
+                     "committed checkpoint")
     return (f"the process that ran this flow (pid {pid} on {socket.gethostname()}) ended without ending its run: it was "
-            "killed (SIGKILL, most often the kernel's out-of-memory killer or `kill -9`) or its interpreter crashed. "
-            "The trainer it started commits its step and stops; its GPUs come back when the allocation's lease runs "
-            "out (`--lease`). Run the same command again to resume from the newest committed checkpoint")
+            f"killed (SIGKILL, most often the kernel's out-of-memory killer or `kill -9`) or its interpreter crashed. "
+            f"{held}")
 
 
-def read_until_end(stream: object) -> tuple[str | None, bool]:
-    """The flow run id told, and whether `done` came, from the guardian's stdin, read until its end."""
-    run_id, done = None, False
+@dataclass(frozen=True)
+class Told:
+    """What the guardian's stdin said before it ended: the flow run id, the run's last phase, whether `done` came."""
+
+    run_id: str | None = None
+    done: bool = False
+    phase: str = ""
+
+
+def read_until_end(stream: object) -> Told:
+    """What the submitter told the guardian on its stdin, read until its end."""
+    run_id, done, phase = None, False, ""
     for raw in stream:  # type: ignore[attr-defined]
         line = raw.decode(errors="replace").strip()
         if line.startswith("id "):
             run_id = line[3:].strip()
+        elif line.startswith("phase "):
+            phase = line[6:].strip()
         elif line == "done":
             done = True
-    return run_id, done
+    return Told(run_id, done, phase)
 
 
 PATIENCE_S = 600.0
@@ -123,7 +161,7 @@ def _unreachable(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.TransportError, OSError))
 
 
-def _crash(run_id: str, pid: int) -> str:
+def _crash(run_id: str, pid: int, phase: str = "") -> str:
     """Set the run Crashed unless it has already ended; what was done."""
     from prefect import get_client
     from prefect.states import Crashed
@@ -132,17 +170,17 @@ def _crash(run_id: str, pid: int) -> str:
         run = client.read_flow_run(run_id)  # type: ignore[arg-type]
         if run.state is not None and run.state.is_final():
             return f"found {run.state.name}"
-        client.set_flow_run_state(run_id, Crashed(message=crashed_message(pid)), force=True)  # type: ignore[arg-type]
+        client.set_flow_run_state(run_id, Crashed(message=crashed_message(pid, phase)), force=True)  # type: ignore[arg-type]
     return "marked Crashed"
 
 
-def crash_until_answered(run_id: str, pid: int, patience_s: float) -> bool:
+def crash_until_answered(run_id: str, pid: int, patience_s: float, phase: str = "") -> bool:
     """Set the run Crashed, trying again while the API does not answer, for `patience_s` at most; False: gave up (and
     said so in the guardian's log). Red team 41q Z2: one try, and a submit killed with its server stayed Running."""
     start, pause, api = time.monotonic(), 0.5, os.environ.get("PREFECT_API_URL", "")
     while True:
         try:
-            did = _crash(run_id, pid)
+            did = _crash(run_id, pid, phase)
         except Exception as exc:
             if not _unreachable(exc):
                 raise
@@ -165,12 +203,12 @@ def crash_until_answered(run_id: str, pid: int, patience_s: float) -> bool:
 
 def main(argv: list[str]) -> int:
     pid = int(argv[1])
-    run_id, done = read_until_end(sys.stdin.buffer)
-    if done or run_id is None:
+    told = read_until_end(sys.stdin.buffer)
+    if told.done or told.run_id is None:
         return 0
     os.environ["PREFECT_CLIENT_MAX_RETRIES"] = "0"  # the tries and their backoff are this loop's, bounded by patience
     patience = float(os.environ.get("FRENZY_GUARDIAN_PATIENCE_S") or PATIENCE_S)
-    return 0 if crash_until_answered(run_id, pid, patience) else 1
+    return 0 if crash_until_answered(told.run_id, pid, patience, told.phase) else 1
 
 
 def embedded_server_outlives_ctrl_c() -> None:

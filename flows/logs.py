@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 PIPE_BROKEN = threading.Event()
 """Set when a console's reader went away (`frenzy submit ... | grep -m1 ...`): the console prints nothing more."""
@@ -59,6 +61,32 @@ def console_handlers() -> list[logging.Handler]:
 
 
 def verbatim_console() -> None:
-    """Every console handler of this process prints log messages verbatim (called as a flow starts)."""
+    """Every console handler of this process prints log messages verbatim, and Prefect's "Error logging to API"
+    ends its line (called as a flow starts)."""
     for h in console_handlers():
         verbatim(h)
+    api_log_errors_on_their_own_line()
+
+
+def api_log_errors_on_their_own_line() -> None:
+    """Prefect's API log worker, when the API refuses a batch of log lines (a server restarting, down), writes
+    `--- Error logging to API ---` and then the error with no newline, so the next line on the terminal ran into it
+    (red team 41r: `All connection attempts failed` glued to submit's next log line). Here it says the same on one
+    line of its own, with how many log lines the run's logs on the server lack."""
+    from prefect.logging.handlers import APILogWorker
+
+    if getattr(APILogWorker._handle_batch, "frenzy_own_line", False):
+        return
+
+    async def handle_batch(self: Any, items: list[dict[str, Any]]) -> None:
+        try:
+            await self._client.create_logs(items)
+        except Exception as err:  # noqa: BLE001 - as Prefect's: a log line not sent never ends the run
+            if logging.raiseExceptions and sys.stderr:
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(f"--- Error logging to API --- {len(items)} log line(s) not sent to the Prefect API "
+                                     f"({type(err).__name__}: {err}); the run's logs on the server lack them\n")
+                    sys.stderr.flush()
+
+    handle_batch.frenzy_own_line = True  # type: ignore[attr-defined]
+    APILogWorker._handle_batch = handle_batch  # type: ignore[method-assign]

@@ -21,6 +21,7 @@ from prefect.settings import PREFECT_API_URL
 
 from cluster.inventory import Cluster
 from cluster.ledger import Allocation, LeaseKeeper, LeaseLost, Ledger, LedgerError
+from flows import guardian
 from flows.evaluate import evaluate_task
 from flows.place import place
 from flows.plan import plan_resources, plans_markdown
@@ -31,6 +32,7 @@ from tasks.diagnosis.agent import config_from_env
 from tasks.diagnosis.diagnose import Diagnosis, diagnose
 from tasks.evaluation import warmstart
 from tasks.evaluation.request import EvaluateRequest
+from tasks.evaluation.suite import load_suite
 from tasks.evaluation.summary import EvalSummary
 from tasks.paths import path_like, place_key
 from tasks.pipeline import attempt as at
@@ -41,6 +43,7 @@ from tasks.pipeline.evaluations import (
     api_outage_cause,
     collect_scores,
     crash_cause,
+    lacking_here,
     rerun_line,
     retired_steps,
     scored,
@@ -60,7 +63,7 @@ from tasks.pipeline.outage import CommitTimes, Outages, commit_times
 from tasks.pipeline.request import Recovery, SubmitRequest
 from tasks.pipeline.rerun import Earlier
 from tasks.pipeline.run import Run, TrainFailure, TrainOutcome
-from tasks.pipeline.stopped import trainer_ended
+from tasks.pipeline.stopped import reached, trainer_ended
 from tasks.pipeline.summary import committed_steps, run_record, run_report
 from tasks.pipeline.watch import Controls, watch
 from tasks.planning.calibration import load_observations
@@ -632,7 +635,14 @@ class FlowStages:
                              "step first)")
             raise TerminationSignal(signal=signal.SIGTERM)
 
+    def reach(self, phase: str) -> None:
+        """The run is now in `phase` (tasks/pipeline/stopped.py's PHASES): what a stop's line and, should this process
+        be killed outright, the guardian's Crashed message say about it."""
+        reached(self.request.job.name, phase)
+        guardian.tell_phase(phase)
+
     def plan(self, run: Run) -> tuple[list[ResourcePlan], str]:
+        self.reach("planning")
         job, spec = self.request.job, self.request.cluster_spec
         plans = plan_resources(PlanRequest(job=job, cluster=spec, rank_by=self.request.rank_by, top=1000),
                                load_observations(), self.cluster)
@@ -646,6 +656,7 @@ class FlowStages:
         return runnable, self.cluster.name
 
     def place(self, run: Run) -> Allocation:
+        self.reach("queued")
         r = self.request
         if r.executor != "local":  # nothing is placed on a node Ray already knows is gone
             from cluster.ray_health import sync_ledger
@@ -665,6 +676,7 @@ class FlowStages:
 
     def train(self, run: Run) -> TrainOutcome:
         assert run.attempt is not None
+        self.reach("training")
         a, r, run_dir = run.attempt, self.request, Path(run.run_dir)
         with LeaseKeeper(self.ledger, a.allocation.id, r.lease_s) as keeper:
             if r.executor != "local":  # every node must see the files this run writes, before it trains
@@ -784,6 +796,7 @@ class FlowStages:
         return replan_after_oom(self.request.job, self.cluster, self.request.rank_by, load_observations())
 
     def evaluations(self, run: Run) -> tuple[list[EvalSummary], list[EvalFailure]]:
+        self.reach("evaluating")
         if run.mode != "deployment" or run.result is None:  # in-flow: scored, or failed, as training ran
             return run.evaluations, run.evaluation_failures
         r, res, root = self.request, run.result, run.request.job.training.checkpoint.uri or ""
@@ -830,6 +843,8 @@ class FlowStages:
             found, failures = collect_scores(read, steps, r.eval_timeout_s, runs=runs, rerun=again)
         except DeploymentGone as gone:
             self.log.warning("%s: evaluating the steps left in this run (in-flow); %s", gone, gone.fix)
+            if lacks := lacking_here(load_suite(r.suite_spec)):  # a plugin only the workers had (red team 41r)
+                self.log.warning("%s", lacks)
             ev = self._evaluator(run, self.device, reevaluate=False)  # a step a late worker is scoring: its result
             ev.catch_up()
             found, failures = {s: ev.done[s] for s in steps if s in ev.done}, [f for f in ev.failures() if f.step in steps]

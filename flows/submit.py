@@ -33,7 +33,7 @@ from tasks.pipeline.attempt import PipelineError
 from tasks.pipeline.drive import drive
 from tasks.pipeline.request import SubmitRequest, SubmitResult
 from tasks.pipeline.run import Run, Stage
-from tasks.pipeline.stopped import SubmitInterrupted, stopped_at
+from tasks.pipeline.stopped import SubmitInterrupted, reached, stopped_at
 from tasks.pipeline.summary import (
     already_finished,
     foreign_root,
@@ -85,6 +85,8 @@ def submit(request: SubmitRequest) -> SubmitResult:
     """Plan, place, train (evaluating checkpoints as they commit), release, evaluate, analyse, report."""
     verbatim_console()
     guardian.tell(flow_run.id)  # a process killed outright still ends its run: Crashed (flows/guardian.py)
+    reached(request.job.name, "planning")  # where a stop says the run was, until a stage says more (FlowStages.reach)
+    guardian.tell_phase("planning")
     run = start(request)
     request = run.request
     if (why := outputs_in_root(request)) is not None:  # found after training otherwise (red team 41h N13)
@@ -130,6 +132,8 @@ class _SubmitFlow(Flow):
     server, a guardian process marks the run Crashed should this process be killed outright (flows/guardian.py)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(request := args[0] if args else kwargs.get("request"), SubmitRequest):
+            reached(request.job.name, "planning")  # an interrupt before the flow's own start says so too
         try:
             with guardian.guarded():
                 return super().__call__(*args, **kwargs)

@@ -19,7 +19,9 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -69,32 +71,70 @@ def refuse_protected(out: Path, what: str, by_content: bool = False) -> None:
                           f"{what} never writes there (it would corrupt the checkpoints): give another directory")
 
 
+BEATS = 6
+"""A holder given `stale_s` renews its lock file's time this many times per `stale_s`."""
+
+
+class Hold:
+    """The lock `held` holds. `taken()` says why it is this process's no longer: a waiter found it with no heartbeat
+    for `stale_s` (this process stopped, say by SIGSTOP) and took it over; publish nothing then."""
+
+    def __init__(self, lock: Path, fd: int) -> None:
+        self.lock, self.fd = lock, fd
+
+    def taken(self) -> str | None:
+        try:
+            if _same_file(self.fd, self.lock):
+                return None
+            by = f" (now held by {_holder_line(self.lock)})"
+        except FileNotFoundError:  # the process that took it over has finished and removed it
+            by = ""
+        return (f"its lock {self.lock} is no longer this process's{by}: another process took it over while this one "
+                "made no progress (stopped or frozen past the lock's stale time)")
+
+
 @contextmanager
-def held(out: Path, what: str, wait: bool = False, note: str = "") -> Iterator[None]:
+def held(out: Path, what: str, wait: bool = False, note: str = "", stale_s: float | None = None,
+         said: Callable[[str], None] | None = None) -> Iterator[Hold]:
     """The one-writer lock of output `out`: an flock on `.NAME.lock` beside it, which names its holder (its first
     line) and, on the lines after, the holder's `note` (`lock_note` reads it). A second writer waits for it (`wait`)
-    or is refused at once, naming the first (`BusyError`)."""
+    or is refused at once, naming the first (`BusyError`). With `stale_s`, the holder renews the lock file's time
+    (BEATS times per `stale_s`, from a thread: a process stopped by SIGSTOP renews nothing), and a waiter takes over
+    a lock not renewed for `stale_s`, saying so through `said`: the old holder, should it continue, finds its lock
+    taken (`Hold.taken`) and must publish nothing."""
     lock = lock_path(out)
     made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
     try:
         with machine_errors(what, out):  # a full disk names the output and its disk (red team 41h N8)
             out.parent.mkdir(parents=True, exist_ok=True)
-            fd = _lock_file(lock, out, what, wait)
+            fd = _lock_file(lock, out, what, wait, stale_s, said)
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()})\n{note}".encode(), 0)
             except BaseException:
                 _unlock(lock, fd)
                 raise
+        stop = threading.Event()
+        if stale_s is not None:
+            threading.Thread(target=_renew, args=(fd, stale_s / BEATS, stop), daemon=True,
+                             name=f"lock-heartbeat {out.name}").start()
         try:
-            yield
+            yield Hold(lock, fd)
         finally:
+            stop.set()
             _unlock(lock, fd)
     except BaseException:
         for d in made:  # the directories made for it and left empty (it failed): none is left behind, deepest first
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def _renew(fd: int, every_s: float, stop: threading.Event) -> None:
+    """The holder's heartbeat: the lock file's time, renewed every `every_s` until `stop`."""
+    while not stop.wait(every_s):
+        with contextlib.suppress(OSError):  # closed at the end, or a file system that refuses: the next try
+            os.utime(fd)
 
 
 def lock_path(out: Path) -> Path:
@@ -110,15 +150,30 @@ def lock_note(out: Path) -> str:
         return ""
 
 
+def _holder_line(lock: Path) -> str:
+    try:
+        return lock.read_text(errors="replace").partition("\n")[0].strip() or "another process"
+    except OSError:
+        return "another process"
+
+
 def _unlock(lock: Path, fd: int) -> None:
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(lock)  # removed while still locked: no lock file is left behind ...
+        if _same_file(fd, lock):  # not a lock a waiter took over from this process (`held`'s stale_s)
+            os.unlink(lock)  # removed while still locked: no lock file is left behind ...
     os.close(fd)  # ... and a writer waiting on this inode sees it is gone (`_lock_file`) and locks a new one
 
 
-def _lock_file(lock: Path, out: Path, what: str, wait: bool) -> int:
+def _same_file(fd: int, path: Path) -> bool:
+    st, now = os.fstat(fd), os.stat(path)
+    return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _lock_file(lock: Path, out: Path, what: str, wait: bool, stale_s: float | None = None,
+               said: Callable[[str], None] | None = None) -> int:
     """An open descriptor of `lock`, flock-ed: the file at the path when the lock was taken (a previous holder may
-    have removed the one this process opened and waited on: then the new one is opened and locked)."""
+    have removed the one this process opened and waited on, or a stale one was taken over: then the new one is
+    opened and locked)."""
     while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
@@ -128,7 +183,9 @@ def _lock_file(lock: Path, out: Path, what: str, wait: bool) -> int:
             lock.parent.mkdir(parents=True, exist_ok=True)
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            if not _flock(fd, wait, stale_s, said, lock, out):
+                os.close(fd)
+                continue
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").partition("\n")[0].strip() or "another process"
             os.close(fd)
@@ -138,12 +195,41 @@ def _lock_file(lock: Path, out: Path, what: str, wait: bool) -> int:
             os.close(fd)
             raise
         try:
-            st, now = os.fstat(fd), os.stat(lock)
-            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+            if _same_file(fd, lock):
                 return fd
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def _flock(fd: int, wait: bool, stale_s: float | None, said: Callable[[str], None] | None, lock: Path,
+           out: Path) -> bool:
+    """Lock `fd` (BlockingIOError: busy, and not `wait`). Waiting with `stale_s`: poll, and once the holder has not
+    renewed the file for `stale_s`, remove it from the path (the holder keeps an unlinked file) and return False to
+    have the caller lock a new one."""
+    if not wait or stale_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        return True
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        age = time.time() - os.fstat(fd).st_mtime
+        if age >= stale_s:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").partition("\n")[0].strip() or "another process"
+            took = False
+            with contextlib.suppress(FileNotFoundError):
+                if _same_file(fd, lock):  # not when another waiter took it over first: then that one's is waited on
+                    os.unlink(lock)
+                    took = True
+            if took and said is not None:
+                said(f"{holder} has held {out} with no heartbeat for {age:.0f} s (its process is stopped or frozen; "
+                     f"the stale time is {stale_s:g} s): taking its lock over; should it continue, it publishes "
+                     "nothing of its attempt")
+            return False
+        time.sleep(min(1.0, stale_s / BEATS))  # a poll of another process's lock, not a synchronisation of ours
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from cli.console import OneLineFormatter, interrupted_message
@@ -146,3 +147,64 @@ def test_a_stop_while_in_flow_evaluations_run_after_training_says_training_had_f
         assert interrupted_message("submit", root, ledger=ledger, job="tiny") == resume
     finally:
         trainer_ended("tiny", None)
+
+
+_API_LOG_REFUSED = """
+import sys
+from flows.logs import verbatim_console
+from prefect.logging.handlers import APILogWorker
+if sys.argv[1] == "frenzy":
+    verbatim_console()  # what every flow of Frenzy does as it starts
+APILogWorker.instance().send({"name": "prefect.flow_runs", "level": 20, "message": "a line", "flow_run_id": None,
+                              "task_run_id": None, "timestamp": "2026-11-27T18:00:00+00:00", "__payload_size__": 100})
+APILogWorker.drain_all(timeout=60)
+sys.stderr.write("frenzy's next line\\n")
+"""
+
+
+@pytest.mark.parametrize("who", ["prefect", "frenzy"])
+def test_prefects_error_logging_to_api_ends_its_line_before_frenzys_next_line(who):
+    """Red team 41r: during a server outage Prefect's "Error logging to API" text ran into submit's next log line
+    (Prefect writes the error without a newline). A real Prefect API log worker against a loopback port that refuses
+    connections (bound, not listening): with Prefect's own handler the next line is glued on (the control), with
+    Frenzy's it starts a line of its own."""
+    import socket
+
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    try:
+        env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{port.getsockname()[1]}/api",
+               "PREFECT_CLIENT_MAX_RETRIES": "0"}
+        p = subprocess.run([sys.executable, "-c", _API_LOG_REFUSED, who], env=env, capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        port.close()
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stderr.splitlines()
+    assert "--- Error logging to API ---" in p.stderr, p.stderr[-3000:]
+    if who == "prefect":  # the control: the remark as the red team saw it
+        assert "frenzy's next line" not in lines, p.stderr[-3000:]
+        return
+    assert lines[-1] == "frenzy's next line", p.stderr[-3000:]
+    said = next(line for line in lines if "Error logging to API" in line)
+    assert "1 log line(s) not sent to the Prefect API (ConnectError: " in said and said.endswith(
+        "the run's logs on the server lack them"), said
+
+
+def test_an_interrupt_that_escapes_submit_says_planning_only_before_the_run_said_where_it_was(monkeypatch, capsys):
+    """A Ctrl-C or SIGTERM that reaches the CLI's boundary (cli/output.py) before `run_submit` started the run (reading
+    the job, the imports) was planning; one after the run said where it was (while its result is printed) is no stop
+    of the run, and is not called planning."""
+    import signal
+
+    import tasks.pipeline.stopped as stopped
+    from cli.output import Signalled, finish
+
+    monkeypatch.setattr(stopped, "_phase", {})
+    assert finish("submit", Signalled(signal.SIGTERM)) == 143
+    assert capsys.readouterr().err.strip() == ("frenzy submit: stopped while planning, before it asked for GPUs: "
+                                               "nothing was queued or trained; rerun the same command to start it")
+    stopped.reached("job", "training")
+    assert finish("submit", KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err.strip() == "frenzy submit: interrupted"
+    assert finish("plan", KeyboardInterrupt()) == 130 and capsys.readouterr().err.strip() == "frenzy plan: interrupted"

@@ -204,6 +204,8 @@ def test_flows_publish_scores_history_and_evaluate_only_pending_steps(ckpt, tmp_
     assert history.pending(f"file://{bad}", bad_hist, "small") == [f"file://{bad}/step_00000020"]  # named, not scored
     report = str(Artifact.get("evaluate-pending").data)
     assert "2 could not be evaluated" in report, report  # the corrupt step and the torn manifest
+    # the root a job never wrote: missing, with its path, not skipped (red team 41r)
+    assert "0 skipped, 1 missing" in report and f"| `file://{tmp_path}/never-written` | checkpoint root" in report
     assert "bad/step_00000020" in report and "sha256" in report
     assert f"{torn}/step_00000020/manifest.json" in report, report  # the torn manifest is named, not skipped
     good = [d for d in done if d.result.startswith(hist)]
@@ -671,12 +673,13 @@ def test_evaluate_pending_skips_a_step_another_run_is_evaluating_and_leaves_no_l
     report = str(Artifact.get("evaluate-pending").data)
     assert "1 evaluated, 0 could not be evaluated, 1 skipped" in report, report
     assert f"pid {p.pid}" in report and "step_00000010" in report
-    # the holder is gone: the next pass evaluates it; a root deleted by hand is a row of the artifact (red team 41f S17)
+    # the holder is gone: the next pass evaluates it; a root deleted by hand is a row of the artifact (red team 41f
+    # S17), counted and listed as missing, not as skipped (red team 41r): test_a_root_that_no_longer_exists_...
     done = evaluate_pending(req.model_copy(update={"roots": [ckpt, str(tmp_path / "gone")]}))
     assert [d.step for d in done] == [10]
     report = str(Artifact.get("evaluate-pending").data)
-    assert "1 evaluated, 0 could not be evaluated, 1 skipped" in report, report
-    assert f"`{tmp_path}/gone` | checkpoint root" in report
+    assert "1 evaluated, 0 could not be evaluated, 0 skipped, 1 missing" in report, report
+    assert f"| missing: checkpoint root | why |\n|---|---|\n| `{tmp_path}/gone` | checkpoint root" in report, report
     assert len(history.history_file(hist, done[0].run).read_text().splitlines()) == 2  # one line per step
     left = sorted(str(f.relative_to(hist)) for f in Path(hist).rglob("*") if f.name.startswith("."))
     assert left == [], left  # no `.history-small.png.lock`, no `.claims`
@@ -757,10 +760,11 @@ def test_the_evaluate_pending_counts_add_up_to_the_checkpoints():
 
     partial = [step(10, {"hangs": "no progress"}), step(20, {"hangs": "no progress"})]
     failed = [(d.uri, "; ".join(d.failed_lines())) for d in partial]
-    assert pending_counts(partial, failed, []) == "2 evaluated (2 with failed datasets), 0 could not be evaluated, 0 skipped"
+    assert pending_counts(partial, failed, []) == (
+        "2 evaluated (2 with failed datasets), 0 could not be evaluated, 0 skipped, 0 missing")
     whole = [*failed, ("/c/step_30", "EvalError: ...")]
     assert pending_counts([*partial, step(40, {})], whole, [("/c/step_50", "being evaluated")]) == (
-        "3 evaluated (2 with failed datasets), 1 could not be evaluated, 1 skipped")
+        "3 evaluated (2 with failed datasets), 1 could not be evaluated, 1 skipped, 0 missing")
 
 
 def test_an_evaluation_whose_progress_reports_cannot_be_made_is_scored(ckpt, tmp_path, capsys):
@@ -778,6 +782,75 @@ def test_an_evaluation_whose_progress_reports_cannot_be_made_is_scored(ckpt, tmp
     err = capsys.readouterr().err
     assert err.count("evaluation progress could not be reported") == 1, err
     assert "ConnectionRefusedError: [Errno 111] Connection refused" in err and "the evaluation goes on" in err, err
+
+
+_STOPS_IN_ITS_LOCK = """
+import os, signal, sys
+from tasks.evaluation.record import evaluate_and_record
+from tasks.evaluation.runner import EvalOptions
+from tasks.evaluation.suite import Suite
+suite = Suite.model_validate_json(sys.argv[3])
+def stop_here():  # inside the step's lock, its evaluation complete, just before it publishes: stopped as by `kill -STOP`
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return None
+evaluate_and_record(sys.argv[2], suite, EvalOptions(schedule="naive"), sys.argv[1], reevaluate=False, fence=stop_here)
+print("published", flush=True)
+"""
+
+
+def test_an_evaluation_stopped_in_its_lock_is_taken_over_after_the_stale_time_and_publishes_nothing_when_continued(
+        ckpt, tmp_path, capfd, monkeypatch):
+    """Red team 41r: an evaluation process SIGSTOPped and never continued kept the step's lock, and the evaluation
+    run made again waited on it for the whole eval_timeout_s. The holder renews its lock's time from a thread (a
+    stopped process renews nothing); a waiter takes over a lock not renewed for FRENZY_EVAL_LOCK_STALE_S and says so,
+    and the old holder, continued, finds its lock taken and publishes nothing. Real processes and a real SIGSTOP."""
+    import concurrent.futures
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tasks.evaluation.record import evaluate_and_record, results_dir
+    from tasks.outdir import lock_path
+
+    monkeypatch.setenv("FRENZY_EVAL_LOCK_STALE_S", "3")
+    hist, uri = str(tmp_path / "evals"), f"{ckpt}/step_00000010"
+    run = ck.read_manifest(Storage(ckpt), 10).run
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    holder = subprocess.Popen([sys.executable, "-c", _STOPS_IN_ITS_LOCK, hist, uri, one_dataset().model_dump_json()],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()[1][-3000:]
+            time.sleep(0.1)  # a poll of another process's state
+        out = results_dir(hist, run, 10, "small", ckpt)
+        assert f"pid {holder.pid}" in lock_path(out).read_text()  # stopped holding the step's lock
+        pool, t0 = concurrent.futures.ThreadPoolExecutor(1), time.monotonic()
+        taker = pool.submit(evaluate_and_record, uri, one_dataset(), EvalOptions(schedule="naive"), hist,
+                            reevaluate=False)
+        try:  # on main the taker waited for as long as the holder stayed stopped (here: 240 s, then it is killed)
+            got = taker.result(timeout=240)[1]
+        finally:
+            if not taker.done():
+                holder.kill()  # its lock goes with it: the taker's thread ends, and the pool with it
+            pool.shutdown(wait=True)
+        waited = time.monotonic() - t0
+        said = capfd.readouterr().err
+        assert f"frenzy evaluate (pid {holder.pid} on " in said and "with no heartbeat for" in said, said
+        assert "taking its lock over; should it continue, it publishes nothing of its attempt" in said, said
+        assert got.scores and [e.step for e in history.read(hist, run, "small")] == [10], waited
+        holder.send_signal(signal.SIGCONT)
+        _, err = holder.communicate(timeout=120)
+        assert holder.returncode != 0 and "Fenced" in err and f"its lock {lock_path(out)} is no longer this process's" in err, err
+        assert "not publishing this evaluation" in err, err[-3000:]
+        assert [e.step for e in history.read(hist, run, "small")] == [10]  # one line: the taker's
+        assert json.loads((out / "result.json").read_text())["scores"] == got.scores
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 def test_an_evaluation_whose_run_ended_while_it_was_stopped_publishes_nothing_and_the_rerun_publishes(ckpt, tmp_path):

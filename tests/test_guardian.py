@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from flows.guardian import read_until_end
+import pytest
+
+from flows.guardian import Told, read_until_end
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,9 +93,10 @@ def test_a_killed_process_leaves_its_run_crashed_with_the_cause(prefect_server):
 def test_the_guardian_reads_the_id_and_done_until_its_pipe_ends():
     import io
 
-    assert read_until_end(io.BytesIO(b"id 1234\n")) == ("1234", False)
-    assert read_until_end(io.BytesIO(b"id 1234\ndone\n")) == ("1234", True)
-    assert read_until_end(io.BytesIO(b"")) == (None, False)
+    assert read_until_end(io.BytesIO(b"id 1234\n")) == Told("1234", False)
+    assert read_until_end(io.BytesIO(b"id 1234\ndone\n")) == Told("1234", True)
+    assert read_until_end(io.BytesIO(b"")) == Told(None, False)
+    assert read_until_end(io.BytesIO(b"id 1234\nphase planning\nphase queued\n")) == Told("1234", False, "queued")
 
 
 def test_two_submits_in_two_threads_of_one_killed_process_both_end_crashed(prefect_server):
@@ -131,12 +134,14 @@ def _forward(conn, upstream: tuple[str, int]) -> None:
     pump(conn, up)
 
 
-def _guardian(api_url: str, home: Path, run_id: object, patience_s: float) -> subprocess.Popen:
+def _guardian(api_url: str, home: Path, run_id: object, patience_s: float, phase: str = "") -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home),
            "FRENZY_GUARDIAN_PATIENCE_S": str(patience_s)}
     proc = subprocess.Popen([sys.executable, "-m", "flows.guardian", "4242"], stdin=subprocess.PIPE, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     proc.stdin.write(f"id {run_id}\n".encode())  # then the pipe ends without `done`: the submitter died
+    if phase:  # what the submit flow tells as it goes (flows/stages.py, FlowStages.reach)
+        proc.stdin.write(f"phase planning\nphase {phase}\n".encode())
     proc.stdin.close()
     return proc
 
@@ -150,10 +155,19 @@ def _wait_for_line(path: Path, text: str, proc: subprocess.Popen) -> str:
     return log
 
 
-def test_a_run_killed_with_its_server_is_crashed_once_the_server_answers_again(prefect_server, tmp_path):
+HELD = {
+    "training": "The trainer it started commits its step and stops; its GPUs come back when the allocation's lease",
+    "queued": "It was waiting in the ledger's queue for GPUs: no trainer had started and it held no GPUs",
+    "planning": "It had not asked for GPUs yet: nothing was queued, placed or trained",
+}
+
+
+@pytest.mark.parametrize("phase", ["training", "queued", "planning"])
+def test_a_run_killed_with_its_server_is_crashed_once_the_server_answers_again(prefect_server, tmp_path, phase):
     """Red team 41q Z2: a submit SIGKILLed while its server was down stayed Running for good (the guardian tried the
     API once). Here the API's port refuses (bound, not listening) until the guardian has said it will try again; then
-    the port answers, forwarding to the real server, and the run ends Crashed."""
+    the port answers, forwarding to the real server, and the run ends Crashed. Red team 41r: one killed while it
+    waited in the queue was said to hold a trainer and GPUs; the message says what the run held in its phase."""
     import socket
     import threading
     from urllib.parse import urlsplit
@@ -167,7 +181,7 @@ def test_a_run_killed_with_its_server_is_crashed_once_the_server_answers_again(p
     api = f"http://127.0.0.1:{port.getsockname()[1]}{real.path}"
     with get_client(sync_client=True) as client:
         run = _running_run(client)
-        proc = _guardian(api, tmp_path, run.id, patience_s=120)
+        proc = _guardian(api, tmp_path, run.id, patience_s=120, phase=phase)
         log = _wait_for_line(tmp_path / "guardian.log", "does not answer", proc)
         assert "ConnectError" in log and "up to 120 s" in log, log
         assert client.read_flow_run(run.id).state.type.value == "RUNNING"
@@ -186,7 +200,9 @@ def test_a_run_killed_with_its_server_is_crashed_once_the_server_answers_again(p
             assert proc.wait(timeout=90) == 0, proc.stderr.read().decode()[-2000:]
         finally:
             port.close()
-        assert "killed (SIGKILL" in client.read_flow_run(run.id).state.message
+        said = client.read_flow_run(run.id).state.message
+        assert "killed (SIGKILL" in said and HELD[phase] in said, said
+        assert [p for p, text in HELD.items() if text in said] == [phase], said  # nothing another phase held
         assert "marked Crashed after" in (tmp_path / "guardian.log").read_text()
 
 

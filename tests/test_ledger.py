@@ -174,6 +174,18 @@ def test_renew_reports_a_lost_lease(url):
     assert led.renew(b.id) is True
 
 
+def test_a_waiter_whose_lease_lapsed_is_not_listed_in_the_queue_before_any_write(url):
+    """Red team 41r: a submit killed while it waited in the queue stayed listed by `frenzy cluster show` until the next
+    placement (a read reclaims nothing); `queue()` lists only waiters under a live lease, as `allocations()` does."""
+    led = Ledger(url)
+    led.allocate("x", [GpuRequest(4, 10)], lease_s=600)  # every GPU of n0: the next job waits
+    led.submit("dead", [GpuRequest(4, 10)], lease_s=30)
+    led.submit("alive", [GpuRequest(4, 10)], lease_s=300)
+    assert [q.job for q in led.queue()] == ["dead", "alive"]
+    later = Ledger(url, clock=lambda: time.time() + 31)  # its process renewed nothing: its lease lapsed
+    assert [q.job for q in later.queue()] == ["alive"]
+
+
 def test_sync_refuses_to_shrink_a_node_under_allocation(url):
     led = Ledger(url)
     led.allocate("x", [GpuRequest(4, 10)])

@@ -803,3 +803,21 @@ def test_device_cuda_on_an_allocation_without_a_cuda_gpu_trains_on_the_cpu_and_s
     f = Fake(plans=[plan("cpu", 1)], allocations=[on_cpu], outcomes=[TrainOutcome(result=result(10))])
     said = _human(submit_result(drive(new_run(), f, ticks())), 1.0)
     assert said.startswith(f"j: 10 steps on 1 x cpu (dp=1 tp=1 pp=1 mb=2), placed on {host}[0]; "), said
+
+
+def test_an_in_flow_fallback_names_the_dataset_plugins_this_process_lacks():
+    """Red team 41r (fix41p's note): once no worker had polled the pool, submit evaluated the steps left in-flow, and a
+    dataset whose `module:factory` plugin only the workers had failed there with no word that the workers had it. The
+    fallback's warning names each such plugin and how to score it where it is installed; a suite whose datasets are
+    all here gets no such line."""
+    from tasks.evaluation.suite import Suite
+    from tasks.pipeline.evaluations import lacking_here
+
+    here = {"name": "heldout-loss", "examples": 8, "mode": "ppl", "infer_s_per_example": 0.004}
+    theirs = {"name": "theirs", "dataset": "nosuchmod_rt41r:factory", "examples": 2, "mode": "gen",
+              "infer_s_per_example": 0.1}
+    assert lacking_here(Suite.model_validate({"name": "mine", "datasets": [here]})) is None
+    said = lacking_here(Suite.model_validate({"name": "worker-only", "datasets": [here, theirs]}))
+    assert said is not None and "dataset 'theirs': plugin nosuchmod_rt41r:factory: no module 'nosuchmod_rt41r' here" in said
+    assert "heldout-loss" not in said and "the others are scored" in said
+    assert "`prefect worker start --pool frenzy`" in said and "`prefect deployment run evaluate-pending/evaluate-pending`" in said

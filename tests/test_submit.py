@@ -296,6 +296,89 @@ def test_ctrl_c_ends_submit_in_one_line_that_says_where_it_stopped(prefect_serve
     assert Ledger(str(tmp_path / "l.db")).allocations() == []
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "ctrl-c"])
+def test_a_stop_in_submits_first_seconds_says_it_was_planning_and_what_to_run(tmp_path, sig):
+    """Red team 41r: SIGTERM in `frenzy submit`'s first 5 s exited 143 with no line (its handler was set only after
+    the imports and the checks before the flow), and Ctrl-C there said only `interrupted`. Here submit is stopped
+    while it asks the Prefect API, the first of those checks: a port on loopback that takes the connection and never
+    answers. The line says it was planning, that nothing was queued or trained, and what to run."""
+    import socket
+
+    Ledger(str(tmp_path / "l.db"))  # an explicit --ledger must exist (`frenzy cluster init` makes one)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name="early")))
+    api = socket.socket()
+    api.bind(("127.0.0.1", 0))
+    api.listen(1)
+    api.settimeout(120)
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path, PREFECT_API_URL=f"http://127.0.0.1:{api.getsockname()[1]}/api")
+    try:
+        conn, _ = api.accept()  # submit is in its first checks: nothing planned, queued or trained yet
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        conn.close()
+    finally:
+        api.close()
+    err = (tmp_path / "cli.err").read_text()
+    assert proc.returncode == (143 if sig == signal.SIGTERM else 130), (proc.returncode, err[-3000:])
+    assert err.strip().splitlines()[-1] == ("frenzy submit: stopped while planning, before it asked for GPUs: nothing "
+                                            "was queued or trained; rerun the same command to start it"), err[-3000:]
+    assert "Traceback" not in err and Ledger(str(tmp_path / "l.db")).queue() == []
+
+
+def _wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in (path.read_text() if path.exists() else ""):
+        assert proc.poll() is None, path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {text!r} in time: " + path.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_submit_stopped_while_queued_says_it_held_no_trainer_and_no_gpus(prefect_server, tmp_path, sig):
+    """Red team 41r: SIGTERM of a submit still waiting in the queue said "stopped before the first checkpoint was
+    committed", and one SIGKILLed was marked Crashed as if "the trainer it started commits its step; its GPUs come
+    back when the lease runs out": it had neither. The only device is held by another job, so the submit waits in
+    the queue; stopped there, its line (SIGTERM) or its run's Crashed message (SIGKILL, the guardian's) says so."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    from cluster.has import GpuRequest
+    from cluster.inventory import load_cluster
+
+    led = Ledger(str(tmp_path / "l.db"))
+    led.sync(load_cluster("local"))
+    assert led.allocate("hog", [GpuRequest(1, 0)], lease_s=3600) is not None  # every device of this machine
+    name = f"queued-{sig.name.lower()}"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_job(tmp_path, name=name)))
+    proc = _cli(["submit", "job.yaml", "--ledger", str(tmp_path / "l.db"), "--evaluation", "off", "--device", "cpu",
+                 "--run-dir", str(tmp_path / "run")], tmp_path)
+    _wait_for_text(tmp_path / "cli.err", f"{name}: waiting, queue position 1", proc)
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    err = (tmp_path / "cli.err").read_text()
+    assert [a.job for a in led.allocations()] == ["hog"] and not (tmp_path / "run" / "train.log").exists()
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            "frenzy submit: stopped while queued for GPUs: no trainer had started and no GPUs were held, and its "
+            "place in the queue is given up; rerun the same command to start it"), err[-3000:]
+        assert led.queue() == []
+        return
+    deadline = time.monotonic() + 90
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"submit-{name}"])))
+            if runs and runs[0].state_type.value == "CRASHED":
+                break
+            assert time.monotonic() < deadline, [(r.name, r.state) for r in runs]
+            time.sleep(0.5)
+    said = runs[0].state.message
+    assert "killed (SIGKILL" in said and "It was waiting in the ledger's queue for GPUs: no trainer had started and it " \
+        "held no GPUs; its place in the queue lapses with its lease (`--lease`)" in said, said
+    assert "The trainer it started" not in said, said
+
+
 _NOTEBOOK = """
 import json, sys
 from flows.submit import SubmitInterrupted, SubmitRequest, submit

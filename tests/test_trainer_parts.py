@@ -350,6 +350,10 @@ def test_a_trainer_stopped_past_its_lease_takes_no_step_and_says_what_the_ledger
     cause = lost_cause(led, led.url, vic.id, 10, "this trainer")  # what its renewal or its submitter says
     assert "was released by hand while its trainer ran, then freed as its lease lapsed" in cause, cause
     assert "(by hand or by another process)" not in cause
+    # red team 41r: nobody may renew an allocation released by hand, so the submitter is not to blame: the trainer
+    # that never gave it back is
+    assert "the trainer, which gives a released allocation back as it stops, never did" in cause, cause
+    assert "the submitting process" not in cause, cause
 
 
 def test_the_ledger_says_how_an_allocation_ended(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,7 +25,17 @@ from tasks.evaluation.engine import hf_info, is_hf_dir, resolve_manifest
 from tasks.evaluation.runner import EvalOptions, EvalResult, evaluate
 from tasks.evaluation.suite import Suite
 from tasks.evaluation.summary import EvalSummary
-from tasks.outdir import BusyError, OutputError, check_dir_target, failed_dir, fill_dir, held, lock_note, machine_errors
+from tasks.outdir import (
+    BusyError,
+    Hold,
+    OutputError,
+    check_dir_target,
+    failed_dir,
+    fill_dir,
+    held,
+    lock_note,
+    machine_errors,
+)
 from tasks.paths import place_key
 from tasks.procs import alive
 from tasks.training import checkpoint as ck
@@ -42,17 +53,34 @@ class Writer(BaseModel):
         return self.host != socket.gethostname() or alive(self.pid)
 
 
+LOCK_STALE_S = 60.0
+"""How long an evaluation's lock may go without its holder's heartbeat (a thread renews it 6 times in that time)
+before one waiting for it takes it over (`FRENZY_EVAL_LOCK_STALE_S`): a holder stopped by SIGSTOP and never
+continued kept the lock, and the rerun waited its whole eval_timeout_s (red team 41r)."""
+
+
+def lock_stale_s() -> float:
+    raw = os.environ.get("FRENZY_EVAL_LOCK_STALE_S", "")
+    try:
+        return float(raw) if raw and float(raw) > 0 else LOCK_STALE_S
+    except ValueError:
+        return LOCK_STALE_S
+
+
 @contextlib.contextmanager
-def sole_writer(out_dir: str | Path, wait: bool = True, root: str = "") -> Iterator[None]:
+def sole_writer(out_dir: str | Path, wait: bool = True, root: str = "",
+                said: Callable[[str], None] | None = None) -> Iterator[Hold]:
     """Hold the evaluation directory `out_dir` alone (tasks/outdir.py's lock, `.NAME.lock` beside it): a second
     evaluation of the same step and suite (an in-flow evaluation and an event-triggered deployment run, say) waits
     here until the first is done, or with `wait` False is refused at once, naming the first. Two writers would mix
     their chunk files (`humaneval: 32 of 16 examples scored`). `root`: the checkpoint root (place_key) being
-    evaluated, in the lock's note, so that another root's evaluation goes beside it at once (`_holder_root`)."""
+    evaluated, in the lock's note, so that another root's evaluation goes beside it at once (`_holder_root`). A
+    holder that sent no heartbeat for `lock_stale_s()` (stopped, frozen) is taken over, said through `said`; the
+    `Hold` tells the old holder, should it continue, that it must publish nothing."""
     out = Path(out_dir).expanduser().absolute()
     note = Writer(pid=os.getpid(), host=socket.gethostname(), root=root).model_dump_json() if root else ""
-    with held(out, "frenzy evaluate", wait=wait, note=note):
-        yield
+    with held(out, "frenzy evaluate", wait=wait, note=note, stale_s=lock_stale_s(), said=said) as hold:
+        yield hold
 
 
 def recorded(history_dir: str, run: str, step: int, suite: str, uri: str | None = None,
@@ -139,19 +167,40 @@ def evaluate_and_record(uri: str, suite: Suite, opts: EvalOptions, history_dir: 
         check_dir_target(out, "frenzy evaluate", by_content=True)  # its own layout is evals/<run>/step_<N>/<suite>
         with contextlib.ExitStack() as lock:
             try:  # not waiting first: a lock another root took since `results_dir` looked sends this one beside it
-                lock.enter_context(sole_writer(out, wait=False, root=place_key(root)))
+                hold = lock.enter_context(sole_writer(out, wait=False, root=place_key(root)))
             except BusyError:
                 if not opts.out_dir and results_dir(history_dir, run, step, suite.name, root) != out:
                     continue
                 if reevaluate:
                     raise
-                lock.enter_context(sole_writer(out, wait=True, root=place_key(root)))
+                hold = lock.enter_context(sole_writer(out, wait=True, root=place_key(root), said=_saying(progress)))
             if opts.out_dir or results_dir(history_dir, run, step, suite.name, root) == out:
                 return _record_into(out, uri, suite, opts, history_dir, progress,
                                     None if reevaluate else recorded(history_dir, run, step, suite.name, at), overwrite,
-                                    place_key(root), fence)
+                                    place_key(root), _fenced_by(hold, fence))
     raise OutputError(f"{out} was taken by another checkpoint root's evaluation three times while this one waited; "
                       "run it again")
+
+
+def _saying(progress: Callable[[str, float], None] | None) -> Callable[[str], None]:
+    """Where a lock taken over is said: the evaluation's progress (a flow's log), else stderr."""
+    if progress is not None:
+        return lambda msg: progress(msg, 0.0)
+    return lambda msg: print(f"frenzy evaluate: {msg}", file=sys.stderr, flush=True)
+
+
+def _fenced_by(hold: Hold, fence: Callable[[], str | None] | None) -> Callable[[], str | None]:
+    """`fence`, then whether this process still holds its lock (a waiter takes over a stopped holder's): the lock
+    last, nearest the publish."""
+    def why() -> str | None:
+        if fence is not None and (said := fence()):
+            return said
+        if taken := hold.taken():
+            return (f"not publishing this evaluation: {taken}; the process that took it evaluates the step and "
+                    "publishes its result, and nothing of this attempt is written to the history or the results "
+                    "directory")
+        return None
+    return why
 
 
 class Fenced(FrenzyError):

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from tasks.artifactkey import step_root
 from tasks.evaluation import history
+from tasks.evaluation.suite import Suite, missing_plugins
 from tasks.evaluation.summary import EvalSummary
 from tasks.paths import place_key
 from tasks.procs import exit_words
@@ -138,6 +139,18 @@ def rerun_line(step: int, cause: str) -> str:
     a run stuck PENDING that was ended), as the server's state records it."""
     return (f"the evaluation run of step {step} ended without a score: {cause.rstrip('.')}; running it again" if cause
             else f"the evaluation run of step {step} crashed (its worker or process died): running it again")
+
+
+def lacking_here(suite: Suite) -> str | None:
+    """What `submit` says when it evaluates in-flow after waiting for workers (none polled the pool) and this process
+    cannot import a `module:factory` dataset plugin of `suite`, which the workers had: those datasets fail here (the
+    others are scored), named with how to score them where the plugin is (red team 41r). None when nothing lacks."""
+    if not (lacking := missing_plugins(suite)):
+        return None
+    return (f"this process lacks what the workers evaluate with ({'; '.join(lacking)}): those datasets fail in this "
+            "in-flow evaluation and the others are scored; start a worker where the plugin is installed (`prefect "
+            "worker start --pool frenzy`, from any directory), then score them with `prefect deployment run "
+            "evaluate-pending/evaluate-pending`")
 
 
 _KILL_SENDERS = ("a dataset plugin that kills its own process group, the kernel's out-of-memory killer (`dmesg` on the "

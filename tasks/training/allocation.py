@@ -55,9 +55,12 @@ def lost_cause(ledger: object, url: str, allocation_id: str, lease_s: float, oth
                 "the trainer has stopped (or its lease lapses)")
     nobody = (f"renewed for {lease_s:.0f} s by neither the submitting process nor {other} (both were stopped, or "
               "could not reach the ledger)")
-    if a.state == "released" and how.endswith("lease lapsed"):
-        return (f"{where} was released by hand while its trainer ran, then freed as its lease lapsed ({nobody}); the "
-                "ledger may have placed another job on its GPUs")
+    if a.state == "released" and how.endswith("lease lapsed"):  # no one may renew it once released by hand: not
+        # the submitter's fault (red team 41r: the line blamed a stopped submitter); its trainer never gave it back
+        return (f"{where} was released by hand while its trainer ran, then freed as its lease lapsed: the trainer, "
+                "which gives a released allocation back as it stops, never did (its processes were stopped, e.g. "
+                "SIGSTOP, or could not reach the ledger), and a released allocation is renewed by no one; the ledger "
+                "may have placed another job on its GPUs")
     if a.state == "released":
         return f"{where} was {how} while its trainer ran; the ledger may have placed another job on its GPUs"
     until = datetime.fromtimestamp(a.lease_expiry, UTC).strftime("%H:%M:%S UTC")
