@@ -53,9 +53,11 @@ _NCCL_INFO = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?[\w.-]+:\d+:\d+ \[\d+\] NCCL I
                         r"(?!Call to connect returned (?:Connection timed out|No route to host|Network is unreachable))")
 """NCCL's info lines (its plugin search, its `-> 6` call traces) state no error; its WARN line does, and so does its
 socket connect to a peer that timed out or found no route (NCCL logs its retries of such a connect at INFO)."""
-_GLUED = re.compile(r"(?:Error|Exception):?\s*[A-Z]\w*(?:Error|Exception)\b|[a-z](?:Error|Exception)[A-Z]")
+_GLUED = re.compile(r"(?:Error|Exception):?\s*[A-Z]\w*(?:Error|Exception)\b|[a-z](?:Error|Exception)[A-Z]|\^{2}")
 """Two exception lines written into each other by interleaved ranks (`RuntimeError: RuntimeErrorRuntimeError: ...`,
-`RuntimeErrorNCCL error in: ...`): a garbled copy, which yields to a clean one of the same failure."""
+`RuntimeErrorNCCL error in: ...`), or a traceback's source line run into Python 3.11's location markers by another
+rank's copy (`^^^^^^    ^raise ValueError(^`, `^^ValueError`): a garbled copy, which yields to a clean one of the
+same failure."""
 _WARNING = re.compile(r"(?<!NCCL )\bWARN(?:ING)?\b|\b[A-Z]\w*Warning\b|(?:^|[\s\[])W\d{4} \d\d:\d\d|"
                       r"(?:^|[\s\[]|: )W [\w/.-]+\.\w+:\d+\]")
 """A warning-level line (Python's logging `WARNING`, a `UserWarning`, glog's and TensorFlow's `W` lines; NCCL's WARN
@@ -68,10 +70,15 @@ _CARRIED_ON = re.compile(r"(?i)\binstead\b|\bfall(?:ing)? ?back\b|\bretrying\b|\
                          r"\bcontinuing\b")
 """A line that says the program carried on after it (`slurmstepd: error: couldn't chdir to ...: going to /tmp
 instead`, `falling back to ...`, `retrying`)."""
-_SHELL_WENT_ON = re.compile(r"Your shell has not been properly configured to use 'conda activate'")
-"""conda's shell function failing to activate an environment in a batch script (`CommandNotFoundError: Your shell has
-not been properly configured to use 'conda activate'`): a command's report, after which the shell runs the script's
-next line; where a failure follows, the job went on to it."""
+_SHELL_WENT_ON = re.compile(r"Your shell has not been properly configured to use 'conda activate'|"
+                            r"^\s*\S+: line \d+: (?:\S+: )*\S.*?: (?:No such file or directory|command not found|"
+                            r"Permission denied|Not a directory)\s*$")
+"""A batch script's own command failing and the shell running its next line: conda's shell function failing to
+activate an environment (`CommandNotFoundError: Your shell has not been properly configured to use 'conda
+activate'`), and bash's report of a command it could not run or a file it could not source or enter
+(`/var/spool/slurmd/job1/slurm_script: line 16: ../secrets.sh: No such file or directory`, `...: line 9: cd: ...: No
+such file or directory`, `...: command not found`). Where a failure follows, the job went on to it. bash's report of
+a child it saw killed (`line 34: 1657575 Killed  python ...`) is no such line: that child's death ended the work."""
 SYMPTOM = 20
 """Rules below this priority name a launcher's symptoms (exit codes, ChildFailedError, signals sent to workers): a
 line the run survived does not yield to them, only to a failure."""

@@ -62,6 +62,7 @@ _STOP = r"(?:terminat(?:e|es|ed|ing)|end(?:s|ed|ing)?|stop(?:s|ped|ping)?|abort(
 _NO_CONNECT = ("the job's processes never connected: the launch's network settings (MASTER_ADDR and port reachable "
                "from every node, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming the interface the nodes share, the "
                "hostfile's addresses, a firewall); a restart fails the same way until they are fixed")
+_TIME_LIMIT = "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"
 _FULL = "the disk or quota is full: free space (old checkpoints) or point the output elsewhere, then resume"
 _FETCH = ("the run could not reach the server it downloads from (weights, a config, a dataset: a model hub, a release "
           "URL): the connection was never opened, so this machine's network access is the cause (no internet on a "
@@ -281,6 +282,11 @@ RULES: list[Rule] = [
          r"CUDA_ERROR_UNSUPPORTED_PTX_VERSION", 93, False,
          "the environment: the NVIDIA driver is older than the CUDA this build needs (or there is no GPU); "
          "install a matching driver or a build for this driver"),
+    # a C++/CUDA extension (torch_scatter's, torch_cluster's, detectron2's and mmcv's ops) installed as a CPU-only
+    # build and called on GPU tensors: the user's install, as `Torch not compiled with CUDA enabled` above
+    Rule("ExtensionBuildError", "script", r"\bNot compiled with (?:CUDA|GPU) support\b", 93, False,
+         "the environment: this extension was installed without its CUDA kernels; install its build for the CUDA "
+         "version torch was built with (or build it from source with CUDA available)"),
     Rule("GPUArchError", "script",  # the warning that names the GPU and the build's capabilities says why
          r"sm_\d+ is not compatible with the current PyTorch installation|only supports Ampere GPUs or newer|"
          r"requires a GPU with compute capability", 93, False, _ARCH),
@@ -335,7 +341,7 @@ RULES: list[Rule] = [
          "shared memory (/dev/shm, where semaphores and worker tensors live) is full, not the disk: run the "
          "container with a larger --shm-size (or --ipc=host), or fewer workers; a restart fails the same way"),
     Rule("DiskFull", "infrastructure",
-         r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|Disk quota exceeded|StorageFull",
+         r"No space left on device|\[Errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b|(?i:disk quota exceeded)|StorageFull",
          86, False, _FULL),
     # a library's summary of a write that failed (HDF5's `file write failed: time = ..., errno = 28, error message =
     # 'No space left on device'`, its message often wrapped onto a second line): the errno's text, where the log
@@ -747,10 +753,13 @@ RULES: list[Rule] = [
     Rule("NCCLTimeoutError", "infrastructure",  # the watchdog's summary: below the line that names the collective
          r"Timeout at NCCL work|Exception \(either an error or timeout\) detected by watchdog", 19, True,
          "a collective timed out (a rank hung or died): run the node check on the job's nodes and resume"),
+    # Slurm's report of one step cancelled at the limit (`*** STEP 174464.0 ON west1 CANCELLED AT ...`), printed
+    # with or before its report of the job (`*** JOB 174464 ...`): the job's line states the event, the step's yields
+    Rule("TimeLimit", "infrastructure", r"\*\*\* STEP \S+ ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT", 18, True,
+         _TIME_LIMIT),
     Rule("TimeLimit", "infrastructure",  # Slurm's, PBS's and LSF's words for the wall-time limit
          r"DUE TO TIME LIMIT|PBS: job killed: walltime \d+ exceeded limit|TERM_RUNLIMIT|reaching LSF run time limit",
-         19, True,
-         "the scheduler's time limit ended the job: resume from the newest checkpoint (or ask for more time)"),
+         19, True, _TIME_LIMIT),
     Rule("Hang", "infrastructure", r"frenzy-hang: ", 18, True,
          "no progress for too long: killed; treated as a node fault, the node check runs and training resumes"),
     Rule("Hangup", "script",  # the terminal the job ran in went away: the way it was launched, not a fault
