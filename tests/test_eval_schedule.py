@@ -14,6 +14,7 @@ from tasks.evaluation.schedule import (
     lower_bound,
     plan,
     plan_elastic,
+    plan_elastic_or_naive,
     plan_naive,
     plan_partitioned,
     simulate,
@@ -148,3 +149,14 @@ def test_fewest_trials_near_best_picks_by_tolerance_then_count():
     assert fewest_trials_near_best([sched(many, 100.0), sched(one, 101.9)]).makespan_s == 101.9
     assert fewest_trials_near_best([sched(many, 100.0), sched(one, 102.1)]).makespan_s == 100.0
     assert fewest_trials_near_best([sched(one, 50.0), sched(one, 49.5)]).makespan_s == 49.5
+
+
+def test_elastic_asked_runs_naive_where_naive_is_predicted_faster():
+    # one short dataset: the elastic plan copies the model (10 s) and then loads it from shm (1 s); naive loads once
+    one = suite([ds("a", 10, 0.1)], remote=10.0, shm=1.0)
+    ran, other = plan_elastic_or_naive(one, 1, 1)
+    assert ran.kind == "naive" and other.kind == "elastic" and ran.makespan_s < other.makespan_s
+    # many datasets: one copy amortised over them wins, the elastic plan runs
+    many = suite([ds(f"d{i}", 10, 0.1) for i in range(8)], remote=10.0, shm=1.0)
+    ran, other = plan_elastic_or_naive(many, 1, 1)
+    assert ran.kind == "elastic" and other.kind == "naive" and ran.makespan_s < other.makespan_s

@@ -877,3 +877,16 @@ def test_an_evaluation_whose_run_ended_while_it_was_stopped_publishes_nothing_an
                               fence=lambda: fenced("RUNNING", "rerun"))[1]
     assert got.scores and [e.step for e in history.read(hist, run, "small")] == [10]
     assert (tmp_path / "evals" / run / "step_00000010" / "small" / "result.json").exists()
+
+
+def test_elastic_asked_on_a_suite_too_small_for_a_model_copy_runs_naive_and_stops_the_copy(ckpt, tmp_path):
+    said: list[str] = []
+    res = evaluate(ckpt, one_dataset(), EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
+                                                    learn_priors=False, use_priors=False),
+                   progress=lambda msg, frac: said.append(msg))
+    assert res.schedule == "elastic" and res.ran == "naive", said
+    assert any(m.startswith("elastic asked for, naive planned") for m in said), said
+    assert res.failed == {} and res.scores["heldout-loss"]["loss"] > 0
+    assert [t.load for t in res.trials] == ["remote"] and res.precursor_s == []
+    assert list((tmp_path / "shm").glob("*")) == []  # the copy started ahead of planning was stopped and removed
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["ran"] == "naive"
