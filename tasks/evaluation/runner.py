@@ -39,7 +39,7 @@ from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, frenzys_own, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.metricjobs import MetricJobs
-from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic_or_naive, plan_naive
+from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic_or_direct, plan_naive
 from tasks.evaluation.stall import Floors, Pending, Watchdog, copying, hang_cause, pending
 from tasks.evaluation.suite import PLUGIN_TIMEOUT_S, TRIAL_STALL_S, Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
@@ -178,8 +178,8 @@ class EvalResult(BaseModel):
     priors_used: list[str]
     """Datasets planned with learned priors (the rest with the suite's)."""
     ran: str = ""
-    """The plan that ran: `elastic`, or `naive` where the elastic schedule was asked for and the naive plan was
-    predicted faster (`plan_elastic_or_naive`); empty in results written before this field."""
+    """The plan that ran: `naive`, `elastic`, or `direct` where the elastic schedule was asked for and one trial per
+    dataset from storage was predicted faster (`plan_elastic_or_direct`); empty in results written before it."""
     failed: dict[str, str] = {}
     """Datasets not scored, each with its cause (its trial died twice: the second time alone); empty: all scored."""
     kept_earlier: str | None = None
@@ -286,7 +286,7 @@ class _Run:
             t.start()
 
     def drop_precursors(self) -> None:
-        """The plan that runs loads every trial from storage (the naive plan, predicted faster than the elastic one):
+        """The plan that runs loads every trial from storage (`direct`, predicted faster than the elastic one):
         stop the model copies started ahead of planning; every node's trials go on without one."""
         with self.lock:
             self.precursors_dropped = True
@@ -736,7 +736,7 @@ def _schedule(suite: Suite, opts: EvalOptions, key: str, cpus: int) -> tuple[Sch
     ppath = Path(opts.priors_path) if opts.priors_path else None
     planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
     if opts.schedule == "elastic":
-        return plan_elastic_or_naive(planned, opts.nodes, opts.gpus_per_node, cpus)[0], used
+        return plan_elastic_or_direct(planned, opts.nodes, opts.gpus_per_node, cpus), used
     return plan_naive(planned, opts.nodes, opts.gpus_per_node, cpus), used
 
 
@@ -804,10 +804,10 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
         for name, cause in bad.items():
             run.bad[name] = cause
             progress(f"{name}: FAILED (not scored): {cause}", 0.0)
-        if sched.kind != opts.schedule:  # the naive plan is predicted faster: no model copy to wait for
+        if sched.kind == "direct":  # predicted faster than the elastic plan: no model copy to wait for
             run.drop_precursors()
-            progress(f"{opts.schedule} asked for, naive planned: one trial per dataset from storage is predicted "
-                     "faster here than copying the model to shared memory first", 0.0)
+            progress("elastic asked for, direct planned: one trial per dataset loading from storage (metrics on the "
+                     "CPU pool) is predicted faster here than copying the model to shared memory first", 0.0)
         progress(f"{sched.kind}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
                  f"predicted {sched.makespan_s:.1f}s", 0.0)
         if while_running is not None:
