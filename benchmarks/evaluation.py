@@ -79,7 +79,7 @@ def real_run(work: Path, steps: int, reps: int = 3) -> dict:
         r = evaluate(uri, suite, EvalOptions(schedule=schedule, cpu_workers_per_node=1, out_dir=str(work / name),
                                              priors_path=str(priors), learn_priors=learn))
         return {"schedule": schedule, "measured_s": r.makespan_s, "predicted_s": r.predicted_makespan_s,
-                "error": r.predicted_makespan_s / r.makespan_s - 1, "trials": len(r.trials),
+                "error": r.predicted_makespan_s / r.makespan_s - 1, "trials": len(r.trials), "ran": r.ran,
                 "priors_used": r.priors_used, "scores": r.scores}
 
     load_before = os.getloadavg()
@@ -150,12 +150,12 @@ def main() -> int:
                   f"+{100 * r['gap_to_bound']:.1f}% | {r['trials']} | >= {r['target']}x, <= 10% | "
                   f"{'yes' if r['met'] else 'NO'} |")
     md += ["", "## Real run on this machine (gpt-tiny, suite core, 1 inference slot, 1 CPU metric worker)", "",
-           "| rep | schedule | predicted s | measured s | error | trials |", "|---|---|---|---|---|---|"]
+           "| rep | schedule | predicted s | measured s | error | trials | plan that ran |", "|---|---|---|---|---|---|---|"]
     for i, pair in enumerate(real["reps"]):
         for k in ("naive", "elastic"):
             r = pair[k]
             md.append(f"| {i + 1} | {k} | {r['predicted_s']:.1f} | {r['measured_s']:.1f} | {100 * r['error']:+.1f}% | "
-                      f"{r['trials']} |")
+                      f"{r['trials']} | {r['ran']} |")
     md += ["", f"Measured speedup over {len(real['reps'])} alternating pairs: min {real['measured_speedup_min']:.2f}x / "
            f"median {real['measured_speedup']:.2f}x / max {real['measured_speedup_max']:.2f}x (predicted "
            f"{real['predicted_speedup']:.2f}x); order agrees in every pair: {real['order_agrees']}; worst prediction "

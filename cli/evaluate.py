@@ -66,7 +66,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     def human() -> str:
         rows = [{"dataset": ds, "metric": k, "value": f"{v:.4f}"} for ds, ms in res.scores.items() for k, v in ms.items()]
-        return (f"{res.run} step {res.step} on {suite.name} ({res.schedule}): makespan {res.makespan_s:.1f}s "
+        ran = f"{res.schedule}, ran {res.ran}" if res.ran and res.ran != res.schedule else res.schedule
+        return (f"{res.run} step {res.step} on {suite.name} ({ran}): makespan {res.makespan_s:.1f}s "
                 f"(predicted {res.predicted_makespan_s:.1f}s)\n" + table(rows)
                 + "".join(f"\n{ds}: FAILED (not scored): {why}" for ds, why in res.failed.items())
                 + f"\n\nresults: {res.out_dir}" + (f"\n{res.kept_earlier}" if res.kept_earlier else ""))

@@ -14,6 +14,7 @@ from tasks.evaluation.schedule import (
     lower_bound,
     plan,
     plan_elastic,
+    plan_elastic_or_direct,
     plan_naive,
     plan_partitioned,
     simulate,
@@ -148,3 +149,15 @@ def test_fewest_trials_near_best_picks_by_tolerance_then_count():
     assert fewest_trials_near_best([sched(many, 100.0), sched(one, 101.9)]).makespan_s == 101.9
     assert fewest_trials_near_best([sched(many, 100.0), sched(one, 102.1)]).makespan_s == 100.0
     assert fewest_trials_near_best([sched(one, 50.0), sched(one, 49.5)]).makespan_s == 49.5
+
+
+def test_elastic_asked_runs_direct_where_a_model_copy_does_not_pay():
+    # one short dataset: the elastic plan copies the model (10 s) and then loads it from shm (1 s); direct loads once
+    one = suite([ds("a", 10, 0.1, metric=0.05)], remote=10.0, shm=1.0)
+    ran = plan_elastic_or_direct(one, 1, 1)
+    assert ran.kind == "direct" and ran.makespan_s < plan_elastic(one, 1, 1).makespan_s
+    assert [(t.load, t.metrics_on) for t in ran.trials] == [("remote", "cpu")]
+    assert ran.makespan_s == pytest.approx(plan_naive(one, 1, 1).makespan_s)  # one dataset: naive's time
+    # many datasets on one slot: one copy amortised over them wins, the elastic plan runs
+    many = suite([ds(f"d{i}", 10, 0.1) for i in range(8)], remote=10.0, shm=1.0)
+    assert plan_elastic_or_direct(many, 1, 1).kind == "elastic"

@@ -12,7 +12,7 @@ from tasks.artifactkey import run_key, step_root
 from tasks.evaluation import history
 from tasks.evaluation.datasets import DatasetError, EvalContext, HumanEval, resolve
 from tasks.evaluation.runner import EvalError, EvalOptions, evaluate
-from tasks.evaluation.suite import Suite
+from tasks.evaluation.suite import ModelLoad, Suite
 from tasks.training import checkpoint as ck
 from tasks.training.storage import Storage
 from tests import trainer_util as tu
@@ -78,7 +78,9 @@ def test_a_suite_with_a_bad_jsonl_row_is_refused_when_loaded_before_anything_tra
 
 
 def test_elastic_and_naive_give_the_same_scores_and_clean_up(ckpt, tmp_path):
-    suite = small_suite()
+    # a remote load 8x a shared-memory one: the copy pays for itself (with the suite's 2 s / 2 s, four datasets on two
+    # slots would run `direct`, from storage: tests/test_eval_schedule.py)
+    suite = small_suite().model_copy(update={"model_load_s": ModelLoad(remote=4.0, shm=0.5)})
     priors = tmp_path / "priors.json"
     seen = []
     el = evaluate(ckpt, suite, EvalOptions(nodes=2, gpus_per_node=1, cpu_workers_per_node=1,
@@ -877,3 +879,17 @@ def test_an_evaluation_whose_run_ended_while_it_was_stopped_publishes_nothing_an
                               fence=lambda: fenced("RUNNING", "rerun"))[1]
     assert got.scores and [e.step for e in history.read(hist, run, "small")] == [10]
     assert (tmp_path / "evals" / run / "step_00000010" / "small" / "result.json").exists()
+
+
+def test_elastic_asked_on_a_suite_too_small_for_a_model_copy_runs_direct_and_stops_the_copy(ckpt, tmp_path):
+    said: list[str] = []
+    res = evaluate(ckpt, one_dataset(), EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
+                                                    learn_priors=False, use_priors=False),
+                   progress=lambda msg, frac: said.append(msg))
+    assert res.schedule == "elastic" and res.ran == "direct", said
+    assert any(m.startswith("elastic asked for, direct planned") for m in said), said
+    assert res.failed == {} and res.scores["heldout-loss"]["loss"] > 0
+    assert [t.load for t in res.trials] == ["remote"] and res.precursor_s == []
+    assert [t.metrics_on for t in res.trials] == ["cpu"]
+    assert list((tmp_path / "shm").glob("*")) == []  # the copy started ahead of planning was stopped and removed
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["ran"] == "direct"

@@ -244,16 +244,19 @@ def test_submit_with_the_ray_executor_places_trains_and_gives_the_gpus_back(clus
 
 def test_evaluation_spreads_over_ray_nodes_with_a_precursor_on_each(cluster, tmp_path):
     from tasks.evaluation.runner import EvalOptions, evaluate
-    from tasks.evaluation.suite import load_suite
+    from tasks.evaluation.suite import ModelLoad, load_suite
     from tests.trainer_util import run
 
     uri = f"file://{tmp_path}/ckpt"
     run(tiny_job(uri, steps=10, every=10), tmp_path / "train")
     a, b = (n for n, _ in _two_alive(cluster))
     opts = EvalOptions(executor="ray", ray_nodes=[a, b], nodes=2, gpus_per_node=1, out_dir=str(tmp_path / "e"),
-                       learn_priors=False)
-    res = evaluate(uri, load_suite("quick"), opts)
-    local = evaluate(uri, load_suite("quick"), opts.model_copy(update={"executor": "local", "ray_nodes": None,
+                       learn_priors=False, use_priors=False)
+    # a remote load 16x a shared-memory one: the copies pay for themselves (with quick's own load times, its four
+    # datasets on two nodes run `direct`, each trial from storage, and no node would copy the model)
+    quick = load_suite("quick").model_copy(update={"model_load_s": ModelLoad(remote=8.0, shm=0.5)})
+    res = evaluate(uri, quick, opts)
+    local = evaluate(uri, quick, opts.model_copy(update={"executor": "local", "ray_nodes": None,
                                                                       "out_dir": str(tmp_path / "l")}))
     assert {t.host for t in res.trials} == {a, b}  # trials ran on both Ray nodes
     assert len(res.precursor_s) == 2 and all(s > 0 for s in res.precursor_s)

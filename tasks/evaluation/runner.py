@@ -39,7 +39,7 @@ from tasks.evaluation import priors as P
 from tasks.evaluation.datasets import DatasetError, EvalContext, frenzys_own, resolve
 from tasks.evaluation.engine import hf_info, is_hf_dir, model_info, resolve_manifest, tokenizer_path
 from tasks.evaluation.metricjobs import MetricJobs
-from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic, plan_naive
+from tasks.evaluation.schedule import Schedule, TrialPlan, plan_elastic_or_direct, plan_naive
 from tasks.evaluation.stall import Floors, Pending, Watchdog, copying, hang_cause, pending
 from tasks.evaluation.suite import PLUGIN_TIMEOUT_S, TRIAL_STALL_S, Suite, SuiteDataset
 from tasks.evaluation.trial import score_chunk
@@ -177,6 +177,9 @@ class EvalResult(BaseModel):
     out_dir: str
     priors_used: list[str]
     """Datasets planned with learned priors (the rest with the suite's)."""
+    ran: str = ""
+    """The plan that ran: `naive`, `elastic`, or `direct` where the elastic schedule was asked for and one trial per
+    dataset from storage was predicted faster (`plan_elastic_or_direct`); empty in results written before it."""
     failed: dict[str, str] = {}
     """Datasets not scored, each with its cause (its trial died twice: the second time alone); empty: all scored."""
     kept_earlier: str | None = None
@@ -257,6 +260,9 @@ class _Run:
         self.ready = [threading.Event() for _ in range(opts.nodes)]
         self.precursor_s = [0.0] * opts.nodes
         self.precursors: list[threading.Thread] = []
+        self.precursor_kills: dict[int, Callable[[], None]] = {}
+        self.precursors_dropped = False
+        """Set by `drop_precursors`: the plan that runs loads from storage, the copies started ahead are stopped."""
         self.shm = Path(opts.shm_root) / f"frenzy-eval-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.pools: list[ThreadPoolExecutor] = []
         self.n_chunks = 0
@@ -278,6 +284,18 @@ class _Run:
         self.precursors = [threading.Thread(target=self.precursor, args=(n,), daemon=True) for n in range(self.opts.nodes)]
         for t in self.precursors:
             t.start()
+
+    def drop_precursors(self) -> None:
+        """The plan that runs loads every trial from storage (`direct`, predicted faster than the elastic one):
+        stop the model copies started ahead of planning; every node's trials go on without one."""
+        with self.lock:
+            self.precursors_dropped = True
+            kills = list(self.precursor_kills.values())
+        for kill in kills:
+            kill()
+        for t in self.precursors:
+            t.join(timeout=30)
+        self.precursors = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -384,6 +402,11 @@ class _Run:
             t = time.monotonic()
             spec = {"name": name, "precursor": True, "uri": self.uri, "shm_dir": str(self.shm / f"node{node}")}
             stream, kill = self._spawn(spec, node, 0)
+            with self.lock:
+                self.precursor_kills[node] = kill
+                dropped = self.precursors_dropped
+            if dropped:  # dropped while it started: stop it now
+                kill()
             dog = Watchdog(kill)  # the deadline of a trial's model load, for the read and for the copy
             dog.arm(self.precursor_step)
             for _ in self._events(stream, name):  # `loaded` (read and verified): the copy's own deadline starts
@@ -391,7 +414,9 @@ class _Run:
             self.precursor_s[node] = time.monotonic() - t
             self.progress(f"node {node}: model in shared memory after {self.precursor_s[node]:.1f}s", self._frac())
         except Exception as err:  # noqa: BLE001
-            if dog is None or dog.fired is None:
+            if self.precursors_dropped:  # stopped by `drop_precursors`: no copy is needed, nothing failed
+                self.unshared.add(node)
+            elif dog is None or dog.fired is None:
                 self.failed = self.failed or self._why(err)
             elif not self.closed:  # hung: its node goes on as a schedule without a preloaded copy does
                 self.unshared.add(node)
@@ -710,8 +735,9 @@ def _schedule(suite: Suite, opts: EvalOptions, key: str, cpus: int) -> tuple[Sch
     """The plan of `suite`'s datasets (with learned priors when `opts` says so) and the datasets that had priors."""
     ppath = Path(opts.priors_path) if opts.priors_path else None
     planned, used = P.apply_priors(suite, key, ppath) if opts.use_priors else (suite, [])
-    kind = plan_elastic if opts.schedule == "elastic" else plan_naive
-    return kind(planned, opts.nodes, opts.gpus_per_node, cpus), used
+    if opts.schedule == "elastic":
+        return plan_elastic_or_direct(planned, opts.nodes, opts.gpus_per_node, cpus), used
+    return plan_naive(planned, opts.nodes, opts.gpus_per_node, cpus), used
 
 
 def _plan(suite: Suite, ctx: EvalContext, opts: EvalOptions, key: str, jobs: MetricJobs
@@ -778,7 +804,11 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
         for name, cause in bad.items():
             run.bad[name] = cause
             progress(f"{name}: FAILED (not scored): {cause}", 0.0)
-        progress(f"{opts.schedule}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
+        if sched.kind == "direct":  # predicted faster than the elastic plan: no model copy to wait for
+            run.drop_precursors()
+            progress("elastic asked for, direct planned: one trial per dataset loading from storage (metrics on the "
+                     "CPU pool) is predicted faster here than copying the model to shared memory first", 0.0)
+        progress(f"{sched.kind}: {len(sched.trials)} trials on {opts.nodes}x{opts.gpus_per_node} slots, "
                  f"predicted {sched.makespan_s:.1f}s", 0.0)
         if while_running is not None:
             while_running()
@@ -797,7 +827,7 @@ def evaluate(uri: str, suite: Suite, opts: EvalOptions | None = None,
                      makespan_s=makespan, predicted_makespan_s=sched.makespan_s,
                      precursor_s=run.precursor_s if sched.kind == "elastic" else [], scores=scores,
                      trials=sorted(run.results, key=lambda t: t.id), out_dir=str(out), priors_used=used,
-                     failed=dict(sorted(run.bad.items())))
+                     ran=sched.kind, failed=dict(sorted(run.bad.items())))
     (out / "result.json").write_text(res.model_dump_json(indent=1))
     if opts.learn_priors:
         learn(res, suite, key, Path(opts.priors_path) if opts.priors_path else None)

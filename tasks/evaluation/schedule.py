@@ -72,7 +72,9 @@ class TrialPlan(BaseModel):
 class Schedule(BaseModel):
     """A trial plan and its predicted timeline."""
 
-    kind: Literal["naive", "partitioned", "elastic"]
+    kind: Literal["naive", "partitioned", "elastic", "direct"]
+    """`direct`: what the elastic schedule runs where copying the model first does not pay (`plan_elastic_or_direct`):
+    one trial per dataset loading from storage, metrics on the CPU pools, no copy."""
     nodes: int
     gpus_per_node: int
     cpu_workers_per_node: int
@@ -452,6 +454,26 @@ def fewest_trials_near_best(plans: list[Schedule], tolerance: float = SPLIT_TOLE
     best = min(p.makespan_s for p in plans)
     near = [p for p in plans if p.makespan_s <= best * (1 + tolerance) + 1e-9]
     return min(near, key=lambda p: (len(p.trials), p.makespan_s))
+
+
+def plan_elastic_or_direct(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None
+                           ) -> Schedule:
+    """The plan the elastic schedule runs: the elastic plan, or, where it is predicted faster, `direct`: one trial per
+    dataset loading straight from storage with its metrics on the CPU pools (as the elastic plan's), and no copy of the
+    model to shared memory. The copy is paid before the first trial; where a suite's work is small next to it (a few
+    short datasets, each about a trial's worth) it never pays back (a red team of 9 user scenarios found three that
+    ran an elastic plan predicted 1.2-2.2x slower than naive: benchmarks/results/evaluation_redteam.md)."""
+    el = plan_elastic(suite, nodes, gpus_per_node, cpu_workers_per_node)
+    cpus = cpu_workers_per_node or suite.cpu_workers_per_node
+    trials = [TrialPlan(id=i, chunks=[c], load="remote", metrics_on="cpu") for i, c in enumerate(_chunks(suite, {}))]
+    trials.sort(key=lambda t: (0, -t.metric_s) if t.metric_s > t.infer_s else (1, -t.infer_s))  # as `cpu-first`
+    for i, t in enumerate(trials):
+        t.id = i
+    span = simulate(trials, suite, nodes, gpus_per_node, precursor=False, cpu_workers_per_node=cpus)
+    if span >= el.makespan_s:
+        return el
+    return Schedule(kind="direct", nodes=nodes, gpus_per_node=gpus_per_node, cpu_workers_per_node=cpus, trials=trials,
+                    makespan_s=span, precursor_s=0.0, order="cpu-first", gpu_busy_s=_busy(trials, suite))
 
 
 def plan(suite: Suite, nodes: int, gpus_per_node: int, cpu_workers_per_node: int | None = None) -> EvalPlan:
