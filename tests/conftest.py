@@ -56,7 +56,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if getattr(getattr(item, "obj", None), "is_hypothesis_test", False) and "prefect.events.worker" in sys.modules:
         from prefect.events.worker import EventsWorker
 
-        EventsWorker.drain_all(timeout=30, at_exit=False)
+        EventsWorker.drain_all(timeout=10, at_exit=False)
 
 
 @pytest.fixture(scope="session")
