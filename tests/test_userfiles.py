@@ -3,6 +3,7 @@ files: a FIFO nobody writes, character devices, a socket, a symlink loop, a dang
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -30,11 +31,16 @@ from tasks.userfiles import (
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 keys = st.text(alphabet=string.ascii_letters + string.digits + "_-", min_size=1, max_size=12)
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
-                    st.floats(allow_nan=False, allow_infinity=False, width=64),
-                    st.text(alphabet=string.printable, max_size=20))
-documents = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                          st.dictionaries(keys, inner, max_size=4)), max_leaves=20)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=False, allow_infinity=False, width=64),
+    st.text(alphabet=string.printable, max_size=20),
+)
+documents = st.recursive(
+    scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)), max_leaves=20
+)
 
 
 @SETTINGS
@@ -67,8 +73,9 @@ def test_a_non_finite_number_is_refused_with_line_and_column(token, depth):
     assert f"n.yaml:{depth + 1}:{2 * depth + 4}:" in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["a: &x 1\nb: *x\n", "a: &x [1, 2]\nb: [*x, *x]\n", "base: &b {x: 1}\nc:\n  <<: *b\n",
-                                  "a: &a [&b [1], *b]\n"])
+@pytest.mark.parametrize(
+    "text", ["a: &x 1\nb: *x\n", "a: &x [1, 2]\nb: [*x, *x]\n", "base: &b {x: 1}\nc:\n  <<: *b\n", "a: &a [&b [1], *b]\n"]
+)
 def test_anchors_and_aliases_are_refused(text):
     with pytest.raises(UserFileError, match="(anchor|alias)"):
         yaml_text(text, "a.yaml")
@@ -113,8 +120,15 @@ def test_json_round_trips_finite_data(data):
     assert json_loads(json.dumps(data), "x.json") == data
 
 
-@pytest.mark.parametrize(("text", "words"), [('{"a": NaN}', "NaN is not a finite"), ('[Infinity]', "Infinity"),
-                                             ('{"a": 1, "a": 2}', "duplicate key 'a'"), ('{"a": [1,', "x.json:1:")])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"a": NaN}', "NaN is not a finite"),
+        ("[Infinity]", "Infinity"),
+        ('{"a": 1, "a": 2}', "duplicate key 'a'"),
+        ('{"a": [1,', "x.json:1:"),
+    ],
+)
 def test_json_refuses_non_finite_numbers_and_duplicate_keys(text, words):
     with pytest.raises(UserFileError, match="x.json") as info:
         json_loads(text, "x.json")
@@ -205,17 +219,25 @@ def test_floats_of_the_loader_are_finite_by_construction():
 
 
 # ------------------------------------------------------------------------------- the readers of typed documents
+anything = st.recursive(
+    scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)), max_leaves=6
+)
+
+
+@functools.cache
 def _fuzz_for(model: type, depth: int = 0) -> st.SearchStrategy:
     """Documents shaped like `model` (its keys, nested sections as mappings) whose values are anything YAML holds:
-    numbers, strings, booleans, lists and mappings where the model wants something else."""
+    numbers, strings, booleans, lists and mappings where the model wants something else. Built once per model: a
+    strategy made again for every example cost a quarter of the job-document test's time (its own construction and
+    hypothesis's first look at each new strategy object), for the same documents."""
     from pydantic import BaseModel
 
-    anything = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                             st.dictionaries(keys, inner, max_size=3)), max_leaves=6)
     fields = {}
     for name, f in model.model_fields.items():
-        sub = next((a for a in (f.annotation, *getattr(f.annotation, "__args__", ())) if isinstance(a, type) and
-                    issubclass(a, BaseModel)), None)
+        sub = next(
+            (a for a in (f.annotation, *getattr(f.annotation, "__args__", ())) if isinstance(a, type) and issubclass(a, BaseModel)),
+            None,
+        )
         fields[name] = st.one_of(_fuzz_for(sub, depth + 1), anything) if sub is not None and depth < 2 else anything
     return st.fixed_dictionaries({}, optional=fields)
 
@@ -229,8 +251,7 @@ def _valid_or(err: type, fn, doc, tmp: Path, name: str) -> None:
         assert str(e).strip(), "an error must say something"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.data())
 def test_any_job_document_is_read_or_refused_as_a_job_error(tmp_path, data):
     """Not a TypeError from a validator that assumed a type, not a KeyError, not an OverflowError: a JobSpecError."""
@@ -245,8 +266,9 @@ def test_any_job_document_is_read_or_refused_as_a_job_error(tmp_path, data):
 def test_any_cluster_document_is_read_or_refused_as_an_inventory_error(tmp_path, data):
     from cluster.inventory import Cluster, InventoryError, load_cluster
 
-    doc = data.draw(st.one_of(_fuzz_for(Cluster), st.lists(_fuzz_for(Cluster.model_fields["nodes"].annotation.__args__[0]),
-                                                           max_size=3)))
+    doc = data.draw(
+        st.one_of(_fuzz_for(Cluster), st.lists(_fuzz_for(Cluster.model_fields["nodes"].annotation.__args__[0]), max_size=3))
+    )
     _valid_or(InventoryError, load_cluster, doc, tmp_path, "c.yaml")
 
 
@@ -268,9 +290,12 @@ def test_any_meta_and_catalog_document_is_read_or_refused(tmp_path, data):
     _valid_or(CatalogError, load_catalog, data.draw(st.lists(_fuzz_for(GPUType), max_size=3)), tmp_path, "cat.yaml")
 
 
-cells = st.one_of(st.integers(-10**20, 10**20).map(str), st.floats().map(repr), st.sampled_from(
-    ["", "nan", "inf", "-inf", "1e999", "abc", "1,5", "\x00", "gpt-tiny", "llama3-8b", '"q"']),
-    st.text(alphabet=string.printable, max_size=8))
+cells = st.one_of(
+    st.integers(-(10**20), 10**20).map(str),
+    st.floats().map(repr),
+    st.sampled_from(["", "nan", "inf", "-inf", "1e999", "abc", "1,5", "\x00", "gpt-tiny", "llama3-8b", '"q"']),
+    st.text(alphabet=string.printable, max_size=8),
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -304,11 +329,18 @@ def test_a_small_file_under_a_large_limit_needs_no_large_buffer(tmp_path):
     import sys
 
     (tmp_path / "d.jsonl").write_text('{"prompt": "a", "answer": "b"}\n' * 100)
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-            "from tasks.userfiles import LIMITS, read_text\n"
-            "print(len(read_text(sys.argv[1], 'dataset file', LIMITS['jsonl'])))")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d.jsonl")], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=60)
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from tasks.userfiles import LIMITS, read_text\n"
+        "print(len(read_text(sys.argv[1], 'dataset file', LIMITS['jsonl'])))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "d.jsonl")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "3100", r.stderr
 
 
@@ -347,8 +379,20 @@ def test_every_yaml_parse_error_says_what_to_do(text):
     except UserFileError as err:
         msg = str(err)
         if "not valid YAML" in msg:
-            assert any(w in msg for w in ("indent with spaces", "; a ", "; this line", "; the file", "; YAML tags",
-                                          "; `*`", "; remove it", "; fix the YAML", "; a quote")), msg
+            assert any(
+                w in msg
+                for w in (
+                    "indent with spaces",
+                    "; a ",
+                    "; this line",
+                    "; the file",
+                    "; YAML tags",
+                    "; `*`",
+                    "; remove it",
+                    "; fix the YAML",
+                    "; a quote",
+                )
+            ), msg
 
 
 def test_tabs_in_a_job_file_are_refused_by_the_cli_with_the_fix(tmp_path, capsys):
