@@ -893,3 +893,24 @@ def test_elastic_asked_on_a_suite_too_small_for_a_model_copy_runs_direct_and_sto
     assert [t.metrics_on for t in res.trials] == ["cpu"]
     assert list((tmp_path / "shm").glob("*")) == []  # the copy started ahead of planning was stopped and removed
     assert json.loads((tmp_path / "o" / "result.json").read_text())["ran"] == "direct"
+
+
+def test_an_attempt_that_fails_because_its_lock_was_taken_over_says_it_publishes_nothing(ckpt, tmp_path, monkeypatch):
+    """Red team 41s, scenario 18: a `frenzy evaluate` stopped past its lock's stale time, continued after a waiter took
+    the lock over and swept its temporary results, failed on a file of its own that was gone (`...precursor-n0.stderr:
+    no such file or directory: check the path`). Any failure of an attempt whose lock was taken is that takeover's:
+    it says it publishes nothing. Without a takeover the error is the error."""
+    from tasks.evaluation import record
+    from tasks.evaluation.record import Fenced, evaluate_and_record
+
+    def swept(uri, suite, opts, *a, **k):
+        raise FileNotFoundError(2, "No such file or directory", f"{opts.out_dir}/trials/precursor-n0.stderr")
+
+    monkeypatch.setattr(record, "evaluate", swept)
+    hist, uri = str(tmp_path / "evals"), f"{ckpt}/step_00000010"
+    with pytest.raises(Fenced, match="not publishing this evaluation: taken by pid 1"):
+        evaluate_and_record(uri, one_dataset(), EvalOptions(schedule="naive"), hist,
+                            fence=lambda: "not publishing this evaluation: taken by pid 1")
+    with pytest.raises(Exception, match="precursor-n0.stderr") as err:
+        evaluate_and_record(uri, one_dataset(), EvalOptions(schedule="naive"), hist, fence=lambda: None)
+    assert not isinstance(err.value, Fenced)

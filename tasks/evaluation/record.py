@@ -250,8 +250,13 @@ def _record_into(out: Path, uri: str, suite: Suite, opts: EvalOptions, history_d
         return res, EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
                                 makespan_s=res.makespan_s, predicted_makespan_s=res.predicted_makespan_s,
                                 result=f"{res.out_dir}/result.json", history_plot=None, failed=res.failed)
-    except FrenzyError as err:  # any other failure (a full disk, say): the complete earlier result is untouched
-        _say_kept(err, out, earlier)
+    except Fenced:
+        raise
+    except Exception as err:  # any other failure (a full disk, say): the complete earlier result is untouched
+        if fence is not None and (why := fence()):  # taken over while it ran (stopped past the lock's stale time):
+            raise Fenced(why) from err  # the taker swept its files, which is why it failed; say that, not the error
+        if isinstance(err, FrenzyError):  # (red team 41s, scenario 18: `...precursor-n0.stderr: no such file`)
+            _say_kept(err, out, earlier)
         raise
     plot = _plot(history_dir, res, suite.name, out)
     summary = EvalSummary(uri=res.uri, run=res.run, step=res.step, suite=suite.name, scores=res.scores,
