@@ -117,8 +117,8 @@ def test_a_failing_trial_fails_its_own_dataset_with_its_error_and_cleans_up(ckpt
     suite = small_suite(more=[{"name": "boom", "dataset": "tests.evalplugin:Echo", "examples": 2, "mode": "gen",
                                "infer_s_per_example": 0.01, "options": {"explode": True}}])
     res = evaluate(ckpt, suite, EvalOptions(out_dir=str(tmp_path / "o"), shm_root=str(tmp_path / "shm"),
-                                            learn_priors=False))
-    assert list(res.failed) == ["boom"] and "RuntimeError: inference exploded" in res.failed["boom"]
+                                            learn_priors=False, use_priors=False))  # the suite's: the copy pays
+    assert res.ran == "elastic" and list(res.failed) == ["boom"] and "RuntimeError: inference exploded" in res.failed["boom"]
     assert set(res.scores) == {d.name for d in small_suite().datasets}
     assert list((tmp_path / "shm").iterdir()) == []
     alone = Suite.model_validate(suite.model_dump() | {"datasets": suite.datasets[-1:]})
@@ -311,7 +311,9 @@ def test_an_early_precursor_process_makes_the_copy_and_an_unneeded_one_is_killed
     early = warmstart._EARLY[0]
     early.log.write("early-log-marker\n")
     early.log.flush()
-    res = evaluate(ckpt, small_suite(), EvalOptions(out_dir=str(tmp_path / "o")))
+    # the suite's priors, not those earlier tests taught this machine: with them the plan may run `direct` (no copy)
+    res = evaluate(ckpt, small_suite(), EvalOptions(out_dir=str(tmp_path / "o"), use_priors=False))
+    assert res.ran == "elastic"
     assert early.proc.wait(timeout=120) == 0  # it ran node 0's copy (a retired one is killed)
     log = (tmp_path / "o" / "trials" / "precursor-n0.stderr").read_text()
     assert log.startswith("early-log-marker") and not early.log_path.exists()
@@ -329,7 +331,9 @@ def test_an_early_trial_process_runs_the_first_trial_and_keeps_its_log(ckpt, tmp
     precursor, trial = warmstart._EARLY[0], warmstart._TRIAL[0]
     trial.log.write("early-trial-marker\n")
     trial.log.flush()
-    res = evaluate(ckpt, small_suite(), EvalOptions(out_dir=str(tmp_path / "o")))
+    # the suite's priors, not those earlier tests taught this machine: with them the plan may run `direct` (no copy)
+    res = evaluate(ckpt, small_suite(), EvalOptions(out_dir=str(tmp_path / "o"), use_priors=False))
+    assert res.ran == "elastic"
     assert precursor.proc.wait(timeout=120) == 0 and trial.proc.wait(timeout=120) == 0  # both ran (retired: killed)
     assert warmstart.take_precursor() is None and warmstart.take_trial() is None
     first = min(res.trials, key=lambda t: t.id)
